@@ -1,0 +1,67 @@
+"""Build vitfast: the Python package, `vitfast.kernels` (Triton, from top-level `kernels/`) and the CPU
+extension `vitfast._C` (C++ from `csrc/`).
+
+Install torch first, then `pip install --no-build-isolation -e .` (an isolated build would pull a second torch).
+
+CPU code paths: the scalar path is always compiled; on x86-64 the AVX2/FMA files enable those ISAs per
+function (`#pragma GCC target` inside the file) and are chosen at run time with cpuid + XGETBV, so the
+binary runs on any x86-64; on aarch64 the NEON files are compiled (NEON is baseline there).  Never
+`-march=native`.
+"""
+import glob
+import os
+import platform
+
+from setuptools import setup
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _rel(paths):
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
+def cpu_sources():
+    machine = platform.machine().lower()
+    sources = _rel(glob.glob(os.path.join(ROOT, "csrc", "kernels", "*.cpp")))
+    if machine in ("x86_64", "amd64", "i686", "x86"):
+        sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "kernels", "x86", "*.cpp")))
+    elif machine in ("aarch64", "arm64"):
+        sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "kernels", "arm", "*.cpp")))
+    sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "ops", "*.cpp")))
+    sources.append(os.path.join("csrc", "module.cpp"))
+    return sources
+
+
+ext_modules = [
+    CppExtension(
+        name="vitfast._C",
+        sources=cpu_sources(),
+        include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_compile_args=["-O3", "-fno-math-errno", "-Wall", "-Wno-unused-function"],
+    )
+]
+
+setup(
+    name="vitfast",
+    version="0.1.0",
+    description="Structurally reparameterized Vision Transformers on fused CPU (C++) and GPU (Triton) kernels",
+    packages=["vitfast", "vitfast.nn", "vitfast.kernels"],
+    package_dir={"vitfast": "vitfast", "vitfast.kernels": "kernels"},
+    python_requires=">=3.9",
+    install_requires=[
+        "torch>=2.4",
+        "numpy",
+        "timm>=1.0",
+        "safetensors>=0.4",
+        "tqdm",
+        "scikit-learn",
+    ],
+    extras_require={"test": ["pytest", "pytest-benchmark"]},
+    ext_modules=ext_modules,
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    entry_points={"console_scripts": ["vitfast=vitfast.cli:main"]},
+    zip_safe=False,
+)

@@ -1,0 +1,31 @@
+"""Test-wide set-up.
+
+Triton kernels run natively on a GPU machine and through the Triton interpreter everywhere else; the
+interpreter must be chosen before triton is imported, so it is decided here from the presence of an NVIDIA
+device node, not from torch (importing torch first is fine: it does not import triton).
+"""
+import glob
+import os
+
+if "TRITON_INTERPRET" not in os.environ and not glob.glob("/dev/nvidia[0-9]*"):
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# (dtype, atol, rtol), defined once for every parity test (STYLE.md).
+TOLERANCES = {
+    torch.float32: (2e-5, 2e-5),
+    torch.float16: (2e-2, 2e-2),
+    torch.bfloat16: (8e-2, 5e-2),
+}
+
+
+@pytest.fixture
+def tol():
+    return TOLERANCES
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

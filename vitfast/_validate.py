@@ -1,0 +1,84 @@
+"""Argument checks shared by the reference, the fake (meta) impl and the Triton launcher.
+
+The C++ binding (`csrc/ops/*.cpp`) repeats the same checks with the same wording, because it is reached
+through the dispatcher without passing through Python.  Every message names the argument, what was expected
+and what was given.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _fmt_shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def check_channel_idle_ffn_args(
+    x: torch.Tensor,
+    w_in: torch.Tensor,
+    b_in: Optional[torch.Tensor],
+    w_out: torch.Tensor,
+    b_out: Optional[torch.Tensor],
+    residual: Optional[torch.Tensor],
+) -> tuple[int, int, int]:
+    """Validate `channel_idle_ffn` arguments; return (active A, linear L, C_out).
+
+    Layout (nn.Linear convention, weights are [out_features, in_features]):
+      x [..., C_in];  w_in [A + L, C_in] with the A active rows first;  b_in [A + L];
+      w_out [C_out, A];  b_out [C_out];  residual [..., C_out] like x;  L is 0 or C_out.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError(f"x: expected at least 1 dimension [..., C_in], got a 0-d tensor")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    if w_in.dim() != 2:
+        raise ValueError(f"w_in: expected 2-D [A + L, C_in], got shape {_fmt_shape(w_in)}")
+    if w_out.dim() != 2:
+        raise ValueError(f"w_out: expected 2-D [C_out, A], got shape {_fmt_shape(w_out)}")
+    c_in = x.shape[-1]
+    if w_in.shape[1] != c_in:
+        raise ValueError(
+            f"w_in: expected shape [A + L, {c_in}] (C_in = x.shape[-1] = {c_in}), got {_fmt_shape(w_in)}"
+        )
+    c_out, active = w_out.shape
+    if active > w_in.shape[0]:
+        raise ValueError(
+            f"w_out: expected at most w_in.shape[0] = {w_in.shape[0]} active columns, got shape {_fmt_shape(w_out)}"
+        )
+    linear = w_in.shape[0] - active
+    if linear not in (0, c_out):
+        raise ValueError(
+            f"w_in: expected {active} (no linear path) or {active + c_out} (A + C_out) rows "
+            f"for w_out of shape {_fmt_shape(w_out)}, got {w_in.shape[0]}"
+        )
+    if active == 0 and linear == 0 and b_out is None:
+        # Degenerate but well-defined: the output is zero (plus residual).  Allowed.
+        pass
+    for name, t in (("w_in", w_in), ("b_in", b_in), ("w_out", w_out), ("b_out", b_out), ("residual", residual)):
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise ValueError(f"{name}: expected dtype {x.dtype} (same as x), got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name}: expected device {x.device} (same as x), got {t.device}")
+    if b_in is not None and tuple(b_in.shape) != (w_in.shape[0],):
+        raise ValueError(f"b_in: expected shape [{w_in.shape[0]}], got {_fmt_shape(b_in)}")
+    if b_out is not None and tuple(b_out.shape) != (c_out,):
+        raise ValueError(f"b_out: expected shape [{c_out}], got {_fmt_shape(b_out)}")
+    if residual is not None and tuple(residual.shape) != tuple(x.shape[:-1]) + (c_out,):
+        expected = "[" + ", ".join(str(s) for s in tuple(x.shape[:-1]) + (c_out,)) + "]"
+        raise ValueError(f"residual: expected shape {expected}, got {_fmt_shape(residual)}")
+    return active, linear, c_out
+
+
+def check_finite_parameter(name: str, t: torch.Tensor) -> None:
+    """Refuse NaN/Inf in a parameter that is about to be folded or loaded (e.g. a BatchNorm scale)."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{name}: expected finite values, got {bad} non-finite of {t.numel()}")
