@@ -1,0 +1,93 @@
+"""The op namespace itself: schemas, fake impls, backend switch, and the import contract."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import vitfast
+from vitfast import reference
+
+
+def _ffn_args(c=16, active=24, linear=True, batch=2, tokens=5):
+    x = torch.randn(batch, tokens, c)
+    w_in = torch.randn(active + (c if linear else 0), c) * 0.1
+    b_in = torch.randn(w_in.shape[0]) * 0.1
+    w_out = torch.randn(c, active) * 0.1
+    return x, w_in, b_in, w_out
+
+
+def test_schema_is_registered():
+    op = torch.ops.vitfast.channel_idle_ffn.default
+    assert "channel_idle_ffn(Tensor x, Tensor w_in, Tensor? b_in, Tensor w_out" in str(op._schema)
+
+
+def test_fake_impl_propagates_shape_and_validates():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, w_in, b_in, w_out = _ffn_args()
+        out = torch.ops.vitfast.channel_idle_ffn(x, w_in, b_in, w_out)
+        assert out.shape == (2, 5, 16)
+        with pytest.raises(ValueError, match="w_in"):
+            torch.ops.vitfast.channel_idle_ffn(x, w_in[:, :8], b_in, w_out)
+
+
+def test_meta_device_shapes():
+    x, w_in, b_in, w_out = (t.to("meta") for t in _ffn_args())
+    out = torch.ops.vitfast.channel_idle_ffn(x, w_in, b_in, w_out)
+    assert out.device.type == "meta" and out.shape == (2, 5, 16)
+
+
+def test_reference_backend_switch_gives_reference_result():
+    args = _ffn_args()
+    expected = reference.channel_idle_ffn(*args)
+    previous = vitfast.get_backend()
+    try:
+        vitfast.set_backend("reference")
+        torch.testing.assert_close(vitfast.ops.channel_idle_ffn(*args), expected, rtol=0, atol=0)
+        vitfast.set_backend("auto")
+        torch.testing.assert_close(vitfast.ops.channel_idle_ffn(*args), expected)
+    finally:
+        vitfast.set_backend(previous)
+    with pytest.raises(ValueError, match="backend"):
+        vitfast.set_backend("cuda-magic")
+
+
+@pytest.mark.parametrize(
+    "mutate, argname",
+    [
+        (lambda a: (a[0].double(), *a[1:]), "x"),
+        (lambda a: (a[0], a[1], a[2][:-1], a[3]), "b_in"),
+        (lambda a: (a[0], a[1][:-3], a[2][:-3], a[3]), "w_in"),
+        (lambda a: (a[0], a[1], a[2], a[3][:, :-1]), "w_in"),
+        (lambda a: (a[0], a[1].half(), a[2], a[3]), "w_in"),
+    ],
+)
+def test_reference_errors_name_the_argument(mutate, argname):
+    with pytest.raises(ValueError, match=argname):
+        reference.channel_idle_ffn(*mutate(_ffn_args()))
+
+
+def test_bad_backend_environment_is_a_clear_error():
+    env = dict(os.environ, VITFAST_BACKEND="fastest")
+    proc = subprocess.run([sys.executable, "-c", "import vitfast"], env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "VITFAST_BACKEND" in proc.stderr and "fastest" in proc.stderr
+
+
+def test_import_does_not_touch_cuda_triton_or_compilers():
+    code = (
+        "import sys, vitfast\n"
+        "assert 'triton' not in sys.modules, 'import vitfast imported triton'\n"
+        "assert 'torch.utils.cpp_extension' not in sys.modules, 'import vitfast loaded the JIT compiler'\n"
+        "import torch; assert not torch.cuda.is_initialized()\n"
+        "print(vitfast.ops.extension_loaded(), vitfast.ops.cpu_isa())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    loaded, isa = proc.stdout.split()
+    assert loaded == "True", "the C++ extension is not built: run scripts/setup.sh"
+    assert isa in ("avx2", "neon", "scalar")
