@@ -1,2 +1,31 @@
-"""Modules: train-time (reference paths, autograd) and fused inference modules (call torch.ops.vitfast.*)."""
+"""Modules: train-time (reference paths, autograd) and fused inference modules (call torch.ops.vitfast.*).
+
+Train-time (RePaViT channel-idle FFN): `ChannelIdleMlp`, `ChannelIdleBlock` (ViT), `ChannelIdleSwinBlock`,
+`idle_ratios`.  Fused (registered, see `registry.py`): `FusedChannelIdleFFN` ("channel_idle_ffn"), `Block`
+("block", drop-in for timm's ViT Block), `SwinBlock` ("swin_block"), plus the timm-compatible `Attention`.
+Every train-time module has `to_fused()`, which `vitfast.fuse` calls.
+"""
 from .registry import fused_kinds, fused_module_from_config, is_fused_module, register_fused  # noqa: F401
+from .fused import Attention, Block, FusedChannelIdleFFN, SwinBlock, active_channels  # noqa: F401
+from .channel_idle import (  # noqa: F401
+    ChannelIdleBlock,
+    ChannelIdleMlp,
+    ChannelIdleSwinBlock,
+    idle_ratios,
+)
+
+__all__ = [
+    "register_fused",
+    "fused_kinds",
+    "fused_module_from_config",
+    "is_fused_module",
+    "FusedChannelIdleFFN",
+    "Attention",
+    "Block",
+    "SwinBlock",
+    "active_channels",
+    "ChannelIdleMlp",
+    "ChannelIdleBlock",
+    "ChannelIdleSwinBlock",
+    "idle_ratios",
+]

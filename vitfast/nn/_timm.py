@@ -1,0 +1,186 @@
+"""Read the architecture of timm blocks (ViT `Block`, `SwinTransformerBlock`) and refuse what vitfast cannot fuse.
+
+Only the features whose algebra is exact are accepted: pre-norm LayerNorm, erf GELU, the plain `Mlp`, the plain
+`Attention`/`WindowAttention`.  Everything else is refused with the attribute named, what was expected and what
+was found — never silently approximated.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn as nn
+from timm.layers import Mlp
+from timm.models.swin_transformer import SwinTransformerBlock, WindowAttention
+from timm.models.vision_transformer import Attention as TimmAttention
+from timm.models.vision_transformer import Block as TimmBlock
+
+__all__ = [
+    "check_layernorm",
+    "check_gelu",
+    "check_mlp",
+    "vit_block_spec",
+    "swin_block_spec",
+    "swin_block_kwargs",
+    "layer_scale_gamma",
+    "drop_path_prob",
+]
+
+
+def _layernorm_types() -> tuple:
+    import timm.layers as layers
+
+    types = [nn.LayerNorm]
+    for name in ("LayerNorm", "LayerNormFp32"):  # same maths as nn.LayerNorm for a last-dim LN
+        cls = getattr(layers, name, None)
+        if cls is not None:
+            types.append(cls)
+    return tuple(types)
+
+
+def check_layernorm(module: nn.Module, name: str, dim: int) -> float:
+    """Return the eps of a last-dimension LayerNorm over `dim` channels; refuse anything else."""
+    if type(module) not in _layernorm_types():
+        raise ValueError(
+            f"{name}: expected a LayerNorm over the last dimension (torch.nn.LayerNorm or timm LayerNorm), "
+            f"got {type(module).__name__}"
+        )
+    if tuple(module.normalized_shape) != (dim,):
+        raise ValueError(f"{name}: expected normalized_shape ({dim},), got {tuple(module.normalized_shape)}")
+    return float(module.eps)
+
+
+def check_gelu(module: nn.Module, name: str) -> None:
+    """The fused op applies the exact (erf) GELU; refuse other activations (tanh-GELU, SiLU, ...)."""
+    import timm.layers.activations as acts
+
+    if isinstance(module, nn.GELU) and module.approximate == "none":
+        return
+    timm_gelu = getattr(acts, "GELU", None)
+    if timm_gelu is not None and type(module) is timm_gelu:
+        return
+    detail = f"GELU(approximate={module.approximate!r})" if isinstance(module, nn.GELU) else type(module).__name__
+    raise ValueError(f"{name}: expected the exact GELU (nn.GELU(approximate='none')), got {detail}")
+
+
+def check_mlp(mlp: nn.Module, name: str, dim: int) -> None:
+    """A timm `Mlp` (fc1 → GELU → fc2, no hidden norm) with in = out = dim."""
+    if type(mlp) is not Mlp:
+        raise ValueError(f"{name}: expected timm.layers.Mlp, got {type(mlp).__name__}")
+    if not isinstance(mlp.fc1, nn.Linear) or not isinstance(mlp.fc2, nn.Linear):
+        raise ValueError(f"{name}: expected nn.Linear fc1/fc2 (use_conv=False), got {type(mlp.fc1).__name__}")
+    check_gelu(mlp.act, f"{name}.act")
+    if not isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity):
+        raise ValueError(
+            f"{name}.norm: expected nn.Identity (no normalisation inside the MLP: it mixes all hidden channels "
+            f"and cannot be folded), got {type(mlp.norm).__name__}"
+        )
+    if mlp.fc1.in_features != dim or mlp.fc2.out_features != dim:
+        raise ValueError(
+            f"{name}: expected fc1.in_features = fc2.out_features = {dim}, got "
+            f"{mlp.fc1.in_features} and {mlp.fc2.out_features}"
+        )
+
+
+def layer_scale_gamma(module: nn.Module, name: str) -> Optional[torch.Tensor]:
+    """γ of a timm LayerScale, None for nn.Identity."""
+    if isinstance(module, nn.Identity):
+        return None
+    gamma = getattr(module, "gamma", None)
+    if not isinstance(gamma, torch.Tensor):
+        raise ValueError(f"{name}: expected timm LayerScale (with .gamma) or nn.Identity, got {type(module).__name__}")
+    return gamma
+
+
+def drop_path_prob(module: nn.Module) -> float:
+    return float(getattr(module, "drop_prob", 0.0)) if not isinstance(module, nn.Identity) else 0.0
+
+
+def vit_block_spec(block: nn.Module, name: str = "block") -> Dict[str, Any]:
+    """Constructor arguments of a timm ViT `Block`, validated for fusing."""
+    if type(block) is not TimmBlock:
+        raise ValueError(
+            f"{name}: expected timm.models.vision_transformer.Block, got {type(block).__name__} "
+            "(ResPostBlock, parallel blocks and other variants are not supported)"
+        )
+    attn = block.attn
+    if type(attn) is not TimmAttention:
+        raise ValueError(f"{name}.attn: expected timm Attention, got {type(attn).__name__}")
+    if getattr(attn, "gate", None) is not None:
+        raise ValueError(f"{name}.attn.gate: expected None (gated attention is not supported), got a gate")
+    dim = attn.qkv.in_features
+    attn_dim = attn.num_heads * attn.head_dim
+    if attn.qkv.out_features != 3 * attn_dim or attn.proj.out_features != dim:
+        raise ValueError(
+            f"{name}.attn: expected qkv [{3 * attn_dim}, {dim}] and proj out {dim}, got qkv "
+            f"{list(attn.qkv.weight.shape)} and proj out {attn.proj.out_features}"
+        )
+    norm_eps = check_layernorm(block.norm1, f"{name}.norm1", dim)
+    check_layernorm(block.norm2, f"{name}.norm2", dim)
+    qk_norm = not isinstance(attn.q_norm, nn.Identity)
+    qk_norm_eps = check_layernorm(attn.q_norm, f"{name}.attn.q_norm", attn.head_dim) if qk_norm else None
+    if qk_norm:
+        check_layernorm(attn.k_norm, f"{name}.attn.k_norm", attn.head_dim)
+    scale_norm = not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity)
+    scale_norm_eps = check_layernorm(attn.norm, f"{name}.attn.norm", attn_dim) if scale_norm else None
+    check_mlp(block.mlp, f"{name}.mlp", dim)
+    return dict(
+        dim=dim,
+        num_heads=attn.num_heads,
+        head_dim=attn.head_dim,
+        hidden_features=block.mlp.fc1.out_features,
+        qkv_bias=attn.qkv.bias is not None,
+        qk_norm=qk_norm,
+        qk_norm_eps=qk_norm_eps,
+        scale_attn_norm=scale_norm,
+        scale_attn_norm_eps=scale_norm_eps,
+        proj_bias=attn.proj.bias is not None,
+        mlp_bias=(block.mlp.fc1.bias is not None, block.mlp.fc2.bias is not None),
+        norm_eps=norm_eps,
+        ffn_norm_eps=float(block.norm2.eps),
+        init_values=None if isinstance(block.ls1, nn.Identity) else 1.0,
+        drop_path=drop_path_prob(block.drop_path1),
+    )
+
+
+def swin_block_spec(block: nn.Module, name: str = "block") -> Dict[str, Any]:
+    """Constructor arguments of a timm `SwinTransformerBlock`, validated for fusing."""
+    if not isinstance(block, SwinTransformerBlock):
+        raise ValueError(f"{name}: expected timm SwinTransformerBlock, got {type(block).__name__}")
+    attn = block.attn
+    if type(attn) is not WindowAttention:
+        raise ValueError(f"{name}.attn: expected timm WindowAttention, got {type(attn).__name__}")
+    dim = block.dim
+    norm_eps = check_layernorm(block.norm1, f"{name}.norm1", dim)
+    head_dim = attn.qkv.out_features // (3 * attn.num_heads)
+    spec = dict(
+        dim=dim,
+        input_resolution=tuple(int(r) for r in block.input_resolution),
+        num_heads=attn.num_heads,
+        head_dim=head_dim,
+        # the effective window (already clipped to the resolution) rebuilds the same window and shift
+        window_size=tuple(int(w) for w in block.window_size),
+        shift_size=tuple(int(s) for s in getattr(block, "target_shift_size", block.shift_size)),
+        always_partition=bool(getattr(block, "always_partition", False)),
+        dynamic_mask=bool(getattr(block, "dynamic_mask", False)),
+        qkv_bias=attn.qkv.bias is not None,
+        norm_eps=norm_eps,
+        drop_path=drop_path_prob(block.drop_path1),
+    )
+    if hasattr(block, "norm2"):
+        check_layernorm(block.norm2, f"{name}.norm2", dim)
+        check_mlp(block.mlp, f"{name}.mlp", dim)
+        spec["hidden_features"] = block.mlp.fc1.out_features
+        spec["ffn_norm_eps"] = float(block.norm2.eps)
+    return spec
+
+
+def swin_block_kwargs(**kwargs) -> Dict[str, Any]:
+    """Keep only the arguments this timm version's SwinTransformerBlock accepts (older ones lack a few)."""
+    accepted = inspect.signature(SwinTransformerBlock.__init__).parameters
+    dropped = {k: v for k, v in kwargs.items() if k not in accepted}
+    for key, value in dropped.items():
+        if key in ("always_partition", "dynamic_mask") and value:
+            raise ValueError(f"{key}: this timm version's SwinTransformerBlock does not support {key}=True")
+    return {k: v for k, v in kwargs.items() if k in accepted}

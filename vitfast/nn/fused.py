@@ -1,0 +1,610 @@
+"""Fused (inference) modules: what `vitfast.fuse` and `vitfast.patch_timm` put into timm models.
+
+Each class is registered with `@register_fused(kind)` and round-trips through `vitfast_config()` /
+`from_vitfast_config(cfg)` (see `registry.py`): the config holds every non-tensor attribute, the state dict
+every tensor.  The kinds "channel_idle_ffn", "block" and "swin_block" are stored in checkpoint files: never
+rename them or change the meaning of a config key.
+
+* `FusedChannelIdleFFN` — RePaViT eq. 6 through `vitfast.ops.channel_idle_ffn`, the whole FFN sub-block
+  including its normalisation and shortcut (x ↦ x + FFN(norm(x))).
+* `Attention` — timm-compatible multi-head self-attention (same child names: qkv, q_norm, k_norm, norm, proj)
+  on `scaled_dot_product_attention`.
+* `Block` — drop-in for timm's ViT `Block` (same constructor arguments, forward `block(x) -> x` on [B, N, C]):
+  non-affine LayerNorm → Attention (norm1's affine folded into qkv, ls1 folded into proj), then the fused FFN.
+* `SwinBlock` — a timm `SwinTransformerBlock` (subclass: isinstance and the window machinery are timm's) whose
+  FFN sub-block is a `FusedChannelIdleFFN`.
+
+Fused modules are inference modules: dropout, attention dropout and drop-path arguments are accepted for
+signature compatibility and have no effect (they are identities in eval mode, which is the function fused).
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import LayerNorm as TimmLayerNorm
+from timm.layers import Mlp
+from timm.models.swin_transformer import SwinTransformerBlock
+from timm.models.vision_transformer import Attention as TimmAttention
+
+from .. import ops
+from . import _timm
+from ._fold import FoldedFFN, fold_ffn, layernorm_affine
+from .registry import register_fused
+
+__all__ = ["FusedChannelIdleFFN", "Attention", "Block", "SwinBlock", "active_channels"]
+
+
+def active_channels(hidden_features: int, idle_ratio: float) -> int:
+    """Number of GELU channels for an idle ratio θ: ceil(hidden·(1 − θ)) (RePaViT: θ = 1 − μ/ρ).
+
+    Rounded to 9 decimals first so that e.g. 768·(1 − 0.75) is 192, not 193 from float noise.
+    """
+    if not isinstance(idle_ratio, (int, float)) or isinstance(idle_ratio, bool) or not 0.0 <= idle_ratio <= 1.0:
+        raise ValueError(f"idle_ratio: expected a number in [0, 1], got {idle_ratio!r}")
+    return int(math.ceil(round(hidden_features * (1.0 - float(idle_ratio)), 9)))
+
+
+def _layernorm_eps(norm_layer, dim: int, name: str = "norm_layer") -> float:
+    """Instantiate `norm_layer(dim)` once to read its eps (timm passes classes or partials)."""
+    return _timm.check_layernorm(norm_layer(dim), name, dim)
+
+
+# ------------------------------------------------------------------------------------------ FFN
+@register_fused("channel_idle_ffn")
+class FusedChannelIdleFFN(nn.Module):
+    """x ↦ channel_idle_ffn(norm(x), w_in, b_in, w_out, b_out, residual = x if residual else None).
+
+    Tensors (nn.Linear layout, [out, in]): w_in [A + L, C] (A GELU rows, then L ∈ {0, C} linear rows),
+    b_in [A + L], w_out [C, A], b_out [C].  `norm="layer"`: a non-affine LayerNorm in front (the affine was
+    folded into w_in/b_in) — LN variant, whose shortcut must stay explicit (`residual=True`).  `norm=None`: the
+    BatchNorm variant, both BNs and the shortcut already folded into the linear rows (eq. 5), so `residual`
+    is False unless there is no linear path (θ = 0), where the shortcut is cheaper as an add than as an I GEMM.
+    """
+
+    def __init__(
+        self,
+        features: int,
+        active_features: int,
+        linear_path: bool,
+        *,
+        norm: Optional[str] = None,
+        norm_eps: float = 1e-6,
+        residual: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(features, int) or features <= 0:
+            raise ValueError(f"features: expected a positive int, got {features!r}")
+        if not isinstance(active_features, int) or active_features < 0:
+            raise ValueError(f"active_features: expected an int >= 0, got {active_features!r}")
+        if active_features == 0 and not linear_path:
+            raise ValueError("active_features, linear_path: expected at least one path, got 0 active and no linear path")
+        if norm not in (None, "layer"):
+            raise ValueError(f"norm: expected None or 'layer', got {norm!r}")
+        dd = {"device": device, "dtype": dtype}
+        self.features = features
+        self.active_features = active_features
+        self.linear_path = bool(linear_path)
+        self.residual = bool(residual)
+        rows = active_features + (features if linear_path else 0)
+        self.norm = nn.LayerNorm(features, eps=norm_eps, elementwise_affine=False) if norm == "layer" else None
+        self.w_in = nn.Parameter(torch.empty(rows, features, **dd))
+        self.b_in = nn.Parameter(torch.empty(rows, **dd))
+        self.w_out = nn.Parameter(torch.empty(features, active_features, **dd))
+        self.b_out = nn.Parameter(torch.empty(features, **dd))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.trunc_normal_(self.w_in, std=0.02)
+        nn.init.trunc_normal_(self.w_out, std=0.02)
+        nn.init.zeros_(self.b_in)
+        nn.init.zeros_(self.b_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(x) if self.norm is not None else x
+        return ops.channel_idle_ffn(
+            y, self.w_in, self.b_in, self.w_out, self.b_out, x if self.residual else None
+        )
+
+    @classmethod
+    def from_folded(cls, folded: FoldedFFN, *, device=None, dtype=None) -> "FusedChannelIdleFFN":
+        """Build from float64 folded tensors (see `_fold.fold_ffn`), cast once to `dtype`."""
+        features = folded.b_out.shape[0]
+        module = cls(
+            features,
+            folded.active_features,
+            folded.linear_path,
+            norm="layer" if folded.norm_eps is not None else None,
+            norm_eps=folded.norm_eps if folded.norm_eps is not None else 1e-6,
+            residual=folded.residual,
+            device=device,
+            dtype=dtype,
+        )
+        with torch.no_grad():
+            for name in ("w_in", "b_in", "w_out", "b_out"):
+                getattr(module, name).copy_(getattr(folded, name))
+        return module
+
+    @classmethod
+    def from_timm_mlp(
+        cls, norm: nn.Module, mlp: nn.Module, layer_scale: Optional[torch.Tensor] = None, name: str = "mlp"
+    ) -> "FusedChannelIdleFFN":
+        """Fuse a vanilla timm FFN sub-block `x + ls(mlp(norm(x)))` (θ = 0: all channels active, LN variant)."""
+        dim = mlp.fc1.in_features
+        _timm.check_mlp(mlp, name, dim)
+        _timm.check_layernorm(norm, f"{name} pre-norm", dim)
+        folded = fold_ffn(
+            fc1_weight=mlp.fc1.weight,
+            fc1_bias=mlp.fc1.bias,
+            fc2_weight=mlp.fc2.weight,
+            fc2_bias=mlp.fc2.bias,
+            active_features=mlp.fc1.out_features,
+            pre_norm=norm,
+            layer_scale=layer_scale,
+            name=name,
+        )
+        return cls.from_folded(folded, device=mlp.fc1.weight.device, dtype=mlp.fc1.weight.dtype)
+
+    @classmethod
+    def for_structure(
+        cls, features: int, hidden_features: int, active_features: int, ffn_norm: str, norm_eps: float, **dd
+    ) -> "FusedChannelIdleFFN":
+        """The fused shape of an FFN with `active_features` of `hidden_features` GELU channels."""
+        if ffn_norm not in ("layer", "batch"):
+            raise ValueError(f"ffn_norm: expected 'layer' or 'batch', got {ffn_norm!r}")
+        if not 0 <= active_features <= hidden_features:
+            raise ValueError(f"active_features: expected 0..{hidden_features}, got {active_features}")
+        linear_path = active_features < hidden_features
+        return cls(
+            features,
+            active_features,
+            linear_path,
+            norm="layer" if ffn_norm == "layer" else None,
+            norm_eps=norm_eps,
+            residual=ffn_norm == "layer" or not linear_path,
+            **dd,
+        )
+
+    def vitfast_config(self) -> Dict[str, Any]:
+        return {
+            "kind": self.vitfast_kind,
+            "features": self.features,
+            "active_features": self.active_features,
+            "linear_path": self.linear_path,
+            "norm": "layer" if self.norm is not None else None,
+            "norm_eps": float(self.norm.eps) if self.norm is not None else None,
+            "residual": self.residual,
+        }
+
+    @classmethod
+    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "FusedChannelIdleFFN":
+        _check_kind(cfg, "channel_idle_ffn")
+        return cls(
+            int(cfg["features"]),
+            int(cfg["active_features"]),
+            bool(cfg["linear_path"]),
+            norm=cfg.get("norm"),
+            norm_eps=float(cfg["norm_eps"]) if cfg.get("norm_eps") is not None else 1e-6,
+            residual=bool(cfg["residual"]),
+            device=device,
+            dtype=dtype,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"features={self.features}, active_features={self.active_features}, "
+            f"linear_path={self.linear_path}, residual={self.residual}"
+        )
+
+
+def _check_kind(cfg: Dict[str, Any], kind: str) -> None:
+    if not isinstance(cfg, dict) or cfg.get("kind") != kind:
+        got = cfg.get("kind") if isinstance(cfg, dict) else type(cfg).__name__
+        raise ValueError(f"cfg['kind']: expected {kind!r}, got {got!r}")
+
+
+# ------------------------------------------------------------------------------------------ attention
+class Attention(nn.Module):
+    """timm-compatible multi-head self-attention on `scaled_dot_product_attention` (always the SDPA path).
+
+    Child names and qkv layout ([3, heads, head_dim] along the output rows) are timm's, so timm Attention state
+    dicts load unchanged.  Not registered on its own: it is part of `Block`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        head_dim: Optional[int] = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        qk_norm_eps: float = 1e-6,
+        scale_norm: bool = False,
+        scale_norm_eps: float = 1e-6,
+        proj_bias: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        dd = {"device": device, "dtype": dtype}
+        if head_dim is None:
+            if dim % num_heads:
+                raise ValueError(f"num_heads: expected a divisor of dim = {dim}, got {num_heads}")
+            head_dim = dim // num_heads
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.attn_dim = num_heads * head_dim
+        self.qkv = nn.Linear(dim, 3 * self.attn_dim, bias=qkv_bias, **dd)
+        self.q_norm = nn.LayerNorm(head_dim, eps=qk_norm_eps, **dd) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(head_dim, eps=qk_norm_eps, **dd) if qk_norm else nn.Identity()
+        self.norm = nn.LayerNorm(self.attn_dim, eps=scale_norm_eps, **dd) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(self.attn_dim, dim, bias=proj_bias, **dd)
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+    ) -> torch.Tensor:
+        batch, tokens, _ = x.shape
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        x = x.transpose(1, 2).reshape(batch, tokens, self.attn_dim)
+        return self.proj(self.norm(x))
+
+
+def _fold_attention(norm1: nn.Module, attn: nn.Module, ls1: nn.Module, name: str) -> Dict[str, Any]:
+    """norm1's affine into qkv, ls1 into proj (both exact: LN(x)=γ⊙n+β feeds only qkv; ls1 scales proj's rows).
+
+    Returns the fused attention's constructor arguments and float64 tensors.
+    """
+    dim = attn.qkv.in_features
+    norm_eps = _timm.check_layernorm(norm1, f"{name}.norm1", dim)
+    gamma, beta = layernorm_affine(norm1, f"{name}.norm1")
+    w_qkv = attn.qkv.weight.detach().double()
+    b_qkv = attn.qkv.bias.detach().double() if attn.qkv.bias is not None else None
+    if beta is not None:
+        b_qkv = w_qkv @ beta + (b_qkv if b_qkv is not None else 0.0)
+    if gamma is not None:
+        w_qkv = w_qkv * gamma[None, :]
+    w_proj = attn.proj.weight.detach().double()
+    b_proj = attn.proj.bias.detach().double() if attn.proj.bias is not None else None
+    ls = _timm.layer_scale_gamma(ls1, f"{name}.ls1")
+    if ls is not None:
+        ls = ls.detach().double().reshape(-1)
+        w_proj = w_proj * ls[:, None]
+        if b_proj is not None:
+            b_proj = b_proj * ls
+    qk_norm = not isinstance(attn.q_norm, nn.Identity)
+    scale_norm = not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity)
+    return dict(
+        dim=dim,
+        num_heads=attn.num_heads,
+        head_dim=attn.head_dim,
+        qkv_bias=b_qkv is not None,
+        qk_norm=qk_norm,
+        qk_norm_eps=float(attn.q_norm.eps) if qk_norm else 1e-6,
+        scale_attn_norm=scale_norm,
+        scale_attn_norm_eps=float(attn.norm.eps) if scale_norm else 1e-6,
+        proj_bias=b_proj is not None,
+        norm_eps=norm_eps,
+        tensors={
+            "attn.qkv.weight": w_qkv,
+            "attn.qkv.bias": b_qkv,
+            "attn.proj.weight": w_proj,
+            "attn.proj.bias": b_proj,
+            **({"attn.q_norm." + k: v for k, v in attn.q_norm.state_dict().items()} if qk_norm else {}),
+            **({"attn.k_norm." + k: v for k, v in attn.k_norm.state_dict().items()} if qk_norm else {}),
+            **({"attn.norm." + k: v for k, v in attn.norm.state_dict().items()} if scale_norm else {}),
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------ ViT block
+@register_fused("block")
+class Block(nn.Module):
+    """Fused drop-in for `timm.models.vision_transformer.Block`.
+
+    Same constructor arguments and `forward(x, attn_mask=None, is_causal=False)`; children `norm1` (LayerNorm
+    without affine), `attn` (`Attention`) and `mlp` (`FusedChannelIdleFFN`, which owns the FFN's norm and
+    shortcut).  Keyword-only extras choose the FFN shape: `idle_ratio` θ (default 0: a vanilla FFN),
+    `ffn_norm` ("layer": LN variant with explicit residual; "batch": BN variant, norms and shortcut folded) or
+    an explicit `active_features`.  `init_values`, dropout and drop-path arguments are accepted and ignored:
+    LayerScale is folded into the projections, the rest are identities at inference.
+
+    Build one from trained weights with `Block.from_timm(timm_block)` or `vitfast.fuse(model)`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_attn_norm: bool = False,
+        scale_mlp_norm: bool = False,
+        proj_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        init_values: Optional[float] = None,
+        drop_path: float = 0.0,
+        act_layer=nn.GELU,
+        norm_layer=TimmLayerNorm,
+        mlp_layer=Mlp,
+        attn_layer=TimmAttention,
+        depth: int = 0,
+        device=None,
+        dtype=None,
+        *,
+        head_dim: Optional[int] = None,
+        idle_ratio: float = 0.0,
+        ffn_norm: str = "layer",
+        active_features: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        if scale_mlp_norm:
+            raise ValueError("scale_mlp_norm: expected False (a LayerNorm inside the MLP cannot be fused), got True")
+        if mlp_layer not in (None, Mlp):
+            raise ValueError(f"mlp_layer: expected timm.layers.Mlp, got {getattr(mlp_layer, '__name__', mlp_layer)!r}")
+        if attn_layer not in (None, "", "attn", TimmAttention, Attention):
+            raise ValueError(
+                f"attn_layer: expected timm Attention, got {getattr(attn_layer, '__name__', attn_layer)!r}"
+            )
+        _timm.check_gelu(act_layer(), "act_layer")
+        norm_eps = _layernorm_eps(norm_layer, dim)
+        hidden = int(dim * mlp_ratio)
+        active = active_features if active_features is not None else active_channels(hidden, idle_ratio)
+        ffn = FusedChannelIdleFFN.for_structure(dim, hidden, active, ffn_norm, norm_eps, device=device, dtype=dtype)
+        head_eps = _layernorm_eps(norm_layer, head_dim or dim // num_heads) if qk_norm else norm_eps
+        self._build(
+            dim=dim,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            qk_norm_eps=head_eps,
+            scale_attn_norm=scale_attn_norm,
+            scale_attn_norm_eps=norm_eps,
+            proj_bias=proj_bias,
+            norm_eps=norm_eps,
+            mlp=ffn,
+            device=device,
+            dtype=dtype,
+        )
+
+    def _build(
+        self, *, dim, num_heads, head_dim, qkv_bias, qk_norm, qk_norm_eps, scale_attn_norm, scale_attn_norm_eps,
+        proj_bias, norm_eps, mlp, device=None, dtype=None,
+    ) -> None:
+        dd = {"device": device, "dtype": dtype}
+        self.dim = dim
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, elementwise_affine=False)
+        self.attn = Attention(
+            dim,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            qk_norm_eps=qk_norm_eps,
+            scale_norm=scale_attn_norm,
+            scale_norm_eps=scale_attn_norm_eps,
+            proj_bias=proj_bias,
+            **dd,
+        )
+        if mlp.features != dim:
+            raise ValueError(f"mlp: expected a FusedChannelIdleFFN over {dim} features, got {mlp.features}")
+        self.mlp = mlp
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+    ) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal)
+        return self.mlp(x)  # the FFN sub-block adds its own shortcut (explicitly, or folded into W̃)
+
+    # -------------------------------------------------------------------------------------- construction
+    @classmethod
+    def _from_parts(cls, norm1: nn.Module, attn: nn.Module, ls1: nn.Module, mlp: FusedChannelIdleFFN, name: str):
+        folded = _fold_attention(norm1, attn, ls1, name)
+        tensors = folded.pop("tensors")
+        device, dtype = attn.qkv.weight.device, attn.qkv.weight.dtype
+        block = cls.__new__(cls)
+        nn.Module.__init__(block)
+        block._build(**folded, mlp=mlp, device=device, dtype=dtype)
+        state = {k: v for k, v in tensors.items() if v is not None}
+        state.update({"mlp." + k: v for k, v in mlp.state_dict().items()})
+        block.load_state_dict({k: v.to(dtype=dtype) for k, v in state.items()}, strict=True)
+        return block.eval()
+
+    @classmethod
+    def from_timm(cls, block: nn.Module, name: str = "block") -> "Block":
+        """Fuse a vanilla timm ViT `Block` (eval-mode function): outputs equal the timm block's."""
+        _timm.vit_block_spec(block, name)  # validates everything the folding relies on
+        ffn = FusedChannelIdleFFN.from_timm_mlp(
+            block.norm2, block.mlp, _timm.layer_scale_gamma(block.ls2, f"{name}.ls2"), name=f"{name}.mlp"
+        )
+        return cls._from_parts(block.norm1, block.attn, block.ls1, ffn, name)
+
+    def vitfast_config(self) -> Dict[str, Any]:
+        attn = self.attn
+        qk_norm = not isinstance(attn.q_norm, nn.Identity)
+        scale_norm = not isinstance(attn.norm, nn.Identity)
+        return {
+            "kind": self.vitfast_kind,
+            "dim": self.dim,
+            "num_heads": attn.num_heads,
+            "head_dim": attn.head_dim,
+            "qkv_bias": attn.qkv.bias is not None,
+            "qk_norm": qk_norm,
+            "qk_norm_eps": float(attn.q_norm.eps) if qk_norm else None,
+            "scale_attn_norm": scale_norm,
+            "scale_attn_norm_eps": float(attn.norm.eps) if scale_norm else None,
+            "proj_bias": attn.proj.bias is not None,
+            "norm_eps": float(self.norm1.eps),
+            "mlp": self.mlp.vitfast_config(),
+        }
+
+    @classmethod
+    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "Block":
+        _check_kind(cfg, "block")
+        block = cls.__new__(cls)
+        nn.Module.__init__(block)
+        block._build(
+            dim=int(cfg["dim"]),
+            num_heads=int(cfg["num_heads"]),
+            head_dim=int(cfg["head_dim"]),
+            qkv_bias=bool(cfg["qkv_bias"]),
+            qk_norm=bool(cfg["qk_norm"]),
+            qk_norm_eps=float(cfg["qk_norm_eps"]) if cfg.get("qk_norm_eps") is not None else 1e-6,
+            scale_attn_norm=bool(cfg["scale_attn_norm"]),
+            scale_attn_norm_eps=(
+                float(cfg["scale_attn_norm_eps"]) if cfg.get("scale_attn_norm_eps") is not None else 1e-6
+            ),
+            proj_bias=bool(cfg["proj_bias"]),
+            norm_eps=float(cfg["norm_eps"]),
+            mlp=FusedChannelIdleFFN.from_vitfast_config(cfg["mlp"], device=device, dtype=dtype),
+            device=device,
+            dtype=dtype,
+        )
+        return block
+
+
+# ------------------------------------------------------------------------------------------ Swin block
+class _SwinChannelIdleForward:
+    """Forward shared by the train-time and fused Swin blocks: the FFN module owns its norm and shortcut."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, height, width, channels = x.shape
+        x = x + self.drop_path1(self._attn(self.norm1(x)))
+        x = self.mlp(x.reshape(batch, -1, channels))
+        return x.reshape(batch, height, width, channels)
+
+
+@register_fused("swin_block")
+class SwinBlock(_SwinChannelIdleForward, SwinTransformerBlock):
+    """Fused Swin block: timm's `SwinTransformerBlock` (windowed attention unchanged, norm1 kept — its affine
+    cannot be folded because padded window tokens are zeros *after* the norm) with a `FusedChannelIdleFFN` as
+    `mlp` replacing norm2 → Mlp → shortcut.  Same constructor arguments as timm's, plus the FFN shape
+    keywords of `Block`; `ffn_config` (used by checkpoint loading) gives the FFN's exact config instead.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        input_resolution,
+        num_heads: int = 4,
+        head_dim: Optional[int] = None,
+        window_size=7,
+        shift_size=0,
+        always_partition: bool = False,
+        dynamic_mask: bool = False,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        act_layer=nn.GELU,
+        norm_layer=nn.LayerNorm,
+        device=None,
+        dtype=None,
+        *,
+        idle_ratio: float = 0.0,
+        ffn_norm: str = "layer",
+        active_features: Optional[int] = None,
+        ffn_config: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        _timm.check_gelu(act_layer(), "act_layer")
+        super().__init__(
+            **_timm.swin_block_kwargs(
+                dim=dim, input_resolution=input_resolution, num_heads=num_heads, head_dim=head_dim,
+                window_size=window_size, shift_size=shift_size, always_partition=always_partition,
+                dynamic_mask=dynamic_mask, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_path=0.0,
+                act_layer=act_layer, norm_layer=norm_layer, device=device, dtype=dtype,
+            )
+        )
+        norm_eps = float(self.norm2.eps)
+        del self.norm2, self.drop_path2  # the fused FFN owns its norm; drop-path is an inference identity
+        dd = {"device": device, "dtype": dtype}
+        if ffn_config is not None:
+            self.mlp = FusedChannelIdleFFN.from_vitfast_config(ffn_config, **dd)
+        else:
+            hidden = int(dim * mlp_ratio)
+            active = active_features if active_features is not None else active_channels(hidden, idle_ratio)
+            self.mlp = FusedChannelIdleFFN.for_structure(dim, hidden, active, ffn_norm, norm_eps, **dd)
+        if self.mlp.features != dim:
+            raise ValueError(f"ffn_config['features']: expected {dim}, got {self.mlp.features}")
+
+    @classmethod
+    def _from_parts(cls, block: SwinTransformerBlock, mlp: FusedChannelIdleFFN, name: str) -> "SwinBlock":
+        spec = _timm.swin_block_spec(block, name)
+        weight = block.attn.qkv.weight
+        fused = cls(
+            dim=spec["dim"],
+            input_resolution=spec["input_resolution"],
+            num_heads=spec["num_heads"],
+            head_dim=spec["head_dim"],
+            window_size=spec["window_size"],
+            shift_size=spec["shift_size"],
+            always_partition=spec["always_partition"],
+            dynamic_mask=spec["dynamic_mask"],
+            qkv_bias=spec["qkv_bias"],
+            norm_layer=partial(nn.LayerNorm, eps=spec["norm_eps"]),
+            ffn_config=mlp.vitfast_config(),
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        state = {"norm1." + k: v for k, v in block.norm1.state_dict().items()}
+        state.update({"attn." + k: v for k, v in block.attn.state_dict().items()})
+        state.update({"mlp." + k: v for k, v in mlp.state_dict().items()})
+        fused.load_state_dict(state, strict=True)
+        return fused.eval()
+
+    @classmethod
+    def from_timm(cls, block: SwinTransformerBlock, name: str = "block") -> "SwinBlock":
+        """Fuse a vanilla timm `SwinTransformerBlock`; outputs equal the timm block's (eval mode)."""
+        spec = _timm.swin_block_spec(block, name)
+        if "hidden_features" not in spec:
+            raise ValueError(f"{name}: expected a vanilla timm SwinTransformerBlock with norm2 and mlp, got none")
+        ffn = FusedChannelIdleFFN.from_timm_mlp(block.norm2, block.mlp, name=f"{name}.mlp")
+        return cls._from_parts(block, ffn, name)
+
+    def vitfast_config(self) -> Dict[str, Any]:
+        spec = _timm.swin_block_spec(self, "block")
+        return {
+            "kind": self.vitfast_kind,
+            "dim": spec["dim"],
+            "input_resolution": list(spec["input_resolution"]),
+            "num_heads": spec["num_heads"],
+            "head_dim": spec["head_dim"],
+            "window_size": list(spec["window_size"]),
+            "shift_size": list(spec["shift_size"]),
+            "always_partition": spec["always_partition"],
+            "dynamic_mask": spec["dynamic_mask"],
+            "qkv_bias": spec["qkv_bias"],
+            "norm_eps": spec["norm_eps"],
+            "mlp": self.mlp.vitfast_config(),
+        }
+
+    @classmethod
+    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "SwinBlock":
+        _check_kind(cfg, "swin_block")
+        return cls(
+            dim=int(cfg["dim"]),
+            input_resolution=tuple(int(r) for r in cfg["input_resolution"]),
+            num_heads=int(cfg["num_heads"]),
+            head_dim=int(cfg["head_dim"]),
+            window_size=tuple(int(w) for w in cfg["window_size"]),
+            shift_size=tuple(int(s) for s in cfg["shift_size"]),
+            always_partition=bool(cfg["always_partition"]),
+            dynamic_mask=bool(cfg["dynamic_mask"]),
+            qkv_bias=bool(cfg["qkv_bias"]),
+            norm_layer=partial(nn.LayerNorm, eps=float(cfg["norm_eps"])),
+            ffn_config=cfg["mlp"],
+            device=device,
+            dtype=dtype,
+        )
