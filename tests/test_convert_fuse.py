@@ -1,0 +1,255 @@
+"""`vitfast.convert.from_timm` → `vitfast.fuse`: the fused model equals the train-time model (eval mode, fp32)
+for θ ∈ {0, .25, .5, .75, 1} × norm ∈ {batch, layer}, on ViT/DeiT (distilled too) and Swin."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+from timm.layers import LayerScale
+from timm.models.deit import VisionTransformerDistilled
+from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock
+from timm.models.vision_transformer import Block as TimmBlock
+from timm.models.vision_transformer import VisionTransformer
+
+import vitfast
+from vitfast.convert import from_timm
+from vitfast.nn import (
+    Block,
+    ChannelIdleBlock,
+    ChannelIdleMlp,
+    ChannelIdleSwinBlock,
+    FusedChannelIdleFFN,
+    SwinBlock,
+    idle_ratios,
+)
+
+THETAS = [0.0, 0.25, 0.5, 0.75, 1.0]
+NORMS = ["batch", "layer"]
+
+
+def _assert_close_scaled(actual, expected, tol=2e-5):
+    """fp32 parity relative to the output's scale (tolerance fixed; never loosened to pass)."""
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(actual, expected, atol=tol * max(scale, 1.0), rtol=tol)
+
+
+def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Weights and norm affines far from their init, so that a folding mistake cannot hide in small numbers."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm) and module.elementwise_affine:
+                module.weight.copy_(torch.rand(module.weight.shape, generator=g) + 0.5)
+                module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.2)
+            elif isinstance(module, (nn.Linear, nn.Conv2d)):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=g) / math.sqrt(module.weight[0].numel()))
+                if module.bias is not None:
+                    module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.1)
+            elif isinstance(module, LayerScale):
+                module.gamma.copy_(torch.rand(module.gamma.shape, generator=g) + 0.5)
+        for name, param in model.named_parameters():
+            if name in ("cls_token", "dist_token", "pos_embed") or "relative_position_bias_table" in name:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.5)
+    return model
+
+
+def _calibrate_batchnorms(model: nn.Module, seed: int = 1) -> nn.Module:
+    """Non-trivial running statistics: a few train-mode forwards, then perturbed affines."""
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(4, 3, 32, 32, generator=g))
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm1d):
+                module.weight.copy_(torch.rand(module.num_features, generator=g) + 0.5)
+                module.bias.copy_(torch.randn(module.num_features, generator=g) * 0.2)
+    return model.eval()
+
+
+def _vit(**overrides) -> VisionTransformer:
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=64, depth=3, num_heads=4, num_classes=10, qkv_bias=True)
+    kwargs.update(overrides)
+    return _randomize(VisionTransformer(**kwargs)).eval()
+
+
+def _swin(**overrides) -> SwinTransformer:
+    kwargs = dict(img_size=32, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4), window_size=4,
+                  num_classes=10)
+    kwargs.update(overrides)
+    return _randomize(SwinTransformer(**kwargs)).eval()
+
+
+@pytest.fixture(scope="module")
+def vit():
+    torch.manual_seed(0)
+    return _vit(init_values=0.1)  # DeiT-III style LayerScale: folded into the projections
+
+
+@pytest.fixture(scope="module")
+def swin():
+    torch.manual_seed(0)
+    return _swin()
+
+
+IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+
+
+def _check_fused_equals_train_time(model: nn.Module) -> nn.Module:
+    fused = vitfast.fuse(model)
+    with torch.no_grad():
+        _assert_close_scaled(fused.forward_features(IMAGES), model.forward_features(IMAGES))
+        _assert_close_scaled(fused(IMAGES), model(IMAGES))
+    assert not any(isinstance(m, (ChannelIdleMlp, ChannelIdleBlock, ChannelIdleSwinBlock)) for m in fused.modules())
+    assert not any(isinstance(m, nn.BatchNorm1d) for m in fused.modules())  # every BN folded (eq. 3)
+    return fused
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("theta", THETAS)
+def test_vit_fused_equals_train_time(vit, theta, norm):
+    model = _calibrate_batchnorms(from_timm(vit, channel_idle=theta, norm=norm))
+    fused = _check_fused_equals_train_time(model)
+    assert type(fused) is VisionTransformer
+    for block in fused.blocks:
+        assert type(block) is Block and isinstance(block.mlp, FusedChannelIdleFFN)
+        assert block.mlp.active_features == math.ceil(256 * (1 - theta))
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("theta", THETAS)
+def test_swin_fused_equals_train_time(swin, theta, norm):
+    model = _calibrate_batchnorms(from_timm(swin, channel_idle=theta, norm=norm))
+    fused = _check_fused_equals_train_time(model)
+    blocks = [b for stage in fused.layers for b in stage.blocks]
+    assert all(type(b) is SwinBlock and isinstance(b, SwinTransformerBlock) for b in blocks)
+    assert any(any(b.shift_size) for b in blocks)  # the shifted-window path is exercised
+
+
+def test_distilled_deit():
+    model = _randomize(VisionTransformerDistilled(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
+                                                  num_classes=10)).eval()
+    converted = _calibrate_batchnorms(from_timm(model, channel_idle=0.5))
+    assert type(converted) is VisionTransformerDistilled
+    _check_fused_equals_train_time(converted)
+
+
+def test_layer_norm_theta_zero_reproduces_timm_model(vit):
+    converted = from_timm(vit, channel_idle=0.0, norm="layer")
+    with torch.no_grad():
+        torch.testing.assert_close(converted(IMAGES), vit(IMAGES), atol=0, rtol=0)
+        _assert_close_scaled(vitfast.fuse(converted)(IMAGES), vit(IMAGES))
+
+
+def test_original_model_is_untouched(vit):
+    before = {k: v.clone() for k, v in vit.state_dict().items()}
+    converted = from_timm(vit, channel_idle=0.75)
+    _calibrate_batchnorms(converted)
+    vitfast.fuse(converted)
+    assert all(type(b) is TimmBlock for b in vit.blocks)
+    after = vit.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_batchnorm_initialisation_from_layernorm(vit):
+    converted = from_timm(vit, channel_idle=0.75, norm="batch")
+    for source, block in zip(vit.blocks, converted.blocks):
+        torch.testing.assert_close(block.mlp.pre_norm.weight, source.norm2.weight, atol=0, rtol=0)
+        torch.testing.assert_close(block.mlp.pre_norm.bias, source.norm2.bias, atol=0, rtol=0)
+        assert torch.equal(block.mlp.pre_norm.running_mean, torch.zeros(64))
+        assert torch.equal(block.mlp.hidden_norm.weight, torch.ones(256))
+        torch.testing.assert_close(block.mlp.fc1.weight, source.mlp.fc1.weight, atol=0, rtol=0)
+        torch.testing.assert_close(block.mlp.ls.gamma, source.ls2.gamma, atol=0, rtol=0)
+        torch.testing.assert_close(block.attn.qkv.weight, source.attn.qkv.weight, atol=0, rtol=0)
+
+
+def test_linear_heuristic_and_per_block_ratios(vit, swin):
+    converted = from_timm(vit, channel_idle=0.5, heuristic="linear")
+    expected = [math.ceil(256 * (1 - r)) for r in idle_ratios(3, 0.5, "linear")]
+    assert [b.mlp.active_features for b in converted.blocks] == expected == [192, 128, 64]
+    swin_converted = from_timm(swin, channel_idle=[0.0, 0.25, 0.5, 1.0], norm="layer")
+    blocks = [b for stage in swin_converted.layers for b in stage.blocks]
+    assert [b.mlp.idle_ratio for b in blocks] == [0.0, 0.25, 0.5, 1.0]
+    _check_fused_equals_train_time(swin_converted)
+
+
+def test_fuse_uses_eval_statistics_and_keeps_input(vit):
+    model = _calibrate_batchnorms(from_timm(vit, channel_idle=0.75)).train()
+    fused = vitfast.fuse(model)
+    assert model.training and not fused.training
+    assert type(model.blocks[0]) is ChannelIdleBlock  # the input is not modified
+    with torch.no_grad():
+        _assert_close_scaled(fused(IMAGES), model.eval()(IMAGES))
+
+
+def test_fuse_refuses_non_finite_statistics(vit):
+    model = _calibrate_batchnorms(from_timm(vit, channel_idle=0.75))
+    with torch.no_grad():
+        model.blocks[1].mlp.hidden_norm.running_var[3] = float("nan")
+    with pytest.raises(ValueError, match=r"blocks\.1\.mlp\.hidden_norm\.running_var: expected finite values"):
+        vitfast.fuse(model)
+
+
+def test_fuse_standalone_mlp_and_reference_backend():
+    mlp = nn.Sequential(ChannelIdleMlp(16, 64, idle_ratio=0.5)).eval()
+    fused = vitfast.fuse(mlp)
+    assert isinstance(fused[0], FusedChannelIdleFFN)
+    x = torch.randn(2, 4, 16)
+    previous = vitfast.get_backend()
+    try:
+        vitfast.set_backend("reference")
+        with torch.no_grad():
+            reference = fused(x)
+    finally:
+        vitfast.set_backend(previous)
+    with torch.no_grad():
+        _assert_close_scaled(fused(x), reference)
+        _assert_close_scaled(reference, mlp(x))
+
+
+def test_fused_model_is_smaller(vit):
+    converted = from_timm(vit, channel_idle=0.75)
+    fused = vitfast.fuse(converted)
+    ffn_train = sum(b.mlp.fc1.weight.numel() + b.mlp.fc2.weight.numel() for b in converted.blocks)
+    ffn_fused = sum(p.numel() for b in fused.blocks for n, p in b.mlp.named_parameters() if n.startswith("w_"))
+    assert ffn_fused * 8 == ffn_train * 3  # 3C² of 8C² per FFN (RePaViT §3.4, θ = 0.75, ρ = 4)
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def test_from_timm_errors(vit):
+    with pytest.raises(TypeError, match=r"model: expected a timm VisionTransformer .* got torch\.nn\.modules\.linear\.Linear"):
+        from_timm(nn.Linear(3, 3))
+    with pytest.raises(ValueError, match=r"norm: expected one of \('batch', 'layer'\), got 'rms'"):
+        from_timm(vit, norm="rms")
+    with pytest.raises(ValueError, match=r"heuristic: expected one of \('static', 'linear'\), got 'cos'"):
+        from_timm(vit, heuristic="cos")
+    with pytest.raises(ValueError, match=r"theta: expected a number in \[0, 1\], got 1.5"):
+        from_timm(vit, channel_idle=1.5)
+    with pytest.raises(ValueError, match=r"channel_idle: expected one idle ratio per block \(3 blocks\), got 2"):
+        from_timm(vit, channel_idle=[0.5, 0.5])
+    with pytest.raises(ValueError, match=r"channel_idle\[1\]: expected a number in \[0, 1\], got -1"):
+        from_timm(vit, channel_idle=[0.5, -1, 0.5])
+    with pytest.raises(ValueError, match=r"channel_idle: expected an idle ratio"):
+        from_timm(vit, channel_idle="0.5")
+    tanh = _vit(depth=1, act_layer=lambda: nn.GELU(approximate="tanh"))
+    with pytest.raises(ValueError, match=r"model block 0\.mlp\.act: expected the exact GELU .* got GELU\(approximate='tanh'\)"):
+        from_timm(tanh)
+    converted = from_timm(vit)
+    with pytest.raises(ValueError, match=r"model block 0: expected timm\.models\.vision_transformer\.Block, got ChannelIdleBlock"):
+        from_timm(converted)
+
+
+def test_train_time_block_constructs_from_scratch():
+    # block_fn injection: a RePaViT trained from scratch, as in the paper.
+    from functools import partial
+
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=10,
+                              block_fn=partial(ChannelIdleBlock, idle_ratio=0.75, ffn_norm="batch"))
+    assert all(type(b) is ChannelIdleBlock for b in model.blocks)
+    model = _calibrate_batchnorms(model)
+    loss = model(IMAGES).square().mean()
+    model.train()
+    model(IMAGES).square().mean().backward()  # autograd through the reference path
+    assert model.blocks[0].mlp.fc1.weight.grad is not None and torch.isfinite(loss)
+    _check_fused_equals_train_time(model.eval())

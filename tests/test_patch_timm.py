@@ -1,0 +1,153 @@
+"""`vitfast.patch_timm` and the fused `vitfast.nn.Block` as a drop-in for timm's ViT `Block`."""
+import copy
+import inspect
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+from timm.layers import LayerScale
+from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock
+from timm.models.vision_transformer import Block as TimmBlock
+from timm.models.vision_transformer import VisionTransformer
+
+import vitfast
+from vitfast.nn import Attention, Block, FusedChannelIdleFFN, SwinBlock
+
+
+def _assert_close_scaled(actual, expected, tol=2e-5):
+    """fp32 parity relative to the output's scale (tolerance fixed; never loosened to pass)."""
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(actual, expected, atol=tol * max(scale, 1.0), rtol=tol)
+
+
+def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm) and module.elementwise_affine:
+                module.weight.copy_(torch.rand(module.weight.shape, generator=g) + 0.5)
+                module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.2)
+            elif isinstance(module, (nn.Linear, nn.Conv2d)):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=g) / math.sqrt(module.weight[0].numel()))
+                if module.bias is not None:
+                    module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.1)
+            elif isinstance(module, LayerScale):
+                module.gamma.copy_(torch.rand(module.gamma.shape, generator=g) + 0.5)
+        for name, param in model.named_parameters():
+            if name in ("cls_token", "pos_embed") or "relative_position_bias_table" in name:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.5)
+    return model.eval()
+
+
+def _deit_tiny_like(**overrides) -> VisionTransformer:
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=192, depth=2, num_heads=3, num_classes=10)
+    kwargs.update(overrides)
+    return _randomize(VisionTransformer(**kwargs))
+
+
+IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(qkv_bias=True),  # DeiT-Tiny
+        dict(qkv_bias=False),
+        dict(qkv_bias=True, init_values=1e-1),  # LayerScale (DeiT-III): folded into proj / fc2
+        dict(qkv_bias=False, qk_norm=True, init_values=1e-1),
+        dict(qkv_bias=True, global_pool="avg", class_token=False),  # no cls token: N = 16, fc_norm
+        dict(qkv_bias=True, proj_bias=False),
+    ],
+    ids=["qkv_bias", "no_qkv_bias", "layer_scale", "qk_norm", "avg_pool", "no_proj_bias"],
+)
+def test_patched_vit_outputs_identical(overrides):
+    model = _deit_tiny_like(**overrides)
+    with torch.no_grad():
+        expected = model(IMAGES)
+        expected_features = model.forward_features(IMAGES)
+    patched = vitfast.patch_timm(model)
+    assert patched is model
+    assert all(type(b) is Block for b in model.blocks)
+    with torch.no_grad():
+        _assert_close_scaled(model.forward_features(IMAGES), expected_features)
+        _assert_close_scaled(model(IMAGES), expected)
+
+
+def test_patched_swin_outputs_identical():
+    model = _randomize(SwinTransformer(img_size=32, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4),
+                                       window_size=4, num_classes=10))
+    with torch.no_grad():
+        expected = model(IMAGES)
+    vitfast.patch_timm(model)
+    blocks = [b for stage in model.layers for b in stage.blocks]
+    assert all(type(b) is SwinBlock and isinstance(b, SwinTransformerBlock) for b in blocks)
+    with torch.no_grad():
+        _assert_close_scaled(model(IMAGES), expected)
+
+
+def test_not_inplace_leaves_model_alone():
+    model = _deit_tiny_like()
+    patched = vitfast.patch_timm(model, inplace=False)
+    assert patched is not model
+    assert all(type(b) is TimmBlock for b in model.blocks)
+    assert all(type(b) is Block for b in patched.blocks)
+
+
+def test_refuses_training_mode():
+    model = _deit_tiny_like().train()
+    with pytest.raises(ValueError, match=r"model: expected eval mode .* got training mode; call model.eval\(\) first"):
+        vitfast.patch_timm(model)
+    assert all(type(b) is TimmBlock for b in model.blocks)
+
+
+def test_refuses_models_without_blocks():
+    with pytest.raises(ValueError, match=r"model: expected a timm model containing .* found none in Sequential"):
+        vitfast.patch_timm(nn.Sequential(nn.Linear(4, 4)).eval())
+
+
+def test_unsupported_block_leaves_model_unchanged():
+    model = _deit_tiny_like(depth=3)
+    model.blocks[2].mlp.act = nn.GELU(approximate="tanh")
+    with pytest.raises(ValueError, match=r"blocks\.2\.mlp\.act: expected the exact GELU"):
+        vitfast.patch_timm(model)
+    assert all(type(b) is TimmBlock for b in model.blocks)  # nothing swapped half-way
+
+
+def test_block_forward_signature_and_attention_mask():
+    timm_block = _randomize(TimmBlock(64, 4, qkv_bias=True))
+    fused = Block.from_timm(timm_block)
+    x = torch.randn(2, 9, 64)
+    mask = torch.randn(9, 9)
+    with torch.no_grad():
+        _assert_close_scaled(fused(x, attn_mask=mask), timm_block(x, attn_mask=mask))
+        _assert_close_scaled(fused(x, is_causal=True), timm_block(x, is_causal=True))
+
+
+def test_block_is_a_drop_in_for_timm_block():
+    timm_params = inspect.signature(TimmBlock.__init__).parameters
+    ours = inspect.signature(Block.__init__).parameters
+    assert list(ours)[: len(timm_params)] == list(timm_params)  # same positional order, extras keyword-only
+    # block_fn injection builds and runs a (randomly initialised) fused ViT
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10,
+                              block_fn=Block, init_values=1e-5).eval()
+    assert all(type(b) is Block for b in model.blocks)
+    with torch.no_grad():
+        assert model(IMAGES).shape == (2, 10)
+    block = model.blocks[0]
+    assert [name for name, _ in block.named_children()] == ["norm1", "attn", "mlp"]
+    assert type(block.attn) is Attention and isinstance(block.mlp, FusedChannelIdleFFN)
+    assert sorted(n for n, _ in block.attn.named_children()) == ["k_norm", "norm", "proj", "q_norm", "qkv"]
+    # norm1's affine lives in qkv now, and LayerScale in proj / the FFN
+    assert not block.norm1.elementwise_affine and block.mlp.residual
+
+
+def test_block_constructor_builds_channel_idle_shapes():
+    block = Block(64, 4, idle_ratio=0.75, ffn_norm="batch")
+    assert block.mlp.active_features == 64 and block.mlp.linear_path and not block.mlp.residual
+    with pytest.raises(ValueError, match=r"scale_mlp_norm: expected False"):
+        Block(64, 4, scale_mlp_norm=True)
+    with pytest.raises(ValueError, match=r"act_layer: expected the exact GELU .* got SiLU"):
+        Block(64, 4, act_layer=nn.SiLU)
+    with pytest.raises(ValueError, match=r"ffn_norm: expected 'layer' or 'batch', got 'group'"):
+        Block(64, 4, ffn_norm="group")

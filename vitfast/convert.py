@@ -1,0 +1,323 @@
+"""Model conversion: timm ViT/DeiT/Swin, or an official RePaViT checkpoint → a vitfast train-time model.
+
+    model = vitfast.convert.from_timm(timm_model, channel_idle=0.75, norm="batch")   # then train / finetune
+    model = vitfast.convert.from_repavit(torch.load("repavit_base.pth")["model"])    # official weights
+    fused = vitfast.fuse(model)
+
+The result is the same timm model class (a deep copy: the argument is never modified) whose transformer blocks
+are `vitfast.nn.ChannelIdleBlock` (ViT/DeiT, distilled DeiT included) or `vitfast.nn.ChannelIdleSwinBlock`
+(Swin).  Attention sub-blocks are copied unchanged (RePaViT only reparameterizes the FFN); the FFNs become
+`ChannelIdleMlp` with fc1/fc2 copied.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import re
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+
+from .nn.channel_idle import FFN_NORMS, HEURISTICS, ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock, idle_ratios
+
+__all__ = ["from_timm", "from_repavit", "REPAVIT_HEADS"]
+
+# Official RePaViT ViT/DeiT variants: embedding width -> number of heads (Tiny, Small, Base, Large, Huge).
+REPAVIT_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+
+
+def _model_blocks(model: nn.Module) -> List[Tuple[nn.Module, str, nn.Module]]:
+    """(parent container, child name, block) for every transformer block, in depth order."""
+    from timm.models.swin_transformer import SwinTransformer
+    from timm.models.vision_transformer import VisionTransformer
+
+    if isinstance(model, VisionTransformer):
+        return [(model.blocks, name, block) for name, block in model.blocks.named_children()]
+    if isinstance(model, SwinTransformer):
+        found = []
+        for stage in model.layers:
+            found.extend((stage.blocks, name, block) for name, block in stage.blocks.named_children())
+        return found
+    raise TypeError(
+        "model: expected a timm VisionTransformer (ViT, DeiT, distilled DeiT) or SwinTransformer, "
+        f"got {type(model).__module__}.{type(model).__qualname__}"
+    )
+
+
+def _resolve_ratios(channel_idle, depth: int, heuristic: str, spread: float) -> List[float]:
+    if isinstance(channel_idle, (int, float)) and not isinstance(channel_idle, bool):
+        return idle_ratios(depth, float(channel_idle), heuristic, spread=spread)
+    if isinstance(channel_idle, Sequence) and not isinstance(channel_idle, (str, bytes)):
+        ratios = list(channel_idle)
+        if len(ratios) != depth:
+            raise ValueError(
+                f"channel_idle: expected one idle ratio per block ({depth} blocks), got {len(ratios)} values"
+            )
+        for i, r in enumerate(ratios):
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
+                raise ValueError(f"channel_idle[{i}]: expected a number in [0, 1], got {r!r}")
+        return [float(r) for r in ratios]
+    raise ValueError(
+        f"channel_idle: expected an idle ratio θ in [0, 1] or a sequence of per-block ratios, got {channel_idle!r}"
+    )
+
+
+def from_timm(
+    model: nn.Module,
+    channel_idle: Union[float, Sequence[float]] = 0.75,
+    norm: str = "batch",
+    heuristic: str = "static",
+    *,
+    spread: float = 0.25,
+) -> nn.Module:
+    """Train-time RePaViT model from a timm ViT/DeiT (incl. distilled) or Swin model.
+
+    channel_idle: the idle ratio θ (fraction of FFN hidden channels without GELU; RePaViT's default 0.75), or
+        one ratio per block (depth order; for Swin, over all stages).
+    norm: FFN normalisation — "batch" (RePaViT: BatchNorm1d before fc1 and before fc2, both foldable, the
+        shortcut folds too) or "layer" (keep the LayerNorm; the shortcut stays explicit after fusing).
+    heuristic: per-layer θ from one number — "static" (same θ everywhere, the paper's) or "linear" (θ ramps
+        with depth from θ − δ to θ + δ, δ = min(spread, θ, 1 − θ); see `vitfast.nn.idle_ratios`).
+
+    BatchNorm initialisation (norm="batch"): the pre-norm BN takes the LayerNorm's γ, β, running statistics
+    (0, 1); the hidden BN starts as the identity.  The pretrained function is not preserved (BN ≠ LN), so
+    finetune; norm="layer" with θ = 0 reproduces the timm model exactly.  Train/eval mode is kept.
+    """
+    blocks = _model_blocks(model)  # type check first, before copying anything
+    if norm not in FFN_NORMS:
+        raise ValueError(f"norm: expected one of {FFN_NORMS}, got {norm!r}")
+    if heuristic not in HEURISTICS:
+        raise ValueError(f"heuristic: expected one of {HEURISTICS}, got {heuristic!r}")
+    if not blocks:
+        raise ValueError("model: expected at least one transformer block, got none")
+    ratios = _resolve_ratios(channel_idle, len(blocks), heuristic, spread)
+
+    from timm.models.swin_transformer import SwinTransformerBlock
+
+    converted = copy.deepcopy(model)
+    replacements = []
+    for i, ((parent, name, block), ratio) in enumerate(zip(_model_blocks(converted), ratios)):
+        where = f"model block {i}"
+        if isinstance(block, SwinTransformerBlock):
+            new = ChannelIdleSwinBlock.from_timm(block, idle_ratio=ratio, ffn_norm=norm, name=where)
+        else:
+            new = ChannelIdleBlock.from_timm(block, idle_ratio=ratio, ffn_norm=norm, name=where)
+        replacements.append((parent, name, new))
+    for parent, name, new in replacements:
+        setattr(parent, name, new)
+    return converted
+
+
+# ------------------------------------------------------------------------------------------------ RePaViT
+_BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
+_BN_SUFFIXES = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
+def _unwrap_state_dict(state_dict) -> Dict[str, torch.Tensor]:
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict: expected a mapping of parameter names to tensors, got {type(state_dict).__name__}")
+    for wrapper in ("model", "state_dict", "model_ema"):
+        if wrapper in state_dict and isinstance(state_dict[wrapper], Mapping) and "cls_token" not in state_dict:
+            state_dict = state_dict[wrapper]
+            break
+    out = {}
+    for key, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"state_dict[{key!r}]: expected a Tensor, got {type(value).__name__}")
+        out[key[len("module."):] if key.startswith("module.") else key] = value
+    return out
+
+
+def _require(sd: Dict[str, torch.Tensor], key: str, ndim: Optional[int] = None) -> torch.Tensor:
+    if key not in sd:
+        raise ValueError(f"state_dict: expected key {key!r} (official RePaViT ViT/DeiT layout), not found")
+    t = sd[key]
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"state_dict[{key!r}]: expected {ndim} dimensions, got shape {list(t.shape)}")
+    return t
+
+
+def from_repavit(
+    state_dict: Mapping[str, torch.Tensor],
+    num_heads: Optional[int] = None,
+    num_classes: Optional[int] = None,
+    img_size: Optional[int] = None,
+    *,
+    idle_ratio: float = 0.75,
+    active_features: Optional[int] = None,
+    norm_eps: float = 1e-6,
+    attn_norm_eps: float = 1e-5,
+) -> nn.Module:
+    """Train-time vitfast model (timm VisionTransformer + `ChannelIdleBlock`s) from an official RePaViT ViT/DeiT
+    state dict (`repavit.py` of the RePaViT repository; a {"model": ...} wrapper and "module." prefixes are
+    accepted).
+
+    Inferred from the tensors: width (cls_token), depth (blocks.*), FFN hidden width (fc1), class count (head),
+    patch size and input channels (patch_embed.proj), image size (pos_embed length = 1 + (img/patch)²), biases
+    and LayerScale (present keys).  Heads come from the width by the official table (192→3, 384→6, 768→12,
+    1024→16, 1280→16) unless `num_heads` is given.  `num_classes` / `img_size`, when given, must agree with
+    the tensors.
+
+    Not inferable: which hidden channels are active.  The official models put GELU on the first
+    ceil(hidden · (1 − idle_ratio)) channels with idle_ratio = 0.75 (one active channel per embedding channel
+    at mlp_ratio 4), which is the default; pass `idle_ratio` or an explicit `active_features` for others.
+    Norm eps follow the official code: `norm_eps` (1e-6) for norm_pre and the final norm, `attn_norm_eps`
+    (torch's default 1e-5) for each attention pre-norm; BatchNorms keep their default eps 1e-5.
+
+    Layout mapped: blocks.i.attn.norm → norm1, attn.qkv/proj → attn.qkv/proj, attn.ls → ls1,
+    mlp.norm1 → mlp.pre_norm (BatchNorm1d over C), mlp.fc1/fc2, mlp.norm2 → mlp.hidden_norm (BatchNorm1d over
+    the hidden width), mlp.ls → mlp.ls.  Unknown keys are an error (listed), never ignored.  The model is
+    returned in eval mode (its BatchNorms then use the checkpoint's statistics); call `.train()` to finetune.
+    """
+    from timm.layers import LayerScale
+    from timm.models.vision_transformer import VisionTransformer
+
+    sd = _unwrap_state_dict(state_dict)
+    cls_token = _require(sd, "cls_token", 3)
+    dim = int(cls_token.shape[-1])
+    patch_w = _require(sd, "patch_embed.proj.weight", 4)
+    if tuple(patch_w.shape[:1]) != (dim,) or patch_w.shape[2] != patch_w.shape[3]:
+        raise ValueError(
+            f"state_dict['patch_embed.proj.weight']: expected shape [{dim}, in_chans, p, p], got {list(patch_w.shape)}"
+        )
+    patch, in_chans = int(patch_w.shape[-1]), int(patch_w.shape[1])
+    pos = _require(sd, "pos_embed", 3)
+    grid = math.isqrt(max(int(pos.shape[1]) - 1, 0))
+    if pos.shape[1] - 1 != grid * grid or pos.shape[2] != dim or grid == 0:
+        raise ValueError(
+            f"state_dict['pos_embed']: expected shape [1, 1 + g², {dim}] (class token + a square patch grid), "
+            f"got {list(pos.shape)}"
+        )
+    inferred_img = grid * patch
+    if img_size is not None and img_size != inferred_img:
+        raise ValueError(
+            f"img_size: expected {inferred_img} (pos_embed has {grid}×{grid} patches of {patch} px), got {img_size}"
+        )
+    head_w = sd.get("head.weight")
+    inferred_classes = int(head_w.shape[0]) if head_w is not None else 0
+    if num_classes is not None and num_classes != inferred_classes:
+        raise ValueError(f"num_classes: expected {inferred_classes} (head.weight rows), got {num_classes}")
+    if num_heads is None:
+        if dim not in REPAVIT_HEADS:
+            raise ValueError(
+                f"num_heads: expected an explicit value for embedding width {dim} (known official widths: "
+                f"{sorted(REPAVIT_HEADS)}), got None"
+            )
+        num_heads = REPAVIT_HEADS[dim]
+    if not isinstance(num_heads, int) or num_heads <= 0 or dim % num_heads:
+        raise ValueError(f"num_heads: expected a positive divisor of the width {dim}, got {num_heads!r}")
+
+    depth_ids = sorted({int(m.group(1)) for m in map(_BLOCK_KEY.match, sd) if m})
+    if not depth_ids or depth_ids != list(range(len(depth_ids))):
+        raise ValueError(f"state_dict: expected blocks.0 … blocks.N-1, got block indices {depth_ids[:10]}")
+    depth = len(depth_ids)
+    hidden = int(_require(sd, "blocks.0.mlp.fc1.weight", 2).shape[0])
+
+    model = VisionTransformer(
+        img_size=inferred_img,
+        patch_size=patch,
+        in_chans=in_chans,
+        num_classes=inferred_classes,
+        global_pool="token",
+        embed_dim=dim,
+        depth=0,  # blocks are built below as ChannelIdleBlocks
+        num_heads=num_heads,
+        qkv_bias=True,
+        class_token=True,
+        pre_norm=True,  # norm_pre present; timm then drops the patch-embedding bias, as RePaViT has none
+        fc_norm=False,
+        norm_layer=lambda d, **kw: nn.LayerNorm(d, eps=norm_eps, **kw),
+    )
+    blocks = []
+    consumed = set()
+    for i in range(depth):
+        p = f"blocks.{i}."
+
+        def has(key: str) -> bool:
+            return p + key in sd
+
+        qkv_w = _require(sd, p + "attn.qkv.weight", 2)
+        fc1_w = _require(sd, p + "mlp.fc1.weight", 2)
+        if tuple(qkv_w.shape) != (3 * dim, dim) or tuple(fc1_w.shape) != (hidden, dim):
+            raise ValueError(
+                f"state_dict[{p + 'attn.qkv.weight'!r} / {p + 'mlp.fc1.weight'!r}]: expected [{3 * dim}, {dim}] "
+                f"and [{hidden}, {dim}], got {list(qkv_w.shape)} and {list(fc1_w.shape)}"
+            )
+        block = ChannelIdleBlock(
+            dim,
+            num_heads,
+            mlp_ratio=hidden / dim,
+            qkv_bias=has("attn.qkv.bias"),
+            proj_bias=has("attn.proj.bias"),
+            init_values=1.0 if has("attn.ls") else None,
+            norm_layer=lambda d, **kw: nn.LayerNorm(d, eps=attn_norm_eps, **kw),
+            idle_ratio=idle_ratio,
+            ffn_norm="batch",
+            active_features=active_features,
+        )
+        block.mlp = ChannelIdleMlp(
+            dim,
+            hidden,
+            idle_ratio,
+            "batch",
+            active_features=active_features,
+            bias=(has("mlp.fc1.bias"), has("mlp.fc2.bias")),
+            init_values=1.0 if has("mlp.ls") else None,
+        )
+        mapping = {
+            "attn.norm.weight": "norm1.weight",
+            "attn.norm.bias": "norm1.bias",
+            "attn.qkv.weight": "attn.qkv.weight",
+            "attn.qkv.bias": "attn.qkv.bias",
+            "attn.proj.weight": "attn.proj.weight",
+            "attn.proj.bias": "attn.proj.bias",
+            "attn.ls": "ls1.gamma",
+            "mlp.fc1.weight": "mlp.fc1.weight",
+            "mlp.fc1.bias": "mlp.fc1.bias",
+            "mlp.fc2.weight": "mlp.fc2.weight",
+            "mlp.fc2.bias": "mlp.fc2.bias",
+            "mlp.ls": "mlp.ls.gamma",
+            **{f"mlp.norm1.{s}": f"mlp.pre_norm.{s}" for s in _BN_SUFFIXES},
+            **{f"mlp.norm2.{s}": f"mlp.hidden_norm.{s}" for s in _BN_SUFFIXES},
+        }
+        block_state = {}
+        for src, dst in mapping.items():
+            if has(src):
+                t = sd[p + src]
+                block_state[dst] = t.reshape(-1) if dst.endswith("gamma") else t  # official ls may be [1, 1, C]
+                consumed.add(p + src)
+        for bn in ("mlp.pre_norm", "mlp.hidden_norm"):  # older checkpoints may lack the counter; it is unused
+            block_state.setdefault(f"{bn}.num_batches_tracked", torch.zeros((), dtype=torch.long))
+        _load_strict(block, block_state, f"state_dict blocks.{i}")
+        blocks.append(block)
+    model.blocks = nn.Sequential(*blocks)
+    model.feature_info = [dict(module=f"blocks.{i}", num_chs=dim, reduction=patch) for i in range(depth)]
+
+    top_state = {}
+    for key in ("cls_token", "pos_embed", "patch_embed.proj.weight", "norm_pre.weight", "norm_pre.bias",
+                "norm.weight", "norm.bias", "head.weight", "head.bias"):
+        if key in sd:
+            top_state[key] = sd[key]
+            consumed.add(key)
+    unknown = sorted(set(sd) - consumed)
+    if unknown:
+        shown = ", ".join(unknown[:8]) + (f", … ({len(unknown)} in all)" if len(unknown) > 8 else "")
+        raise ValueError(f"state_dict: unexpected keys for the RePaViT ViT/DeiT layout: {shown}")
+    missing, unexpected = model.load_state_dict(top_state, strict=False)
+    missing = [k for k in missing if not k.startswith("blocks.")]
+    if missing:
+        raise ValueError(f"state_dict: expected keys {missing} (official RePaViT ViT/DeiT layout), not found")
+    assert not unexpected, unexpected  # every key in top_state is a VisionTransformer parameter
+    return model.eval()
+
+
+def _load_strict(module: nn.Module, state: Dict[str, torch.Tensor], where: str) -> None:
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    if missing:
+        raise ValueError(f"{where}: expected keys {missing} (official RePaViT layout), not found")
+    for key, value in state.items():
+        if tuple(own[key].shape) != tuple(value.shape):
+            raise ValueError(f"{where}: {key} expected shape {list(own[key].shape)}, got {list(value.shape)}")
+    module.load_state_dict(state, strict=True)

@@ -1,0 +1,75 @@
+"""`vitfast.fuse(model) -> model`: replace every train-time vitfast module by its exact fused counterpart.
+
+Any module with a `to_fused()` method is a train-time module (the RePaViT ones: `ChannelIdleBlock`,
+`ChannelIdleSwinBlock`, a stand-alone `ChannelIdleMlp`; other methods plug in the same way).  The walk is
+top-down: a module that fuses is replaced whole and its children are not visited again.
+
+Fusing always folds the *eval-mode* function: BatchNorms contribute their running statistics (RePaViT eq. 3),
+never batch statistics, and dropout / drop-path are identities.  A model passed in training mode is therefore
+accepted — the copy is switched to eval mode first — and the result equals `model.eval()(x)`.  The input
+model is never modified.  NaN/Inf (or negative variances) in anything that is folded raise ValueError naming
+the tensor, before any output exists.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+import torch.nn as nn
+
+__all__ = ["fuse"]
+
+
+def _call_to_fused(to_fused, path: str) -> nn.Module:
+    # `name` (the module's path) only makes error messages point at the right block; it is optional.
+    accepts_name = "name" in inspect.signature(to_fused).parameters
+    fused = to_fused(name=path) if accepts_name else to_fused()
+    if not isinstance(fused, nn.Module):
+        raise TypeError(f"{path}.to_fused(): expected an nn.Module, got {type(fused).__name__}")
+    return fused.eval()
+
+
+def _fuse_children(module: nn.Module, prefix: str) -> int:
+    count = 0
+    for name, child in list(module.named_children()):
+        path = f"{prefix}.{name}" if prefix else name
+        to_fused = getattr(child, "to_fused", None)
+        if callable(to_fused):
+            fused = _call_to_fused(to_fused, path)
+            setattr(module, name, fused)
+            count += 1
+        else:
+            count += _fuse_children(child, path)
+    return count
+
+
+def fuse(model: nn.Module) -> nn.Module:
+    """Deep copy of `model` in eval mode with every train-time vitfast module fused (see the module doc).
+
+    The fused model's outputs equal the train-time model's in eval mode, up to float rounding (the folding
+    itself is done in float64).  A model with nothing to fuse is returned as an eval-mode copy.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    fused = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        to_fused = getattr(fused, "to_fused", None)
+        if callable(to_fused):
+            return _call_to_fused(to_fused, "model")
+        _fuse_children(fused, "")
+    return fused
+
+
+class _CallableModule(type(copy)):
+    """`vitfast.fuse` is both this module and the function: once anything has run `import vitfast.fuse`, the
+    import system binds the *module* to the package attribute `vitfast.fuse`, shadowing the lazy function.
+    Making the module callable keeps `vitfast.fuse(model)` working whichever of the two is bound."""
+
+    def __call__(self, model: nn.Module) -> nn.Module:
+        return fuse(model)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule
