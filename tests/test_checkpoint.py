@@ -1,0 +1,724 @@
+"""vitfast.save / vitfast.load and vitfast.arch: round trips, the file format, and every way a file can be bad.
+
+Most tests use small fused modules registered here (real registered classes with a vitfast_config, so they go
+through the same code path as the library's own) because they can exercise what the library's modules do not
+(nested fused modules, tied weights, mixed dtypes); the last section runs the real ones (vitfast.nn.fused,
+vitfast.convert + vitfast.fuse, an official-layout RePaViT state dict).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from timm.models.swin_transformer import SwinTransformer
+from timm.models.vision_transformer import VisionTransformer
+
+import vitfast
+from vitfast.arch import build_timm, describe_timm
+from vitfast.checkpoint import FORMAT, VERSION, load, read_config, save
+from vitfast.nn.registry import register_fused
+
+# ------------------------------------------------------------------------------------------ test modules
+
+
+@register_fused("test_ckpt_ffn")
+class _TestFFN(nn.Module):
+    """Stands in for a fused FFN: parameters plus a persistent buffer, config = its shape."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.dim, self.hidden = dim, hidden
+        self.w_in = nn.Parameter(torch.empty(hidden, dim))
+        self.b_in = nn.Parameter(torch.empty(hidden))
+        self.w_out = nn.Parameter(torch.empty(dim, hidden))
+        self.register_buffer("scale", torch.ones(dim))
+
+    def forward(self, x):
+        # scale may be kept in higher precision than the weights (the mixed-dtype test); compute in x's dtype
+        return F.linear(F.gelu(F.linear(x, self.w_in, self.b_in)), self.w_out) * self.scale.to(x.dtype)
+
+    def vitfast_config(self):
+        return {"kind": "test_ckpt_ffn", "dim": self.dim, "hidden": self.hidden}
+
+    @classmethod
+    def from_vitfast_config(cls, cfg):
+        return cls(cfg["dim"], cfg["hidden"])
+
+
+@register_fused("test_ckpt_block")
+class _TestBlock(nn.Module):
+    """Stands in for a fused block: contains a nested fused module and two tied linears (shared tensors)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.dim, self.hidden = dim, hidden
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.proj_a = nn.Linear(dim, dim)
+        self.proj_b = self.proj_a  # tied: one tensor under two state-dict names
+        self.mlp = _TestFFN(dim, hidden)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return x + self.proj_b(self.proj_a(y)) + self.mlp(y)
+
+    def vitfast_config(self):
+        return {"kind": "test_ckpt_block", "dim": self.dim, "hidden": self.hidden}
+
+    @classmethod
+    def from_vitfast_config(cls, cfg):
+        return cls(cfg["dim"], cfg["hidden"])
+
+
+class _Unregistered(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def _randomize(model: nn.Module) -> nn.Module:
+    # Fused test modules start from torch.empty; give every stored floating tensor defined, distinct values
+    # (only the state dict: non-persistent buffers such as Swin's attention mask are derived, not stored).
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, generator=g) * 0.1)
+    return model
+
+
+def tiny_vit(**kw) -> nn.Module:
+    args = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=5)
+    args.update(kw)
+    return VisionTransformer(**args).eval()
+
+
+def tiny_swin(**kw) -> nn.Module:
+    args = dict(img_size=32, patch_size=4, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4, num_classes=5)
+    args.update(kw)
+    return SwinTransformer(**args).eval()
+
+
+def fused_vit(**kw) -> nn.Module:
+    """ViT with a fused FFN in block 0 and a fused block (with a nested fused FFN and tied weights) at 1."""
+    model = tiny_vit(**kw)
+    model.blocks[0].mlp = _TestFFN(32, 48)
+    model.blocks[1] = _TestBlock(32, 40)
+    return _randomize(model).eval()
+
+
+def fused_swin() -> nn.Module:
+    model = tiny_swin()
+    model.layers[0].blocks[1].mlp = _TestFFN(16, 24)
+    model.layers[1].blocks[0].mlp = _TestFFN(32, 64)
+    return _randomize(model).eval()
+
+
+def _img(batch=2, size=32):
+    return torch.randn(batch, 3, size, size)
+
+
+def _assert_same_model(a: nn.Module, b: nn.Module, x: torch.Tensor) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype, k
+        assert torch.equal(sa[k], sb[k]), k
+    with torch.no_grad():
+        assert torch.equal(a(x), b(x))
+
+
+def _rewrite(src, dst, *, metadata=None, config=None, tensors=None):
+    """Copy a checkpoint, changing its metadata, its config or its tensors (a tampered/odd file)."""
+    with safe_open(str(src), framework="pt") as f:
+        meta = dict(f.metadata())
+        data = {k: f.get_tensor(k) for k in f.keys()}
+    if config is not None:
+        cfg = json.loads(meta["config"])
+        config(cfg)
+        meta["config"] = json.dumps(cfg)
+    if metadata is not None:
+        metadata(meta)
+    if tensors is not None:
+        tensors(data)
+    save_file(data, str(dst), metadata=meta)
+    return dst
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model = fused_vit()
+    path = tmp_path / "model.safetensors"
+    save(model, path)
+    return model, path
+
+
+# ------------------------------------------------------------------------------------------ arch
+
+
+ARCH_CASES = {
+    "vit": lambda: tiny_vit(),
+    "vit_avg_fcnorm_reg_layerscale": lambda: tiny_vit(global_pool="avg", reg_tokens=2, init_values=1e-4, no_embed_class=True),
+    "vit_no_cls_qknorm": lambda: tiny_vit(class_token=False, global_pool="avg", qk_norm=True, qkv_bias=False, mlp_ratio=2.5),
+    "vit_gelu_tanh_eps": lambda: tiny_vit(act_layer="gelu_tanh", norm_layer=nn.LayerNorm),
+    "vit_map_pool": lambda: tiny_vit(global_pool="map"),
+    "vit_dynamic": lambda: tiny_vit(dynamic_img_size=True),
+    "repavit_pre_norm": lambda: tiny_vit(pre_norm=True),  # timm drops the patch bias with pre_norm
+    "deit_distilled": lambda: __import__("timm").models.deit.VisionTransformerDistilled(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5).eval(),
+    "swin": lambda: tiny_swin(),
+    "swin_head_dim_ratio": lambda: tiny_swin(head_dim=8, mlp_ratio=3.0, qkv_bias=False, window_size=(4, 2)),
+}
+
+
+def _repavit_no_bias():
+    # RePaViT: BN-style blocks (fused away) and a patch embedding without bias, but no pre-norm; timm can
+    # only express "no bias" through pre_norm, so describe/build must carry it separately.
+    model = tiny_vit()
+    p = model.patch_embed.proj
+    model.patch_embed.proj = nn.Conv2d(p.in_channels, p.out_channels, p.kernel_size, p.stride, bias=False)
+    return model.eval()
+
+
+ARCH_CASES["repavit_no_patch_bias"] = _repavit_no_bias
+
+
+@pytest.mark.parametrize("case", sorted(ARCH_CASES))
+def test_describe_build_roundtrip(case):
+    from vitfast.checkpoint import _structure_mismatches
+
+    model = _randomize(ARCH_CASES[case]())
+    desc = describe_timm(model)
+    desc = json.loads(json.dumps(desc))  # what a file gives back: lists, no tuples
+    rebuilt = build_timm(desc).eval()
+    assert _structure_mismatches(model, rebuilt) == []
+    rebuilt.load_state_dict(model.state_dict(), strict=True)
+    x = _img()
+    with torch.no_grad():
+        assert torch.equal(model(x), rebuilt(x))
+
+
+def test_describe_records_patch_bias_and_norm():
+    desc = describe_timm(_repavit_no_bias())
+    assert desc["patch_embed_bias"] is False and desc["kwargs"]["pre_norm"] is False
+    assert build_timm(desc).patch_embed.proj.bias is None
+    desc = describe_timm(tiny_vit(norm_layer=nn.LayerNorm))
+    assert desc["norm_layer"] == {"type": "torch.nn.LayerNorm", "eps": 1e-5}
+
+
+def test_describe_skips_fused_modules():
+    # Every block's MLP is fused: the ratio cannot be read and must not come from a fused module.
+    model = tiny_vit(mlp_ratio=2.0)
+    for block in model.blocks:
+        block.mlp = _TestFFN(32, 48)
+    desc = describe_timm(model)
+    assert desc["kwargs"]["mlp_ratio"] == 4.0  # the documented fallback, harmless: every mlp is replaced
+    assert desc["kwargs"]["num_heads"] == 2
+
+
+def test_describe_rejects_unsupported_class():
+    with pytest.raises(TypeError, match="model: expected a timm model of class VisionTransformer"):
+        describe_timm(nn.Linear(2, 2))
+
+    class MyViT(VisionTransformer):
+        pass
+
+    with pytest.raises(TypeError, match="MyViT"):
+        describe_timm(MyViT(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2))
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda d: d.update({"class": "ResNet"}), r"architecture\['class'\]: expected one of"),
+        (lambda d: d["kwargs"].update({"block_fn": "os.system"}), r"unexpected keys \['block_fn'\]"),
+        (lambda d: d["kwargs"].update({"bogus": 1}), r"unexpected keys \['bogus'\]"),
+        (lambda d: d.update({"norm_layer": {"type": "builtins.eval", "eps": 1e-6}}), r"norm_layer.*expected one of"),
+        (lambda d: d.update({"act_layer": "os.system"}), r"act_layer.*expected one of"),
+        (lambda d: d["kwargs"].update({"embed_dim": 30, "num_heads": 4}), r"timm VisionTransformer rejected"),
+        (lambda d: d.update({"patch_embed_bias": "yes"}), r"patch_embed_bias.*expected true or false"),
+    ],
+)
+def test_build_rejects_bad_description(change, match):
+    desc = describe_timm(tiny_vit())
+    change(desc)
+    with pytest.raises(ValueError, match=match):
+        build_timm(desc)
+
+
+# ------------------------------------------------------------------------------------------ round trips
+
+
+def test_lazy_names_resolve():
+    assert vitfast.save is save and vitfast.load is load
+
+
+def test_roundtrip_fused_vit_exact(saved):
+    model, path = saved
+    loaded = vitfast.load(path)
+    assert not loaded.training
+    assert type(loaded.blocks[0].mlp) is _TestFFN and type(loaded.blocks[1]) is _TestBlock
+    assert loaded.blocks[1].proj_a is loaded.blocks[1].proj_b  # the tie is structural, rebuilt by the module
+    _assert_same_model(model, loaded, _img())
+
+
+def test_roundtrip_fused_swin_exact(tmp_path):
+    model = fused_swin()
+    save(model, tmp_path / "swin.safetensors")
+    loaded = load(tmp_path / "swin.safetensors")
+    _assert_same_model(model, loaded, _img())
+    blocks = read_config(tmp_path / "swin.safetensors")["blocks"]
+    assert [b["path"] for b in blocks] == ["layers.0.blocks.0", "layers.0.blocks.1", "layers.1.blocks.0", "layers.1.blocks.1"]
+    assert [b["stage"] for b in blocks] == [0, 0, 1, 1]
+    assert blocks[1]["modules"] == {"mlp": "test_ckpt_ffn"} and blocks[0]["modules"] == {}
+
+
+@pytest.mark.parametrize("case", ["repavit_pre_norm", "repavit_no_patch_bias", "deit_distilled", "vit_map_pool"])
+def test_roundtrip_plain_skeletons(tmp_path, case):
+    model = _randomize(ARCH_CASES[case]())
+    save(model, tmp_path / "m.safetensors")
+    loaded = load(tmp_path / "m.safetensors")
+    _assert_same_model(model, loaded, _img())
+    assert read_config(tmp_path / "m.safetensors")["modules"] == {}
+
+
+def test_file_is_one_safetensors_with_metadata(saved):
+    model, path = saved
+    assert os.listdir(path.parent) == [path.name]  # one file, no side files or leftover temporaries
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        keys = set(f.keys())
+    assert meta["format"] == FORMAT == "vitfast.fused" and meta["version"] == str(VERSION) == "1"
+    cfg = json.loads(meta["config"])
+    assert cfg["format"] == FORMAT and cfg["version"] == VERSION
+    assert cfg["architecture"] == json.loads(json.dumps(describe_timm(model)))
+    assert cfg["modules"] == {
+        "blocks.0.mlp": {"kind": "test_ckpt_ffn", "dim": 32, "hidden": 48},
+        "blocks.1": {"kind": "test_ckpt_block", "dim": 32, "hidden": 40},
+        "blocks.1.mlp": {"kind": "test_ckpt_ffn", "dim": 32, "hidden": 40},
+    }
+    assert cfg["blocks"] == [
+        {"index": 0, "path": "blocks.0", "kind": "timm.Block", "modules": {"mlp": "test_ckpt_ffn"}},
+        {"index": 1, "path": "blocks.1", "kind": "test_ckpt_block", "modules": {"mlp": "test_ckpt_ffn"}},
+        {"index": 2, "path": "blocks.2", "kind": "timm.Block", "modules": {}},
+    ]
+    assert cfg["dtype"] == "float32" and cfg["vitfast_version"] == vitfast.__version__
+    # The tied weight is stored once; the alias names the stored copy.
+    assert cfg["aliases"] == {"blocks.1.proj_b.weight": "blocks.1.proj_a.weight", "blocks.1.proj_b.bias": "blocks.1.proj_a.bias"}
+    assert keys | set(cfg["aliases"]) == set(model.state_dict())
+    assert read_config(path) == cfg
+
+
+def test_file_holds_nothing_but_header_and_tensor_bytes(saved):
+    # Safetensors layout exactly: 8-byte length, JSON header, then the tensor bytes back to back -- no room
+    # for a pickled blob anywhere in the file.
+    model, path = saved
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__")
+    spans = sorted(tuple(v["data_offsets"]) for v in header.values())
+    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert 8 + n + spans[-1][1] == len(raw)
+
+
+def test_load_never_unpickles(saved, monkeypatch):
+    model, path = saved
+
+    def forbidden(*a, **k):
+        raise AssertionError("pickle/torch.load used while loading a checkpoint")
+
+    monkeypatch.setattr(torch, "load", forbidden)
+    monkeypatch.setattr(pickle, "load", forbidden)
+    monkeypatch.setattr(pickle, "loads", forbidden)
+    monkeypatch.setattr(pickle, "Unpickler", forbidden)
+    _assert_same_model(model, load(path), _img())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_to_dtype_after_load(saved, dtype):
+    model, path = saved
+    loaded = load(path).to(dtype)
+    assert all(p.dtype == dtype for p in loaded.parameters())
+    x = _img()
+    with torch.no_grad():
+        ref = model(x)
+        out = loaded(x.to(dtype)).float()
+    atol, rtol = (1e-5, 1e-5) if dtype == torch.float64 else (0.1, 0.1)
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("make", [fused_vit, fused_swin])
+def test_bfloat16_model_roundtrip_keeps_dtype(tmp_path, make):
+    model = make().to(torch.bfloat16)
+    save(model, tmp_path / "bf16.safetensors")
+    assert read_config(tmp_path / "bf16.safetensors")["dtype"] == "bfloat16"
+    loaded = load(tmp_path / "bf16.safetensors")
+    assert {t.dtype for t in loaded.state_dict().values() if t.is_floating_point()} == {torch.bfloat16}
+    _assert_same_model(model, loaded, _img().to(torch.bfloat16))
+
+
+def test_mixed_dtype_roundtrip(tmp_path):
+    model = fused_vit()
+    model.blocks[0].mlp.scale.data = model.blocks[0].mlp.scale.data.double()  # an fp64 buffer in an fp32 model
+    save(model, tmp_path / "mixed.safetensors")
+    assert read_config(tmp_path / "mixed.safetensors")["dtype"] == "mixed"
+    loaded = load(tmp_path / "mixed.safetensors")
+    assert loaded.blocks[0].mlp.scale.dtype == torch.float64 and loaded.blocks[0].mlp.w_in.dtype == torch.float32
+    _assert_same_model(model, loaded, _img())
+
+
+def test_views_sharing_storage_are_saved_separately(tmp_path):
+    model = fused_vit()
+    # Two buffers that are slices of one storage: shared memory without being the same tensor.
+    base = torch.randn(64)
+    model.blocks[0].mlp.scale = base[:32]
+    model.blocks[1].mlp.scale = base[32:]
+    save(model, tmp_path / "v.safetensors")
+    assert read_config(tmp_path / "v.safetensors")["aliases"].keys() == {"blocks.1.proj_b.weight", "blocks.1.proj_b.bias"}
+    _assert_same_model(model, load(tmp_path / "v.safetensors"), _img())
+
+
+def test_load_device_argument(saved):
+    model, path = saved
+    assert next(load(path, device=torch.device("cpu")).parameters()).device.type == "cpu"
+    with pytest.raises(ValueError, match="device: expected a torch device"):
+        load(path, device="not-a-device")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_load_then_cuda(saved):
+    model, path = saved
+    loaded = load(path).cuda()
+    x = _img()
+    with torch.no_grad():
+        # TF32 may be on for CUDA matmuls: compare loosely, the exact check is the CPU round trip.
+        torch.testing.assert_close(loaded(x.cuda()).cpu(), model(x), atol=1e-2, rtol=1e-2)
+    assert next(load(path, device="cuda").parameters()).is_cuda
+
+
+# ------------------------------------------------------------------------------------------ bad files
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="path: no such file"):
+        load(tmp_path / "nope.safetensors")
+    with pytest.raises(ValueError, match="path: expected a file"):
+        load(tmp_path)
+
+
+@pytest.mark.parametrize("keep", [0, 5, 20, "half_header", "minus_one"])
+def test_truncated_file(saved, tmp_path, keep):
+    _, path = saved
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    cut = {"half_header": 8 + n // 2, "minus_one": len(raw) - 1}.get(keep, keep)
+    bad = tmp_path / "cut.safetensors"
+    bad.write_bytes(raw[:cut])
+    with pytest.raises(ValueError, match=r"cut\.safetensors.*truncated"):
+        load(bad)
+
+
+@pytest.mark.parametrize("where", ["json", "length"])
+def test_corrupt_header(saved, tmp_path, where):
+    _, path = saved
+    raw = bytearray(path.read_bytes())
+    if where == "json":
+        raw[8:20] = b"\xff" * 12  # garbage in place of the header's opening JSON
+    else:
+        raw[:8] = (2**62).to_bytes(8, "little")
+    bad = tmp_path / "corrupt.safetensors"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"corrupt\.safetensors: corrupt safetensors header"):
+        load(bad)
+
+
+def test_trailing_garbage(saved, tmp_path):
+    _, path = saved
+    bad = tmp_path / "tail.safetensors"
+    bad.write_bytes(path.read_bytes() + b"\0" * 16)
+    with pytest.raises(ValueError, match=r"tail\.safetensors: corrupt safetensors file"):
+        load(bad)
+
+
+def test_not_a_safetensors_file(tmp_path):
+    bad = tmp_path / "model.pt"
+    torch.save({"w": torch.zeros(3)}, bad)  # a pickle-based file must be refused, never unpickled
+    with pytest.raises(ValueError, match=r"model\.pt"):
+        load(bad)
+
+
+@pytest.mark.parametrize("metadata", [None, {"format": "pt"}])
+def test_foreign_safetensors_file(tmp_path, metadata):
+    path = tmp_path / "foreign.safetensors"
+    save_file(tiny_vit().state_dict(), str(path), metadata=metadata)
+    with pytest.raises(ValueError, match=r"foreign\.safetensors: not a vitfast checkpoint .*expected 'vitfast\.fused'"):
+        load(path)
+
+
+def test_newer_version(saved, tmp_path):
+    _, path = saved
+    bad = _rewrite(path, tmp_path / "v2.safetensors", metadata=lambda m: m.update(version="2"))
+    with pytest.raises(ValueError, match=r"version 2 is newer than this vitfast supports \(version 1\)"):
+        load(bad)
+
+
+@pytest.mark.parametrize(
+    "metadata, config, match",
+    [
+        (lambda m: m.update(version="one"), None, r"'version' expected an integer string, got 'one'"),
+        (lambda m: m.update(config="{not json"), None, r"'config' is not valid JSON"),
+        (None, lambda c: c.update(version=2), r"disagree with the metadata"),
+        (None, lambda c: c.pop("architecture"), r"config\['architecture'\] expected a JSON object"),
+        (None, lambda c: c["modules"]["blocks.0.mlp"].update(kind="nope"), r"cfg\['kind'\]: expected one of .*got 'nope'"),
+        (None, lambda c: c["architecture"].update({"class": "EvilNet"}), r"architecture\['class'\]"),
+        (None, lambda c: c["modules"].update({"nowhere.mlp": {"kind": "test_ckpt_ffn", "dim": 32, "hidden": 4}}),
+         r"parent module 'nowhere' does not exist"),
+        (None, lambda c: c["modules"].update({"blocks.__class__": {"kind": "test_ckpt_ffn", "dim": 32, "hidden": 4}}),
+         r"expected a dotted submodule path"),
+        (None, lambda c: c["modules"].update({"blocks.0.forward": {"kind": "test_ckpt_ffn", "dim": 32, "hidden": 4}}),
+         r"existing non-module attribute"),
+        (None, lambda c: c["modules"].update({"blocks.0.mlp": {"kind": "test_ckpt_ffn", "dim": 32, "hidden": 7}}),
+         r"tensor blocks\.0\.mlp\.w_in: expected shape \[7, 32\], got \[48, 32\]"),
+    ],
+)
+def test_bad_metadata(saved, tmp_path, metadata, config, match):
+    _, path = saved
+    bad = _rewrite(path, tmp_path / "bad.safetensors", metadata=metadata, config=config)
+    with pytest.raises(ValueError, match=match):
+        load(bad)
+
+
+def test_wrong_shape_tensor(saved, tmp_path):
+    _, path = saved
+    bad = _rewrite(path, tmp_path / "b.safetensors", tensors=lambda d: d.update({"head.weight": torch.zeros(7, 32)}))
+    with pytest.raises(ValueError, match=r"tensor head\.weight: expected shape \[5, 32\], got \[7, 32\]"):
+        load(bad)
+
+
+def test_missing_and_extra_tensors_are_all_listed(saved, tmp_path):
+    _, path = saved
+
+    def change(d):
+        del d["blocks.0.mlp.w_in"]
+        del d["norm.bias"]
+        d["blocks.9.surprise"] = torch.zeros(2)
+
+    bad = _rewrite(path, tmp_path / "b.safetensors", tensors=change)
+    with pytest.raises(ValueError, match=r"3 problems") as info:
+        load(bad)
+    msg = str(info.value)
+    assert "missing tensor blocks.0.mlp.w_in (expected shape [48, 32])" in msg
+    assert "missing tensor norm.bias" in msg and "unexpected tensor blocks.9.surprise" in msg
+
+
+def test_wrong_dtype_tensor(saved, tmp_path):
+    _, path = saved
+    bad = _rewrite(path, tmp_path / "b.safetensors", tensors=lambda d: d.update({"cls_token": d["cls_token"].half()}))
+    with pytest.raises(ValueError, match=r"tensor cls_token: expected dtype torch\.float32 .*got torch\.float16"):
+        load(bad)
+    bad = _rewrite(path, tmp_path / "c.safetensors", tensors=lambda d: d.update({"cls_token": d["cls_token"].long()}))
+    with pytest.raises(ValueError, match=r"tensor cls_token: expected dtype torch\.float32, got torch\.int64"):
+        load(bad)
+
+
+def test_config_and_tensors_disagree(saved, tmp_path):
+    # A config edited to a deeper model: the tensors of the extra block are reported missing.
+    _, path = saved
+    bad = _rewrite(path, tmp_path / "b.safetensors", config=lambda c: c["architecture"]["kwargs"].update(depth=4))
+    with pytest.raises(ValueError, match=r"missing tensor blocks\.3\."):
+        load(bad)
+
+
+def test_bad_alias(saved, tmp_path):
+    _, path = saved
+    bad = _rewrite(path, tmp_path / "b.safetensors",
+                   config=lambda c: c["aliases"].update({"blocks.1.proj_b.weight": "head.bias"}))
+    with pytest.raises(ValueError, match=r"blocks\.1\.proj_b\.weight \(alias of head\.bias\): expected shape \[32, 32\]"):
+        load(bad)
+
+
+# ------------------------------------------------------------------------------------------ non-finite
+
+
+def test_nonfinite_refused_at_save_unless_allowed(tmp_path):
+    model = fused_vit()
+    with torch.no_grad():
+        model.blocks[0].mlp.w_out[0, 0] = float("nan")
+        model.head.bias[1] = float("inf")
+    path = tmp_path / "nan.safetensors"
+    with pytest.raises(ValueError, match=r"NaN/Inf in 2 tensors: blocks\.0\.mlp\.w_out \(1 of 1536\); head\.bias \(1 of 5\)"):
+        save(model, path)
+    assert not path.exists()
+    save(model, path, allow_nonfinite=True)
+    with pytest.raises(ValueError, match=r"nan\.safetensors: expected finite weights.*blocks\.0\.mlp\.w_out"):
+        load(path)
+    loaded = load(path, allow_nonfinite=True)
+    assert torch.isnan(loaded.blocks[0].mlp.w_out[0, 0])
+
+
+# ------------------------------------------------------------------------------------------ save refusals
+
+
+def test_save_refuses_unregistered_module(tmp_path):
+    model = fused_vit()
+    model.blocks[2].mlp = _Unregistered(32)
+    path = tmp_path / "x.safetensors"
+    with pytest.raises(ValueError, match=r"blocks\.2\.mlp: expected timm\.layers\.mlp\.Mlp .*got .*_Unregistered"):
+        save(model, path)
+    assert not path.exists()
+
+
+def test_save_refuses_what_the_config_cannot_express(tmp_path):
+    # Block 2 pruned to one head by hand: no constructor argument says so; the file would load differently.
+    model = fused_vit()
+    model.blocks[2].attn.num_heads = 1
+    with pytest.raises(ValueError, match=r"blocks\.2\.attn\.num_heads: the rebuilt model has 2, the model has 1"):
+        save(model, tmp_path / "x.safetensors")
+    model = fused_vit()
+    model.blocks[2].norm1.eps = 1e-3
+    with pytest.raises(ValueError, match=r"blocks\.2\.norm1\.eps"):
+        save(model, tmp_path / "x.safetensors")
+
+
+def test_save_refuses_incomplete_fused_config(tmp_path):
+    model = fused_vit()
+    model.blocks[0].mlp.hidden = 99  # config now disagrees with the module's tensors
+    with pytest.raises(ValueError, match=r"blocks\.0\.mlp\.w_in: the rebuilt model has shape \[99, 32\]"):
+        save(model, tmp_path / "x.safetensors")
+
+
+def test_save_argument_errors(tmp_path):
+    with pytest.raises(TypeError, match="model: expected a torch.nn.Module"):
+        save("model", tmp_path / "x.safetensors")
+    with pytest.raises(TypeError, match="path: expected a str or os.PathLike"):
+        save(tiny_vit(), 3)
+    with pytest.raises(FileNotFoundError, match="path: directory"):
+        save(tiny_vit(), tmp_path / "no" / "x.safetensors")
+
+
+def test_failing_write_is_atomic(saved, monkeypatch):
+    model, path = saved
+    before = path.read_bytes()
+    import safetensors.torch as st
+
+    def half_write(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(st, "save_file", half_write)
+    with pytest.raises(OSError, match="disk full"):
+        save(fused_vit(depth=4), path)
+    assert path.read_bytes() == before  # the previous file is untouched
+    assert os.listdir(path.parent) == [path.name]  # and no temporary is left behind
+    monkeypatch.undo()
+    _assert_same_model(model, load(path), _img())
+
+
+# ------------------------------------------------------------------------------------------ real fused modules
+
+
+def test_real_fused_vit_blocks_roundtrip(tmp_path):
+    from vitfast.nn.fused import Block
+
+    model = _randomize(tiny_vit(init_values=1e-1, depth=2))
+    model.blocks[0] = Block.from_timm(model.blocks[0])  # block 1 stays timm: mixed models must work too
+    save(model, tmp_path / "m.safetensors")
+    cfg = read_config(tmp_path / "m.safetensors")
+    assert [b["kind"] for b in cfg["blocks"]] == ["block", "timm.Block"]
+    assert cfg["blocks"][0]["modules"] == {"mlp": "channel_idle_ffn"}
+    _assert_same_model(model, load(tmp_path / "m.safetensors"), _img())
+
+
+def test_real_fused_swin_blocks_roundtrip(tmp_path):
+    from vitfast.nn.fused import SwinBlock
+
+    model = _randomize(tiny_swin())
+    for stage in model.layers:
+        stage.blocks[1] = SwinBlock.from_timm(stage.blocks[1])  # the shifted-window blocks
+    save(model, tmp_path / "m.safetensors")
+    assert [b["kind"] for b in read_config(tmp_path / "m.safetensors")["blocks"]] == [
+        "timm.SwinTransformerBlock", "swin_block", "timm.SwinTransformerBlock", "swin_block"]
+    _assert_same_model(model, load(tmp_path / "m.safetensors"), _img())
+
+
+def _convert_and_fuse():
+    import vitfast.convert as convert
+    from vitfast.fuse import fuse
+
+    return convert, fuse
+
+
+CONVERT_CASES = {
+    "vit": lambda: tiny_vit(init_values=1e-1),
+    "deit_distilled": ARCH_CASES["deit_distilled"],
+    "swin": tiny_swin,
+}
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+@pytest.mark.parametrize("case", sorted(CONVERT_CASES))
+def test_convert_fuse_save_load(tmp_path, case, norm):
+    convert, fuse = _convert_and_fuse()
+    train_model = convert.from_timm(_randomize(CONVERT_CASES[case]()), channel_idle=0.75, norm=norm).eval()
+    # The train-time model is not a checkpoint: its modules are not registered fused modules.
+    with pytest.raises(ValueError, match=r"fuse the model first"):
+        save(train_model, tmp_path / "train.safetensors")
+    fused = fuse(train_model)
+    save(fused, tmp_path / "fused.safetensors")
+    cfg = read_config(tmp_path / "fused.safetensors")
+    assert all(b["kind"] in ("block", "swin_block") for b in cfg["blocks"])
+    assert all(cfg["modules"][b["path"] + ".mlp"]["kind"] == "channel_idle_ffn" for b in cfg["blocks"])
+    loaded = load(tmp_path / "fused.safetensors")
+    x = _img()
+    _assert_same_model(fused, loaded, x)
+    with torch.no_grad():  # and the file's model is still the train-time model's function
+        torch.testing.assert_close(loaded(x), train_model(x), atol=1e-4, rtol=1e-4)
+
+
+def _official_repavit_state_dict(dim=32, depth=2, hidden=128, patch=8, grid=4, classes=5):
+    # The official RePaViT ViT layout: no patch-embedding bias, norm_pre, BatchNorms inside the FFN.
+    g = torch.Generator().manual_seed(3)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g) * 0.1
+
+    def bn(prefix, n):
+        return {f"{prefix}.weight": 1 + r(n), f"{prefix}.bias": r(n), f"{prefix}.running_mean": r(n),
+                f"{prefix}.running_var": 1 + r(n).abs(), f"{prefix}.num_batches_tracked": torch.tensor(10)}
+
+    sd = {"cls_token": r(1, 1, dim), "pos_embed": r(1, 1 + grid * grid, dim), "patch_embed.proj.weight": r(dim, 3, patch, patch),
+          "norm_pre.weight": 1 + r(dim), "norm_pre.bias": r(dim), "norm.weight": 1 + r(dim), "norm.bias": r(dim),
+          "head.weight": r(classes, dim), "head.bias": r(classes)}
+    for i in range(depth):
+        p = f"blocks.{i}."
+        sd.update({p + "attn.norm.weight": 1 + r(dim), p + "attn.norm.bias": r(dim),
+                   p + "attn.qkv.weight": r(3 * dim, dim), p + "attn.qkv.bias": r(3 * dim),
+                   p + "attn.proj.weight": r(dim, dim), p + "attn.proj.bias": r(dim),
+                   p + "mlp.fc1.weight": r(hidden, dim), p + "mlp.fc1.bias": r(hidden),
+                   p + "mlp.fc2.weight": r(dim, hidden), p + "mlp.fc2.bias": r(dim)})
+        sd.update(bn(p + "mlp.norm1", dim))
+        sd.update(bn(p + "mlp.norm2", hidden))
+    return sd
+
+
+def test_repavit_checkpoint_roundtrip(tmp_path):
+    convert, fuse = _convert_and_fuse()
+    train_model = convert.from_repavit(_official_repavit_state_dict(), num_heads=2)
+    fused = fuse(train_model)
+    desc = describe_timm(fused)
+    assert desc["patch_embed_bias"] is False and desc["kwargs"]["pre_norm"] is True
+    save(fused, tmp_path / "repavit.safetensors")
+    loaded = load(tmp_path / "repavit.safetensors")
+    assert loaded.patch_embed.proj.bias is None
+    _assert_same_model(fused, loaded, _img())
