@@ -271,3 +271,33 @@ def test_config_kind_mismatch_is_refused():
     cfg = FusedChannelIdleFFN(8, 4, True).vitfast_config()
     with pytest.raises(ValueError, match=r"cfg\['kind'\]: expected 'block', got 'channel_idle_ffn'"):
         Block.from_vitfast_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.pop("features"), r"cfg\['features'\]: expected a value, not found"),
+        (lambda c: c.update(features=-3), r"cfg\['features'\]: expected an int >= 1, got -3"),
+        (lambda c: c.update(features="16"), r"cfg\['features'\]: expected an int >= 1, got '16'"),
+        (lambda c: c.update(residual=1), r"cfg\['residual'\]: expected true or false, got 1"),
+        (lambda c: c.update(norm="batch"), r"cfg\['norm'\]: expected one of \(None, 'layer'\), got 'batch'"),
+        (lambda c: c.update(norm_eps=float("nan")), r"cfg\['norm_eps'\]: expected a finite number >= 0, got nan"),
+        (lambda c: c.update(extra=1), r"cfg: unexpected keys \['extra'\] for kind 'channel_idle_ffn'"),
+    ],
+)
+def test_corrupt_ffn_config_is_refused(edit, message):
+    cfg = FusedChannelIdleFFN(16, 8, True, norm="layer", residual=True).vitfast_config()
+    edit(cfg)
+    with pytest.raises(ValueError, match=message):
+        fused_module_from_config(cfg)
+
+
+def test_corrupt_block_configs_are_refused():
+    cfg = Block(32, 4).vitfast_config()
+    with pytest.raises(ValueError, match=r"cfg\['mlp'\]: expected an object, got list"):
+        fused_module_from_config(dict(cfg, mlp=[1]))
+    with pytest.raises(ValueError, match=r"cfg\['num_heads'\]: expected an int >= 1, got 0"):
+        fused_module_from_config(dict(cfg, num_heads=0))
+    swin_cfg = SwinBlock(32, (4, 4), num_heads=2, window_size=4).vitfast_config()
+    with pytest.raises(ValueError, match=r"cfg\['window_size'\]: expected two ints >= 1, got \[4\]"):
+        fused_module_from_config(dict(swin_cfg, window_size=[4]))

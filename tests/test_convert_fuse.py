@@ -253,3 +253,29 @@ def test_train_time_block_constructs_from_scratch():
     model(IMAGES).square().mean().backward()  # autograd through the reference path
     assert model.blocks[0].mlp.fc1.weight.grad is not None and torch.isfinite(loss)
     _check_fused_equals_train_time(model.eval())
+
+
+def _relative_error(actual, expected):
+    return float((actual - expected).norm() / expected.norm())
+
+
+def test_calibration_images_bring_batchnorm_model_close_to_pretrained(vit):
+    calibration = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        pretrained = vit.forward_features(IMAGES)
+        neutral = from_timm(vit, channel_idle=0.0).eval().forward_features(IMAGES)
+        calibrated_model = from_timm(vit, channel_idle=0.0, calibration_images=calibration)
+        calibrated = calibrated_model.forward_features(IMAGES)
+        # θ = 0.75: what remains is the idle channels' missing GELU, which the LN variant has too
+        idle_bn = from_timm(vit, channel_idle=0.75, calibration_images=calibration).forward_features(IMAGES)
+        idle_ln = from_timm(vit, channel_idle=0.75, norm="layer").forward_features(IMAGES)
+    assert _relative_error(calibrated, pretrained) < 0.5 * _relative_error(neutral, pretrained)
+    assert _relative_error(idle_bn, pretrained) < 1.1 * _relative_error(idle_ln, pretrained)
+    hidden_norm = calibrated_model.blocks[0].mlp.hidden_norm  # identity in eval mode
+    h = torch.randn(5, hidden_norm.num_features)
+    torch.testing.assert_close(hidden_norm.eval()(h), h)
+    _check_fused_equals_train_time(calibrated_model)
+    with pytest.raises(ValueError, match=r"calibration_images: only used with norm='batch'"):
+        from_timm(vit, norm="layer", calibration_images=calibration)
+    with pytest.raises(ValueError, match=r"calibration_images: expected a \[B, C, H, W\] image tensor, got \[3, 32, 32\]"):
+        from_timm(vit, calibration_images=calibration[0])

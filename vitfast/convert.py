@@ -70,6 +70,7 @@ def from_timm(
     heuristic: str = "static",
     *,
     spread: float = 0.25,
+    calibration_images: Optional[torch.Tensor] = None,
 ) -> nn.Module:
     """Train-time RePaViT model from a timm ViT/DeiT (incl. distilled) or Swin model.
 
@@ -80,9 +81,19 @@ def from_timm(
     heuristic: per-layer θ from one number — "static" (same θ everywhere, the paper's) or "linear" (θ ramps
         with depth from θ − δ to θ + δ, δ = min(spread, θ, 1 − θ); see `vitfast.nn.idle_ratios`).
 
-    BatchNorm initialisation (norm="batch"): the pre-norm BN takes the LayerNorm's γ, β, running statistics
-    (0, 1); the hidden BN starts as the identity.  The pretrained function is not preserved (BN ≠ LN), so
-    finetune; norm="layer" with θ = 0 reproduces the timm model exactly.  Train/eval mode is kept.
+    BatchNorm initialisation (norm="batch"):
+      * without data: the pre-norm BN takes the LayerNorm's γ, β with running statistics (0, 1); the hidden BN
+        is the identity.  BN ≠ LN (one normalises each channel over tokens, the other each token over
+        channels), so this does not reproduce the pretrained function; it is the neutral data-free start.
+      * with `calibration_images` (a [B, 3, H, W] batch): one eval-mode pass, block by block in depth order
+        (each block sees the outputs of the already-calibrated blocks before it).  The pre-norm BN becomes the
+        per-channel least-squares affine fit of the pretrained LayerNorm's output on these tokens
+        (a_c = cov(x_c, LN(x)_c) / var(x_c)), with running statistics = the tokens' mean/variance, so the BN
+        is as close to the LN as a per-channel affine map can be; the hidden BN's statistics are set to its
+        input's and its affine to (√(σ² + ε), μ), making it the identity in eval mode.  What remains different
+        from the pretrained model is only what the method changes: LN → per-channel affine, and the idle
+        channels losing their GELU.
+    norm="layer" with θ = 0 reproduces the timm model exactly.  Train/eval mode is kept.
     """
     blocks = _model_blocks(model)  # type check first, before copying anything
     if norm not in FFN_NORMS:
@@ -92,6 +103,12 @@ def from_timm(
     if not blocks:
         raise ValueError("model: expected at least one transformer block, got none")
     ratios = _resolve_ratios(channel_idle, len(blocks), heuristic, spread)
+    if calibration_images is not None:
+        if norm != "batch":
+            raise ValueError(f"calibration_images: only used with norm='batch' (LayerNorms are copied), got norm={norm!r}")
+        if not isinstance(calibration_images, torch.Tensor) or calibration_images.dim() != 4:
+            got = list(calibration_images.shape) if isinstance(calibration_images, torch.Tensor) else type(calibration_images).__name__
+            raise ValueError(f"calibration_images: expected a [B, C, H, W] image tensor, got {got}")
 
     from timm.models.swin_transformer import SwinTransformerBlock
 
@@ -103,10 +120,52 @@ def from_timm(
             new = ChannelIdleSwinBlock.from_timm(block, idle_ratio=ratio, ffn_norm=norm, name=where)
         else:
             new = ChannelIdleBlock.from_timm(block, idle_ratio=ratio, ffn_norm=norm, name=where)
-        replacements.append((parent, name, new))
-    for parent, name, new in replacements:
+        replacements.append((parent, name, new, block.norm2))
+    for parent, name, new, _ in replacements:
         setattr(parent, name, new)
+    if calibration_images is not None:
+        _calibrate_batchnorms(converted, [(new.mlp, ln) for _, _, new, ln in replacements], calibration_images)
     return converted
+
+
+def _calibrate_batchnorms(model: nn.Module, pairs, images: torch.Tensor) -> None:
+    """Fit each ChannelIdleMlp's BatchNorms to its pretrained LayerNorm on real tokens (see from_timm)."""
+    def calibrate(mlp: ChannelIdleMlp, layer_norm: nn.Module, x: torch.Tensor) -> None:
+        channels = x.shape[-1]
+        flat = x.reshape(-1, channels).double()
+        target = layer_norm(x).reshape(-1, channels).double()
+        mean, var = flat.mean(0), flat.var(0, unbiased=False)
+        slope = ((flat - mean) * (target - target.mean(0))).mean(0) / var.clamp_min(1e-12)
+        intercept = target.mean(0) - slope * mean
+        bn1 = mlp.pre_norm
+        # BN(x) = w·(x − μ)/√(σ² + ε) + b  =  slope·x + intercept  for  w = slope·√(σ² + ε), b = slope·μ + intercept
+        bn1.running_mean.copy_(mean)
+        bn1.running_var.copy_(var)
+        bn1.weight.copy_(slope * torch.sqrt(var + bn1.eps))
+        bn1.bias.copy_(slope * mean + intercept)
+        hidden = mlp.fc1(bn1(flat.to(x.dtype)))
+        a = mlp.active_features
+        hidden = torch.cat([mlp.act(hidden[:, :a]), hidden[:, a:]], dim=1).double()
+        bn2 = mlp.hidden_norm
+        h_mean, h_var = hidden.mean(0), hidden.var(0, unbiased=False)
+        bn2.running_mean.copy_(h_mean)
+        bn2.running_var.copy_(h_var)
+        bn2.weight.copy_(torch.sqrt(h_var + bn2.eps))  # identity in eval mode: w·(h − μ)/√(σ² + ε) + μ = h
+        bn2.bias.copy_(h_mean)
+
+    was_training = model.training
+    model.eval()
+    handles = [
+        mlp.register_forward_pre_hook(lambda module, args, ln=ln: calibrate(module, ln, args[0]))
+        for mlp, ln in pairs
+    ]
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
 
 
 # ------------------------------------------------------------------------------------------------ RePaViT

@@ -184,14 +184,18 @@ class FusedChannelIdleFFN(nn.Module):
 
     @classmethod
     def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "FusedChannelIdleFFN":
-        _check_kind(cfg, "channel_idle_ffn")
+        read = _ConfigReader(
+            cfg, "channel_idle_ffn", ("features", "active_features", "linear_path", "norm", "norm_eps", "residual")
+        )
+        norm = read.choice("norm", (None, "layer"))
+        norm_eps = read.eps("norm_eps", optional=norm is None)
         return cls(
-            int(cfg["features"]),
-            int(cfg["active_features"]),
-            bool(cfg["linear_path"]),
-            norm=cfg.get("norm"),
-            norm_eps=float(cfg["norm_eps"]) if cfg.get("norm_eps") is not None else 1e-6,
-            residual=bool(cfg["residual"]),
+            read.int("features"),
+            read.int("active_features", minimum=0),
+            read.bool("linear_path"),
+            norm=norm,
+            norm_eps=norm_eps if norm_eps is not None else 1e-6,
+            residual=read.bool("residual"),
             device=device,
             dtype=dtype,
         )
@@ -207,6 +211,68 @@ def _check_kind(cfg: Dict[str, Any], kind: str) -> None:
     if not isinstance(cfg, dict) or cfg.get("kind") != kind:
         got = cfg.get("kind") if isinstance(cfg, dict) else type(cfg).__name__
         raise ValueError(f"cfg['kind']: expected {kind!r}, got {got!r}")
+
+
+def _default(value, default):
+    return default if value is None else value
+
+
+class _ConfigReader:
+    """Typed access to a (possibly untrusted, file-borne) config: every bad value is a ValueError naming the key.
+
+    Unknown keys are refused too: a config this code cannot fully interpret must not load as something else.
+    """
+
+    def __init__(self, cfg: Dict[str, Any], kind: str, keys: tuple) -> None:
+        _check_kind(cfg, kind)
+        unknown = sorted(set(cfg) - set(keys) - {"kind"})
+        if unknown:
+            raise ValueError(f"cfg: unexpected keys {unknown} for kind {kind!r}")
+        self.cfg = cfg
+
+    def _get(self, key: str):
+        if key not in self.cfg:
+            raise ValueError(f"cfg[{key!r}]: expected a value, not found")
+        return self.cfg[key]
+
+    def int(self, key: str, minimum: int = 1) -> int:
+        value = self._get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"cfg[{key!r}]: expected an int >= {minimum}, got {value!r}")
+        return value
+
+    def bool(self, key: str) -> bool:
+        value = self._get(key)
+        if not isinstance(value, bool):
+            raise ValueError(f"cfg[{key!r}]: expected true or false, got {value!r}")
+        return value
+
+    def eps(self, key: str, optional: bool = False) -> Optional[float]:
+        value = self._get(key) if not optional or key in self.cfg else None
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"cfg[{key!r}]: expected a finite number >= 0, got {value!r}")
+        return float(value)
+
+    def pair(self, key: str, minimum: int) -> tuple:
+        value = self._get(key)
+        if (not isinstance(value, (list, tuple)) or len(value) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value)):
+            raise ValueError(f"cfg[{key!r}]: expected two ints >= {minimum}, got {value!r}")
+        return tuple(value)
+
+    def choice(self, key: str, choices: tuple):
+        value = self._get(key)
+        if value not in choices:
+            raise ValueError(f"cfg[{key!r}]: expected one of {choices}, got {value!r}")
+        return value
+
+    def dict(self, key: str) -> Dict[str, Any]:
+        value = self._get(key)
+        if not isinstance(value, dict):
+            raise ValueError(f"cfg[{key!r}]: expected an object, got {type(value).__name__}")
+        return value
 
 
 # ------------------------------------------------------------------------------------------ attention
@@ -451,23 +517,25 @@ class Block(nn.Module):
 
     @classmethod
     def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "Block":
-        _check_kind(cfg, "block")
+        read = _ConfigReader(cfg, "block", (
+            "dim", "num_heads", "head_dim", "qkv_bias", "qk_norm", "qk_norm_eps", "scale_attn_norm",
+            "scale_attn_norm_eps", "proj_bias", "norm_eps", "mlp",
+        ))
+        qk_norm, scale_norm = read.bool("qk_norm"), read.bool("scale_attn_norm")
         block = cls.__new__(cls)
         nn.Module.__init__(block)
         block._build(
-            dim=int(cfg["dim"]),
-            num_heads=int(cfg["num_heads"]),
-            head_dim=int(cfg["head_dim"]),
-            qkv_bias=bool(cfg["qkv_bias"]),
-            qk_norm=bool(cfg["qk_norm"]),
-            qk_norm_eps=float(cfg["qk_norm_eps"]) if cfg.get("qk_norm_eps") is not None else 1e-6,
-            scale_attn_norm=bool(cfg["scale_attn_norm"]),
-            scale_attn_norm_eps=(
-                float(cfg["scale_attn_norm_eps"]) if cfg.get("scale_attn_norm_eps") is not None else 1e-6
-            ),
-            proj_bias=bool(cfg["proj_bias"]),
-            norm_eps=float(cfg["norm_eps"]),
-            mlp=FusedChannelIdleFFN.from_vitfast_config(cfg["mlp"], device=device, dtype=dtype),
+            dim=read.int("dim"),
+            num_heads=read.int("num_heads"),
+            head_dim=read.int("head_dim"),
+            qkv_bias=read.bool("qkv_bias"),
+            qk_norm=qk_norm,
+            qk_norm_eps=_default(read.eps("qk_norm_eps", optional=not qk_norm), 1e-6),
+            scale_attn_norm=scale_norm,
+            scale_attn_norm_eps=_default(read.eps("scale_attn_norm_eps", optional=not scale_norm), 1e-6),
+            proj_bias=read.bool("proj_bias"),
+            norm_eps=read.eps("norm_eps"),
+            mlp=FusedChannelIdleFFN.from_vitfast_config(read.dict("mlp"), device=device, dtype=dtype),
             device=device,
             dtype=dtype,
         )
@@ -592,19 +660,22 @@ class SwinBlock(_SwinChannelIdleForward, SwinTransformerBlock):
 
     @classmethod
     def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "SwinBlock":
-        _check_kind(cfg, "swin_block")
+        read = _ConfigReader(cfg, "swin_block", (
+            "dim", "input_resolution", "num_heads", "head_dim", "window_size", "shift_size", "always_partition",
+            "dynamic_mask", "qkv_bias", "norm_eps", "mlp",
+        ))
         return cls(
-            dim=int(cfg["dim"]),
-            input_resolution=tuple(int(r) for r in cfg["input_resolution"]),
-            num_heads=int(cfg["num_heads"]),
-            head_dim=int(cfg["head_dim"]),
-            window_size=tuple(int(w) for w in cfg["window_size"]),
-            shift_size=tuple(int(s) for s in cfg["shift_size"]),
-            always_partition=bool(cfg["always_partition"]),
-            dynamic_mask=bool(cfg["dynamic_mask"]),
-            qkv_bias=bool(cfg["qkv_bias"]),
-            norm_layer=partial(nn.LayerNorm, eps=float(cfg["norm_eps"])),
-            ffn_config=cfg["mlp"],
+            dim=read.int("dim"),
+            input_resolution=read.pair("input_resolution", 1),
+            num_heads=read.int("num_heads"),
+            head_dim=read.int("head_dim"),
+            window_size=read.pair("window_size", 1),
+            shift_size=read.pair("shift_size", 0),
+            always_partition=read.bool("always_partition"),
+            dynamic_mask=read.bool("dynamic_mask"),
+            qkv_bias=read.bool("qkv_bias"),
+            norm_layer=partial(nn.LayerNorm, eps=read.eps("norm_eps")),
+            ffn_config=read.dict("mlp"),
             device=device,
             dtype=dtype,
         )
