@@ -1,6 +1,5 @@
 """`vitfast.convert.from_timm` → `vitfast.fuse`: the fused model equals the train-time model (eval mode, fp32)
 for θ ∈ {0, .25, .5, .75, 1} × norm ∈ {batch, layer}, on ViT/DeiT (distilled too) and Swin."""
-import copy
 import math
 
 import pytest

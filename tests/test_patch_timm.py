@@ -151,3 +151,26 @@ def test_block_constructor_builds_channel_idle_shapes():
         Block(64, 4, act_layer=nn.SiLU)
     with pytest.raises(ValueError, match=r"ffn_norm: expected 'layer' or 'batch', got 'group'"):
         Block(64, 4, ffn_norm="group")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_error_no_worse_than_timms_own(dtype):
+    # STYLE: in bf16/fp16 the fused model's error against the fp32 model must be at most 2x timm's own error.
+    model = _deit_tiny_like(init_values=1e-1)
+    with torch.no_grad():
+        reference = model(IMAGES)
+        low = copy.deepcopy(model).to(dtype)
+        timm_error = (low(IMAGES.to(dtype)).float() - reference).abs().max()
+        fused_error = (vitfast.patch_timm(low)(IMAGES.to(dtype)).float() - reference).abs().max()
+    assert all(b.mlp.w_in.dtype == dtype for b in low.blocks)
+    assert fused_error <= 2 * timm_error
+
+
+def test_fused_block_exports_with_the_op():
+    block = Block.from_timm(_randomize(TimmBlock(64, 4, qkv_bias=True)))
+    x = torch.randn(2, 9, 64)
+    exported = torch.export.export(block, (x,))
+    targets = [str(node.target) for node in exported.graph.nodes]
+    assert any("vitfast.channel_idle_ffn" in t for t in targets)
+    with torch.no_grad():
+        torch.testing.assert_close(exported.module()(x), block(x))

@@ -229,7 +229,6 @@ def from_repavit(
     the hidden width), mlp.ls → mlp.ls.  Unknown keys are an error (listed), never ignored.  The model is
     returned in eval mode (its BatchNorms then use the checkpoint's statistics); call `.train()` to finetune.
     """
-    from timm.layers import LayerScale
     from timm.models.vision_transformer import VisionTransformer
 
     sd = _unwrap_state_dict(state_dict)

@@ -174,7 +174,8 @@ class ChannelIdleMlp(nn.Module):
         affine and starts with running statistics (0, 1); the hidden BatchNorm starts as the identity (γ = 1,
         β = 0, statistics (0, 1)).  No data-free choice makes a BatchNorm equal a LayerNorm (one normalises each
         channel over tokens, the other each token over channels), so the BN model is *not* the pretrained
-        function at step 0; the running statistics calibrate in the first train-mode steps.
+        function at step 0; the running statistics calibrate in the first train-mode steps.  For a data-driven
+        start, `vitfast.convert.from_timm(..., calibration_images=...)` refits both BatchNorms afterwards.
         """
         _check_ffn_norm(ffn_norm, "ffn_norm")
         dim = mlp.fc1.in_features
