@@ -58,8 +58,9 @@ IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
         dict(qkv_bias=False, qk_norm=True, init_values=1e-1),
         dict(qkv_bias=True, global_pool="avg", class_token=False),  # no cls token: N = 16, fc_norm
         dict(qkv_bias=True, proj_bias=False),
+        dict(qkv_bias=True, scale_attn_norm=True),  # LayerNorm before proj, kept as attn.norm
     ],
-    ids=["qkv_bias", "no_qkv_bias", "layer_scale", "qk_norm", "avg_pool", "no_proj_bias"],
+    ids=["qkv_bias", "no_qkv_bias", "layer_scale", "qk_norm", "avg_pool", "no_proj_bias", "scale_attn_norm"],
 )
 def test_patched_vit_outputs_identical(overrides):
     model = _deit_tiny_like(**overrides)
