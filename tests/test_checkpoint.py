@@ -654,7 +654,7 @@ def test_real_fused_swin_blocks_roundtrip(tmp_path):
 
 def _convert_and_fuse():
     import vitfast.convert as convert
-    from vitfast.fuse import fuse
+    from vitfast.fusion import fuse
 
     return convert, fuse
 

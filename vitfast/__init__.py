@@ -25,7 +25,7 @@ _LAZY = {
     "convert": ("vitfast.convert", None),
     "train": ("vitfast.train", None),
     "data": ("vitfast.data", None),
-    "fuse": ("vitfast.fuse", "fuse"),
+    "fuse": ("vitfast.fusion", "fuse"),
     "save": ("vitfast.checkpoint", "save"),
     "load": ("vitfast.checkpoint", "load"),
     "patch_timm": ("vitfast.patch", "patch_timm"),

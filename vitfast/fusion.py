@@ -1,5 +1,7 @@
 """`vitfast.fuse(model) -> model`: replace every train-time vitfast module by its exact fused counterpart.
 
+(This module is `vitfast.fusion`, not `vitfast.fuse`, so that importing it never shadows the function.)
+
 Any module with a `to_fused()` method is a train-time module (the RePaViT ones: `ChannelIdleBlock`,
 `ChannelIdleSwinBlock`, a stand-alone `ChannelIdleMlp`; other methods plug in the same way).  The walk is
 top-down: a module that fuses is replaced whole and its children are not visited again.
@@ -59,17 +61,3 @@ def fuse(model: nn.Module) -> nn.Module:
             return _call_to_fused(to_fused, "model")
         _fuse_children(fused, "")
     return fused
-
-
-class _CallableModule(type(copy)):
-    """`vitfast.fuse` is both this module and the function: once anything has run `import vitfast.fuse`, the
-    import system binds the *module* to the package attribute `vitfast.fuse`, shadowing the lazy function.
-    Making the module callable keeps `vitfast.fuse(model)` working whichever of the two is bound."""
-
-    def __call__(self, model: nn.Module) -> nn.Module:
-        return fuse(model)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule
