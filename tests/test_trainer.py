@@ -1,0 +1,339 @@
+"""vitfast.train.Trainer and vitfast.data: learning, hooks, exact resume, LR schedule, checkpoints, data."""
+import math
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+from vitfast.data import DigitsDataset, SeededSampler, digits_arrays, digits_loaders
+from vitfast.train import (
+    Trainer,
+    load_trainable,
+    load_trainer_checkpoint,
+    param_groups,
+    save_trainable,
+    warmup_cosine,
+)
+
+
+def tiny_vit(seed=0, **kw):
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(seed)
+    cfg = dict(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=10)
+    cfg.update(kw)
+    return VisionTransformer(**cfg)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # 2 shared cores: one thread per test process is faster and keeps timings stable
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+# ---------------------------------------------------------------------------------------------- learning
+def test_loss_decreases_on_digits():
+    model = tiny_vit()
+    train, val = digits_loaders(img_size=16, batch_size=32)
+    trainer = Trainer(model, train, val, total_steps=120, lr=5e-3, warmup_steps=0, progress=False)
+    before = trainer.evaluate()
+    summary = trainer.fit()
+    after = trainer.evaluate()
+    assert summary["step"] == 120 and summary["finished"]
+    assert after["loss"] < before["loss"] - 0.1, (before, after)
+    assert after["acc"] > 0.18  # chance is 0.10
+    first = sum(m["loss"] for m in trainer.history[:10]) / 10
+    last = sum(m["loss"] for m in trainer.history[-10:]) / 10
+    assert last < first
+    # periodic evaluation at the end is recorded with its step
+    assert trainer.last_eval["step"] == 120 and trainer.last_eval["n"] == len(val.dataset)
+
+
+def test_evaluate_does_not_touch_the_training_rng():
+    model = tiny_vit()
+    train, val = digits_loaders(img_size=16, batch_size=32)
+    trainer = Trainer(model, train, val, total_steps=5, progress=False)
+    state = torch.get_rng_state()
+    trainer.evaluate()
+    assert torch.equal(state, torch.get_rng_state())
+    assert model.training  # mode restored
+
+
+# ---------------------------------------------------------------------------------------------- hooks
+class StepRecorder(nn.Module):
+    """A module exposing set_step (as progressive-joining λ(t) will)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def set_step(self, step, total_steps):
+        self.calls.append((step, total_steps))
+
+    def forward(self, x):
+        return x
+
+
+class WithExtra(nn.Module):
+    """A classifier with a submodule whose extra_loss() pulls a free parameter towards 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = tiny_vit()
+        self.reg = Regulariser()
+        self.rec = StepRecorder()
+
+    def forward(self, x):
+        return self.rec(self.body(x))
+
+
+class Regulariser(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((4,), 3.0))
+        self.skip_next = False
+
+    def extra_loss(self):
+        if self.skip_next:  # None means "nothing this step"
+            return None
+        return (self.alpha ** 2).sum()
+
+
+def test_schedule_hooks_get_the_global_step_and_resume_continues_it(tmp_path):
+    model = WithExtra()
+    train, _ = digits_loaders(img_size=16, batch_size=64)
+    seen = []
+    ckpt = tmp_path / "t.pt"
+    trainer = Trainer(model, train, total_steps=7, progress=False, schedules=[lambda s, t: seen.append((s, t))],
+                      checkpoint_path=ckpt)
+    trainer.fit(until_step=4)
+    assert model.rec.calls == [(0, 7), (1, 7), (2, 7), (3, 7)]
+    assert seen == model.rec.calls
+
+    model2 = WithExtra()
+    trainer2 = Trainer(model2, train, total_steps=7, progress=False)
+    later = []
+    trainer2.add_schedule(lambda s, t: later.append(s))
+    trainer2.load_checkpoint(ckpt)
+    trainer2.fit()
+    # continues from the global step, then one final call at total_steps so schedules end at their last value
+    assert model2.rec.calls == [(4, 7), (5, 7), (6, 7), (7, 7)]
+    assert later == [4, 5, 6, 7]
+
+
+def test_extra_losses_are_added_weighted_and_logged():
+    model = WithExtra()
+    train, _ = digits_loaders(img_size=16, batch_size=64)
+    trainer = Trainer(model, train, total_steps=3, lr=1e-2, weight_decay=0.0, progress=False,
+                      extra_loss_weights={"reg": 0.5})
+    batch = next(iter(train))
+    loss, _, parts = trainer.compute_loss(*batch)
+    assert parts["extra/reg"] == pytest.approx(36.0)
+    assert float(loss.detach()) == pytest.approx(parts["task_loss"] + 0.5 * 36.0, rel=1e-6)
+    trainer.fit()
+    assert all("extra/reg" in m for m in trainer.history)
+    # alpha only receives gradient from the extra loss: it must have moved towards 0
+    assert float(model.reg.alpha.detach().abs().max()) < 3.0
+
+    model.reg.skip_next = True
+    _, _, parts = trainer.compute_loss(*batch)
+    assert "extra/reg" not in parts
+
+    model.reg.extra_loss = lambda: torch.ones(3)
+    with pytest.raises(ValueError, match=r"reg\.extra_loss\(\): expected a scalar tensor"):
+        trainer.compute_loss(*batch)
+
+
+def test_callbacks_and_grad_clip():
+    events = []
+
+    class CB:
+        def on_step(self, trainer, metrics):
+            events.append(("step", metrics["step"]))
+
+        def on_eval(self, trainer, metrics):
+            events.append(("eval", metrics["step"]))
+
+        def on_fit_end(self, trainer):
+            events.append(("end", trainer.step))
+
+    model = tiny_vit()
+    train, val = digits_loaders(img_size=16, batch_size=64)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    clip, lr = 1e-3, 0.5
+    trainer = Trainer(model, train, val, total_steps=1, optimizer="sgd", momentum=0.0, lr=lr, weight_decay=0.0,
+                      warmup_steps=0, grad_clip=clip, callbacks=[CB()], eval_every=1, progress=False)
+    trainer.fit()
+    assert events == [("step", 1), ("eval", 1), ("end", 1)]
+    assert trainer.history[0]["grad_norm"] > clip  # the logged norm is the one before clipping
+    # one plain SGD step moves the weights by lr * clipped gradient: its global norm is at most lr * clip
+    delta = torch.sqrt(sum(((p.detach() - before[n]) ** 2).sum() for n, p in model.named_parameters()))
+    assert float(delta) <= lr * clip * (1 + 1e-4)
+    assert float(delta) > 0
+
+
+# ---------------------------------------------------------------------------------------------- resume
+def _run(total, *, until=None, resume=None, ckpt=None, loader="seeded"):
+    torch.manual_seed(1)
+    model = tiny_vit(seed=1, drop_rate=0.1, drop_path_rate=0.1)  # dropout: the RNG state matters
+    if loader == "seeded":
+        train, val = digits_loaders(img_size=16, batch_size=256, augment=True)  # 5 batches/epoch
+    else:  # a plain DataLoader: RandomSampler, skipped by reading (the generic path)
+        ds = DigitsDataset(*[a[:600] for a in digits_arrays()], img_size=16, augment=False)
+        train, val = DataLoader(ds, batch_size=128, shuffle=True, drop_last=True), None
+    trainer = Trainer(model, train, val, total_steps=total, lr=2e-3, progress=False, eval_every=3, grad_clip=1.0,
+                      checkpoint_path=ckpt, checkpoint_every=2 if ckpt else None)
+    if resume:
+        trainer.load_checkpoint(resume)
+    trainer.fit(until)
+    return model, trainer
+
+
+@pytest.mark.parametrize("loader", ["seeded", "plain"])
+def test_resume_equals_uninterrupted_run(tmp_path, loader):
+    total, half = 12, 7  # crosses epoch boundaries; the checkpoint is mid-epoch
+    full, full_trainer = _run(total, loader=loader)
+    ckpt = str(tmp_path / "trainer.pt")
+    _run(total, until=half, ckpt=ckpt, loader=loader)
+    assert load_trainer_checkpoint(ckpt)["step"] == half
+    resumed, resumed_trainer = _run(total, resume=ckpt, loader=loader)
+    assert resumed_trainer.step == total
+    for (name, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), name
+    # the per-step losses after the resume point are the same numbers, not merely close
+    assert [m["loss"] for m in full_trainer.history[half:]] == [m["loss"] for m in resumed_trainer.history]
+    opt_a = full_trainer.optimizer.state_dict()["state"]
+    opt_b = resumed_trainer.optimizer.state_dict()["state"]
+    assert all(torch.equal(opt_a[k]["exp_avg"], opt_b[k]["exp_avg"]) for k in opt_a)
+
+
+def test_checkpoint_is_weights_only_atomic_and_checked(tmp_path):
+    model = tiny_vit()
+    train, _ = digits_loaders(img_size=16, batch_size=64)
+    path = tmp_path / "c.pt"
+    trainer = Trainer(model, train, total_steps=4, progress=False, checkpoint_path=path,
+                      checkpoint_extra={"note": "plain values only"})
+    trainer.fit(until_step=2)
+    state = torch.load(path, weights_only=True)  # no arbitrary pickle needed to read it back
+    assert state["step"] == 2 and state["extra"] == {"note": "plain values only"}
+    assert sorted(os.listdir(tmp_path)) == ["c.pt"]  # no temporary file left behind
+
+    other = Trainer(tiny_vit(), train, total_steps=5, progress=False)
+    with pytest.raises(ValueError, match="total_steps=4"):
+        other.load_checkpoint(path)
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ValueError, match="not a readable vitfast trainer checkpoint"):
+        trainer.load_checkpoint(broken)
+    with pytest.raises(FileNotFoundError, match="checkpoint"):
+        trainer.load_checkpoint(tmp_path / "missing.pt")
+
+
+# ---------------------------------------------------------------------------------------------- schedule, groups
+def test_lr_schedule_shape():
+    total, warm, lr, min_lr = 50, 10, 1e-2, 1e-4
+    assert warmup_cosine(0, total, warm) == pytest.approx(1 / warm)
+    assert warmup_cosine(warm, total, warm) == pytest.approx(1.0)
+    assert warmup_cosine(total, total, warm, 0.1) == pytest.approx(0.1)
+    assert warmup_cosine(warm + (total - warm) // 2, total, warm) == pytest.approx(0.5)
+
+    lrs = []
+
+    class Rec:
+        def on_step(self, trainer, metrics):
+            lrs.append(metrics["lr"])
+
+    train, _ = digits_loaders(img_size=16, batch_size=256)
+    Trainer(tiny_vit(depth=0), train, total_steps=total, lr=lr, min_lr=min_lr, warmup_steps=warm,
+            callbacks=[Rec()], progress=False).fit()
+    assert len(lrs) == total
+    assert all(a < b for a, b in zip(lrs[:warm - 1], lrs[1:warm]))  # strictly rising warm-up...
+    assert lrs[warm - 1] == pytest.approx(lr) and lrs[warm] == pytest.approx(lr)  # ...that ends at the peak
+    assert all(a >= b for a, b in zip(lrs[warm:], lrs[warm + 1:]))  # then never rising
+    expected_last = min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * (total - 1 - warm) / (total - warm)))
+    assert lrs[-1] == pytest.approx(expected_last)
+    assert lrs[-1] < 2 * min_lr + 1e-5
+
+
+def test_weight_decay_groups():
+    model = tiny_vit()
+    extra = nn.Linear(3, 3)
+    extra._no_weight_decay = True  # module-level mark: none of its parameters decay
+    model.extra = extra
+    gate = nn.Parameter(torch.zeros(2, 2))
+    gate._no_weight_decay = True  # parameter-level mark
+    model.gate = gate
+    groups = param_groups(model, 0.05)
+    decay = {id(p) for p in groups[0]["params"]}
+    assert groups[0]["weight_decay"] == 0.05 and groups[1]["weight_decay"] == 0.0
+    names = {n for n, p in model.named_parameters() if id(p) in decay}
+    assert "blocks.0.attn.qkv.weight" in names and "head.weight" in names
+    for skipped in ("pos_embed", "cls_token", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias", "extra.weight",
+                    "gate"):
+        assert skipped not in names
+
+
+def test_bad_arguments_are_named():
+    train, _ = digits_loaders(img_size=16, batch_size=64)
+    with pytest.raises(ValueError, match="total_steps/epochs: expected exactly one"):
+        Trainer(tiny_vit(), train)
+    with pytest.raises(ValueError, match="lr: expected > 0"):
+        Trainer(tiny_vit(), train, total_steps=3, lr=0)
+    with pytest.raises(ValueError, match="optimizer: expected 'adamw', 'sgd'"):
+        Trainer(tiny_vit(), train, total_steps=3, optimizer="lion")
+    assert Trainer(tiny_vit(), train, epochs=2, progress=False).total_steps == 2 * len(train)
+
+
+# ---------------------------------------------------------------------------------------------- data
+def test_digits_loaders():
+    train, val = digits_loaders(img_size=24, batch_size=50, val_fraction=0.25, seed=3)
+    x, y = next(iter(train))
+    assert x.shape == (50, 3, 24, 24) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert len(train.dataset) + len(val.dataset) == 1797
+    assert len(val.dataset) == math.ceil(1797 * 0.25)  # scikit-learn rounds the test share up
+    xv, _ = next(iter(val))
+    assert abs(float(xv.mean())) < 0.2 and 0.6 < float(xv.std()) < 1.4  # normalised with train statistics
+    # the split is a function of the seed alone
+    _, val2 = digits_loaders(img_size=24, batch_size=50, val_fraction=0.25, seed=3)
+    assert torch.equal(val.dataset.labels, val2.dataset.labels)
+    with pytest.raises(ValueError, match="val_fraction"):
+        digits_loaders(val_fraction=1.5)
+
+
+def test_seeded_sampler_and_augmentation_are_pure_functions_of_the_key():
+    s = SeededSampler(10, seed=5)
+    s.set_epoch(2)
+    order = list(s)
+    s.set_start(4)
+    assert list(s) == order[4:]
+    assert list(s) == order  # set_start applies to one iteration only
+    s.set_epoch(3)
+    assert list(s) != order
+    ds = DigitsDataset(*[a[:20] for a in digits_arrays()], img_size=16, augment=True)
+    a, b = ds[(3, 123)][0], ds[(3, 123)][0]
+    assert torch.equal(a, b)
+    assert not torch.equal(a, ds[(3, 124)][0])
+    assert torch.equal(ds[3][0], DigitsDataset(*[t[:20] for t in digits_arrays()], img_size=16)[3][0])
+
+
+# ---------------------------------------------------------------------------------------------- train-time files
+def test_trainable_file_round_trip(tmp_path):
+    import vitfast
+
+    model = vitfast.convert.from_timm(tiny_vit(depth=2), channel_idle=0.75).eval()
+    path = tmp_path / "m.safetensors"
+    save_trainable(model, path, recipe={"why": "test"})
+    loaded, recipe = load_trainable(path)
+    assert recipe == {"why": "test"}
+    x = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    fused = tmp_path / "f.safetensors"
+    vitfast.save(vitfast.fuse(model), fused)
+    with pytest.raises(ValueError, match="fused model"):
+        load_trainable(fused)

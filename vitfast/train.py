@@ -1,0 +1,876 @@
+"""Training loop for train-time vitfast models (and plain timm models).
+
+    from vitfast.train import Trainer
+    trainer = Trainer(model, train_loader, val_loader, total_steps=1000, lr=1e-3, checkpoint_path="run/trainer.pt")
+    trainer.fit()                    # warm-up + cosine LR, progress bar, periodic eval, checkpoints
+    trainer.evaluate()               # {'loss': ..., 'acc': ..., 'n': ...}
+
+What later methods plug into (no change to the loop needed):
+
+* **Step schedules.**  Every callable registered with `add_schedule(fn)` (or `schedules=[...]`), and every
+  module that defines `set_step(step, total_steps)`, is called before each training step with the global
+  step (0-based count of optimizer steps already taken) and `total_steps`; once more with
+  `(total_steps, total_steps)` when training ends, so schedules finish at their final value (λ = 1 for
+  progressive joining, which is what `vitfast.fuse` expects).
+* **Extra losses.**  Every module that defines `extra_loss()` (returning a scalar tensor or None) is asked
+  after each training forward; the value times its weight is added to the task loss.  The weight is
+  `extra_loss_weights[name]` (module path, or class name) if given, else the module's `extra_loss_weight`
+  attribute, else 1.  Each is logged separately as `extra/<module path>`.
+* **Custom losses.**  `loss_fn(logits, targets)`, or override `Trainer.compute_loss(images, targets)` for
+  losses that need the inputs (distillation from a teacher).
+* **Callbacks.**  Objects with any of `on_step(trainer, metrics)`, `on_eval(trainer, metrics)`,
+  `on_fit_end(trainer)`.
+
+Checkpoints hold only state dicts, tensors and plain Python values (loadable with
+`torch.load(..., weights_only=True)`, which is how they are read): model, optimizer, LR scheduler, global step,
+data position (epoch and batch within it) and every RNG state; they are written atomically (temporary file,
+fsync, rename).  A run resumed from a checkpoint continues exactly: N/2 steps + resume + N/2 steps gives the
+same weights as N steps.  For that the Trainer owns the training loader's randomness: each epoch it calls
+the sampler's `set_epoch(epoch)` (SeededSampler, DistributedSampler), or reseeds a `RandomSampler`, and
+seeds the loader's worker-seed generator, from (seed, epoch).
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+from .data import _mix
+
+__all__ = [
+    "Trainer",
+    "Callback",
+    "warmup_cosine",
+    "param_groups",
+    "seed_everything",
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+]
+
+CHECKPOINT_FORMAT = "vitfast-trainer"
+CHECKPOINT_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def seed_everything(seed: int) -> None:
+    """Seed Python's `random`, NumPy's global RNG and torch (CPU and every CUDA device)."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def warmup_cosine(step: int, total_steps: int, warmup_steps: int = 0, min_ratio: float = 0.0) -> float:
+    """LR multiplier at `step`: linear warm-up to 1 over `warmup_steps`, then cosine down to `min_ratio`.
+
+    Warm-up starts at 1/warmup_steps rather than 0 so the first step is not wasted; the cosine reaches
+    `min_ratio` at `step == total_steps`.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class _WarmupCosine:
+    """Picklable-free LR lambda: LambdaLR stores its __dict__ (plain numbers) in the scheduler state dict."""
+
+    def __init__(self, total_steps: int, warmup_steps: int, min_ratio: float):
+        self.total_steps, self.warmup_steps, self.min_ratio = total_steps, warmup_steps, min_ratio
+
+    def __call__(self, step: int) -> float:
+        return warmup_cosine(step, self.total_steps, self.warmup_steps, self.min_ratio)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
+    """Split parameters into a decayed group and a no-decay group.
+
+    No decay (the usual ViT recipe, as in timm) for: 1-D parameters (norm scales and every bias), names
+    listed by any module's `no_weight_decay()` (timm: pos_embed, cls_token, ...) or matching its
+    `no_weight_decay_keywords()` (Swin's relative position tables), parameters carrying an attribute
+    `_no_weight_decay = True`, and parameters of a module whose `_no_weight_decay` is True (all its direct
+    parameters) or an iterable of its parameter names.  Gate logits, λ, γ and similar method parameters opt
+    out this way.
+    """
+    skip_names, keywords = set(), set()
+    for mname, module in model.named_modules():
+        prefix = f"{mname}." if mname else ""
+        if callable(getattr(module, "no_weight_decay", None)):
+            try:
+                skip_names.update(prefix + n for n in module.no_weight_decay())
+            except TypeError:
+                pass  # a same-named method with another meaning; not timm's convention
+        if callable(getattr(module, "no_weight_decay_keywords", None)):
+            keywords.update(module.no_weight_decay_keywords())
+        mark = getattr(module, "_no_weight_decay", None)
+        if mark is True:
+            skip_names.update(prefix + n for n, _ in module.named_parameters(recurse=False))
+        elif mark and not isinstance(mark, (bool, str)):
+            skip_names.update(prefix + n for n in mark)
+        elif isinstance(mark, str):
+            skip_names.add(prefix + mark)
+    decay, no_decay = [], []
+    seen = set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if (
+            p.ndim <= 1
+            or name in skip_names
+            or any(k in name for k in keywords)
+            or getattr(p, "_no_weight_decay", False)
+        ):
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = []
+    if decay:
+        groups.append({"params": decay, "weight_decay": float(weight_decay)})
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+class Callback:
+    """Base class (optional): override any of these; the Trainer calls those that exist."""
+
+    def on_step(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:  # after every optimizer step
+        pass
+
+    def on_eval(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:  # after every evaluation
+        pass
+
+    def on_fit_end(self, trainer: "Trainer") -> None:
+        pass
+
+
+def _rng_state(device: torch.device) -> Dict[str, Any]:
+    np_state = np.random.get_state(legacy=False)
+    state = {
+        "python": random.getstate(),  # (version, tuple of ints, gauss) — plain values
+        # NumPy's key is an ndarray, which weights_only loading rejects: store it as an int64 tensor.
+        "numpy": {
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    npk = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": npk["key"].numpy().astype(np.uint32), "pos": npk["pos"]},
+            "has_gauss": npk["has_gauss"],
+            "gauss": npk["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _atomic_torch_save(obj: Any, path: str) -> None:
+    """Write `obj` to `path` so that a reader sees either the old file or the complete new one."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    try:  # make the rename itself durable
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _is_main_process() -> bool:
+    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or (
+        torch.distributed.get_rank() == 0
+    )
+
+
+def load_trainer_checkpoint(path: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """Read and check a Trainer checkpoint (weights_only: no arbitrary objects are unpickled)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint: expected an existing trainer checkpoint file, got {path!r} (not found)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, corrupt, or not a torch file at all
+        raise ValueError(f"checkpoint: {path!r} is not a readable vitfast trainer checkpoint ({exc})") from exc
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"checkpoint: expected format {CHECKPOINT_FORMAT!r} in {path!r}, got {found!r}")
+    if state.get("version") != CHECKPOINT_VERSION:
+        raise ValueError(
+            f"checkpoint: expected version {CHECKPOINT_VERSION} in {path!r}, got {state.get('version')!r}"
+        )
+    return state
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+class Trainer:
+    """A single-model supervised training loop with the hooks the vitfast methods need (module docstring).
+
+    Args:
+        model: the network (train-time vitfast model or any classifier returning logits).
+        train_loader: yields (images, targets).  Its randomness is driven by the Trainer (see module doc).
+        val_loader: optional; used by `evaluate()` and periodic evaluation.
+        total_steps / epochs: length of training (exactly one of them; epochs × len(train_loader) steps).
+        optimizer: "adamw" (default), "sgd", or a callable `param_groups -> torch.optim.Optimizer`.
+        lr, weight_decay, betas, momentum: optimizer settings (weight decay skips norms, biases, pos-embed,
+            cls token and parameters marked `_no_weight_decay`; see `param_groups`).
+        warmup_steps / warmup_fraction: linear warm-up length (steps, or a fraction of total_steps).
+        min_lr: the cosine's floor (absolute; scaled per param group).
+        loss_fn: `fn(logits, targets) -> scalar`; default cross-entropy with `label_smoothing`.
+        grad_clip: max global gradient norm (None: no clipping; the norm is logged either way).
+        extra_loss_weights: {module path or class name: weight} for `extra_loss()` modules.
+        schedules: callables `fn(step, total_steps)` called before every step.
+        callbacks: objects with on_step / on_eval / on_fit_end.
+        eval_every: evaluate every this many steps (and at the end) when a val_loader is given.
+        checkpoint_path / checkpoint_every: save a resumable checkpoint every this many steps and at the end.
+        checkpoint_extra: plain values (JSON-like) stored in every checkpoint under "extra" — e.g. how to
+            rebuild the model (the CLI stores its recipe there).
+        seed: seeds every RNG at construction and drives the data order.
+        progress: show a tqdm bar (loss, lr, train acc; val acc after evaluations).
+        device: where batches go (default: the model's device).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_loader: Optional[Iterable] = None,
+        val_loader: Optional[Iterable] = None,
+        *,
+        total_steps: Optional[int] = None,
+        epochs: Optional[int] = None,
+        optimizer: Union[str, Callable[[List[Dict[str, Any]]], torch.optim.Optimizer]] = "adamw",
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        momentum: float = 0.9,
+        warmup_steps: Optional[int] = None,
+        warmup_fraction: float = 0.05,
+        min_lr: float = 0.0,
+        loss_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
+        label_smoothing: float = 0.0,
+        grad_clip: Optional[float] = None,
+        extra_loss_weights: Optional[Dict[str, float]] = None,
+        schedules: Sequence[Callable[[int, int], Any]] = (),
+        callbacks: Sequence[Any] = (),
+        eval_every: Optional[int] = None,
+        checkpoint_path: Union[str, os.PathLike, None] = None,
+        checkpoint_every: Optional[int] = None,
+        checkpoint_extra: Optional[Dict[str, Any]] = None,
+        seed: int = 0,
+        progress: bool = True,
+        desc: str = "train",
+        device: Union[str, torch.device, None] = None,
+    ):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.total_steps = self._resolve_total_steps(total_steps, epochs, train_loader)
+        if not lr > 0:
+            raise ValueError(f"lr: expected > 0, got {lr!r}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay: expected >= 0, got {weight_decay!r}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing: expected in [0, 1), got {label_smoothing!r}")
+        if grad_clip is not None and not grad_clip > 0:
+            raise ValueError(f"grad_clip: expected > 0 or None, got {grad_clip!r}")
+        if not 0 <= min_lr <= lr:
+            raise ValueError(f"min_lr: expected 0 <= min_lr <= lr ({lr}), got {min_lr!r}")
+        for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: expected a positive integer or None, got {value!r}")
+        if warmup_steps is None:
+            if not 0.0 <= warmup_fraction < 1.0:
+                raise ValueError(f"warmup_fraction: expected in [0, 1), got {warmup_fraction!r}")
+            warmup_steps = int(round(warmup_fraction * self.total_steps))
+        elif not 0 <= warmup_steps < self.total_steps:
+            raise ValueError(f"warmup_steps: expected 0 <= warmup_steps < total_steps ({self.total_steps}), got {warmup_steps!r}")
+        self.warmup_steps = int(warmup_steps)
+        self.lr, self.min_lr, self.weight_decay = float(lr), float(min_lr), float(weight_decay)
+        self.grad_clip = grad_clip
+        self.seed = int(seed)
+        self.device = torch.device(device) if device is not None else self._model_device()
+        self.progress = bool(progress)
+        self.desc = desc
+        self.eval_every = eval_every
+        self.checkpoint_path = os.fspath(checkpoint_path) if checkpoint_path is not None else None
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_extra = dict(checkpoint_extra or {})
+        self.extra_loss_weights = dict(extra_loss_weights or {})
+        self.loss_fn = loss_fn or (lambda logits, t: F.cross_entropy(logits, t, label_smoothing=label_smoothing))
+        self.callbacks = list(callbacks)
+        self._user_schedules: List[Callable[[int, int], Any]] = list(schedules)
+        for fn in self._user_schedules:
+            if not callable(fn):
+                raise TypeError(f"schedules: expected callables fn(step, total_steps), got {fn!r}")
+
+        seed_everything(self.seed)
+        groups = param_groups(model, self.weight_decay)
+        if not groups:
+            raise ValueError("model: has no trainable parameters (all requires_grad=False)")
+        self.optimizer = self._make_optimizer(optimizer, groups, betas, momentum)
+        min_ratio = self.min_lr / self.lr
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _WarmupCosine(self.total_steps, self.warmup_steps, min_ratio)
+        )
+
+        # training position: `step` optimizer steps done; the next batch is number `batch_in_epoch` of `epoch`.
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.history: List[Dict[str, float]] = []
+        self.eval_history: List[Dict[str, float]] = []
+        self.last_eval: Optional[Dict[str, float]] = None
+        self._iter = None
+        self._pending_rng: Optional[Dict[str, Any]] = None
+        self._window: List[Tuple[float, int, int]] = []  # (loss, correct, n) of recent steps for the bar
+        self._last_saved_step: Optional[int] = None
+
+    # ------------------------------------------------------------------------------------------ set-up
+    @staticmethod
+    def _resolve_total_steps(total_steps, epochs, train_loader) -> int:
+        if (total_steps is None) == (epochs is None):
+            raise ValueError(
+                f"total_steps/epochs: expected exactly one of them, got total_steps={total_steps!r}, epochs={epochs!r}"
+            )
+        if total_steps is not None:
+            if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+                raise ValueError(f"total_steps: expected a positive integer, got {total_steps!r}")
+            return total_steps
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs: expected a positive integer, got {epochs!r}")
+        try:
+            per_epoch = len(train_loader)
+        except TypeError as exc:
+            raise ValueError("epochs: needs a train_loader with a length; give total_steps instead") from exc
+        if per_epoch < 1:
+            raise ValueError(f"train_loader: expected at least one batch per epoch, got {per_epoch}")
+        return epochs * per_epoch
+
+    def _model_device(self) -> torch.device:
+        for p in self.model.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    def _make_optimizer(self, optimizer, groups, betas, momentum) -> torch.optim.Optimizer:
+        if callable(optimizer):
+            opt = optimizer(groups)
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(f"optimizer: the factory must return a torch.optim.Optimizer, got {type(opt).__name__}")
+            return opt
+        name = str(optimizer).lower()
+        if name == "adamw":
+            return torch.optim.AdamW(groups, lr=self.lr, betas=tuple(betas))
+        if name == "sgd":
+            return torch.optim.SGD(groups, lr=self.lr, momentum=momentum, nesterov=momentum > 0)
+        raise ValueError(f"optimizer: expected 'adamw', 'sgd' or a callable, got {optimizer!r}")
+
+    # ------------------------------------------------------------------------------------------ hooks
+    def add_schedule(self, fn: Callable[[int, int], Any]) -> None:
+        """Register `fn(step, total_steps)`, called before every training step (and once at the end)."""
+        if not callable(fn):
+            raise TypeError(f"fn: expected a callable fn(step, total_steps), got {fn!r}")
+        self._user_schedules.append(fn)
+
+    def schedules(self) -> List[Callable[[int, int], Any]]:
+        """User schedules plus every module's `set_step` (re-scanned, so modules swapped in later count)."""
+        found = [m.set_step for _, m in self.model.named_modules() if callable(getattr(m, "set_step", None))]
+        return self._user_schedules + found
+
+    def _apply_schedules(self, step: int) -> None:
+        for fn in self.schedules():
+            fn(step, self.total_steps)
+
+    def extra_loss_modules(self) -> List[Tuple[str, nn.Module]]:
+        return [
+            (name or "model", m) for name, m in self.model.named_modules() if callable(getattr(m, "extra_loss", None))
+        ]
+
+    def _extra_weight(self, name: str, module: nn.Module) -> float:
+        if name in self.extra_loss_weights:
+            return float(self.extra_loss_weights[name])
+        cls = type(module).__name__
+        if cls in self.extra_loss_weights:
+            return float(self.extra_loss_weights[cls])
+        return float(getattr(module, "extra_loss_weight", 1.0))
+
+    def _callback(self, event: str, *args) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, event, None)
+            if callable(fn):
+                fn(self, *args)
+
+    # ------------------------------------------------------------------------------------------ one step
+    def compute_loss(self, images: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, float]]:
+        """Forward + task loss + module extra losses -> (total loss, logits, logged parts).
+
+        Override for losses that need more than (logits, targets) — e.g. distillation from a teacher.
+        """
+        logits = self.model(images)
+        task = self.loss_fn(logits, targets)
+        total = task
+        parts = {"task_loss": float(task.detach())}
+        for name, module in self.extra_loss_modules():
+            value = module.extra_loss()
+            if value is None:
+                continue
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                raise ValueError(
+                    f"{name}.extra_loss(): expected a scalar tensor or None, got "
+                    f"{type(value).__name__}{tuple(value.shape) if isinstance(value, torch.Tensor) else ''}"
+                )
+            weight = self._extra_weight(name, module)
+            parts[f"extra/{name}"] = float(value.detach())
+            total = total + weight * value.reshape(())
+        return total, logits, parts
+
+    def train_step(self, batch) -> Dict[str, float]:
+        """One optimizer step on `batch`; returns its metrics."""
+        images, targets = self._to_device(batch)
+        self._apply_schedules(self.step)
+        self.model.train()
+        loss, logits, parts = self.compute_loss(images, targets)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"loss: expected a finite value, got {float(loss)} at step {self.step} (parts: {parts}); "
+                "lower lr or enable grad_clip"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        with torch.no_grad():
+            correct = int((logits.argmax(-1) == targets).sum()) if logits.ndim == 2 and targets.ndim == 1 else 0
+        metrics = {"step": self.step, "loss": float(loss.detach()), "lr": lr, "grad_norm": grad_norm, **parts}
+        metrics["acc"] = correct / max(1, targets.shape[0])
+        self._window = (self._window + [(metrics["loss"], correct, int(targets.shape[0]))])[-20:]
+        return metrics
+
+    def _to_device(self, batch):
+        if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+            raise ValueError(f"train_loader: expected batches of (images, targets), got {type(batch).__name__}")
+        images, targets = batch[0], batch[1]
+        return images.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+
+    # ------------------------------------------------------------------------------------------ data order
+    def _epoch_iterator(self, epoch: int, skip_batches: int):
+        loader = self.train_loader
+        if loader is None:
+            raise ValueError("train_loader: fit() needs a training loader, got None")
+        sampler = getattr(loader, "sampler", None)
+        fast_skip = False
+        if isinstance(loader, DataLoader):
+            # The data order and worker seeds come from (seed, epoch) only, never from the global RNG state,
+            # so a resumed run reproduces the interrupted one's batches.
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+            elif isinstance(sampler, RandomSampler):
+                sampler.generator = torch.Generator().manual_seed(_mix(self.seed, epoch, 0x5A3))
+            loader.generator = torch.Generator().manual_seed(_mix(self.seed, epoch, 0x3C7))
+            batch_sampler = loader.batch_sampler
+            if skip_batches and hasattr(sampler, "set_start") and type(batch_sampler) is BatchSampler:
+                sampler.set_start(min(skip_batches * loader.batch_size, len(sampler)))
+                fast_skip = True
+        elif hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        it = iter(loader)
+        if skip_batches and not fast_skip:
+            for _ in range(skip_batches):  # no cheaper way for an arbitrary loader: read and drop
+                next(it)
+        return it
+
+    def _next_batch(self):
+        for _ in range(2):
+            if self._iter is None:
+                self._iter = self._epoch_iterator(self.epoch, self.batch_in_epoch)
+                if self._pending_rng is not None:
+                    # restored *after* positioning the data, whose set-up draws from the global RNG
+                    _set_rng_state(self._pending_rng)
+                    self._pending_rng = None
+            try:
+                batch = next(self._iter)
+                self.batch_in_epoch += 1
+                return batch
+            except StopIteration:
+                self._iter = None
+                self.epoch += 1
+                self.batch_in_epoch = 0
+        raise ValueError("train_loader: produced no batches for a whole epoch")
+
+    # ------------------------------------------------------------------------------------------ loops
+    def fit(self, until_step: Optional[int] = None) -> Dict[str, Any]:
+        """Train up to `until_step` (default: total_steps); returns a summary.
+
+        `until_step` < total_steps stops early with the schedule unchanged (the LR still follows the full
+        run) — a checkpoint then resumes it.  Schedules get their final call only when total_steps is reached.
+        """
+        until = self.total_steps if until_step is None else int(until_step)
+        if not self.step <= until <= self.total_steps:
+            raise ValueError(f"until_step: expected {self.step} <= until_step <= {self.total_steps}, got {until_step!r}")
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc=self.desc,
+            disable=not (self.progress and _is_main_process()),
+            dynamic_ncols=True,
+            leave=True,
+            # a log file is not a terminal: redraw rarely there instead of writing thousands of bar lines
+            mininterval=0.1 if getattr(sys.stderr, "isatty", lambda: False)() else 5.0,
+        )
+        start = time.perf_counter()
+        steps_at_start = self.step
+        try:
+            while self.step < until:
+                metrics = self.train_step(self._next_batch())
+                self.history.append(metrics)
+                bar.update(1)
+                self._callback("on_step", metrics)
+                if self.val_loader is not None and self.eval_every and self.step % self.eval_every == 0:
+                    self._run_eval(bar)
+                if self.checkpoint_path and self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                    self.save_checkpoint(self.checkpoint_path)
+                self._update_bar(bar)
+            finished = self.step >= self.total_steps
+            if finished:
+                self._apply_schedules(self.total_steps)
+                if self.val_loader is not None and (self.last_eval is None or self.last_eval["step"] != self.step):
+                    self._run_eval(bar)
+                    self._update_bar(bar)
+            if self.checkpoint_path and self._last_saved_step != self.step:
+                self.save_checkpoint(self.checkpoint_path)
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - start
+        if finished:
+            self._callback("on_fit_end")
+        return {
+            "step": self.step,
+            "steps_run": self.step - steps_at_start,
+            "seconds": elapsed,
+            "finished": finished,
+            "last_eval": self.last_eval,
+        }
+
+    def _update_bar(self, bar) -> None:
+        if bar.disable or not self._window:
+            return
+        loss = sum(w[0] for w in self._window) / len(self._window)
+        acc = sum(w[1] for w in self._window) / max(1, sum(w[2] for w in self._window))
+        post = {"loss": f"{loss:.3f}", "lr": f"{self.history[-1]['lr']:.2e}", "acc": f"{acc:.3f}"}
+        if self.last_eval is not None:
+            post["val_acc"] = f"{self.last_eval['acc']:.3f}"
+        bar.set_postfix(post, refresh=False)
+
+    def _run_eval(self, bar=None) -> Dict[str, float]:
+        metrics = self.evaluate()
+        metrics["step"] = self.step
+        self.last_eval = metrics
+        self.eval_history.append(metrics)
+        if bar is not None and not bar.disable:
+            bar.write(f"[{self.desc}] step {self.step}: val loss {metrics['loss']:.4f}, val acc {metrics['acc']:.4f}")
+        self._callback("on_eval", metrics)
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self, loader: Optional[Iterable] = None, model: Optional[nn.Module] = None) -> Dict[str, float]:
+        """Top-1 accuracy and mean task loss over `loader` (default: val_loader), in eval mode.
+
+        Runs under a forked RNG, so evaluating (or not) never changes the training run's randomness.
+        """
+        loader = self.val_loader if loader is None else loader
+        if loader is None:
+            raise ValueError("loader: evaluate() needs a loader (no val_loader was given)")
+        model = self.model if model is None else model
+        was_training = model.training
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            model.eval()
+            try:
+                loss_sum, correct, n = 0.0, 0, 0
+                for batch in loader:
+                    images, targets = self._to_device(batch)
+                    logits = model(images)
+                    loss_sum += float(self.loss_fn(logits, targets)) * targets.shape[0]
+                    correct += int((logits.argmax(-1) == targets).sum())
+                    n += int(targets.shape[0])
+            finally:
+                model.train(was_training)
+        if n == 0:
+            raise ValueError("loader: produced no batches to evaluate")
+        return {"loss": loss_sum / n, "acc": correct / n, "n": n}
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Everything a resumed run needs, as tensors and plain values (weights_only-loadable)."""
+        model = self.model.module if hasattr(self.model, "module") and isinstance(self.model.module, nn.Module) else self.model
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "step": self.step,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "total_steps": self.total_steps,
+            "seed": self.seed,
+            "model": model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            # a checkpoint taken before the data was positioned still holds the RNG state it must restore
+            "rng": self._pending_rng if self._pending_rng is not None else _rng_state(self.device),
+            "last_eval": dict(self.last_eval) if self.last_eval else None,
+            "extra": dict(self.checkpoint_extra if extra is None else extra),
+        }
+
+    def save_checkpoint(self, path: Union[str, os.PathLike], extra: Optional[Dict[str, Any]] = None) -> str:
+        """Atomically write a resumable checkpoint to `path` (main process only under DDP)."""
+        path = os.fspath(path)
+        if _is_main_process():
+            _atomic_torch_save(self.state_dict(extra), path)
+        self._last_saved_step = self.step
+        return path
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if state["total_steps"] != self.total_steps:
+            raise ValueError(
+                f"checkpoint: made for total_steps={state['total_steps']}, this Trainer has "
+                f"total_steps={self.total_steps}; build the Trainer with the same length to resume exactly"
+            )
+        if state["seed"] != self.seed:
+            raise ValueError(f"checkpoint: made with seed={state['seed']}, this Trainer has seed={self.seed}")
+        model = self.model.module if hasattr(self.model, "module") and isinstance(self.model.module, nn.Module) else self.model
+        model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.epoch = int(state["epoch"])
+        self.batch_in_epoch = int(state["batch_in_epoch"])
+        self.last_eval = state.get("last_eval")
+        self._iter = None
+        self._pending_rng = state["rng"]
+        self._last_saved_step = self.step
+
+    def load_checkpoint(self, path: Union[str, os.PathLike]) -> Dict[str, Any]:
+        """Resume from `path`: the next `fit()` continues exactly where that run stopped. Returns its `extra`."""
+        state = load_trainer_checkpoint(path)
+        self.load_state_dict(state)
+        return state.get("extra") or {}
+
+
+# ---------------------------------------------------------------------------------------------- train-time model files
+TRAINABLE_FORMAT = "vitfast.trainable"
+TRAINABLE_VERSION = 1
+
+
+def _block_paths(model: nn.Module) -> List[str]:
+    """Paths of the transformer blocks in depth order (ViT: blocks.i; Swin: layers.s.blocks.i)."""
+    from timm.models.swin_transformer import SwinTransformer
+
+    if isinstance(model, SwinTransformer):
+        return [f"layers.{s}.blocks.{i}" for s, stage in enumerate(model.layers) for i in range(len(stage.blocks))]
+    return [f"blocks.{i}" for i in range(len(getattr(model, "blocks", [])))]
+
+
+def describe_trainable(model: nn.Module) -> Dict[str, Any]:
+    """JSON description from which `build_trainable` rebuilds an identically shaped train-time model.
+
+    = the timm skeleton (`vitfast.arch.describe_timm`), the channel-idle FFN of every block (exact active
+    channel count and norm type), every module's `eps` (official RePaViT weights mix LayerNorm eps values
+    that one skeleton-wide norm setting cannot express) and every module's class name (checked on rebuild).
+    Raises ValueError for train-time modules this format does not know yet, naming them.
+    """
+    from .arch import describe_timm
+    from .nn.channel_idle import ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock
+
+    known = (ChannelIdleBlock, ChannelIdleSwinBlock, ChannelIdleMlp)
+    unknown = [
+        f"{name} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if callable(getattr(m, "to_fused", None)) and not isinstance(m, known)
+    ]
+    if unknown:
+        raise ValueError(
+            f"model: expected only channel-idle train-time modules (the methods this file format knows), got "
+            f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}"
+        )
+    blocks = _block_paths(model)
+    ffn = []
+    modules = dict(model.named_modules())
+    for path in blocks:
+        mlp = getattr(modules[path], "mlp", None)
+        if isinstance(mlp, ChannelIdleMlp):
+            ffn.append(
+                {"path": f"{path}.mlp", "active": int(mlp.active_features), "hidden": int(mlp.hidden_features),
+                 "norm": mlp.norm_type}
+            )
+    if ffn and len(ffn) != len(blocks):
+        raise ValueError(
+            f"model: expected every block or none to have a channel-idle FFN, got {len(ffn)} of {len(blocks)}"
+        )
+    if len({f["norm"] for f in ffn}) > 1:
+        raise ValueError(f"model: expected one FFN norm type for all blocks, got {sorted({f['norm'] for f in ffn})}")
+    eps = {name: float(m.eps) for name, m in model.named_modules() if isinstance(getattr(m, "eps", None), float)}
+    types = {name: type(m).__name__ for name, m in model.named_modules()}
+    return {
+        "format": TRAINABLE_FORMAT,
+        "version": TRAINABLE_VERSION,
+        "architecture": describe_timm(model),
+        "channel_idle": ffn,
+        "eps": eps,
+        "module_types": types,
+    }
+
+
+def build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None] = None) -> nn.Module:
+    """Rebuild the (uninitialised) train-time model described by `describe_trainable`."""
+    from .arch import build_timm
+    from .convert import from_timm
+
+    if not isinstance(desc, dict) or desc.get("format") != TRAINABLE_FORMAT:
+        raise ValueError(f"description: expected format {TRAINABLE_FORMAT!r}, got {desc.get('format') if isinstance(desc, dict) else desc!r}")
+    if desc.get("version") != TRAINABLE_VERSION:
+        raise ValueError(f"description: expected version {TRAINABLE_VERSION}, got {desc.get('version')!r}")
+    model = build_timm(desc["architecture"], device=device)
+    ffn = desc.get("channel_idle") or []
+    if ffn:
+        ratios = [1.0 - f["active"] / f["hidden"] for f in ffn]
+        model = from_timm(model, channel_idle=ratios, norm=ffn[0]["norm"])
+        modules = dict(model.named_modules())
+        for f in ffn:
+            # set the count itself: θ -> ceil(hidden·(1-θ)) need not give back the same integer in floats
+            modules[f["path"]].active_features = int(f["active"])
+    modules = dict(model.named_modules())
+    for name, value in (desc.get("eps") or {}).items():
+        if name in modules and hasattr(modules[name], "eps"):
+            modules[name].eps = float(value)
+    types = desc.get("module_types") or {}
+    got = {name: type(m).__name__ for name, m in modules.items()}
+    diff = sorted(set(types.items()) ^ set(got.items()))
+    if diff:
+        raise ValueError(
+            "description: the rebuilt model differs from the described one at "
+            + ", ".join(f"{n} ({types.get(n, 'absent')} described, {got.get(n, 'absent')} rebuilt)" for n, _ in diff[:5])
+        )
+    return model
+
+
+def _atomic_safetensors_model(model: nn.Module, path: str, metadata: Dict[str, str]) -> None:
+    from safetensors.torch import save_model
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"path: directory {directory!r} does not exist")
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        save_model(model, tmp, metadata=metadata)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def save_trainable(model: nn.Module, path: Union[str, os.PathLike], *, recipe: Optional[Dict[str, Any]] = None) -> str:
+    """Write a train-time model (e.g. `convert.from_timm`'s output, mid-finetune) to one .safetensors file.
+
+    The fused-inference format is `vitfast.save`; this one keeps the trainable shape (BatchNorms, idle
+    channels unfolded) so it can be trained further or fused later.  JSON description in the metadata, no
+    pickle.  `recipe` (plain JSON values) is stored alongside for people reading the file.
+    """
+    import json
+
+    path = os.fspath(path)
+    desc = describe_trainable(model)
+    build_trainable(desc, device="meta")  # refuse now what could not be rebuilt at load time
+    metadata = {
+        "format": TRAINABLE_FORMAT,
+        "version": str(TRAINABLE_VERSION),
+        "config": json.dumps(desc, sort_keys=True),
+        "recipe": json.dumps(recipe or {}, sort_keys=True),
+    }
+    _atomic_safetensors_model(model, path, metadata)
+    return path
+
+
+def read_safetensors_metadata(path: Union[str, os.PathLike]) -> Dict[str, str]:
+    """The str -> str metadata of a .safetensors file; ValueError (naming the file) when it is not one."""
+    from safetensors import safe_open
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"path: expected an existing .safetensors file, got {path!r} (not found)")
+    try:
+        with safe_open(path, framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception as exc:  # safetensors raises its own error type for truncated/corrupt headers
+        raise ValueError(f"path: {path!r} is not a readable .safetensors file ({exc})") from exc
+
+
+def load_trainable(path: Union[str, os.PathLike]) -> Tuple[nn.Module, Dict[str, Any]]:
+    """Read a `save_trainable` file -> (model in eval mode, recipe)."""
+    import json
+
+    from safetensors.torch import load_model
+
+    path = os.fspath(path)
+    meta = read_safetensors_metadata(path)
+    fmt = meta.get("format")
+    if fmt != TRAINABLE_FORMAT:
+        hint = " (it is a fused model: load it with vitfast.load)" if fmt == "vitfast.fused" else ""
+        raise ValueError(f"path: expected a {TRAINABLE_FORMAT!r} file in {path!r}, got format {fmt!r}{hint}")
+    try:
+        desc = json.loads(meta["config"])
+        recipe = json.loads(meta.get("recipe") or "{}")
+    except (KeyError, json.JSONDecodeError) as exc:
+        raise ValueError(f"path: {path!r} has a missing or corrupt 'config' metadata entry ({exc})") from exc
+    model = build_trainable(desc)
+    try:
+        load_model(model, path, strict=True)
+    except Exception as exc:
+        raise ValueError(f"path: the tensors in {path!r} do not match the model it describes ({exc})") from exc
+    return model.eval(), recipe
