@@ -11,6 +11,7 @@ binary runs on any x86-64; on aarch64 the NEON files are compiled (NEON is basel
 import glob
 import os
 import platform
+import sys
 
 from setuptools import setup
 
@@ -35,12 +36,19 @@ def cpu_sources():
     return sources
 
 
+# at::parallel_for is an inline template: with torch's OpenMP backend its `#pragma omp parallel` is compiled
+# into *our* object files, so without -fopenmp the CPU ops silently run on one thread.  Linking -fopenmp
+# resolves to the libgomp.so.1 torch has already loaded (same soname), so there is one OpenMP runtime and
+# torch.set_num_threads applies to our kernels too.
+OPENMP_FLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
+
 ext_modules = [
     CppExtension(
         name="vitfast._C",
         sources=cpu_sources(),
         include_dirs=[os.path.join(ROOT, "csrc")],
-        extra_compile_args=["-O3", "-fno-math-errno", "-Wall", "-Wno-unused-function"],
+        extra_compile_args=["-O3", "-fno-math-errno", "-Wall", "-Wno-unused-function"] + OPENMP_FLAGS,
+        extra_link_args=OPENMP_FLAGS,
     )
 ]
 

@@ -2,10 +2,81 @@
 // (TORCH_LIBRARY_IMPL blocks in csrc/ops/*.cpp) with the dispatcher; the schemas live in vitfast/ops.py.
 #include <torch/extension.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "kernels/cpu_features.h"
+#include "ops/weight_cache.h"
+
+namespace {
+
+using vitfast::CpuIsa;
+
+constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kNeon};
+
+std::vector<std::string> supported_isas() {
+  std::vector<std::string> out;
+  for (CpuIsa isa : kAllIsas)
+    if (vitfast::cpu_supports(isa)) out.emplace_back(vitfast::cpu_isa_name(isa));
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& e : v) s += (s.empty() ? "'" : ", '") + e + "'";
+  return s;
+}
+
+// Force a code path (tests, A/B benchmarks).  Returns the previous one.  ValueError for a name that is not
+// a path, RuntimeError for a path this CPU/binary cannot run.
+std::string set_cpu_isa(const std::string& name) {
+  for (CpuIsa isa : kAllIsas) {
+    if (name != vitfast::cpu_isa_name(isa)) continue;
+    const std::string previous = vitfast::cpu_isa_name(vitfast::active_cpu_isa());
+    TORCH_CHECK(vitfast::set_active_cpu_isa(isa), "isa: '", name,
+                "' is not supported on this CPU/build (supported: ", join(supported_isas()), ")");
+    return previous;
+  }
+  TORCH_CHECK_VALUE(false, "isa: expected one of 'scalar', 'avx2', 'neon', got '", name, "'");
+  return {};
+}
+
+// VITFAST_CPU_ISA naming a path that is unknown or unsupported falls back to the best path (cpu_features);
+// say so once, at import, instead of silently benchmarking the wrong code.
+void warn_on_bad_environment() {
+  const char* env = std::getenv("VITFAST_CPU_ISA");
+  if (env == nullptr || *env == '\0') return;
+  const std::string active = vitfast::cpu_isa_name(vitfast::active_cpu_isa());
+  if (active == env) return;
+  const std::string msg = std::string("VITFAST_CPU_ISA: expected one of ") + join(supported_isas()) +
+                          " (supported here), got '" + env + "'; using '" + active + "'";
+  PyErr_WarnEx(PyExc_RuntimeWarning, msg.c_str(), 1);
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "vitfast CPU kernels (registered under torch.ops.vitfast)";
   m.def("cpu_isa", []() { return std::string(vitfast::cpu_isa_name(vitfast::active_cpu_isa())); },
         "The CPU code path chosen at run time: 'avx2', 'neon' or 'scalar' (override: VITFAST_CPU_ISA).");
+  m.def("supported_cpu_isas", &supported_isas, "The CPU code paths this CPU and build can run.");
+  m.def("set_cpu_isa", &set_cpu_isa, py::arg("isa"),
+        "Force a CPU code path ('scalar', 'avx2', 'neon') for every later call; returns the previous one. "
+        "ValueError for an unknown name, RuntimeError for a path this CPU cannot run.");
+  m.def(
+      "_weight_cache_stats",
+      []() {
+        const vitfast::ops::WeightCacheStats s = vitfast::ops::weight_cache_stats();
+        py::dict d;
+        d["entries"] = s.entries;
+        d["bytes"] = s.bytes;
+        d["hits"] = s.hits;
+        d["misses"] = s.misses;
+        return d;
+      },
+      "Packed-weight cache counters (entries, bytes, hits, misses) — for tests and diagnostics.");
+  m.def("_weight_cache_clear", &vitfast::ops::weight_cache_clear, "Drop every packed weight.");
+  warn_on_bad_environment();
 }

@@ -1,0 +1,104 @@
+// NEON GEMM micro-kernels (6 × 16: 24 q-register accumulators, vfmaq_f32) and the vectorised erf-GELU.
+// NEON is baseline on aarch64, so no target pragma is needed; the same plain-header rule as the AVX2 file
+// keeps the file free of STL templates.
+#include <arm_neon.h>
+#include <stdint.h>
+
+#include "kernels/erf_poly.h"
+#include "kernels/gemm_driver.h"
+#include "kernels/gemm_isa.h"
+
+namespace vitfast {
+namespace gemm {
+namespace {
+
+static inline float32x4_t horner(float32x4_t x, const float* c, int n) {
+  float32x4_t r = vdupq_n_f32(c[n - 1]);
+  for (int i = n - 2; i >= 0; --i) r = vfmaq_f32(vdupq_n_f32(c[i]), r, x);
+  return r;
+}
+
+// Exact-form GELU: 0.5·x·(1 + erf(x/√2)), erf from the piecewise polynomials of erf_poly.h.
+static inline float32x4_t gelu4(float32x4_t x) {
+  const float32x4_t z = vminq_f32(vabsq_f32(vmulq_n_f32(x, kInvSqrt2)), vdupq_n_f32(kErfMax));
+  const float32x4_t small = vmulq_f32(z, horner(vmulq_f32(z, z), kErfP, 7));
+  const float32x4_t big =
+      vminq_f32(horner(vsubq_f32(z, vdupq_n_f32(kErfCenter)), kErfQ, 13), vdupq_n_f32(1.0f));
+  float32x4_t erf_abs = vbslq_f32(vcgtq_f32(z, vdupq_n_f32(kErfSplit)), big, small);
+  erf_abs = vbslq_f32(vcgeq_f32(z, vdupq_n_f32(kErfMax)), vdupq_n_f32(1.0f), erf_abs);
+  // erf(−z) = −erf(z): copy the sign bit of x.
+  const uint32x4_t sign = vandq_u32(vreinterpretq_u32_f32(x), vdupq_n_u32(0x80000000u));
+  const float32x4_t erf = vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(erf_abs), sign));
+  const float32x4_t half_x = vmulq_n_f32(x, 0.5f);
+  return vfmaq_f32(half_x, half_x, erf);
+}
+
+struct Neon {
+  template <int MR>
+  static inline __attribute__((always_inline)) void tile(int64_t k, const float* a, int64_t lda, const float* b,
+                                                         float* c, int64_t ldc, const TileEpilogue& e) {
+    float32x4_t acc[MR][4];
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < 4; ++j) acc[i][j] = vdupq_n_f32(0.0f);
+    for (int64_t p = 0; p < k; ++p) {
+      const float* bp = b + p * kNr;
+      // Same B prefetch as the AVX2 path (see kPrefetchLines there); harmless past the end of the buffer.
+      __builtin_prefetch(bp + 64 * kNr);
+      const float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4), b2 = vld1q_f32(bp + 8),
+                        b3 = vld1q_f32(bp + 12);
+      for (int i = 0; i < MR; ++i) {
+        const float32x4_t ai = vld1q_dup_f32(a + i * lda + p);
+        acc[i][0] = vfmaq_f32(acc[i][0], ai, b0);
+        acc[i][1] = vfmaq_f32(acc[i][1], ai, b1);
+        acc[i][2] = vfmaq_f32(acc[i][2], ai, b2);
+        acc[i][3] = vfmaq_f32(acc[i][3], ai, b3);
+      }
+    }
+    for (int i = 0; i < MR; ++i) {
+      float* ci = c + i * ldc;
+      if (e.n_store == kNr) {
+        for (int j = 0; j < 4; ++j) {
+          float32x4_t v = acc[i][j];
+          if (e.load_c) v = vaddq_f32(v, vld1q_f32(ci + 4 * j));
+          if (e.bias != nullptr) v = vaddq_f32(v, vld1q_f32(e.bias + 4 * j));
+          if (e.gelu) v = gelu4(v);
+          if (e.addend != nullptr) v = vaddq_f32(v, vld1q_f32(e.addend + i * e.ld_addend + 4 * j));
+          vst1q_f32(ci + 4 * j, v);
+        }
+      } else {
+        // Tail panel: go through a stack tile so no byte past column n is read or written.
+        float t[kNr] = {0};
+        for (int j = 0; j < 4; ++j) vst1q_f32(t + 4 * j, acc[i][j]);
+        if (e.load_c)
+          for (int j = 0; j < e.n_store; ++j) t[j] += ci[j];
+        for (int j = 0; j < 4; ++j) {
+          float32x4_t v = vld1q_f32(t + 4 * j);
+          if (e.bias != nullptr) v = vaddq_f32(v, vld1q_f32(e.bias + 4 * j));
+          if (e.gelu) v = gelu4(v);
+          vst1q_f32(t + 4 * j, v);
+        }
+        if (e.addend != nullptr)
+          for (int j = 0; j < e.n_store; ++j) t[j] += e.addend[i * e.ld_addend + j];
+        for (int j = 0; j < e.n_store; ++j) ci[j] = t[j];
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void gemm_block_neon(const GemmBlockArgs& args) { run_gemm_block<Neon>(args); }
+
+void gelu_neon(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(x + i, gelu4(vld1q_f32(x + i)));
+  if (i < n) {  // one tail through a padded vector, same arithmetic as the body
+    float t[4] = {0, 0, 0, 0};
+    for (int64_t j = i; j < n; ++j) t[j - i] = x[j];
+    vst1q_f32(t, gelu4(vld1q_f32(t)));
+    for (int64_t j = i; j < n; ++j) x[j] = t[j - i];
+  }
+}
+
+}  // namespace gemm
+}  // namespace vitfast

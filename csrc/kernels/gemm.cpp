@@ -1,0 +1,105 @@
+#include "kernels/gemm.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace vitfast {
+namespace gemm {
+
+AlignedFloats::AlignedFloats(int64_t n) : size_(n) {
+  if (n <= 0) {
+    size_ = 0;
+    return;
+  }
+  // Round the byte count up to the alignment, as aligned_alloc requires.
+  const size_t bytes = (size_t(n) * sizeof(float) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  std::memset(p, 0, bytes);
+  data_.reset(static_cast<float*>(p));
+}
+
+void AlignedFloats::Free::operator()(float* p) const { std::free(p); }
+
+PackedB PackedB::pack_linear(const float* w, int64_t n, int64_t k, int64_t ldw, const float* bias) {
+  PackedB out;
+  out.n_ = n;
+  out.k_ = k;
+  out.panels_ = AlignedFloats(out.panels() * out.panel_stride());
+  // B[kk][col] = W[col][kk]; panel p holds columns [16p, 16p + 16) as [k][16].  Padding columns stay zero,
+  // so a tail panel computes zeros there (and GELU(0 + 0) = 0 in a padded scratch C).
+  float* dst = out.panels_.data();
+  for (int64_t col = 0; col < n; ++col) {
+    const float* src = w + col * ldw;
+    float* panel = dst + (col / kNr) * out.panel_stride() + (col % kNr);
+    for (int64_t kk = 0; kk < k; ++kk) panel[kk * kNr] = src[kk];
+  }
+  if (bias != nullptr) {
+    out.bias_ = AlignedFloats(out.padded_n());
+    std::memcpy(out.bias_.data(), bias, size_t(n) * sizeof(float));
+    out.has_bias_ = true;
+  }
+  return out;
+}
+
+void PackedB::add_to_bias(const float* v) {
+  if (!has_bias_) {
+    bias_ = AlignedFloats(padded_n());
+    has_bias_ = true;
+  }
+  for (int64_t j = 0; j < n_; ++j) bias_.data()[j] += v[j];
+}
+
+void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64_t panel_begin,
+                 int64_t panel_end, float* c, int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc) {
+  if (m <= 0 || panel_end <= panel_begin) return;
+  GemmBlockArgs g;
+  g.m = m;
+  g.n = b.n();
+  g.k = b.k();
+  g.a = a;
+  g.lda = lda;
+  g.b = b.panel_data();
+  g.b_panel_stride = b.panel_stride();
+  g.panel_begin = panel_begin;
+  g.panel_end = panel_end;
+  g.c = c;
+  g.ldc = ldc;
+  g.c_padded = ep.c_padded;
+  g.accumulate = ep.accumulate;
+  g.bias = ep.bias ? b.bias() : nullptr;
+  g.gelu = ep.gelu;
+  g.addend = ep.addend;
+  g.ld_addend = ep.ld_addend;
+  g.kc = kc;
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case CpuIsa::kAvx2: gemm_block_avx2(g); return;
+#endif
+#if defined(__aarch64__)
+    case CpuIsa::kNeon: gemm_block_neon(g); return;
+#endif
+    default: gemm_block_scalar(g); return;
+  }
+}
+
+void gemm(int64_t m, const float* a, int64_t lda, const PackedB& b, float* c, int64_t ldc, const Epilogue& ep,
+          CpuIsa isa, int64_t kc) {
+  gemm_panels(m, a, lda, b, 0, b.panels(), c, ldc, ep, isa, kc);
+}
+
+void gelu(float* x, int64_t n, CpuIsa isa) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case CpuIsa::kAvx2: gelu_avx2(x, n); return;
+#endif
+#if defined(__aarch64__)
+    case CpuIsa::kNeon: gelu_neon(x, n); return;
+#endif
+    default: gelu_scalar(x, n); return;
+  }
+}
+
+}  // namespace gemm
+}  // namespace vitfast

@@ -1,0 +1,99 @@
+// GEMM core of the torch-free kernel tier, shared by the fused ops.
+//
+//   C[m × n] (=|+=) epilogue(A[m × k] · B[k × n])      A row-major (lda), C row-major (ldc), fp32
+//
+// B is always a weight, packed once into panels of kNr = 16 columns (`PackedB`, layout [panel][k][16],
+// 64-byte aligned, zero padded to a whole panel) so the micro-kernels read one cache line per k.  A is read
+// in place (token rows), so activations are never copied.  The epilogue is fused into the micro-kernel:
+// bias, erf-GELU (on the columns of this B only: split-GELU = pack the activated and the linear columns as
+// two PackedB), an addend (residual) and accumulate-onto-C.
+//
+// Threading does not live here: `gemm` computes the rows it is given on the calling thread; callers split
+// rows (tokens) or panels between threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/cpu_features.h"
+#include "kernels/gemm_isa.h"
+
+namespace vitfast {
+namespace gemm {
+
+// K block of the cache blocking (see gemm_driver.h).  Measured on Zen 4 (32 KiB L1D, 1 MiB L2) at ViT
+// shapes: a B micro-panel of kc × kNr × 4 B = 64 KiB streamed from L2 (with the software prefetch) beats
+// L1-sized blocks (kc = 256: -5..8%), because every extra K block re-reads and re-writes the C tile and
+// restarts the B stream.  So K <= 1024 runs unblocked, and a larger K (e.g. the second GEMM at θ = 0.5,
+// K = 1536 for DeiT-B, or ViT-L's 4096) is split into equal blocks of at most 1024.
+constexpr int64_t kDefaultKc = 1024;
+
+// 64-byte aligned float storage (a cache line: panels start on a line, AVX2 aligned loads are legal).
+class AlignedFloats {
+ public:
+  AlignedFloats() = default;
+  explicit AlignedFloats(int64_t n);  // zero-initialised
+  float* data() { return data_.get(); }
+  const float* data() const { return data_.get(); }
+  int64_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  std::unique_ptr<float, Free> data_;
+  int64_t size_ = 0;
+};
+
+// A weight W [n × k] (nn.Linear layout, out_features × in_features) packed as B = Wᵀ, with its bias.
+class PackedB {
+ public:
+  PackedB() = default;
+  // `w` row stride `ldw` (>= k); `bias` may be nullptr (no bias) or point to n values.
+  static PackedB pack_linear(const float* w, int64_t n, int64_t k, int64_t ldw, const float* bias);
+
+  int64_t n() const { return n_; }
+  int64_t k() const { return k_; }
+  int64_t panels() const { return (n_ + kNr - 1) / kNr; }
+  int64_t padded_n() const { return panels() * kNr; }
+  int64_t panel_stride() const { return k_ * kNr; }
+  const float* panel_data() const { return panels_.data(); }
+  // nullptr when packed without bias; otherwise padded_n() values (zeros past n).
+  const float* bias() const { return has_bias_ ? bias_.data() : nullptr; }
+  // Adds `v` (n values) to the bias, creating it if absent: folds a later bias (e.g. b_out) into this one.
+  void add_to_bias(const float* v);
+  size_t bytes() const { return size_t(panels_.size() + bias_.size()) * sizeof(float); }
+
+ private:
+  int64_t n_ = 0, k_ = 0;
+  AlignedFloats panels_;
+  AlignedFloats bias_;
+  bool has_bias_ = false;
+};
+
+struct Epilogue {
+  bool bias = false;               // add b.bias() (ignored when the PackedB has none)
+  bool gelu = false;               // exact erf-GELU after the bias
+  const float* addend = nullptr;   // [m × n] added last (row stride ld_addend), e.g. the residual
+  int64_t ld_addend = 0;
+  bool accumulate = false;         // C += result instead of C = result
+  bool c_padded = false;           // C rows have >= b.padded_n() writable columns (scratch buffers)
+};
+
+// Rows [0, m) of C, all panels of b, on the calling thread with the given ISA path (scalar if that path was
+// not compiled into this binary).
+void gemm(int64_t m, const float* a, int64_t lda, const PackedB& b, float* c, int64_t ldc, const Epilogue& ep,
+          CpuIsa isa, int64_t kc = kDefaultKc);
+
+// The same over panels [panel_begin, panel_end) only (columns [16·panel_begin, min(n, 16·panel_end))):
+// lets a caller split the output columns between threads.
+void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64_t panel_begin,
+                 int64_t panel_end, float* c, int64_t ldc, const Epilogue& ep, CpuIsa isa,
+                 int64_t kc = kDefaultKc);
+
+// In-place exact erf-GELU with the given ISA path (the same code the GELU epilogue runs).
+void gelu(float* x, int64_t n, CpuIsa isa);
+
+}  // namespace gemm
+}  // namespace vitfast

@@ -1,0 +1,60 @@
+// The contract between the portable GEMM driver (gemm.cpp) and the per-ISA code (gemm_scalar.cpp,
+// x86/gemm_avx2.cpp, arm/gemm_neon.cpp).
+//
+// A *plain* header on purpose: PODs and function declarations only, no STL and no inline functions with
+// external linkage.  It is included by files compiled with `#pragma GCC target("avx2,fma")`; an inline
+// function defined here would be emitted with AVX2 code in that translation unit, and the linker could
+// pick that copy for callers on a CPU without AVX2 (the ODR hazard).
+#pragma once
+
+#include <stdint.h>
+
+namespace vitfast {
+namespace gemm {
+
+// Register block of every micro-kernel: kMr rows of A times kNr columns of B.  The packed-weight layout
+// (panels of kNr columns) depends on kNr only, so one packed weight serves every ISA path.
+enum : int64_t { kMr = 6, kNr = 16 };
+
+// C[m × n] (=|+=) epilogue(A[m × k] · B[k × n]) for one row block, over packed panels
+// [panel_begin, panel_end).  Column 0 of `c`, `bias` and `addend` is column 0 of panel 0.
+//
+// Order of operations at the end of the reduction (the epilogue, fused so C is written once):
+//   acc = A·B (+ old C if accumulate)  ->  + bias  ->  GELU(erf) if gelu  ->  + addend  ->  C.
+struct GemmBlockArgs {
+  int64_t m;  // rows of A and C
+  int64_t n;  // valid columns of B (the last panel may be partial: columns >= n are never stored)
+  int64_t k;  // reduction depth (0 allowed: C = epilogue(0))
+  const float* a;
+  int64_t lda;
+  const float* b;          // packed panels; panel p starts at b + p * b_panel_stride, layout [k][kNr]
+  int64_t b_panel_stride;  // floats between panels (>= k * kNr)
+  int64_t panel_begin;
+  int64_t panel_end;
+  float* c;
+  int64_t ldc;
+  bool c_padded;  // C has >= panel_end * kNr writable columns per row: the tail panel may be stored whole
+  bool accumulate;         // C += result instead of C = result (the "accumulate onto" epilogue)
+  const float* bias;       // nullptr or >= panel_end * kNr values (zero padded)
+  bool gelu;               // exact erf-GELU after the bias (the split-GELU epilogue: callers pass only
+                           // the panels that hold activated channels)
+  const float* addend;     // nullptr or a [m × n] matrix added last (the residual)
+  int64_t ld_addend;
+  int64_t kc;  // K block (cache blocking): the B micro-panel kc × kNr stays in L1 across the row tiles
+};
+
+void gemm_block_scalar(const GemmBlockArgs& args);
+void gelu_scalar(float* x, int64_t n);
+
+#if defined(__x86_64__) || defined(__i386__)
+void gemm_block_avx2(const GemmBlockArgs& args);
+void gelu_avx2(float* x, int64_t n);
+#endif
+
+#if defined(__aarch64__)
+void gemm_block_neon(const GemmBlockArgs& args);
+void gelu_neon(float* x, int64_t n);
+#endif
+
+}  // namespace gemm
+}  // namespace vitfast

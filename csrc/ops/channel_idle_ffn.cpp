@@ -1,0 +1,167 @@
+// torch binding of the channel-idle FFN: `torch.ops.vitfast.channel_idle_ffn` on CPU.
+//
+//   channel_idle_ffn(Tensor x, Tensor w_in, Tensor? b_in, Tensor w_out, Tensor? b_out=None,
+//                    Tensor? residual=None) -> Tensor              (schema: vitfast/ops.py)
+//
+// - Checks: the same as vitfast/_validate.py, same wording (ValueError for bad values, via
+//   TORCH_CHECK_VALUE).  Non-contiguous inputs are accepted (copied to contiguous).  Weights and biases
+//   must be finite (checked once per weight version, together with the packing).
+// - Weights are packed once per version and kept in the process-wide cache (ops/weight_cache.h).
+// - fp32 runs the C++ kernel.  fp16/bf16 on CPU: the inputs are converted to fp32, the op runs in fp32
+//   (fp32 accumulation, the GELU on fp32) and the result is rounded to the input dtype once at the end; the
+//   packed weights are the fp32 conversions, so the conversion of the weights is cached too.
+// - Threads: rows (tokens) are split into at most torch.get_num_threads() balanced chunks, aligned to the
+//   6-row register block, and run with at::parallel_for, so torch.set_num_threads is respected and batch 1
+//   (197 tokens) uses both cores.  Each thread has its own scratch (the h_act token tile).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "kernels/channel_idle_ffn.h"
+#include "kernels/cpu_features.h"
+#include "ops/op_utils.h"
+#include "ops/weight_cache.h"
+
+namespace vitfast {
+namespace ops {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+struct Dims {
+  int64_t active, linear, c_out;
+};
+
+// Mirror of vitfast._validate.check_channel_idle_ffn_args (same order, same messages).
+Dims check_args(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& b_in, const at::Tensor& w_out,
+                const at::Tensor& b_out, const at::Tensor& residual) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least 1 dimension [..., C_in], got a 0-d tensor");
+  TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
+                    py_dtype(x.scalar_type()));
+  TORCH_CHECK_VALUE(w_in.dim() == 2, "w_in: expected 2-D [A + L, C_in], got shape ", fmt_shape(w_in.sizes()));
+  TORCH_CHECK_VALUE(w_out.dim() == 2, "w_out: expected 2-D [C_out, A], got shape ", fmt_shape(w_out.sizes()));
+  const int64_t c_in = x.size(-1);
+  TORCH_CHECK_VALUE(w_in.size(1) == c_in, "w_in: expected shape [A + L, ", c_in, "] (C_in = x.shape[-1] = ", c_in,
+                    "), got ", fmt_shape(w_in.sizes()));
+  const int64_t c_out = w_out.size(0), active = w_out.size(1);
+  TORCH_CHECK_VALUE(active <= w_in.size(0), "w_out: expected at most w_in.shape[0] = ", w_in.size(0),
+                    " active columns, got shape ", fmt_shape(w_out.sizes()));
+  const int64_t linear = w_in.size(0) - active;
+  TORCH_CHECK_VALUE(linear == 0 || linear == c_out, "w_in: expected ", active, " (no linear path) or ",
+                    active + c_out, " (A + C_out) rows for w_out of shape ", fmt_shape(w_out.sizes()), ", got ",
+                    w_in.size(0));
+  const std::pair<const char*, const at::Tensor*> others[] = {
+      {"w_in", &w_in}, {"b_in", &b_in}, {"w_out", &w_out}, {"b_out", &b_out}, {"residual", &residual}};
+  for (const auto& [name, t] : others) {
+    if (!t->defined()) continue;
+    TORCH_CHECK_VALUE(t->scalar_type() == x.scalar_type(), name, ": expected dtype ", py_dtype(x.scalar_type()),
+                      " (same as x), got ", py_dtype(t->scalar_type()));
+    TORCH_CHECK_VALUE(t->device() == x.device(), name, ": expected device ", x.device(), " (same as x), got ",
+                      t->device());
+  }
+  if (b_in.defined())
+    TORCH_CHECK_VALUE(b_in.dim() == 1 && b_in.size(0) == w_in.size(0), "b_in: expected shape [", w_in.size(0),
+                      "], got ", fmt_shape(b_in.sizes()));
+  if (b_out.defined())
+    TORCH_CHECK_VALUE(b_out.dim() == 1 && b_out.size(0) == c_out, "b_out: expected shape [", c_out, "], got ",
+                      fmt_shape(b_out.sizes()));
+  if (residual.defined()) {
+    std::vector<int64_t> expected = x.sizes().vec();
+    expected.back() = c_out;
+    TORCH_CHECK_VALUE(residual.sizes().equals(expected), "residual: expected shape ", fmt_shape(expected),
+                      ", got ", fmt_shape(residual.sizes()));
+  }
+  // Beyond _validate.py (the Python reference accepts any layout): the kernel reads dense memory.
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"x", &x}, others[0], others[1],
+                                others[2], others[3], others[4]}) {
+    if (t->defined())
+      TORCH_CHECK_VALUE(t->layout() == at::kStrided, name, ": expected a dense (strided) tensor, got layout ",
+                        t->layout());
+  }
+  return {active, linear, c_out};
+}
+
+at::Tensor as_float_contiguous(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return t.to(at::kFloat).contiguous();
+}
+
+std::shared_ptr<const ChannelIdleFfnWeights> packed_weights(const at::Tensor& w_in, const at::Tensor& b_in,
+                                                            const at::Tensor& w_out, const at::Tensor& b_out,
+                                                            const Dims& d) {
+  return cached_pack_as<ChannelIdleFfnWeights>(
+      "channel_idle_ffn", {w_in, b_in, w_out, b_out}, [&]() -> PackedEntry {
+        // Once per weight version: refuse NaN/Inf (they would silently poison every output), then pack.
+        check_finite("w_in", w_in);
+        check_finite("b_in", b_in);
+        check_finite("w_out", w_out);
+        check_finite("b_out", b_out);
+        const at::Tensor wi = as_float_contiguous(w_in), bi = as_float_contiguous(b_in);
+        const at::Tensor wo = as_float_contiguous(w_out), bo = as_float_contiguous(b_out);
+        auto packed = std::make_shared<ChannelIdleFfnWeights>(ChannelIdleFfnWeights::pack(
+            wi.data_ptr<float>(), bi.defined() ? bi.data_ptr<float>() : nullptr, wo.data_ptr<float>(),
+            bo.defined() ? bo.data_ptr<float>() : nullptr, wi.size(1), d.active, d.linear, d.c_out));
+        PackedEntry e;
+        e.bytes = packed->bytes();
+        e.packed = std::move(packed);
+        return e;
+      });
+}
+
+// Per-thread scratch for the h_act token tile, kept between calls (no allocation and page faults per call).
+float* thread_workspace(int64_t floats) {
+  thread_local gemm::AlignedFloats buffer;
+  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
+  return buffer.data();
+}
+
+at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, const OptTensor& b_in_opt,
+                                const at::Tensor& w_out, const OptTensor& b_out_opt, const OptTensor& residual_opt) {
+  const at::Tensor b_in = b_in_opt.value_or(at::Tensor());
+  const at::Tensor b_out = b_out_opt.value_or(at::Tensor());
+  const at::Tensor residual = residual_opt.value_or(at::Tensor());
+  const Dims d = check_args(x, w_in, b_in, w_out, b_out, residual);
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x: expected device cpu (the CPU kernel), got ", x.device());
+
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = d.c_out;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < out_shape.size(); ++i) rows *= out_shape[i];
+  const bool fp32 = x.scalar_type() == at::kFloat;
+  if (rows == 0) return at::empty(out_shape, x.options());
+
+  const std::shared_ptr<const ChannelIdleFfnWeights> w = packed_weights(w_in, b_in, w_out, b_out, d);
+  const at::Tensor xf = as_float_contiguous(x);
+  const at::Tensor rf = as_float_contiguous(residual);
+  at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+  const float* xp = xf.data_ptr<float>();
+  const float* rp = rf.defined() ? rf.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  const int64_t c_in = w->c_in(), c_out = w->c_out();
+  const CpuIsa isa = active_cpu_isa();
+  const ChannelIdleFfnTiling tiling;
+  const int64_t ws_floats = channel_idle_ffn_workspace_floats(*w, tiling);
+
+  // Balanced chunks of whole 6-row register blocks, one per thread: 197 rows on 2 threads = 102 + 95.
+  const int64_t blocks = (rows + gemm::kMr - 1) / gemm::kMr;
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks));
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    float* ws = thread_workspace(ws_floats);
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t r0 = std::min(rows, blocks * c / chunks * gemm::kMr);
+      const int64_t r1 = std::min(rows, blocks * (c + 1) / chunks * gemm::kMr);
+      channel_idle_ffn_rows(*w, r1 - r0, xp + r0 * c_in, rp ? rp + r0 * c_out : nullptr, op + r0 * c_out, ws,
+                            isa, tiling);
+    }
+  });
+  return fp32 ? out : out.to(x.scalar_type());
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace vitfast
+
+TORCH_LIBRARY_IMPL(vitfast, CPU, m) { m.impl("channel_idle_ffn", &vitfast::ops::channel_idle_ffn_cpu); }

@@ -1,0 +1,54 @@
+// Helpers shared by the torch bindings: argument messages worded like vitfast/_validate.py (name the
+// argument, the expected and the given, with Python's spelling of dtypes and shapes).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+#include <string>
+
+namespace vitfast {
+namespace ops {
+
+// "[2, 197, 384]", as _validate._fmt_shape prints it.
+inline std::string fmt_shape(at::IntArrayRef sizes) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s << (i ? ", " : "") << sizes[i];
+  s << "]";
+  return s.str();
+}
+
+// Python's name of a dtype ("torch.float32"), so C++ and Python messages read the same.
+inline std::string py_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "torch.float32";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kDouble: return "torch.float64";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kShort: return "torch.int16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + c10::toString(t);
+  }
+}
+
+inline bool is_float_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+// Refuse NaN/Inf in a weight, as _validate.check_finite_parameter words it.  Callers run it once per weight
+// version (see weight_cache.h), not per call.
+inline void check_finite(const char* name, const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return;
+  const at::Tensor finite = at::isfinite(t);
+  if (finite.all().item<bool>()) return;
+  const int64_t bad = t.numel() - finite.sum().item<int64_t>();
+  TORCH_CHECK_VALUE(false, name, ": expected finite values, got ", bad, " non-finite of ", t.numel());
+}
+
+}  // namespace ops
+}  // namespace vitfast

@@ -1,0 +1,63 @@
+// Process-wide cache of packed weights, shared by the CPU ops.
+//
+// Why: packing (transpose into 16-column panels) and the NaN/Inf scan of the weights cost about as much
+// memory traffic as one batch-1 forward; they must run once per weight, not once per call.
+//
+// Key: for each weight tensor of the op (absent optionals included), its StorageImpl, data pointer, sizes,
+// strides, dtype and autograd version counter value (`tensor._version`).  An in-place update of a weight
+// (`w.add_(..)`, `w.copy_(..)`, optimizer steps, load_state_dict) bumps the version, so the next call
+// misses and repacks: the cache never serves stale weights.  Each entry holds a *weak* reference to the
+// storages, so (a) it does not keep a freed model's weights alive and (b) a new storage allocated at a freed
+// one's address cannot match (a weak reference to a freed storage is expired, and the weak reference keeps
+// the old StorageImpl object itself allocated, so its address cannot even be reused).
+//
+// Not detected (documented limits, same as any version-based cache in PyTorch): writes through `.data`
+// (`w.data.copy_(..)` uses a separate version counter) or raw pointers.  Inference tensors (created under
+// torch.inference_mode) have no version counter, so they are never cached: they are packed and checked
+// on every call (correct, slower; a one-time warning says so).
+//
+// Entries that can never hit again (storage freed, or weight modified since) are dropped at the next miss;
+// at most kCapacity entries are kept (least recently used evicted).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace vitfast {
+namespace ops {
+
+struct WeightCacheStats {
+  int64_t entries = 0;
+  int64_t bytes = 0;   // packed bytes held
+  int64_t hits = 0;
+  int64_t misses = 0;  // packs (including uncacheable inference-tensor calls)
+};
+
+// A packed object and the bytes it holds (for stats).
+struct PackedEntry {
+  std::shared_ptr<const void> packed;
+  size_t bytes = 0;
+};
+
+// Returns the packed object for exactly these tensors (undefined = absent optional), calling `pack` (which
+// validates and packs) on a miss.  `op` separates ops that share weights.  Thread-safe; `pack` runs outside
+// the lock.
+std::shared_ptr<const void> cached_pack(const char* op, const std::vector<at::Tensor>& weights,
+                                        const std::function<PackedEntry()>& pack);
+
+template <class T>
+std::shared_ptr<const T> cached_pack_as(const char* op, const std::vector<at::Tensor>& weights,
+                                        const std::function<PackedEntry()>& pack) {
+  return std::static_pointer_cast<const T>(cached_pack(op, weights, pack));
+}
+
+WeightCacheStats weight_cache_stats();
+void weight_cache_clear();
+
+}  // namespace ops
+}  // namespace vitfast

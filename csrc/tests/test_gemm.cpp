@@ -1,0 +1,172 @@
+// GEMM core and GELU of every ISA path against naive double-precision loops: odd shapes around the 6 × 16
+// register block, K blocks that do not divide K, each epilogue, and no write outside the valid columns.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "tests/test_util.h"
+
+using namespace vitfast;
+using namespace vitfast_test;
+
+namespace {
+
+struct Case {
+  bool bias, gelu, addend, accumulate, c_padded;
+};
+
+void check_gemm(CpuIsa isa, std::mt19937& rng, int64_t m, int64_t n, int64_t k, int64_t kc, const Case& cs) {
+  const int64_t lda = k + 2;  // row strides larger than the row: the kernels must honour lda/ldc
+  std::vector<float> a = random_vector(rng, size_t(m * lda));
+  std::vector<float> w = random_vector(rng, size_t(n * k), 0.3f);
+  std::vector<float> bias = random_vector(rng, size_t(n));
+  gemm::PackedB b = gemm::PackedB::pack_linear(w.data(), n, k, k, cs.bias ? bias.data() : nullptr);
+  const int64_t ldc = cs.c_padded ? b.padded_n() + 1 : n + 3;
+  std::vector<float> addend = random_vector(rng, size_t(m * n));
+  const float sentinel = 12345.0f;
+  std::vector<float> c(size_t(m * ldc), sentinel);
+  std::vector<float> c0 = random_vector(rng, size_t(m * n));
+  if (cs.accumulate)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = c0[i * n + j];
+
+  gemm::Epilogue ep;
+  ep.bias = cs.bias;
+  ep.gelu = cs.gelu;
+  ep.addend = cs.addend ? addend.data() : nullptr;
+  ep.ld_addend = n;
+  ep.accumulate = cs.accumulate;
+  ep.c_padded = cs.c_padded;
+  gemm::gemm(m, a.data(), lda, b, c.data(), ldc, ep, isa, kc);
+
+  double worst = 0.0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0.0, mag = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        acc += double(a[i * lda + p]) * w[j * k + p];
+        mag += std::fabs(double(a[i * lda + p]) * w[j * k + p]);
+      }
+      if (cs.accumulate) acc += c0[i * n + j];
+      if (cs.bias) acc += bias[j];
+      if (cs.gelu) acc = gelu_ref(acc);
+      if (cs.addend) acc += addend[i * n + j];
+      const double got = c[i * ldc + j];
+      // fp32 accumulation of k products: error bounded by ~k·eps·Σ|terms|; 2e-5 abs+rel covers K <= 64.
+      const double err = std::fabs(got - acc);
+      const double tol = 2e-5 * (1.0 + std::fabs(acc)) + 1e-6 * mag;
+      worst = std::max(worst, err / tol);
+    }
+    // Nothing past column n (unpadded C) or past the padded panels (padded C) may be written.
+    const int64_t written = cs.c_padded ? b.padded_n() : n;
+    for (int64_t j = written; j < ldc; ++j)
+      VT_CHECK(c[i * ldc + j] == sentinel, "[%s] wrote column %lld of %lld (m=%lld n=%lld k=%lld)",
+               cpu_isa_name(isa), (long long)j, (long long)n, (long long)m, (long long)n, (long long)k);
+  }
+  VT_CHECK(worst <= 1.0, "[%s] m=%lld n=%lld k=%lld kc=%lld bias=%d gelu=%d addend=%d acc=%d padded=%d: "
+           "error %.3g x tolerance", cpu_isa_name(isa), (long long)m, (long long)n, (long long)k, (long long)kc,
+           cs.bias, cs.gelu, cs.addend, cs.accumulate, cs.c_padded, worst);
+}
+
+void test_gemm_parity(CpuIsa isa) {
+  std::mt19937 rng(1234);
+  const Case cases[] = {
+      {false, false, false, false, false}, {true, false, false, false, false}, {true, true, false, false, true},
+      {true, true, false, false, false},   {true, false, true, false, false},  {false, false, false, true, false},
+      {true, false, true, true, false},
+  };
+  int count = 0;
+  for (int64_t m : {1, 2, 3, 5, 6, 7, 13})
+    for (int64_t n : {1, 3, 8, 15, 16, 17, 33})
+      for (int64_t k : {0, 1, 5, 16, 17, 33})
+        for (int64_t kc : {int64_t(4), int64_t(7), gemm::kDefaultKc})
+          for (const Case& cs : cases) {
+            if (kc != gemm::kDefaultKc && k < kc) continue;  // small kc only matters when K is blocked
+            check_gemm(isa, rng, m, n, k, kc, cs);
+            ++count;
+          }
+  // A realistic size with a tail panel, unblocked and in three K blocks.
+  for (int64_t kc : {gemm::kDefaultKc, int64_t(200)}) {
+    check_gemm(isa, rng, 23, 200, 600, kc, cases[2]);
+    check_gemm(isa, rng, 23, 200, 600, kc, cases[6]);
+    count += 2;
+  }
+  std::printf("[%s] gemm parity: %d cases\n", cpu_isa_name(isa), count);
+}
+
+void test_gemm_panel_range(CpuIsa isa) {
+  // gemm_panels computes only its columns: two halves give the whole product.
+  std::mt19937 rng(7);
+  const int64_t m = 7, n = 50, k = 19;
+  std::vector<float> a = random_vector(rng, size_t(m * k)), w = random_vector(rng, size_t(n * k));
+  gemm::PackedB b = gemm::PackedB::pack_linear(w.data(), n, k, k, nullptr);
+  std::vector<float> whole(size_t(m * n)), split(size_t(m * n), -1.0f);
+  gemm::gemm(m, a.data(), k, b, whole.data(), n, gemm::Epilogue(), isa);
+  gemm::gemm_panels(m, a.data(), k, b, 0, 2, split.data(), n, gemm::Epilogue(), isa);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 32; j < n; ++j) VT_CHECK(split[i * n + j] == -1.0f, "panel range wrote column %lld", (long long)j);
+  gemm::gemm_panels(m, a.data(), k, b, 2, b.panels(), split.data(), n, gemm::Epilogue(), isa);
+  for (size_t i = 0; i < whole.size(); ++i) VT_CHECK(whole[i] == split[i], "[%s] panel split differs at %zu", cpu_isa_name(isa), i);
+}
+
+void test_gelu(CpuIsa isa) {
+  // Dense grid over the whole interesting range plus the saturated tails and special values.
+  std::vector<float> xs;
+  for (int i = -120000; i <= 120000; ++i) xs.push_back(float(i) * 1e-4f);  // [-12, 12] step 1e-4
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 30.0f, -30.0f, 1e10f, -1e10f}) xs.push_back(v);
+  std::vector<float> y = xs;
+  gemm::gelu(y.data(), int64_t(y.size()), isa);
+  double worst = 0.0, worst_x = 0.0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double ref = gelu_ref(xs[i]);
+    // Absolute error of erf ~1e-7 scales by 0.5·|x| in GELU; the result itself carries half an ulp.
+    const double err = std::fabs(y[i] - ref) - 0.5 * std::fabs(ref) * std::numeric_limits<float>::epsilon();
+    const double scaled = err / std::max(1.0, std::fabs(double(xs[i])));
+    if (scaled > worst) {
+      worst = scaled;
+      worst_x = xs[i];
+    }
+  }
+  std::printf("[%s] gelu: max |err| / max(1,|x|) beyond half an ulp = %.3g (at x = %g)\n", cpu_isa_name(isa),
+              worst, worst_x);
+  VT_CHECK(worst <= 1e-7, "[%s] gelu error %.3g at x = %g", cpu_isa_name(isa), worst, worst_x);
+  // Every length 0..40 (vector bodies and tails) gives the same values as one long call.
+  for (int64_t len = 0; len <= 40; ++len) {
+    std::vector<float> part(xs.begin() + 1000, xs.begin() + 1000 + len);
+    gemm::gelu(part.data(), len, isa);
+    for (int64_t i = 0; i < len; ++i)
+      VT_CHECK(part[i] == y[1000 + i], "[%s] gelu tail length %lld differs at %lld", cpu_isa_name(isa),
+               (long long)len, (long long)i);
+  }
+  std::vector<float> nan1 = {std::numeric_limits<float>::quiet_NaN()};
+  gemm::gelu(nan1.data(), 1, isa);
+  VT_CHECK(std::isnan(nan1[0]), "[%s] gelu(NaN) is not NaN", cpu_isa_name(isa));
+  if (isa != CpuIsa::kScalar) {
+    // Proof that this path's own code ran: its polynomial erf is not bit-identical to std::erf (scalar).
+    std::vector<float> s = xs;
+    gemm::gelu(s.data(), int64_t(s.size()), CpuIsa::kScalar);
+    size_t differ = 0;
+    for (size_t i = 0; i < s.size(); ++i) differ += s[i] != y[i];
+    VT_CHECK(differ > 0, "[%s] gelu is bit-identical to the scalar path: was the SIMD code executed?",
+             cpu_isa_name(isa));
+  }
+}
+
+}  // namespace
+
+int main() {
+  const std::vector<CpuIsa> isas = forced_isas();
+  std::printf("ISA paths under test:");
+  for (CpuIsa isa : isas) std::printf(" %s", cpu_isa_name(isa));
+  std::printf("\n");
+  for (CpuIsa isa : isas) {
+    VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
+    test_gemm_parity(active_cpu_isa());
+    test_gemm_panel_range(active_cpu_isa());
+    test_gelu(active_cpu_isa());
+  }
+  return finish("test_gemm");
+}
