@@ -337,3 +337,29 @@ def test_trainable_file_round_trip(tmp_path):
     vitfast.save(vitfast.fuse(model), fused)
     with pytest.raises(ValueError, match="fused model"):
         load_trainable(fused)
+
+
+def make_image_folder(root, classes=("cat", "dog"), per_class=6, size=20):
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = (torch.rand(size, size, 3, generator=g) * 255).to(torch.uint8).numpy()
+            Image.fromarray(pixels).save(root / c / f"{i}.png")
+    return root
+
+
+def test_image_folder_loaders(tmp_path):
+    from vitfast.data import image_folder_loaders
+
+    root = make_image_folder(tmp_path / "imgs")
+    train, val = image_folder_loaders(root, img_size=16, batch_size=4, val_fraction=0.25, seed=0)
+    assert len(train.dataset) == 9 and len(val.dataset) == 3 and train.dataset.classes == ["cat", "dog"]
+    x, y = next(iter(train))
+    assert x.shape == (4, 3, 16, 16) and y.dtype == torch.int64
+    # random crops/flips are seeded per (index, seed) key, so a resumed run sees the same pixels
+    assert torch.equal(train.dataset[(2, 99)][0], train.dataset[(2, 99)][0])
+    with pytest.raises(FileNotFoundError, match="root: expected a directory"):
+        image_folder_loaders(tmp_path / "nope")

@@ -1,0 +1,239 @@
+"""The `vitfast` command line: help texts, convert -> train -> fuse -> verify round trips, bench, clean errors."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitfast.cli import main
+
+TINY = ["vit_tiny_patch16_224", "--img-size", "16", "--num-classes", "10",
+        "--model-kwargs", json.dumps({"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 4})]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def vitfast_script() -> str:
+    """The installed console script next to this interpreter (what `pip install -e .` created)."""
+    script = Path(sys.executable).with_name("vitfast")
+    assert script.exists(), f"the `vitfast` entry point is not installed next to {sys.executable}"
+    return str(script)
+
+
+@pytest.mark.parametrize("command, expected", [
+    ([], ["convert", "train", "fuse", "verify", "bench", "demo", "examples:"]),
+    (["convert"], ["--channel-idle", "--norm", "--heuristic", "--repavit", "--pretrained", "nothing is downloaded"]),
+    (["train"], ["--steps", "--epochs", "--lr", "--batch-size", "--resume", "--out", "--channel-idle", "digits"]),
+    (["fuse"], ["SOURCE", "--output", "exactly"]),
+    (["verify"], ["--source", "--inputs", "--atol", "exit status 1"]),
+    (["bench"], ["--threads", "--batch-sizes", "median", "timm eager"]),
+    (["demo"], ["--steps", "--threads", "--out", "--quick", "must be equal"]),
+])
+def test_help(capsys, command, expected):
+    assert main([*command, "--help"]) == 0
+    out = capsys.readouterr().out
+    for word in expected:
+        assert word in out, (command, word)
+
+
+def test_convert_train_fuse_verify_round_trip(tmp_path, capsys):
+    src = str(tmp_path / "tiny.safetensors")
+    assert main(["convert", *TINY, "--channel-idle", "0.75", "-o", src]) == 0
+    assert "channel-idle FFNs (active/hidden per block: 32/128)" in capsys.readouterr().out
+
+    run = tmp_path / "run"
+    assert main(["train", src, "--steps", "6", "--batch-size", "64", "--checkpoint-every", "3", "--out", str(run),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "val acc" in out and (run / "model.safetensors").exists() and (run / "trainer.pt").exists()
+
+    fused = str(tmp_path / "fused.safetensors")
+    assert main(["fuse", str(run / "model.safetensors"), "-o", fused]) == 0
+    assert "max |Δlogits|" in capsys.readouterr().out
+    assert main(["verify", fused, "--source", str(run / "model.safetensors"), "--inputs", "digits"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: the fused model matches its source" in out and "argmax agreement = 360/360" in out
+    # the trainer checkpoint is an accepted source too (it carries the model description)
+    fused2 = str(tmp_path / "fused2.safetensors")
+    assert main(["fuse", str(run / "trainer.pt"), "-o", fused2, "--no-check"]) == 0
+    assert main(["verify", fused2, "--source", str(run / "model.safetensors")]) == 0
+
+    # resuming a finished run with a different length is refused, naming both values
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run / "trainer.pt"), "--steps", "9", "--no-progress"]) == 2
+    assert "--steps was 6, got 9" in capsys.readouterr().err
+
+
+def test_verify_detects_a_mismatch(tmp_path, capsys):
+    a, b = str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")
+    torch.manual_seed(1)
+    assert main(["convert", *TINY, "-o", a]) == 0
+    torch.manual_seed(2)
+    assert main(["convert", *TINY, "-o", b]) == 0
+    fused = str(tmp_path / "fa.safetensors")
+    assert main(["fuse", a, "-o", fused, "--no-check"]) == 0
+    capsys.readouterr()
+    assert main(["verify", fused, "--source", b]) == 1  # a's fused weights are not b's
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_bench_on_a_fused_file(tmp_path, capsys):
+    src, fused = str(tmp_path / "s.safetensors"), str(tmp_path / "f.safetensors")
+    assert main(["convert", *TINY, "-o", src]) == 0
+    assert main(["fuse", src, "-o", fused, "--no-check"]) == 0
+    capsys.readouterr()
+    assert main(["bench", fused, "--batch-sizes", "1,4", "--repeats", "3", "--warmup", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    for row in ("timm eager", "vitfast fused (kernels)", "vitfast fused (reference ops)"):
+        assert sum(line.startswith(row) for line in out.splitlines()) == 2, row  # one row per batch size
+
+
+def test_entry_point_subprocess(tmp_path):
+    """One real process through the installed `vitfast` script: convert then fuse, files really written."""
+    src, fused = tmp_path / "s.safetensors", tmp_path / "f.safetensors"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([vitfast_script(), "convert", *TINY, "-o", str(src)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([vitfast_script(), "fuse", str(src), "-o", str(fused)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert fused.exists() and "wrote" in r.stdout
+    # and a bad argument in a real process: one line naming it, status 2, no traceback
+    r = subprocess.run([vitfast_script(), "convert", *TINY, "--channel-idle", "1.5", "-o", str(src)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2
+    assert "--channel-idle" in r.stderr and "expected a number in [0, 1], got 1.5" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fuse", "no/such/file.safetensors", "-o", "x.safetensors"], "expected an existing file, got 'no/such/file.safetensors'"),
+    (["convert", "vit_tiny_patch16_224", "--channel-idle", "-0.1", "-o", "x.safetensors"], "expected a number in [0, 1], got -0.1"),
+    (["convert", "vit_tiny_patch16_22", "-o", "{tmp}/x.safetensors"], "did you mean vit_tiny_patch16_224"),
+    (["convert", *TINY, "-o", "{tmp}/missing_dir/x.safetensors"], "-o/--output: expected a path in an existing directory"),
+    (["convert", "-o", "{tmp}/x.safetensors"], "MODEL: expected a timm model name"),
+    (["convert", *TINY, "--model-kwargs", "[1]", "-o", "{tmp}/x.safetensors"], "expected a JSON object"),
+    (["train", "--steps", "0"], "expected a positive integer, got 0"),
+    (["train", "{tmp}/not_a_model.txt", "--out", "{tmp}/run"], "expected a vitfast file"),
+    (["verify", "{tmp}/not_a_model.txt", "--source", "{tmp}/not_a_model.txt"], "expected a vitfast file"),
+    (["bench", "{tmp}/not_a_model.txt"], "expected a vitfast file"),
+    (["demo", "--threads", "0"], "expected a positive integer, got 0"),
+    (["nonsense"], "invalid choice"),
+])
+def test_bad_arguments_give_a_clean_error(tmp_path, capsys, argv, message):
+    (tmp_path / "not_a_model.txt").write_text("hello")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err, captured.err
+    assert "Traceback" not in captured.err + captured.out
+    assert not (tmp_path / "x.safetensors").exists()  # nothing written half-way
+
+
+def _tiny_timm():
+    import timm
+
+    kw = json.loads(TINY[TINY.index("--model-kwargs") + 1])
+    return timm.create_model(TINY[0], pretrained=False, img_size=16, num_classes=10, **kw).eval()
+
+
+def test_convert_loads_local_pretrained_weights(tmp_path):
+    from vitfast.train import load_trainable
+
+    torch.manual_seed(7)
+    reference = _tiny_timm()
+    weights = tmp_path / "w.pth"
+    torch.save(reference.state_dict(), weights)
+    out = tmp_path / "c.safetensors"
+    # norm=layer with θ=0 is the timm model itself, so the pretrained function must survive exactly
+    assert main(["convert", *TINY, "--pretrained", str(weights), "--norm", "layer", "--channel-idle", "0",
+                 "-o", str(out)]) == 0
+    converted, recipe = load_trainable(out)
+    assert recipe["pretrained"] == "w.pth" and recipe["channel_idle"] == 0.0
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(converted(x), reference(x), atol=1e-5, rtol=1e-5)
+
+
+def _official_repavit_state_dict(dim=32, depth=2, hidden=128, patch=4, grid=4, classes=10):
+    """Official RePaViT ViT layout (no patch-embed bias, norm_pre, BatchNorms named norm1/norm2 in the FFN)."""
+    g = torch.Generator().manual_seed(3)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g) * 0.1
+
+    def bn(prefix, n):
+        return {f"{prefix}.weight": 1 + r(n), f"{prefix}.bias": r(n), f"{prefix}.running_mean": r(n),
+                f"{prefix}.running_var": 1 + r(n).abs(), f"{prefix}.num_batches_tracked": torch.tensor(10)}
+
+    sd = {"cls_token": r(1, 1, dim), "pos_embed": r(1, 1 + grid * grid, dim), "patch_embed.proj.weight": r(dim, 3, patch, patch),
+          "norm_pre.weight": 1 + r(dim), "norm_pre.bias": r(dim), "norm.weight": 1 + r(dim), "norm.bias": r(dim),
+          "head.weight": r(classes, dim), "head.bias": r(classes)}
+    for i in range(depth):
+        p = f"blocks.{i}."
+        sd.update({p + "attn.norm.weight": 1 + r(dim), p + "attn.norm.bias": r(dim),
+                   p + "attn.qkv.weight": r(3 * dim, dim), p + "attn.qkv.bias": r(3 * dim),
+                   p + "attn.proj.weight": r(dim, dim), p + "attn.proj.bias": r(dim),
+                   p + "mlp.fc1.weight": r(hidden, dim), p + "mlp.fc1.bias": r(hidden),
+                   p + "mlp.fc2.weight": r(dim, hidden), p + "mlp.fc2.bias": r(dim)})
+        sd.update(bn(p + "mlp.norm1", dim))
+        sd.update(bn(p + "mlp.norm2", hidden))
+    return sd
+
+
+def test_convert_repavit_then_verify(tmp_path, capsys):
+    import vitfast
+    from vitfast.train import load_trainable
+
+    sd = _official_repavit_state_dict()
+    path = tmp_path / "repavit.pth"
+    torch.save({"model": sd}, path)
+    out, fused = tmp_path / "r.safetensors", tmp_path / "rf.safetensors"
+    assert main(["convert", "--repavit", str(path), "--num-heads", "2", "-o", str(out)]) == 0
+    converted, _ = load_trainable(out)
+    direct = vitfast.convert.from_repavit(sd, num_heads=2).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # the file rebuilt the same model, mixed LayerNorm eps included
+        torch.testing.assert_close(converted(x), direct(x), atol=0, rtol=0)
+    assert main(["fuse", str(out), "-o", str(fused), "--no-check"]) == 0
+    assert main(["verify", str(fused), "--source", str(out), "--inputs", "digits"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_bench_a_timm_name_with_a_recipe(capsys):
+    assert main(["bench", *TINY, "--channel-idle", "0.5", "--batch-sizes", "2", "--repeats", "2", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "θ=0.5" in out and "vitfast fused (kernels)" in out
+
+
+def test_pretrained_weights_of_another_head_size_are_adapted_offline(tmp_path, capsys):
+    weights = tmp_path / "w.safetensors"
+    from safetensors.torch import save_file
+
+    save_file(_tiny_timm().state_dict(), str(weights))
+    argv = [a if a != "10" else "5" for a in TINY]  # ask for 5 classes: the 10-class head cannot load as is
+    assert main(["convert", *argv, "--pretrained", str(weights), "-o", str(tmp_path / "c.safetensors")]) == 0
+    assert "adapted by timm" in capsys.readouterr().out
+
+
+def test_train_a_timm_name_on_an_image_folder(tmp_path, capsys):
+    from test_trainer import make_image_folder
+
+    from vitfast.train import load_trainable
+
+    root = make_image_folder(tmp_path / "imgs", classes=("a", "b", "c"))
+    argv = [a for a in TINY if a not in ("--num-classes", "10")]  # the class count comes from the folder
+    assert main(["train", *argv, "--channel-idle", "0.5", "--data", str(root), "--steps", "2", "--batch-size", "4",
+                 "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    model, recipe = load_trainable(tmp_path / "run" / "model.safetensors")
+    assert model.num_classes == 3 and recipe["channel_idle"] == 0.5

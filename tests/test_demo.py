@@ -1,0 +1,55 @@
+"""`vitfast demo`: the whole path end to end on the digits (quick mode: a tiny model, seconds)."""
+import re
+
+import pytest
+import torch
+
+import vitfast
+from vitfast.cli import main
+from vitfast.demo import run_demo
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    yield
+    torch.set_num_threads(old)
+
+
+def test_quick_demo_report(tmp_path):
+    lines = []
+    report = run_demo(quick=True, threads=1, out_dir=str(tmp_path), progress=False, log=lines.append)
+    assert report["accuracy_equal"] and report["correct_train"] == report["correct_fused"]
+    assert report["accuracy_train"] > 0.4  # it really learned (chance is 0.1)
+    assert report["max_abs_diff"] < 1e-4 and report["argmax_agreement"] == 1.0
+    assert report["params"]["fused"] < report["params"]["train"]
+    assert report["flops"]["fused"] < report["flops"]["train"]
+    for batch in (1, 64):
+        for model in ("train", "fused"):
+            lat = report["latency"][batch][model]
+            assert 0 < lat["p10_ms"] <= lat["median_ms"] <= lat["p90_ms"]
+    # the file on disk is what was compared: loading it again gives the same predictions
+    fused = vitfast.load(report["fused_path"])
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), vitfast.load(report["fused_path"])(x))
+    text = "\n".join(lines)
+    assert "val accuracy" in text and "equal" in text and "MFLOPs / image" in text
+
+
+def test_demo_command_quick(tmp_path, capsys):
+    assert main(["demo", "--quick", "--threads", "1", "--out", str(tmp_path), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("val accuracy"))
+    accs = re.findall(r"(\d\.\d{4}) \((\d+)/(\d+)\)", row)
+    assert len(accs) == 2 and accs[0] == accs[1] and row.rstrip().endswith("equal")
+    assert (tmp_path / "fused.safetensors").exists() and (tmp_path / "train.safetensors").exists()
+
+
+def test_demo_exit_status_when_accuracy_differs(monkeypatch, tmp_path, capsys):
+    import vitfast.demo
+
+    fake = {"accuracy_equal": False, "accuracy_train": 0.9, "accuracy_fused": 0.8}
+    monkeypatch.setattr(vitfast.demo, "run_demo", lambda **kw: fake)
+    assert main(["demo", "--quick", "--out", str(tmp_path)]) == 1
+    assert "FAILED" in capsys.readouterr().out

@@ -1,0 +1,777 @@
+"""The `vitfast` command line (also `python -m vitfast`): convert, train, fuse, verify, bench, demo.
+
+Every subcommand explains itself with `vitfast <command> --help`.  Errors in what was asked for (a missing
+file, θ outside [0, 1], an unknown timm model, ...) end with one line on stderr naming the argument, what was
+expected and what was given, and exit status 2; a failed check (`verify`, `demo`) exits with 1.  Set
+VITFAST_DEBUG=1 to see the Python traceback of an error instead.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import sys
+import textwrap
+from typing import Any, Dict, List, Optional, Sequence
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class CLIError(Exception):
+    """An error in the user's request: printed as one line, exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------------- argument types
+def _theta(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _nonneg_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def _existing_file(text: str) -> str:
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"expected an existing file, got {text!r} (no such file)")
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"expected a file, got {text!r} (a directory or special file)")
+    return text
+
+
+def _json_object(text: str) -> Dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"depth\": 4}}', got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"depth\": 4}}', got {text!r}")
+    return value
+
+
+def _batch_list(text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers such as 1,64, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers such as 1,64, got {text!r}")
+    return values
+
+
+def _output_path(path: str, flag: str = "-o/--output") -> str:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise CLIError(f"{flag}: expected a path in an existing directory, got {path!r} ({directory} does not exist)")
+    if os.path.isdir(path):
+        raise CLIError(f"{flag}: expected a file path, got {path!r} (a directory)")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- model helpers
+def _timm_model(name: str, *, pretrained: Optional[str], img_size, num_classes, model_kwargs) -> "torch.nn.Module":
+    """A timm model by name, random init unless `pretrained` names a local weights file (never downloads)."""
+    import timm
+
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; list them with `python -c 'import timm; print(timm.list_models())'`"
+        raise CLIError(f"MODEL: expected a timm model name, got {name!r}{hint}")
+    kwargs = dict(model_kwargs or {})
+    if img_size is not None:
+        kwargs["img_size"] = img_size
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    try:
+        model = timm.create_model(name, pretrained=False, **kwargs)
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise CLIError(f"--model-kwargs/--img-size/--num-classes: timm {name} rejected {kwargs} ({exc})") from exc
+    if pretrained is None:
+        return model
+    state = _read_state_dict(pretrained, "--pretrained")
+    try:  # weights made for exactly this shape: load them as they are
+        model.load_state_dict(state, strict=True)
+        return model
+    except RuntimeError as exc:
+        strict_error = str(exc).splitlines()[0]
+    # Otherwise let timm adapt them (a different num_classes drops the classifier, a different img_size
+    # resamples the position embedding).  Handing it the tensors, not a path or hub id, keeps it offline.
+    overlay = {"state_dict": state, "source": "timm", "hf_hub_id": None, "url": None, "file": None}
+    try:
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise CLIError(f"--pretrained: {pretrained!r} does not fit timm {name} with {kwargs} ({str(exc).splitlines()[0]})") from exc
+    print(f"note: --pretrained weights adapted by timm to {kwargs or 'the default shape'} "
+          f"(they did not load as they are: {strict_error})")
+    return model
+
+
+def _read_state_dict(path: str, flag: str) -> Dict[str, "torch.Tensor"]:
+    """Tensors from .safetensors, or from a torch file loaded with weights_only=True (no arbitrary pickle)."""
+    import torch
+
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(path)
+        except Exception as exc:
+            raise CLIError(f"{flag}: {path!r} is not a readable .safetensors file ({exc})") from exc
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CLIError(
+            f"{flag}: expected a .safetensors file or a torch state dict loadable with weights_only=True, "
+            f"got {path!r} ({str(exc).splitlines()[0]})"
+        ) from exc
+    if not isinstance(state, dict):
+        raise CLIError(f"{flag}: expected a state dict (a mapping of names to tensors) in {path!r}, got {type(state).__name__}")
+    for wrapper in ("model", "state_dict", "model_ema"):
+        if isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+            break
+    return state
+
+
+def _file_kind(path: str) -> str:
+    """'trainable' | 'fused' | 'trainer' (a Trainer checkpoint) for a vitfast file; CLIError otherwise."""
+    from vitfast.train import TRAINABLE_FORMAT, read_safetensors_metadata
+
+    import zipfile
+
+    from vitfast.checkpoint import FORMAT as FUSED_FORMAT
+
+    if zipfile.is_zipfile(path):  # torch.save's container: a Trainer checkpoint (read with weights_only)
+        return "trainer"
+    try:
+        fmt = read_safetensors_metadata(path).get("format")
+    except ValueError as exc:
+        raise CLIError(
+            f"{path}: expected a vitfast file (a .safetensors or a trainer checkpoint), got neither ({exc})"
+        ) from exc
+    if fmt == TRAINABLE_FORMAT:
+        return "trainable"
+    if fmt == FUSED_FORMAT:
+        return "fused"
+    raise CLIError(
+        f"{path}: expected a vitfast file (train-time .safetensors from `vitfast convert`/`train`, a fused "
+        f".safetensors from `vitfast fuse`, or a trainer checkpoint), got a .safetensors file with format {fmt!r}"
+    )
+
+
+def _load_source(path: str, flag: str):
+    """Train-time model from a `convert`/`train` .safetensors or a trainer checkpoint -> (model, recipe)."""
+    from vitfast.train import build_trainable, load_trainer_checkpoint, load_trainable
+
+    kind = _file_kind(path)
+    if kind == "fused":
+        raise CLIError(f"{flag}: expected a train-time model, got the already fused file {path!r}")
+    if kind == "trainable":
+        return load_trainable(path)
+    state = load_trainer_checkpoint(path)
+    extra = state.get("extra") or {}
+    if "model_description" not in extra:
+        raise CLIError(
+            f"{flag}: the trainer checkpoint {path!r} does not say how to rebuild its model (it was not written by "
+            "`vitfast train`); use the train-time .safetensors instead"
+        )
+    model = build_trainable(json.loads(extra["model_description"]))
+    model.load_state_dict(state["model"])
+    return model.eval(), json.loads(extra.get("recipe", "{}"))
+
+
+def _describe(model) -> str:
+    from vitfast.demo import count_parameters
+
+    blocks = []
+    for name, module in model.named_modules():
+        if hasattr(module, "active_features") and hasattr(module, "hidden_features"):
+            blocks.append(f"{module.active_features}/{module.hidden_features}")
+    ffn = f", channel-idle FFNs (active/hidden per block: {' '.join(blocks)})" if blocks else ""
+    return f"{type(model).__name__}, {count_parameters(model):,} parameters{ffn}"
+
+
+def _set_threads(threads: Optional[int]) -> None:
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------- convert
+def cmd_convert(args) -> int:
+    import vitfast
+    from vitfast.train import save_trainable
+
+    out = _output_path(args.output)
+    if args.repavit is not None:
+        if args.model is not None or args.pretrained is not None or args.model_kwargs:
+            raise CLIError("--repavit: builds the model from the RePaViT state dict alone; drop MODEL/--pretrained/--model-kwargs")
+        if args.norm != "batch" or args.heuristic != "static":
+            raise CLIError("--repavit: official RePaViT models use norm=batch and one θ (heuristic=static)")
+        state = _read_state_dict(args.repavit, "--repavit")
+        theta = 0.75 if args.channel_idle is None else args.channel_idle
+        model = vitfast.convert.from_repavit(
+            state, num_heads=args.num_heads, num_classes=args.num_classes, img_size=args.img_size, idle_ratio=theta
+        )
+        recipe = {"source": "repavit", "file": os.path.basename(args.repavit), "channel_idle": theta}
+    else:
+        if args.model is None:
+            raise CLIError("MODEL: expected a timm model name (e.g. deit_tiny_patch16_224) or --repavit PATH, got neither")
+        if args.num_heads is not None:
+            raise CLIError("--num-heads: only used with --repavit (timm names fix their head count)")
+        theta = 0.75 if args.channel_idle is None else args.channel_idle
+        timm_model = _timm_model(
+            args.model, pretrained=args.pretrained, img_size=args.img_size, num_classes=args.num_classes,
+            model_kwargs=args.model_kwargs,
+        )
+        model = vitfast.convert.from_timm(timm_model, channel_idle=theta, norm=args.norm, heuristic=args.heuristic)
+        recipe = {
+            "source": "timm", "model": args.model, "pretrained": os.path.basename(args.pretrained) if args.pretrained else None,
+            "img_size": args.img_size, "num_classes": args.num_classes, "model_kwargs": args.model_kwargs or {},
+            "channel_idle": theta, "norm": args.norm, "heuristic": args.heuristic,
+        }
+    save_trainable(model, out, recipe=recipe)
+    print(f"converted: {_describe(model)}")
+    print(f"wrote {out} (train-time; next: `vitfast train {out} ...` or `vitfast fuse {out} -o fused.safetensors`)")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------- train
+_TRAIN_SETTINGS = ("data", "val_data", "steps", "epochs", "lr", "weight_decay", "batch_size", "warmup", "label_smoothing",
+                   "grad_clip", "seed", "img_size", "num_classes", "channel_idle", "norm", "heuristic", "model_kwargs",
+                   "eval_every", "checkpoint_every")
+
+
+def _model_input(model):
+    """(img_size, num_classes) a timm model expects."""
+    size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    size = size[0] if isinstance(size, (tuple, list)) else size
+    return size, getattr(model, "num_classes", None)
+
+
+def cmd_train(args) -> int:
+    import torch
+
+    import vitfast
+    from vitfast.data import digits_loaders, image_folder_loaders
+    from vitfast.train import Trainer, build_trainable, describe_trainable, load_trainer_checkpoint, save_trainable
+
+    _set_threads(args.threads)
+    given = {k: getattr(args, k) for k in _TRAIN_SETTINGS if getattr(args, k) is not None}
+    resume_state = None
+    if args.resume is not None:
+        resume_state = load_trainer_checkpoint(args.resume)
+        extra = resume_state.get("extra") or {}
+        if "train_settings" not in extra:
+            raise CLIError(f"--resume: {args.resume!r} was not written by `vitfast train` (no settings stored)")
+        stored = json.loads(extra["train_settings"])
+        clash = {k: (stored.get(k), v) for k, v in given.items() if stored.get(k) != v}
+        if clash:
+            raise CLIError(
+                "--resume: continues the same run, so its settings cannot change; "
+                + ", ".join(f"--{k.replace('_', '-')} was {a!r}, got {b!r}" for k, (a, b) in clash.items())
+            )
+        if args.source is not None:
+            raise CLIError("SOURCE: not used with --resume (the checkpoint holds the model); drop it")
+        settings = stored
+        model = build_trainable(json.loads(extra["model_description"]))
+        recipe = json.loads(extra.get("recipe", "{}"))
+        out_dir = args.out or os.path.dirname(os.path.abspath(args.resume))
+    else:
+        if args.source is None:
+            raise CLIError("SOURCE: expected a train-time .safetensors (from `vitfast convert`) or a timm model name, got none")
+        if args.out is None:
+            raise CLIError("--out: expected a directory for the checkpoint and the trained model, got none")
+        settings = {"data": "digits", "steps": None, "epochs": None, "lr": 1e-3, "weight_decay": 0.05, "batch_size": 64,
+                    "warmup": 0.05, "label_smoothing": 0.0, "grad_clip": 1.0, "seed": 0, "eval_every": None,
+                    "checkpoint_every": None, "val_data": None}
+        settings.update(given)
+        if settings["steps"] is None and settings["epochs"] is None:
+            settings["epochs"] = 10
+        if settings["steps"] is not None and settings["epochs"] is not None:
+            raise CLIError(f"--steps/--epochs: expected one of them, got --steps {settings['steps']} and --epochs {settings['epochs']}")
+        model, recipe = _train_source(args, settings)
+        out_dir = args.out
+    os.makedirs(out_dir, exist_ok=True)
+
+    img_size, num_classes = _model_input(model)
+    data = settings["data"]
+    if data == "digits":
+        if img_size is None:
+            raise CLIError("SOURCE: cannot tell the model's input size (no patch_embed.img_size)")
+        train_loader, val_loader = digits_loaders(img_size=img_size, batch_size=settings["batch_size"], seed=settings["seed"])
+        data_classes = 10
+    else:
+        if not os.path.isdir(data):
+            raise CLIError(f"--data: expected 'digits' or a directory of class sub-folders, got {data!r}")
+        train_loader, val_loader = image_folder_loaders(
+            data, img_size=img_size, batch_size=settings["batch_size"], val_root=settings.get("val_data"), seed=settings["seed"]
+        )
+        data_classes = len(train_loader.dataset.classes)
+    if num_classes != data_classes:
+        raise CLIError(
+            f"SOURCE: the model has {num_classes} classes, the data has {data_classes}; "
+            f"convert with --num-classes {data_classes}"
+        )
+    description = json.dumps(describe_trainable(model))
+    warmup = settings["warmup"]
+    trainer = Trainer(
+        model, train_loader, val_loader,
+        total_steps=settings["steps"], epochs=settings["epochs"], lr=settings["lr"], weight_decay=settings["weight_decay"],
+        warmup_fraction=warmup if warmup < 1 else 0.0, warmup_steps=int(warmup) if warmup >= 1 else None,
+        label_smoothing=settings["label_smoothing"], grad_clip=settings["grad_clip"] or None, seed=settings["seed"],
+        eval_every=settings["eval_every"] or max(1, len(train_loader)),
+        checkpoint_path=os.path.join(out_dir, "trainer.pt"), checkpoint_every=settings["checkpoint_every"],
+        checkpoint_extra={"model_description": description, "recipe": json.dumps(recipe),
+                          "train_settings": json.dumps(settings)},
+        progress=not args.no_progress,
+    )
+    if resume_state is not None:
+        trainer.load_state_dict(resume_state)
+        print(f"resuming at step {trainer.step}/{trainer.total_steps} from {args.resume}")
+    print(f"training {_describe(model)} on {data} for {trainer.total_steps} steps ({torch.get_num_threads()} threads)")
+    summary = trainer.fit()
+    model.eval()
+    model_path = os.path.join(out_dir, "model.safetensors")
+    save_trainable(model, model_path, recipe={**recipe, "trained": {k: settings[k] for k in ("data", "steps", "epochs", "lr", "seed")}})
+    last = summary["last_eval"]
+    if last:
+        print(f"step {summary['step']}: val acc {last['acc']:.4f}, val loss {last['loss']:.4f} ({summary['seconds']:.1f} s)")
+    print(f"wrote {model_path} (train-time) and {trainer.checkpoint_path} (resumable); "
+          f"next: `vitfast fuse {model_path} -o fused.safetensors`")
+    return EXIT_OK
+
+
+def _train_source(args, settings):
+    import vitfast
+    from vitfast.train import load_trainable
+
+    source = args.source
+    if os.path.exists(source):
+        if not os.path.isfile(source):
+            raise CLIError(f"SOURCE: expected a file or a timm model name, got the directory {source!r}")
+        for k in ("channel_idle", "norm", "heuristic", "img_size", "num_classes", "model_kwargs"):
+            if settings.get(k) is not None:
+                raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; "
+                               f"{source!r} is a file (set it when converting)")
+        kind = _file_kind(source)
+        if kind != "trainable":
+            raise CLIError(f"SOURCE: expected a train-time .safetensors (from `vitfast convert`), got a {kind} file {source!r}"
+                           + (" (continue a run with --resume)" if kind == "trainer" else ""))
+        model, recipe = load_trainable(source)
+        return model, recipe
+    num_classes = settings.get("num_classes") or (10 if settings["data"] == "digits" else None)
+    if num_classes is None and os.path.isdir(settings["data"]):
+        num_classes = sum(1 for e in os.scandir(settings["data"]) if e.is_dir())
+    timm_model = _timm_model(source, pretrained=None, img_size=settings.get("img_size"), num_classes=num_classes,
+                             model_kwargs=settings.get("model_kwargs"))
+    recipe = {"source": "timm", "model": source, "img_size": settings.get("img_size"), "num_classes": num_classes,
+              "model_kwargs": settings.get("model_kwargs") or {}}
+    if settings.get("channel_idle") is None:
+        return timm_model, recipe
+    norm, heuristic = settings.get("norm") or "batch", settings.get("heuristic") or "static"
+    model = vitfast.convert.from_timm(timm_model, channel_idle=settings["channel_idle"], norm=norm, heuristic=heuristic)
+    recipe.update(channel_idle=settings["channel_idle"], norm=norm, heuristic=heuristic)
+    return model, recipe
+
+
+# ---------------------------------------------------------------------------------------------- fuse
+def cmd_fuse(args) -> int:
+    import torch
+
+    import vitfast
+    from vitfast.demo import count_parameters
+
+    out = _output_path(args.output)
+    model, _ = _load_source(args.source, "SOURCE")
+    fused = vitfast.fuse(model)
+    vitfast.save(fused, out)
+    print(f"fused {count_parameters(model):,} -> {count_parameters(fused):,} parameters; wrote {out} "
+          f"({os.path.getsize(out) / 1e6:.2f} MB)")
+    if not args.no_check:
+        img_size, _ = _model_input(model)
+        in_chans = getattr(getattr(model, "patch_embed", None), "proj", None)
+        in_chans = in_chans.in_channels if in_chans is not None else 3
+        x = torch.randn(2, in_chans, img_size, img_size, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            diff = float((model.eval()(x) - vitfast.load(out)(x)).abs().max())
+        print(f"quick check (2 random images, the file reloaded): max |Δlogits| = {diff:.2e}; "
+              f"full check: `vitfast verify {out} --source {args.source}`")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------- verify
+def cmd_verify(args) -> int:
+    import torch
+
+    import vitfast
+    from vitfast.data import digits_loaders
+
+    _set_threads(args.threads)
+    if _file_kind(args.fused) != "fused":
+        raise CLIError(f"FUSED: expected a fused .safetensors (from `vitfast fuse`), got {args.fused!r}")
+    fused = vitfast.load(args.fused)
+    source, _ = _load_source(args.source, "--source")
+    img_size, _ = _model_input(source)
+    proj = getattr(getattr(source, "patch_embed", None), "proj", None)
+    in_chans = proj.in_channels if proj is not None else 3
+    if args.inputs == "digits":
+        if in_chans != 3:
+            raise CLIError(f"--inputs digits: expected a 3-channel model, got {in_chans} input channels")
+        _, loader = digits_loaders(img_size=img_size, batch_size=args.batch_size, eval_batch_size=args.batch_size)
+        batches = [x for x, _ in loader]
+    else:
+        g = torch.Generator().manual_seed(args.seed)
+        batches = [torch.randn(args.batch_size, in_chans, img_size, img_size, generator=g) for _ in range(args.batches)]
+    max_abs, max_ref, agree, n, err2, ref2 = 0.0, 0.0, 0, 0, 0.0, 0.0
+    with torch.no_grad():
+        for x in batches:
+            ref, out = source(x), fused(x)
+            if ref.shape != out.shape:
+                print(f"MISMATCH: output shapes differ: source {tuple(ref.shape)}, fused {tuple(out.shape)}")
+                return EXIT_CHECK_FAILED
+            max_abs = max(max_abs, float((ref - out).abs().max()))
+            max_ref = max(max_ref, float(ref.abs().max()))
+            err2 += float(((ref - out) ** 2).sum())
+            ref2 += float((ref ** 2).sum())
+            agree += int((ref.argmax(-1) == out.argmax(-1)).sum())
+            n += int(ref.shape[0])
+    bound = args.atol + args.rtol * max_ref
+    nmse = err2 / ref2 if ref2 > 0 else err2
+    finite = all(map(lambda v: v == v and abs(v) != float("inf"), (max_abs, max_ref)))
+    ok = finite and max_abs <= bound
+    print(f"inputs: {n} {args.inputs} images of {in_chans}x{img_size}x{img_size}")
+    print(f"max |Δlogits| = {max_abs:.3e} (tolerance {bound:.3e} = atol {args.atol:g} + rtol {args.rtol:g} x max|logit| {max_ref:.3g})")
+    print(f"normalised MSE = {nmse:.3e}; argmax agreement = {agree}/{n} ({agree / n:.2%})")
+    print("OK: the fused model matches its source" if ok else "MISMATCH: the fused model does not match its source")
+    return EXIT_OK if ok else EXIT_CHECK_FAILED
+
+
+# ---------------------------------------------------------------------------------------------- bench
+def _si(value: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.3g}"
+
+
+def cmd_bench(args) -> int:
+    import torch
+
+    import vitfast
+    from vitfast.arch import build_timm
+    from vitfast.checkpoint import read_config
+    from vitfast.demo import count_parameters, flops_per_image, format_table, measure_latency
+
+    _set_threads(args.threads)
+    torch.manual_seed(0)
+    if os.path.exists(args.target):
+        if not os.path.isfile(args.target):
+            raise CLIError(f"TARGET: expected a fused .safetensors file or a timm model name, got the directory {args.target!r}")
+        if _file_kind(args.target) != "fused":
+            raise CLIError(f"TARGET: expected a fused .safetensors (from `vitfast fuse`), got {args.target!r}")
+        for flag in ("channel_idle", "img_size", "num_classes", "model_kwargs"):
+            if getattr(args, flag) is not None:
+                raise CLIError(f"--{flag.replace('_', '-')}: only applies when TARGET is a timm model name")
+        fused = vitfast.load(args.target)
+        baseline = build_timm(read_config(args.target)["architecture"]).eval()
+        baseline_note = "baseline = timm eager on the file's timm skeleton (vanilla blocks, random weights)"
+    else:
+        theta = 0.75 if args.channel_idle is None else args.channel_idle
+        baseline = _timm_model(args.target, pretrained=None, img_size=args.img_size, num_classes=args.num_classes,
+                               model_kwargs=args.model_kwargs).eval()
+        trainable = vitfast.convert.from_timm(baseline, channel_idle=theta, norm=args.norm, heuristic=args.heuristic).eval()
+        fused = vitfast.fuse(trainable)
+        baseline_note = f"baseline = timm eager {args.target} (random weights); vitfast: θ={theta}, norm={args.norm}, heuristic={args.heuristic}"
+    img_size, _ = _model_input(baseline)
+    proj = getattr(getattr(baseline, "patch_embed", None), "proj", None)
+    shape = (proj.in_channels if proj is not None else 3, img_size, img_size)
+
+    class _Reference(torch.nn.Module):
+        """The fused model forced onto vitfast.reference (eager PyTorch): isolates what the kernels add."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            previous = vitfast.get_backend()
+            vitfast.set_backend("reference")
+            try:
+                return self.inner(x)
+            finally:
+                vitfast.set_backend(previous)
+
+    models = {"timm eager": baseline, "vitfast fused (kernels)": fused, "vitfast fused (reference ops)": _Reference(fused)}
+    flops = {k: flops_per_image(m, shape) for k, m in models.items()}
+    rows = []
+    for batch in args.batch_sizes:
+        x = torch.randn(batch, *shape)
+        lat = measure_latency(models, x, repeats=args.repeats, warmup=args.warmup)
+        base = lat["timm eager"]["median_ms"]
+        for name, r in lat.items():
+            rows.append([name, str(batch), f"{r['median_ms']:.3f}", f"{r['p10_ms']:.3f}-{r['p90_ms']:.3f}",
+                         f"{r['images_per_s']:.1f}", f"{base / r['median_ms']:.2f}x",
+                         f"{count_parameters(models[name]):,}", _si(flops[name])])
+    print(f"{baseline_note}; input {shape}; {torch.get_num_threads()} thread(s); CPU path {vitfast.ops.cpu_isa()}; "
+          f"{args.repeats} interleaved repeats after {args.warmup} warm-up calls")
+    print(format_table(["model", "batch", "median ms", "p10-p90 ms", "img/s", "speed-up", "params", "FLOPs/img"], rows))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------- demo
+def cmd_demo(args) -> int:
+    from vitfast.demo import run_demo
+
+    report = run_demo(steps=args.steps, threads=args.threads, out_dir=args.out, quick=args.quick, seed=args.seed,
+                      progress=not args.no_progress, repeats=args.repeats)
+    if not report["accuracy_equal"]:
+        print(f"FAILED: fused accuracy {report['accuracy_fused']:.4f} differs from train-time {report['accuracy_train']:.4f}")
+        return EXIT_CHECK_FAILED
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------- parser
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action):
+        # "(default: None)" says nothing: those options state their real default in their help text
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, the command named, exit 2 (argparse's default minus the usage dump)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
+
+
+def _add_recipe_args(p, *, convert: bool) -> None:
+    g = p.add_argument_group("model recipe (timm model names)")
+    g.add_argument("--img-size", type=_positive_int, default=None, help="input resolution (default: the timm model's)")
+    g.add_argument("--num-classes", type=_positive_int, default=None, help="classifier outputs (default: the timm model's; `train` uses the data's)")
+    g.add_argument("--model-kwargs", type=_json_object, default=None, metavar="JSON",
+                   help="more timm constructor arguments, e.g. '{\"depth\": 4, \"embed_dim\": 96}'")
+    g.add_argument("--channel-idle", type=_theta, default=None, metavar="θ",
+                   help="channel idle ratio θ in [0, 1]: the fraction of FFN hidden channels without GELU "
+                        "(RePaViT; 0.75 when converting" + (")" if convert else "; omit to train the plain timm model)"))
+    g.add_argument("--norm", choices=("batch", "layer"), default="batch",
+                   help="FFN normalisation: batch (foldable, the paper's) or layer (keeps an explicit shortcut)")
+    g.add_argument("--heuristic", choices=("static", "linear"), default="static",
+                   help="per-layer θ: static (same everywhere) or linear (ramps with depth around θ)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="vitfast",
+        formatter_class=_Formatter,
+        description=textwrap.dedent("""\
+            Train Vision Transformers in reparameterizable shapes, fuse them exactly, run them on fused kernels.
+
+            The path:  timm model --convert--> train-time model --train--> --fuse--> fused .safetensors
+            (each step is a subcommand; `vitfast demo` runs all of them on the scikit-learn digits)."""),
+        epilog=textwrap.dedent("""\
+            examples:
+              vitfast demo                                          # the whole path in ~2 minutes
+              vitfast convert deit_tiny_patch16_224 --img-size 32 --num-classes 10 --channel-idle 0.75 -o tiny.safetensors
+              vitfast train tiny.safetensors --steps 500 --out run/
+              vitfast fuse run/model.safetensors -o fused.safetensors
+              vitfast verify fused.safetensors --source run/model.safetensors --inputs digits
+              vitfast bench fused.safetensors --batch-sizes 1,64"""),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    # convert
+    p = sub.add_parser(
+        "convert", formatter_class=_Formatter, help="timm model or RePaViT weights -> train-time vitfast model",
+        description=textwrap.dedent("""\
+            Build a timm ViT/DeiT/Swin and turn its FFNs into RePaViT channel-idle FFNs (a train-time model that
+            `vitfast fuse` later collapses exactly), or rebuild one from an official RePaViT state dict.
+            Weights are random unless --pretrained names a local file: nothing is downloaded.
+            Writes a train-time .safetensors (JSON description inside, no pickle)."""),
+        epilog=textwrap.dedent("""\
+            examples:
+              vitfast convert vit_tiny_patch16_224 --img-size 32 --num-classes 10 -o vit.safetensors
+              vitfast convert deit_small_patch16_224 --pretrained deit_small.pth --channel-idle 0.5 --norm layer -o ds.safetensors
+              vitfast convert --repavit repavit_deit_base.pth -o repa_base.safetensors"""),
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL", help="timm model name, e.g. deit_tiny_patch16_224")
+    p.add_argument("-o", "--output", required=True, help="output .safetensors path (train-time model)")
+    p.add_argument("--pretrained", type=_existing_file, default=None, metavar="PATH",
+                   help="local weights for MODEL (.safetensors, or a torch state dict loaded with weights_only)")
+    p.add_argument("--repavit", type=_existing_file, default=None, metavar="PATH",
+                   help="official RePaViT ViT/DeiT state dict to convert instead of MODEL")
+    p.add_argument("--num-heads", type=_positive_int, default=None, help="--repavit only: heads (default: from the width)")
+    _add_recipe_args(p, convert=True)
+    p.set_defaults(func=cmd_convert)
+
+    # train
+    p = sub.add_parser(
+        "train", formatter_class=_Formatter, help="train or finetune a model on digits or an image folder",
+        description=textwrap.dedent("""\
+            Train a train-time model (from `vitfast convert`) or a timm model by name (converted on the fly with
+            --channel-idle) with AdamW, warm-up + cosine LR, gradient clipping and periodic evaluation.
+            Writes OUT/trainer.pt (resumable; every --checkpoint-every steps and at the end) and
+            OUT/model.safetensors (the trained train-time model, input for `vitfast fuse`).
+            --resume continues a run exactly where it stopped, with the settings stored in the checkpoint."""),
+        epilog=textwrap.dedent("""\
+            examples:
+              vitfast train tiny.safetensors --steps 800 --lr 3e-3 --out run/
+              vitfast train vit_tiny_patch16_224 --img-size 32 --model-kwargs '{"depth": 4}' --channel-idle 0.75 --epochs 20 --out run/
+              vitfast train --resume run/trainer.pt
+              vitfast train vit.safetensors --data /data/imagenette/train --val-data /data/imagenette/val --out run/"""),
+    )
+    p.add_argument("source", nargs="?", metavar="SOURCE", help="train-time .safetensors, or a timm model name")
+    p.add_argument("--data", default=None, help="'digits' (scikit-learn, no download) or an image-folder directory [default: digits]")
+    p.add_argument("--val-data", default=None, help="validation image folder (default: hold out 10%% of --data)")
+    p.add_argument("--steps", type=_positive_int, default=None, help="optimizer steps (or --epochs) [default: 10 epochs]")
+    p.add_argument("--epochs", type=_positive_int, default=None, help="epochs over the training split")
+    p.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate [default: 1e-3]")
+    p.add_argument("--weight-decay", type=_nonneg_float, default=None, help="AdamW weight decay (not on norms/biases/pos-embed) [default: 0.05]")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="training batch size [default: 64]")
+    p.add_argument("--warmup", type=_nonneg_float, default=None, help="warm-up: a fraction of the steps (< 1) or a step count [default: 0.05]")
+    p.add_argument("--label-smoothing", type=_nonneg_float, default=None, help="cross-entropy label smoothing [default: 0]")
+    p.add_argument("--grad-clip", type=_nonneg_float, default=None, help="max gradient norm, 0 = off [default: 1.0]")
+    p.add_argument("--seed", type=int, default=None, help="seed for init order, data order and augmentation [default: 0]")
+    p.add_argument("--eval-every", type=_positive_int, default=None, help="evaluate every N steps [default: once per epoch]")
+    p.add_argument("--checkpoint-every", type=_positive_int, default=None, help="save OUT/trainer.pt every N steps [default: at the end]")
+    p.add_argument("--resume", type=_existing_file, default=None, metavar="CHECKPOINT", help="continue from OUT/trainer.pt")
+    p.add_argument("--out", default=None, metavar="DIR", help="output directory [default with --resume: the checkpoint's]")
+    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_recipe_args(p, convert=False)
+    for action in p._actions:  # recipe defaults must be None here: --resume compares what was given
+        if action.dest in ("norm", "heuristic"):
+            action.default = None
+    p.set_defaults(func=cmd_train)
+
+    # fuse
+    p = sub.add_parser(
+        "fuse", formatter_class=_Formatter, help="train-time model -> exact fused .safetensors",
+        description=textwrap.dedent("""\
+            Collapse a train-time model exactly (RePaViT eq. 3-6: BatchNorms and the idle channels' linear path
+            folded into the weights, the shortcut folded too) and write it with vitfast.save; load it anywhere
+            with vitfast.load(path).  Prints a quick 2-image check; `vitfast verify` is the thorough one."""),
+        epilog="examples:\n  vitfast fuse run/model.safetensors -o fused.safetensors\n  vitfast fuse run/trainer.pt -o fused.safetensors",
+    )
+    p.add_argument("source", type=_existing_file, metavar="SOURCE",
+                   help="train-time .safetensors (convert/train output) or a trainer checkpoint (OUT/trainer.pt)")
+    p.add_argument("-o", "--output", required=True, help="output fused .safetensors path")
+    p.add_argument("--no-check", action="store_true", help="skip the quick 2-image comparison")
+    p.set_defaults(func=cmd_fuse)
+
+    # verify
+    p = sub.add_parser(
+        "verify", formatter_class=_Formatter, help="check a fused file against its train-time source",
+        description=textwrap.dedent("""\
+            Run the fused model (vitfast.load) and its train-time source (eval mode) on the same inputs and
+            compare logits: max |Δ|, normalised MSE, argmax agreement.  Passes when
+            max |Δ| <= atol + rtol * max |logit|; exit status 1 otherwise."""),
+        epilog="examples:\n  vitfast verify fused.safetensors --source run/model.safetensors\n"
+               "  vitfast verify fused.safetensors --source run/trainer.pt --inputs digits --atol 1e-5",
+    )
+    p.add_argument("fused", type=_existing_file, metavar="FUSED", help="fused .safetensors (from `vitfast fuse`)")
+    p.add_argument("--source", type=_existing_file, required=True, help="train-time .safetensors or trainer checkpoint it came from")
+    p.add_argument("--inputs", choices=("random", "digits"), default="random", help="random normal images, or the digits validation split")
+    p.add_argument("--batch-size", type=_positive_int, default=16, help="images per batch")
+    p.add_argument("--batches", type=_positive_int, default=2, help="number of random batches (--inputs random)")
+    p.add_argument("--atol", type=_nonneg_float, default=1e-4, help="absolute tolerance on logits")
+    p.add_argument("--rtol", type=_nonneg_float, default=1e-4, help="tolerance relative to the largest |logit|")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
+    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads")
+    p.set_defaults(func=cmd_verify)
+
+    # bench
+    p = sub.add_parser(
+        "bench", formatter_class=_Formatter, help="latency: fused vitfast vs timm eager",
+        description=textwrap.dedent("""\
+            Time a fused model (a .safetensors from `vitfast fuse`, or a timm name converted with the recipe
+            options and fused, random weights) against timm eager PyTorch, and against the same fused model on
+            vitfast.reference ops (shows what the kernels add).  Calls are interleaved; reports the median,
+            the p10-p90 spread, images/s and the speed-up over timm.  For a file, the timm baseline is the
+            file's skeleton with vanilla blocks (the architecture before conversion, random weights)."""),
+        epilog="examples:\n  vitfast bench fused.safetensors --threads 1 --batch-sizes 1,64\n"
+               "  vitfast bench deit_small_patch16_224 --channel-idle 0.75 --batch-sizes 1 --repeats 10",
+    )
+    p.add_argument("target", metavar="TARGET", help="fused .safetensors, or a timm model name")
+    p.add_argument("--batch-sizes", type=_batch_list, default="1,64", metavar="B1,B2", help="batch sizes")
+    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--repeats", type=_positive_int, default=20, help="timed calls per model and batch size")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls first")
+    _add_recipe_args(p, convert=True)
+    p.set_defaults(func=cmd_bench)
+
+    # demo
+    p = sub.add_parser(
+        "demo", formatter_class=_Formatter, help="the whole path on the digits, with a comparison table",
+        description=textwrap.dedent("""\
+            Train a small timm ViT with channel-idle FFNs (θ=0.75, BatchNorm) on scikit-learn's digits,
+            fuse it, save it, load it back with vitfast.load, and print train-time vs fused: validation
+            accuracy (must be equal, else exit status 1), max |Δlogits|, parameters, FLOPs per image,
+            latency at batch 1 and 64 and throughput.  About 2 minutes on 2 CPU cores; --quick takes seconds."""),
+        epilog="examples:\n  vitfast demo\n  vitfast demo --threads 1 --steps 400 --out /tmp/demo\n  vitfast demo --quick",
+    )
+    p.add_argument("--steps", type=_positive_int, default=None, help="training steps [default: 800, --quick: 300]")
+    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--out", default="vitfast-demo", metavar="DIR", help="where the .safetensors files go")
+    p.add_argument("--quick", action="store_true", help="tiny model and few steps (an end-to-end smoke test)")
+    p.add_argument("--repeats", type=_positive_int, default=None, help="latency repeats [default: 30, --quick: 5]")
+    p.add_argument("--seed", type=int, default=0, help="seed for data split, init and training")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point (`vitfast`, `python -m vitfast`); returns the exit status (0 ok, 1 check failed, 2 bad request)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad argument (already reported): a status, not an exception
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    debug = os.environ.get("VITFAST_DEBUG", "") not in ("", "0")
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"vitfast {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (CLIError, ValueError, TypeError, FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        # Errors in what was asked for (vitfast's own checks raise these with the argument named).
+        if debug:
+            raise
+        print(f"vitfast {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
