@@ -129,6 +129,7 @@ def test_entry_point_subprocess(tmp_path):
     (["bench", "{tmp}/not_a_model.txt"], "expected a vitfast file"),
     (["demo", "--threads", "0"], "expected a positive integer, got 0"),
     (["nonsense"], "invalid choice"),
+    (["bench", "{tmp}/not_a_model.txt", "--device", "gpu0"], "--device: expected a torch device such as cpu or cuda, got 'gpu0'"),
 ])
 def test_bad_arguments_give_a_clean_error(tmp_path, capsys, argv, message):
     (tmp_path / "not_a_model.txt").write_text("hello")
@@ -237,3 +238,10 @@ def test_train_a_timm_name_on_an_image_folder(tmp_path, capsys):
                  "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     model, recipe = load_trainable(tmp_path / "run" / "model.safetensors")
     assert model.num_classes == 3 and recipe["channel_idle"] == 0.5
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without CUDA")
+def test_cuda_device_without_cuda_is_a_clean_error(tmp_path, capsys):
+    (tmp_path / "f.txt").write_text("x")
+    assert main(["bench", str(tmp_path / "f.txt"), "--device", "cuda"]) == 2
+    assert "torch sees no CUDA device" in capsys.readouterr().err

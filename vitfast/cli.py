@@ -220,6 +220,18 @@ def _describe(model) -> str:
     return f"{type(model).__name__}, {count_parameters(model):,} parameters{ffn}"
 
 
+def _device(name: str) -> "torch.device":
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise CLIError(f"--device: expected a torch device such as cpu or cuda, got {name!r}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CLIError(f"--device: {name!r} asked for, but torch sees no CUDA device here")
+    return device
+
+
 def _set_threads(threads: Optional[int]) -> None:
     if threads is not None:
         import torch
@@ -438,10 +450,12 @@ def cmd_verify(args) -> int:
     from vitfast.data import digits_loaders
 
     _set_threads(args.threads)
+    device = _device(args.device)
     if _file_kind(args.fused) != "fused":
         raise CLIError(f"FUSED: expected a fused .safetensors (from `vitfast fuse`), got {args.fused!r}")
-    fused = vitfast.load(args.fused)
+    fused = vitfast.load(args.fused).to(device)
     source, _ = _load_source(args.source, "--source")
+    source = source.to(device)
     img_size, _ = _model_input(source)
     proj = getattr(getattr(source, "patch_embed", None), "proj", None)
     in_chans = proj.in_channels if proj is not None else 3
@@ -456,6 +470,7 @@ def cmd_verify(args) -> int:
     max_abs, max_ref, agree, n, err2, ref2 = 0.0, 0.0, 0, 0, 0.0, 0.0
     with torch.no_grad():
         for x in batches:
+            x = x.to(device)
             ref, out = source(x), fused(x)
             if ref.shape != out.shape:
                 print(f"MISMATCH: output shapes differ: source {tuple(ref.shape)}, fused {tuple(out.shape)}")
@@ -470,7 +485,7 @@ def cmd_verify(args) -> int:
     nmse = err2 / ref2 if ref2 > 0 else err2
     finite = all(map(lambda v: v == v and abs(v) != float("inf"), (max_abs, max_ref)))
     ok = finite and max_abs <= bound
-    print(f"inputs: {n} {args.inputs} images of {in_chans}x{img_size}x{img_size}")
+    print(f"inputs: {n} {args.inputs} images of {in_chans}x{img_size}x{img_size} on {device}")
     print(f"max |Δlogits| = {max_abs:.3e} (tolerance {bound:.3e} = atol {args.atol:g} + rtol {args.rtol:g} x max|logit| {max_ref:.3g})")
     print(f"normalised MSE = {nmse:.3e}; argmax agreement = {agree}/{n} ({agree / n:.2%})")
     print("OK: the fused model matches its source" if ok else "MISMATCH: the fused model does not match its source")
@@ -494,6 +509,7 @@ def cmd_bench(args) -> int:
     from vitfast.demo import count_parameters, flops_per_image, format_table, measure_latency
 
     _set_threads(args.threads)
+    device = _device(args.device)
     torch.manual_seed(0)
     if os.path.exists(args.target):
         if not os.path.isfile(args.target):
@@ -532,18 +548,21 @@ def cmd_bench(args) -> int:
             finally:
                 vitfast.set_backend(previous)
 
-    models = {"timm eager": baseline, "vitfast fused (kernels)": fused, "vitfast fused (reference ops)": _Reference(fused)}
+    models = {"timm eager": baseline.to(device), "vitfast fused (kernels)": fused.to(device),
+              "vitfast fused (reference ops)": _Reference(fused)}
     flops = {k: flops_per_image(m, shape) for k, m in models.items()}
     rows = []
     for batch in args.batch_sizes:
-        x = torch.randn(batch, *shape)
+        x = torch.randn(batch, *shape, device=device)
         lat = measure_latency(models, x, repeats=args.repeats, warmup=args.warmup)
         base = lat["timm eager"]["median_ms"]
         for name, r in lat.items():
             rows.append([name, str(batch), f"{r['median_ms']:.3f}", f"{r['p10_ms']:.3f}-{r['p90_ms']:.3f}",
                          f"{r['images_per_s']:.1f}", f"{base / r['median_ms']:.2f}x",
                          f"{count_parameters(models[name]):,}", _si(flops[name])])
-    print(f"{baseline_note}; input {shape}; {torch.get_num_threads()} thread(s); CPU path {vitfast.ops.cpu_isa()}; "
+    where = (f"{torch.get_num_threads()} thread(s); CPU path {vitfast.ops.cpu_isa()}" if device.type == "cpu"
+             else f"device {torch.cuda.get_device_name(device)}")
+    print(f"{baseline_note}; input {shape}; {where}; "
           f"{args.repeats} interleaved repeats after {args.warmup} warm-up calls")
     print(format_table(["model", "batch", "median ms", "p10-p90 ms", "img/s", "speed-up", "params", "FLOPs/img"], rows))
     return EXIT_OK
@@ -709,6 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=_nonneg_float, default=1e-4, help="tolerance relative to the largest |logit|")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
     p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads")
+    p.add_argument("--device", default="cpu", help="run both models on this device (cpu, cuda, cuda:1, ...)")
     p.set_defaults(func=cmd_verify)
 
     # bench
@@ -728,6 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: torch's)")
     p.add_argument("--repeats", type=_positive_int, default=20, help="timed calls per model and batch size")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls first")
+    p.add_argument("--device", default="cpu", help="device to time on (cpu, cuda, ...); CUDA calls are synchronised")
     _add_recipe_args(p, convert=True)
     p.set_defaults(func=cmd_bench)
 
