@@ -128,6 +128,8 @@ def test_entry_point_subprocess(tmp_path):
     (["verify", "{tmp}/not_a_model.txt", "--source", "{tmp}/not_a_model.txt"], "expected a vitfast file"),
     (["bench", "{tmp}/not_a_model.txt"], "expected a vitfast file"),
     (["demo", "--threads", "0"], "expected a positive integer, got 0"),
+    (["train", "run/modle.safetensors", "--out", "{tmp}/run"], "SOURCE: expected an existing file or a timm model name"),
+    (["bench", "deit_tiny_patch16"], "TARGET: expected a timm model name, got 'deit_tiny_patch16'; did you mean"),
     (["nonsense"], "invalid choice"),
     (["bench", "{tmp}/not_a_model.txt", "--device", "gpu0"], "--device: expected a torch device such as cpu or cuda, got 'gpu0'"),
 ])

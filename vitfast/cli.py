@@ -98,14 +98,17 @@ def _output_path(path: str, flag: str = "-o/--output") -> str:
 
 
 # ---------------------------------------------------------------------------------------------- model helpers
-def _timm_model(name: str, *, pretrained: Optional[str], img_size, num_classes, model_kwargs) -> "torch.nn.Module":
+def _timm_model(name: str, *, pretrained: Optional[str], img_size, num_classes, model_kwargs,
+                flag: str = "MODEL") -> "torch.nn.Module":
     """A timm model by name, random init unless `pretrained` names a local weights file (never downloads)."""
     import timm
 
+    if flag != "MODEL" and (os.sep in name or name.endswith((".safetensors", ".pt", ".pth"))):
+        raise CLIError(f"{flag}: expected an existing file or a timm model name, got {name!r} (no such file)")
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; list them with `python -c 'import timm; print(timm.list_models())'`"
-        raise CLIError(f"MODEL: expected a timm model name, got {name!r}{hint}")
+        raise CLIError(f"{flag}: expected a timm model name, got {name!r}{hint}")
     kwargs = dict(model_kwargs or {})
     if img_size is not None:
         kwargs["img_size"] = img_size
@@ -406,7 +409,7 @@ def _train_source(args, settings):
     if num_classes is None and os.path.isdir(settings["data"]):
         num_classes = sum(1 for e in os.scandir(settings["data"]) if e.is_dir())
     timm_model = _timm_model(source, pretrained=None, img_size=settings.get("img_size"), num_classes=num_classes,
-                             model_kwargs=settings.get("model_kwargs"))
+                             model_kwargs=settings.get("model_kwargs"), flag="SOURCE")
     recipe = {"source": "timm", "model": source, "img_size": settings.get("img_size"), "num_classes": num_classes,
               "model_kwargs": settings.get("model_kwargs") or {}}
     if settings.get("channel_idle") is None:
@@ -525,7 +528,7 @@ def cmd_bench(args) -> int:
     else:
         theta = 0.75 if args.channel_idle is None else args.channel_idle
         baseline = _timm_model(args.target, pretrained=None, img_size=args.img_size, num_classes=args.num_classes,
-                               model_kwargs=args.model_kwargs).eval()
+                               model_kwargs=args.model_kwargs, flag="TARGET").eval()
         trainable = vitfast.convert.from_timm(baseline, channel_idle=theta, norm=args.norm, heuristic=args.heuristic).eval()
         fused = vitfast.fuse(trainable)
         baseline_note = f"baseline = timm eager {args.target} (random weights); vitfast: θ={theta}, norm={args.norm}, heuristic={args.heuristic}"
@@ -786,6 +789,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"vitfast {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `vitfast ... | head`: the reader left; not an error worth a traceback
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_OK
     except (CLIError, ValueError, TypeError, FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         # Errors in what was asked for (vitfast's own checks raise these with the argument named).
         if debug:
