@@ -1,0 +1,50 @@
+"""Measurement helpers shared by the benchmark suites (imported by benchmarks/conftest.py and bench_*.py).
+
+- `sgemm_gflops(threads)`: the machine's measured fp32 GEMM rate (torch.mm 2048³ at that thread count), the
+  denominator of "% of sgemm" (DESIGN.md §5: the floor is FLOPs / measured sgemm rate).
+- `record(...)`: every benchmark stores (case, provider) → median seconds and FLOPs in `RESULTS`; the
+  terminal summary (conftest.py) prints GFLOP/s, % of sgemm and the ratios against the eager reference and
+  torch.compile of the reference, from medians measured in the same run.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import OrderedDict
+
+import torch
+
+RESULTS: "OrderedDict[tuple, dict]" = OrderedDict()
+_SGEMM: dict[int, float] = {}
+
+
+def sgemm_gflops(threads: int, n: int = 2048, repeats: int = 9) -> float:
+    """Median GFLOP/s of torch.mm on fp32 n×n at `threads` threads (cached per thread count)."""
+    if threads not in _SGEMM:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            a, b = torch.randn(n, n), torch.randn(n, n)
+            for _ in range(2):
+                torch.mm(a, b)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                torch.mm(a, b)
+                times.append(time.perf_counter() - t0)
+            _SGEMM[threads] = 2 * n**3 / statistics.median(times) / 1e9
+        finally:
+            torch.set_num_threads(previous)
+    return _SGEMM[threads]
+
+
+def record(case: tuple, provider: str, median: float, flops: int, threads: int) -> dict:
+    """Store one benchmark's median (seconds); returns extra_info for pytest-benchmark's JSON."""
+    gflops = flops / median / 1e9
+    info = {
+        "gflops": round(gflops, 2),
+        "sgemm_gflops": round(sgemm_gflops(threads), 2),
+        "pct_of_sgemm": round(100 * gflops / sgemm_gflops(threads), 1),
+    }
+    RESULTS[(case, provider)] = {"median": median, "flops": flops, "threads": threads, **info}
+    return info
