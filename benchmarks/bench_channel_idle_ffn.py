@@ -48,8 +48,11 @@ def provider_fn(provider, case):
     if provider == "eager":
         return reference.channel_idle_ffn
     if provider == "compile":
-        # One compiled function per case, static shapes: what a deployed model with fixed inputs gets.
+        # One compiled function per case, static shapes: what a deployed model with fixed inputs gets.  Dynamo
+        # caches per code object (recompile limit 8 < our 16 cases), so start each case from a clean cache.
         if case not in _COMPILED:
+            torch._dynamo.reset()
+            _COMPILED.clear()
             _COMPILED[case] = torch.compile(reference.channel_idle_ffn, fullgraph=True, dynamic=False)
         return _COMPILED[case]
     if provider == "triton":

@@ -52,7 +52,9 @@ void warn_on_bad_environment() {
   if (active == env) return;
   const std::string msg = std::string("VITFAST_CPU_ISA: expected one of ") + join(supported_isas()) +
                           " (supported here), got '" + env + "'; using '" + active + "'";
-  PyErr_WarnEx(PyExc_RuntimeWarning, msg.c_str(), 1);
+  // -W error turns the warning into an exception: propagate it (the import fails) instead of returning a
+  // module with a Python error set.
+  if (PyErr_WarnEx(PyExc_RuntimeWarning, msg.c_str(), 1) != 0) throw py::error_already_set();
 }
 
 }  // namespace

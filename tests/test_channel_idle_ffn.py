@@ -131,6 +131,18 @@ def test_leading_dimensions(lead, isa, tol):
     torch.testing.assert_close(out, reference.channel_idle_ffn(*args), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("c_in,active,linear,c_out", [(0, 7, 4, 4), (3, 0, 0, 4), (3, 0, 4, 4), (5, 9, 0, 2)])
+def test_degenerate_sizes(c_in, active, linear, c_out, isa, tol):
+    """C_in = 0 (h = b_in), A = L = 0 (out = b_out + residual), A = 0 (θ = 1, one linear), C_out < C_in."""
+    x = torch.randn(2, 5, c_in)
+    a = [x, torch.randn(active + linear, c_in), torch.randn(active + linear), torch.randn(c_out, active),
+         torch.randn(c_out), torch.randn(2, 5, c_out)]
+    atol, rtol = tol[torch.float32]
+    for keep in ((True, True, True), (False, False, False)):
+        args = [a[0], a[1], a[2] if keep[0] else None, a[3], a[4] if keep[1] else None, a[5] if keep[2] else None]
+        torch.testing.assert_close(op(*args), reference.channel_idle_ffn(*args), atol=atol, rtol=rtol)
+
+
 def test_non_contiguous_inputs(isa, tol, restore_threads):
     c, lead = 48, (3, 20)
     x, w_in, b_in, w_out, b_out, residual = make_args(c, 0.75, lead)
