@@ -62,7 +62,7 @@ struct Avx2 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float* a0 = a;
-    const float* a3 = a + 3 * lda;
+    const float* a3 = MR > 3 ? a + 3 * lda : a;  // never form a pointer past a short tile's rows
     // The hot loop: per k two B loads (one 64-byte line of the packed panel), MR broadcasts, 2·MR FMAs.
 #define VITFAST_AVX2_ROW(row, ptr, off)                    \
   if (MR > row) {                                          \
@@ -90,6 +90,7 @@ struct Avx2 {
       ++a3;
     }
 #undef VITFAST_AVX2_ROW
+    // Back to arrays for the epilogue loop (`r % MR` only keeps the dead branches' indices in range).
     __m256 acc0[MR], acc1[MR];
     acc0[0] = c00, acc1[0] = c01;
     if (MR > 1) acc0[1 % MR] = c10, acc1[1 % MR] = c11;
