@@ -67,7 +67,10 @@ setup(
         "tqdm",
         "scikit-learn",
     ],
-    extras_require={"test": ["pytest", "pytest-benchmark"]},
+    extras_require={
+        "test": ["pytest", "pytest-benchmark"],
+        "bench": ["onnx", "onnxruntime", "onnxscript", "matplotlib"],
+    },
     ext_modules=ext_modules,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     entry_points={"console_scripts": ["vitfast=vitfast.cli:main"]},
