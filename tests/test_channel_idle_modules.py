@@ -21,29 +21,10 @@ from vitfast.nn import (
     is_fused_module,
 )
 
+from helpers import assert_close_scaled, randomize_norms
+
 THETAS = [0.0, 0.25, 0.5, 0.75, 1.0]
 NORMS = ["batch", "layer"]
-
-
-def _assert_close_scaled(actual, expected, tol=2e-5):
-    """fp32 parity relative to the output's scale (tolerance fixed; never loosened to pass)."""
-    scale = float(expected.abs().max())
-    torch.testing.assert_close(actual, expected, atol=tol * max(scale, 1.0), rtol=tol)
-
-
-def _randomize_norms(module: nn.Module, seed: int = 0) -> nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, nn.BatchNorm1d):
-                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.5)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) * 1.5 + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.2)
-            elif isinstance(m, nn.LayerNorm) and m.elementwise_affine:
-                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
-                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.2)
-    return module
 
 
 # ------------------------------------------------------------------------------------------------ heuristics
@@ -84,7 +65,7 @@ def test_idle_ratios_errors(args, kwargs, message):
 
 # ------------------------------------------------------------------------------------------------ train-time
 def test_channel_idle_mlp_matches_eq2_in_train_and_eval_mode():
-    mlp = _randomize_norms(ChannelIdleMlp(16, 64, idle_ratio=0.75, norm="batch"))
+    mlp = randomize_norms(ChannelIdleMlp(16, 64, idle_ratio=0.75, norm="batch"))
     x = torch.randn(3, 5, 16)
     a = 16  # ceil(64 · 0.25)
 
@@ -113,7 +94,7 @@ def test_idle_channels_are_linear():
     # θ = 1: no activation at all → x ↦ mlp(x) is affine (eval mode); θ = 0: it is not.
     x1, x2 = torch.randn(2, 4, 16), torch.randn(2, 4, 16)
     for theta, affine in ((1.0, True), (0.0, False)):
-        mlp = _randomize_norms(ChannelIdleMlp(16, 64, idle_ratio=theta)).eval()
+        mlp = randomize_norms(ChannelIdleMlp(16, 64, idle_ratio=theta)).eval()
         with torch.no_grad():
             lhs = mlp(0.3 * x1 + 0.7 * x2)
             rhs = 0.3 * mlp(x1) + 0.7 * mlp(x2)
@@ -136,14 +117,14 @@ def test_only_active_channels_see_gelu():
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("theta", THETAS)
 def test_fused_ffn_equals_train_time(theta, norm):
-    mlp = _randomize_norms(ChannelIdleMlp(24, 96, idle_ratio=theta, norm=norm, init_values=0.5), seed=3)
+    mlp = randomize_norms(ChannelIdleMlp(24, 96, idle_ratio=theta, norm=norm, init_values=0.5), seed=3)
     with torch.no_grad():
         mlp.ls.gamma.copy_(torch.rand(24) + 0.5)
     mlp.eval()
     fused = mlp.to_fused()
     x = torch.randn(2, 7, 24) * 3
     with torch.no_grad():
-        _assert_close_scaled(fused(x), mlp(x))
+        assert_close_scaled(fused(x), mlp(x))
     active = math.ceil(96 * (1 - theta))
     assert fused.active_features == active
     idle = 96 - active
@@ -155,11 +136,11 @@ def test_fused_ffn_equals_train_time(theta, norm):
 
 
 def test_fused_ffn_without_biases_and_on_2d_input():
-    mlp = _randomize_norms(ChannelIdleMlp(12, 48, idle_ratio=0.5, bias=False)).eval()
+    mlp = randomize_norms(ChannelIdleMlp(12, 48, idle_ratio=0.5, bias=False)).eval()
     fused = mlp.to_fused()
     x = torch.randn(9, 12)
     with torch.no_grad():
-        _assert_close_scaled(fused(x), mlp(x))
+        assert_close_scaled(fused(x), mlp(x))
 
 
 def test_fused_parameter_count_matches_section_3_4():
@@ -170,7 +151,7 @@ def test_fused_parameter_count_matches_section_3_4():
 
 
 def test_fused_ffn_reference_backend_agrees():
-    mlp = _randomize_norms(ChannelIdleMlp(16, 64, idle_ratio=0.5)).eval()
+    mlp = randomize_norms(ChannelIdleMlp(16, 64, idle_ratio=0.5)).eval()
     fused = mlp.to_fused()
     x = torch.randn(2, 5, 16)
     previous = vitfast.get_backend()
@@ -181,7 +162,7 @@ def test_fused_ffn_reference_backend_agrees():
     finally:
         vitfast.set_backend(previous)
     with torch.no_grad():
-        _assert_close_scaled(fused(x), reference)
+        assert_close_scaled(fused(x), reference)
 
 
 @pytest.mark.parametrize(
@@ -240,7 +221,7 @@ def test_registered_kinds():
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("theta", [0.0, 0.5, 1.0])
 def test_ffn_config_roundtrip(theta, norm):
-    fused = _randomize_norms(ChannelIdleMlp(16, 64, idle_ratio=theta, norm=norm)).eval().to_fused()
+    fused = randomize_norms(ChannelIdleMlp(16, 64, idle_ratio=theta, norm=norm)).eval().to_fused()
     rebuilt = _roundtrip(fused)
     x = torch.randn(2, 3, 16)
     with torch.no_grad():
@@ -252,7 +233,7 @@ def test_block_and_swin_block_config_roundtrip():
     from timm.models.vision_transformer import Block as TimmBlock
 
     timm_block = TimmBlock(32, 4, qkv_bias=True, qk_norm=True, init_values=0.1).eval()
-    block = Block.from_timm(_randomize_norms(timm_block))
+    block = Block.from_timm(randomize_norms(timm_block))
     x = torch.randn(2, 6, 32)
     rebuilt = _roundtrip(block)
     with torch.no_grad():
@@ -260,7 +241,7 @@ def test_block_and_swin_block_config_roundtrip():
     assert is_fused_module(rebuilt)
 
     swin = SwinTransformerBlock(32, (6, 6), num_heads=2, window_size=4, shift_size=2).eval()
-    fused_swin = SwinBlock.from_timm(_randomize_norms(swin))
+    fused_swin = SwinBlock.from_timm(randomize_norms(swin))
     rebuilt_swin = _roundtrip(fused_swin)
     x = torch.randn(2, 6, 6, 32)
     with torch.no_grad():

@@ -25,6 +25,8 @@ from vitfast.arch import build_timm, describe_timm
 from vitfast.checkpoint import FORMAT, VERSION, load, read_config, save
 from vitfast.nn.registry import register_fused
 
+from helpers import official_repavit_state_dict
+
 # ------------------------------------------------------------------------------------------ test modules
 
 
@@ -686,35 +688,9 @@ def test_convert_fuse_save_load(tmp_path, case, norm):
         torch.testing.assert_close(loaded(x), train_model(x), atol=1e-4, rtol=1e-4)
 
 
-def _official_repavit_state_dict(dim=32, depth=2, hidden=128, patch=8, grid=4, classes=5):
-    # The official RePaViT ViT layout: no patch-embedding bias, norm_pre, BatchNorms inside the FFN.
-    g = torch.Generator().manual_seed(3)
-
-    def r(*shape):
-        return torch.randn(*shape, generator=g) * 0.1
-
-    def bn(prefix, n):
-        return {f"{prefix}.weight": 1 + r(n), f"{prefix}.bias": r(n), f"{prefix}.running_mean": r(n),
-                f"{prefix}.running_var": 1 + r(n).abs(), f"{prefix}.num_batches_tracked": torch.tensor(10)}
-
-    sd = {"cls_token": r(1, 1, dim), "pos_embed": r(1, 1 + grid * grid, dim), "patch_embed.proj.weight": r(dim, 3, patch, patch),
-          "norm_pre.weight": 1 + r(dim), "norm_pre.bias": r(dim), "norm.weight": 1 + r(dim), "norm.bias": r(dim),
-          "head.weight": r(classes, dim), "head.bias": r(classes)}
-    for i in range(depth):
-        p = f"blocks.{i}."
-        sd.update({p + "attn.norm.weight": 1 + r(dim), p + "attn.norm.bias": r(dim),
-                   p + "attn.qkv.weight": r(3 * dim, dim), p + "attn.qkv.bias": r(3 * dim),
-                   p + "attn.proj.weight": r(dim, dim), p + "attn.proj.bias": r(dim),
-                   p + "mlp.fc1.weight": r(hidden, dim), p + "mlp.fc1.bias": r(hidden),
-                   p + "mlp.fc2.weight": r(dim, hidden), p + "mlp.fc2.bias": r(dim)})
-        sd.update(bn(p + "mlp.norm1", dim))
-        sd.update(bn(p + "mlp.norm2", hidden))
-    return sd
-
-
 def test_repavit_checkpoint_roundtrip(tmp_path):
     convert, fuse = _convert_and_fuse()
-    train_model = convert.from_repavit(_official_repavit_state_dict(), num_heads=2)
+    train_model = convert.from_repavit(official_repavit_state_dict(), num_heads=2)
     fused = fuse(train_model)
     desc = describe_timm(fused)
     assert desc["patch_embed_bias"] is False and desc["kwargs"]["pre_norm"] is True

@@ -10,6 +10,8 @@ import torch
 
 from vitfast.cli import main
 
+from helpers import official_repavit_state_dict
+
 TINY = ["vit_tiny_patch16_224", "--img-size", "16", "--num-classes", "10",
         "--model-kwargs", json.dumps({"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 4})]
 
@@ -168,37 +170,11 @@ def test_convert_loads_local_pretrained_weights(tmp_path):
         torch.testing.assert_close(converted(x), reference(x), atol=1e-5, rtol=1e-5)
 
 
-def _official_repavit_state_dict(dim=32, depth=2, hidden=128, patch=4, grid=4, classes=10):
-    """Official RePaViT ViT layout (no patch-embed bias, norm_pre, BatchNorms named norm1/norm2 in the FFN)."""
-    g = torch.Generator().manual_seed(3)
-
-    def r(*shape):
-        return torch.randn(*shape, generator=g) * 0.1
-
-    def bn(prefix, n):
-        return {f"{prefix}.weight": 1 + r(n), f"{prefix}.bias": r(n), f"{prefix}.running_mean": r(n),
-                f"{prefix}.running_var": 1 + r(n).abs(), f"{prefix}.num_batches_tracked": torch.tensor(10)}
-
-    sd = {"cls_token": r(1, 1, dim), "pos_embed": r(1, 1 + grid * grid, dim), "patch_embed.proj.weight": r(dim, 3, patch, patch),
-          "norm_pre.weight": 1 + r(dim), "norm_pre.bias": r(dim), "norm.weight": 1 + r(dim), "norm.bias": r(dim),
-          "head.weight": r(classes, dim), "head.bias": r(classes)}
-    for i in range(depth):
-        p = f"blocks.{i}."
-        sd.update({p + "attn.norm.weight": 1 + r(dim), p + "attn.norm.bias": r(dim),
-                   p + "attn.qkv.weight": r(3 * dim, dim), p + "attn.qkv.bias": r(3 * dim),
-                   p + "attn.proj.weight": r(dim, dim), p + "attn.proj.bias": r(dim),
-                   p + "mlp.fc1.weight": r(hidden, dim), p + "mlp.fc1.bias": r(hidden),
-                   p + "mlp.fc2.weight": r(dim, hidden), p + "mlp.fc2.bias": r(dim)})
-        sd.update(bn(p + "mlp.norm1", dim))
-        sd.update(bn(p + "mlp.norm2", hidden))
-    return sd
-
-
 def test_convert_repavit_then_verify(tmp_path, capsys):
     import vitfast
     from vitfast.train import load_trainable
 
-    sd = _official_repavit_state_dict()
+    sd = official_repavit_state_dict(patch=4, classes=10)
     path = tmp_path / "repavit.pth"
     torch.save({"model": sd}, path)
     out, fused = tmp_path / "r.safetensors", tmp_path / "rf.safetensors"

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-from timm.layers import LayerScale
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock
 from timm.models.vision_transformer import Block as TimmBlock
@@ -23,34 +22,10 @@ from vitfast.nn import (
     idle_ratios,
 )
 
+from helpers import assert_close_scaled, randomize
+
 THETAS = [0.0, 0.25, 0.5, 0.75, 1.0]
 NORMS = ["batch", "layer"]
-
-
-def _assert_close_scaled(actual, expected, tol=2e-5):
-    """fp32 parity relative to the output's scale (tolerance fixed; never loosened to pass)."""
-    scale = float(expected.abs().max())
-    torch.testing.assert_close(actual, expected, atol=tol * max(scale, 1.0), rtol=tol)
-
-
-def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Weights and norm affines far from their init, so that a folding mistake cannot hide in small numbers."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.LayerNorm) and module.elementwise_affine:
-                module.weight.copy_(torch.rand(module.weight.shape, generator=g) + 0.5)
-                module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.2)
-            elif isinstance(module, (nn.Linear, nn.Conv2d)):
-                module.weight.copy_(torch.randn(module.weight.shape, generator=g) / math.sqrt(module.weight[0].numel()))
-                if module.bias is not None:
-                    module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.1)
-            elif isinstance(module, LayerScale):
-                module.gamma.copy_(torch.rand(module.gamma.shape, generator=g) + 0.5)
-        for name, param in model.named_parameters():
-            if name in ("cls_token", "dist_token", "pos_embed") or "relative_position_bias_table" in name:
-                param.copy_(torch.randn(param.shape, generator=g) * 0.5)
-    return model
 
 
 def _calibrate_batchnorms(model: nn.Module, seed: int = 1) -> nn.Module:
@@ -70,14 +45,14 @@ def _calibrate_batchnorms(model: nn.Module, seed: int = 1) -> nn.Module:
 def _vit(**overrides) -> VisionTransformer:
     kwargs = dict(img_size=32, patch_size=8, embed_dim=64, depth=3, num_heads=4, num_classes=10, qkv_bias=True)
     kwargs.update(overrides)
-    return _randomize(VisionTransformer(**kwargs)).eval()
+    return randomize(VisionTransformer(**kwargs))
 
 
 def _swin(**overrides) -> SwinTransformer:
     kwargs = dict(img_size=32, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4), window_size=4,
                   num_classes=10)
     kwargs.update(overrides)
-    return _randomize(SwinTransformer(**kwargs)).eval()
+    return randomize(SwinTransformer(**kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +73,8 @@ IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
 def _check_fused_equals_train_time(model: nn.Module) -> nn.Module:
     fused = vitfast.fuse(model)
     with torch.no_grad():
-        _assert_close_scaled(fused.forward_features(IMAGES), model.forward_features(IMAGES))
-        _assert_close_scaled(fused(IMAGES), model(IMAGES))
+        assert_close_scaled(fused.forward_features(IMAGES), model.forward_features(IMAGES))
+        assert_close_scaled(fused(IMAGES), model(IMAGES))
     assert not any(isinstance(m, (ChannelIdleMlp, ChannelIdleBlock, ChannelIdleSwinBlock)) for m in fused.modules())
     assert not any(isinstance(m, nn.BatchNorm1d) for m in fused.modules())  # every BN folded (eq. 3)
     return fused
@@ -127,8 +102,8 @@ def test_swin_fused_equals_train_time(swin, theta, norm):
 
 
 def test_distilled_deit():
-    model = _randomize(VisionTransformerDistilled(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
-                                                  num_classes=10)).eval()
+    model = randomize(VisionTransformerDistilled(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
+                                                 num_classes=10))
     converted = _calibrate_batchnorms(from_timm(model, channel_idle=0.5))
     assert type(converted) is VisionTransformerDistilled
     _check_fused_equals_train_time(converted)
@@ -138,7 +113,7 @@ def test_layer_norm_theta_zero_reproduces_timm_model(vit):
     converted = from_timm(vit, channel_idle=0.0, norm="layer")
     with torch.no_grad():
         torch.testing.assert_close(converted(IMAGES), vit(IMAGES), atol=0, rtol=0)
-        _assert_close_scaled(vitfast.fuse(converted)(IMAGES), vit(IMAGES))
+        assert_close_scaled(vitfast.fuse(converted)(IMAGES), vit(IMAGES))
 
 
 def test_original_model_is_untouched(vit):
@@ -179,7 +154,7 @@ def test_fuse_uses_eval_statistics_and_keeps_input(vit):
     assert model.training and not fused.training
     assert type(model.blocks[0]) is ChannelIdleBlock  # the input is not modified
     with torch.no_grad():
-        _assert_close_scaled(fused(IMAGES), model.eval()(IMAGES))
+        assert_close_scaled(fused(IMAGES), model.eval()(IMAGES))
 
 
 def test_fuse_refuses_non_finite_statistics(vit):
@@ -203,8 +178,8 @@ def test_fuse_standalone_mlp_and_reference_backend():
     finally:
         vitfast.set_backend(previous)
     with torch.no_grad():
-        _assert_close_scaled(fused(x), reference)
-        _assert_close_scaled(reference, mlp(x))
+        assert_close_scaled(fused(x), reference)
+        assert_close_scaled(reference, mlp(x))
 
 
 def test_fused_model_is_smaller(vit):

@@ -1,12 +1,10 @@
 """`vitfast.patch_timm` and the fused `vitfast.nn.Block` as a drop-in for timm's ViT `Block`."""
 import copy
 import inspect
-import math
 
 import pytest
 import torch
 import torch.nn as nn
-from timm.layers import LayerScale
 from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock
 from timm.models.vision_transformer import Block as TimmBlock
 from timm.models.vision_transformer import VisionTransformer
@@ -14,36 +12,13 @@ from timm.models.vision_transformer import VisionTransformer
 import vitfast
 from vitfast.nn import Attention, Block, FusedChannelIdleFFN, SwinBlock
 
-
-def _assert_close_scaled(actual, expected, tol=2e-5):
-    """fp32 parity relative to the output's scale (tolerance fixed; never loosened to pass)."""
-    scale = float(expected.abs().max())
-    torch.testing.assert_close(actual, expected, atol=tol * max(scale, 1.0), rtol=tol)
-
-
-def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.LayerNorm) and module.elementwise_affine:
-                module.weight.copy_(torch.rand(module.weight.shape, generator=g) + 0.5)
-                module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.2)
-            elif isinstance(module, (nn.Linear, nn.Conv2d)):
-                module.weight.copy_(torch.randn(module.weight.shape, generator=g) / math.sqrt(module.weight[0].numel()))
-                if module.bias is not None:
-                    module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.1)
-            elif isinstance(module, LayerScale):
-                module.gamma.copy_(torch.rand(module.gamma.shape, generator=g) + 0.5)
-        for name, param in model.named_parameters():
-            if name in ("cls_token", "pos_embed") or "relative_position_bias_table" in name:
-                param.copy_(torch.randn(param.shape, generator=g) * 0.5)
-    return model.eval()
+from helpers import assert_close_scaled, randomize
 
 
 def _deit_tiny_like(**overrides) -> VisionTransformer:
     kwargs = dict(img_size=32, patch_size=8, embed_dim=192, depth=2, num_heads=3, num_classes=10)
     kwargs.update(overrides)
-    return _randomize(VisionTransformer(**kwargs))
+    return randomize(VisionTransformer(**kwargs))
 
 
 IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
@@ -71,20 +46,20 @@ def test_patched_vit_outputs_identical(overrides):
     assert patched is model
     assert all(type(b) is Block for b in model.blocks)
     with torch.no_grad():
-        _assert_close_scaled(model.forward_features(IMAGES), expected_features)
-        _assert_close_scaled(model(IMAGES), expected)
+        assert_close_scaled(model.forward_features(IMAGES), expected_features)
+        assert_close_scaled(model(IMAGES), expected)
 
 
 def test_patched_swin_outputs_identical():
-    model = _randomize(SwinTransformer(img_size=32, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4),
-                                       window_size=4, num_classes=10))
+    model = randomize(SwinTransformer(img_size=32, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4),
+                                      window_size=4, num_classes=10))
     with torch.no_grad():
         expected = model(IMAGES)
     vitfast.patch_timm(model)
     blocks = [b for stage in model.layers for b in stage.blocks]
     assert all(type(b) is SwinBlock and isinstance(b, SwinTransformerBlock) for b in blocks)
     with torch.no_grad():
-        _assert_close_scaled(model(IMAGES), expected)
+        assert_close_scaled(model(IMAGES), expected)
 
 
 def test_not_inplace_leaves_model_alone():
@@ -116,13 +91,13 @@ def test_unsupported_block_leaves_model_unchanged():
 
 
 def test_block_forward_signature_and_attention_mask():
-    timm_block = _randomize(TimmBlock(64, 4, qkv_bias=True))
+    timm_block = randomize(TimmBlock(64, 4, qkv_bias=True))
     fused = Block.from_timm(timm_block)
     x = torch.randn(2, 9, 64)
     mask = torch.randn(9, 9)
     with torch.no_grad():
-        _assert_close_scaled(fused(x, attn_mask=mask), timm_block(x, attn_mask=mask))
-        _assert_close_scaled(fused(x, is_causal=True), timm_block(x, is_causal=True))
+        assert_close_scaled(fused(x, attn_mask=mask), timm_block(x, attn_mask=mask))
+        assert_close_scaled(fused(x, is_causal=True), timm_block(x, is_causal=True))
 
 
 def test_block_is_a_drop_in_for_timm_block():
@@ -168,7 +143,7 @@ def test_low_precision_error_no_worse_than_timms_own(dtype):
 
 
 def test_fused_block_exports_with_the_op():
-    block = Block.from_timm(_randomize(TimmBlock(64, 4, qkv_bias=True)))
+    block = Block.from_timm(randomize(TimmBlock(64, 4, qkv_bias=True)))
     x = torch.randn(2, 9, 64)
     exported = torch.export.export(block, (x,))
     targets = [str(node.target) for node in exported.graph.nodes]

@@ -16,6 +16,8 @@ import vitfast
 from vitfast.convert import REPAVIT_HEADS, from_repavit
 from vitfast.nn import ChannelIdleBlock, FusedChannelIdleFFN
 
+from helpers import assert_close_scaled, randomize
+
 
 class OfficialAttention(nn.Module):
     """Pre-norm (LayerNorm, torch default eps) inside the attention module; adds its own shortcut."""
@@ -103,33 +105,6 @@ class OfficialRePaViT(nn.Module):
         return self.head(self.forward_features(images)[:, 0])
 
 
-def _randomize(model: nn.Module) -> nn.Module:
-    """Non-trivial weights, LayerNorm affines and BatchNorm statistics (a trained model's, not an init's)."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.BatchNorm1d):
-                module.running_mean.copy_(torch.randn(module.num_features, generator=g) * 0.5)
-                module.running_var.copy_(torch.rand(module.num_features, generator=g) * 1.5 + 0.5)
-                module.weight.copy_(torch.rand(module.num_features, generator=g) + 0.5)
-                module.bias.copy_(torch.randn(module.num_features, generator=g) * 0.2)
-                module.num_batches_tracked.fill_(100)
-            elif isinstance(module, nn.LayerNorm):
-                module.weight.copy_(torch.rand(module.weight.shape, generator=g) + 0.5)
-                module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.2)
-            elif isinstance(module, (nn.Linear, nn.Conv2d)):
-                fan_in = module.weight[0].numel()
-                module.weight.copy_(torch.randn(module.weight.shape, generator=g) / math.sqrt(fan_in))
-                if module.bias is not None:
-                    module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.1)
-    return model.eval()
-
-
-def _assert_close_scaled(actual, expected, tol=2e-5):
-    scale = float(expected.abs().max())
-    torch.testing.assert_close(actual, expected, atol=tol * max(scale, 1.0), rtol=tol)
-
-
 @pytest.mark.parametrize(
     "dim, heads, idle_ratio, bias, layer_scale",
     [
@@ -139,8 +114,8 @@ def _assert_close_scaled(actual, expected, tol=2e-5):
     ],
 )
 def test_fused_equals_official(dim, heads, idle_ratio, bias, layer_scale):
-    official = _randomize(OfficialRePaViT(dim=dim, heads=heads, idle_ratio=idle_ratio, bias=bias,
-                                          layer_scale=layer_scale))
+    official = randomize(OfficialRePaViT(dim=dim, heads=heads, idle_ratio=idle_ratio, bias=bias,
+                                         layer_scale=layer_scale), seed=1)
     state = official.state_dict()
     kwargs = {} if dim in REPAVIT_HEADS else {"num_heads": heads}
     model = from_repavit(state, idle_ratio=idle_ratio, **kwargs)
@@ -154,9 +129,9 @@ def test_fused_equals_official(dim, heads, idle_ratio, bias, layer_scale):
         fused_model = vitfast.fuse(model)
         fused = fused_model(images)
         fused_features = fused_model.forward_features(images)
-    _assert_close_scaled(train_time, expected)
-    _assert_close_scaled(fused, expected)
-    _assert_close_scaled(fused_features, expected_features)
+    assert_close_scaled(train_time, expected)
+    assert_close_scaled(fused, expected)
+    assert_close_scaled(fused_features, expected_features)
     ffn = fused_model.blocks[0].mlp
     assert isinstance(ffn, FusedChannelIdleFFN)
     assert ffn.active_features == math.ceil(4 * dim * (1 - idle_ratio))
@@ -164,7 +139,7 @@ def test_fused_equals_official(dim, heads, idle_ratio, bias, layer_scale):
 
 
 def test_inferred_architecture():
-    official = _randomize(OfficialRePaViT(dim=192, depth=3, img=48, patch=16, in_chans=1, classes=7))
+    official = randomize(OfficialRePaViT(dim=192, depth=3, img=48, patch=16, in_chans=1, classes=7), seed=1)
     model = from_repavit({"model": official.state_dict()})  # the official training script's wrapper
     assert len(model.blocks) == 3
     assert model.embed_dim == 192 and model.num_classes == 7
@@ -174,21 +149,21 @@ def test_inferred_architecture():
     assert model.blocks[0].mlp.active_features == 192  # ceil(768 · 0.25): the documented default
     images = torch.randn(2, 1, 48, 48)
     with torch.no_grad():
-        _assert_close_scaled(vitfast.fuse(model)(images), official(images))
+        assert_close_scaled(vitfast.fuse(model)(images), official(images))
 
 
 def test_module_prefix_and_explicit_active_features():
-    official = _randomize(OfficialRePaViT(dim=192, idle_ratio=0.5))
+    official = randomize(OfficialRePaViT(dim=192, idle_ratio=0.5), seed=1)
     state = {"module." + k: v for k, v in official.state_dict().items()}
     model = from_repavit(state, active_features=384)
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        _assert_close_scaled(vitfast.fuse(model)(images), official(images))
+        assert_close_scaled(vitfast.fuse(model)(images), official(images))
 
 
 def test_wrong_idle_ratio_is_detectably_different():
     # The active count is not in the tensors: a wrong idle_ratio builds, but must not match the official model.
-    official = _randomize(OfficialRePaViT(dim=192, idle_ratio=0.5))
+    official = randomize(OfficialRePaViT(dim=192, idle_ratio=0.5), seed=1)
     model = from_repavit(official.state_dict(), idle_ratio=0.75)
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -196,7 +171,7 @@ def test_wrong_idle_ratio_is_detectably_different():
 
 
 def test_errors_name_the_argument():
-    state = _randomize(OfficialRePaViT(dim=64, heads=4)).state_dict()
+    state = randomize(OfficialRePaViT(dim=64, heads=4), seed=1).state_dict()
     with pytest.raises(ValueError, match=r"num_heads: expected an explicit value for embedding width 64"):
         from_repavit(state)
     with pytest.raises(ValueError, match=r"num_heads: expected a positive divisor of the width 64, got 5"):

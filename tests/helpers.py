@@ -1,0 +1,88 @@
+"""Helpers shared by the test modules (`from helpers import ...`: pytest puts tests/ on sys.path).
+
+Fixtures live in conftest.py; this file holds plain functions: scale-aware parity, non-trivial weights, and an
+official-layout RePaViT state dict.
+"""
+import math
+
+import torch
+import torch.nn as nn
+from timm.layers import LayerScale
+
+def assert_close_scaled(actual, expected, tol=2e-5):
+    """fp32 parity relative to the output's scale (tolerance fixed; never loosened to pass)."""
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(actual, expected, atol=tol * max(scale, 1.0), rtol=tol)
+
+
+def _randomize_norm(module: nn.Module, g: torch.Generator) -> bool:
+    """A trained model's norm: BatchNorm1d statistics and affine, LayerNorm affine.  False if not a norm."""
+    if isinstance(module, nn.BatchNorm1d):
+        module.running_mean.copy_(torch.randn(module.num_features, generator=g) * 0.5)
+        module.running_var.copy_(torch.rand(module.num_features, generator=g) * 1.5 + 0.5)
+        module.weight.copy_(torch.rand(module.num_features, generator=g) + 0.5)
+        module.bias.copy_(torch.randn(module.num_features, generator=g) * 0.2)
+        module.num_batches_tracked.fill_(100)
+        return True
+    if isinstance(module, nn.LayerNorm) and module.elementwise_affine:
+        module.weight.copy_(torch.rand(module.weight.shape, generator=g) + 0.5)
+        module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.2)
+        return True
+    return False
+
+
+def randomize_norms(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Only the norms (see `_randomize_norm`); every other weight and the train/eval mode are left as they were."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in module.modules():
+            _randomize_norm(m, g)
+    return module
+
+
+def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Weights, norms (BatchNorm statistics included), LayerScale and embeddings far from their init, so that a
+    folding mistake cannot hide in small numbers (a trained model's values, not an init's).  Returns the model in
+    eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if _randomize_norm(module, g):
+                continue
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=g) / math.sqrt(module.weight[0].numel()))
+                if module.bias is not None:
+                    module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.1)
+            elif isinstance(module, LayerScale):
+                module.gamma.copy_(torch.rand(module.gamma.shape, generator=g) + 0.5)
+        for name, param in model.named_parameters():
+            if name in ("cls_token", "dist_token", "pos_embed") or "relative_position_bias_table" in name:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.5)
+    return model.eval()
+
+
+def official_repavit_state_dict(dim=32, depth=2, hidden=128, patch=8, grid=4, classes=5):
+    """The official RePaViT ViT layout: no patch-embedding bias, norm_pre, BatchNorms named norm1/norm2 inside
+    the FFN."""
+    g = torch.Generator().manual_seed(3)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g) * 0.1
+
+    def bn(prefix, n):
+        return {f"{prefix}.weight": 1 + r(n), f"{prefix}.bias": r(n), f"{prefix}.running_mean": r(n),
+                f"{prefix}.running_var": 1 + r(n).abs(), f"{prefix}.num_batches_tracked": torch.tensor(10)}
+
+    sd = {"cls_token": r(1, 1, dim), "pos_embed": r(1, 1 + grid * grid, dim), "patch_embed.proj.weight": r(dim, 3, patch, patch),
+          "norm_pre.weight": 1 + r(dim), "norm_pre.bias": r(dim), "norm.weight": 1 + r(dim), "norm.bias": r(dim),
+          "head.weight": r(classes, dim), "head.bias": r(classes)}
+    for i in range(depth):
+        p = f"blocks.{i}."
+        sd.update({p + "attn.norm.weight": 1 + r(dim), p + "attn.norm.bias": r(dim),
+                   p + "attn.qkv.weight": r(3 * dim, dim), p + "attn.qkv.bias": r(3 * dim),
+                   p + "attn.proj.weight": r(dim, dim), p + "attn.proj.bias": r(dim),
+                   p + "mlp.fc1.weight": r(hidden, dim), p + "mlp.fc1.bias": r(hidden),
+                   p + "mlp.fc2.weight": r(dim, hidden), p + "mlp.fc2.bias": r(dim)})
+        sd.update(bn(p + "mlp.norm1", dim))
+        sd.update(bn(p + "mlp.norm2", hidden))
+    return sd
