@@ -29,3 +29,13 @@ def tol():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test, restored after: on 2 shared cores one thread per test process is faster and
+    keeps timings stable.  A module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

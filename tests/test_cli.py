@@ -15,13 +15,7 @@ from helpers import official_repavit_state_dict
 TINY = ["vit_tiny_patch16_224", "--img-size", "16", "--num-classes", "10",
         "--model-kwargs", json.dumps({"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 4})]
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def vitfast_script() -> str:

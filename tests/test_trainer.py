@@ -17,6 +17,8 @@ from vitfast.train import (
     warmup_cosine,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def tiny_vit(seed=0, **kw):
     from timm.models.vision_transformer import VisionTransformer
@@ -25,15 +27,6 @@ def tiny_vit(seed=0, **kw):
     cfg = dict(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=10)
     cfg.update(kw)
     return VisionTransformer(**cfg)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # 2 shared cores: one thread per test process is faster and keeps timings stable
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 # ---------------------------------------------------------------------------------------------- learning
