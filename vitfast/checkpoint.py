@@ -38,8 +38,8 @@ Decisions
 * NaN/Inf: refused by default at save and at load (ValueError listing the tensors): a fused model with a
   non-finite weight is almost always a training or folding bug, and a file is untrusted input.
   `allow_nonfinite=True` turns both checks off (e.g. for -inf masks stored as buffers).
-* The write is atomic: a temporary file in the target directory, fsync, then `os.replace`; on any error
-  the temporary file is removed and an existing file at `path` is left untouched.
+* The write is atomic (vitfast._io.atomic_write): a temporary file in the target directory, fsync, then
+  `os.replace`; on any error the temporary file is removed and an existing file at `path` is left untouched.
 * No pickle: tensors come from safetensors, the config from JSON, and the architecture can name only a
   closed set of timm classes, norms and activations (see vitfast.arch).  `torch.load` is never called.
 """
@@ -48,12 +48,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
+from ._io import atomic_write
 from .arch import build_timm, describe_timm
 from .nn.registry import fused_module_from_config, is_fused_module
 
@@ -335,7 +335,9 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
         "vitfast_version": __version__,
     }
     metadata = {"format": FORMAT, "version": str(VERSION), "config": json.dumps(config, allow_nan=False, sort_keys=True)}
-    _atomic_save(tensors, metadata, path)
+    from safetensors.torch import save_file
+
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def _check_rebuildable(model: nn.Module, architecture: dict, modules: Dict[str, dict]) -> None:
@@ -352,26 +354,6 @@ def _check_rebuildable(model: nn.Module, architecture: dict, modules: Dict[str, 
             f"model: the checkpoint config cannot reproduce this model ({len(problems)} differences): "
             f"{_listing(problems)}"
         )
-
-
-def _atomic_save(tensors: Dict[str, torch.Tensor], metadata: Dict[str, str], path: str) -> None:
-    from safetensors.torch import save_file
-
-    directory, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")
-    # O_EXCL: never clobber someone else's file; mode 0o666 so the umask applies as for any new file.
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 # --------------------------------------------------------------------------------------------- load

@@ -44,6 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
+from ._io import atomic_write
 from .data import _mix
 
 __all__ = [
@@ -186,32 +187,6 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _atomic_torch_save(obj: Any, path: str) -> None:
-    """Write `obj` to `path` so that a reader sees either the old file or the complete new one."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    try:  # make the rename itself durable
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 def _is_main_process() -> bool:
@@ -669,7 +644,9 @@ class Trainer:
         """Atomically write a resumable checkpoint to `path` (main process only under DDP)."""
         path = os.fspath(path)
         if _is_main_process():
-            _atomic_torch_save(self.state_dict(extra), path)
+            state = self.state_dict(extra)
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            atomic_write(path, lambda tmp: torch.save(state, tmp))
         self._last_saved_step = self.step
         return path
 
@@ -797,24 +774,6 @@ def build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None]
     return model
 
 
-def _atomic_safetensors_model(model: nn.Module, path: str, metadata: Dict[str, str]) -> None:
-    from safetensors.torch import save_model
-
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"path: directory {directory!r} does not exist")
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        save_model(model, tmp, metadata=metadata)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def save_trainable(model: nn.Module, path: Union[str, os.PathLike], *, recipe: Optional[Dict[str, Any]] = None) -> str:
     """Write a train-time model (e.g. `convert.from_timm`'s output, mid-finetune) to one .safetensors file.
 
@@ -833,7 +792,12 @@ def save_trainable(model: nn.Module, path: Union[str, os.PathLike], *, recipe: O
         "config": json.dumps(desc, sort_keys=True),
         "recipe": json.dumps(recipe or {}, sort_keys=True),
     }
-    _atomic_safetensors_model(model, path, metadata)
+    from safetensors.torch import save_model
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"path: directory {directory!r} does not exist")
+    atomic_write(path, lambda tmp: save_model(model, tmp, metadata=metadata))
     return path
 
 
