@@ -176,15 +176,32 @@ def _class_name(model: nn.Module) -> str:
     )
 
 
+def _patch_embed(model: nn.Module) -> Tuple[nn.Module, nn.Conv2d]:
+    """The timm PatchEmbed of a ViT or Swin and its Conv2d projection; refuse anything else."""
+    pe = model.patch_embed
+    proj = getattr(pe, "proj", None)
+    if not isinstance(proj, nn.Conv2d):
+        raise ValueError(f"model.patch_embed: expected timm PatchEmbed with a Conv2d 'proj', got {type(pe).__qualname__}")
+    return pe, proj
+
+
+def _input_and_head_kwargs(model: nn.Module, pe: nn.Module, proj: nn.Conv2d) -> Dict[str, Any]:
+    """The constructor arguments ViT and Swin describe alike: input (image, patch, channels) and head."""
+    return {
+        "img_size": list(pe.img_size) if pe.img_size is not None else None,
+        "patch_size": list(pe.patch_size),
+        "in_chans": int(proj.in_channels),
+        "num_classes": int(model.num_classes),
+        "global_pool": model.global_pool,
+    }
+
+
 def _describe_vit(model: nn.Module) -> Dict[str, Any]:
     from timm.layers import LayerScale, Mlp
     from timm.layers.attention import Attention
     from timm.models.vision_transformer import Block
 
-    pe = model.patch_embed
-    proj = getattr(pe, "proj", None)
-    if not isinstance(proj, nn.Conv2d):
-        raise ValueError(f"model.patch_embed: expected timm PatchEmbed with a Conv2d 'proj', got {type(pe).__qualname__}")
+    pe, proj = _patch_embed(model)
     embed_dim = int(model.embed_dim)
 
     attn = _first(model.blocks, Attention)
@@ -213,11 +230,7 @@ def _describe_vit(model: nn.Module) -> Dict[str, Any]:
     use_fc_norm = not isinstance(model.fc_norm, nn.Identity)
     final_norm = use_fc_norm or not isinstance(model.norm, nn.Identity)
     kwargs = {
-        "img_size": list(pe.img_size) if pe.img_size is not None else None,
-        "patch_size": list(pe.patch_size),
-        "in_chans": int(proj.in_channels),
-        "num_classes": int(model.num_classes),
-        "global_pool": model.global_pool,
+        **_input_and_head_kwargs(model, pe, proj),
         "embed_dim": embed_dim,
         "depth": len(model.blocks),
         "num_heads": num_heads,
@@ -258,10 +271,7 @@ def _describe_swin(model: nn.Module) -> Dict[str, Any]:
     from timm.layers import Mlp
     from timm.models.swin_transformer import SwinTransformerBlock, WindowAttention
 
-    pe = model.patch_embed
-    proj = getattr(pe, "proj", None)
-    if not isinstance(proj, nn.Conv2d):
-        raise ValueError(f"model.patch_embed: expected timm PatchEmbed with a Conv2d 'proj', got {type(pe).__qualname__}")
+    pe, proj = _patch_embed(model)
     if not isinstance(model.embed_dim, int):
         raise ValueError(f"model.embed_dim: expected an int (timm doubles it per stage), got {model.embed_dim!r}")
 
@@ -299,11 +309,7 @@ def _describe_swin(model: nn.Module) -> Dict[str, Any]:
         else:
             windows.append([7, 7])
     kwargs = {
-        "img_size": list(pe.img_size) if pe.img_size is not None else None,
-        "patch_size": list(pe.patch_size),
-        "in_chans": int(proj.in_channels),
-        "num_classes": int(model.num_classes),
-        "global_pool": model.global_pool,
+        **_input_and_head_kwargs(model, pe, proj),
         "embed_dim": int(model.embed_dim),
         "depths": depths,
         "num_heads": heads,
