@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import textwrap
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -23,34 +23,27 @@ class CLIError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------- argument types
-def _theta(text: str) -> float:
+def _checked(text: str, convert: Callable[[str], Any], expected: str, ok: Callable[[Any], bool]) -> Any:
+    """`convert(text)` if it parses and passes `ok` (NaN fails every range), else "expected ..., got TEXT"."""
     try:
-        value = float(text)
+        value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
     return value
+
+
+def _theta(text: str) -> float:
+    return _checked(text, float, "a number in [0, 1]", lambda v: 0.0 <= v <= 1.0)
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    return _checked(text, int, "a positive integer", lambda v: v >= 1)
 
 
 def _nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
+    return _checked(text, float, "a number >= 0", lambda v: v >= 0)
 
 
 def _positive_float(text: str) -> float:
