@@ -77,6 +77,42 @@ def check_channel_idle_ffn_args(
     return active, linear, c_out
 
 
+def check_linear_args(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    residual: Optional[torch.Tensor],
+) -> int:
+    """Validate `linear` arguments; return N (out_features).
+
+    x [..., K];  weight [N, K] (nn.Linear layout);  bias [N];  residual [..., N] like x.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError("x: expected at least 1 dimension [..., K], got a 0-d tensor")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight: expected 2-D [N, K], got shape {_fmt_shape(weight)}")
+    k, n = x.shape[-1], weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"weight: expected shape [N, {k}] (K = x.shape[-1] = {k}), got {_fmt_shape(weight)}")
+    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise ValueError(f"{name}: expected dtype {x.dtype} (same as x), got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name}: expected device {x.device} (same as x), got {t.device}")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"bias: expected shape [{n}], got {_fmt_shape(bias)}")
+    if residual is not None and tuple(residual.shape) != tuple(x.shape[:-1]) + (n,):
+        expected = "[" + ", ".join(str(s) for s in tuple(x.shape[:-1]) + (n,)) + "]"
+        raise ValueError(f"residual: expected shape {expected}, got {_fmt_shape(residual)}")
+    return n
+
+
 def check_finite_parameter(name: str, t: torch.Tensor) -> None:
     """Refuse NaN/Inf in a parameter that is about to be folded or loaded (e.g. a BatchNorm scale)."""
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):

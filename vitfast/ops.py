@@ -14,15 +14,16 @@ import torch
 
 from . import reference
 from ._env import get_backend
-from ._validate import check_channel_idle_ffn_args
+from ._validate import check_channel_idle_ffn_args, check_linear_args
 
-__all__ = ["channel_idle_ffn", "extension_loaded", "cpu_isa"]
+__all__ = ["channel_idle_ffn", "linear", "extension_loaded", "cpu_isa"]
 
 SCHEMAS = {
     "channel_idle_ffn": (
         "channel_idle_ffn(Tensor x, Tensor w_in, Tensor? b_in, Tensor w_out, "
         "Tensor? b_out=None, Tensor? residual=None) -> Tensor"
     ),
+    "linear": "linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor",
 }
 
 _lib = torch.library.Library("vitfast", "DEF")
@@ -42,6 +43,12 @@ def _channel_idle_ffn_fake(x, w_in, b_in, w_out, b_out=None, residual=None):
     return x.new_empty(tuple(x.shape[:-1]) + (c_out,))
 
 
+@_register_fake("linear")
+def _linear_fake(x, weight, bias=None, residual=None):
+    n = check_linear_args(x, weight, bias, residual)
+    return x.new_empty(tuple(x.shape[:-1]) + (n,))
+
+
 # ---------------------------------------------------------------------------------------------- CUDA impls
 def _channel_idle_ffn_cuda(x, w_in, b_in, w_out, b_out=None, residual=None):
     from .kernels.channel_idle_ffn import channel_idle_ffn_triton
@@ -50,6 +57,14 @@ def _channel_idle_ffn_cuda(x, w_in, b_in, w_out, b_out=None, residual=None):
 
 
 _lib.impl("channel_idle_ffn", _channel_idle_ffn_cuda, "CUDA")
+
+
+def _linear_cuda(x, weight, bias=None, residual=None):
+    """No Triton kernel yet: the reference composition (F.linear = cuBLAS with its bias epilogue, + residual)."""
+    return reference.linear(x, weight, bias, residual)
+
+
+_lib.impl("linear", _linear_cuda, "CUDA")
 
 
 # ---------------------------------------------------------------------------------------------- CPU impls
@@ -99,3 +114,15 @@ def channel_idle_ffn(
     if get_backend() == "reference":
         return reference.channel_idle_ffn(x, w_in, b_in, w_out, b_out, residual)
     return torch.ops.vitfast.channel_idle_ffn(x, w_in, b_in, w_out, b_out, residual)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """`torch.ops.vitfast.linear` (x · weightᵀ + bias + residual), or the reference when VITFAST_BACKEND=reference."""
+    if get_backend() == "reference":
+        return reference.linear(x, weight, bias, residual)
+    return torch.ops.vitfast.linear(x, weight, bias, residual)

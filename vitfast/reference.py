@@ -11,9 +11,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._validate import check_channel_idle_ffn_args
+from ._validate import check_channel_idle_ffn_args, check_linear_args
 
-__all__ = ["channel_idle_ffn"]
+__all__ = ["channel_idle_ffn", "linear"]
 
 
 def channel_idle_ffn(
@@ -44,3 +44,20 @@ def channel_idle_ffn(
     if residual is not None:
         z = z + residual
     return z
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Dense layer with a fused shortcut:  y = x · weightᵀ + bias + residual  (bias, residual optional).
+
+    The fused ViT block runs qkv, proj (residual = the block input: `x + attn(...)`) and the head on it.
+    """
+    check_linear_args(x, weight, bias, residual)
+    y = F.linear(x, weight, bias)
+    if residual is not None:
+        y = y + residual
+    return y

@@ -1,0 +1,154 @@
+// torch binding of the dense linear layer: `torch.ops.vitfast.linear` on CPU.
+//
+//   linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor   (schema: vitfast/ops.py)
+//   out = x · weightᵀ + bias + residual
+//
+// - Checks: the same as vitfast/_validate.check_linear_args, same wording (ValueError).
+// - The weight (with its bias) is packed once per version and kept in the process-wide cache
+//   (ops/weight_cache.h); weight and bias must be finite (checked at pack time).
+// - No copy of x or residual when their rows are uniformly strided with a unit inner stride (contiguous
+//   tensors, and 2-D views such as the cls token x[:, 0] a classifier head reads): the GEMM takes row strides.
+// - fp16/bf16: converted to fp32, computed in fp32 (fp32 accumulation), rounded once at the end.
+// - Threads (at::parallel_for, so torch.set_num_threads is respected): rows split into at most
+//   get_num_threads() balanced chunks of whole 6-row register blocks; with fewer register blocks than threads
+//   (a head on a handful of cls tokens) the output panels are split instead, so both cores still stream half
+//   of the weight each.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "kernels/cpu_features.h"
+#include "kernels/linear.h"
+#include "ops/op_utils.h"
+#include "ops/weight_cache.h"
+
+namespace vitfast {
+namespace ops {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+// Mirror of vitfast._validate.check_linear_args (same order, same messages).  Returns N (out_features).
+int64_t check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                   const at::Tensor& residual) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least 1 dimension [..., K], got a 0-d tensor");
+  TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
+                    py_dtype(x.scalar_type()));
+  TORCH_CHECK_VALUE(weight.dim() == 2, "weight: expected 2-D [N, K], got shape ", fmt_shape(weight.sizes()));
+  const int64_t k = x.size(-1), n = weight.size(0);
+  TORCH_CHECK_VALUE(weight.size(1) == k, "weight: expected shape [N, ", k, "] (K = x.shape[-1] = ", k, "), got ",
+                    fmt_shape(weight.sizes()));
+  const std::pair<const char*, const at::Tensor*> others[] = {
+      {"weight", &weight}, {"bias", &bias}, {"residual", &residual}};
+  for (const auto& [name, t] : others) {
+    if (!t->defined()) continue;
+    TORCH_CHECK_VALUE(t->scalar_type() == x.scalar_type(), name, ": expected dtype ", py_dtype(x.scalar_type()),
+                      " (same as x), got ", py_dtype(t->scalar_type()));
+    TORCH_CHECK_VALUE(t->device() == x.device(), name, ": expected device ", x.device(), " (same as x), got ",
+                      t->device());
+  }
+  if (bias.defined())
+    TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == n, "bias: expected shape [", n, "], got ",
+                      fmt_shape(bias.sizes()));
+  if (residual.defined()) {
+    std::vector<int64_t> expected = x.sizes().vec();
+    expected.back() = n;
+    TORCH_CHECK_VALUE(residual.sizes().equals(expected), "residual: expected shape ", fmt_shape(expected),
+                      ", got ", fmt_shape(residual.sizes()));
+  }
+  // Beyond _validate.py (the Python reference accepts any layout): the kernel reads dense memory.
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"x", &x}, others[0], others[1],
+                                others[2]}) {
+    if (t->defined())
+      TORCH_CHECK_VALUE(t->layout() == at::kStrided, name, ": expected a dense (strided) tensor, got layout ",
+                        t->layout());
+  }
+  return n;
+}
+
+// A [rows × cols] fp32 view of t's rows and its row stride, without a copy when t already is one (contiguous,
+// or 2-D with unit column stride, e.g. x[:, 0]); otherwise a contiguous fp32 copy (kept alive in `holder`).
+const float* rows_view(const at::Tensor& t, int64_t cols, at::Tensor& holder, int64_t& ld) {
+  if (t.scalar_type() == at::kFloat && t.is_contiguous()) {
+    holder = t;
+    ld = cols;
+  } else if (t.scalar_type() == at::kFloat && t.dim() == 2 && t.stride(1) == 1 && t.stride(0) >= cols) {
+    holder = t;
+    ld = t.stride(0);
+  } else {
+    holder = t.to(at::kFloat).contiguous();
+    ld = cols;
+  }
+  return holder.data_ptr<float>();
+}
+
+std::shared_ptr<const gemm::PackedB> packed_weight(const at::Tensor& weight, const at::Tensor& bias) {
+  return cached_pack_as<gemm::PackedB>("linear", {weight, bias}, [&]() -> PackedEntry {
+    // Once per weight version: refuse NaN/Inf (they would silently poison every output), then pack.
+    check_finite("weight", weight);
+    check_finite("bias", bias);
+    const at::Tensor w = weight.to(at::kFloat).contiguous();
+    const at::Tensor b = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
+    auto packed = std::make_shared<gemm::PackedB>(gemm::PackedB::pack_linear(
+        w.data_ptr<float>(), w.size(0), w.size(1), w.size(1), b.defined() ? b.data_ptr<float>() : nullptr));
+    PackedEntry e;
+    e.bytes = packed->bytes();
+    e.packed = std::move(packed);
+    return e;
+  });
+}
+
+at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias_opt,
+                      const OptTensor& residual_opt) {
+  const at::Tensor bias = bias_opt.value_or(at::Tensor());
+  const at::Tensor residual = residual_opt.value_or(at::Tensor());
+  const int64_t n = check_args(x, weight, bias, residual);
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x: expected device cpu (the CPU kernel), got ", x.device());
+  const int64_t k = x.size(-1);
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = n;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < out_shape.size(); ++i) rows *= out_shape[i];
+  if (rows == 0 || n == 0) return at::empty(out_shape, x.options());
+
+  const std::shared_ptr<const gemm::PackedB> w = packed_weight(weight, bias);
+  at::Tensor xh, rh;
+  int64_t ldx = k, ldr = n;
+  const float* xp = rows_view(x, k, xh, ldx);
+  const float* rp = residual.defined() ? rows_view(residual, n, rh, ldr) : nullptr;
+  at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  const CpuIsa isa = active_cpu_isa();
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t blocks = (rows + gemm::kMr - 1) / gemm::kMr;
+
+  if (blocks >= threads || w->panels() < 2) {
+    // Balanced chunks of whole 6-row register blocks, one per thread: 197 rows on 2 threads = 102 + 95.
+    const int64_t chunks = std::min(threads, blocks);
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t r0 = std::min(rows, blocks * c / chunks * gemm::kMr);
+        const int64_t r1 = std::min(rows, blocks * (c + 1) / chunks * gemm::kMr);
+        linear_rows(*w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr, op + r0 * n, n, isa);
+      }
+    });
+  } else {
+    // Few rows (e.g. a head on B cls tokens): split the output panels, i.e. the weight, between threads.
+    const int64_t panels = w->panels();
+    const int64_t chunks = std::min(threads, panels);
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c)
+        linear_rows(*w, rows, xp, ldx, rp, ldr, op, n, isa, panels * c / chunks, panels * (c + 1) / chunks);
+    });
+  }
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace vitfast
+
+TORCH_LIBRARY_IMPL(vitfast, CPU, m) { m.impl("linear", &vitfast::ops::linear_cpu); }
