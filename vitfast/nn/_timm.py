@@ -7,6 +7,7 @@ was found — never silently approximated.
 from __future__ import annotations
 
 import inspect
+from functools import partial
 from typing import Any, Dict, Optional
 
 import torch
@@ -22,6 +23,7 @@ __all__ = [
     "check_mlp",
     "vit_block_spec",
     "swin_block_spec",
+    "swin_block_args",
     "swin_block_kwargs",
     "layer_scale_gamma",
     "drop_path_prob",
@@ -144,8 +146,12 @@ def vit_block_spec(block: nn.Module, name: str = "block") -> Dict[str, Any]:
     )
 
 
-def swin_block_spec(block: nn.Module, name: str = "block") -> Dict[str, Any]:
-    """Constructor arguments of a timm `SwinTransformerBlock`, validated for fusing."""
+def swin_block_spec(block: nn.Module, name: str = "block", *, require_mlp: bool = False) -> Dict[str, Any]:
+    """Constructor arguments of a timm `SwinTransformerBlock`, validated for fusing.
+
+    The FFN entries (hidden_features, ffn_norm_eps) are there when the block still has timm's norm2 → Mlp;
+    `require_mlp=True` refuses a block without them (one whose FFN was already replaced).
+    """
     if not isinstance(block, SwinTransformerBlock):
         raise ValueError(f"{name}: expected timm SwinTransformerBlock, got {type(block).__name__}")
     attn = block.attn
@@ -173,7 +179,17 @@ def swin_block_spec(block: nn.Module, name: str = "block") -> Dict[str, Any]:
         check_mlp(block.mlp, f"{name}.mlp", dim)
         spec["hidden_features"] = block.mlp.fc1.out_features
         spec["ffn_norm_eps"] = float(block.norm2.eps)
+    elif require_mlp:
+        raise ValueError(f"{name}: expected a vanilla timm SwinTransformerBlock with norm2 and mlp, got none")
     return spec
+
+
+def swin_block_args(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """The `SwinTransformerBlock` constructor arguments that rebuild the attention sub-block a `swin_block_spec`
+    describes (windows, heads, qkv bias, norm1's eps); the FFN's are the caller's."""
+    keys = ("dim", "input_resolution", "num_heads", "head_dim", "window_size", "shift_size", "always_partition",
+            "dynamic_mask", "qkv_bias")
+    return dict({k: spec[k] for k in keys}, norm_layer=partial(nn.LayerNorm, eps=spec["norm_eps"]))
 
 
 def swin_block_kwargs(**kwargs) -> Dict[str, Any]:

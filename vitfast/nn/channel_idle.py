@@ -30,7 +30,7 @@ from .fused import (
     Block,
     FusedChannelIdleFFN,
     SwinBlock,
-    _SwinChannelIdleForward,
+    _SwinChannelIdle,
     active_channels,
 )
 
@@ -343,7 +343,7 @@ class ChannelIdleBlock(nn.Module):
         return Block._from_parts(self.norm1, self.attn, self.ls1, self.mlp.to_fused(f"{name}.mlp"), name)
 
 
-class ChannelIdleSwinBlock(_SwinChannelIdleForward, SwinTransformerBlock):
+class ChannelIdleSwinBlock(_SwinChannelIdle, SwinTransformerBlock):
     """Train-time Swin block with a channel-idle FFN: timm's `SwinTransformerBlock` (subclass, so isinstance,
     window shifting, masks and `set_input_size` are timm's) whose norm2 → Mlp → shortcut became `mlp`, a
     `ChannelIdleMlp`.  Constructor: timm's arguments plus `idle_ratio`, `ffn_norm`, `active_features`.
@@ -375,17 +375,14 @@ class ChannelIdleSwinBlock(_SwinChannelIdleForward, SwinTransformerBlock):
     ) -> None:
         _timm.check_gelu(act_layer(), "act_layer")
         _check_ffn_norm(ffn_norm, "ffn_norm")
-        super().__init__(
-            **_timm.swin_block_kwargs(
-                dim=dim, input_resolution=input_resolution, num_heads=num_heads, head_dim=head_dim,
-                window_size=window_size, shift_size=shift_size, always_partition=always_partition,
-                dynamic_mask=dynamic_mask, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop,
-                attn_drop=attn_drop, drop_path=drop_path, act_layer=act_layer, norm_layer=norm_layer,
-                device=device, dtype=dtype,
-            )
+        ln_eps = self._init_timm_without_norm2(
+            dim=dim, input_resolution=input_resolution, num_heads=num_heads, head_dim=head_dim,
+            window_size=window_size, shift_size=shift_size, always_partition=always_partition,
+            dynamic_mask=dynamic_mask, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop,
+            attn_drop=attn_drop, drop_path=drop_path, act_layer=act_layer, norm_layer=norm_layer,
+            device=device, dtype=dtype,
         )
-        norm_eps = None if ffn_norm == "batch" else float(self.norm2.eps)
-        del self.norm2, self.drop_path2  # owned by the channel-idle FFN now
+        norm_eps = None if ffn_norm == "batch" else ln_eps
         self.mlp = ChannelIdleMlp(
             dim,
             int(dim * mlp_ratio),
@@ -404,22 +401,11 @@ class ChannelIdleSwinBlock(_SwinChannelIdleForward, SwinTransformerBlock):
         cls, block: SwinTransformerBlock, *, idle_ratio: float = 0.75, ffn_norm: str = "batch", name: str = "block"
     ) -> "ChannelIdleSwinBlock":
         """Copy a timm Swin block's attention sub-block unchanged and convert its FFN."""
-        spec = _timm.swin_block_spec(block, name)
-        if "hidden_features" not in spec:
-            raise ValueError(f"{name}: expected a vanilla timm SwinTransformerBlock with norm2 and mlp, got none")
+        spec = _timm.swin_block_spec(block, name, require_mlp=True)
         weight = block.attn.qkv.weight
         new = cls(
-            dim=spec["dim"],
-            input_resolution=spec["input_resolution"],
-            num_heads=spec["num_heads"],
-            head_dim=spec["head_dim"],
-            window_size=spec["window_size"],
-            shift_size=spec["shift_size"],
-            always_partition=spec["always_partition"],
-            dynamic_mask=spec["dynamic_mask"],
+            **_timm.swin_block_args(spec),
             mlp_ratio=spec["hidden_features"] / spec["dim"],
-            qkv_bias=spec["qkv_bias"],
-            norm_layer=lambda d, **kw: nn.LayerNorm(d, eps=spec["norm_eps"], **kw),
             idle_ratio=idle_ratio,
             ffn_norm=ffn_norm,
             device=weight.device,

@@ -543,8 +543,18 @@ class Block(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ Swin block
-class _SwinChannelIdleForward:
-    """Forward shared by the train-time and fused Swin blocks: the FFN module owns its norm and shortcut."""
+class _SwinChannelIdle:
+    """What the train-time and fused Swin blocks share (mixed in before timm's `SwinTransformerBlock`): timm's
+    block without its norm2 and drop_path2, and a forward in which the FFN module `mlp` owns its norm and shortcut.
+    """
+
+    def _init_timm_without_norm2(self, **timm_args) -> float:
+        """timm's `SwinTransformerBlock.__init__` (arguments this timm version lacks are dropped), less norm2 and
+        drop_path2, which the channel-idle FFN replaces with its own; returns norm2's eps (for an FFN LayerNorm)."""
+        super().__init__(**_timm.swin_block_kwargs(**timm_args))
+        norm_eps = float(self.norm2.eps)
+        del self.norm2, self.drop_path2
+        return norm_eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, height, width, channels = x.shape
@@ -554,7 +564,7 @@ class _SwinChannelIdleForward:
 
 
 @register_fused("swin_block")
-class SwinBlock(_SwinChannelIdleForward, SwinTransformerBlock):
+class SwinBlock(_SwinChannelIdle, SwinTransformerBlock):
     """Fused Swin block: timm's `SwinTransformerBlock` (windowed attention unchanged, norm1 kept — its affine
     cannot be folded because padded window tokens are zeros *after* the norm) with a `FusedChannelIdleFFN` as
     `mlp` replacing norm2 → Mlp → shortcut.  Same constructor arguments as timm's, plus the FFN shape
@@ -587,16 +597,12 @@ class SwinBlock(_SwinChannelIdleForward, SwinTransformerBlock):
         ffn_config: Optional[Dict[str, Any]] = None,
     ) -> None:
         _timm.check_gelu(act_layer(), "act_layer")
-        super().__init__(
-            **_timm.swin_block_kwargs(
-                dim=dim, input_resolution=input_resolution, num_heads=num_heads, head_dim=head_dim,
-                window_size=window_size, shift_size=shift_size, always_partition=always_partition,
-                dynamic_mask=dynamic_mask, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_path=0.0,
-                act_layer=act_layer, norm_layer=norm_layer, device=device, dtype=dtype,
-            )
+        norm_eps = self._init_timm_without_norm2(  # no drop-path/dropout: inference identities
+            dim=dim, input_resolution=input_resolution, num_heads=num_heads, head_dim=head_dim,
+            window_size=window_size, shift_size=shift_size, always_partition=always_partition,
+            dynamic_mask=dynamic_mask, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_path=0.0,
+            act_layer=act_layer, norm_layer=norm_layer, device=device, dtype=dtype,
         )
-        norm_eps = float(self.norm2.eps)
-        del self.norm2, self.drop_path2  # the fused FFN owns its norm; drop-path is an inference identity
         dd = {"device": device, "dtype": dtype}
         if ffn_config is not None:
             self.mlp = FusedChannelIdleFFN.from_vitfast_config(ffn_config, **dd)
@@ -612,16 +618,7 @@ class SwinBlock(_SwinChannelIdleForward, SwinTransformerBlock):
         spec = _timm.swin_block_spec(block, name)
         weight = block.attn.qkv.weight
         fused = cls(
-            dim=spec["dim"],
-            input_resolution=spec["input_resolution"],
-            num_heads=spec["num_heads"],
-            head_dim=spec["head_dim"],
-            window_size=spec["window_size"],
-            shift_size=spec["shift_size"],
-            always_partition=spec["always_partition"],
-            dynamic_mask=spec["dynamic_mask"],
-            qkv_bias=spec["qkv_bias"],
-            norm_layer=partial(nn.LayerNorm, eps=spec["norm_eps"]),
+            **_timm.swin_block_args(spec),
             ffn_config=mlp.vitfast_config(),
             device=weight.device,
             dtype=weight.dtype,
@@ -635,9 +632,7 @@ class SwinBlock(_SwinChannelIdleForward, SwinTransformerBlock):
     @classmethod
     def from_timm(cls, block: SwinTransformerBlock, name: str = "block") -> "SwinBlock":
         """Fuse a vanilla timm `SwinTransformerBlock`; outputs equal the timm block's (eval mode)."""
-        spec = _timm.swin_block_spec(block, name)
-        if "hidden_features" not in spec:
-            raise ValueError(f"{name}: expected a vanilla timm SwinTransformerBlock with norm2 and mlp, got none")
+        _timm.swin_block_spec(block, name, require_mlp=True)
         ffn = FusedChannelIdleFFN.from_timm_mlp(block.norm2, block.mlp, name=f"{name}.mlp")
         return cls._from_parts(block, ffn, name)
 
