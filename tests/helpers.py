@@ -1,13 +1,18 @@
 """Helpers shared by the test modules (`from helpers import ...`: pytest puts tests/ on sys.path).
 
-Fixtures live in conftest.py; this file holds plain functions: scale-aware parity, non-trivial weights, and an
-official-layout RePaViT state dict.
+Fixtures live in conftest.py; this file holds plain values and functions: the θ × norm sweep, scale-aware
+parity, non-trivial weights, and an official-layout RePaViT state dict.
 """
 import math
 
 import torch
 import torch.nn as nn
 from timm.layers import LayerScale
+
+# The channel-idle sweep: idle ratios θ from all-GELU to all-linear, and the two FFN norm variants.
+THETAS = [0.0, 0.25, 0.5, 0.75, 1.0]
+NORMS = ["batch", "layer"]
+
 
 def assert_close_scaled(actual, expected, tol=2e-5):
     """fp32 parity relative to the output's scale (tolerance fixed; never loosened to pass)."""

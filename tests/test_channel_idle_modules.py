@@ -21,10 +21,7 @@ from vitfast.nn import (
     is_fused_module,
 )
 
-from helpers import assert_close_scaled, randomize_norms
-
-THETAS = [0.0, 0.25, 0.5, 0.75, 1.0]
-NORMS = ["batch", "layer"]
+from helpers import NORMS, THETAS, assert_close_scaled, randomize_norms
 
 
 # ------------------------------------------------------------------------------------------------ heuristics

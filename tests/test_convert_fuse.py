@@ -22,10 +22,7 @@ from vitfast.nn import (
     idle_ratios,
 )
 
-from helpers import assert_close_scaled, randomize
-
-THETAS = [0.0, 0.25, 0.5, 0.75, 1.0]
-NORMS = ["batch", "layer"]
+from helpers import NORMS, THETAS, assert_close_scaled, randomize
 
 
 def _calibrate_batchnorms(model: nn.Module, seed: int = 1) -> nn.Module:
