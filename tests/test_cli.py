@@ -87,7 +87,8 @@ def test_bench_on_a_fused_file(tmp_path, capsys):
     assert main(["convert", *TINY, "-o", src]) == 0
     assert main(["fuse", src, "-o", fused, "--no-check"]) == 0
     capsys.readouterr()
-    assert main(["bench", fused, "--batch-sizes", "1,4", "--repeats", "3", "--warmup", "1", "--threads", "1"]) == 0
+    assert main(["bench", fused, "--batch-sizes", "1,4", "--repeats", "3", "--warmup", "1", "--threads", "1",
+                 "--providers", "timm,vitfast,reference"]) == 0
     out = capsys.readouterr().out
     for row in ("timm eager", "vitfast fused (kernels)", "vitfast fused (reference ops)"):
         assert sum(line.startswith(row) for line in out.splitlines()) == 2, row  # one row per batch size
@@ -184,7 +185,8 @@ def test_convert_repavit_then_verify(tmp_path, capsys):
 
 
 def test_bench_a_timm_name_with_a_recipe(capsys):
-    assert main(["bench", *TINY, "--channel-idle", "0.5", "--batch-sizes", "2", "--repeats", "2", "--warmup", "0"]) == 0
+    assert main(["bench", *TINY, "--channel-idle", "0.5", "--batch-sizes", "2", "--repeats", "2", "--warmup", "0",
+                 "--providers", "vitfast"]) == 0
     out = capsys.readouterr().out
     assert "θ=0.5" in out and "vitfast fused (kernels)" in out
 

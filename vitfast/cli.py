@@ -1,4 +1,4 @@
-"""The `vitfast` command line (also `python -m vitfast`): convert, train, fuse, verify, bench, demo.
+"""The `vitfast` command line (also `python -m vitfast`): convert, train, fuse, verify, bench, export, demo.
 
 Every subcommand explains itself with `vitfast <command> --help`.  Errors in what was asked for (a missing
 file, θ outside [0, 1], an unknown timm model, ...) end with one line on stderr naming the argument, what was
@@ -496,16 +496,45 @@ def _si(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _thread_list(text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers such as 1,2, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers such as 1,2, got {text!r}")
+    return values
+
+
+def _providers(text: str) -> List[str]:
+    from vitfast.bench import parse_providers
+
+    try:
+        return parse_providers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+
 def cmd_bench(args) -> int:
     import torch
 
     import vitfast
     from vitfast.arch import build_timm
+    from vitfast.bench import DEFAULT_PROVIDERS, format_report, plot_report, run_bench
     from vitfast.checkpoint import read_config
-    from vitfast.demo import count_parameters, flops_per_image, format_table, measure_latency
+    from vitfast.export import model_input_shape
 
-    _set_threads(args.threads)
     device = _device(args.device)
+    json_path = _output_path(args.json, "--json") if args.json else None
+    png_path = _output_path(args.png, "--png") if args.png else None
+    threads = args.threads or [torch.get_num_threads()]
+    if args.providers is not None:
+        providers = args.providers
+        if device.type != "cpu" and any(p.startswith("ort-") for p in providers):
+            raise CLIError(f"--providers: ONNX Runtime providers run on the CPU only, got {','.join(providers)} "
+                           f"with --device {args.device}")
+    else:
+        providers = [p for p in DEFAULT_PROVIDERS if device.type == "cpu" or not p.startswith("ort-")]
     torch.manual_seed(0)
     if os.path.exists(args.target):
         if not os.path.isfile(args.target):
@@ -517,50 +546,83 @@ def cmd_bench(args) -> int:
                 raise CLIError(f"--{flag.replace('_', '-')}: only applies when TARGET is a timm model name")
         fused = vitfast.load(args.target)
         baseline = build_timm(read_config(args.target)["architecture"]).eval()
-        baseline_note = "baseline = timm eager on the file's timm skeleton (vanilla blocks, random weights)"
+        note = "baseline = timm eager on the file's timm skeleton (vanilla blocks, random weights); fused = the file"
+        recipe = {"file": os.path.basename(args.target)}
+        title = f"vitfast bench {os.path.basename(args.target)}"
     else:
         theta = 0.75 if args.channel_idle is None else args.channel_idle
         baseline = _timm_model(args.target, pretrained=None, img_size=args.img_size, num_classes=args.num_classes,
                                model_kwargs=args.model_kwargs, flag="TARGET").eval()
         trainable = vitfast.convert.from_timm(baseline, channel_idle=theta, norm=args.norm, heuristic=args.heuristic).eval()
         fused = vitfast.fuse(trainable)
-        baseline_note = f"baseline = timm eager {args.target} (random weights); vitfast: θ={theta}, norm={args.norm}, heuristic={args.heuristic}"
-    img_size, _ = _model_input(baseline)
-    proj = getattr(getattr(baseline, "patch_embed", None), "proj", None)
-    shape = (proj.in_channels if proj is not None else 3, img_size, img_size)
+        del trainable
+        note = f"baseline = timm {args.target} (random weights); fused: θ={theta}, norm={args.norm}, heuristic={args.heuristic}"
+        recipe = {"model": args.target, "channel_idle": theta, "norm": args.norm, "heuristic": args.heuristic,
+                  "img_size": args.img_size, "num_classes": args.num_classes, "model_kwargs": args.model_kwargs or {}}
+        title = f"vitfast bench {args.target} θ={theta} ({args.norm} norm)"
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    report = run_bench(
+        baseline, fused, input_shape=model_input_shape(baseline), threads=threads, batch_sizes=args.batch_sizes,
+        providers=providers, repeats=args.repeats, warmup=args.warmup, device=device, ort_spinning=args.ort_spinning,
+        meta={"title": title, "target": args.target, "recipe": recipe, "note": note}, log=log,
+    )
+    print(format_report(report))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {json_path}")
+    if png_path:
+        plot_report(report, png_path)
+        print(f"wrote {png_path}")
+    return EXIT_CHECK_FAILED if report["errors"] else EXIT_OK
 
-    class _Reference(torch.nn.Module):
-        """The fused model forced onto vitfast.reference (eager PyTorch): isolates what the kernels add."""
 
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
+# ---------------------------------------------------------------------------------------------- export
+def _export_batch(text: str):
+    if text == "dynamic":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'dynamic' or a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'dynamic' or a positive integer, got {value}")
+    return value
 
-        def forward(self, x):
-            previous = vitfast.get_backend()
-            vitfast.set_backend("reference")
-            try:
-                return self.inner(x)
-            finally:
-                vitfast.set_backend(previous)
 
-    models = {"timm eager": baseline.to(device), "vitfast fused (kernels)": fused.to(device),
-              "vitfast fused (reference ops)": _Reference(fused)}
-    flops = {k: flops_per_image(m, shape) for k, m in models.items()}
-    rows = []
-    for batch in args.batch_sizes:
-        x = torch.randn(batch, *shape, device=device)
-        lat = measure_latency(models, x, repeats=args.repeats, warmup=args.warmup)
-        base = lat["timm eager"]["median_ms"]
-        for name, r in lat.items():
-            rows.append([name, str(batch), f"{r['median_ms']:.3f}", f"{r['p10_ms']:.3f}-{r['p90_ms']:.3f}",
-                         f"{r['images_per_s']:.1f}", f"{base / r['median_ms']:.2f}x",
-                         f"{count_parameters(models[name]):,}", _si(flops[name])])
-    where = (f"{torch.get_num_threads()} thread(s); CPU path {vitfast.ops.cpu_isa()}" if device.type == "cpu"
-             else f"device {torch.cuda.get_device_name(device)}")
-    print(f"{baseline_note}; input {shape}; {where}; "
-          f"{args.repeats} interleaved repeats after {args.warmup} warm-up calls")
-    print(format_table(["model", "batch", "median ms", "p10-p90 ms", "img/s", "speed-up", "params", "FLOPs/img"], rows))
+def cmd_export(args) -> int:
+    import torch
+
+    import vitfast
+    from vitfast.export import ExportError, ExportMismatchError, to_onnx
+
+    out = _output_path(args.output)
+    if _file_kind(args.fused) != "fused":
+        raise CLIError(f"FUSED: expected a fused .safetensors (from `vitfast fuse`), got a train-time file {args.fused!r} "
+                       "(fuse it first)")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model = vitfast.load(args.fused)
+    try:
+        report = to_onnx(model, out, batch=args.batch, opset=args.opset, exporter=args.exporter,
+                         check=not args.no_check, atol=args.atol, rtol=args.rtol)
+    except ExportMismatchError as exc:
+        print(f"vitfast export: MISMATCH: {exc}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    except ExportError as exc:
+        print(f"vitfast export: error: {exc}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    batch = "dynamic batch axis" if report.dynamic_batch else f"batch {report.batch}"
+    print(f"wrote {out} ({report.bytes / 1e6:.2f} MB): {report.exporter} exporter, opset {report.opset}, {batch}, "
+          f"input {report.input_shape}, {report.nodes} nodes, standard ONNX ops only: {', '.join(report.op_types)}")
+    if report.notes:
+        print("notes: " + "; ".join(report.notes))
+    if args.no_check:
+        print("not checked in ONNX Runtime (--no-check)")
+    else:
+        print(f"check: ONNX Runtime vs vitfast at batch {' and '.join(map(str, report.checked_batches))}: "
+              f"max |Δ| = {report.max_abs_diff:.3e} (tolerance {report.tolerance:.3e} = atol {args.atol:g} + "
+              f"rtol {args.rtol:g} x max|output| {report.max_abs_output:.3g}): OK")
     return EXIT_OK
 
 
@@ -729,24 +791,68 @@ def build_parser() -> argparse.ArgumentParser:
 
     # bench
     p = sub.add_parser(
-        "bench", formatter_class=_Formatter, help="latency: fused vitfast vs timm eager",
+        "bench", formatter_class=_Formatter, help="latency: timm eager, torch.compile, ONNX Runtime and vitfast",
         description=textwrap.dedent("""\
-            Time a fused model (a .safetensors from `vitfast fuse`, or a timm name converted with the recipe
-            options and fused, random weights) against timm eager PyTorch, and against the same fused model on
-            vitfast.reference ops (shows what the kernels add).  Calls are interleaved; reports the median,
-            the p10-p90 spread, images/s and the speed-up over timm.  For a file, the timm baseline is the
-            file's skeleton with vanilla blocks (the architecture before conversion, random weights)."""),
-        epilog="examples:\n  vitfast bench fused.safetensors --threads 1 --batch-sizes 1,64\n"
+            Build the baseline (a timm model by name, random weights) and its fused model (the recipe options:
+            --channel-idle, --norm, ...), or take a fused .safetensors (the baseline is then the file's timm
+            skeleton with vanilla blocks), and time them on several runtimes at every --threads x --batch-sizes:
+              timm       timm eager PyTorch (the baseline; always included: speed-ups are against it)
+              compile    the baseline under torch.compile
+              ort-timm   ONNX Runtime running the baseline
+              ort-fused  ONNX Runtime running the fused graph (exported through the reference path)
+              vitfast    the fused model on vitfast's kernels
+              reference  the fused model on vitfast.reference ops (not in the default set)
+            Prints one table: median latency and the p10-p90 spread over interleaved calls (the order rotates
+            every round), images/s, GFLOP per forward (FlopCounterMode), % of the FLOP floor (FLOPs / the fp32
+            sgemm rate, torch.mm 2048^3, measured in the same run at the same thread count) and the speed-up
+            over timm eager.  ORT sessions: intra-op threads = --threads, one inter-op thread, all graph
+            optimisations.  Progress goes to stderr.  Exit status 1 if a provider failed (the others are
+            still reported)."""),
+        epilog="examples:\n"
+               "  vitfast bench deit_base_patch16_224 --channel-idle 0.75 --threads 1,2 --batch-sizes 1,8 --json r.json --png r.png\n"
+               "  vitfast bench fused.safetensors --threads 1 --batch-sizes 1,64 --providers timm,vitfast,reference\n"
                "  vitfast bench deit_small_patch16_224 --channel-idle 0.75 --batch-sizes 1 --repeats 10",
     )
-    p.add_argument("target", metavar="TARGET", help="fused .safetensors, or a timm model name")
-    p.add_argument("--batch-sizes", type=_batch_list, default="1,64", metavar="B1,B2", help="batch sizes")
-    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: torch's)")
-    p.add_argument("--repeats", type=_positive_int, default=20, help="timed calls per model and batch size")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls first")
-    p.add_argument("--device", default="cpu", help="device to time on (cpu, cuda, ...); CUDA calls are synchronised")
+    p.add_argument("target", metavar="TARGET", help="a timm model name (with the recipe options), or a fused .safetensors")
+    p.add_argument("--providers", type=_providers, default=None, metavar="P1,P2",
+                   help="runtimes to time [default: timm,compile,ort-timm,ort-fused,vitfast; without ort-* off the CPU]")
+    p.add_argument("--threads", type=_thread_list, default=None, metavar="T1,T2", help="CPU thread counts [default: torch's]")
+    p.add_argument("--batch-sizes", type=_batch_list, default="1,8", metavar="B1,B2", help="batch sizes")
+    p.add_argument("--repeats", type=_positive_int, default=10, help="timed calls per provider at each (threads, batch)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls first (at least 1: compiles, ORT's first run)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the whole report as JSON")
+    p.add_argument("--png", default=None, metavar="PATH", help="write a chart (speed-up and %% of floor per provider)")
+    p.add_argument("--device", default="cpu", help="device for the torch providers (cpu, cuda, ...); CUDA calls are synchronised")
+    p.add_argument("--ort-spinning", action="store_true",
+                   help="let ORT's intra-op workers spin after a run (ORT's default; off here because the spinning "
+                        "workers hold the cores while the next provider of the interleaved round runs)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     _add_recipe_args(p, convert=True)
     p.set_defaults(func=cmd_bench)
+
+    # export
+    p = sub.add_parser(
+        "export", formatter_class=_Formatter, help="fused .safetensors -> ONNX (standard ops), checked in ONNX Runtime",
+        description=textwrap.dedent("""\
+            Export a fused model to ONNX with standard ONNX operators only: it is traced on vitfast's reference
+            path (plain PyTorch ops), so no vitfast custom op reaches the graph (checked: a custom-domain node is
+            an error).  The file is then run in ONNX Runtime against vitfast's own output (its kernels) at two
+            batch sizes; if max |Δ| > atol + rtol x max|output| nothing is written and the exit status is 1.
+            Exporter: "auto" uses torch's TorchScript exporter where torch has it (torch 2.4 and later) and the
+            torch.export-based one (dynamo=True) otherwise."""),
+        epilog="examples:\n  vitfast export fused.safetensors -o model.onnx\n"
+               "  vitfast export fused.safetensors -o model_b8.onnx --batch 8 --opset 18 --exporter dynamo",
+    )
+    p.add_argument("fused", type=_existing_file, metavar="FUSED", help="fused .safetensors (from `vitfast fuse`)")
+    p.add_argument("-o", "--output", required=True, help="output .onnx path")
+    p.add_argument("--batch", type=_export_batch, default="dynamic", help="'dynamic' (a symbolic batch axis) or a fixed batch size")
+    p.add_argument("--opset", type=int, default=None, help="ONNX opset [default: 17 TorchScript exporter, 18 dynamo]")
+    p.add_argument("--exporter", choices=("auto", "torchscript", "dynamo"), default="auto", help="torch ONNX exporter")
+    p.add_argument("--atol", type=_nonneg_float, default=1e-4, help="absolute tolerance of the ONNX Runtime check")
+    p.add_argument("--rtol", type=_nonneg_float, default=1e-4, help="tolerance relative to the largest |output|")
+    p.add_argument("--no-check", action="store_true", help="skip the ONNX Runtime comparison (onnx.checker still runs)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads")
+    p.set_defaults(func=cmd_export)
 
     # demo
     p = sub.add_parser(

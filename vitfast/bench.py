@@ -1,0 +1,473 @@
+"""`vitfast bench`: end-to-end latency of a timm baseline and its fused vitfast model on several runtimes.
+
+    report = run_bench(baseline, fused, threads=(1, 2), batch_sizes=(1, 8))   # see `vitfast bench --help`
+    print(format_report(report)); plot_report(report, "chart.png")
+
+Providers (keys for `providers=` / `--providers`):
+
+    timm       timm eager PyTorch (the baseline, random weights)
+    compile    the baseline under torch.compile (inductor, default mode; compiled again per thread count)
+    ort-timm   ONNX Runtime running the baseline exported to ONNX
+    ort-fused  ONNX Runtime running the fused model exported through the reference path (vitfast.export)
+    vitfast    the fused model on vitfast's kernels
+    reference  the fused model on vitfast.reference ops (eager PyTorch; shows what the kernels add)
+
+What is measured, per (threads, batch):
+* latency: every provider is warmed up (at least one untimed call: compiles, ORT's first run), then the
+  timed calls are interleaved — one call of each provider per round, the order rotated every round — so load
+  from other processes slows all providers alike instead of whichever happened to run during a busy moment.
+  Reported: median, p10 and p90 over the rounds, images/s = batch / median.
+* GFLOP per forward: PyTorch's FlopCounterMode (matmuls, convolutions, attention; 2 FLOPs per multiply-add;
+  norms, GELU and softmax not counted), on one image, times the batch.  The fused model is counted on its
+  reference path (plain torch ops, the same arithmetic as the kernels), so the count does not depend on which
+  ops have FLOP formulas.  Providers that run the same graph share its count: timm/compile/ort-timm the
+  baseline's, vitfast/reference/ort-fused the fused model's.
+* floor: FLOPs / the machine's fp32 GEMM rate, measured in the same run at the same thread count just before
+  and just after the rounds of that (threads, batch) (torch.mm of 2048x2048 fp32, median of those calls).
+  "% floor" = floor / median latency = achieved GFLOP/s as a share of sgemm GFLOP/s.
+* speed-up: timm eager's median / the provider's median, both from the same rounds.
+
+The ONNX exports are checked against their PyTorch source in ONNX Runtime (`vitfast.export.to_onnx`); their
+max |Δ| goes into the report.  Torch providers run under torch.set_num_threads(threads); ORT sessions use
+intra_op_num_threads = threads, inter_op_num_threads = 1, all graph optimisations.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+__all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "SCHEMA", "run_bench", "format_report", "plot_report", "sgemm_gflops",
+           "parse_providers"]
+
+SCHEMA = "vitfast.bench/1"
+# key -> (label, which model's FLOPs it runs)
+PROVIDERS: Dict[str, Tuple[str, str]] = {
+    "timm": ("timm eager", "baseline"),
+    "compile": ("timm torch.compile", "baseline"),
+    "ort-timm": ("ORT timm", "baseline"),
+    "ort-fused": ("ORT fused", "fused"),
+    "vitfast": ("vitfast fused (kernels)", "fused"),
+    "reference": ("vitfast fused (reference ops)", "fused"),
+}
+DEFAULT_PROVIDERS = ("timm", "compile", "ort-timm", "ort-fused", "vitfast")
+SGEMM_N = 2048
+
+
+def parse_providers(text: str) -> List[str]:
+    """'timm,vitfast' -> ['timm', 'vitfast'] (ValueError naming --providers on an unknown key)."""
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in PROVIDERS]
+    if not keys or unknown:
+        raise ValueError(f"--providers: expected a comma-separated subset of {','.join(PROVIDERS)}, got {text!r}")
+    return list(dict.fromkeys(keys))
+
+
+def _quantiles(values: Sequence[float]) -> Tuple[float, float, float]:
+    """(median, p10, p90)."""
+    values = sorted(values)
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q = statistics.quantiles(values, n=10, method="inclusive")
+    return statistics.median(values), q[0], q[-1]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def sgemm_gflops(device: torch.device, calls: int = 3, n: int = SGEMM_N) -> List[float]:
+    """GFLOP/s of `calls` torch.mm calls on fp32 n×n at the current thread count (one untimed call first)."""
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    torch.mm(a, b)
+    rates = []
+    for _ in range(calls):
+        _sync(device)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        _sync(device)
+        rates.append(2 * n**3 / (time.perf_counter() - t0) / 1e9)
+    return rates
+
+
+def _flops(baseline: nn.Module, fused: nn.Module, shape: Sequence[int]) -> Dict[str, int]:
+    from .demo import flops_per_image
+    from .export import reference_backend
+
+    with reference_backend():
+        fused_flops = flops_per_image(fused, shape)
+    return {"baseline": flops_per_image(baseline, shape), "fused": fused_flops}
+
+
+def _machine() -> Dict[str, Any]:
+    import vitfast
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "vitfast": vitfast.__version__}
+    for name in ("timm", "onnx", "onnxruntime"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            versions[name] = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "cpu_isa": vitfast.ops.cpu_isa(),
+            "extension_loaded": vitfast.ops.extension_loaded(), "versions": versions}
+
+
+class _Provider:
+    """One runtime: `prepare(threads)` once per thread count (sessions, compiles), then `call(batch)`."""
+
+    def __init__(self, key: str, label: str, flops_of: str) -> None:
+        self.key, self.label, self.flops_of = key, label, flops_of
+
+    def prepare(self, threads: int) -> None:
+        pass
+
+    def warm(self, x: torch.Tensor) -> None:
+        self.call(x)
+
+    def call(self, x: torch.Tensor) -> Any:
+        raise NotImplementedError
+
+
+class _Torch(_Provider):
+    def __init__(self, key, label, flops_of, model: nn.Module, backend: Optional[str] = None) -> None:
+        super().__init__(key, label, flops_of)
+        self.model, self.backend = model, backend
+
+    def call(self, x):
+        if self.backend is None:
+            return self.model(x)
+        from ._env import get_backend, set_backend
+
+        previous = get_backend()
+        set_backend(self.backend)
+        try:
+            return self.model(x)
+        finally:
+            set_backend(previous)
+
+
+class _Compiled(_Provider):
+    """torch.compile of the baseline, compiled afresh per thread count: inductor's CPU code fixes its OpenMP
+    thread count when it is generated."""
+
+    def __init__(self, key, label, flops_of, model: nn.Module) -> None:
+        super().__init__(key, label, flops_of)
+        self.model, self.compiled, self.threads = model, None, None
+
+    def prepare(self, threads):
+        torch._dynamo.reset()
+        self.compiled, self.threads = torch.compile(self.model), threads
+
+    def _config(self):
+        try:
+            import torch._inductor.config as inductor_config
+
+            return inductor_config.patch({"cpp.threads": self.threads})
+        except Exception:  # an inductor without that option: it reads torch.get_num_threads() itself
+            return contextlib.nullcontext()
+
+    def warm(self, x):
+        with self._config():
+            self.compiled(x)
+
+    def call(self, x):
+        return self.compiled(x)
+
+
+class _Ort(_Provider):
+    def __init__(self, key, label, flops_of, path: str, spinning: bool) -> None:
+        super().__init__(key, label, flops_of)
+        self.path, self.spinning, self.session, self.input_name = path, spinning, None, None
+        self._numpy: Dict[int, Any] = {}
+
+    def prepare(self, threads):
+        from .export import ort_session
+
+        self.session = ort_session(self.path, threads, spinning=self.spinning)
+        self.input_name = self.session.get_inputs()[0].name
+
+    def call(self, x):
+        key = id(x)
+        if key not in self._numpy:  # the same buffer, viewed once (not timed again per call)
+            self._numpy = {key: x.numpy()}
+        return self.session.run(None, {self.input_name: self._numpy[key]})
+
+
+def run_bench(
+    baseline: nn.Module,
+    fused: nn.Module,
+    *,
+    input_shape: Optional[Sequence[int]] = None,
+    threads: Sequence[int] = (1,),
+    batch_sizes: Sequence[int] = (1, 8),
+    providers: Sequence[str] = DEFAULT_PROVIDERS,
+    repeats: int = 10,
+    warmup: int = 2,
+    device: str | torch.device = "cpu",
+    workdir: Optional[str] = None,
+    ort_spinning: bool = False,
+    meta: Optional[Mapping[str, Any]] = None,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> Dict[str, Any]:
+    """Time every provider at every (threads, batch); returns the report (a JSON-ready dict, schema SCHEMA).
+
+    baseline: the timm model (eval mode, random weights); fused: its fused vitfast model.
+    workdir: where the ONNX files go (default: a temporary directory, removed afterwards).
+    ort_spinning: let ONNX Runtime's intra-op workers spin after a run (its default).  Off here by default:
+        in interleaved rounds the spinning workers hold the cores while the next provider runs (with 2 threads
+        on 2 loaded cores, timm eager calls of 0.4 ms took ~200 ms right after an ORT call).  One thread has no
+        workers, so it changes nothing there.
+    log: progress lines (default: stderr).  Providers that fail to build or run are reported in
+    report["errors"] and left out of the results; the rest still run.
+    """
+    from .export import model_input_shape, to_onnx
+
+    t_start = time.perf_counter()
+    device = torch.device(device)
+    providers = list(providers)
+    unknown = [p for p in providers if p not in PROVIDERS]
+    if not providers or unknown:
+        raise ValueError(f"providers: expected a non-empty subset of {list(PROVIDERS)}, got {providers}")
+    for name, values in (("threads", threads), ("batch_sizes", batch_sizes)):
+        if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            raise ValueError(f"{name}: expected a non-empty list of positive ints, got {list(values)}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats: expected a positive int, got {repeats!r}")
+    if device.type != "cpu" and any(p.startswith("ort-") for p in providers):
+        raise ValueError(f"providers: ONNX Runtime providers run on the CPU only, got {providers} with device {device}")
+    shape = tuple(input_shape) if input_shape is not None else model_input_shape(baseline)
+    baseline, fused = baseline.eval().to(device), fused.eval().to(device)
+    if "timm" not in providers:
+        providers.insert(0, "timm")  # the speed-up reference
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    log(f"bench: input {shape}, providers {', '.join(providers)}, threads {list(threads)}, batches {list(batch_sizes)}, "
+        f"{repeats} interleaved repeats after {max(1, warmup)} warm-up call(s)"
+        + (f"; load average at start {load_start[0]:.2f}" if load_start else ""))
+
+    log("bench: counting FLOPs (FlopCounterMode, one image)")
+    flops = _flops(baseline, fused, shape)
+    errors: Dict[str, str] = {}
+    exports: Dict[str, Any] = {}
+    cleanup = None
+    if workdir is None and any(p.startswith("ort-") for p in providers):
+        cleanup = tempfile.TemporaryDirectory(prefix="vitfast-bench-")
+        workdir = cleanup.name
+    built: List[_Provider] = []
+    try:
+        for key in providers:
+            label, flops_of = PROVIDERS[key]
+            try:
+                if key == "timm":
+                    built.append(_Torch(key, label, flops_of, baseline))
+                elif key == "vitfast":
+                    built.append(_Torch(key, label, flops_of, fused))
+                elif key == "reference":
+                    built.append(_Torch(key, label, flops_of, fused, backend="reference"))
+                elif key == "compile":
+                    built.append(_Compiled(key, label, flops_of, baseline))
+                else:
+                    source = baseline if key == "ort-timm" else fused
+                    path = os.path.join(workdir, f"{key}.onnx")
+                    log(f"bench: exporting the {'baseline' if key == 'ort-timm' else 'fused model'} to ONNX "
+                        f"and checking it in ONNX Runtime ({path})")
+                    report = to_onnx(source, path, input_shape=shape)
+                    exports[key] = {k: v for k, v in report.to_dict().items() if k != "path"}
+                    log(f"bench:   {report.exporter} exporter, opset {report.opset}, {report.nodes} nodes, "
+                        f"max |Δ| vs PyTorch {report.max_abs_diff:.2e} ({report.seconds:.1f} s)")
+                    built.append(_Ort(key, label, flops_of, path, ort_spinning))
+            except Exception as exc:  # keep going: one broken runtime must not hide the others' numbers
+                errors[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                log(f"bench: {label} left out: {errors[key]}")
+
+        results: List[Dict[str, Any]] = []
+        sgemm: List[Dict[str, Any]] = []
+        configs = [(t, b) for t in threads for b in batch_sizes]
+        previous_threads = torch.get_num_threads()
+        torch.manual_seed(0)
+        inputs = {b: torch.randn(b, *shape, device=device) for b in batch_sizes}
+        step = 0
+        try:
+            for t in threads:
+                torch.set_num_threads(t)
+                active: List[_Provider] = []
+                for p in built:
+                    if p.key in errors:
+                        continue
+                    try:
+                        p.prepare(t)
+                        active.append(p)
+                    except Exception as exc:
+                        errors[p.key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                        log(f"bench: {p.label} left out: {errors[p.key]}")
+                for b in batch_sizes:
+                    step += 1
+                    x = inputs[b]
+                    log(f"bench: [{step}/{len(configs)}] threads {t}, batch {b}: warm-up"
+                        + (" (torch.compile compiles now, this takes a while)" if any(p.key == "compile" for p in active) else ""))
+                    runnable = []
+                    with torch.no_grad():
+                        for p in active:
+                            try:
+                                for i in range(max(1, warmup)):
+                                    p.warm(x) if i == 0 else p.call(x)
+                                _sync(device)
+                                runnable.append(p)
+                            except Exception as exc:
+                                errors[p.key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                                log(f"bench: {p.label} left out: {errors[p.key]}")
+                        active = runnable
+                        log(f"bench: [{step}/{len(configs)}] threads {t}, batch {b}: timing {len(active)} providers "
+                            f"x {repeats} rounds")
+                        rates = sgemm_gflops(device)
+                        times: Dict[str, List[float]] = {p.key: [] for p in active}
+                        for r in range(repeats):
+                            order = active[r % len(active):] + active[:r % len(active)]
+                            for p in order:
+                                _sync(device)
+                                t0 = time.perf_counter()
+                                p.call(x)
+                                _sync(device)
+                                times[p.key].append(time.perf_counter() - t0)
+                        rates += sgemm_gflops(device)
+                    rate, rate_lo, rate_hi = _quantiles(rates)
+                    sgemm.append({"threads": t, "batch": b, "gflops": rate, "p10_gflops": rate_lo, "p90_gflops": rate_hi,
+                                  "calls": len(rates), "n": SGEMM_N})
+                    base = _quantiles(times["timm"])[0] if "timm" in times else None
+                    summary = []
+                    for p in active:
+                        median, p10, p90 = _quantiles(times[p.key])
+                        flop = flops[p.flops_of] * b
+                        floor = flop / (rate * 1e9)
+                        results.append({
+                            "provider": p.key, "label": p.label, "threads": t, "batch": b,
+                            "median_ms": median * 1e3, "p10_ms": p10 * 1e3, "p90_ms": p90 * 1e3,
+                            "images_per_s": b / median, "gflop": flop / 1e9, "gflops_per_s": flop / median / 1e9,
+                            "floor_ms": floor * 1e3, "pct_of_floor": 100 * floor / median,
+                            "speedup_vs_timm": (base / median) if base else None, "repeats": len(times[p.key]),
+                        })
+                        summary.append(f"{p.key} {median * 1e3:.1f}")
+                    log(f"bench: [{step}/{len(configs)}] threads {t}, batch {b}: median ms " + ", ".join(summary)
+                        + f"; sgemm {rate:.1f} GFLOP/s")
+        finally:
+            torch.set_num_threads(previous_threads)
+            if any(p.key == "compile" for p in built):
+                torch._dynamo.reset()
+    finally:
+        built.clear()
+        if cleanup is not None:
+            cleanup.cleanup()
+    load_end = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "schema": SCHEMA,
+        **dict(meta or {}),
+        "input_shape": list(shape),
+        "device": str(device),
+        "machine": _machine(),
+        "providers": {k: PROVIDERS[k][0] for k in providers},
+        "threads": list(threads),
+        "batch_sizes": list(batch_sizes),
+        "repeats": repeats,
+        "warmup": max(1, warmup),
+        "ort_spinning": bool(ort_spinning),
+        "flops_per_image": flops,
+        "exports": exports,
+        "sgemm": sgemm,
+        "results": results,
+        "errors": errors,
+        "load_average": {"start": list(load_start) if load_start else None, "end": list(load_end) if load_end else None},
+        "seconds": time.perf_counter() - t_start,
+    }
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """One plain-text table (rows grouped by threads, then batch) with a header saying how it was measured."""
+    from .demo import format_table
+
+    lines = []
+    m = report["machine"]
+    lines.append(f"{report.get('title', 'vitfast bench')}: input {tuple(report['input_shape'])} on {report['device']} "
+                 f"({m['cpu']}, {m['cores']} cores; vitfast CPU path {m['cpu_isa']})")
+    if report.get("note"):
+        lines.append(report["note"])
+    fl = report["flops_per_image"]
+    lines.append(f"GFLOP/image: baseline {fl['baseline'] / 1e9:.4g}, fused {fl['fused'] / 1e9:.4g} "
+                 f"({fl['baseline'] / fl['fused']:.2f}x fewer); {report['repeats']} interleaved rounds after "
+                 f"{report['warmup']} warm-up call(s)")
+    by_threads: Dict[int, List[float]] = {}
+    for s in report["sgemm"]:
+        by_threads.setdefault(s["threads"], []).append(s["gflops"])
+    lines.append("sgemm (torch.mm 2048^3 fp32, measured around each row group): "
+                 + "; ".join(f"{t} thread(s) {min(v):.1f}-{max(v):.1f} GFLOP/s" for t, v in by_threads.items()))
+    for key, e in report.get("exports", {}).items():
+        lines.append(f"{PROVIDERS[key][0]}: {e['exporter']} exporter, opset {e['opset']}, max |Δ| vs PyTorch "
+                     f"{e['max_abs_diff']:.2e}")
+    if any(k.startswith("ort-") for k in report["providers"]):
+        lines.append("ORT sessions: intra-op threads = threads, 1 inter-op thread, all graph optimisations, worker "
+                     f"spinning {'on' if report.get('ort_spinning') else 'off'}")
+    load = report.get("load_average") or {}
+    if load.get("start") and load.get("end"):
+        lines.append(f"load average (1 min) at start {load['start'][0]:.2f}, at end {load['end'][0]:.2f}")
+    rows = []
+    for r in report["results"]:
+        rows.append([
+            r["label"], str(r["threads"]), str(r["batch"]), f"{r['median_ms']:.2f}",
+            f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}", f"{r['images_per_s']:.1f}", f"{r['gflop']:.3g}",
+            f"{r['pct_of_floor']:.0f}%", f"{r['speedup_vs_timm']:.2f}x" if r["speedup_vs_timm"] else "-",
+        ])
+    lines.append("")
+    lines.append(format_table(["provider", "threads", "batch", "median ms", "p10-p90 ms", "img/s", "GFLOP",
+                               "% floor", "vs timm eager"], rows))
+    for key, why in report.get("errors", {}).items():
+        lines.append(f"FAILED: {PROVIDERS[key][0]}: {why}")
+    return "\n".join(lines)
+
+
+def plot_report(report: Mapping[str, Any], path: str) -> None:
+    """PNG chart: speed-up over timm eager and % of the FLOP floor, grouped by (threads, batch), one bar per provider."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    configs = list(dict.fromkeys((r["threads"], r["batch"]) for r in report["results"]))
+    keys = [k for k in report["providers"] if any(r["provider"] == k for r in report["results"])]
+    cell = {(r["provider"], r["threads"], r["batch"]): r for r in report["results"]}
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(configs) + 4), 4.5))
+    width = 0.8 / max(1, len(keys))
+    for ax, field, title in ((axes[0], "speedup_vs_timm", "speed-up vs timm eager (x)"),
+                             (axes[1], "pct_of_floor", "% of FLOP floor (FLOPs / sgemm rate)")):
+        for i, key in enumerate(keys):
+            xs, ys = [], []
+            for j, (t, b) in enumerate(configs):
+                r = cell.get((key, t, b))
+                if r is not None and r.get(field) is not None:
+                    xs.append(j + (i - (len(keys) - 1) / 2) * width)
+                    ys.append(r[field])
+            ax.bar(xs, ys, width, label=PROVIDERS[key][0])
+        ax.set_xticks(range(len(configs)))
+        ax.set_xticklabels([f"{t} thr\nbatch {b}" for t, b in configs])
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].axhline(1.0, color="black", linewidth=0.8)
+    axes[1].axhline(100.0, color="black", linewidth=0.8, linestyle="--")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(report.get("title", "vitfast bench"), fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
