@@ -1,0 +1,151 @@
+"""`vitfast bench` / vitfast.bench: every provider runs, the table/JSON/PNG are produced and self-consistent, failures
+are reported (not hidden), bad arguments give clear errors.  No timing assertions (DESIGN.md §4): only the
+structure and the arithmetic that links the measured numbers."""
+import json
+import math
+
+import pytest
+import timm
+import torch
+
+import vitfast
+from vitfast.bench import DEFAULT_PROVIDERS, PROVIDERS, SCHEMA, format_report, parse_providers, run_bench
+from vitfast.cli import main
+
+TINY = ["vit_tiny_patch16_224", "--img-size", "16", "--num-classes", "10",
+        "--model-kwargs", json.dumps({"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 4})]
+TINY_KW = dict(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=10)
+
+
+def _tiny_pair(theta=0.75):
+    torch.manual_seed(0)
+    baseline = timm.create_model("vit_tiny_patch16_224", **TINY_KW).eval()
+    return baseline, vitfast.fuse(vitfast.convert.from_timm(baseline, channel_idle=theta).eval())
+
+
+def _check_consistent(report, providers, threads, batches):
+    assert report["schema"] == SCHEMA
+    assert list(report["providers"]) == list(providers)
+    assert report["errors"] == {}
+    rows = {(r["provider"], r["threads"], r["batch"]): r for r in report["results"]}
+    assert set(rows) == {(p, t, b) for p in providers for t in threads for b in batches}
+    flops = report["flops_per_image"]
+    assert 0 < flops["fused"] < flops["baseline"]  # θ = 0.75 removes FFN work
+    sgemm = {(s["threads"], s["batch"]): s for s in report["sgemm"]}
+    for (key, t, b), r in rows.items():
+        for field in ("median_ms", "p10_ms", "p90_ms", "images_per_s", "gflop", "floor_ms", "pct_of_floor"):
+            assert math.isfinite(r[field]) and r[field] > 0, (key, field, r[field])
+        assert r["p10_ms"] <= r["median_ms"] <= r["p90_ms"]
+        assert r["repeats"] == report["repeats"]
+        assert r["images_per_s"] == pytest.approx(b / (r["median_ms"] / 1e3))
+        expected_flops = flops[PROVIDERS[key][1]] * b
+        assert r["gflop"] == pytest.approx(expected_flops / 1e9)
+        assert r["floor_ms"] == pytest.approx(expected_flops / (sgemm[(t, b)]["gflops"] * 1e9) * 1e3)
+        assert r["pct_of_floor"] == pytest.approx(100 * r["floor_ms"] / r["median_ms"])
+        assert r["speedup_vs_timm"] == pytest.approx(rows[("timm", t, b)]["median_ms"] / r["median_ms"])
+    for s in report["sgemm"]:
+        assert s["gflops"] > 0 and s["p10_gflops"] <= s["gflops"] <= s["p90_gflops"]
+
+
+def test_cli_all_providers_json_png(tmp_path, capsys):
+    """The whole command on a tiny timm model with every provider, small repeats (~20 s, mostly torch.compile)."""
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    providers = list(PROVIDERS)  # the default five and the reference ops
+    argv = ["bench", *TINY, "--channel-idle", "0.75", "--threads", "1", "--batch-sizes", "1,2", "--repeats", "2",
+            "--warmup", "1", "--providers", ",".join(providers), "--json", str(out_json), "--png", str(out_png)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "[2/2] threads 1, batch 2: timing 6 providers x 2 rounds" in captured.err  # progress on stderr
+    lines = captured.out.splitlines()
+    for key in providers:  # one table row per provider and batch size
+        assert sum(line.startswith(PROVIDERS[key][0] + "  ") for line in lines) == 2, key
+    header = next(line for line in lines if line.startswith("provider"))
+    for column in ("median ms", "p10-p90 ms", "img/s", "GFLOP", "% floor", "vs timm eager"):
+        assert column in header
+    assert "sgemm (torch.mm 2048^3 fp32" in captured.out and "max |Δ| vs PyTorch" in captured.out
+
+    report = json.loads(out_json.read_text())
+    _check_consistent(report, providers, [1], [1, 2])
+    assert report["recipe"]["channel_idle"] == 0.75 and report["input_shape"] == [3, 16, 16]
+    for key in ("ort-timm", "ort-fused"):
+        e = report["exports"][key]
+        assert e["max_abs_diff"] <= e["tolerance"] and e["dynamic_batch"]
+    assert report["machine"]["versions"]["onnxruntime"] and report["load_average"]["start"] is not None
+    assert not report["ort_spinning"]
+
+    data = out_png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    image = matplotlib.image.imread(str(out_png))
+    assert image.shape[0] > 300 and image.shape[1] > 600
+
+
+def test_run_bench_two_thread_counts_and_timm_always_included():
+    baseline, fused = _tiny_pair()
+    lines = []
+    report = run_bench(baseline, fused, threads=[1, 2], batch_sizes=[3], providers=["vitfast", "reference"],
+                       repeats=3, warmup=0, log=lines.append)
+    _check_consistent(report, ["timm", "vitfast", "reference"], [1, 2], [3])
+    assert report["warmup"] == 1  # at least one untimed call
+    assert any("[2/2] threads 2, batch 3" in line for line in lines)
+    text = format_report(report)
+    assert text.count("vitfast fused (kernels)") == 2 and "1 thread(s)" in text and "2 thread(s)" in text
+
+
+def test_run_bench_restores_threads_and_backend():
+    baseline, fused = _tiny_pair()
+    before_threads, before_backend = torch.get_num_threads(), vitfast.get_backend()
+    run_bench(baseline, fused, threads=[before_threads + 1], batch_sizes=[1], providers=["timm", "reference"],
+              repeats=1, log=lambda s: None)
+    assert torch.get_num_threads() == before_threads and vitfast.get_backend() == before_backend
+
+
+def test_a_failing_provider_is_reported_and_the_rest_still_run(monkeypatch, capsys):
+    import vitfast.export
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("exporter exploded")
+
+    monkeypatch.setattr(vitfast.export, "to_onnx", broken)
+    assert main(["bench", *TINY, "--threads", "1", "--batch-sizes", "1", "--repeats", "1",
+                 "--providers", "timm,ort-fused,vitfast"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: ORT fused: RuntimeError: exporter exploded" in out
+    assert any(line.startswith("vitfast fused (kernels)") for line in out.splitlines())
+    assert not any(line.startswith("ORT fused  ") for line in out.splitlines())
+
+
+def test_default_providers_are_the_five_runtimes():
+    assert DEFAULT_PROVIDERS == ("timm", "compile", "ort-timm", "ort-fused", "vitfast")
+    assert parse_providers("vitfast, timm,vitfast") == ["vitfast", "timm"]
+    with pytest.raises(ValueError, match="--providers: expected a comma-separated subset of timm,compile,.*got 'tvm'"):
+        parse_providers("tvm")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", *TINY, "--providers", "timm,tvm"], "--providers: expected a comma-separated subset of timm,compile"),
+    (["bench", *TINY, "--threads", "0"], "--threads: expected comma-separated positive integers such as 1,2, got '0'"),
+    (["bench", *TINY, "--threads", "1,x"], "--threads: expected comma-separated positive integers such as 1,2, got '1,x'"),
+    (["bench", *TINY, "--batch-sizes", "0"], "--batch-sizes: expected comma-separated positive integers"),
+    (["bench", *TINY, "--json", "{tmp}/missing/r.json"], "--json: expected a path in an existing directory"),
+    (["bench", *TINY, "--png", "{tmp}"], "--png: expected a file path, got"),
+    (["bench", "deit_tiny_patch16"], "TARGET: expected a timm model name, got 'deit_tiny_patch16'; did you mean"),
+])
+def test_bad_arguments(tmp_path, capsys, argv, message):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+
+
+def test_run_bench_argument_errors():
+    baseline, fused = _tiny_pair()
+    with pytest.raises(ValueError, match=r"providers: expected a non-empty subset of .*got \['tvm'\]"):
+        run_bench(baseline, fused, providers=["tvm"])
+    with pytest.raises(ValueError, match=r"threads: expected a non-empty list of positive ints, got \[0\]"):
+        run_bench(baseline, fused, threads=[0])
+    with pytest.raises(ValueError, match=r"batch_sizes: expected a non-empty list of positive ints, got \[\]"):
+        run_bench(baseline, fused, batch_sizes=[])
+    with pytest.raises(ValueError, match="repeats: expected a positive int, got 0"):
+        run_bench(baseline, fused, repeats=0)
