@@ -2,6 +2,7 @@
 
     model = vitfast.convert.from_timm(timm_model, channel_idle=0.75, norm="batch")   # then train / finetune
     model = vitfast.convert.from_repavit(torch.load("repavit_base.pth")["model"])    # official weights
+    model = vitfast.convert.from_timm(timm_model, branches=2)                        # non-deep ViT, 12 → 6 blocks
     fused = vitfast.fuse(model)
 
 The result is the same timm model class (a deep copy: the argument is never modified) whose transformer blocks
@@ -14,10 +15,13 @@ from __future__ import annotations
 import copy
 import math
 import re
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+
+if TYPE_CHECKING:
+    from .nn.nondeep import JoinSchedule
 
 from .nn.channel_idle import FFN_NORMS, HEURISTICS, ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock, idle_ratios
 
@@ -65,12 +69,16 @@ def _resolve_ratios(channel_idle, depth: int, heuristic: str, spread: float) -> 
 
 def from_timm(
     model: nn.Module,
-    channel_idle: Union[float, Sequence[float]] = 0.75,
-    norm: str = "batch",
+    channel_idle: Union[float, Sequence[float], None] = None,
+    norm: Optional[str] = None,
     heuristic: str = "static",
     *,
     spread: float = 0.25,
     calibration_images: Optional[torch.Tensor] = None,
+    branches: Optional[int] = None,
+    schedule: Union[str, "JoinSchedule"] = "linear",
+    join_values: bool = False,
+    diversity_weight: float = 0.05,
 ) -> nn.Module:
     """Train-time RePaViT model from a timm ViT/DeiT (incl. distilled) or Swin model.
 
@@ -94,8 +102,34 @@ def from_timm(
         from the pretrained model is only what the method changes: LN → per-channel affine, and the idle
         channels losing their GELU.
     norm="layer" with θ = 0 reproduces the timm model exactly.  Train/eval mode is kept.
+
+    Defaults: channel_idle = 0.75 and norm = "batch" (RePaViT); with `branches`, channel_idle = 0 and
+    norm = "layer" (a plain non-deep model) unless given.
+
+    branches: n ≥ 2 makes a non-deep ViT (non-deep-vit-progressive-reparam; `vitfast.nn.nondeep`): the L timm
+    blocks become L/n `NonDeepBlock`s of n parallel branches (L divisible by n; ViT/DeiT only), each branch
+    initialised from one pretrained layer, composing with `channel_idle` (θ per non-deep block) and `norm`.
+    Mapping: block g's branch b ← layer g·n + b (consecutive layers side by side).  Consecutive layers see
+    nearly the same residual stream, and x + f_1(x) + f_2(x) is the first-order approximation of
+    x + f_1(x) + f_2(x + f_1(x)), so at λ = 0 the converted model is the closest parallel version of the
+    pretrained one; an interleaved mapping (branch b of block g ← layer b·L/n + g) would feed deep layers with
+    shallow features.  λ starts at 0 and follows `schedule` (a `vitfast.nn.JoinSchedule` or its kind: "linear",
+    "cosine", "exp", "sqrt") through the Trainer's `set_step`; `join_values` joins the value path too (the fused
+    attention then has value width d_h instead of n·d_h; see the module doc); `diversity_weight` is α of the
+    diversity regulariser (each block's `extra_loss_weight` is α / number of blocks, so the Trainer adds α × the
+    mean over blocks).
     """
     blocks = _model_blocks(model)  # type check first, before copying anything
+    if branches is not None:
+        if calibration_images is not None:
+            raise ValueError("calibration_images: not supported with branches (BatchNorm calibration is per RePaViT "
+                             "block), got a tensor")
+        return _from_timm_nondeep(
+            model, blocks, branches, 0.0 if channel_idle is None else channel_idle, norm or "layer", heuristic,
+            spread, schedule, join_values, diversity_weight,
+        )
+    channel_idle = 0.75 if channel_idle is None else channel_idle
+    norm = "batch" if norm is None else norm
     if norm not in FFN_NORMS:
         raise ValueError(f"norm: expected one of {FFN_NORMS}, got {norm!r}")
     if heuristic not in HEURISTICS:
@@ -125,6 +159,47 @@ def from_timm(
         setattr(parent, name, new)
     if calibration_images is not None:
         _calibrate_batchnorms(converted, [(new.mlp, ln) for _, _, new, ln in replacements], calibration_images)
+    return converted
+
+
+def _from_timm_nondeep(model, blocks, branches, channel_idle, norm, heuristic, spread, schedule, join_values,
+                       diversity_weight) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    from .nn.nondeep import NonDeepBlock
+
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(
+            f"branches: only timm VisionTransformer models (ViT/DeiT) can be made non-deep, got {type(model).__name__}"
+        )
+    if isinstance(branches, bool) or not isinstance(branches, int) or branches < 2:
+        raise ValueError(f"branches: expected an int >= 2, got {branches!r}")
+    if len(blocks) % branches:
+        raise ValueError(f"branches: expected a divisor of the model depth {len(blocks)}, got {branches}")
+    if norm not in FFN_NORMS:
+        raise ValueError(f"norm: expected one of {FFN_NORMS}, got {norm!r}")
+    if heuristic not in HEURISTICS:
+        raise ValueError(f"heuristic: expected one of {HEURISTICS}, got {heuristic!r}")
+    depth = len(blocks) // branches
+    ratios = _resolve_ratios(channel_idle, depth, heuristic, spread)
+    converted = copy.deepcopy(model)
+    timm_blocks = [block for _, _, block in _model_blocks(converted)]
+    new_blocks = [
+        NonDeepBlock.from_timm_blocks(
+            timm_blocks[g * branches:(g + 1) * branches],
+            schedule=schedule,
+            join_values=join_values,
+            idle_ratio=ratio,
+            ffn_norm=norm,
+            diversity_weight=diversity_weight / depth,
+            name=f"model blocks {g * branches}..{(g + 1) * branches - 1}",
+        )
+        for g, ratio in enumerate(ratios)
+    ]
+    converted.blocks = nn.Sequential(*new_blocks)
+    reduction = getattr(converted.patch_embed, "patch_size", (1,))[0]
+    converted.feature_info = [dict(module=f"blocks.{i}", num_chs=converted.embed_dim, reduction=reduction)
+                              for i in range(depth)]
     return converted
 
 

@@ -3,10 +3,14 @@
 Train-time (RePaViT channel-idle FFN): `ChannelIdleMlp`, `ChannelIdleBlock` (ViT), `ChannelIdleSwinBlock`,
 `idle_ratios`.  Fused (registered, see `registry.py`): `FusedChannelIdleFFN` ("channel_idle_ffn"), `Block`
 ("block", drop-in for timm's ViT Block), `SwinBlock` ("swin_block"), plus the timm-compatible `Attention`.
+Non-deep ViT (parallel branches, progressive joining): train-time `NonDeepBlock` (`NonDeepAttention`, `NonDeepMlp`,
+`JoinSchedule`), fused `XWXBlock` ("xwx_block").
 Every train-time module has `to_fused()`, which `vitfast.fuse` calls.
 """
 from .registry import fused_kinds, fused_module_from_config, is_fused_module, register_fused  # noqa: F401
 from .fused import Attention, Block, FusedChannelIdleFFN, SwinBlock, active_channels  # noqa: F401
+from .xwx import XWXAttention, XWXBlock  # noqa: F401
+from .nondeep import JoinSchedule, NonDeepAttention, NonDeepBlock, NonDeepMlp, join_lambda  # noqa: F401
 from .channel_idle import (  # noqa: F401
     ChannelIdleBlock,
     ChannelIdleMlp,
@@ -28,4 +32,11 @@ __all__ = [
     "ChannelIdleBlock",
     "ChannelIdleSwinBlock",
     "idle_ratios",
+    "XWXAttention",
+    "XWXBlock",
+    "JoinSchedule",
+    "NonDeepAttention",
+    "NonDeepBlock",
+    "NonDeepMlp",
+    "join_lambda",
 ]
