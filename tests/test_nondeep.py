@@ -283,3 +283,69 @@ def test_conversion_errors():
         NonDeepBlock(48, 3, qk_norm=True)
     with pytest.raises(ValueError, match="channel_idle: expected one idle ratio per block \\(2 blocks\\), got 4"):
         from_timm(_vit(depth=4), branches=2, channel_idle=[0.5] * 4)
+
+
+# ------------------------------------------------------------------------------------------------ distillation
+def test_teacher_maps_are_timm_attention():
+    from vitfast.attn_distill import teacher_attention_maps
+
+    teacher = _vit(depth=2)
+    maps = teacher_attention_maps(teacher, IMAGES)
+    assert len(maps) == 2 and maps[0].shape == (2, 3, 17, 17)
+    # the maps reproduce timm's own attention output: proj(P · V)
+    block = teacher.blocks[0]
+    with torch.no_grad():
+        x = teacher.norm_pre(teacher._pos_embed(teacher.patch_embed(IMAGES)))
+        y = block.norm1(x)
+        v = block.attn.qkv(y).reshape(2, 17, 3, 3, 16).permute(2, 0, 3, 1, 4)[2]
+        out = block.attn.proj((maps[0] @ v).transpose(1, 2).reshape(2, 17, 48))
+        assert_close_scaled(out, block.attn(y))
+
+
+def test_attention_distillation_loss_and_trainer():
+    from vitfast.attn_distill import AttentionDistillation, AttentionDistillTrainer, default_layer_map, teacher_attention_maps
+
+    assert default_layer_map(6, 12) == [1, 3, 5, 7, 9, 11]
+    assert default_layer_map(4, 12) == [2, 5, 8, 11]
+    teacher = _vit(depth=4, seed=1)
+    student = from_timm(_vit(depth=4), branches=2)
+    distill = AttentionDistillation(student, teacher)
+    student.train()
+    student(IMAGES)
+    loss = distill(IMAGES)
+    teacher_maps = teacher_attention_maps(teacher, IMAGES)
+    # student block i ↔ teacher block 1, 3 (default map); the recorded maps are checked in test_branch_averaged_maps
+    expected = [torch.nn.functional.mse_loss(block.attn.attention_maps.detach(), teacher_maps[j])
+                for block, j in zip(student.blocks, [1, 3])]
+    assert float(loss.detach()) == pytest.approx(float(torch.stack(expected).mean()), rel=1e-6)
+    assert float(loss.detach()) > 0
+    loss.backward()
+    assert student.blocks[0].attn.branches[0].qkv.weight.grad is not None
+    assert all(p.grad is None for p in teacher.parameters())
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(2)]
+    trainer = AttentionDistillTrainer(student, batches, total_steps=2, lr=1e-4, progress=False, distill=distill)
+    trainer.fit()
+    assert all(m["distill/attn"] > 0 for m in trainer.history)
+    with pytest.raises(ValueError, match=r"layer_map: expected 2 teacher block indices in \[0, 4\)"):
+        AttentionDistillation(student, teacher, layer_map=[0, 4])
+
+
+def test_branch_averaged_maps():
+    """The recorded map is the mean over branches of each branch's joined softmax (eq. 5 with the rescale)."""
+    block = NonDeepBlock.from_timm_blocks(list(_vit(depth=3).blocks)).eval()
+    block.set_lambda(0.3)
+    block.attn.record_attention = True
+    x = torch.randn(2, 17, 48, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        block(x)
+        y = block.norm1(x)
+        scores = []
+        for br in block.attn.branches:
+            q, k, _ = br.qkv(y).reshape(2, 17, 3, 3, 16).permute(2, 0, 3, 1, 4)
+            scores.append(q @ k.transpose(-1, -2))
+        total = sum(scores)
+        scale = math.sqrt(1 + 2 * 0.3 ** 2) * math.sqrt(16)
+        maps = [((s + 0.3 * (total - s)) / scale).softmax(-1) for s in scores]
+        assert_close_scaled(block.attn.attention_maps, sum(maps) / 3)
