@@ -52,7 +52,7 @@ mean over the block's attention and FFN, and `extra_loss_weight` carries α (the
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -66,7 +66,7 @@ from .._validate import check_finite_parameter
 from . import _timm
 from ._fold import batchnorm_scale_shift, fold_ffn
 from .channel_idle import FFN_NORMS, _tokens_batchnorm
-from .fused import FusedChannelIdleFFN, active_channels
+from .fused import active_channels
 
 __all__ = [
     "JOIN_SCHEDULES",
@@ -645,7 +645,3 @@ def _fold_nondeep_mlp(mlp: NonDeepMlp, name: str):
         pre_norm=mlp.pre_norm,
         name=name,
     )
-
-
-def nondeep_blocks(model: nn.Module) -> List[NonDeepBlock]:
-    return [m for m in model.modules() if isinstance(m, NonDeepBlock)]
