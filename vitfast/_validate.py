@@ -6,6 +6,7 @@ and what was given.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -111,6 +112,30 @@ def check_linear_args(
         expected = "[" + ", ".join(str(s) for s in tuple(x.shape[:-1]) + (n,)) + "]"
         raise ValueError(f"residual: expected shape {expected}, got {_fmt_shape(residual)}")
     return n
+
+
+def check_attention_args(qkv: torch.Tensor, num_heads: int, scale: Optional[float]) -> tuple[int, int]:
+    """Validate `attention` arguments; return (H, D).
+
+    qkv [B, N, 3·H·D]: timm's qkv Linear output (q | k | v along the last dimension, H heads of D in each).
+    """
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"qkv: expected a Tensor, got {type(qkv).__name__}")
+    if qkv.dim() != 3:
+        raise ValueError(f"qkv: expected 3-D [B, N, 3·H·D], got shape {_fmt_shape(qkv)}")
+    if qkv.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"qkv: expected dtype float32, float16 or bfloat16, got {qkv.dtype}")
+    if num_heads < 1:
+        raise ValueError(f"num_heads: expected >= 1, got {num_heads}")
+    width = qkv.shape[-1]
+    if width <= 0 or width % (3 * num_heads):
+        raise ValueError(
+            f"qkv: expected last dimension a positive multiple of 3·num_heads = {3 * num_heads}, "
+            f"got shape {_fmt_shape(qkv)}"
+        )
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale}")
+    return num_heads, width // (3 * num_heads)
 
 
 def check_finite_parameter(name: str, t: torch.Tensor) -> None:

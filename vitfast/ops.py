@@ -14,9 +14,9 @@ import torch
 
 from . import reference
 from ._env import get_backend
-from ._validate import check_channel_idle_ffn_args, check_linear_args
+from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
 
-__all__ = ["channel_idle_ffn", "linear", "extension_loaded", "cpu_isa"]
+__all__ = ["attention", "channel_idle_ffn", "linear", "extension_loaded", "cpu_isa"]
 
 SCHEMAS = {
     "channel_idle_ffn": (
@@ -24,6 +24,7 @@ SCHEMAS = {
         "Tensor? b_out=None, Tensor? residual=None) -> Tensor"
     ),
     "linear": "linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor",
+    "attention": "attention(Tensor qkv, int num_heads, float? scale=None) -> Tensor",
 }
 
 _lib = torch.library.Library("vitfast", "DEF")
@@ -49,6 +50,12 @@ def _linear_fake(x, weight, bias=None, residual=None):
     return x.new_empty(tuple(x.shape[:-1]) + (n,))
 
 
+@_register_fake("attention")
+def _attention_fake(qkv, num_heads, scale=None):
+    heads, head_dim = check_attention_args(qkv, num_heads, scale)
+    return qkv.new_empty((qkv.shape[0], qkv.shape[1], heads * head_dim))
+
+
 # ---------------------------------------------------------------------------------------------- CUDA impls
 def _channel_idle_ffn_cuda(x, w_in, b_in, w_out, b_out=None, residual=None):
     from .kernels.channel_idle_ffn import channel_idle_ffn_triton
@@ -65,6 +72,14 @@ def _linear_cuda(x, weight, bias=None, residual=None):
 
 
 _lib.impl("linear", _linear_cuda, "CUDA")
+
+
+def _attention_cuda(qkv, num_heads, scale=None):
+    """No Triton kernel yet: the reference composition (permuted views + SDPA, i.e. flash attention on GPU)."""
+    return reference.attention(qkv, num_heads, scale)
+
+
+_lib.impl("attention", _attention_cuda, "CUDA")
 
 
 # ---------------------------------------------------------------------------------------------- CPU impls
@@ -126,3 +141,11 @@ def linear(
     if get_backend() == "reference":
         return reference.linear(x, weight, bias, residual)
     return torch.ops.vitfast.linear(x, weight, bias, residual)
+
+
+def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) -> torch.Tensor:
+    """`torch.ops.vitfast.attention` (heads of packed qkv → [B, N, H·D]), or the reference when
+    VITFAST_BACKEND=reference."""
+    if get_backend() == "reference":
+        return reference.attention(qkv, num_heads, scale)
+    return torch.ops.vitfast.attention(qkv, num_heads, scale)

@@ -11,9 +11,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._validate import check_channel_idle_ffn_args, check_linear_args
+from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
 
-__all__ = ["channel_idle_ffn", "linear", "xwx_attention"]
+__all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention"]
 
 
 def channel_idle_ffn(
@@ -61,6 +61,19 @@ def linear(
     if residual is not None:
         y = y + residual
     return y
+
+
+def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) -> torch.Tensor:
+    """Multi-head self-attention from timm's packed qkv projection output, in the layout proj reads.
+
+        q, k, v = qkv [B, N, 3, H, D] split;  out_h = softmax(q_h k_hᵀ · scale) v_h   (scale default D^-1/2)
+        returns [B, N, H·D] with head h in columns [h·D, (h+1)·D)  (= timm Attention before proj)
+    """
+    heads, head_dim = check_attention_args(qkv, num_heads, scale)
+    batch, tokens, _ = qkv.shape
+    q, k, v = qkv.reshape(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    return out.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
 
 
 def _check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual) -> None:

@@ -51,6 +51,83 @@ void PackedB::add_to_bias(const float* v) {
   for (int64_t j = 0; j < n_; ++j) bias_.data()[j] += v[j];
 }
 
+void pack_b_transposed(const float* w, int64_t n, int64_t k, int64_t ldw, float* dst) {
+  const int64_t panels = (n + kNr - 1) / kNr;
+  for (int64_t p = 0; p < panels; ++p) {
+    float* panel = dst + p * k * kNr;
+    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      for (int64_t j = 0; j < cols; ++j) panel[kk * kNr + j] = w[(p * kNr + j) * ldw + kk];
+      for (int64_t j = cols; j < kNr; ++j) panel[kk * kNr + j] = 0.0f;
+    }
+  }
+}
+
+void pack_b(const float* b, int64_t k, int64_t n, int64_t ldb, float* dst) {
+  const int64_t panels = (n + kNr - 1) / kNr;
+  for (int64_t p = 0; p < panels; ++p) {
+    float* panel = dst + p * k * kNr;
+    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      std::memcpy(panel + kk * kNr, b + kk * ldb + p * kNr, size_t(cols) * sizeof(float));
+      for (int64_t j = cols; j < kNr; ++j) panel[kk * kNr + j] = 0.0f;
+    }
+  }
+}
+
+namespace {
+
+void run_block(GemmBlockArgs& g, CpuIsa isa) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case CpuIsa::kAvx2: gemm_block_avx2(g); return;
+#endif
+#if defined(__aarch64__)
+    case CpuIsa::kNeon: gemm_block_neon(g); return;
+#endif
+    default: gemm_block_scalar(g); return;
+  }
+}
+
+}  // namespace
+
+void gemm_raw(int64_t m, const float* a, int64_t lda, const float* b_panels, int64_t n, int64_t k, float* c,
+              int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc) {
+  if (m <= 0 || n <= 0) return;
+  GemmBlockArgs g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.lda = lda;
+  g.b = b_panels;
+  g.b_panel_stride = k * kNr;
+  g.panel_begin = 0;
+  g.panel_end = (n + kNr - 1) / kNr;
+  g.c = c;
+  g.ldc = ldc;
+  g.c_padded = ep.c_padded;
+  g.accumulate = ep.accumulate;
+  g.bias = nullptr;
+  g.gelu = ep.gelu;
+  g.addend = ep.addend;
+  g.ld_addend = ep.ld_addend;
+  g.kc = kc;
+  run_block(g, isa);
+}
+
+void softmax_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, CpuIsa isa) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case CpuIsa::kAvx2: softmax_rows_avx2(s, rows, n, ld, scale); return;
+#endif
+#if defined(__aarch64__)
+    case CpuIsa::kNeon: softmax_rows_neon(s, rows, n, ld, scale); return;
+#endif
+    default: softmax_rows_scalar(s, rows, n, ld, scale); return;
+  }
+}
+
 void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64_t panel_begin,
                  int64_t panel_end, float* c, int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc) {
   if (m <= 0 || panel_end <= panel_begin) return;

@@ -92,6 +92,21 @@ void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64
                  int64_t panel_end, float* c, int64_t ldc, const Epilogue& ep, CpuIsa isa,
                  int64_t kc = kDefaultKc);
 
+// Packing into caller-owned memory, for operands that change every call (attention's K and V): `dst` holds
+// panels(n) · k · kNr floats (`packed_floats`); padding columns are written as zeros.
+inline int64_t packed_floats(int64_t n, int64_t k) { return (n + kNr - 1) / kNr * kNr * k; }
+// B = Wᵀ from W [n × k] with row stride ldw (nn.Linear layout; e.g. K_h, so that A · B = Q_h · K_hᵀ).
+void pack_b_transposed(const float* w, int64_t n, int64_t k, int64_t ldw, float* dst);
+// B from B [k × n] row-major with row stride ldb (e.g. V_h, so that A · B = P · V_h).
+void pack_b(const float* b, int64_t k, int64_t n, int64_t ldb, float* dst);
+// C = epilogue(A · B) over such a raw packed B (n columns, depth k; ep.bias is ignored: there is none).
+void gemm_raw(int64_t m, const float* a, int64_t lda, const float* b_panels, int64_t n, int64_t k, float* c,
+              int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc = kDefaultKc);
+
+// Row softmax in place with the given ISA path: rows of s (row stride ld), columns [0, n), after scaling by
+// `scale` (see softmax_rows_* in gemm_isa.h).
+void softmax_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, CpuIsa isa);
+
 // In-place exact erf-GELU with the given ISA path (the same code the GELU epilogue runs).
 void gelu(float* x, int64_t n, CpuIsa isa);
 

@@ -43,17 +43,23 @@ struct GemmBlockArgs {
   int64_t kc;  // K block (cache blocking): the B micro-panel kc × kNr stays in L1 across the row tiles
 };
 
+// Row softmax in place, for attention: for each of `rows` rows of s (row stride ld), over columns [0, n):
+//   t = s · scale;  s = exp(t − max t) / Σ exp(t − max t)      (statistics in fp32; columns >= n untouched)
+void softmax_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
+
 void gemm_block_scalar(const GemmBlockArgs& args);
 void gelu_scalar(float* x, int64_t n);
 
 #if defined(__x86_64__) || defined(__i386__)
 void gemm_block_avx2(const GemmBlockArgs& args);
 void gelu_avx2(float* x, int64_t n);
+void softmax_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
 #endif
 
 #if defined(__aarch64__)
 void gemm_block_neon(const GemmBlockArgs& args);
 void gelu_neon(float* x, int64_t n);
+void softmax_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
 #endif
 
 }  // namespace gemm

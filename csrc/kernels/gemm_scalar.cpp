@@ -62,5 +62,23 @@ void gelu_scalar(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = gelu1(x[i]);
 }
 
+void softmax_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] *= scale;
+      mx = std::fmax(mx, row[j]);
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = std::exp(row[j] - mx);
+      sum += row[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+  }
+}
+
 }  // namespace gemm
 }  // namespace vitfast

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "kernels/erf_poly.h"
+#include "kernels/exp_poly.h"
 #include "kernels/gemm_driver.h"
 #include "kernels/gemm_isa.h"
 
@@ -31,6 +32,20 @@ static inline float32x4_t gelu4(float32x4_t x) {
   const float32x4_t erf = vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(erf_abs), sign));
   const float32x4_t half_x = vmulq_n_f32(x, 0.5f);
   return vfmaq_f32(half_x, half_x, erf);
+}
+
+// exp(x) for x <= 0 (softmax after max subtraction), Cephes' method (exp_poly.h); x < kExpMin gives 0.
+static inline float32x4_t exp4_nonpositive(float32x4_t x) {
+  const uint32x4_t tiny = vcltq_f32(x, vdupq_n_f32(kExpMin));
+  x = vmaxq_f32(x, vdupq_n_f32(kExpMin));
+  const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, kLog2e));
+  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(kLn2Hi));
+  r = vfmsq_f32(r, n, vdupq_n_f32(kLn2Lo));
+  const float32x4_t p = horner(r, kExpP, 6);
+  const float32x4_t er = vaddq_f32(vfmaq_f32(r, vmulq_f32(r, r), p), vdupq_n_f32(1.0f));
+  const int32x4_t pow2n = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  const float32x4_t e = vmulq_f32(er, vreinterpretq_f32_s32(pow2n));
+  return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), tiny));
 }
 
 struct Neon {
@@ -97,6 +112,46 @@ void gelu_neon(float* x, int64_t n) {
     for (int64_t j = i; j < n; ++j) t[j - i] = x[j];
     vst1q_f32(t, gelu4(vld1q_f32(t)));
     for (int64_t j = i; j < n; ++j) x[j] = t[j - i];
+  }
+}
+
+void softmax_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale) {
+  const int64_t body = n - n % 4;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    float32x4_t vmax = vdupq_n_f32(-__builtin_inff());
+    float mx = -__builtin_inff();
+    int64_t j = 0;
+    for (; j < body; j += 4) {
+      const float32x4_t t = vmulq_n_f32(vld1q_f32(row + j), scale);
+      vst1q_f32(row + j, t);
+      vmax = vmaxq_f32(vmax, t);
+    }
+    for (; j < n; ++j) {
+      row[j] *= scale;
+      mx = row[j] > mx ? row[j] : mx;
+    }
+    mx = vmaxvq_f32(vmax) > mx ? vmaxvq_f32(vmax) : mx;
+    const float32x4_t vm = vdupq_n_f32(mx);
+    float32x4_t vsum = vdupq_n_f32(0.0f);
+    for (j = 0; j < body; j += 4) {
+      const float32x4_t e = exp4_nonpositive(vsubq_f32(vld1q_f32(row + j), vm));
+      vst1q_f32(row + j, e);
+      vsum = vaddq_f32(vsum, e);
+    }
+    float sum = vaddvq_f32(vsum);
+    if (j < n) {  // one tail through a padded vector, same arithmetic as the body
+      float t[4] = {0, 0, 0, 0};
+      for (int64_t q = j; q < n; ++q) t[q - j] = row[q] - mx;
+      vst1q_f32(t, exp4_nonpositive(vld1q_f32(t)));
+      for (int64_t q = j; q < n; ++q) {
+        row[q] = t[q - j];
+        sum += t[q - j];
+      }
+    }
+    const float inv = 1.0f / sum;
+    for (j = 0; j < body; j += 4) vst1q_f32(row + j, vmulq_n_f32(vld1q_f32(row + j), inv));
+    for (; j < n; ++j) row[j] *= inv;
   }
 }
 

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "kernels/erf_poly.h"
+#include "kernels/exp_poly.h"
 #include "kernels/gemm_driver.h"
 #include "kernels/gemm_isa.h"
 
@@ -46,6 +47,19 @@ static inline __m256 gelu8(__m256 x) {
   const __m256 erf = _mm256_or_ps(erf_abs, _mm256_and_ps(x, sign_mask));  // erf(−z) = −erf(z)
   const __m256 half_x = _mm256_mul_ps(x, _mm256_set1_ps(0.5f));
   return _mm256_fmadd_ps(half_x, erf, half_x);
+}
+
+// exp(x) for x <= 0 (softmax after max subtraction), Cephes' method (exp_poly.h); x < kExpMin gives 0.
+static inline __m256 exp8_nonpositive(__m256 x) {
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  const __m256 p = horner(r, kExpP, 6);
+  const __m256 er = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(r, r), p, r), _mm256_set1_ps(1.0f));
+  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(er, _mm256_castsi256_ps(pow2n)));
 }
 
 // Distance of the software prefetch of the packed B panel, in k steps (= 64-byte lines); tuned 8..128.
@@ -160,6 +174,52 @@ void gelu_avx2(float* x, int64_t n) {
   if (i < n) {  // one masked tail, same arithmetic as the body
     const __m256i m = lane_mask(int(n - i));
     _mm256_maskstore_ps(x + i, m, gelu8(_mm256_maskload_ps(x + i, m)));
+  }
+}
+
+void softmax_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256i tail = lane_mask(int(n % 8));
+  const int64_t body = n - n % 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    // Pass 1: scale, and the row maximum (masked lanes of the tail read as -inf).
+    __m256 vmax = _mm256_set1_ps(-__builtin_inff());
+    int64_t j = 0;
+    for (; j < body; j += 8) {
+      const __m256 t = _mm256_mul_ps(_mm256_loadu_ps(row + j), vscale);
+      _mm256_storeu_ps(row + j, t);
+      vmax = _mm256_max_ps(vmax, t);
+    }
+    if (j < n) {
+      const __m256 t = _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), vscale);
+      _mm256_maskstore_ps(row + j, tail, t);
+      vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), t, _mm256_castsi256_ps(tail)));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
+    // Pass 2: exp(t - max) and the sum.
+    __m256 vsum = _mm256_setzero_ps();
+    for (j = 0; j < body; j += 8) {
+      const __m256 e = exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), mx));
+      _mm256_storeu_ps(row + j, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    if (j < n) {
+      const __m256 e = _mm256_and_ps(exp8_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(row + j, tail), mx)),
+                                     _mm256_castsi256_ps(tail));
+      _mm256_maskstore_ps(row + j, tail, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(vsum), _mm256_extractf128_ps(vsum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+    // Pass 3: normalise.
+    const __m256 inv = _mm256_set1_ps(1.0f / _mm_cvtss_f32(s4));
+    for (j = 0; j < body; j += 8) _mm256_storeu_ps(row + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), inv));
+    if (j < n) _mm256_maskstore_ps(row + j, tail, _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), inv));
   }
 }
 

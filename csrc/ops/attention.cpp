@@ -1,0 +1,96 @@
+// torch binding of multi-head self-attention from packed qkv: `torch.ops.vitfast.attention` on CPU.
+//
+//   attention(Tensor qkv, int num_heads, float? scale=None) -> Tensor          (schema: vitfast/ops.py)
+//   qkv [B, N, 3·H·D] (timm's qkv Linear output, q | k | v, heads inside each)  ->  [B, N, H·D]
+//   = softmax(Q_h K_hᵀ · scale) V_h per head (scale defaults to D^-1/2), heads side by side: what proj reads.
+//
+// - Checks: the same as vitfast/_validate.check_attention_args, same wording (ValueError).
+// - qkv is read in place (any row stride with unit inner stride); the output is written once, already in
+//   proj's layout: no permute, transpose or copy on either side (see kernels/attention.h).
+// - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
+// - Threads (at::parallel_for): (image, head, query-row block) tasks.  Query rows are split only when there
+//   are fewer than two (image, head) pairs per thread (DeiT-Ti at batch 1 has 3 heads for 2 threads), in
+//   balanced blocks of whole 6-row register blocks; each thread has its own scratch.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "kernels/attention.h"
+#include "kernels/cpu_features.h"
+#include "kernels/gemm.h"
+#include "ops/op_utils.h"
+
+namespace vitfast {
+namespace ops {
+namespace {
+
+// Mirror of vitfast._validate.check_attention_args (same order, same messages).  Returns the head dim.
+int64_t check_args(const at::Tensor& qkv, int64_t num_heads, const std::optional<double>& scale) {
+  TORCH_CHECK_VALUE(qkv.dim() == 3, "qkv: expected 3-D [B, N, 3·H·D], got shape ", fmt_shape(qkv.sizes()));
+  TORCH_CHECK_VALUE(is_float_dtype(qkv.scalar_type()), "qkv: expected dtype float32, float16 or bfloat16, got ",
+                    py_dtype(qkv.scalar_type()));
+  TORCH_CHECK_VALUE(num_heads >= 1, "num_heads: expected >= 1, got ", num_heads);
+  const int64_t width = qkv.size(2);
+  TORCH_CHECK_VALUE(width > 0 && width % (3 * num_heads) == 0, "qkv: expected last dimension a positive multiple "
+                    "of 3·num_heads = ", 3 * num_heads, ", got shape ", fmt_shape(qkv.sizes()));
+  if (scale.has_value())
+    TORCH_CHECK_VALUE(std::isfinite(*scale), "scale: expected a finite number, got ", *scale);
+  TORCH_CHECK_VALUE(qkv.layout() == at::kStrided, "qkv: expected a dense (strided) tensor, got layout ",
+                    qkv.layout());
+  return width / (3 * num_heads);
+}
+
+// Per-thread scratch (packed K/V of one head and its score tile), kept between calls.
+float* thread_workspace(int64_t floats) {
+  thread_local gemm::AlignedFloats buffer;
+  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
+  return buffer.data();
+}
+
+at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional<double> scale_opt) {
+  const int64_t d = check_args(qkv, num_heads, scale_opt);
+  TORCH_CHECK_VALUE(qkv.device().is_cpu(), "qkv: expected device cpu (the CPU kernel), got ", qkv.device());
+  const int64_t batch = qkv.size(0), tokens = qkv.size(1), heads = num_heads, attn_dim = heads * d;
+  if (batch == 0 || tokens == 0) return at::empty({batch, tokens, attn_dim}, qkv.options());
+  // Rows of one image and across images must be uniformly strided with a unit inner stride to be read in
+  // place (true for the qkv Linear's output and for slices of it); anything else is made contiguous.
+  at::Tensor src = qkv;
+  if (src.scalar_type() != at::kFloat || src.stride(2) != 1 || src.stride(0) != src.stride(1) * tokens ||
+      src.stride(1) < 3 * attn_dim)
+    src = src.to(at::kFloat).contiguous();
+  const int64_t ld_qkv = src.stride(1);
+  const float* qp = src.data_ptr<float>();
+  at::Tensor out = at::empty({batch, tokens, attn_dim}, qkv.options().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  const float scale = scale_opt.has_value() ? float(*scale_opt) : 1.0f / std::sqrt(float(d));
+  const CpuIsa isa = active_cpu_isa();
+
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t pairs = batch * heads;
+  const int64_t row_blocks = (tokens + gemm::kMr - 1) / gemm::kMr;
+  const int64_t splits = std::min(row_blocks, pairs >= 2 * threads ? int64_t(1) : (2 * threads + pairs - 1) / pairs);
+  const int64_t max_rows = std::min(tokens, (row_blocks + splits - 1) / splits * gemm::kMr);
+  const int64_t ws_floats = attention_workspace_floats(tokens, d, max_rows);
+  at::parallel_for(0, pairs * splits, 1, [&](int64_t begin, int64_t end) {
+    float* ws = thread_workspace(ws_floats);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pair = t / splits, part = t % splits;
+      const int64_t b = pair / heads, h = pair % heads;
+      const int64_t q0 = std::min(tokens, row_blocks * part / splits * gemm::kMr);
+      const int64_t q1 = std::min(tokens, row_blocks * (part + 1) / splits * gemm::kMr);
+      attention_head(qp + b * tokens * ld_qkv, ld_qkv, tokens, heads, d, h, q0, q1, scale,
+                     op + b * tokens * attn_dim, attn_dim, ws, isa);
+    }
+  });
+  return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace vitfast
+
+TORCH_LIBRARY_IMPL(vitfast, CPU, m) { m.impl("attention", &vitfast::ops::attention_cpu); }

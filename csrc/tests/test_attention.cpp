@@ -1,0 +1,134 @@
+// Attention from packed qkv (attention_head) and the row softmax of every ISA path, against naive
+// double-precision evaluations: odd token counts and head dims around the 6 × 16 register block and the
+// 8/4-lane vectors, query-row blocks (the binding's thread split) giving the same bits, large score ranges
+// (softmax stability, exp underflow), and no write outside the head's output columns.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "tests/test_util.h"
+
+using namespace vitfast;
+using namespace vitfast_test;
+
+namespace {
+
+void check_softmax(CpuIsa isa, std::mt19937& rng, int64_t rows, int64_t n, float spread, float scale) {
+  const int64_t ld = n + 3;
+  const float sentinel = -777.0f;
+  std::vector<float> s = random_vector(rng, size_t(rows * ld), spread);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = n; j < ld; ++j) s[r * ld + j] = sentinel;
+  const std::vector<float> in = s;
+  gemm::softmax_rows(s.data(), rows, n, ld, scale, isa);
+  double worst = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = -INFINITY, sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, double(in[r * ld + j]) * scale);
+    for (int64_t j = 0; j < n; ++j) sum += std::exp(double(in[r * ld + j]) * scale - mx);
+    for (int64_t j = 0; j < n; ++j) {
+      const double ref = std::exp(double(in[r * ld + j]) * scale - mx) / sum;
+      worst = std::max(worst, std::fabs(s[r * ld + j] - ref) / (1e-6 * (1e-6 + ref)));
+    }
+    for (int64_t j = n; j < ld; ++j)
+      VT_CHECK(s[r * ld + j] == sentinel, "[%s] softmax wrote column %lld of %lld", cpu_isa_name(isa),
+               (long long)j, (long long)n);
+  }
+  VT_CHECK(worst <= 1.0, "[%s] softmax rows=%lld n=%lld spread=%g scale=%g: error %.3g x tolerance "
+           "(1e-6 relative)", cpu_isa_name(isa), (long long)rows, (long long)n, spread, scale, worst);
+}
+
+// Returns 1; checks attention_head for every head and compares it with a double-precision evaluation.
+int check_attention(CpuIsa isa, std::mt19937& rng, int64_t tokens, int64_t heads, int64_t d, int64_t q_block) {
+  const int64_t attn = heads * d, ld_qkv = 3 * attn + 2, ld_out = attn + 3;
+  std::vector<float> qkv = random_vector(rng, size_t(tokens * ld_qkv));
+  const float scale = 1.0f / std::sqrt(float(d));
+  const float sentinel = -777.0f;
+  std::vector<float> out(size_t(tokens * ld_out), sentinel);
+  gemm::AlignedFloats ws(attention_workspace_floats(tokens, d, q_block));  // the packed panels need alignment
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t q0 = 0; q0 < tokens; q0 += q_block)
+      attention_head(qkv.data(), ld_qkv, tokens, heads, d, h, q0, std::min(tokens, q0 + q_block), scale,
+                     out.data(), ld_out, ws.data(), isa);
+  double worst = 0.0;
+  std::vector<double> p(static_cast<size_t>(tokens));
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < tokens; ++i) {
+      double mx = -INFINITY, sum = 0.0;
+      for (int64_t j = 0; j < tokens; ++j) {
+        double acc = 0.0;
+        for (int64_t c = 0; c < d; ++c) acc += double(qkv[i * ld_qkv + h * d + c]) * qkv[j * ld_qkv + attn + h * d + c];
+        p[j] = acc * scale;
+        mx = std::max(mx, p[j]);
+      }
+      for (int64_t j = 0; j < tokens; ++j) sum += (p[j] = std::exp(p[j] - mx));
+      for (int64_t c = 0; c < d; ++c) {
+        double acc = 0.0;
+        for (int64_t j = 0; j < tokens; ++j) acc += p[j] / sum * qkv[j * ld_qkv + 2 * attn + h * d + c];
+        worst = std::max(worst, std::fabs(out[i * ld_out + h * d + c] - acc) / (2e-5 * (1.0 + std::fabs(acc))));
+      }
+    }
+  }
+  for (int64_t i = 0; i < tokens; ++i)
+    for (int64_t j = attn; j < ld_out; ++j)
+      VT_CHECK(out[i * ld_out + j] == sentinel, "[%s] attention wrote column %lld of %lld", cpu_isa_name(isa),
+               (long long)j, (long long)attn);
+  VT_CHECK(worst <= 1.0, "[%s] attention tokens=%lld heads=%lld d=%lld q_block=%lld: error %.3g x tolerance",
+           cpu_isa_name(isa), (long long)tokens, (long long)heads, (long long)d, (long long)q_block, worst);
+  return 1;
+}
+
+void test_softmax(CpuIsa isa) {
+  std::mt19937 rng(17);
+  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 197})
+    for (float spread : {0.1f, 3.0f, 60.0f})  // 60: most terms underflow below e^-87 and must become 0
+      check_softmax(isa, rng, 3, n, spread, 0.125f);
+  check_softmax(isa, rng, 2, 50, 1.0f, -2.0f);  // a negative scale: the max is taken after scaling
+  std::printf("[%s] softmax: ok\n", cpu_isa_name(isa));
+}
+
+void test_attention(CpuIsa isa) {
+  std::mt19937 rng(23);
+  int count = 0;
+  for (int64_t tokens : {1, 2, 5, 7, 16, 17, 33, 50})
+    for (int64_t d : {1, 3, 8, 16, 17, 64})
+      for (int64_t heads : {1, 3}) {
+        count += check_attention(isa, rng, tokens, heads, d, tokens);
+        count += check_attention(isa, rng, tokens, heads, d, 6);
+      }
+  count += check_attention(isa, rng, 197, 2, 64, 197);  // a ViT image (N = 197, D = 64)
+  count += check_attention(isa, rng, 197, 1, 64, 102);  // the 2-thread split of it
+  std::printf("[%s] attention parity: %d cases\n", cpu_isa_name(isa), count);
+}
+
+void test_query_block_split(CpuIsa isa) {
+  // Query-row blocks (the binding's split between threads) give the same bits as one call.
+  std::mt19937 rng(3);
+  const int64_t tokens = 29, heads = 2, d = 20, attn = heads * d;
+  std::vector<float> qkv = random_vector(rng, size_t(tokens * 3 * attn));
+  std::vector<float> whole(size_t(tokens * attn)), split(size_t(tokens * attn));
+  gemm::AlignedFloats ws(attention_workspace_floats(tokens, d, tokens));
+  for (int64_t h = 0; h < heads; ++h) {
+    attention_head(qkv.data(), 3 * attn, tokens, heads, d, h, 0, tokens, 0.2f, whole.data(), attn, ws.data(), isa);
+    attention_head(qkv.data(), 3 * attn, tokens, heads, d, h, 0, 12, 0.2f, split.data(), attn, ws.data(), isa);
+    attention_head(qkv.data(), 3 * attn, tokens, heads, d, h, 12, 12, 0.2f, split.data(), attn, ws.data(), isa);
+    attention_head(qkv.data(), 3 * attn, tokens, heads, d, h, 12, tokens, 0.2f, split.data(), attn, ws.data(), isa);
+  }
+  for (size_t i = 0; i < whole.size(); ++i)
+    VT_CHECK(whole[i] == split[i], "[%s] query split differs at %zu", cpu_isa_name(isa), i);
+}
+
+}  // namespace
+
+int main() {
+  for (CpuIsa isa : forced_isas()) {
+    VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
+    test_softmax(active_cpu_isa());
+    test_attention(active_cpu_isa());
+    test_query_block_split(active_cpu_isa());
+  }
+  return finish("test_attention");
+}

@@ -1,0 +1,151 @@
+"""The C++ CPU kernel behind `torch.ops.vitfast.attention` against `vitfast.reference.attention`.
+
+qkv [B, N, 3·H·D] (timm's qkv Linear output) → [B, N, H·D] (what proj reads).  DeiT-Ti/S/B heads at N = 197
+and odd N / D that break the 6 × 16 register block and the 8-lane softmax; every CPU code path forced in turn,
+at 1 and 2 threads (the (image, head, query block) split must not change a bit).  Also strided qkv (a slice
+of a wider tensor, read in place), fp16/bf16, large logits (softmax stability), argument errors, opcheck
+and torch.compile.
+"""
+import pytest
+import torch
+
+import vitfast
+from vitfast import reference
+
+if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
+    raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
+
+from vitfast import _C  # noqa: E402
+
+op = torch.ops.vitfast.attention
+ISAS = _C.supported_cpu_isas()
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    previous = _C.set_cpu_isa(request.param)
+    assert _C.cpu_isa() == request.param
+    yield request.param
+    _C.set_cpu_isa(previous)
+
+
+@pytest.fixture
+def restore_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def check_parity(qkv, heads, tol, scale=None, threads=(1, 2)):
+    atol, rtol = tol[torch.float32]
+    expected = reference.attention(qkv, heads, scale)
+    outs = []
+    for t in threads:
+        torch.set_num_threads(t)
+        outs.append(op(qkv, heads, scale))
+    for out in outs:
+        assert out.shape == expected.shape and out.dtype == expected.dtype and out.is_contiguous()
+        torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("heads", [3, 6, 12], ids=lambda h: f"H{h}")
+@pytest.mark.parametrize("batch", [1, 2])
+def test_parity_deit_heads(heads, batch, isa, tol, restore_threads):
+    check_parity(torch.randn(batch, 197, 3 * heads * 64), heads, tol)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 5, 7, 16, 17, 50, 196])
+@pytest.mark.parametrize("heads,head_dim", [(1, 1), (2, 3), (3, 8), (1, 17), (2, 32), (4, 33)])
+def test_parity_odd_sizes(tokens, heads, head_dim, isa, tol, restore_threads):
+    check_parity(torch.randn(2, tokens, 3 * heads * head_dim), heads, tol)
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, -0.3])
+def test_explicit_scale(scale, isa, tol, restore_threads):
+    check_parity(torch.randn(2, 33, 3 * 2 * 16), 2, tol, scale=scale)
+
+
+def test_large_logits_are_stable(isa, restore_threads):
+    """Scores in the hundreds: exp must be taken after subtracting the row maximum (no inf/NaN).
+
+    At this conditioning fp32 rounding of the scores (|q·k| ~ 10³) moves the probabilities by ~1e-4 in any
+    implementation, so the check is against float64 truth: no worse than 2× PyTorch's own fp32 SDPA error.
+    """
+    qkv = torch.randn(1, 50, 3 * 2 * 16) * 8
+    q, k, v = qkv.double().reshape(1, 50, 3, 2, 16).permute(2, 0, 3, 1, 4).unbind(0)
+    truth = torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+    truth = truth.transpose(1, 2).reshape(1, 50, 32)
+    torch_err = (reference.attention(qkv, 2).double() - truth).abs().max().item()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        out = op(qkv, 2)
+        assert torch.isfinite(out).all()
+        kernel_err = (out.double() - truth).abs().max().item()
+        assert kernel_err <= 2 * torch_err, f"kernel error {kernel_err:.3g} > 2 × SDPA's {torch_err:.3g}"
+
+
+def test_strided_and_non_contiguous_qkv(isa, tol, restore_threads):
+    wide = torch.randn(2, 40, 3 * 2 * 24 + 10)
+    check_parity(wide[:, :, 5 : 5 + 3 * 2 * 24], 2, tol)  # rows strided: read in place
+    check_parity(torch.randn(40, 2, 3 * 2 * 24).transpose(0, 1), 2, tol)  # batch/token swapped: copied
+    check_parity(torch.randn(2, 40, 3 * 2 * 24 * 2)[:, :, ::2], 2, tol)  # inner stride 2: copied
+
+
+def test_empty_batch_and_tokens(isa):
+    assert op(torch.randn(0, 5, 18), 2).shape == (0, 5, 6)
+    assert op(torch.randn(2, 0, 18), 2).shape == (2, 0, 6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_low_precision(dtype, isa, tol):
+    """fp16/bf16 in, same dtype out (computed in fp32 inside): no worse than 2× PyTorch's own error."""
+    qkv = torch.randn(2, 197, 3 * 3 * 64).to(dtype)
+    truth = reference.attention(qkv.float(), 3)
+    out = op(qkv, 3)
+    assert out.dtype == dtype
+    torch_lp = reference.attention(qkv, 3)
+    kernel_err = (out.float() - truth).abs().max().item()
+    torch_err = (torch_lp.float() - truth).abs().max().item()
+    assert kernel_err <= 2 * torch_err, f"{dtype}: kernel error {kernel_err:.3g} > 2 × torch's {torch_err:.3g}"
+    atol, rtol = tol[dtype]
+    torch.testing.assert_close(out, torch_lp, atol=atol, rtol=rtol)
+
+
+BAD = [
+    ("qkv 2-D", lambda: (torch.randn(5, 18), 2, None), "qkv"),
+    ("qkv int", lambda: (torch.ones(1, 5, 18, dtype=torch.int32), 2, None), "qkv"),
+    ("qkv float64", lambda: (torch.randn(1, 5, 18, dtype=torch.float64), 2, None), "qkv"),
+    ("qkv width", lambda: (torch.randn(1, 5, 20), 2, None), "qkv"),
+    ("num_heads 0", lambda: (torch.randn(1, 5, 18), 0, None), "num_heads"),
+    ("scale nan", lambda: (torch.randn(1, 5, 18), 2, float("nan")), "scale"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=lambda c: c[0])
+def test_bad_arguments_name_the_argument(case):
+    _, make, argname = case
+    args = make()
+    with pytest.raises(ValueError, match=rf"^{argname}: expected"):
+        op(*args)
+    with pytest.raises(ValueError, match=rf"^{argname}: expected"):
+        reference.attention(*args)
+
+
+@pytest.mark.parametrize("scale", [None, 0.2])
+def test_opcheck(scale):
+    torch.library.opcheck(op.default, (torch.randn(2, 7, 3 * 2 * 8), 2, scale))
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph(tol):
+    torch._dynamo.reset()
+
+    def block(t):
+        return op(t * 0.5, 2).relu()
+
+    compiled = torch.compile(block, fullgraph=True, backend="inductor")
+    atol, rtol = tol[torch.float32]
+    for x in (torch.randn(2, 13, 48), torch.randn(2, 13, 48)):
+        torch.testing.assert_close(compiled(x), block(x), atol=atol, rtol=rtol)
