@@ -19,19 +19,22 @@ How it works
 
 Exporter choice (`exporter="auto"`)
 -----------------------------------
-Both of torch's exporters were tried on fused DeiT-Ti/S/B (torch 2.14, onnx 1.23, onnxruntime 1.23) and both
-produce standard-op graphs that match within ~1e-6:
+Both of torch's exporters were tried with torch 2.14 (onnx 1.23, onnxruntime 1.32, the only torch installed here:
+torch 2.4 itself was not run): on fused DeiT-Ti and tiny test models both produce standard-op graphs that ONNX
+Runtime runs within ~1e-6 of vitfast; fused DeiT-S/B went through the TorchScript exporter in `vitfast bench`
+(max |Δ| ~4e-6).
 
-* TorchScript (`torch.onnx.export(..., dynamo=False)`): present in every torch from 2.4 to 2.14 (deprecated
+* TorchScript (`torch.onnx.export(..., dynamo=False)`): in torch since 1.2, so in all of 2.4..2.14 (deprecated
   since 2.9, where it warns), exports DeiT-Ti in ~3 s, opset 17 (LayerNormalization) by default, dynamic batch
   through `dynamic_axes`.
-* torch.export-based (`dynamo=True`): the `dynamo` argument only exists from torch 2.5, needs onnxscript, is
-  ~3-4x slower to export, opset 18 by default, dynamic batch through `dynamic_shapes`.
+* torch.export-based (`dynamo=True`): the `dynamo` argument only exists from torch 2.5 (its tutorial: "PyTorch
+  2.5.0 or newer is required"), needs onnxscript, took ~12 s for DeiT-Ti (3-4x longer), opset 18 by default,
+  dynamic batch through `dynamic_shapes`.
 
-"auto" therefore uses the TorchScript exporter where torch still has it (the one path that works on the
+"auto" therefore uses the TorchScript exporter where torch still has it (the one path that exists on the
 whole supported range, torch>=2.4) and the torch.export-based one otherwise or if the TorchScript export
-raises; the report records which one produced the file.  ONNX Runtime ran both graphs equally fast within
-noise (DeiT-Ti batch 1, one thread).
+raises; the report records which one produced the file.  ONNX Runtime ran the two DeiT-Ti graphs at about the
+same speed (38 vs 41 ms, batch 1, one thread, one noisy run; the TorchScript graph the faster).
 """
 from __future__ import annotations
 
