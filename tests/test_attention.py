@@ -56,6 +56,11 @@ def test_parity_deit_heads(heads, batch, isa, tol, restore_threads):
     check_parity(torch.randn(batch, 197, 3 * heads * 64), heads, tol)
 
 
+def test_parity_long_sequence_query_blocks(isa, tol, restore_threads):
+    """N = 577 (ViT at 384 px): the score tile is capped to stay in L2, so each head runs in query blocks."""
+    check_parity(torch.randn(1, 577, 3 * 2 * 64), 2, tol)
+
+
 @pytest.mark.parametrize("tokens", [1, 2, 5, 7, 16, 17, 50, 196])
 @pytest.mark.parametrize("heads,head_dim", [(1, 1), (2, 3), (3, 8), (1, 17), (2, 32), (4, 33)])
 def test_parity_odd_sizes(tokens, heads, head_dim, isa, tol, restore_threads):

@@ -8,9 +8,10 @@
 // - qkv is read in place (any row stride with unit inner stride); the output is written once, already in
 //   proj's layout: no permute, transpose or copy on either side (see kernels/attention.h).
 // - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
-// - Threads (at::parallel_for): (image, head, query-row block) tasks.  Query rows are split only when there
-//   are fewer than two (image, head) pairs per thread (DeiT-Ti at batch 1 has 3 heads for 2 threads), in
-//   balanced blocks of whole 6-row register blocks; each thread has its own scratch.
+// - Threads (at::parallel_for): (image, head, query-row block) tasks.  Query rows are split when there are
+//   fewer than two (image, head) pairs per thread (DeiT-Ti at batch 1 has 3 heads for 2 threads) or when the
+//   score tile would not fit L2 (long sequences), in balanced blocks of whole 6-row register blocks; each
+//   thread has its own scratch.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -72,7 +73,14 @@ at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t pairs = batch * heads;
   const int64_t row_blocks = (tokens + gemm::kMr - 1) / gemm::kMr;
-  const int64_t splits = std::min(row_blocks, pairs >= 2 * threads ? int64_t(1) : (2 * threads + pairs - 1) / pairs);
+  // Query blocks: enough tasks for the threads, and a score tile of at most kScoreTileFloats so it stays in
+  // L2 (N = 197: one block of 197 rows, 160 KiB; N = 577: blocks of <= 108 rows, 250 KiB) — K and V are
+  // repacked per block, N·D floats each, small next to the block's 4·rows·N·D FLOPs.
+  constexpr int64_t kScoreTileFloats = 64 * 1024;
+  const int64_t padded_tokens = (tokens + gemm::kNr - 1) / gemm::kNr * gemm::kNr;
+  const int64_t blocks_cap = std::max<int64_t>(1, kScoreTileFloats / padded_tokens / gemm::kMr);
+  int64_t splits = pairs >= 2 * threads ? int64_t(1) : (2 * threads + pairs - 1) / pairs;
+  splits = std::min(row_blocks, std::max(splits, (row_blocks + blocks_cap - 1) / blocks_cap));
   const int64_t max_rows = std::min(tokens, (row_blocks + splits - 1) / splits * gemm::kMr);
   const int64_t ws_floats = attention_workspace_floats(tokens, d, max_rows);
   at::parallel_for(0, pairs * splits, 1, [&](int64_t begin, int64_t end) {
