@@ -8,7 +8,8 @@ rename them or change the meaning of a config key.
 * `FusedChannelIdleFFN` — RePaViT eq. 6 through `vitfast.ops.channel_idle_ffn`, the whole FFN sub-block
   including its normalisation and shortcut (x ↦ x + FFN(norm(x))).
 * `Attention` — timm-compatible multi-head self-attention (same child names: qkv, q_norm, k_norm, norm, proj)
-  on `scaled_dot_product_attention`.
+  on `vitfast.ops.linear` (qkv, proj with the block's shortcut fused) and `vitfast.ops.attention` (heads read
+  straight from the qkv output, no permute/copy); SDPA only for masks and qk-norm.
 * `Block` — drop-in for timm's ViT `Block` (same constructor arguments, forward `block(x) -> x` on [B, N, C]):
   non-affine LayerNorm → Attention (norm1's affine folded into qkv, ls1 folded into proj), then the fused FFN.
 * `SwinBlock` — a timm `SwinTransformerBlock` (subclass: isinstance and the window machinery are timm's) whose
@@ -277,7 +278,13 @@ class _ConfigReader:
 
 # ------------------------------------------------------------------------------------------ attention
 class Attention(nn.Module):
-    """timm-compatible multi-head self-attention on `scaled_dot_product_attention` (always the SDPA path).
+    """timm-compatible multi-head self-attention on the vitfast ops.
+
+    qkv and proj run on `ops.linear` (packed weights; on CPU the C++ GEMM), the heads on `ops.attention`,
+    which reads q/k/v straight from the qkv output and writes [B, N, H·D] in proj's layout (on CPU the C++
+    kernel beat SDPA at every DeiT-Ti/S/B shape measured: see benchmarks/bench_attention.py).  An attention
+    mask, `is_causal` or qk-norm take the SDPA path.  `residual` (keyword, not in timm's signature) is added
+    by proj's epilogue: `Block` passes its shortcut, so `x + attn(norm1(x))` costs no extra pass.
 
     Child names and qkv layout ([3, heads, head_dim] along the output rows) are timm's, so timm Attention state
     dicts load unchanged.  Not registered on its own: it is part of `Block`.
@@ -313,15 +320,23 @@ class Attention(nn.Module):
         self.proj = nn.Linear(self.attn_dim, dim, bias=proj_bias, **dd)
 
     def forward(
-        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+        self,
+        x: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        *,
+        residual: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         batch, tokens, _ = x.shape
-        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
-        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
-        x = x.transpose(1, 2).reshape(batch, tokens, self.attn_dim)
-        return self.proj(self.norm(x))
+        qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)
+        if attn_mask is None and not is_causal and isinstance(self.q_norm, nn.Identity):
+            x = ops.attention(qkv, self.num_heads)
+        else:
+            q, k, v = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            q, k = self.q_norm(q), self.k_norm(k)
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+            x = x.transpose(1, 2).reshape(batch, tokens, self.attn_dim)
+        return ops.linear(self.norm(x), self.proj.weight, self.proj.bias, residual)
 
 
 def _fold_attention(norm1: nn.Module, attn: nn.Module, ls1: nn.Module, name: str) -> Dict[str, Any]:
@@ -470,7 +485,7 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
     ) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal)
+        x = self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal, residual=x)  # x + attn(...)
         return self.mlp(x)  # the FFN sub-block adds its own shortcut (explicitly, or folded into W̃)
 
     # -------------------------------------------------------------------------------------- construction
