@@ -27,7 +27,7 @@ def pytest_terminal_summary(terminalreporter):
     if not RESULTS:
         return
     tr = terminalreporter
-    tr.section("channel-idle FFN: GFLOP/s, % of measured sgemm, ratios (medians, same run)")
+    tr.section("vitfast ops: GFLOP/s, % of measured sgemm, ratios (medians, same run)")
     for threads, rate in sorted(_SGEMM.items()):
         tr.write_line(f"sgemm (torch.mm 2048^3 fp32) at {threads} thread(s): {rate:.1f} GFLOP/s")
     header = f"{'case':<32} {'provider':<9} {'ms':>9} {'GFLOP/s':>8} {'%sgemm':>7} {'vs eager':>9} {'vs compile':>11}"

@@ -48,3 +48,23 @@ def record(case: tuple, provider: str, median: float, flops: int, threads: int) 
     }
     RESULTS[(case, provider)] = {"median": median, "flops": flops, "threads": threads, **info}
     return info
+
+
+def run_case(benchmark, fn, args, case: tuple, provider: str, flops: int, threads: int) -> None:
+    """Time fn(*args) at `threads` threads under pytest-benchmark (medians) and record it.
+
+    Two untimed calls first (packing the weights for cpp, compiling for compile), then ~1.5 s of rounds:
+    enough for a stable median on a shared 2-core machine.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            fn(*args)
+            fn(*args)
+            t_est = max(flops / 50e9 / threads, 1e-5)
+            rounds = int(min(200, max(7, 1.5 / t_est)))
+            benchmark.pedantic(fn, args=args, rounds=rounds, iterations=1, warmup_rounds=1)
+    finally:
+        torch.set_num_threads(previous)
+    benchmark.extra_info.update(record(case, provider, benchmark.stats.stats.median, flops, threads))

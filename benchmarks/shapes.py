@@ -44,3 +44,24 @@ def channel_idle_ffn_flops(shape: VitShape, theta: float, batch: int) -> int:
     active, linear = channel_idle_dims(shape, theta)
     rows = batch * shape.tokens
     return 2 * rows * shape.width * (active + linear) + 2 * rows * active * shape.width
+
+
+def linear_layers(shape: VitShape, num_classes: int = 1000) -> dict:
+    """(in, out, rows per image, has residual) of the dense layers a fused ViT block/head runs on `linear`."""
+    c = shape.width
+    return {
+        "qkv": (c, 3 * c, shape.tokens, False),
+        "proj": (c, c, shape.tokens, True),  # the block's shortcut fused as residual
+        "head": (c, num_classes, 1, False),  # on the cls token only
+    }
+
+
+def linear_flops(k: int, n: int, rows: int) -> int:
+    """2·M·K·N (bias and residual adds not counted)."""
+    return 2 * rows * k * n
+
+
+def attention_flops(shape: VitShape, batch: int) -> int:
+    """Q·Kᵀ and P·V: 4·B·H·N²·D (softmax not counted)."""
+    head_dim = shape.width // shape.heads
+    return 4 * batch * shape.heads * shape.tokens**2 * head_dim

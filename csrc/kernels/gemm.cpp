@@ -52,14 +52,17 @@ void PackedB::add_to_bias(const float* v) {
 }
 
 void pack_b_transposed(const float* w, int64_t n, int64_t k, int64_t ldw, float* dst) {
+  // Row by row of W (contiguous reads; the stride-16 writes stay inside one 4·k·kNr-byte panel in L1), as
+  // pack_linear does, rather than one panel line at a time (a gather from 16 rows of W per line).
   const int64_t panels = (n + kNr - 1) / kNr;
-  for (int64_t p = 0; p < panels; ++p) {
-    float* panel = dst + p * k * kNr;
-    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
-    for (int64_t kk = 0; kk < k; ++kk) {
-      for (int64_t j = 0; j < cols; ++j) panel[kk * kNr + j] = w[(p * kNr + j) * ldw + kk];
-      for (int64_t j = cols; j < kNr; ++j) panel[kk * kNr + j] = 0.0f;
-    }
+  for (int64_t col = 0; col < n; ++col) {
+    const float* src = w + col * ldw;
+    float* panel = dst + (col / kNr) * k * kNr + (col % kNr);
+    for (int64_t kk = 0; kk < k; ++kk) panel[kk * kNr] = src[kk];
+  }
+  for (int64_t col = n; col < panels * kNr; ++col) {  // zero padding columns of the tail panel
+    float* panel = dst + (col / kNr) * k * kNr + (col % kNr);
+    for (int64_t kk = 0; kk < k; ++kk) panel[kk * kNr] = 0.0f;
   }
 }
 

@@ -1,0 +1,68 @@
+"""Benchmark of the dense layer y = x·Wᵀ + b (+ residual): providers × the fused ViT's layers × batch × threads.
+
+Providers (baselines imported from vitfast.reference, so they are the same code the tests trust):
+  cpp      torch.ops.vitfast.linear on CPU: the C++ GEMM core (weights packed once, cached)
+  eager    vitfast.reference.linear: F.linear (MKL/oneDNN addmm) + the residual add
+  compile  torch.compile(vitfast.reference.linear)
+
+Layers (benchmarks/shapes.py `linear_layers`): qkv (C → 3C), proj (C → C with the block's shortcut as
+residual), head (C → 1000 on the cls tokens, a strided view).  FLOPs = 2·M·K·N.  The terminal summary
+prints GFLOP/s, % of the measured sgemm rate and the ratios vs eager and vs compile.
+
+    .venv/bin/python -m pytest benchmarks/bench_linear.py
+    .venv/bin/python -m pytest benchmarks/bench_linear.py -k "deit_base and b1 and t1"
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitfast
+from harness import run_case
+from shapes import VIT_SHAPES, linear_flops, linear_layers
+from vitfast import reference
+
+PROVIDERS = ["cpp", "eager", "compile"]
+_COMPILED = {}
+
+
+def make_args(shape, layer, batch):
+    k, n, rows, residual = linear_layers(shape)[layer]
+    g = torch.Generator().manual_seed(0)
+    w = (torch.rand(n, k, generator=g) * 2 - 1) / k**0.5
+    b = (torch.rand(n, generator=g) * 2 - 1) / k**0.5
+    if layer == "head":
+        x = torch.randn(batch, shape.tokens, k, generator=g)[:, 0]  # the cls token, as timm's head reads it
+    else:
+        x = torch.randn(batch, rows, k, generator=g)
+    r = torch.randn(*x.shape[:-1], n, generator=g) if residual else None
+    return (x, w, b, r), linear_flops(k, n, batch * rows)
+
+
+def provider_fn(provider, case):
+    if provider == "cpp":
+        if not vitfast.ops.extension_loaded():
+            pytest.fail("vitfast._C is not built: the cpp provider would silently measure the reference")
+        return torch.ops.vitfast.linear
+    if provider == "eager":
+        return reference.linear
+    if provider == "compile":
+        # One compiled function per case, static shapes (see bench_channel_idle_ffn.py for why the reset).
+        if case not in _COMPILED:
+            torch._dynamo.reset()
+            _COMPILED.clear()
+            _COMPILED[case] = torch.compile(reference.linear, fullgraph=True, dynamic=False)
+        return _COMPILED[case]
+    raise ValueError(provider)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
+@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("layer", ["qkv", "proj", "head"])
+@pytest.mark.parametrize("shape_name", ["deit_tiny", "deit_small", "deit_base"])
+def test_linear(benchmark, shape_name, layer, batch, threads, provider):
+    shape = VIT_SHAPES[shape_name]
+    args, flops = make_args(shape, layer, batch)
+    case = (shape.name, layer, f"b{batch}", f"t{threads}")
+    run_case(benchmark, provider_fn(provider, case), args, case, provider, flops, threads)
