@@ -39,3 +39,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+def _supported_cpu_isas():
+    import vitfast
+
+    if not vitfast.ops.extension_loaded():
+        return []  # the kernel test files refuse to run without the build, with a message saying so
+    from vitfast import _C
+
+    return list(_C.supported_cpu_isas())
+
+
+@pytest.fixture(params=_supported_cpu_isas())
+def isa(request):
+    """Force one CPU code path (scalar / avx2 / neon) for the test, then restore the previous one."""
+    from vitfast import _C
+
+    previous = _C.set_cpu_isa(request.param)
+    assert _C.cpu_isa() == request.param
+    yield request.param
+    _C.set_cpu_isa(previous)
+
+
+@pytest.fixture
+def restore_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)

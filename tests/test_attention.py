@@ -21,21 +21,6 @@ op = torch.ops.vitfast.attention
 ISAS = _C.supported_cpu_isas()
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    previous = _C.set_cpu_isa(request.param)
-    assert _C.cpu_isa() == request.param
-    yield request.param
-    _C.set_cpu_isa(previous)
-
-
-@pytest.fixture
-def restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def check_parity(qkv, heads, tol, scale=None, threads=(1, 2)):
     atol, rtol = tol[torch.float32]
     expected = reference.attention(qkv, heads, scale)

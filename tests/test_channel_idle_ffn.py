@@ -29,22 +29,6 @@ THETAS = [0.0, 0.25, 0.5, 0.75, 1.0]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-@pytest.fixture(params=ISAS)
-def isa(request):
-    """Force one CPU code path for the test, then restore the previous one."""
-    previous = _C.set_cpu_isa(request.param)
-    assert _C.cpu_isa() == request.param
-    yield request.param
-    _C.set_cpu_isa(previous)
-
-
-@pytest.fixture
-def restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def make_args(c, theta, lead, *, linear=True, b_in=True, b_out=True, residual=True, dtype=torch.float32):
     """Op arguments at nn.Linear-like scales (weights ~ U(±1/√fan_in)), built in fp32 then cast."""
     active = math.ceil(4 * c * (1 - theta))

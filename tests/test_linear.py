@@ -21,21 +21,6 @@ op = torch.ops.vitfast.linear
 ISAS = _C.supported_cpu_isas()
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    previous = _C.set_cpu_isa(request.param)
-    assert _C.cpu_isa() == request.param
-    yield request.param
-    _C.set_cpu_isa(previous)
-
-
-@pytest.fixture
-def restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def make_args(k, n, lead, *, bias=True, residual=False, dtype=torch.float32):
     """nn.Linear-like scales (W ~ U(±1/√K)), built in fp32 then cast."""
     args = [
