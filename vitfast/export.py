@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
+
+from ._io import atomic_write
 
 __all__ = ["to_onnx", "ExportReport", "ExportError", "ExportMismatchError", "model_input_shape",
            "check_standard_ops", "ort_session", "reference_backend", "STANDARD_DOMAINS", "EXPORTERS"]
@@ -272,10 +273,11 @@ def to_onnx(
     candidates = [exporter] if exporter != "auto" else (
         ["torchscript", "dynamo"] if _has_torchscript_exporter() else ["dynamo"])
     notes: List[str] = []
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".vitfast-export-", suffix=".onnx", dir=directory)
-    os.close(fd)
-    try:
+    result: Dict[str, ExportReport] = {}
+
+    def write(tmp: str) -> None:
+        # Runs inside atomic_write: any exception (export failure, mismatch) removes the temporary file and
+        # leaves whatever was at `path` untouched.
         used = None
         for name in candidates:
             chosen_opset = opset if opset is not None else DEFAULT_OPSET[name]
@@ -331,13 +333,13 @@ def to_onnx(
                 f"exported graph: ONNX Runtime's output differs from the model's: max |Δ| = {max_diff:.3e}, "
                 f"expected <= {report.tolerance:.3e} (atol {atol:g} + rtol {rtol:g} x max|output| {max_out:.3g}); "
                 f"nothing written at {path!r}", report)
-        os.replace(tmp, path)
-        tmp = None
-        return report
+        result["report"] = report
+
+    try:
+        atomic_write(path, write)
+        return result["report"]
     finally:
         model.train(was_training)
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _report(path, exporter, opset, shape, dynamic, fixed, checked, max_diff, max_out, atol, rtol, op_types, nodes,
