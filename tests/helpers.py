@@ -91,3 +91,17 @@ def official_repavit_state_dict(dim=32, depth=2, hidden=128, patch=8, grid=4, cl
         sd.update(bn(p + "mlp.norm1", dim))
         sd.update(bn(p + "mlp.norm2", hidden))
     return sd
+
+
+def assert_low_precision_no_worse(kernel, reference_fn, args, dtype, tol):
+    """fp16/bf16 in, same dtype out: the kernel's error against the fp32 reference must be no worse than 2× the
+    reference's own error in `dtype` (STYLE.md), and the two low-precision results must agree within `tol`."""
+    truth = reference_fn(*[a.float() if isinstance(a, torch.Tensor) else a for a in args])
+    out = kernel(*args)
+    assert out.dtype == dtype
+    torch_lp = reference_fn(*args)
+    kernel_err = (out.float() - truth).abs().max().item()
+    torch_err = (torch_lp.float() - truth).abs().max().item()
+    assert kernel_err <= 2 * torch_err, f"{dtype}: kernel error {kernel_err:.3g} > 2 × torch's {torch_err:.3g}"
+    atol, rtol = tol[dtype]
+    torch.testing.assert_close(out, torch_lp, atol=atol, rtol=rtol)

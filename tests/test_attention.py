@@ -11,6 +11,7 @@ import torch
 
 import vitfast
 from vitfast import reference
+from helpers import assert_low_precision_no_worse
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
     raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
@@ -92,15 +93,7 @@ def test_empty_batch_and_tokens(isa):
 def test_low_precision(dtype, isa, tol):
     """fp16/bf16 in, same dtype out (computed in fp32 inside): no worse than 2× PyTorch's own error."""
     qkv = torch.randn(2, 197, 3 * 3 * 64).to(dtype)
-    truth = reference.attention(qkv.float(), 3)
-    out = op(qkv, 3)
-    assert out.dtype == dtype
-    torch_lp = reference.attention(qkv, 3)
-    kernel_err = (out.float() - truth).abs().max().item()
-    torch_err = (torch_lp.float() - truth).abs().max().item()
-    assert kernel_err <= 2 * torch_err, f"{dtype}: kernel error {kernel_err:.3g} > 2 × torch's {torch_err:.3g}"
-    atol, rtol = tol[dtype]
-    torch.testing.assert_close(out, torch_lp, atol=atol, rtol=rtol)
+    assert_low_precision_no_worse(op, reference.attention, (qkv, 3), dtype, tol)
 
 
 BAD = [

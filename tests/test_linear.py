@@ -11,6 +11,7 @@ import torch
 
 import vitfast
 from vitfast import reference
+from helpers import assert_low_precision_no_worse
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
     raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
@@ -114,15 +115,7 @@ def test_strided_and_non_contiguous_inputs(isa, tol, restore_threads):
 def test_low_precision(dtype, k, n, isa, tol):
     """fp16/bf16 in, same dtype out (computed in fp32 inside): no worse than 2× PyTorch's own error."""
     args = make_args(k, n, (2, 50), residual=True, dtype=dtype)
-    truth = reference.linear(*[a.float() if a is not None else None for a in args])
-    out = op(*args)
-    assert out.dtype == dtype
-    torch_lp = reference.linear(*args)
-    kernel_err = (out.float() - truth).abs().max().item()
-    torch_err = (torch_lp.float() - truth).abs().max().item()
-    assert kernel_err <= 2 * torch_err, f"{dtype}: kernel error {kernel_err:.3g} > 2 × torch's {torch_err:.3g}"
-    atol, rtol = tol[dtype]
-    torch.testing.assert_close(out, torch_lp, atol=atol, rtol=rtol)
+    assert_low_precision_no_worse(op, reference.linear, args, dtype, tol)
 
 
 # ---------------------------------------------------------------------------------------------- bad inputs

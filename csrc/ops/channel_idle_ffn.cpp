@@ -53,34 +53,13 @@ Dims check_args(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& b
   TORCH_CHECK_VALUE(linear == 0 || linear == c_out, "w_in: expected ", active, " (no linear path) or ",
                     active + c_out, " (A + C_out) rows for w_out of shape ", fmt_shape(w_out.sizes()), ", got ",
                     w_in.size(0));
-  const std::pair<const char*, const at::Tensor*> others[] = {
-      {"w_in", &w_in}, {"b_in", &b_in}, {"w_out", &w_out}, {"b_out", &b_out}, {"residual", &residual}};
-  for (const auto& [name, t] : others) {
-    if (!t->defined()) continue;
-    TORCH_CHECK_VALUE(t->scalar_type() == x.scalar_type(), name, ": expected dtype ", py_dtype(x.scalar_type()),
-                      " (same as x), got ", py_dtype(t->scalar_type()));
-    TORCH_CHECK_VALUE(t->device() == x.device(), name, ": expected device ", x.device(), " (same as x), got ",
-                      t->device());
-  }
-  if (b_in.defined())
-    TORCH_CHECK_VALUE(b_in.dim() == 1 && b_in.size(0) == w_in.size(0), "b_in: expected shape [", w_in.size(0),
-                      "], got ", fmt_shape(b_in.sizes()));
-  if (b_out.defined())
-    TORCH_CHECK_VALUE(b_out.dim() == 1 && b_out.size(0) == c_out, "b_out: expected shape [", c_out, "], got ",
-                      fmt_shape(b_out.sizes()));
-  if (residual.defined()) {
-    std::vector<int64_t> expected = x.sizes().vec();
-    expected.back() = c_out;
-    TORCH_CHECK_VALUE(residual.sizes().equals(expected), "residual: expected shape ", fmt_shape(expected),
-                      ", got ", fmt_shape(residual.sizes()));
-  }
-  // Beyond _validate.py (the Python reference accepts any layout): the kernel reads dense memory.
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"x", &x}, others[0], others[1],
-                                others[2], others[3], others[4]}) {
-    if (t->defined())
-      TORCH_CHECK_VALUE(t->layout() == at::kStrided, name, ": expected a dense (strided) tensor, got layout ",
-                        t->layout());
-  }
+  check_same_dtype_device_as_x(
+      x, {{"w_in", &w_in}, {"b_in", &b_in}, {"w_out", &w_out}, {"b_out", &b_out}, {"residual", &residual}});
+  check_bias_shape("b_in", b_in, w_in.size(0));
+  check_bias_shape("b_out", b_out, c_out);
+  check_residual_shape(residual, x, c_out);
+  check_dense({{"x", &x}, {"w_in", &w_in}, {"b_in", &b_in}, {"w_out", &w_out}, {"b_out", &b_out},
+               {"residual", &residual}});
   return {active, linear, c_out};
 }
 

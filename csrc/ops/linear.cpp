@@ -41,31 +41,10 @@ int64_t check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tens
   const int64_t k = x.size(-1), n = weight.size(0);
   TORCH_CHECK_VALUE(weight.size(1) == k, "weight: expected shape [N, ", k, "] (K = x.shape[-1] = ", k, "), got ",
                     fmt_shape(weight.sizes()));
-  const std::pair<const char*, const at::Tensor*> others[] = {
-      {"weight", &weight}, {"bias", &bias}, {"residual", &residual}};
-  for (const auto& [name, t] : others) {
-    if (!t->defined()) continue;
-    TORCH_CHECK_VALUE(t->scalar_type() == x.scalar_type(), name, ": expected dtype ", py_dtype(x.scalar_type()),
-                      " (same as x), got ", py_dtype(t->scalar_type()));
-    TORCH_CHECK_VALUE(t->device() == x.device(), name, ": expected device ", x.device(), " (same as x), got ",
-                      t->device());
-  }
-  if (bias.defined())
-    TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == n, "bias: expected shape [", n, "], got ",
-                      fmt_shape(bias.sizes()));
-  if (residual.defined()) {
-    std::vector<int64_t> expected = x.sizes().vec();
-    expected.back() = n;
-    TORCH_CHECK_VALUE(residual.sizes().equals(expected), "residual: expected shape ", fmt_shape(expected),
-                      ", got ", fmt_shape(residual.sizes()));
-  }
-  // Beyond _validate.py (the Python reference accepts any layout): the kernel reads dense memory.
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"x", &x}, others[0], others[1],
-                                others[2]}) {
-    if (t->defined())
-      TORCH_CHECK_VALUE(t->layout() == at::kStrided, name, ": expected a dense (strided) tensor, got layout ",
-                        t->layout());
-  }
+  check_same_dtype_device_as_x(x, {{"weight", &weight}, {"bias", &bias}, {"residual", &residual}});
+  check_bias_shape("bias", bias, n);
+  check_residual_shape(residual, x, n);
+  check_dense({{"x", &x}, {"weight", &weight}, {"bias", &bias}, {"residual", &residual}});
   return n;
 }
 

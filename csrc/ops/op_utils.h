@@ -4,8 +4,11 @@
 
 #include <ATen/ATen.h>
 
+#include <initializer_list>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace vitfast {
 namespace ops {
@@ -48,6 +51,44 @@ inline void check_finite(const char* name, const at::Tensor& t) {
   if (finite.all().item<bool>()) return;
   const int64_t bad = t.numel() - finite.sum().item<int64_t>();
   TORCH_CHECK_VALUE(false, name, ": expected finite values, got ", bad, " non-finite of ", t.numel());
+}
+
+using NamedTensor = std::pair<const char*, const at::Tensor*>;
+
+// Every optional companion of x (weights, biases, residual) must share x's dtype and device.
+inline void check_same_dtype_device_as_x(const at::Tensor& x, std::initializer_list<NamedTensor> others) {
+  for (const auto& [name, t] : others) {
+    if (!t->defined()) continue;
+    TORCH_CHECK_VALUE(t->scalar_type() == x.scalar_type(), name, ": expected dtype ", py_dtype(x.scalar_type()),
+                      " (same as x), got ", py_dtype(t->scalar_type()));
+    TORCH_CHECK_VALUE(t->device() == x.device(), name, ": expected device ", x.device(), " (same as x), got ",
+                      t->device());
+  }
+}
+
+// An optional 1-D bias of length n.
+inline void check_bias_shape(const char* name, const at::Tensor& bias, int64_t n) {
+  if (bias.defined())
+    TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == n, name, ": expected shape [", n, "], got ",
+                      fmt_shape(bias.sizes()));
+}
+
+// An optional residual shaped like the output: x's leading dims, then c_out.
+inline void check_residual_shape(const at::Tensor& residual, const at::Tensor& x, int64_t c_out) {
+  if (!residual.defined()) return;
+  std::vector<int64_t> expected = x.sizes().vec();
+  expected.back() = c_out;
+  TORCH_CHECK_VALUE(residual.sizes().equals(expected), "residual: expected shape ", fmt_shape(expected), ", got ",
+                    fmt_shape(residual.sizes()));
+}
+
+// Beyond _validate.py (the Python reference accepts any layout): the kernels read dense memory.
+inline void check_dense(std::initializer_list<NamedTensor> tensors) {
+  for (const auto& [name, t] : tensors) {
+    if (t->defined())
+      TORCH_CHECK_VALUE(t->layout() == at::kStrided, name, ": expected a dense (strided) tensor, got layout ",
+                        t->layout());
+  }
 }
 
 }  // namespace ops
