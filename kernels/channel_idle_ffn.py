@@ -23,7 +23,6 @@ GELU(h) would be rounded to the input dtype before the dot anyway; (c) it halves
 intermediate.  Accumulation is fp32 throughout and every epilogue runs in fp32 with one cast at the store.
 """
 import contextlib
-import os
 from typing import Optional
 
 import torch
@@ -31,26 +30,22 @@ import triton
 import triton.language as tl
 
 from vitfast._validate import check_channel_idle_ffn_args
+from vitfast.kernels._autotune import INTERPRET as _INTERPRET, tuned_configs
 
 __all__ = ["channel_idle_ffn_triton"]
-
-# Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported to take effect.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 _SQRT1_2 = tl.constexpr(0.7071067811865476)  # constexpr: @jit code may only read constexpr globals
 
 
 # ---------------------------------------------------------------------------------------------- autotune configs
 def _configs():
-    if _INTERPRET:
-        # The interpreter runs one numpy op per Triton op per program: few, big tiles keep CI fast, and
-        # autotuning would only time the interpreter.  Still GPU-legal shapes.
-        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4)]
+    # The first candidate is the one used when autotuning is off (VITFAST_TRITON_AUTOTUNE=0): a middle tile that
+    # is legal and reasonable for every shape.
     cfgs = []
-    # Large tiles for big M (batched inference) ...
     for bm, bn, bk, warps, stages in (
-        (128, 256, 64, 8, 3),
         (128, 128, 64, 8, 3),
+        # Large tiles for big M (batched inference) ...
+        (128, 256, 64, 8, 3),
         (128, 128, 32, 4, 4),
         (128, 64, 64, 4, 4),
         (64, 128, 64, 4, 4),
@@ -66,7 +61,10 @@ def _configs():
                 {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps, num_stages=stages
             )
         )
-    return cfgs
+    # The interpreter runs one numpy op per Triton op per program: few, big tiles keep CI fast.  Still
+    # GPU-legal shapes.
+    interpreter = triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4)
+    return tuned_configs(cfgs, interpreter)
 
 
 def _m_bucket(m: int) -> int:

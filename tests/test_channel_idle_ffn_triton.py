@@ -256,12 +256,34 @@ def test_device_mismatch_rejected():
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the CUDA impl of the op is the Triton launcher")
-def test_torch_op_dispatches_to_triton_on_cuda(tol):
+@pytest.mark.parametrize("policy", ["triton", "torch", "auto"])
+def test_torch_op_on_cuda_matches_reference_on_every_path(tol, policy, monkeypatch):
     import vitfast.ops  # noqa: F401  (registers torch.ops.vitfast.*)
+    from vitfast import _env
 
+    monkeypatch.setattr(_env, "_cuda_kernels", policy)
     args = make_args(192, 0.75, (2, 197))
     atol, rtol = tol[torch.float32]
     torch.testing.assert_close(torch.ops.vitfast.channel_idle_ffn(*args), reference(*args), atol=atol, rtol=rtol)
+
+
+def test_cuda_path_policy():
+    from vitfast.ops import TRITON_FFN_MIN_ROWS, use_triton_channel_idle_ffn
+
+    # The measured policy (docstring of use_triton_channel_idle_ffn): fp32 and small batches stay on cuBLAS.
+    assert not use_triton_channel_idle_ffn(torch.float32, 10**6)
+    assert not use_triton_channel_idle_ffn(torch.bfloat16, TRITON_FFN_MIN_ROWS - 1)
+    assert use_triton_channel_idle_ffn(torch.bfloat16, TRITON_FFN_MIN_ROWS)
+    assert use_triton_channel_idle_ffn(torch.float16, 64 * 197)
+    assert use_triton_channel_idle_ffn(torch.float32, 1, "triton")
+    assert not use_triton_channel_idle_ffn(torch.bfloat16, 10**6, "torch")
+
+
+def test_cuda_kernels_setting_rejects_unknown_names():
+    from vitfast import _env
+
+    with pytest.raises(ValueError, match=r"^cuda_kernels: expected one of"):
+        _env.set_cuda_kernels("cutlass")
 
 
 # ---------------------------------------------------------------------------------------------- GPU benchmark

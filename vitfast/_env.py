@@ -32,3 +32,31 @@ def set_backend(name: str) -> None:
     if name not in _VALID_BACKENDS:
         raise ValueError(f"backend: expected one of {_VALID_BACKENDS}, got {name!r}")
     _backend = name
+
+
+# ---------------------------------------------------------------------------------------------- CUDA paths
+_VALID_CUDA_KERNELS = ("auto", "triton", "torch")
+
+
+def _read_cuda_kernels() -> str:
+    value = os.environ.get("VITFAST_CUDA_KERNELS", "auto").strip().lower() or "auto"
+    if value not in _VALID_CUDA_KERNELS:
+        raise ValueError(f"VITFAST_CUDA_KERNELS: expected one of {_VALID_CUDA_KERNELS}, got {value!r}")
+    return value
+
+
+_cuda_kernels = _read_cuda_kernels()
+
+
+def get_cuda_kernels() -> str:
+    """How CUDA impls choose: 'auto' (the measured policy in vitfast.ops), 'triton' (always the Triton kernels)
+    or 'torch' (always the cuBLAS/SDPA composition)."""
+    return _cuda_kernels
+
+
+def set_cuda_kernels(name: str) -> None:
+    """Switch the CUDA path at run time (overrides VITFAST_CUDA_KERNELS)."""
+    global _cuda_kernels
+    if name not in _VALID_CUDA_KERNELS:
+        raise ValueError(f"cuda_kernels: expected one of {_VALID_CUDA_KERNELS}, got {name!r}")
+    _cuda_kernels = name
