@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 
 from . import ops, reference  # noqa: F401  (ops registers torch.ops.vitfast.*)
-from ._env import get_backend, set_backend  # noqa: F401
+from ._env import get_backend, get_cuda_kernels, set_backend, set_cuda_kernels  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -31,7 +31,7 @@ _LAZY = {
     "patch_timm": ("vitfast.patch", "patch_timm"),
 }
 
-__all__ = ["ops", "reference", "get_backend", "set_backend", "__version__", *_LAZY]
+__all__ = ["ops", "reference", "get_backend", "set_backend", "get_cuda_kernels", "set_cuda_kernels", "__version__", *_LAZY]
 
 
 def __getattr__(name):
