@@ -277,7 +277,8 @@ def attention_std_scores(
 def gumbel_topk_relaxed(logits: torch.Tensor, k: int, tau: float, *, noise: bool = True) -> torch.Tensor:
     """Relaxed k-hot of topk(logits + Gumbel noise, k) (Gumbel top-k trick, Kool et al. 2019; the successive
     softmax relaxation DSP uses): k rounds of p_j = softmax(r / τ) with r ← r + log(1 − p_(j−1)).  Sums to k;
-    tends to the hard top-k as τ → 0."""
+    tends to the hard top-k as τ → 0.  At high τ a component can exceed 1 (the rounds are not exclusive):
+    `DSPGate` clips the weights to [0, 1] so eq. 18 stays a convex mix."""
     r = logits.float()
     if noise:
         u = torch.rand_like(r).clamp_(1e-10, 1.0 - 1e-7)
@@ -330,7 +331,7 @@ class DSPGate(nn.Module):
             hard[torch.topk(self.logits.detach(), self.num_selected).indices] = 1.0
             return hard
         if self._current is None:
-            self._current = gumbel_topk_relaxed(self.logits, self.num_selected, float(self.tau))
+            self._current = gumbel_topk_relaxed(self.logits, self.num_selected, float(self.tau)).clamp(0.0, 1.0)
         return self._current
 
     def selection(self) -> List[int]:
