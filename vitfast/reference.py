@@ -198,9 +198,12 @@ def dwconv_attention(
     prefix, width, ksize, _ = check_dwconv_attention_args(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
     batch = x.shape[0]
     v = F.linear(x, w_v, b_v)  # [B, N, D]
-    grid = v[:, prefix:].transpose(1, 2).reshape(batch, width, grid_h, grid_w)
-    u = F.conv2d(grid, kernel.unsqueeze(1), padding=ksize // 2, groups=width)  # cross-correlation = eq. 6
-    u = u.flatten(2).transpose(1, 2)  # [B, HW, D]
+    if width:
+        grid = v[:, prefix:].transpose(1, 2).reshape(batch, width, grid_h, grid_w)
+        u = F.conv2d(grid, kernel.unsqueeze(1), padding=ksize // 2, groups=width)  # cross-correlation = eq. 6
+        u = u.flatten(2).transpose(1, 2)  # [B, HW, D]
+    else:  # no replaced channel (conv2d refuses 0 groups): nothing to convolve
+        u = v[:, prefix:]
     if prefix:
         u = torch.cat([v[:, prefix:].mean(dim=1, keepdim=True).expand(batch, prefix, width), u], dim=1)
     return linear(u, w_o, b_o, residual)
