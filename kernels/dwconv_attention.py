@@ -102,7 +102,7 @@ def _dwconv_attention_kernel(
     pm = tl.program_id(1)
     pid = img * tl.num_programs(1) + pm
     HW = GH * GW
-    PAD: tl.constexpr = KSIZE // 2
+    PAD = KSIZE // 2
     halo = PAD * GW + PAD
     t0 = pm * BLOCK_M
     x_img = x_ptr + img * stride_xb
