@@ -8,8 +8,8 @@
 
 Lowest scores first: blockwise selection takes the p_b blocks with the smallest Σ_b, scattered selection the
 p_h heads with the smallest Σ_h.  `attention_std_scores` computes every head's Σ_h in ONE pass over the samples
-with Welford's online algorithm (batched: Chan et al.'s pairwise update, which is Welford's for batch size 1), so
-the [N_s, n_h, N, N] maps are never stored; the state is one mean and one M2 per head entry.  σ is the
+with Welford's online algorithm (the model runs on batches, the statistics are updated image by image), so
+the [N_s, n_h, N, N] maps are never stored; the state is one mean and one M2 per head entry (fp64).  σ is the
 population standard deviation over the N_s samples (ddof = 0).
 
 DSP alternative (section 2.3.2, eq. 17-18): `DSPGate` holds trainable logits (one per block, or one per head for
@@ -175,7 +175,11 @@ def attention_maps(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class _Welford:
-    """Running mean / M2 of a [H, N, N] map over samples; `update` takes a batch [B, H, N, N] (Chan's merge)."""
+    """Welford's running mean / M2 of a [H, N, N] map over samples, in fp64, one sample at a time.
+
+    Per sample: δ = E − mean;  mean += δ / n;  M2 += δ ⊙ (E − mean).  The state is the only memory (no batch
+    of fp64 maps), and a map that is the same for every input gives δ = 0 exactly, so its Σ_h is exactly 0.
+    """
 
     def __init__(self) -> None:
         self.count = 0
@@ -183,21 +187,18 @@ class _Welford:
         self.m2: Optional[torch.Tensor] = None
 
     def update(self, batch: torch.Tensor) -> None:
-        batch = batch.double()
-        n_b = batch.shape[0]
-        mean_b = batch.mean(0)
-        m2_b = ((batch - mean_b) ** 2).sum(0)
-        if self.mean is None:
-            self.count, self.mean, self.m2 = n_b, mean_b, m2_b
-            return
-        if self.mean.shape != mean_b.shape:
-            raise ValueError(f"inputs: expected attention maps of shape {list(self.mean.shape)} for every batch "
-                             f"(same resolution), got {list(mean_b.shape)}")
-        total = self.count + n_b
-        delta = mean_b - self.mean
-        self.mean = self.mean + delta * (n_b / total)
-        self.m2 = self.m2 + m2_b + delta * delta * (self.count * n_b / total)
-        self.count = total
+        for sample in batch:
+            sample = sample.double()
+            if self.mean is None:
+                self.count, self.mean, self.m2 = 1, sample.clone(), torch.zeros_like(sample)
+                continue
+            if self.mean.shape != sample.shape:
+                raise ValueError(f"inputs: expected attention maps of shape {list(self.mean.shape)} for every "
+                                 f"image (same resolution), got {list(sample.shape)}")
+            self.count += 1
+            delta = sample - self.mean
+            self.mean += delta / self.count
+            self.m2 += delta * (sample - self.mean)
 
     def head_scores(self) -> List[float]:
         """Σ_h = Σ over entries of the population standard deviation (eq. 15)."""
