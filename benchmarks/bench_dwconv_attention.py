@@ -33,7 +33,7 @@ import pytest
 import torch
 
 import vitfast
-from harness import record, run_case
+from harness import run_case
 from shapes import VIT_SHAPES, attention_flops, linear_flops
 from vitfast import reference
 

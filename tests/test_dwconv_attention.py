@@ -17,7 +17,7 @@ from vitfast import reference
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
     raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
 
-from vitfast import _C  # noqa: E402
+from vitfast import _C  # noqa: E402,F401  (the extension: the C++ kernel must be registered)
 
 op = torch.ops.vitfast.dwconv_attention
 

@@ -7,11 +7,9 @@ ensembled, channel-idle-composed, cls-kept and cls-removed models on square and 
 model round-trips through vitfast.save / vitfast.load; kernels start Gaussian, are excluded from weight decay
 and learn through the Trainer.
 """
-import math
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from helpers import assert_close_scaled, randomize
 from timm.models.vision_transformer import VisionTransformer

@@ -27,7 +27,6 @@ the tokens (`vitfast.convert.remove_prefix_tokens`).
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
