@@ -24,6 +24,16 @@ if DEVICE == "cpu" and not INTERPRET:
     pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
 
 
+@pytest.fixture(autouse=True)
+def _fp32_exact_reference():
+    """cuDNN may run the reference's fp32 convolution in TF32 (torch.backends.cudnn.allow_tf32 defaults to True);
+    the oracle must be fp32-exact, as the kernel is (input_precision="ieee" unless TF32 matmuls are enabled)."""
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = previous
+
+
 def _low_precision_dtypes():
     if DEVICE == "cpu":
         return [torch.float16, torch.bfloat16]
