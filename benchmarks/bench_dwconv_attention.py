@@ -206,15 +206,20 @@ def main(argv) -> int:
     if "--cuda" in argv:
         from vitfast.kernels.dwconv_attention import dwconv_attention_triton
 
+        def triton_path(path):
+            return _synchronised(lambda *a: dwconv_attention_triton(*a, path=path))
+
         for name, shape in WIDTHS.items():
             for form in ("all_heads", "ensembled"):
-                args = op_args(shape, form, device="cuda")
-                t = _interleaved({"triton": _synchronised(dwconv_attention_triton),
-                                  "cuda_ref": _synchronised(reference.dwconv_attention)},
-                                 {"triton": args, "cuda_ref": args}, rounds=5, repeats=50)
-                err = (dwconv_attention_triton(*args) - reference.dwconv_attention(*args)).abs().max().item()
-                print(f"{name} {form}: triton {t['triton']:.4f} ms, cuda_ref {t['cuda_ref']:.4f} ms, "
-                      f"ratio {t['cuda_ref'] / t['triton']:.2f}x, max|diff| {err:.2e}")
+                for batch in (1, 8):
+                    args = op_args(shape, form, batch=batch, device="cuda")
+                    fns = {"auto": triton_path(None), "fused": triton_path("fused"), "split": triton_path("split"),
+                           "cuda_ref": _synchronised(reference.dwconv_attention)}
+                    t = _interleaved(fns, {k: args for k in fns}, rounds=5, repeats=50)
+                    err = (dwconv_attention_triton(*args) - reference.dwconv_attention(*args)).abs().max().item()
+                    print(f"{name} {form} b{batch}: triton auto {t['auto']:.4f} ms (fused {t['fused']:.4f}, split "
+                          f"{t['split']:.4f}), cuda_ref {t['cuda_ref']:.4f} ms -> {t['cuda_ref'] / t['auto']:.2f}x, "
+                          f"max|diff| {err:.2e}")
         return 0
     for name, shape in WIDTHS.items():
         fns = block_fns(shape)

@@ -1,23 +1,29 @@
-"""Triton kernel for `dwconv_attention` (dropin-depthwise-conv-attention eq. 11 and 13, output projection fused).
+"""Triton kernels for `dwconv_attention` (dropin-depthwise-conv-attention eq. 11 and 13, output projection fused).
 
     V = x · w_vᵀ + b_v            [HW, D]  (the replaced heads' values, over the grid tokens)
     U = Conv_DW(V, kernel)         [HW, D]  (k×k per channel, "same" size, zero padding)
     out = U · w_oᵀ + b_o + residual         (prefix tokens: U = mean of V over the grid, see the reference)
 
-One program per (image, tile of BLOCK_M consecutive grid tokens in row-major order).  A k×k window around
-token t reaches the tokens t + dr·W + dc (|dr|, |dc| ≤ k//2), i.e. at most HALO = (k//2)·(W + 1) positions before
-and after the tile in flattened order.  Per chunk of BLOCK_D value channels the program:
+The halo tile (`_conv_chunk`): a k×k window around token t reaches the tokens t + dr·W + dc (|dr|, |dc| ≤ k//2),
+i.e. at most HALO = (k//2)·(W + 1) positions before and after a tile of BLOCK_M consecutive grid tokens in
+flattened order.  For one chunk of BLOCK_D value channels a program
   1. computes V for the BLOCK_M + 2·HALO positions of the tile and its halo (two tl.dot passes: the BLOCK_M rows
      starting HALO before the tile, then HALO_ROWS ≥ 2·HALO rows after them), positions outside the grid set to
-     0 (the convolution's zero padding), into a per-program scratch tile;
-  2. reads that scratch tile back at the k² shifts (a column mask stops row wrap-around) and accumulates U;
-  3. stores U into the program's [BLOCK_M, D] scratch strip.
-Then it runs the output GEMM U · w_oᵀ over BLOCK_N column tiles with the bias/residual epilogue.
+     0 (the convolution's zero padding), into its own scratch tile;
+  2. reads that scratch tile back at the k² shifts (a column mask stops row wrap-around) and accumulates U.
+So V never exists in full: only BLOCK_M + HALO_ROWS rows of one channel chunk per program, written and re-read
+at once by the same program (L1/L2 resident; Triton has no register shuffles at arbitrary shifts, hence the
+scratch and the barriers around it).  The price is the halo: V is computed for (BLOCK_M + HALO_ROWS) / BLOCK_M
+times the tile's rows (2× for BLOCK_M = 64 at W ≤ 31, k = 3).
 
-So V never exists in full: only BLOCK_M + HALO_ROWS rows of one channel chunk at a time, in a scratch tile that
-the same program writes and re-reads immediately (L1/L2 resident; Triton has no register shuffles at arbitrary
-shifts, hence the scratch and the barriers around it).  The price is the halo: V is computed for
-(BLOCK_M + HALO_ROWS) / BLOCK_M times the tile's rows (1.5× for BLOCK_M = 128 at W ≤ 31, k = 3).
+Two paths (`_plan` chooses by program count):
+  * fused (`_dwconv_attention_kernel`): one program per (image, token tile) loops over the channel chunks,
+    keeps U in a per-program [BLOCK_M, D] strip, then runs the output GEMM U · w_oᵀ with the bias/residual
+    epilogue.  Nothing but the output leaves the program; right when batch × tiles fills the GPU.
+  * split (`_dwconv_values_kernel` then `_dwconv_project_kernel`): batch 1 has only ~9 token tiles per image
+    (24×24 grid), far fewer than SMs, so step 1 runs one program per (image, tile, channel chunk) and writes U,
+    and step 2 is the output GEMM over (tile, column tile) programs.  V still never exists in full; U makes one
+    round trip through memory.
 
 The prefix rows (cls/register tokens, P per image) are one row per image: the launcher computes them with
 torch (mean of x over the grid, then the two projections — exact by linearity, V's mean = mean(x)·w_vᵀ + b_v).
@@ -88,6 +94,83 @@ def _value_rows(
 
 
 @triton.jit
+def _conv_chunk(
+    x_img, wv_ptr, bv_ptr, k_ptr, sv_tile, t0, GW, HW, P, C, D, d0,
+    stride_xn, stride_xc, stride_wd, stride_wc, stride_kd,
+    HAS_BV: tl.constexpr, KSIZE: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, HALO_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """U[t0 … t0 + BLOCK_M − 1, d0 … d0 + BLOCK_D − 1] (fp32) through the program's V scratch tile."""
+    PAD = KSIZE // 2
+    halo = PAD * GW + PAD
+    # 1. V of the tile and its halo (flattened positions t0 − halo … t0 − halo + BLOCK_M + HALO_ROWS − 1).
+    _value_rows(x_img, wv_ptr, bv_ptr, sv_tile, t0 - halo, 0, HW, P, C, D, d0,
+                stride_xn, stride_xc, stride_wd, stride_wc,
+                HAS_BV, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_D, BLOCK_K)
+    _value_rows(x_img, wv_ptr, bv_ptr, sv_tile, t0 - halo + BLOCK_M, BLOCK_M, HW, P, C, D, d0,
+                stride_xn, stride_xc, stride_wd, stride_wc,
+                HAS_BV, INPUT_PRECISION, INTERPRET_BF16, HALO_ROWS, BLOCK_D, BLOCK_K)
+    tl.debug_barrier()  # the scratch rows were written by other threads of this program
+    # 2. eq. 11: U[t] = Σ_(dr,dc) K[dr,dc] ⊙ V[t + dr·W + dc]; rows outside the grid are zeros in the scratch,
+    # columns outside it are masked here (in flattened order they would wrap onto the next row).
+    m = tl.arange(0, BLOCK_M)
+    t = t0 + m
+    t_ok = t < HW
+    tj = t % GW
+    dl = tl.arange(0, BLOCK_D)
+    dcols = d0 + dl
+    d_ok = dcols < D
+    u = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for tap in tl.static_range(KSIZE * KSIZE):
+        dr = tap // KSIZE - PAD
+        dc = tap % KSIZE - PAD
+        ok = t_ok & (tj + dc >= 0) & (tj + dc < GW)
+        srow = m + halo + dr * GW + dc
+        v = tl.load(sv_tile + srow[:, None] * BLOCK_D + dl[None, :], mask=ok[:, None], other=0.0)
+        kw = tl.load(k_ptr + dcols.to(tl.int64) * stride_kd + tap, mask=d_ok, other=0.0)
+        u += v.to(tl.float32) * kw.to(tl.float32)[None, :]
+    tl.debug_barrier()  # every thread has read the scratch before the next chunk overwrites it
+    return u
+
+
+@triton.jit
+def _project_tile(
+    u_rows, stride_um, stride_ud, wo_ptr, bo_ptr, res_img, out_img, t0, n0, HW, P, D, C_OUT,
+    stride_on_w, stride_od_w, stride_rn, stride_rc, stride_on, stride_oc,
+    HAS_BO: tl.constexpr, HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """out[P + t, n0 … n0 + BLOCK_N − 1] = U[t] · w_oᵀ + b_o + residual for the BLOCK_M grid tokens t0 …"""
+    m = tl.arange(0, BLOCK_M)
+    t = t0 + m
+    t_ok = t < HW
+    tok = (P + tl.where(t_ok, t, 0)).to(tl.int64)
+    dl = tl.arange(0, BLOCK_D)
+    ncols = n0 + tl.arange(0, BLOCK_N)
+    n_ok = ncols < C_OUT
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_D):
+        kk = k0 + dl
+        k_ok = kk < D
+        a = tl.load(u_rows + m[:, None].to(tl.int64) * stride_um + kk[None, :] * stride_ud,
+                    mask=t_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(wo_ptr + ncols[None, :].to(tl.int64) * stride_on_w + kk[:, None] * stride_od_w,
+                    mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if INTERPRET_BF16:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
+    mask = t_ok[:, None] & n_ok[None, :]
+    if HAS_BO:
+        acc += tl.load(bo_ptr + ncols, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_RES:
+        acc += tl.load(res_img + tok[:, None] * stride_rn + ncols[None, :] * stride_rc, mask=mask,
+                       other=0.0).to(tl.float32)
+    tl.store(out_img + tok[:, None] * stride_on + ncols[None, :] * stride_oc,
+             _to_dtype(acc, out_img.dtype.element_ty, INTERPRET_BF16), mask=mask)
+
+
+@triton.jit
 def _dwconv_attention_kernel(
     x_ptr, wv_ptr, bv_ptr, k_ptr, wo_ptr, bo_ptr, res_ptr, out_ptr, sv_ptr, su_ptr,
     GH, GW, P, C, D, C_OUT,
@@ -98,73 +181,75 @@ def _dwconv_attention_kernel(
     BLOCK_M: tl.constexpr, HALO_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    """The fused path: one program per (image, tile of grid tokens) does all three steps."""
     img = tl.program_id(0).to(tl.int64)
     pm = tl.program_id(1)
     pid = img * tl.num_programs(1) + pm
     HW = GH * GW
-    PAD = KSIZE // 2
-    halo = PAD * GW + PAD
     t0 = pm * BLOCK_M
     x_img = x_ptr + img * stride_xb
     sv_tile = sv_ptr + pid * ((BLOCK_M + HALO_ROWS) * BLOCK_D)
     su_tile = su_ptr + pid * (BLOCK_M * D)
     m = tl.arange(0, BLOCK_M)
-    t = t0 + m
-    t_ok = t < HW
-    tj = t % GW
     dl = tl.arange(0, BLOCK_D)
-
     for d0 in range(0, D, BLOCK_D):
-        # 1. V of the tile and its halo (flattened positions t0 − halo … t0 − halo + BLOCK_M + HALO_ROWS − 1).
-        _value_rows(x_img, wv_ptr, bv_ptr, sv_tile, t0 - halo, 0, HW, P, C, D, d0,
-                    stride_xn, stride_xc, stride_wd, stride_wc,
-                    HAS_BV, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_D, BLOCK_K)
-        _value_rows(x_img, wv_ptr, bv_ptr, sv_tile, t0 - halo + BLOCK_M, BLOCK_M, HW, P, C, D, d0,
-                    stride_xn, stride_xc, stride_wd, stride_wc,
-                    HAS_BV, INPUT_PRECISION, INTERPRET_BF16, HALO_ROWS, BLOCK_D, BLOCK_K)
-        tl.debug_barrier()  # the scratch rows were written by other threads of this program
-        # 2. eq. 11: U[t] = Σ_(dr,dc) K[dr,dc] ⊙ V[t + dr·W + dc]; rows outside the grid are zeros in the scratch,
-        # columns outside it are masked here (in flattened order they would wrap onto the next row).
-        dcols = d0 + dl
-        d_ok = dcols < D
-        u = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        for tap in tl.static_range(KSIZE * KSIZE):
-            dr = tap // KSIZE - PAD
-            dc = tap % KSIZE - PAD
-            ok = t_ok & (tj + dc >= 0) & (tj + dc < GW)
-            srow = m + halo + dr * GW + dc
-            v = tl.load(sv_tile + srow[:, None] * BLOCK_D + dl[None, :], mask=ok[:, None], other=0.0)
-            kw = tl.load(k_ptr + dcols.to(tl.int64) * stride_kd + tap, mask=d_ok, other=0.0)
-            u += v.to(tl.float32) * kw.to(tl.float32)[None, :]
+        u = _conv_chunk(x_img, wv_ptr, bv_ptr, k_ptr, sv_tile, t0, GW, HW, P, C, D, d0,
+                        stride_xn, stride_xc, stride_wd, stride_wc, stride_kd,
+                        HAS_BV, KSIZE, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, HALO_ROWS, BLOCK_D, BLOCK_K)
         # 3. U chunk into the program's strip (read back by the output GEMM below).
+        dcols = d0 + dl
         tl.store(su_tile + m[:, None] * D + dcols[None, :], _to_dtype(u, su_tile.dtype.element_ty, INTERPRET_BF16),
-                 mask=d_ok[None, :])
-        tl.debug_barrier()  # before the next chunk overwrites the V scratch / before the GEMM reads U
-
-    # Output projection with the bias / residual epilogue, one BLOCK_N column tile at a time.
-    tok = (P + tl.where(t_ok, t, 0)).to(tl.int64)
+                 mask=(dcols < D)[None, :])
+    tl.debug_barrier()  # the U strip is complete before the GEMM reads it
     for n0 in range(0, C_OUT, BLOCK_N):
-        ncols = n0 + tl.arange(0, BLOCK_N)
-        n_ok = ncols < C_OUT
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, D, BLOCK_D):
-            kk = k0 + dl
-            k_ok = kk < D
-            a = tl.load(su_tile + m[:, None] * D + kk[None, :], mask=k_ok[None, :], other=0.0)
-            w = tl.load(wo_ptr + ncols[None, :].to(tl.int64) * stride_on_w + kk[:, None] * stride_od_w,
-                        mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            if INTERPRET_BF16:
-                a = a.to(tl.float32)
-                w = w.to(tl.float32)
-            acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
-        mask = t_ok[:, None] & n_ok[None, :]
-        if HAS_BO:
-            acc += tl.load(bo_ptr + ncols, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if HAS_RES:
-            acc += tl.load(res_ptr + img * stride_rb + tok[:, None] * stride_rn + ncols[None, :] * stride_rc,
-                           mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + img * stride_ob + tok[:, None] * stride_on + ncols[None, :] * stride_oc,
-                 _to_dtype(acc, out_ptr.dtype.element_ty, INTERPRET_BF16), mask=mask)
+        _project_tile(su_tile, D, 1, wo_ptr, bo_ptr, res_ptr + img * stride_rb, out_ptr + img * stride_ob, t0, n0,
+                      HW, P, D, C_OUT, stride_on_w, stride_od_w, stride_rn, stride_rc, stride_on, stride_oc,
+                      HAS_BO, HAS_RES, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_D, BLOCK_N)
+
+
+@triton.jit
+def _dwconv_values_kernel(
+    x_ptr, wv_ptr, bv_ptr, k_ptr, u_ptr, sv_ptr,
+    GH, GW, P, C, D,
+    stride_xb, stride_xn, stride_xc, stride_wd, stride_wc, stride_kd, stride_ub, stride_un, stride_ud,
+    HAS_BV: tl.constexpr, KSIZE: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, HALO_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """The split path, step 1: one program per (image, token tile, channel chunk) writes U = Conv_DW(V)."""
+    img = tl.program_id(0).to(tl.int64)
+    pm = tl.program_id(1)
+    pd = tl.program_id(2)
+    pid = (img * tl.num_programs(1) + pm) * tl.num_programs(2) + pd
+    HW = GH * GW
+    t0 = pm * BLOCK_M
+    d0 = pd * BLOCK_D
+    sv_tile = sv_ptr + pid * ((BLOCK_M + HALO_ROWS) * BLOCK_D)
+    u = _conv_chunk(x_ptr + img * stride_xb, wv_ptr, bv_ptr, k_ptr, sv_tile, t0, GW, HW, P, C, D, d0,
+                    stride_xn, stride_xc, stride_wd, stride_wc, stride_kd,
+                    HAS_BV, KSIZE, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, HALO_ROWS, BLOCK_D, BLOCK_K)
+    t = t0 + tl.arange(0, BLOCK_M)
+    dcols = d0 + tl.arange(0, BLOCK_D)
+    tl.store(u_ptr + img * stride_ub + t[:, None].to(tl.int64) * stride_un + dcols[None, :] * stride_ud,
+             _to_dtype(u, u_ptr.dtype.element_ty, INTERPRET_BF16), mask=(t < HW)[:, None] & (dcols < D)[None, :])
+
+
+@triton.jit
+def _dwconv_project_kernel(
+    u_ptr, wo_ptr, bo_ptr, res_ptr, out_ptr,
+    HW, P, D, C_OUT,
+    stride_ub, stride_un, stride_ud, stride_on_w, stride_od_w, stride_rb, stride_rn, stride_rc,
+    stride_ob, stride_on, stride_oc,
+    HAS_BO: tl.constexpr, HAS_RES: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The split path, step 2: one program per (image, token tile, output column tile): U · w_oᵀ + epilogue."""
+    img = tl.program_id(0).to(tl.int64)
+    t0 = tl.program_id(1) * BLOCK_M
+    n0 = tl.program_id(2) * BLOCK_N
+    _project_tile(u_ptr + img * stride_ub + t0.to(tl.int64) * stride_un, stride_un, stride_ud, wo_ptr, bo_ptr,
+                  res_ptr + img * stride_rb, out_ptr + img * stride_ob, t0, n0, HW, P, D, C_OUT,
+                  stride_on_w, stride_od_w, stride_rn, stride_rc, stride_on, stride_oc,
+                  HAS_BO, HAS_RES, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_D, BLOCK_N)
 
 
 # ---------------------------------------------------------------------------------------------- launcher
@@ -185,17 +270,29 @@ def _check_device(x: torch.Tensor) -> None:
         )
 
 
-def _tiles(batch: int, hw: int, halo: int) -> tuple:
-    """(BLOCK_M, HALO_ROWS).  HALO_ROWS ≥ 2·halo, a power of two ≥ 16 (tl.dot).  On a GPU, BLOCK_M shrinks until
-    the grid has enough programs to spread over the SMs (batch 1 has only a few tiles per image); the halo
-    overhead (BLOCK_M + HALO_ROWS) / BLOCK_M grows as it does, so it stops at 32."""
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _plan(batch: int, hw: int, halo: int, device: torch.device, path: Optional[str]) -> tuple:
+    """(path, BLOCK_M, HALO_ROWS).  HALO_ROWS ≥ 2·halo, a power of two ≥ 16 (tl.dot).
+
+    "fused" (one program per image × token tile does everything) when the grid alone fills the GPU: batch ×
+    tiles ≥ SMs.  Otherwise (batch 1 has only a handful of token tiles per image) "split": step 1 runs one
+    program per (image, token tile, channel chunk) and writes U, step 2 is the output GEMM over (token tile,
+    column tile) programs, so both steps have hundreds of programs; V still never exists in full, U makes one
+    round trip.  Under the interpreter: fused unless asked (CI runs both through `path`)."""
+    if path not in (None, "fused", "split"):
+        raise ValueError(f"path: expected None, 'fused' or 'split', got {path!r}")
     halo_rows = max(16, triton.next_power_of_2(2 * halo)) if halo > 0 else 16
     if _INTERPRET:
-        return 32, halo_rows
-    block_m = 128
-    while block_m > 32 and batch * triton.cdiv(hw, block_m) < 64:
-        block_m //= 2
-    return block_m, halo_rows
+        return path or "fused", 32, halo_rows
+    block_m = 128 if hw >= 4096 else 64
+    if path is None:
+        path = "fused" if batch * triton.cdiv(hw, block_m) >= _sm_count(device) else "split"
+    return path, block_m, halo_rows
 
 
 def dwconv_attention_triton(
@@ -208,8 +305,12 @@ def dwconv_attention_triton(
     grid_h: int,
     grid_w: int,
     residual: Optional[torch.Tensor] = None,
+    *,
+    path: Optional[str] = None,
 ) -> torch.Tensor:
-    """`vitfast.reference.dwconv_attention` on the Triton kernel (CUDA tensors, or CPU under the interpreter)."""
+    """`vitfast.reference.dwconv_attention` on the Triton kernels (CUDA tensors, or CPU under the interpreter).
+
+    `path`: "fused" or "split" (see `_plan`); None chooses by the number of programs the grid gives."""
     prefix, width, ksize, c_out = check_dwconv_attention_args(
         x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual
     )
@@ -235,31 +336,54 @@ def dwconv_attention_triton(
             pre = pre + residual[:, :prefix].float()
         out[:, :prefix] = pre.to(x.dtype)
 
-    pad = ksize // 2
-    halo = pad * (grid_w + 1)
-    block_m, halo_rows = _tiles(batch, hw, halo)
+    halo = (ksize // 2) * (grid_w + 1)
+    path, block_m, halo_rows = _plan(batch, hw, halo, x.device, path)
     block_d = 32 if width >= 32 else 16
     block_k = 32
     block_n = 64
     m_tiles = triton.cdiv(hw, block_m)
-    scratch_v = torch.empty((batch * m_tiles, block_m + halo_rows, block_d), dtype=x.dtype, device=x.device)
-    scratch_u = torch.empty((batch * m_tiles, block_m, width), dtype=x.dtype, device=x.device)
+    d_tiles = triton.cdiv(width, block_d)
     kflat = kernel.reshape(width, ksize * ksize).contiguous()
     bv = b_v.contiguous() if b_v is not None else None
     bo = b_o.contiguous() if b_o is not None else None
     dummy = out  # stands in for absent optional pointers; never dereferenced (constexpr flags)
     res = residual if residual is not None else dummy
+    precision = _input_precision(x.dtype)
+    interpret_bf16 = _INTERPRET and x.dtype == torch.bfloat16
     with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
-        _dwconv_attention_kernel[(batch, m_tiles)](
-            x, w_v, bv if bv is not None else dummy, kflat, w_o, bo if bo is not None else dummy, res, out,
-            scratch_v, scratch_u,
-            grid_h, grid_w, prefix, channels, width, c_out,
+        if path == "fused":
+            scratch_v = torch.empty((batch * m_tiles, block_m + halo_rows, block_d), dtype=x.dtype, device=x.device)
+            scratch_u = torch.empty((batch * m_tiles, block_m, width), dtype=x.dtype, device=x.device)
+            _dwconv_attention_kernel[(batch, m_tiles)](
+                x, w_v, bv if bv is not None else dummy, kflat, w_o, bo if bo is not None else dummy, res, out,
+                scratch_v, scratch_u,
+                grid_h, grid_w, prefix, channels, width, c_out,
+                x.stride(0), x.stride(1), x.stride(2), w_v.stride(0), w_v.stride(1), kflat.stride(0),
+                w_o.stride(0), w_o.stride(1), res.stride(0), res.stride(1), res.stride(2),
+                out.stride(0), out.stride(1), out.stride(2),
+                HAS_BV=bv is not None, HAS_BO=bo is not None, HAS_RES=residual is not None, KSIZE=ksize,
+                INPUT_PRECISION=precision, INTERPRET_BF16=interpret_bf16,
+                BLOCK_M=block_m, HALO_ROWS=halo_rows, BLOCK_D=block_d, BLOCK_K=block_k, BLOCK_N=block_n,
+                num_warps=4,
+            )
+            return out
+        scratch_v = torch.empty((batch * m_tiles * d_tiles, block_m + halo_rows, block_d), dtype=x.dtype,
+                                device=x.device)
+        u = torch.empty((batch, hw, width), dtype=x.dtype, device=x.device)
+        _dwconv_values_kernel[(batch, m_tiles, d_tiles)](
+            x, w_v, bv if bv is not None else dummy, kflat, u, scratch_v,
+            grid_h, grid_w, prefix, channels, width,
             x.stride(0), x.stride(1), x.stride(2), w_v.stride(0), w_v.stride(1), kflat.stride(0),
-            w_o.stride(0), w_o.stride(1), res.stride(0), res.stride(1), res.stride(2),
-            out.stride(0), out.stride(1), out.stride(2),
-            HAS_BV=bv is not None, HAS_BO=bo is not None, HAS_RES=residual is not None, KSIZE=ksize,
-            INPUT_PRECISION=_input_precision(x.dtype), INTERPRET_BF16=_INTERPRET and x.dtype == torch.bfloat16,
-            BLOCK_M=block_m, HALO_ROWS=halo_rows, BLOCK_D=block_d, BLOCK_K=block_k, BLOCK_N=block_n,
-            num_warps=4,
+            u.stride(0), u.stride(1), u.stride(2),
+            HAS_BV=bv is not None, KSIZE=ksize, INPUT_PRECISION=precision, INTERPRET_BF16=interpret_bf16,
+            BLOCK_M=block_m, HALO_ROWS=halo_rows, BLOCK_D=block_d, BLOCK_K=block_k, num_warps=4,
+        )
+        _dwconv_project_kernel[(batch, m_tiles, triton.cdiv(c_out, block_n))](
+            u, w_o, bo if bo is not None else dummy, res, out,
+            hw, prefix, width, c_out,
+            u.stride(0), u.stride(1), u.stride(2), w_o.stride(0), w_o.stride(1),
+            res.stride(0), res.stride(1), res.stride(2), out.stride(0), out.stride(1), out.stride(2),
+            HAS_BO=bo is not None, HAS_RES=residual is not None, INPUT_PRECISION=precision,
+            INTERPRET_BF16=interpret_bf16, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=4,
         )
     return out

@@ -67,19 +67,24 @@ GRIDS = [(1, 0, 4, 4), (2, 1, 5, 7), (1, 1, 7, 5), (2, 0, 1, 9), (1, 0, 9, 1), (
          (1, 1, 6, 8)]
 
 
+PATHS = ["fused", "split"]  # one program per token tile does everything / U written, then the output GEMM
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("batch,prefix,gh,gw", GRIDS)
-def test_fp32_parity_grids(batch, prefix, gh, gw, tol):
+def test_fp32_parity_grids(batch, prefix, gh, gw, path, tol):
     args = make_args(batch, prefix, gh, gw, 24, 20, 28)
     atol, rtol = tol[torch.float32]
-    torch.testing.assert_close(dwconv_attention_triton(*args), reference(*args), atol=atol, rtol=rtol)
+    torch.testing.assert_close(dwconv_attention_triton(*args, path=path), reference(*args), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("k", [1, 3, 5])
 @pytest.mark.parametrize("c,d,c_out", [(48, 48, 48), (40, 16, 33), (17, 40, 9)])
-def test_fp32_parity_widths_and_kernel_sizes(c, d, c_out, k, tol):
+def test_fp32_parity_widths_and_kernel_sizes(c, d, c_out, k, path, tol):
     args = make_args(2, 1, 5, 6, c, d, c_out, k)
     atol, rtol = tol[torch.float32]
-    torch.testing.assert_close(dwconv_attention_triton(*args), reference(*args), atol=atol, rtol=rtol)
+    torch.testing.assert_close(dwconv_attention_triton(*args, path=path), reference(*args), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("optional", [(False, False, False), (True, False, True), (False, True, False)],
@@ -91,30 +96,48 @@ def test_fp32_parity_optionals(optional, tol):
     torch.testing.assert_close(dwconv_attention_triton(*args), reference(*args), atol=atol, rtol=rtol)
 
 
-def test_fp32_parity_multi_tile_grid(tol):
-    # 12×11 = 132 grid tokens: five 32-token tiles with halos that cross tiles and rows, plus a partial last tile.
-    args = make_args(1, 1, 12, 11, 32, 32, 32)
+@pytest.mark.parametrize("path", PATHS)
+def test_fp32_parity_multi_tile_grid(path, tol):
+    # 12×11 = 132 grid tokens: five 32-token tiles with halos that cross tiles and rows, plus a partial last tile;
+    # 48 channels: a full and a partial channel chunk.
+    args = make_args(1, 1, 12, 11, 32, 48, 32)
     atol, rtol = tol[torch.float32]
-    torch.testing.assert_close(dwconv_attention_triton(*args), reference(*args), atol=atol, rtol=rtol)
+    torch.testing.assert_close(dwconv_attention_triton(*args, path=path), reference(*args), atol=atol, rtol=rtol)
 
 
-def test_non_contiguous_inputs(tol):
+@pytest.mark.parametrize("path", PATHS)
+def test_non_contiguous_inputs(path, tol):
     args = make_args(2, 1, 4, 5, 24, 16, 20)
     x = torch.randn(2, 24, 21, device=DEVICE).transpose(1, 2)  # [2, 21, 24], strided
     w_o = torch.randn(16, 20, device=DEVICE).t() / 4  # [20, 16], transposed view
     args[0], args[4] = x, w_o
     atol, rtol = tol[torch.float32]
-    torch.testing.assert_close(dwconv_attention_triton(*args), reference(*args), atol=atol, rtol=rtol)
+    torch.testing.assert_close(dwconv_attention_triton(*args, path=path), reference(*args), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", _low_precision_dtypes())
 @pytest.mark.parametrize("batch,prefix,gh,gw", [(1, 0, 6, 6), (2, 1, 5, 7)])
-def test_low_precision_no_worse_than_torch(dtype, batch, prefix, gh, gw, tol):
+def test_low_precision_no_worse_than_torch(dtype, batch, prefix, gh, gw, path, tol):
     args = make_args(batch, prefix, gh, gw, 32, 32, 32, dtype=dtype)
-    assert_low_precision_no_worse(dwconv_attention_triton, reference, args, dtype, tol)
+
+    def kernel(*a):
+        return dwconv_attention_triton(*a, path=path)
+
+    assert_low_precision_no_worse(kernel, reference, args, dtype, tol)
+
+
+def test_automatic_path_choice_matches_the_reference(tol):
+    # path=None: "fused" under the interpreter, by program count on a GPU (batch 1 → split, large batch → fused).
+    atol, rtol = tol[torch.float32]
+    for batch in (1, 3):
+        args = make_args(batch, 1, 8, 9, 32, 32, 32)
+        torch.testing.assert_close(dwconv_attention_triton(*args), reference(*args), atol=atol, rtol=rtol)
 
 
 def test_bad_arguments_rejected():
+    with pytest.raises(ValueError, match="path: expected None, 'fused' or 'split'"):
+        dwconv_attention_triton(*make_args(1, 0, 3, 3, 8, 8, 8), path="other")
     args = make_args(1, 0, 3, 3, 8, 8, 8)
     with pytest.raises(ValueError, match="kernel: expected"):
         dwconv_attention_triton(args[0], args[1], args[2], args[3][:, :2, :2], *args[4:])
