@@ -31,6 +31,9 @@ _LAZY = {
     "patch_timm": ("vitfast.patch", "patch_timm"),
 }
 
+# Drop-in depthwise convolution: Σ_h head ranking and DSP gating (vitfast.head_selection).
+_LAZY["head_selection"] = ("vitfast.head_selection", None)
+
 __all__ = ["ops", "reference", "get_backend", "set_backend", "get_cuda_kernels", "set_cuda_kernels", "__version__", *_LAZY]
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 from .nn.channel_idle import FFN_NORMS, HEURISTICS, ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock, idle_ratios
 
 __all__ = ["from_timm", "from_repavit", "REPAVIT_HEADS"]
+__all__ += ["remove_prefix_tokens"]
 
 # Official RePaViT ViT/DeiT variants: embedding width -> number of heads (Tiny, Small, Base, Large, Huge).
 REPAVIT_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
@@ -79,6 +80,13 @@ def from_timm(
     schedule: Union[str, "JoinSchedule"] = "linear",
     join_values: bool = False,
     diversity_weight: float = 0.05,
+    dwconv_blocks: Union[int, Sequence[int], None] = None,
+    dwconv_heads: Union[int, Mapping[int, Sequence[int]], Sequence[Tuple[int, int]], None] = None,
+    ranking=None,
+    dwconv_kernel_size: int = 3,
+    dwconv_ensemble: bool = False,
+    dwconv_kernel_init_std: Optional[float] = None,
+    remove_cls_token: bool = False,
 ) -> nn.Module:
     """Train-time RePaViT model from a timm ViT/DeiT (incl. distilled) or Swin model.
 
@@ -118,8 +126,27 @@ def from_timm(
     attention then has value width d_h instead of n·d_h; see the module doc); `diversity_weight` is α of the
     diversity regulariser (each block's `extra_loss_weight` is α / number of blocks, so the Trainer adds α × the
     mean over blocks).
+
+    Drop-in depthwise convolution (dropin-depthwise-conv-attention; ViT/DeiT only): `dwconv_blocks` replaces every
+    head of these blocks (a list of block indices, or a count k = the k blocks with the lowest Σ_b of `ranking`),
+    `dwconv_heads` replaces single heads (scattered: {block: [heads]}, [(block, head), ...], or a count p = the
+    p heads with the lowest Σ_h of `ranking`); both may be given.  `ranking`: a
+    `vitfast.head_selection.HeadRanking`, its JSON dict, or the path of its JSON file (`vitfast select-heads`).
+    Replaced blocks become `vitfast.nn.DWConvBlock` (k = `dwconv_kernel_size`, Gaussian kernels with std
+    `dwconv_kernel_init_std` (default 1/k), head ensembling of eq. 12-13 with `dwconv_ensemble`); the others
+    stay as they are.  It composes with `channel_idle`: θ given → every FFN is a channel-idle FFN (norm "batch"
+    unless given); θ not given → θ = 0 with norm "layer", timm's FFN exactly, so only the replaced heads
+    change the function.  `remove_cls_token=True` removes the cls token as the paper does (appendix A.3.2:
+    pooling becomes the mean of the tokens; see `remove_prefix_tokens`).
     """
     blocks = _model_blocks(model)  # type check first, before copying anything
+    if dwconv_blocks is not None or dwconv_heads is not None or remove_cls_token:
+        if branches is not None:
+            raise ValueError("dwconv_blocks/dwconv_heads: not supported together with branches (non-deep ViT), got both")
+        return _from_timm_dwconv(
+            model, channel_idle, norm, heuristic, spread, calibration_images, dwconv_blocks, dwconv_heads, ranking,
+            dwconv_kernel_size, dwconv_ensemble, dwconv_kernel_init_std, remove_cls_token,
+        )
     if branches is not None:
         if calibration_images is not None:
             raise ValueError("calibration_images: not supported with branches (BatchNorm calibration is per RePaViT "
@@ -454,3 +481,113 @@ def _load_strict(module: nn.Module, state: Dict[str, torch.Tensor], where: str) 
         if tuple(own[key].shape) != tuple(value.shape):
             raise ValueError(f"{where}: {key} expected shape {list(own[key].shape)}, got {list(value.shape)}")
     module.load_state_dict(state, strict=True)
+
+
+# ------------------------------------------------------------------------------------------------ drop-in DW conv
+def _dwconv_plan(depth: int, heads: int, dwconv_blocks, dwconv_heads, ranking) -> Dict[int, Tuple[int, ...]]:
+    """{block index: replaced heads} from the blockwise and scattered requests (validated, merged)."""
+    from .head_selection import HeadRanking
+
+    def need_ranking(arg: str) -> "HeadRanking":
+        if ranking is None:
+            raise ValueError(f"{arg}: a count needs `ranking` (a HeadRanking, its dict or JSON path), got ranking=None")
+        r = ranking
+        if isinstance(r, (str, bytes)) or hasattr(r, "__fspath__"):
+            r = HeadRanking.load(r)
+        elif isinstance(r, dict):
+            r = HeadRanking.from_dict(r)
+        if not isinstance(r, HeadRanking):
+            raise ValueError(f"ranking: expected a HeadRanking, its dict or a JSON path, got {type(r).__name__}")
+        if r.num_blocks != depth or any(len(row) != heads for row in r.head_scores):
+            raise ValueError(f"ranking: expected scores for {depth} blocks × {heads} heads (this model), got "
+                             f"{r.num_blocks} blocks × {len(r.head_scores[0])} heads")
+        return r
+
+    plan: Dict[int, set] = {}
+    if dwconv_blocks is not None:
+        if isinstance(dwconv_blocks, int) and not isinstance(dwconv_blocks, bool):
+            chosen = need_ranking("dwconv_blocks").select_blocks(dwconv_blocks)
+        elif isinstance(dwconv_blocks, Sequence) and not isinstance(dwconv_blocks, (str, bytes)):
+            chosen = list(dwconv_blocks)
+        else:
+            raise ValueError(f"dwconv_blocks: expected a block count or a list of block indices, got {dwconv_blocks!r}")
+        for b in chosen:
+            if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < depth:
+                raise ValueError(f"dwconv_blocks: expected block indices in [0, {depth}), got {b!r}")
+            plan.setdefault(b, set()).update(range(heads))
+    if dwconv_heads is not None:
+        if isinstance(dwconv_heads, int) and not isinstance(dwconv_heads, bool):
+            pairs = [(b, h) for b, hs in need_ranking("dwconv_heads").select_heads(dwconv_heads).items() for h in hs]
+        elif isinstance(dwconv_heads, Mapping):
+            pairs = []
+            for b, hs in dwconv_heads.items():
+                if isinstance(hs, (str, bytes)) or not isinstance(hs, Iterable):
+                    raise ValueError(f"dwconv_heads[{b!r}]: expected a list of head indices, got {hs!r}")
+                pairs.extend((b, h) for h in hs)
+        elif isinstance(dwconv_heads, Sequence) and not isinstance(dwconv_heads, (str, bytes)):
+            pairs = []
+            for p in dwconv_heads:
+                if not isinstance(p, (tuple, list)) or len(p) != 2:
+                    raise ValueError(f"dwconv_heads: expected (block, head) pairs, got {p!r}")
+                pairs.append(tuple(p))
+        else:
+            raise ValueError(f"dwconv_heads: expected a head count, {{block: [heads]}} or (block, head) pairs, got "
+                             f"{dwconv_heads!r}")
+        for b, h in pairs:
+            if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < depth:
+                raise ValueError(f"dwconv_heads: expected block indices in [0, {depth}), got {b!r}")
+            if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < heads:
+                raise ValueError(f"dwconv_heads: expected head indices in [0, {heads}) (block {b}), got {h!r}")
+            plan.setdefault(b, set()).add(h)
+    return {b: tuple(sorted(hs)) for b, hs in sorted(plan.items()) if hs}
+
+
+def remove_prefix_tokens(model: nn.Module) -> nn.Module:
+    """Remove the cls token of a timm ViT in place, as the paper does for its convolutional heads (appendix A.3.2):
+    its position embedding row goes with it and class-token pooling becomes the mean of the tokens ("avg").
+    Register tokens (if any) stay; a distilled DeiT (dist token) is refused.  Returns the model."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(f"model: expected a timm VisionTransformer, got {type(model).__name__}")
+    if getattr(model, "dist_token", None) is not None:
+        raise ValueError("model: a distilled DeiT's dist token cannot be removed (its head reads it), got one")
+    if model.cls_token is None:
+        return model
+    if model.pos_embed is not None and not model.no_embed_class:
+        # pos_embed rows: [cls, registers..., patches...] in timm's original layout; drop the cls row.
+        model.pos_embed = nn.Parameter(model.pos_embed.detach()[:, 1:].clone(),
+                                       requires_grad=model.pos_embed.requires_grad)
+    model.cls_token = None
+    model.has_class_token = False
+    model.num_prefix_tokens -= 1
+    if model.global_pool == "token":
+        model.global_pool = "avg"
+    return model
+
+
+def _from_timm_dwconv(model, channel_idle, norm, heuristic, spread, calibration_images, dwconv_blocks, dwconv_heads,
+                      ranking, kernel_size, ensemble, kernel_init_std, remove_cls_token) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    from .nn.dwconv import DWConvBlock
+
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(f"dwconv_blocks/dwconv_heads: only timm VisionTransformer models (ViT/DeiT), got "
+                         f"{type(model).__name__}")
+    depth = len(model.blocks)
+    heads = model.blocks[0].attn.num_heads if depth else 0
+    plan = _dwconv_plan(depth, heads, dwconv_blocks, dwconv_heads, ranking)
+    if channel_idle is None:
+        channel_idle, norm = 0.0, norm or "layer"
+    converted = from_timm(model, channel_idle=channel_idle, norm=norm, heuristic=heuristic, spread=spread,
+                          calibration_images=calibration_images)
+    if remove_cls_token:
+        remove_prefix_tokens(converted)
+    grid = tuple(int(g) for g in converted.patch_embed.grid_size)
+    for b, hs in plan.items():
+        converted.blocks[b] = DWConvBlock.from_block(
+            converted.blocks[b], hs, grid, kernel_size=kernel_size, ensemble=ensemble, kernel_init_std=kernel_init_std,
+            name=f"model block {b}",
+        )
+    return converted

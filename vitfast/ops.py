@@ -15,6 +15,7 @@ import torch
 from . import reference
 from ._env import get_backend, get_cuda_kernels
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
+from ._validate_dwconv import check_dwconv_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "linear", "extension_loaded", "cpu_isa"]
 
@@ -26,6 +27,12 @@ SCHEMAS = {
     "linear": "linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor",
     "attention": "attention(Tensor qkv, int num_heads, float? scale=None) -> Tensor",
 }
+
+# dropin-depthwise-conv-attention: value projection + depthwise k×k conv over the token grid + output projection.
+SCHEMAS["dwconv_attention"] = (
+    "dwconv_attention(Tensor x, Tensor w_v, Tensor? b_v, Tensor kernel, Tensor w_o, Tensor? b_o, int grid_h, "
+    "int grid_w, Tensor? residual=None) -> Tensor"
+)
 
 _lib = torch.library.Library("vitfast", "DEF")
 for _schema in SCHEMAS.values():
@@ -107,6 +114,21 @@ def _attention_cuda(qkv, num_heads, scale=None):
 _lib.impl("attention", _attention_cuda, "CUDA")
 
 
+@_register_fake("dwconv_attention")
+def _dwconv_attention_fake(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual=None):
+    _, _, _, c_out = check_dwconv_attention_args(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
+    return x.new_empty((x.shape[0], x.shape[1], c_out))
+
+
+def _dwconv_attention_cuda(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual=None):
+    from .kernels.dwconv_attention import dwconv_attention_triton
+
+    return dwconv_attention_triton(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
+
+
+_lib.impl("dwconv_attention", _dwconv_attention_cuda, "CUDA")
+
+
 # ---------------------------------------------------------------------------------------------- CPU impls
 _EXTENSION_ERROR: Optional[BaseException] = None
 try:
@@ -174,3 +196,24 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
     if get_backend() == "reference":
         return reference.attention(qkv, num_heads, scale)
     return torch.ops.vitfast.attention(qkv, num_heads, scale)
+
+
+__all__ += ["dwconv_attention"]
+
+
+def dwconv_attention(
+    x: torch.Tensor,
+    w_v: torch.Tensor,
+    b_v: Optional[torch.Tensor],
+    kernel: torch.Tensor,
+    w_o: torch.Tensor,
+    b_o: Optional[torch.Tensor],
+    grid_h: int,
+    grid_w: int,
+    residual: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """`torch.ops.vitfast.dwconv_attention` (drop-in depthwise-conv heads, see `vitfast.reference.dwconv_attention`),
+    or the reference when VITFAST_BACKEND=reference."""
+    if get_backend() == "reference":
+        return reference.dwconv_attention(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
+    return torch.ops.vitfast.dwconv_attention(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)

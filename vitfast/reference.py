@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
+from ._validate_dwconv import check_dwconv_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention"]
 
@@ -158,3 +159,51 @@ def xwx_attention(
     if residual is not None:
         out = out + residual
     return out
+
+
+# ---------------------------------------------------------------------------------------------- dwconv_attention
+__all__ += ["dwconv_attention"]
+
+
+def dwconv_attention(
+    x: torch.Tensor,
+    w_v: torch.Tensor,
+    b_v: Optional[torch.Tensor],
+    kernel: torch.Tensor,
+    w_o: torch.Tensor,
+    b_o: Optional[torch.Tensor],
+    grid_h: int,
+    grid_w: int,
+    residual: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Drop-in depthwise-convolution heads (dropin-depthwise-conv-attention eq. 11, 13), output projection fused.
+
+        x         [B, N, C]     tokens: P = N − grid_h·grid_w prefix tokens (cls, registers) first, then the
+                                grid_h × grid_w patch grid in row-major order (timm's layout)
+        w_v, b_v  [D, C], [D]   value projection of the replaced heads (their rows of W^V, heads side by side:
+                                D = heads·d_h; the ensembled form of eq. 12-13 is one head, D = d_h)
+        kernel    [D, k, k]     one k×k filter per value channel (eq. 11's K^h, k odd)
+        w_o, b_o  [C_out, D]    those heads' columns of the output projection W^O (and a bias, optional)
+        residual  [B, N, C_out] added to the output (the block's shortcut), optional
+
+        V = x · w_vᵀ + b_v;   U_grid = Conv_DW(V_grid, kernel)   ("same" size, zero padding, eq. 6)
+        U_prefix = mean over the grid tokens of V                (vitfast's rule for kept prefix tokens)
+        out = U · w_oᵀ + b_o + residual
+
+    Prefix tokens have no grid position, so eq. 8 gives them no neighbourhood.  vitfast gives a kept cls/register
+    token the average of the head's values over the patch grid: the input-independent attention map that is
+    uniform over the patches (what an input-invariant head, Σ_h = 0, can do for a token without position), at
+    O(D) cost.  The paper itself removes the cls token (appendix A.3.2; `vitfast.convert` supports both).
+    """
+    prefix, width, ksize, _ = check_dwconv_attention_args(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
+    batch = x.shape[0]
+    v = F.linear(x, w_v, b_v)  # [B, N, D]
+    if width:
+        grid = v[:, prefix:].transpose(1, 2).reshape(batch, width, grid_h, grid_w)
+        u = F.conv2d(grid, kernel.unsqueeze(1), padding=ksize // 2, groups=width)  # cross-correlation = eq. 6
+        u = u.flatten(2).transpose(1, 2)  # [B, HW, D]
+    else:  # no replaced channel (conv2d refuses 0 groups): nothing to convolve
+        u = v[:, prefix:]
+    if prefix:
+        u = torch.cat([v[:, prefix:].mean(dim=1, keepdim=True).expand(batch, prefix, width), u], dim=1)
+    return linear(u, w_o, b_o, residual)

@@ -40,3 +40,9 @@ __all__ = [
     "NonDeepMlp",
     "join_lambda",
 ]
+
+# Drop-in depthwise convolution heads (dropin-depthwise-conv-attention): train-time `DWConvAttention`,
+# `DWConvBlock`; fused `FusedDWConvBlock` ("dwconv_block").
+from .dwconv import DWConvAttention, DWConvBlock, FusedDWConvBlock, set_grid_size  # noqa: E402,F401
+
+__all__ += ["DWConvAttention", "DWConvBlock", "FusedDWConvBlock", "set_grid_size"]

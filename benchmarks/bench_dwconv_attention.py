@@ -1,0 +1,244 @@
+"""Benchmark of drop-in depthwise-convolution heads (dropin-depthwise-conv-attention): op, block, end to end.
+
+1. The op `dwconv_attention` (value projection + k×k depthwise conv + output projection), batch 1, a 24×24
+   token grid, ViT-B (C = 768) and ViT-L (C = 1024) widths, all heads replaced (D = C) or ensembled (D = d_h):
+     cpp       torch.ops.vitfast.dwconv_attention on CPU (C++ kernel, weights packed once)
+     eager     vitfast.reference.dwconv_attention (F.linear + F.conv2d depthwise + F.linear)
+     compile   torch.compile of the reference
+     triton    the Triton kernel on CUDA          (skipped without a GPU; synchronised inside the timed call)
+     cuda_ref  the reference on CUDA (cuBLAS + cuDNN)  (skipped without a GPU)
+2. The attention sub-block target (section 3, Table 1): one block's MHSA vs the same block with all heads as DW
+   convolutions, both on the vitfast kernels (mhsa = ops.linear qkv + ops.attention + ops.linear proj with the
+   shortcut; dwconv = one ops.dwconv_attention with the shortcut), plus timm's eager Attention for reference.
+   Target: dwconv ≥ 2.5× faster than mhsa (1 thread, batch 1, 24×24 tokens).
+3. End to end: a ViT-B at 384×384 (24×24 tokens + cls), batch 1, fused (vitfast.fuse): unreplaced vs half of
+   its blocks (the 6 even ones) replaced, unensembled (eq. 11) and ensembled (eq. 13).  Target: ≥ 17% lower
+   latency.  FLOP bound at this shape: an MHSA is 3.74 GFLOP, its unensembled replacement 1.36 GFLOP, the MLP
+   5.44 GFLOP, so replacing 6 of 12 blocks removes at most 13% of the model's FLOPs (ensembled: 20%).
+
+Ratios come from medians of the same run (terminal summary; pytest-benchmark's JSON has every number).  FLOPs:
+2·M·C·D + 2·M·D·C + 2·M·D·k² for the op.
+
+    .venv/bin/python -m pytest benchmarks/bench_dwconv_attention.py
+    .venv/bin/python benchmarks/bench_dwconv_attention.py            # the three targets, printed as ratios
+    .venv/bin/python benchmarks/bench_dwconv_attention.py --cuda     # triton vs cuda_ref on a GPU
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import pytest
+import torch
+
+import vitfast
+from harness import run_case
+from shapes import VIT_SHAPES, attention_flops, linear_flops
+from vitfast import reference
+
+GRID = (24, 24)
+WIDTHS = {"vit_base": VIT_SHAPES["deit_base"], "vit_large": VIT_SHAPES["vit_large"]}
+PROVIDERS = ["cpp", "eager", "compile", "triton", "cuda_ref"]
+_COMPILED = {}
+
+
+def op_args(shape, form, batch=1, device="cpu", prefix=0, k=3):
+    c = shape.width
+    d = c if form == "all_heads" else c // shape.heads
+    g = torch.Generator().manual_seed(0)
+    n = prefix + GRID[0] * GRID[1]
+
+    def uni(*s, fan_in):
+        return ((torch.rand(*s, generator=g) * 2 - 1) / fan_in**0.5).to(device)
+
+    x = torch.randn(batch, n, c, generator=g).to(device)
+    kernel = (torch.randn(d, k, k, generator=g) / k).to(device)
+    return (x, uni(d, c, fan_in=c), uni(d, fan_in=c), kernel, uni(c, d, fan_in=d), uni(c, fan_in=d), GRID[0], GRID[1],
+            x)
+
+
+def op_flops(shape, form, batch=1, k=3):
+    c = shape.width
+    d = c if form == "all_heads" else c // shape.heads
+    m = batch * GRID[0] * GRID[1]
+    return 2 * m * c * d * 2 + 2 * m * d * k * k
+
+
+def _synchronised(fn):
+    def run(*args):
+        out = fn(*args)
+        torch.cuda.synchronize()  # time the kernel, not the launch
+        return out
+
+    return run
+
+
+def provider_fn(provider, case):
+    if provider == "cpp":
+        if not vitfast.ops.extension_loaded() or "dwconv_attention" in vitfast.ops._REFERENCE_CPU_FALLBACKS:
+            pytest.fail("the C++ dwconv_attention kernel is not built: cpp would silently measure the reference")
+        return torch.ops.vitfast.dwconv_attention
+    if provider == "eager":
+        return reference.dwconv_attention
+    if provider == "compile":
+        if case not in _COMPILED:
+            torch._dynamo.reset()
+            _COMPILED.clear()
+            _COMPILED[case] = torch.compile(reference.dwconv_attention, fullgraph=True, dynamic=False)
+        return _COMPILED[case]
+    if provider == "triton":
+        from vitfast.kernels.dwconv_attention import dwconv_attention_triton
+
+        return _synchronised(dwconv_attention_triton)
+    if provider == "cuda_ref":
+        return _synchronised(reference.dwconv_attention)
+    raise ValueError(provider)
+
+
+# ---------------------------------------------------------------------------------------------- 1. the op
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("form", ["all_heads", "ensembled"])
+@pytest.mark.parametrize("shape_name", list(WIDTHS))
+def test_dwconv_attention_op(benchmark, shape_name, form, provider):
+    cuda = provider in ("triton", "cuda_ref")
+    if cuda and not torch.cuda.is_available():
+        pytest.skip(f"{provider} provider needs CUDA")
+    shape = WIDTHS[shape_name]
+    args = op_args(shape, form, device="cuda" if cuda else "cpu")
+    case = (shape_name, form, "24x24", "b1", "t1")
+    run_case(benchmark, provider_fn(provider, case), args, case, provider, op_flops(shape, form), threads=1)
+
+
+# ---------------------------------------------------------------------------------------------- 2. block target
+def block_fns(shape, device="cpu"):
+    """(name -> (fn, args)) for one block's attention sub-block: MHSA vs all heads as DW conv, same weights."""
+    from timm.models.vision_transformer import Attention as TimmAttention
+
+    torch.manual_seed(0)
+    c = shape.width
+    attn = TimmAttention(c, num_heads=shape.heads, qkv_bias=True).eval().to(device)
+    x = torch.randn(1, GRID[0] * GRID[1], c, device=device)
+    w_qkv, b_qkv, w_p, b_p = attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias
+    kernel = torch.randn(c, 3, 3, device=device) / 3
+    w_v, b_v = w_qkv[2 * c:].contiguous(), b_qkv[2 * c:].contiguous()
+
+    def mhsa(x):  # the fused engine's MHSA (vitfast.nn.Attention): qkv GEMM, attention kernel, proj GEMM + shortcut
+        return vitfast.ops.linear(vitfast.ops.attention(vitfast.ops.linear(x, w_qkv, b_qkv), shape.heads), w_p, b_p, x)
+
+    def dwconv(x):  # FusedDWConvBlock's replacement of the same sub-block
+        return vitfast.ops.dwconv_attention(x, w_v, b_v, kernel, w_p, b_p, GRID[0], GRID[1], x)
+
+    def timm_mhsa(x):
+        return x + attn(x)
+
+    return {"mhsa": (mhsa, (x,)), "dwconv": (dwconv, (x,)), "timm_mhsa": (timm_mhsa, (x,))}
+
+
+def block_flops(shape, name):
+    c, m = shape.width, GRID[0] * GRID[1]
+    if name == "dwconv":
+        return 4 * m * c * c + 18 * m * c
+    tokens_shape = type(shape)(shape.name, shape.width, shape.depth, shape.heads, tokens=m)
+    return linear_flops(c, 3 * c, m) + attention_flops(tokens_shape, 1) + linear_flops(c, c, m)
+
+
+@pytest.mark.parametrize("provider", ["mhsa", "dwconv", "timm_mhsa"])
+@pytest.mark.parametrize("shape_name", list(WIDTHS))
+def test_block_mhsa_vs_dwconv(benchmark, shape_name, provider):
+    shape = WIDTHS[shape_name]
+    fn, args = block_fns(shape)[provider]
+    case = (shape_name, "attn_block", "24x24", "b1", "t1")
+    run_case(benchmark, fn, args, case, provider, block_flops(shape, provider), threads=1)
+
+
+# ---------------------------------------------------------------------------------------------- 3. end to end
+def vit_base_384(replaced_blocks, ensemble=False):
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12, qkv_bias=True).eval()
+    if replaced_blocks:
+        converted = vitfast.convert.from_timm(model, dwconv_blocks=replaced_blocks, dwconv_ensemble=ensemble)
+    else:
+        converted = vitfast.convert.from_timm(model, channel_idle=0.0, norm="layer")  # the same fused engine
+    return vitfast.fuse(converted)
+
+
+HALF = [0, 2, 4, 6, 8, 10]
+E2E = {"unreplaced": ([], False), "half_replaced": (HALF, False), "half_replaced_ensembled": (HALF, True)}
+
+
+@pytest.mark.parametrize("provider", list(E2E))
+def test_vit_base_end_to_end(benchmark, provider):
+    model = vit_base_384(*E2E[provider])
+    x = torch.randn(1, 3, 384, 384)
+    case = ("vit_base_384", "e2e", "b1", "t1")
+    run_case(benchmark, model, (x,), case, provider, flops=1, threads=1)
+
+
+# ---------------------------------------------------------------------------------------------- script mode
+def _median_ms(fn, args, repeats):
+    with torch.no_grad():
+        fn(*args)
+        fn(*args)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn(*args)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _interleaved(fns, args, rounds, repeats):
+    """Median per function over `rounds` interleaved rounds (a loaded machine drifts: interleaving keeps the
+    ratio fair)."""
+    results = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            results[name].append(_median_ms(fn, args[name], repeats))
+    return {name: statistics.median(v) for name, v in results.items()}
+
+
+def main(argv) -> int:
+    torch.set_num_threads(1)
+    print(f"threads: {torch.get_num_threads()}, cpu isa: {vitfast.ops.cpu_isa()}")
+    if "--cuda" in argv:
+        from vitfast.kernels.dwconv_attention import dwconv_attention_triton
+
+        def triton_path(path):
+            return _synchronised(lambda *a: dwconv_attention_triton(*a, path=path))
+
+        for name, shape in WIDTHS.items():
+            for form in ("all_heads", "ensembled"):
+                for batch in (1, 8):
+                    args = op_args(shape, form, batch=batch, device="cuda")
+                    fns = {"auto": triton_path(None), "fused": triton_path("fused"), "split": triton_path("split"),
+                           "cuda_ref": _synchronised(reference.dwconv_attention)}
+                    t = _interleaved(fns, {k: args for k in fns}, rounds=5, repeats=50)
+                    err = (dwconv_attention_triton(*args) - reference.dwconv_attention(*args)).abs().max().item()
+                    print(f"{name} {form} b{batch}: triton auto {t['auto']:.4f} ms (fused {t['fused']:.4f}, split "
+                          f"{t['split']:.4f}), cuda_ref {t['cuda_ref']:.4f} ms -> {t['cuda_ref'] / t['auto']:.2f}x, "
+                          f"max|diff| {err:.2e}")
+        return 0
+    for name, shape in WIDTHS.items():
+        fns = block_fns(shape)
+        t = _interleaved({k: v[0] for k, v in fns.items()}, {k: v[1] for k, v in fns.items()}, rounds=5, repeats=5)
+        print(f"{name} attention sub-block, 24x24 tokens, b1: mhsa {t['mhsa']:.2f} ms, dwconv {t['dwconv']:.2f} ms "
+              f"-> {t['mhsa'] / t['dwconv']:.2f}x (timm eager mhsa {t['timm_mhsa']:.2f} ms)")
+        args = op_args(shape, "all_heads")
+        t = _interleaved({"cpp": torch.ops.vitfast.dwconv_attention, "eager": reference.dwconv_attention},
+                         {"cpp": args, "eager": args}, rounds=5, repeats=5)
+        print(f"{name} op all heads: cpp {t['cpp']:.2f} ms, eager {t['eager']:.2f} ms -> {t['eager'] / t['cpp']:.2f}x")
+    models = {k: vit_base_384(*v) for k, v in E2E.items()}
+    x = torch.randn(1, 3, 384, 384)
+    t = _interleaved(models, {k: (x,) for k in models}, rounds=5, repeats=3)
+    for name in ("half_replaced", "half_replaced_ensembled"):
+        print(f"ViT-B 384 (24x24 + cls) b1 e2e: unreplaced {t['unreplaced']:.1f} ms, {name} {t[name]:.1f} ms "
+              f"-> {100 * (1 - t[name] / t['unreplaced']):.1f}% lower latency")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    sys.exit(main(sys.argv[1:]))
