@@ -29,6 +29,7 @@ _LAZY = {
     "save": ("vitfast.checkpoint", "save"),
     "load": ("vitfast.checkpoint", "load"),
     "patch_timm": ("vitfast.patch", "patch_timm"),
+    "usdc": ("vitfast.usdc", None),
 }
 
 __all__ = ["ops", "reference", "get_backend", "set_backend", "__version__", *_LAZY]

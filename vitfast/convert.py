@@ -79,6 +79,11 @@ def from_timm(
     schedule: Union[str, "JoinSchedule"] = "linear",
     join_values: bool = False,
     diversity_weight: float = 0.05,
+    gates: bool = False,
+    flops_target: Optional[float] = None,
+    gate_level: str = "group",
+    gate_search: bool = True,
+    gate_kind: str = "G0",
 ) -> nn.Module:
     """Train-time RePaViT model from a timm ViT/DeiT (incl. distilled) or Swin model.
 
@@ -118,8 +123,18 @@ def from_timm(
     attention then has value width d_h instead of n·d_h; see the module doc); `diversity_weight` is α of the
     diversity regulariser (each block's `extra_loss_weight` is α / number of blocks, so the Trainer adds α × the
     mean over blocks).
+
+    gates=True makes a USDC model (usdc-static-dynamic-compression; `vitfast.usdc.convert_timm`): per-layer
+    decision networks that skip MHSA/FFN sub-blocks (`gate_level` "group"/"sample"/"batch" in training,
+    `gate_search` over G0…G6 or a fixed `gate_kind`), and with `flops_target` (f_t, a FLOPs ratio) static
+    keep/prune logits plus the resource loss γ(F − f_t)², γ = 100.  Composes with `channel_idle`.
     """
     blocks = _model_blocks(model)  # type check first, before copying anything
+    if gates:
+        return _from_timm_usdc(model, channel_idle, norm, heuristic, spread, calibration_images, flops_target,
+                               gate_level, gate_search, gate_kind, branches)
+    if flops_target is not None:
+        raise ValueError(f"flops_target: only used with gates=True (USDC), got {flops_target!r}")
     if branches is not None:
         if calibration_images is not None:
             raise ValueError("calibration_images: not supported with branches (BatchNorm calibration is per RePaViT "
@@ -160,6 +175,24 @@ def from_timm(
     if calibration_images is not None:
         _calibrate_batchnorms(converted, [(new.mlp, ln) for _, _, new, ln in replacements], calibration_images)
     return converted
+
+
+def _from_timm_usdc(model, channel_idle, norm, heuristic, spread, calibration_images, flops_target, gate_level,
+                    gate_search, gate_kind, branches) -> nn.Module:
+    """gates=True (usdc-static-dynamic-compression, `vitfast.usdc`): every ViT block gets a decision network
+    (searched over G0…G6 unless gate_search=False) and, with a `flops_target`, learnable static keep/prune
+    logits and the resource loss.  With `channel_idle`, the RePaViT conversion runs first and its blocks are
+    gated (gates and block pruning; FFN channel pruning applies to plain FFNs only)."""
+    from .usdc import convert_timm
+
+    if branches is not None:
+        raise ValueError(f"branches: not supported with gates=True (non-deep blocks are not gated), got {branches!r}")
+    base = model
+    if channel_idle is not None:
+        base = from_timm(model, channel_idle, norm, heuristic, spread=spread, calibration_images=calibration_images)
+    elif norm is not None or calibration_images is not None:
+        raise ValueError("norm, calibration_images: only used with channel_idle (RePaViT FFNs), got no channel_idle")
+    return convert_timm(base, flops_target=flops_target, level=gate_level, search=gate_search, gate_kind=gate_kind)
 
 
 def _from_timm_nondeep(model, blocks, branches, channel_idle, norm, heuristic, spread, schedule, join_values,
