@@ -221,6 +221,11 @@ class GateSearch(nn.Module):
         self.tau = SEARCH_TAU
         self.last_weights: Optional[torch.Tensor] = None
 
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["last_weights"] = None  # part of an autograd graph: copies start without it
+        return state
+
     def weights(self) -> torch.Tensor:
         if self.training:
             return F.gumbel_softmax(self.arch_logits, tau=self.tau, hard=False)

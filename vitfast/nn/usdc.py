@@ -85,6 +85,12 @@ class USDCBlock(nn.Module):
         self.alpha_channels = (nn.Parameter(init.repeat(mlp.fc1.out_features, 1).to(dev))
                                if static and mlp is not None and not self.ffn_owned else None)
 
+    def __getstate__(self):
+        # The last forward's FLOPs tensor is part of an autograd graph: copies (prune, fuse) start without it.
+        state = self.__dict__.copy()
+        state["last_flops"] = None
+        return state
+
     @property
     def static(self) -> bool:
         return any(p is not None for p in (self.alpha_attn, self.alpha_ffn, self.alpha_heads, self.alpha_channels))
