@@ -306,3 +306,44 @@ def test_half_closed_model_skips_half_the_sub_blocks():
         b.mlp.register_forward_hook(lambda *a: calls.append("mlp"))
     fused(torch.randn(2, 3, 16, 16))
     assert len(calls) == 4
+
+
+# ---------------------------------------------------------------------------------------------- CUDA
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_gated_model_matches_cpu_and_survives_graph_capture():
+    torch.manual_seed(0)
+    model = vitfast.convert.from_timm(tiny_vit(depth=3), gates=True, gate_search=False, gate_kind="G1")
+    for b in model.blocks:
+        randomise_gate(b.gate)
+    fused = vitfast.fuse(model)
+    inputs = [torch.randn(4, 3, 16, 16) * s + s for s in (0.5, 1.0, 2.0, -1.0)]
+    cpu_out = [fused(x) for x in inputs]
+    cpu_dec = [[b.gate(t).tolist() for b, t in zip(fused.blocks, _block_inputs(fused, x))] for x in inputs]
+    cuda = fused.cuda()
+    static = inputs[0].cuda()
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                cuda(static)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = cuda(static)
+    assert len({tuple(map(tuple, d)) for d in cpu_dec}) > 1  # the inputs really take different paths
+    for x, expect in zip(inputs, cpu_out):
+        static.copy_(x.cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.cpu(), expect, atol=2e-3, rtol=2e-3)
+
+
+def _block_inputs(model, images):
+    seen = []
+    handles = [b.register_forward_pre_hook(lambda m, a: seen.append(a[0])) for b in model.blocks]
+    with torch.no_grad():
+        model(images)
+    for h in handles:
+        h.remove()
+    return seen
