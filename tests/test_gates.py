@@ -347,3 +347,18 @@ def _block_inputs(model, images):
     for h in handles:
         h.remove()
     return seen
+
+
+def test_cli_usdc_quick(tmp_path, capsys):
+    from vitfast.cli import main
+
+    out = os.path.join(tmp_path, "usdc")
+    assert main(["usdc", "--quick", "--levels", "group", "--batch-sizes", "1,8", "--pretrain-steps", "5",
+                 "--stage1-steps", "4", "--stage2-steps", "3", "--out", out, "--no-progress"]) == 0
+    import json
+
+    report = json.load(open(os.path.join(out, "usdc_report.json")))
+    assert set(report["levels"]["group"]["acc"]) == {"1", "8"}
+    fused = vitfast.load(os.path.join(out, "usdc_group.safetensors"))
+    assert all(isinstance(b, GatedBlock) for b in fused.blocks)
+    assert main(["usdc", "--levels", "token"]) == 2

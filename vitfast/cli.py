@@ -1,4 +1,4 @@
-"""The `vitfast` command line (also `python -m vitfast`): convert, train, fuse, verify, bench, export, demo.
+"""The `vitfast` command line (also `python -m vitfast`): convert, train, fuse, verify, bench, export, demo, usdc.
 
 Every subcommand explains itself with `vitfast <command> --help`.  Errors in what was asked for (a missing
 file, θ outside [0, 1], an unknown timm model, ...) end with one line on stderr naming the argument, what was
@@ -872,7 +872,69 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for data split, init and training")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_demo)
+    _add_usdc_parser(sub)
     return parser
+
+
+# ---------------------------------------------------------------------------------------------- usdc
+def _level_list(text: str) -> List[str]:
+    levels = [v.strip() for v in text.split(",") if v.strip()]
+    if not levels or any(v not in ("group", "batch", "sample") for v in levels):
+        raise argparse.ArgumentTypeError(f"expected comma-separated levels among group,batch,sample, got {text!r}")
+    return levels
+
+
+def _ratio(text: str) -> float:
+    return _checked(text, float, "a ratio in (0, 1]", lambda v: 0.0 < v <= 1.0)
+
+
+def cmd_usdc(args) -> int:
+    from vitfast.usdc_recipe import run_usdc_study
+
+    steps = (args.pretrain_steps, args.stage1_steps, args.stage2_steps)
+    if args.quick:
+        steps = tuple(s if s is not None else q for s, q in zip(steps, (60, 40, 30)))
+        cfg = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=4.0, num_classes=10)
+    else:
+        steps = tuple(s if s is not None else d for s, d in zip(steps, (800, 400, 300)))
+        cfg = None
+    os.makedirs(args.out, exist_ok=True)
+    report = run_usdc_study(
+        levels=args.levels, pretrain_steps=steps[0], stage1_steps=steps[1], stage2_steps=steps[2],
+        flops_target=args.flops_target, eval_batch_sizes=args.batch_sizes, seed=args.seed, threads=args.threads,
+        progress=not args.no_progress, out_dir=args.out, model_cfg=cfg,
+    )
+    path = os.path.join(args.out, "usdc_report.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    print(f"wrote {path} and the fused models usdc_<level>.safetensors in {args.out}")
+    return EXIT_OK
+
+
+def _add_usdc_parser(sub) -> None:
+    p = sub.add_parser(
+        "usdc", formatter_class=_Formatter, help="USDC gates + static compression on the digits: batch-size study",
+        description=textwrap.dedent("""\
+            The USDC recipe end to end on scikit-learn's digits (usdc-static-dynamic-compression): pretrain a
+            small ViT, convert it with dynamic gates (searched over G0..G6) and static keep/prune logits, train
+            stage 1 with the FLOPs resource loss (target --flops-target, gamma = 100), prune, fine-tune stage 2,
+            fuse, then measure the fused model's accuracy and realised FLOPs at inference batch sizes
+            (--batch-sizes) for each training gate level (--levels).  Seeded: the same command gives the same
+            numbers.  Writes usdc_report.json and usdc_<level>.safetensors (load with vitfast.load)."""),
+        epilog="examples:\n  vitfast usdc --out runs/usdc --threads 1\n  vitfast usdc --quick --out /tmp/usdc",
+    )
+    p.add_argument("--levels", type=_level_list, default=["group", "batch"], help="training gate levels to compare")
+    p.add_argument("--batch-sizes", type=_batch_list, default=[1, 8, 64], help="inference batch sizes")
+    p.add_argument("--flops-target", type=_ratio, default=0.6, help="f_t of the resource loss (FLOPs ratio)")
+    p.add_argument("--pretrain-steps", type=_positive_int, default=None, help="baseline steps [800; --quick: 60]")
+    p.add_argument("--stage1-steps", type=_positive_int, default=None, help="search + static steps [400; --quick: 40]")
+    p.add_argument("--stage2-steps", type=_positive_int, default=None, help="fine-tune steps [300; --quick: 30]")
+    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0, help="seed for data split, init and training")
+    p.add_argument("--out", default="vitfast-usdc", metavar="DIR", help="where the report and fused models go")
+    p.add_argument("--quick", action="store_true", help="tiny model and few steps (a smoke test)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_usdc)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

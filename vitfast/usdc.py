@@ -20,7 +20,7 @@ from .nn.gates import GATE_KINDS, GATE_LEVELS, GateSearch
 from .nn.usdc import GatedBlock, USDCBlock, set_gate_force
 
 __all__ = ["convert_timm", "USDCResourceLoss", "prune", "usdc_blocks", "model_macs", "gate_rates", "set_gate_force",
-           "RESOURCE_GAMMA"]
+           "RESOURCE_GAMMA", "arch_parameters", "arch_optimizer"]
 
 RESOURCE_GAMMA = 100.0  # γ of eq. 9 (sec. 3.4)
 
@@ -190,3 +190,37 @@ def gate_rates(model: nn.Module, loader: Iterable, max_batches: Optional[int] = 
             h.remove()
         model.train(was_training)
     return (counts / max(seen, 1)).tolist()
+
+
+def arch_parameters(model: nn.Module) -> List[nn.Parameter]:
+    """The USDC decision parameters: static keep/prune logits α, search logits α^g and the gate networks."""
+    params = []
+    for block in usdc_blocks(model):
+        params.extend(p for p in (block.alpha_attn, block.alpha_ffn, block.alpha_heads, block.alpha_channels)
+                      if p is not None)
+        params.extend(block.gate.parameters())
+    return params
+
+
+def arch_optimizer(model: nn.Module, lr: float, arch_lr: float, betas=(0.9, 0.999)):
+    """An optimizer factory for `Trainer(optimizer=...)`: AdamW with the decision parameters (`arch_parameters`) in
+    their own group at `arch_lr`, without weight decay (the Trainer's LR schedule scales both groups alike).
+
+    Why a separate rate: the static logits start at (+3, −3) and the gates' last bias at "execute" by 6; at the
+    backbone's rate Adam moves them by ~lr per step, so short runs (the digits recipe) would never prune or skip.
+    The paper trains 300 epochs and does not say; DARTS also gives architecture parameters their own optimizer.
+    """
+    arch = {id(p) for p in arch_parameters(model)}
+
+    def make(groups):
+        new, arch_params = [], []
+        for g in groups:
+            keep = [p for p in g["params"] if id(p) not in arch]
+            arch_params.extend(p for p in g["params"] if id(p) in arch)
+            if keep:
+                new.append({**g, "params": keep})
+        if arch_params:
+            new.append({"params": arch_params, "weight_decay": 0.0, "lr": float(arch_lr)})
+        return torch.optim.AdamW(new, lr=float(lr), betas=tuple(betas))
+
+    return make

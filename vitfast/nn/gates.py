@@ -210,6 +210,8 @@ class GateSearch(nn.Module):
     candidate (argmax of the architecture logits): what each layer keeps after the search.
     """
 
+    _no_weight_decay = ("arch_logits",)  # architecture weights, not model weights
+
     def __init__(self, dim: int, hidden: Optional[int] = None, kinds=GATE_KINDS, *, device=None, dtype=None) -> None:
         super().__init__()
         kinds = tuple(kinds)

@@ -62,6 +62,9 @@ class USDCBlock(nn.Module):
     alpha_heads [H, 2], alpha_channels [hidden, 2]) exist only while static compression is on.
     """
 
+    # Architecture logits are not weights: no weight decay (it would pull keep/prune towards 50/50).
+    _no_weight_decay = ("alpha_attn", "alpha_ffn", "alpha_heads", "alpha_channels")
+
     def __init__(self, *, dim: int, norm1, attn, ls1, norm2, mlp, ls2, gate: nn.Module, level: str = "group",
                  static: bool = False, static_init: float = 3.0, tokens: int = 197) -> None:
         super().__init__()
