@@ -362,3 +362,24 @@ def test_cli_usdc_quick(tmp_path, capsys):
     fused = vitfast.load(os.path.join(out, "usdc_group.safetensors"))
     assert all(isinstance(b, GatedBlock) for b in fused.blocks)
     assert main(["usdc", "--levels", "token"]) == 2
+
+
+def test_cli_convert_train_prune_fuse(tmp_path):
+    from vitfast.cli import main
+
+    d = str(tmp_path)
+    kwargs = '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 4}'
+    assert main(["convert", "vit_tiny_patch16_224", "--img-size", "16", "--num-classes", "10", "--model-kwargs", kwargs,
+                 "--gates", "--flops-target", "0.6", "-o", f"{d}/g.safetensors"]) == 0
+    assert main(["train", f"{d}/g.safetensors", "--steps", "2", "--batch-size", "16", "--out", f"{d}/s1",
+                 "--no-progress"]) == 0
+    assert main(["train", f"{d}/s1/model.safetensors", "--usdc-prune", "--steps", "2", "--batch-size", "16",
+                 "--out", f"{d}/s2", "--no-progress"]) == 0
+    assert main(["fuse", f"{d}/s2/model.safetensors", "-o", f"{d}/fused.safetensors"]) == 0
+    fused = vitfast.load(f"{d}/fused.safetensors")
+    assert all(isinstance(b, GatedBlock) for b in fused.blocks)
+    from vitfast.train import load_trainable
+
+    stage2, _ = load_trainable(f"{d}/s2/model.safetensors")
+    assert all(isinstance(b.gate, GateNet) and not b.static for b in stage2.blocks)
+    assert main(["convert", "vit_tiny_patch16_224", "--gates", "--norm", "layer", "-o", f"{d}/x.safetensors"]) == 2

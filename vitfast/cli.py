@@ -262,12 +262,18 @@ def cmd_convert(args) -> int:
             args.model, pretrained=args.pretrained, img_size=args.img_size, num_classes=args.num_classes,
             model_kwargs=args.model_kwargs,
         )
-        model = vitfast.convert.from_timm(timm_model, channel_idle=theta, norm=args.norm, heuristic=args.heuristic)
+        if getattr(args, "gates", False):
+            model = _convert_usdc(args, timm_model)
+        else:
+            model = vitfast.convert.from_timm(timm_model, channel_idle=theta, norm=args.norm, heuristic=args.heuristic)
         recipe = {
             "source": "timm", "model": args.model, "pretrained": os.path.basename(args.pretrained) if args.pretrained else None,
             "img_size": args.img_size, "num_classes": args.num_classes, "model_kwargs": args.model_kwargs or {},
             "channel_idle": theta, "norm": args.norm, "heuristic": args.heuristic,
         }
+        if getattr(args, "gates", False):
+            recipe.update(channel_idle=args.channel_idle, gates=True, flops_target=args.flops_target,
+                          gate_level=args.gate_level, gate_kind=args.gate_kind)
     save_trainable(model, out, recipe=recipe)
     print(f"converted: {_describe(model)}")
     print(f"wrote {out} (train-time; next: `vitfast train {out} ...` or `vitfast fuse {out} -o fused.safetensors`)")
@@ -351,10 +357,13 @@ def cmd_train(args) -> int:
             f"SOURCE: the model has {num_classes} classes, the data has {data_classes}; "
             f"convert with --num-classes {data_classes}"
         )
+    if getattr(args, "usdc_prune", False):
+        model = _usdc_stage2(model, resume_state)
     description = json.dumps(describe_trainable(model))
     warmup = settings["warmup"]
     trainer = Trainer(
         model, train_loader, val_loader,
+        optimizer=_usdc_optimizer(model, settings, getattr(args, "arch_lr_scale", 10.0)),
         total_steps=settings["steps"], epochs=settings["epochs"], lr=settings["lr"], weight_decay=settings["weight_decay"],
         warmup_fraction=warmup if warmup < 1 else 0.0, warmup_steps=int(warmup) if warmup >= 1 else None,
         label_smoothing=settings["label_smoothing"], grad_clip=settings["grad_clip"] or None, seed=settings["seed"],
@@ -710,6 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="official RePaViT ViT/DeiT state dict to convert instead of MODEL")
     p.add_argument("--num-heads", type=_positive_int, default=None, help="--repavit only: heads (default: from the width)")
     _add_recipe_args(p, convert=True)
+    _add_gate_args(p)
     p.set_defaults(func=cmd_convert)
 
     # train
@@ -747,6 +757,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_recipe_args(p, convert=False)
+    _add_usdc_train_args(p)
     for action in p._actions:  # recipe defaults must be None here: --resume compares what was given
         if action.dest in ("norm", "heuristic"):
             action.default = None
@@ -909,6 +920,59 @@ def cmd_usdc(args) -> int:
         json.dump(report, f, indent=1, default=str)
     print(f"wrote {path} and the fused models usdc_<level>.safetensors in {args.out}")
     return EXIT_OK
+
+
+def _convert_usdc(args, timm_model):
+    import vitfast
+
+    if args.channel_idle is None and args.norm != "batch":
+        raise CLIError("--norm: only used with --channel-idle (RePaViT FFNs); with --gates alone the FFNs stay timm's")
+    return vitfast.convert.from_timm(
+        timm_model, channel_idle=args.channel_idle, norm=args.norm if args.channel_idle is not None else None,
+        heuristic=args.heuristic, gates=True, flops_target=args.flops_target, gate_level=args.gate_level,
+        gate_search=args.gate_kind is None, gate_kind=args.gate_kind or "G0",
+    )
+
+
+def _usdc_stage2(model, resume_state):
+    import vitfast
+    from vitfast.usdc import usdc_blocks
+
+    if resume_state is not None:
+        raise CLIError("--usdc-prune: not used with --resume (the checkpoint's model is already pruned or not)")
+    if not usdc_blocks(model):
+        raise CLIError("--usdc-prune: SOURCE has no USDC blocks (convert with --gates first)")
+    pruned = vitfast.usdc.prune(model.eval()).train()
+    print("USDC stage 2: pruned heads/channels/sub-blocks removed, best gate network kept per layer")
+    return pruned
+
+
+def _usdc_optimizer(model, settings, arch_lr_scale):
+    from vitfast.usdc import arch_optimizer, usdc_blocks
+
+    if not usdc_blocks(model):
+        return "adamw"
+    return arch_optimizer(model, settings["lr"], settings["lr"] * arch_lr_scale)
+
+
+def _add_gate_args(p) -> None:
+    g = p.add_argument_group("USDC gates and static compression (usdc-static-dynamic-compression)")
+    g.add_argument("--gates", action="store_true",
+                   help="per-layer decision networks that skip MHSA/FFN sub-blocks (searched over G0..G6)")
+    g.add_argument("--flops-target", type=_ratio, default=None,
+                   help="f_t in (0, 1]: adds static keep/prune logits and the resource loss 100 (F - f_t)^2")
+    g.add_argument("--gate-level", choices=("group", "sample", "batch"), default="group",
+                   help="gate level in training (group: USDC's augmentation)")
+    g.add_argument("--gate-kind", choices=("G0", "G1", "G2", "G3", "G4", "G5", "G6"), default=None,
+                   help="one fixed gate network instead of the search")
+
+
+def _add_usdc_train_args(p) -> None:
+    g = p.add_argument_group("USDC (models converted with --gates)")
+    g.add_argument("--usdc-prune", action="store_true",
+                   help="stage 2: physically remove what stage 1 pruned and keep the best gate net, then train")
+    g.add_argument("--arch-lr-scale", type=_positive_float, default=10.0,
+                   help="learning rate of the gates and keep/prune logits, relative to --lr")
 
 
 def _add_usdc_parser(sub) -> None:

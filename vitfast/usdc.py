@@ -20,7 +20,7 @@ from .nn.gates import GATE_KINDS, GATE_LEVELS, GateSearch
 from .nn.usdc import GatedBlock, USDCBlock, set_gate_force
 
 __all__ = ["convert_timm", "USDCResourceLoss", "prune", "usdc_blocks", "model_macs", "gate_rates", "set_gate_force",
-           "RESOURCE_GAMMA", "arch_parameters", "arch_optimizer"]
+           "RESOURCE_GAMMA", "arch_parameters", "arch_optimizer", "describe_usdc", "build_usdc"]
 
 RESOURCE_GAMMA = 100.0  # γ of eq. 9 (sec. 3.4)
 
@@ -224,3 +224,74 @@ def arch_optimizer(model: nn.Module, lr: float, arch_lr: float, betas=(0.9, 0.99
         return torch.optim.AdamW(new, lr=float(lr), betas=tuple(betas))
 
     return make
+
+
+def describe_usdc(model: nn.Module, architecture: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+    """The USDC part of a train-time model description (`vitfast.train.describe_trainable`), or None without
+    USDC blocks.  With `architecture` (describe_timm's dict), its num_heads / mlp_ratio are reset to the
+    shapes before pruning, so the skeleton always builds and stage-2 blocks are rebuilt from their own entry."""
+    blocks = []
+    for name, module in model.named_modules():
+        if isinstance(module, USDCBlock):
+            blocks.append({"path": name, **module.structure()})
+    if not blocks:
+        return None
+    resource = [m for m in model.modules() if isinstance(m, USDCResourceLoss)]
+    if architecture is not None:
+        kwargs = architecture.get("kwargs", {})
+        first = blocks[0]
+        if first["orig_heads"]:
+            kwargs["num_heads"] = first["orig_heads"]
+        if first["orig_hidden"] and kwargs.get("embed_dim"):
+            kwargs["mlp_ratio"] = first["orig_hidden"] / kwargs["embed_dim"]
+    return {
+        "blocks": blocks,
+        "flops_target": resource[0].flops_target if resource else None,
+        "gamma": resource[0].extra_loss_weight if resource else RESOURCE_GAMMA,
+    }
+
+
+@torch.no_grad()
+def build_usdc(model: nn.Module, desc: Dict[str, Any]) -> nn.Module:
+    """Rebuild the USDC train-time structure described by `describe_usdc` on a freshly built skeleton (weights
+    are overwritten by the caller)."""
+    from .nn.gates import GateNet
+    from .nn.usdc import _prune_channels, _prune_heads
+
+    blocks = desc.get("blocks") or []
+    if not blocks:
+        raise ValueError("description['usdc']['blocks']: expected at least one block, got none")
+    first = blocks[0]
+    converted = convert_timm(model, flops_target=desc.get("flops_target"), level=first["level"],
+                             search=bool(first["search"]), gate_kind=first["gate_kind"] or "G0",
+                             gate_hidden=first["gate_hidden"], static=bool(first["static"]),
+                             gamma=float(desc.get("gamma", RESOURCE_GAMMA)))
+    modules = dict(converted.named_modules())
+    for spec in blocks:
+        block = modules.get(spec["path"])
+        if not isinstance(block, USDCBlock):
+            raise ValueError(f"description['usdc']: no USDC block at {spec['path']!r}")
+        attn, mlp = block.attn, block.mlp
+        if spec["heads"] == 0:
+            attn = None
+        elif spec["heads"] != attn.num_heads:
+            attn = _prune_heads(attn, torch.arange(spec["heads"]))
+        if not spec["ffn"]:
+            mlp = None
+        elif spec["hidden"] is not None and spec["hidden"] != mlp.fc1.out_features:
+            mlp = _prune_channels(mlp, torch.arange(spec["hidden"]))
+        changed = attn is not block.attn or mlp is not block.mlp or bool(spec["static"]) != block.static
+        gate = block.gate
+        if not spec["search"] and (not isinstance(gate, GateNet) or gate.kind != spec["gate_kind"]):
+            gate = GateNet(spec["gate_kind"], block.dim, spec["gate_hidden"])
+            changed = True
+        if changed:
+            new = USDCBlock(dim=block.dim, norm1=block.norm1, attn=attn, ls1=block.ls1,
+                            norm2=block.norm2 if mlp is not None else None, mlp=mlp, ls2=block.ls2, gate=gate,
+                            level=spec["level"], static=bool(spec["static"]), tokens=spec["tokens"])
+            parent, _, child = spec["path"].rpartition(".")
+            setattr(converted.get_submodule(parent) if parent else converted, child, new)
+            block = new
+        block.flops_total = float(spec["flops_total"])
+        block.orig_heads, block.orig_hidden = spec["orig_heads"], spec["orig_hidden"]
+    return converted

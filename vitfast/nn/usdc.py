@@ -77,6 +77,9 @@ class USDCBlock(nn.Module):
         self.norm2, self.mlp, self.ls2 = norm2, mlp, ls2
         self.gate = gate
         self.ffn_owned = mlp is not None and not isinstance(mlp, Mlp)
+        # The shapes before stage-2 pruning (checkpoint descriptions rebuild the skeleton from them).
+        self.orig_heads = attn.num_heads if attn is not None else 0
+        self.orig_hidden = mlp.fc1.out_features if mlp is not None and not self.ffn_owned else 0
         self.last_flops: Optional[torch.Tensor] = None  # normalised by `flops_total` (set by vitfast.usdc)
         self.flops_total = 1.0
         init = torch.tensor([static_init, -static_init])  # (+3, −3): keep ≈ 0.95 under the soft Gumbel (τ = 2)
@@ -87,6 +90,19 @@ class USDCBlock(nn.Module):
                             if static and attn is not None else None)
         self.alpha_channels = (nn.Parameter(init.repeat(mlp.fc1.out_features, 1).to(dev))
                                if static and mlp is not None and not self.ffn_owned else None)
+
+    def structure(self) -> Dict[str, Any]:
+        """JSON description of this block's trainable structure (see `vitfast.usdc.describe_usdc`)."""
+        search = isinstance(self.gate, GateSearch)
+        net = self.gate.candidates[0] if search else self.gate
+        return {
+            "level": self.level, "search": search, "gate_kind": None if search else self.gate.kind,
+            "gate_hidden": int(net.hidden) if net.layers == 2 else None, "static": self.static,
+            "heads": self.attn.num_heads if self.attn is not None else 0,
+            "hidden": (self.mlp.fc1.out_features if self.mlp is not None and not self.ffn_owned else None),
+            "ffn": self.mlp is not None, "orig_heads": self.orig_heads, "orig_hidden": self.orig_hidden,
+            "tokens": self.tokens, "flops_total": float(self.flops_total),
+        }
 
     def __getstate__(self):
         # The last forward's FLOPs tensor is part of an autograd graph: copies (prune, fuse) start without it.
@@ -212,6 +228,7 @@ class USDCBlock(nn.Module):
                         norm2=self.norm2 if mlp is not None else None, mlp=mlp, ls2=self.ls2,
                         gate=copy.deepcopy(gate), level=self.level, static=False, tokens=self.tokens)
         new.flops_total = self.flops_total
+        new.orig_heads, new.orig_hidden = self.orig_heads, self.orig_hidden
         return new.train(self.training)
 
     def to_fused(self, name: str = "block") -> "GatedBlock":
