@@ -383,3 +383,19 @@ def test_cli_convert_train_prune_fuse(tmp_path):
     stage2, _ = load_trainable(f"{d}/s2/model.safetensors")
     assert all(isinstance(b.gate, GateNet) and not b.static for b in stage2.blocks)
     assert main(["convert", "vit_tiny_patch16_224", "--gates", "--norm", "layer", "-o", f"{d}/x.safetensors"]) == 2
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph_of_a_gated_model():
+    # Under torch.compile the decision is never read on the host (gate_select path): one graph, no breaks.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    fused = vitfast.fuse(vitfast.convert.from_timm(tiny_vit(depth=2), gates=True, gate_search=False,
+                                                   gate_kind="G1"))
+    for b in fused.blocks:
+        with torch.no_grad():
+            b.gate.b2.copy_(torch.tensor([-1.0, 1.0]))  # MHSA closed, FFN open
+    compiled = torch.compile(fused, fullgraph=True)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), fused(x), atol=1e-5, rtol=1e-5)
