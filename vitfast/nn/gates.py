@@ -161,11 +161,7 @@ class GateNet(nn.Module):
         h = features[:, :, None, None] if self.conv else features
         h = self.fc1(h)
         if self.layers == 2:
-            if self.norm_type == "layer" and self.conv:
-                h = self.norm(h.flatten(1))[:, :, None, None]
-            else:
-                h = self.norm(h)
-            h = self.fc2(self.act(h))
+            h = self.fc2(self.act(self.norm(h)))
         return h.reshape(features.shape[0], 2, 2)
 
     def macs(self) -> int:
