@@ -29,6 +29,7 @@ _LAZY = {
     "save": ("vitfast.checkpoint", "save"),
     "load": ("vitfast.checkpoint", "load"),
     "patch_timm": ("vitfast.patch", "patch_timm"),
+    "usdc": ("vitfast.usdc", None),
 }
 
 # Drop-in depthwise convolution: Σ_h head ranking and DSP gating (vitfast.head_selection).

@@ -1,4 +1,4 @@
-"""The `vitfast` command line (also `python -m vitfast`): convert, train, fuse, verify, bench, export, demo.
+"""The `vitfast` command line (also `python -m vitfast`): convert, train, fuse, verify, bench, export, demo, usdc.
 
 Every subcommand explains itself with `vitfast <command> --help`.  Errors in what was asked for (a missing
 file, θ outside [0, 1], an unknown timm model, ...) end with one line on stderr naming the argument, what was
@@ -262,12 +262,18 @@ def cmd_convert(args) -> int:
             args.model, pretrained=args.pretrained, img_size=args.img_size, num_classes=args.num_classes,
             model_kwargs=args.model_kwargs,
         )
-        model = vitfast.convert.from_timm(timm_model, channel_idle=theta, norm=args.norm, heuristic=args.heuristic)
+        if getattr(args, "gates", False):
+            model = _convert_usdc(args, timm_model)
+        else:
+            model = vitfast.convert.from_timm(timm_model, channel_idle=theta, norm=args.norm, heuristic=args.heuristic)
         recipe = {
             "source": "timm", "model": args.model, "pretrained": os.path.basename(args.pretrained) if args.pretrained else None,
             "img_size": args.img_size, "num_classes": args.num_classes, "model_kwargs": args.model_kwargs or {},
             "channel_idle": theta, "norm": args.norm, "heuristic": args.heuristic,
         }
+        if getattr(args, "gates", False):
+            recipe.update(channel_idle=args.channel_idle, gates=True, flops_target=args.flops_target,
+                          gate_level=args.gate_level, gate_kind=args.gate_kind)
     save_trainable(model, out, recipe=recipe)
     print(f"converted: {_describe(model)}")
     print(f"wrote {out} (train-time; next: `vitfast train {out} ...` or `vitfast fuse {out} -o fused.safetensors`)")
@@ -351,10 +357,13 @@ def cmd_train(args) -> int:
             f"SOURCE: the model has {num_classes} classes, the data has {data_classes}; "
             f"convert with --num-classes {data_classes}"
         )
+    if getattr(args, "usdc_prune", False):
+        model = _usdc_stage2(model, resume_state)
     description = json.dumps(describe_trainable(model))
     warmup = settings["warmup"]
     trainer = Trainer(
         model, train_loader, val_loader,
+        optimizer=_usdc_optimizer(model, settings, getattr(args, "arch_lr_scale", 10.0)),
         total_steps=settings["steps"], epochs=settings["epochs"], lr=settings["lr"], weight_decay=settings["weight_decay"],
         warmup_fraction=warmup if warmup < 1 else 0.0, warmup_steps=int(warmup) if warmup >= 1 else None,
         label_smoothing=settings["label_smoothing"], grad_clip=settings["grad_clip"] or None, seed=settings["seed"],
@@ -776,6 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="official RePaViT ViT/DeiT state dict to convert instead of MODEL")
     p.add_argument("--num-heads", type=_positive_int, default=None, help="--repavit only: heads (default: from the width)")
     _add_recipe_args(p, convert=True)
+    _add_gate_args(p)
     p.set_defaults(func=cmd_convert)
 
     # train
@@ -813,6 +823,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_recipe_args(p, convert=False)
+    _add_usdc_train_args(p)
     for action in p._actions:  # recipe defaults must be None here: --resume compares what was given
         if action.dest in ("norm", "heuristic"):
             action.default = None
@@ -939,7 +950,123 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_demo)
     _add_select_heads_parser(sub)
+
+    _add_usdc_parser(sub)
     return parser
+
+
+# ---------------------------------------------------------------------------------------------- usdc
+def _level_list(text: str) -> List[str]:
+    levels = [v.strip() for v in text.split(",") if v.strip()]
+    if not levels or any(v not in ("group", "batch", "sample") for v in levels):
+        raise argparse.ArgumentTypeError(f"expected comma-separated levels among group,batch,sample, got {text!r}")
+    return levels
+
+
+def _ratio(text: str) -> float:
+    return _checked(text, float, "a ratio in (0, 1]", lambda v: 0.0 < v <= 1.0)
+
+
+def cmd_usdc(args) -> int:
+    from vitfast.usdc_recipe import run_usdc_study
+
+    steps = (args.pretrain_steps, args.stage1_steps, args.stage2_steps)
+    if args.quick:
+        steps = tuple(s if s is not None else q for s, q in zip(steps, (60, 40, 30)))
+        cfg = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=4.0, num_classes=10)
+    else:
+        steps = tuple(s if s is not None else d for s, d in zip(steps, (800, 400, 300)))
+        cfg = None
+    os.makedirs(args.out, exist_ok=True)
+    report = run_usdc_study(
+        levels=args.levels, pretrain_steps=steps[0], stage1_steps=steps[1], stage2_steps=steps[2],
+        flops_target=args.flops_target, eval_batch_sizes=args.batch_sizes, seed=args.seed, threads=args.threads,
+        progress=not args.no_progress, out_dir=args.out, model_cfg=cfg,
+    )
+    path = os.path.join(args.out, "usdc_report.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    print(f"wrote {path} and the fused models usdc_<level>.safetensors in {args.out}")
+    return EXIT_OK
+
+
+def _convert_usdc(args, timm_model):
+    import vitfast
+
+    if args.channel_idle is None and args.norm != "batch":
+        raise CLIError("--norm: only used with --channel-idle (RePaViT FFNs); with --gates alone the FFNs stay timm's")
+    return vitfast.convert.from_timm(
+        timm_model, channel_idle=args.channel_idle, norm=args.norm if args.channel_idle is not None else None,
+        heuristic=args.heuristic, gates=True, flops_target=args.flops_target, gate_level=args.gate_level,
+        gate_search=args.gate_kind is None, gate_kind=args.gate_kind or "G0",
+    )
+
+
+def _usdc_stage2(model, resume_state):
+    import vitfast
+    from vitfast.usdc import usdc_blocks
+
+    if resume_state is not None:
+        raise CLIError("--usdc-prune: not used with --resume (the checkpoint's model is already pruned or not)")
+    if not usdc_blocks(model):
+        raise CLIError("--usdc-prune: SOURCE has no USDC blocks (convert with --gates first)")
+    pruned = vitfast.usdc.prune(model.eval()).train()
+    print("USDC stage 2: pruned heads/channels/sub-blocks removed, best gate network kept per layer")
+    return pruned
+
+
+def _usdc_optimizer(model, settings, arch_lr_scale):
+    from vitfast.usdc import arch_optimizer, usdc_blocks
+
+    if not usdc_blocks(model):
+        return "adamw"
+    return arch_optimizer(model, settings["lr"], settings["lr"] * arch_lr_scale)
+
+
+def _add_gate_args(p) -> None:
+    g = p.add_argument_group("USDC gates and static compression (usdc-static-dynamic-compression)")
+    g.add_argument("--gates", action="store_true",
+                   help="per-layer decision networks that skip MHSA/FFN sub-blocks (searched over G0..G6)")
+    g.add_argument("--flops-target", type=_ratio, default=None,
+                   help="f_t in (0, 1]: adds static keep/prune logits and the resource loss 100 (F - f_t)^2")
+    g.add_argument("--gate-level", choices=("group", "sample", "batch"), default="group",
+                   help="gate level in training (group: USDC's augmentation)")
+    g.add_argument("--gate-kind", choices=("G0", "G1", "G2", "G3", "G4", "G5", "G6"), default=None,
+                   help="one fixed gate network instead of the search")
+
+
+def _add_usdc_train_args(p) -> None:
+    g = p.add_argument_group("USDC (models converted with --gates)")
+    g.add_argument("--usdc-prune", action="store_true",
+                   help="stage 2: physically remove what stage 1 pruned and keep the best gate net, then train")
+    g.add_argument("--arch-lr-scale", type=_positive_float, default=10.0,
+                   help="learning rate of the gates and keep/prune logits, relative to --lr")
+
+
+def _add_usdc_parser(sub) -> None:
+    p = sub.add_parser(
+        "usdc", formatter_class=_Formatter, help="USDC gates + static compression on the digits: batch-size study",
+        description=textwrap.dedent("""\
+            The USDC recipe end to end on scikit-learn's digits (usdc-static-dynamic-compression): pretrain a
+            small ViT, convert it with dynamic gates (searched over G0..G6) and static keep/prune logits, train
+            stage 1 with the FLOPs resource loss (target --flops-target, gamma = 100), prune, fine-tune stage 2,
+            fuse, then measure the fused model's accuracy and realised FLOPs at inference batch sizes
+            (--batch-sizes) for each training gate level (--levels).  Seeded: the same command gives the same
+            numbers.  Writes usdc_report.json and usdc_<level>.safetensors (load with vitfast.load)."""),
+        epilog="examples:\n  vitfast usdc --out runs/usdc --threads 1\n  vitfast usdc --quick --out /tmp/usdc",
+    )
+    p.add_argument("--levels", type=_level_list, default=["group", "batch"], help="training gate levels to compare")
+    p.add_argument("--batch-sizes", type=_batch_list, default=[1, 8, 64], help="inference batch sizes")
+    p.add_argument("--flops-target", type=_ratio, default=0.6, help="f_t of the resource loss (FLOPs ratio)")
+    p.add_argument("--pretrain-steps", type=_positive_int, default=None, help="baseline steps [800; --quick: 60]")
+    p.add_argument("--stage1-steps", type=_positive_int, default=None, help="search + static steps [400; --quick: 40]")
+    p.add_argument("--stage2-steps", type=_positive_int, default=None, help="fine-tune steps [300; --quick: 30]")
+    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0, help="seed for data split, init and training")
+    p.add_argument("--out", default="vitfast-usdc", metavar="DIR", help="where the report and fused models go")
+    p.add_argument("--quick", action="store_true", help="tiny model and few steps (a smoke test)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_usdc)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -87,6 +87,11 @@ def from_timm(
     dwconv_ensemble: bool = False,
     dwconv_kernel_init_std: Optional[float] = None,
     remove_cls_token: bool = False,
+    gates: bool = False,
+    flops_target: Optional[float] = None,
+    gate_level: str = "group",
+    gate_search: bool = True,
+    gate_kind: str = "G0",
 ) -> nn.Module:
     """Train-time RePaViT model from a timm ViT/DeiT (incl. distilled) or Swin model.
 
@@ -138,8 +143,20 @@ def from_timm(
     unless given); θ not given → θ = 0 with norm "layer", timm's FFN exactly, so only the replaced heads
     change the function.  `remove_cls_token=True` removes the cls token as the paper does (appendix A.3.2:
     pooling becomes the mean of the tokens; see `remove_prefix_tokens`).
+
+    gates=True makes a USDC model (usdc-static-dynamic-compression; `vitfast.usdc.convert_timm`): per-layer
+    decision networks that skip MHSA/FFN sub-blocks (`gate_level` "group"/"sample"/"batch" in training,
+    `gate_search` over G0…G6 or a fixed `gate_kind`), and with `flops_target` (f_t, a FLOPs ratio) static
+    keep/prune logits plus the resource loss γ(F − f_t)², γ = 100.  Composes with `channel_idle`.
     """
     blocks = _model_blocks(model)  # type check first, before copying anything
+    if gates:
+        if dwconv_blocks is not None or dwconv_heads is not None:
+            raise ValueError("gates: not supported together with dwconv_blocks/dwconv_heads yet, got both")
+        return _from_timm_usdc(model, channel_idle, norm, heuristic, spread, calibration_images, flops_target,
+                               gate_level, gate_search, gate_kind, branches)
+    if flops_target is not None:
+        raise ValueError(f"flops_target: only used with gates=True (USDC), got {flops_target!r}")
     if dwconv_blocks is not None or dwconv_heads is not None or remove_cls_token:
         if branches is not None:
             raise ValueError("dwconv_blocks/dwconv_heads: not supported together with branches (non-deep ViT), got both")
@@ -187,6 +204,24 @@ def from_timm(
     if calibration_images is not None:
         _calibrate_batchnorms(converted, [(new.mlp, ln) for _, _, new, ln in replacements], calibration_images)
     return converted
+
+
+def _from_timm_usdc(model, channel_idle, norm, heuristic, spread, calibration_images, flops_target, gate_level,
+                    gate_search, gate_kind, branches) -> nn.Module:
+    """gates=True (usdc-static-dynamic-compression, `vitfast.usdc`): every ViT block gets a decision network
+    (searched over G0…G6 unless gate_search=False) and, with a `flops_target`, learnable static keep/prune
+    logits and the resource loss.  With `channel_idle`, the RePaViT conversion runs first and its blocks are
+    gated (gates and block pruning; FFN channel pruning applies to plain FFNs only)."""
+    from .usdc import convert_timm
+
+    if branches is not None:
+        raise ValueError(f"branches: not supported with gates=True (non-deep blocks are not gated), got {branches!r}")
+    base = model
+    if channel_idle is not None:
+        base = from_timm(model, channel_idle, norm, heuristic, spread=spread, calibration_images=calibration_images)
+    elif norm is not None or calibration_images is not None:
+        raise ValueError("norm, calibration_images: only used with channel_idle (RePaViT FFNs), got no channel_idle")
+    return convert_timm(base, flops_target=flops_target, level=gate_level, search=gate_search, gate_kind=gate_kind)
 
 
 def _from_timm_nondeep(model, blocks, branches, channel_idle, norm, heuristic, spread, schedule, join_values,

@@ -11,6 +11,8 @@ never batch statistics, and dropout / drop-path are identities.  A model passed 
 accepted — the copy is switched to eval mode first — and the result equals `model.eval()(x)`.  The input
 model is never modified.  NaN/Inf (or negative variances) in anything that is folded raise ValueError naming
 the tensor, before any output exists.
+
+A `to_fused()` that returns None marks a train-time-only module (USDC's resource-loss module): it is removed.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ def _call_to_fused(to_fused, path: str) -> nn.Module:
     # `name` (the module's path) only makes error messages point at the right block; it is optional.
     accepts_name = "name" in inspect.signature(to_fused).parameters
     fused = to_fused(name=path) if accepts_name else to_fused()
+    if fused is None:  # a train-time-only helper (e.g. the USDC resource loss): dropped from the fused model
+        return None
     if not isinstance(fused, nn.Module):
         raise TypeError(f"{path}.to_fused(): expected an nn.Module, got {type(fused).__name__}")
     return fused.eval()
@@ -39,7 +43,10 @@ def _fuse_children(module: nn.Module, prefix: str) -> int:
         to_fused = getattr(child, "to_fused", None)
         if callable(to_fused):
             fused = _call_to_fused(to_fused, path)
-            setattr(module, name, fused)
+            if fused is None:
+                delattr(module, name)
+            else:
+                setattr(module, name, fused)
             count += 1
         else:
             count += _fuse_children(child, path)

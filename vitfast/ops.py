@@ -17,7 +17,7 @@ from ._env import get_backend, get_cuda_kernels
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
 from ._validate_dwconv import check_dwconv_attention_args
 
-__all__ = ["attention", "channel_idle_ffn", "linear", "extension_loaded", "cpu_isa"]
+__all__ = ["attention", "channel_idle_ffn", "linear", "extension_loaded", "cpu_isa", "batch_gate", "gate_select"]
 
 SCHEMAS = {
     "channel_idle_ffn": (
@@ -26,6 +26,12 @@ SCHEMAS = {
     ),
     "linear": "linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor",
     "attention": "attention(Tensor qkv, int num_heads, float? scale=None) -> Tensor",
+    # USDC (issue 6): the batch-level gate decision [MHSA, FFN] and the device-side select that applies it.
+    "batch_gate": (
+        "batch_gate(Tensor x, Tensor w1, Tensor? b1, Tensor? w2=None, Tensor? b2=None, bool layer_norm=False, "
+        "str act='none', float eps=1e-05) -> Tensor"
+    ),
+    "gate_select": "gate_select(Tensor gate, int index, Tensor taken, Tensor skipped) -> Tensor",
 }
 
 # dropin-depthwise-conv-attention: value projection + depthwise k×k conv over the token grid + output projection.
@@ -128,6 +134,41 @@ def _dwconv_attention_cuda(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residu
 
 _lib.impl("dwconv_attention", _dwconv_attention_cuda, "CUDA")
 
+# ---------------------------------------------------------------------------------------------- USDC gate ops
+# batch_gate: CPU = C++ (csrc/ops/batch_gate.cpp), CUDA = Triton.  gate_select: CPU = the reference (the CPU
+# block branches on the decision instead, see vitfast/nn/gates.py), CUDA = Triton.  Neither ever copies the
+# decision to the host, so a CUDA graph of a gated model stays valid.
+@_register_fake("batch_gate")
+def _batch_gate_fake(x, w1, b1, w2=None, b2=None, layer_norm=False, act="none", eps=1e-5):
+    from ._validate_gate import check_batch_gate_args
+
+    check_batch_gate_args(x, w1, b1, w2, b2, layer_norm, act, eps)
+    return x.new_empty((2,))
+
+
+@_register_fake("gate_select")
+def _gate_select_fake(gate, index, taken, skipped):
+    from ._validate_gate import check_gate_select_args
+
+    check_gate_select_args(gate, index, taken, skipped)
+    return taken.new_empty(taken.shape)
+
+
+def _batch_gate_cuda(x, w1, b1, w2=None, b2=None, layer_norm=False, act="none", eps=1e-5):
+    from .kernels.batch_gate import batch_gate_triton
+
+    return batch_gate_triton(x, w1, b1, w2, b2, layer_norm, act, eps)
+
+
+def _gate_select_cuda(gate, index, taken, skipped):
+    from .kernels.batch_gate import gate_select_triton
+
+    return gate_select_triton(gate, index, taken, skipped)
+
+
+_lib.impl("batch_gate", _batch_gate_cuda, "CUDA")
+_lib.impl("gate_select", _gate_select_cuda, "CUDA")
+
 
 # ---------------------------------------------------------------------------------------------- CPU impls
 _EXTENSION_ERROR: Optional[BaseException] = None
@@ -217,3 +258,26 @@ def dwconv_attention(
     if get_backend() == "reference":
         return reference.dwconv_attention(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
     return torch.ops.vitfast.dwconv_attention(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
+
+def batch_gate(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: Optional[torch.Tensor],
+    w2: Optional[torch.Tensor] = None,
+    b2: Optional[torch.Tensor] = None,
+    layer_norm: bool = False,
+    act: str = "none",
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """`torch.ops.vitfast.batch_gate` (USDC batch-level decision [MHSA, FFN], 1 = execute), or the reference
+    when VITFAST_BACKEND=reference."""
+    if get_backend() == "reference":
+        return reference.batch_gate(x, w1, b1, w2, b2, layer_norm, act, eps)
+    return torch.ops.vitfast.batch_gate(x, w1, b1, w2, b2, layer_norm, act, float(eps))
+
+
+def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: torch.Tensor) -> torch.Tensor:
+    """`torch.ops.vitfast.gate_select`: taken if gate[index] != 0 else skipped, decided on the device."""
+    if get_backend() == "reference":
+        return reference.gate_select(gate, index, taken, skipped)
+    return torch.ops.vitfast.gate_select(gate, index, taken, skipped)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
 from ._validate_dwconv import check_dwconv_attention_args
 
-__all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention"]
+__all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention", "batch_gate", "batch_gate_logits", "gate_select"]
 
 
 def channel_idle_ffn(
@@ -207,3 +207,65 @@ def dwconv_attention(
     if prefix:
         u = torch.cat([v[:, prefix:].mean(dim=1, keepdim=True).expand(batch, prefix, width), u], dim=1)
     return linear(u, w_o, b_o, residual)
+
+# ---------------------------------------------------------------------------------------------- USDC gates
+def batch_gate_logits(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: Optional[torch.Tensor],
+    w2: Optional[torch.Tensor] = None,
+    b2: Optional[torch.Tensor] = None,
+    layer_norm: bool = False,
+    act: str = "none",
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """The two gate logits d = (execute − skip) of a batch, in float32 ([2]); `batch_gate` thresholds them."""
+    from ._validate_gate import check_batch_gate_args
+
+    check_batch_gate_args(x, w1, b1, w2, b2, layer_norm, act, eps)
+    # Token mean-pool then batch mean (USDC batch-level gate): every sample has N tokens, so this is the mean of
+    # all B·N token vectors.  float32 whatever the input dtype: the result is thresholded, keep it stable.
+    feature = x.float().mean(dim=(0, 1))
+    h = F.linear(feature, w1.float(), None if b1 is None else b1.float())
+    if layer_norm:
+        h = F.layer_norm(h, (h.shape[-1],), eps=float(eps))
+    if act == "relu":
+        h = F.relu(h)
+    elif act == "gelu":
+        h = F.gelu(h)
+    if w2 is not None:
+        h = F.linear(h, w2.float(), None if b2 is None else b2.float())
+    return h
+
+
+def batch_gate(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: Optional[torch.Tensor],
+    w2: Optional[torch.Tensor] = None,
+    b2: Optional[torch.Tensor] = None,
+    layer_norm: bool = False,
+    act: str = "none",
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """USDC batch-level gate decision (USDC eq. 5 at inference): one decision per batch for [MHSA, FFN].
+
+        f = mean over the B·N tokens of x [B, N, C]        (token mean-pool, then batch mean)
+        h = f · w1ᵀ + b1                                    [H]
+        h = act(LayerNorm(h))                               (non-affine LN if layer_norm; act ∈ none/relu/gelu)
+        d = h · w2ᵀ + b2                                    [2]  (skipped when w2 is None: then H = 2, d = h)
+        out = (d > 0) as x.dtype                            1 = execute the sub-block, 0 = skip it
+
+    The gate network is given in its folded form (`vitfast.nn.gates`): an eval BatchNorm folded into the layer
+    before it, a LayerNorm's affine into the layer after it, the two softmax logits (execute, skip) of each gate
+    subtracted into one row, so that argmax of a hard Gumbel-softmax without noise is `d > 0`.
+    """
+    return (batch_gate_logits(x, w1, b1, w2, b2, layer_norm, act, eps) > 0).to(x.dtype)
+
+
+def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: torch.Tensor) -> torch.Tensor:
+    """`taken` where gate[index] != 0 else `skipped` — read on the device, never synchronised to the host."""
+    from ._validate_gate import check_gate_select_args
+
+    check_gate_select_args(gate, index, taken, skipped)
+    return torch.where(gate[index] != 0, taken, skipped)

@@ -703,6 +703,10 @@ def describe_trainable(model: nn.Module) -> Dict[str, Any]:
     from .nn.channel_idle import ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock
 
     known = (ChannelIdleBlock, ChannelIdleSwinBlock, ChannelIdleMlp)
+    from .nn.usdc import USDCBlock
+    from .usdc import USDCResourceLoss, describe_usdc
+
+    known = known + (USDCBlock, USDCResourceLoss)  # USDC (gates + static compression): the "usdc" entry below
     unknown = [
         f"{name} ({type(m).__name__})"
         for name, m in model.named_modules()
@@ -731,13 +735,17 @@ def describe_trainable(model: nn.Module) -> Dict[str, Any]:
         raise ValueError(f"model: expected one FFN norm type for all blocks, got {sorted({f['norm'] for f in ffn})}")
     eps = {name: float(m.eps) for name, m in model.named_modules() if isinstance(getattr(m, "eps", None), float)}
     types = {name: type(m).__name__ for name, m in model.named_modules()}
+    architecture = describe_timm(model)
+    usdc = describe_usdc(model, architecture)
+    extra = {"usdc": usdc} if usdc is not None else {}
     return {
         "format": TRAINABLE_FORMAT,
         "version": TRAINABLE_VERSION,
-        "architecture": describe_timm(model),
+        "architecture": architecture,
         "channel_idle": ffn,
         "eps": eps,
         "module_types": types,
+        **extra,
     }
 
 
@@ -759,6 +767,10 @@ def build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None]
         for f in ffn:
             # set the count itself: θ -> ceil(hidden·(1-θ)) need not give back the same integer in floats
             modules[f["path"]].active_features = int(f["active"])
+    if desc.get("usdc"):
+        from .usdc import build_usdc
+
+        model = build_usdc(model, desc["usdc"])
     modules = dict(model.named_modules())
     for name, value in (desc.get("eps") or {}).items():
         if name in modules and hasattr(modules[name], "eps"):

@@ -5,6 +5,8 @@ Train-time (RePaViT channel-idle FFN): `ChannelIdleMlp`, `ChannelIdleBlock` (ViT
 ("block", drop-in for timm's ViT Block), `SwinBlock` ("swin_block"), plus the timm-compatible `Attention`.
 Non-deep ViT (parallel branches, progressive joining): train-time `NonDeepBlock` (`NonDeepAttention`, `NonDeepMlp`,
 `JoinSchedule`), fused `XWXBlock` ("xwx_block").
+USDC (gates + static compression): decision networks `GateNet` (G0…G6), `GateSearch`, train-time `USDCBlock`,
+fused `FusedBatchGate` ("batch_gate") and `GatedBlock` ("gated_block").
 Every train-time module has `to_fused()`, which `vitfast.fuse` calls.
 """
 from .registry import fused_kinds, fused_module_from_config, is_fused_module, register_fused  # noqa: F401
@@ -17,6 +19,8 @@ from .channel_idle import (  # noqa: F401
     ChannelIdleSwinBlock,
     idle_ratios,
 )
+from .gates import FusedBatchGate, GateNet, GateSearch  # noqa: F401
+from .usdc import GatedBlock, USDCBlock, set_gate_force  # noqa: F401
 
 __all__ = [
     "register_fused",
@@ -39,6 +43,12 @@ __all__ = [
     "NonDeepBlock",
     "NonDeepMlp",
     "join_lambda",
+    "GateNet",
+    "GateSearch",
+    "FusedBatchGate",
+    "USDCBlock",
+    "GatedBlock",
+    "set_gate_force",
 ]
 
 # Drop-in depthwise convolution heads (dropin-depthwise-conv-attention): train-time `DWConvAttention`,

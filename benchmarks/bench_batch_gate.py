@@ -1,0 +1,231 @@
+"""Benchmark of the USDC batch gate: the decision's cost against a DeiT-S block, and gated-model latency.
+
+Cases (medians, same run; ratios are what to read on a shared machine):
+  gate/DeiT-S/b{1,8}/t1     providers: block (the ungated fused DeiT-S Block), cpp (torch.ops.vitfast.batch_gate
+                            on CPU, G0 network, H = C/2), eager (vitfast.reference.batch_gate), compile
+                            (torch.compile of the reference), triton (the op on CUDA; skipped without a GPU),
+                            gated_open (GatedBlock whose real gate decides "execute both": block + decision).
+  model/DeiT-S/b1/t1        providers: ungated (fused DeiT-S, 12 Blocks), gated_half (the same weights as
+                            GatedBlocks whose gates — computed, not forced — close one sub-block per layer,
+                            alternately MHSA and FFN: half of the sub-blocks).
+
+    .venv/bin/python -m pytest benchmarks/bench_batch_gate.py          # pytest-benchmark suite + summary
+    .venv/bin/python benchmarks/bench_batch_gate.py [--cuda]            # quick table of the same ratios
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import vitfast  # noqa: E402
+from shapes import VIT_SHAPES  # noqa: E402
+from vitfast import reference  # noqa: E402
+
+PROVIDERS = ["block", "cpp", "eager", "compile", "triton", "gated_open"]
+_COMPILED = {}
+
+
+def deit_small_timm(depth: int = 12):
+    from timm.models.vision_transformer import VisionTransformer
+
+    s = VIT_SHAPES["deit_small"]
+    torch.manual_seed(0)
+    return VisionTransformer(img_size=224, patch_size=16, embed_dim=s.width, depth=depth, num_heads=s.heads,
+                             num_classes=1000).eval()
+
+
+def gated_model(timm_model, pattern=None):
+    """Fused USDC model with G0 gates.  pattern[i] = (run MHSA, run FFN) per layer: the gate's last bias is set so
+    that its real decision is that (weights ≈ 0, so the decision does not depend on the input); None = all open."""
+    model = vitfast.convert.from_timm(timm_model, gates=True, gate_search=False, gate_kind="G0")
+    fused = vitfast.fuse(model)
+    for i, block in enumerate(fused.blocks):
+        run = pattern[i] if pattern is not None else (True, True)
+        with torch.no_grad():
+            block.gate.w2.mul_(1e-6)
+            block.gate.b2.copy_(torch.tensor([1.0 if r else -1.0 for r in run]))
+    return fused
+
+
+def gate_args(c: int, device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    h = c // 2
+    w1 = (torch.randn(h, c, generator=g) / c**0.5).to(device)
+    b1 = torch.zeros(h).to(device)
+    w2 = (torch.randn(2, h, generator=g) / h**0.5).to(device)
+    b2 = torch.zeros(2).to(device)
+    return w1, b1, w2, b2, True, "relu", 1e-5
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def op_fn(provider, case):
+    if provider == "cpp":
+        if not vitfast.ops.extension_loaded():
+            pytest.fail("vitfast._C is not built: the cpp provider would silently measure the reference")
+        return torch.ops.vitfast.batch_gate
+    if provider == "eager":
+        return reference.batch_gate
+    if provider == "compile":
+        if case not in _COMPILED:
+            torch._dynamo.reset()
+            _COMPILED.clear()
+            _COMPILED[case] = torch.compile(reference.batch_gate, fullgraph=True, dynamic=False)
+        return _COMPILED[case]
+    if provider == "triton":
+        from vitfast.kernels.batch_gate import batch_gate_triton
+
+        def run(*args):
+            out = batch_gate_triton(*args)
+            torch.cuda.synchronize()
+            return out
+
+        return run
+    raise ValueError(provider)
+
+
+def median_seconds(fn, args, rounds=15, device="cpu"):
+    with torch.no_grad():
+        fn(*args)
+        fn(*args)
+        _sync(device)
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn(*args)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------------------- pytest-benchmark
+@pytest.fixture(scope="module")
+def deit_s_block():
+    timm_model = deit_small_timm(depth=1)
+    ungated = vitfast.fuse(vitfast.convert.from_timm(timm_model, channel_idle=0.0, norm="layer")).blocks[0]
+    gated = gated_model(timm_model).blocks[0]
+    return ungated, gated
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
+def test_gate_overhead(benchmark, deit_s_block, batch, provider):
+    from harness import record
+
+    if provider == "triton" and not torch.cuda.is_available():
+        pytest.skip("triton provider needs CUDA")
+    device = "cuda" if provider == "triton" else "cpu"
+    s = VIT_SHAPES["deit_small"]
+    x = torch.randn(batch, s.tokens, s.width).to(device)
+    case = ("gate", s.name, f"b{batch}", "t1")
+    ungated, gated = deit_s_block
+    if provider == "block":
+        fn, args = ungated, (x,)
+    elif provider == "gated_open":
+        fn, args = gated, (x,)
+    else:
+        fn, args = op_fn(provider, case), (x, *gate_args(s.width, device))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            fn(*args)
+            fn(*args)
+            benchmark.pedantic(fn, args=args, rounds=15, iterations=1, warmup_rounds=1)
+    finally:
+        torch.set_num_threads(previous)
+    flops = batch * s.tokens * s.width + s.width * s.width // 2
+    if provider in ("block", "gated_open"):
+        flops = batch * s.tokens * 2 * 12 * s.width * s.width
+    benchmark.extra_info.update(record(case, provider, benchmark.stats.stats.median, flops, 1))
+
+
+@pytest.mark.parametrize("provider", ["ungated", "gated_half"])
+def test_gated_model_latency(benchmark, provider):
+    from harness import record
+
+    timm_model = deit_small_timm()
+    if provider == "ungated":
+        model = vitfast.fuse(vitfast.convert.from_timm(timm_model, channel_idle=0.0, norm="layer"))
+    else:
+        model = gated_model(timm_model, [(i % 2 == 0, i % 2 == 1) for i in range(12)])
+    x = torch.randn(1, 3, 224, 224)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            model(x)
+            benchmark.pedantic(model, args=(x,), rounds=7, iterations=1, warmup_rounds=1)
+    finally:
+        torch.set_num_threads(previous)
+    benchmark.extra_info.update(record(("model", "DeiT-S", "b1", "t1"), provider, benchmark.stats.stats.median,
+                                       int(4.6e9), 1))
+
+
+# ---------------------------------------------------------------------------------------------- script
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cuda", action="store_true", help="also time the Triton op and the gated model on CUDA")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--skip-model", action="store_true", help="only the per-block overhead")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    s = VIT_SHAPES["deit_small"]
+    timm1 = deit_small_timm(depth=1)
+    ungated = vitfast.fuse(vitfast.convert.from_timm(timm1, channel_idle=0.0, norm="layer")).blocks[0]
+    gated = gated_model(timm1).blocks[0]
+    print(f"1 thread, CPU ISA {vitfast.ops.cpu_isa()}; medians of {args.rounds} rounds")
+    for batch in (1, 8):
+        x = torch.randn(batch, s.tokens, s.width)
+        ga = (x, *gate_args(s.width))
+        t_block = median_seconds(ungated, (x,), args.rounds)
+        t_open = median_seconds(gated, (x,), args.rounds)
+        t_cpp = median_seconds(torch.ops.vitfast.batch_gate, ga, args.rounds * 4)
+        t_ref = median_seconds(reference.batch_gate, ga, args.rounds * 4)
+        print(f"DeiT-S block b{batch}: block {t_block * 1e3:.3f} ms | batch_gate cpp {t_cpp * 1e6:.1f} us "
+              f"({100 * t_cpp / t_block:.2f}% of the block), eager {t_ref * 1e6:.1f} us | GatedBlock (gate open) "
+              f"{t_open * 1e3:.3f} ms ({100 * (t_open / t_block - 1):+.2f}% vs block)")
+    if not args.skip_model:
+        timm12 = deit_small_timm()
+        x = torch.randn(1, 3, 224, 224)
+        base = vitfast.fuse(vitfast.convert.from_timm(timm12, channel_idle=0.0, norm="layer"))
+        half = gated_model(timm12, [(i % 2 == 0, i % 2 == 1) for i in range(12)])
+        t_base = median_seconds(base, (x,), max(5, args.rounds // 2))
+        t_half = median_seconds(half, (x,), max(5, args.rounds // 2))
+        print(f"DeiT-S model b1: ungated {t_base * 1e3:.1f} ms | gates closing half the sub-blocks "
+              f"{t_half * 1e3:.1f} ms = {100 * t_half / t_base:.1f}% of ungated")
+    if args.cuda and torch.cuda.is_available():
+        from vitfast.kernels.batch_gate import batch_gate_triton
+
+        for batch in (1, 8, 64):
+            x = torch.randn(batch, s.tokens, s.width, device="cuda")
+            ga = (x, *gate_args(s.width, "cuda"))
+            blk = ungated.cuda()
+            t_block = median_seconds(blk, (x,), 50, "cuda")
+            t_tri = median_seconds(batch_gate_triton, ga, 100, "cuda")
+            t_ref = median_seconds(reference.batch_gate, ga, 100, "cuda")
+            print(f"CUDA b{batch}: block {t_block * 1e6:.1f} us | batch_gate triton {t_tri * 1e6:.1f} us, "
+                  f"reference {t_ref * 1e6:.1f} us ({t_ref / t_tri:.2f}x)")
+        timm12 = deit_small_timm()
+        base = vitfast.fuse(vitfast.convert.from_timm(timm12, channel_idle=0.0, norm="layer")).cuda()
+        half = gated_model(timm12, [(i % 2 == 0, i % 2 == 1) for i in range(12)]).cuda()
+        x = torch.randn(8, 3, 224, 224, device="cuda")
+        t_base = median_seconds(base, (x,), 20, "cuda")
+        t_half = median_seconds(half, (x,), 20, "cuda")
+        print(f"CUDA DeiT-S b8: ungated {t_base * 1e3:.2f} ms | gated (half closed, computed + gate_select) "
+              f"{t_half * 1e3:.2f} ms = {100 * t_half / t_base:.1f}% (no skip saving on CUDA, see README)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,401 @@
+"""USDC modules and model tools: gate networks (G0…G6, fold into batch_gate), group-level augmentation, the
+train-time USDCBlock (gates + static compression), stage-2 pruning, fusion into GatedBlock, checkpoints, the
+resource loss and the Trainer hooks."""
+import os
+
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+import vitfast
+from vitfast import reference
+from vitfast.nn import Block, FusedBatchGate, GatedBlock, GateNet, GateSearch, USDCBlock, set_gate_force
+from vitfast.nn.gates import GATE_KINDS, group_features, group_ids, group_sizes, hard_gates
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny_vit(depth=3, dim=32, heads=4, img=16, patch=4, classes=10):
+    return VisionTransformer(img_size=img, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads,
+                             num_classes=classes).eval()
+
+
+def randomise_gate(gate_net):
+    # Gates start "execute everything"; random weights make the decisions depend on the input.
+    with torch.no_grad():
+        for p in gate_net.parameters():
+            p.normal_(0, 0.5)
+        for m in gate_net.modules():
+            if isinstance(m, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+                m.running_mean.normal_(0, 0.2)
+                m.running_var.uniform_(0.5, 2.0)
+
+
+# ---------------------------------------------------------------------------------------------- groups
+def test_group_sizes_recursive_log2_split():
+    assert group_sizes(256) == [128, 64, 32, 16, 8, 4, 2, 1, 1]
+    assert group_sizes(10) == [5, 2, 1, 1, 1]
+    assert group_sizes(1) == [1]
+    for b in range(1, 70):
+        assert sum(group_sizes(b)) == b
+    with pytest.raises(ValueError, match="batch"):
+        group_sizes(0)
+
+
+def test_group_ids_are_a_shuffled_assignment():
+    g = torch.Generator().manual_seed(0)
+    ids = group_ids(64, g)
+    assert sorted(torch.bincount(ids).tolist(), reverse=True) == group_sizes(64)
+    assert not torch.equal(ids, group_ids(64, torch.Generator().manual_seed(1)))
+
+
+def test_group_features_levels():
+    f = torch.randn(16, 5)
+    assert torch.equal(group_features(f, "sample"), f)
+    torch.testing.assert_close(group_features(f, "batch"), f.mean(0, keepdim=True).expand(16, 5))
+    grouped = group_features(f, "group", torch.Generator().manual_seed(3))
+    ids = group_ids(16, torch.Generator().manual_seed(3))
+    for gid in ids.unique():
+        rows = grouped[ids == gid]
+        torch.testing.assert_close(rows, f[ids == gid].mean(0, keepdim=True).expand_as(rows))
+    with pytest.raises(ValueError, match="level"):
+        group_features(f, "token")
+
+
+def test_hard_gates_are_one_hot_with_gradient():
+    logits = torch.randn(6, 2, 2, requires_grad=True)
+    g = hard_gates(logits, training=True)
+    assert set(g.unique().tolist()) <= {0.0, 1.0}
+    g.sum().backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+    assert torch.equal(hard_gates(logits, training=False), (logits[..., 0] > logits[..., 1]).float())
+
+
+# ---------------------------------------------------------------------------------------------- gate networks
+@pytest.mark.parametrize("kind", GATE_KINDS)
+def test_gate_net_folds_exactly_into_batch_gate(kind):
+    dim = 24
+    net = GateNet(kind, dim).eval()
+    randomise_gate(net)
+    fused = FusedBatchGate.from_gate_net(net)
+    for seed in range(6):
+        torch.manual_seed(seed)
+        x = torch.randn(3, 7, dim) + torch.randn(dim)
+        feat = x.mean(dim=(0, 1))[None]
+        logits = net(feat)[0]
+        d = logits[:, 0] - logits[:, 1]
+        f = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in net.folded().items()}
+        torch.testing.assert_close(reference.batch_gate_logits(x, **f), d, atol=1e-4, rtol=1e-4)
+        if d.abs().min() > 1e-4:
+            torch.testing.assert_close(fused(x), (d > 0).float(), atol=0, rtol=0)
+
+
+def test_gate_net_starts_open_and_macs():
+    net = GateNet("G0", 384)
+    assert net.macs() == 384 * 192 + 192 * 4
+    assert GateNet("G3", 384).macs() == 384 * 4
+    g = hard_gates(net(torch.randn(4, 384)), training=False)
+    assert torch.equal(g, torch.ones(4, 2))
+    with pytest.raises(ValueError, match="kind"):
+        GateNet("G7", 8)
+
+
+def test_gate_search_mixes_in_training_and_selects_in_eval():
+    search = GateSearch(16)
+    with torch.no_grad():
+        search.arch_logits.copy_(torch.tensor([0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0]))
+    f = torch.randn(3, 16)
+    search.train()
+    out = search(f)
+    out.sum().backward()
+    assert search.arch_logits.grad is not None and search.arch_logits.grad.abs().sum() > 0
+    search.eval()
+    torch.testing.assert_close(search(f), search.candidates[2].eval()(f))
+    assert search.selected() is search.candidates[2]
+
+
+# ---------------------------------------------------------------------------------------------- blocks
+@pytest.fixture
+def block_and_input():
+    torch.manual_seed(0)
+    model = tiny_vit(depth=1)
+    return model.blocks[0], torch.randn(3, 17, 32)
+
+
+def test_forced_open_equals_ungated_fused_block(block_and_input):
+    blk, x = block_and_input
+    gated = USDCBlock.from_block(blk, search=False, gate_kind="G1", tokens=17).to_fused()
+    randomise_gate(gated.gate)
+    set_gate_force(gated, "open")
+    ungated = Block.from_timm(blk)
+    assert torch.equal(gated(x), ungated(x))
+
+
+def test_forced_closed_skips_each_sub_block_exactly(block_and_input):
+    blk, x = block_and_input
+    gated = USDCBlock.from_block(blk, search=False, tokens=17).to_fused()
+    ungated = Block.from_timm(blk)
+    set_gate_force(gated, "closed")
+    assert torch.equal(gated(x), x)
+    set_gate_force(gated, ("open", "closed"))  # FFN skipped: the MHSA sub-block alone
+    assert torch.equal(gated(x), ungated.attn(ungated.norm1(x), residual=x))
+    set_gate_force(gated, ("closed", "open"))  # MHSA skipped: the FFN sub-block on the input
+    assert torch.equal(gated(x), ungated.mlp(x))
+    with pytest.raises(ValueError, match="force"):
+        set_gate_force(gated, "ajar")
+
+
+def test_closed_sub_blocks_are_not_computed(block_and_input, monkeypatch):
+    blk, x = block_and_input
+    gated = USDCBlock.from_block(blk, search=False, tokens=17).to_fused()
+    set_gate_force(gated, "closed")
+
+    def boom(*a, **k):
+        raise AssertionError("a closed sub-block ran")
+
+    monkeypatch.setattr(gated.attn, "forward", boom)
+    monkeypatch.setattr(gated.mlp, "forward", boom)
+    gated(x)
+
+
+@pytest.mark.parametrize("kind", ["G0", "G1", "G3", "G5"])
+def test_train_time_eval_equals_fused(block_and_input, kind):
+    blk, _ = block_and_input
+    block = USDCBlock.from_block(blk, search=False, gate_kind=kind, tokens=17).eval()
+    randomise_gate(block.gate)
+    fused = block.to_fused()
+    decisions = set()
+    for seed in range(8):
+        torch.manual_seed(seed)
+        x = torch.randn(2, 17, 32) * 2 + torch.randn(32)
+        torch.testing.assert_close(fused(x), block(x), atol=1e-5, rtol=1e-5)
+        decisions.add(tuple(fused.gate(x).tolist()))
+    assert len(decisions) > 1  # the gate really switched between the inputs
+
+
+def test_training_mixes_gates_per_sample_and_gets_gradients(block_and_input):
+    blk, x = block_and_input
+    block = USDCBlock.from_block(blk, level="sample", static=True, tokens=17).train()
+    out = block(x)
+    (out.sum() + block.last_flops).backward()
+    for name in ("alpha_attn", "alpha_ffn", "alpha_heads", "alpha_channels"):
+        assert getattr(block, name).grad is not None, name
+    assert block.gate.arch_logits.grad is not None
+
+
+def test_static_pruning_is_physical_and_exact(block_and_input):
+    blk, x = block_and_input
+    block = USDCBlock.from_block(blk, static=True, tokens=17).eval()
+    with torch.no_grad():
+        block.alpha_heads[1] = torch.tensor([-1.0, 1.0])
+        block.alpha_heads[3] = torch.tensor([-1.0, 1.0])
+        block.alpha_channels[::3] = torch.tensor([-1.0, 1.0])
+        block.gate.arch_logits[4] = 3.0
+    expect = block(x)
+    pruned = block.pruned().eval()
+    assert pruned.attn.num_heads == 2 and pruned.mlp.fc1.out_features == 128 - 43
+    assert isinstance(pruned.gate, GateNet) and pruned.gate.kind == "G4" and not pruned.static
+    torch.testing.assert_close(pruned(x), expect, atol=1e-5, rtol=1e-5)
+    fused = block.to_fused()
+    assert fused.attn.num_heads == 2 and fused.mlp.active_features == 85
+    torch.testing.assert_close(fused(x), expect, atol=1e-5, rtol=1e-5)
+
+
+def test_block_level_pruning_removes_sub_blocks(block_and_input):
+    blk, x = block_and_input
+    block = USDCBlock.from_block(blk, static=True, tokens=17).eval()
+    with torch.no_grad():
+        block.alpha_attn.copy_(torch.tensor([-1.0, 1.0]))
+    fused = block.to_fused()
+    assert fused.attn is None and fused.norm1 is None and fused.mlp is not None
+    torch.testing.assert_close(fused(x), block(x), atol=1e-5, rtol=1e-5)
+
+
+def test_channel_idle_blocks_compose(block_and_input):
+    from vitfast.nn import ChannelIdleBlock
+
+    blk, x = block_and_input
+    ci = ChannelIdleBlock.from_timm(blk, idle_ratio=0.5, ffn_norm="layer").eval()
+    block = USDCBlock.from_block(ci, search=False, static=True, tokens=17).eval()
+    assert block.alpha_channels is None and block.ffn_owned
+    fused = block.to_fused()
+    set_gate_force(fused, "open")
+    torch.testing.assert_close(fused(x), ci(x), atol=1e-5, rtol=1e-5)
+    set_gate_force(fused, None)
+    torch.testing.assert_close(fused(x), block(x), atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- models
+def test_convert_fuse_save_load_roundtrip(tmp_path):
+    torch.manual_seed(0)
+    model = vitfast.convert.from_timm(tiny_vit(), gates=True, flops_target=0.7)
+    assert all(isinstance(b, USDCBlock) for b in model.blocks) and hasattr(model, "usdc_resource")
+    with torch.no_grad():
+        randomise_gate(model.blocks[1].gate)
+        model.blocks[0].alpha_heads[0] = torch.tensor([-1.0, 1.0])
+        model.blocks[2].alpha_ffn.copy_(torch.tensor([-1.0, 1.0]))
+    model.eval()
+    x = torch.randn(4, 3, 16, 16)
+    expect = model(x)
+    fused = vitfast.fuse(model)
+    assert not hasattr(fused, "usdc_resource") and all(isinstance(b, GatedBlock) for b in fused.blocks)
+    torch.testing.assert_close(fused(x), expect, atol=1e-5, rtol=1e-5)
+    path = os.path.join(tmp_path, "gated.safetensors")
+    vitfast.save(fused, path)
+    cfg = vitfast.checkpoint.read_config(path)
+    b0, b2 = cfg["modules"]["blocks.0"], cfg["modules"]["blocks.2"]
+    assert b0["kind"] == "gated_block" and b0["attn"]["num_heads"] == 3 and b2["mlp"] is None
+    assert b0["gate"]["kind"] == "batch_gate"
+    loaded = vitfast.load(path)
+    torch.testing.assert_close(loaded(x), fused(x), atol=0, rtol=0)
+
+
+def test_convert_argument_errors():
+    with pytest.raises(ValueError, match="flops_target"):
+        vitfast.convert.from_timm(tiny_vit(), flops_target=0.5)
+    with pytest.raises(ValueError, match="flops_target"):
+        vitfast.convert.from_timm(tiny_vit(), gates=True, flops_target=1.5)
+    with pytest.raises(ValueError, match="level"):
+        vitfast.convert.from_timm(tiny_vit(), gates=True, gate_level="token")
+
+
+def test_resource_loss_is_eq9_and_pulls_flops_down():
+    torch.manual_seed(0)
+    model = vitfast.convert.from_timm(tiny_vit(), gates=True, flops_target=0.3).train()
+    res = model.usdc_resource
+    assert res.extra_loss_weight == 100.0
+    model(torch.randn(8, 3, 16, 16))
+    flops = res.expected_flops()
+    assert 0.3 < float(flops.detach()) <= 1.0
+    torch.testing.assert_close(res.extra_loss(), (flops - 0.3) ** 2)
+    res.extra_loss().backward()
+    # d loss / d keep-logit > 0 (keeping costs FLOPs above the target): SGD lowers every keep logit.
+    assert float(model.blocks[0].alpha_heads.grad[:, 0].sum()) > 0
+
+
+def test_trainer_steps_prune_and_fuse():
+    from vitfast.train import Trainer
+
+    torch.manual_seed(0)
+    model = vitfast.convert.from_timm(tiny_vit(depth=2), gates=True, flops_target=0.5)
+    images, labels = torch.randn(16, 3, 16, 16), torch.randint(0, 10, (16,))
+    loader = [(images[:8], labels[:8]), (images[8:], labels[8:])]
+    before = model.blocks[0].alpha_heads.detach().clone()
+    trainer = Trainer(model, loader, None, total_steps=4, lr=1e-2, progress=False)
+    metrics = trainer.train_step(loader[0])
+    assert any(k.startswith("extra/") for k in metrics), metrics
+    trainer.fit()
+    assert not torch.equal(model.blocks[0].alpha_heads.detach(), before)
+    stage2 = vitfast.usdc.prune(model.eval())
+    assert all(not b.static and isinstance(b.gate, GateNet) for b in stage2.blocks)
+    x = torch.randn(4, 3, 16, 16)
+    torch.testing.assert_close(stage2(x), model(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(vitfast.fuse(stage2)(x), model(x), atol=1e-5, rtol=1e-5)
+    rates = vitfast.usdc.gate_rates(stage2, [(x, None)])
+    assert len(rates) == 2 and all(0.0 <= r <= 1.0 for pair in rates for r in pair)
+
+
+def test_half_closed_model_skips_half_the_sub_blocks():
+    torch.manual_seed(0)
+    fused = vitfast.fuse(vitfast.convert.from_timm(tiny_vit(depth=4), gates=True, gate_search=False))
+    for i, b in enumerate(fused.blocks):
+        b.gate.force = ("open", "closed") if i % 2 else ("closed", "open")
+    calls = []
+    for b in fused.blocks:
+        b.attn.register_forward_hook(lambda *a: calls.append("attn"))
+        b.mlp.register_forward_hook(lambda *a: calls.append("mlp"))
+    fused(torch.randn(2, 3, 16, 16))
+    assert len(calls) == 4
+
+
+# ---------------------------------------------------------------------------------------------- CUDA
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_gated_model_matches_cpu_and_survives_graph_capture():
+    torch.manual_seed(0)
+    model = vitfast.convert.from_timm(tiny_vit(depth=3), gates=True, gate_search=False, gate_kind="G1")
+    for b in model.blocks:
+        randomise_gate(b.gate)
+    fused = vitfast.fuse(model)
+    inputs = [torch.randn(4, 3, 16, 16) * s + s for s in (0.5, 1.0, 2.0, -1.0)]
+    cpu_out = [fused(x) for x in inputs]
+    cpu_dec = [[b.gate(t).tolist() for b, t in zip(fused.blocks, _block_inputs(fused, x))] for x in inputs]
+    cuda = fused.cuda()
+    static = inputs[0].cuda()
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                cuda(static)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = cuda(static)
+    assert len({tuple(map(tuple, d)) for d in cpu_dec}) > 1  # the inputs really take different paths
+    for x, expect in zip(inputs, cpu_out):
+        static.copy_(x.cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.cpu(), expect, atol=2e-3, rtol=2e-3)
+
+
+def _block_inputs(model, images):
+    seen = []
+    handles = [b.register_forward_pre_hook(lambda m, a: seen.append(a[0])) for b in model.blocks]
+    with torch.no_grad():
+        model(images)
+    for h in handles:
+        h.remove()
+    return seen
+
+
+def test_cli_usdc_quick(tmp_path, capsys):
+    from vitfast.cli import main
+
+    out = os.path.join(tmp_path, "usdc")
+    assert main(["usdc", "--quick", "--levels", "group", "--batch-sizes", "1,8", "--pretrain-steps", "5",
+                 "--stage1-steps", "4", "--stage2-steps", "3", "--out", out, "--no-progress"]) == 0
+    import json
+
+    report = json.load(open(os.path.join(out, "usdc_report.json")))
+    assert set(report["levels"]["group"]["acc"]) == {"1", "8"}
+    fused = vitfast.load(os.path.join(out, "usdc_group.safetensors"))
+    assert all(isinstance(b, GatedBlock) for b in fused.blocks)
+    assert main(["usdc", "--levels", "token"]) == 2
+
+
+def test_cli_convert_train_prune_fuse(tmp_path):
+    from vitfast.cli import main
+
+    d = str(tmp_path)
+    kwargs = '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 4}'
+    assert main(["convert", "vit_tiny_patch16_224", "--img-size", "16", "--num-classes", "10", "--model-kwargs", kwargs,
+                 "--gates", "--flops-target", "0.6", "-o", f"{d}/g.safetensors"]) == 0
+    assert main(["train", f"{d}/g.safetensors", "--steps", "2", "--batch-size", "16", "--out", f"{d}/s1",
+                 "--no-progress"]) == 0
+    assert main(["train", f"{d}/s1/model.safetensors", "--usdc-prune", "--steps", "2", "--batch-size", "16",
+                 "--out", f"{d}/s2", "--no-progress"]) == 0
+    assert main(["fuse", f"{d}/s2/model.safetensors", "-o", f"{d}/fused.safetensors"]) == 0
+    fused = vitfast.load(f"{d}/fused.safetensors")
+    assert all(isinstance(b, GatedBlock) for b in fused.blocks)
+    from vitfast.train import load_trainable
+
+    stage2, _ = load_trainable(f"{d}/s2/model.safetensors")
+    assert all(isinstance(b.gate, GateNet) and not b.static for b in stage2.blocks)
+    assert main(["convert", "vit_tiny_patch16_224", "--gates", "--norm", "layer", "-o", f"{d}/x.safetensors"]) == 2
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph_of_a_gated_model():
+    # Under torch.compile the decision is never read on the host (gate_select path): one graph, no breaks.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    fused = vitfast.fuse(vitfast.convert.from_timm(tiny_vit(depth=2), gates=True, gate_search=False,
+                                                   gate_kind="G1"))
+    for b in fused.blocks:
+        with torch.no_grad():
+            b.gate.b2.copy_(torch.tensor([-1.0, 1.0]))  # MHSA closed, FFN open
+    compiled = torch.compile(fused, fullgraph=True)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), fused(x), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,87 @@
+"""Argument checks of the USDC gate ops (`batch_gate`, `gate_select`), shared by the reference, the fake impl and
+the Triton launchers; `csrc/ops/batch_gate.cpp` repeats them with the same wording.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._validate import FLOAT_DTYPES, _fmt_shape
+
+GATE_ACTS = ("none", "relu", "gelu")
+
+
+def check_batch_gate_args(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: Optional[torch.Tensor],
+    w2: Optional[torch.Tensor],
+    b2: Optional[torch.Tensor],
+    layer_norm: bool,
+    act: str,
+    eps: float,
+) -> int:
+    """Validate `batch_gate` arguments; return the hidden width H (2 for a one-layer gate network).
+
+    x [B, N, C];  w1 [H, C], b1 [H];  w2 [2, H], b2 [2] (both None for a one-layer network, then H = 2 and
+    neither a norm nor an activation: the first layer already gives the two gate logits).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"x: expected 3-D [B, N, C], got shape {_fmt_shape(x)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"x: expected at least one sample and one token, got shape {_fmt_shape(x)}")
+    channels = x.shape[2]
+    if not isinstance(w1, torch.Tensor) or w1.dim() != 2 or w1.shape[1] != channels:
+        got = _fmt_shape(w1) if isinstance(w1, torch.Tensor) else type(w1).__name__
+        raise ValueError(f"w1: expected shape [H, {channels}] (C = x.shape[-1]), got {got}")
+    hidden = w1.shape[0]
+    if act not in GATE_ACTS:
+        raise ValueError(f"act: expected one of {GATE_ACTS}, got {act!r}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
+        raise ValueError(f"eps: expected a number > 0, got {eps!r}")
+    if w2 is None:
+        if b2 is not None:
+            raise ValueError(f"b2: expected None when w2 is None (one-layer gate network), got {_fmt_shape(b2)}")
+        if hidden != 2:
+            raise ValueError(f"w1: expected shape [2, {channels}] for a one-layer gate network (w2=None), "
+                             f"got {_fmt_shape(w1)}")
+        if layer_norm or act != "none":
+            raise ValueError(f"layer_norm, act: expected False and 'none' for a one-layer gate network (w2=None), "
+                             f"got {layer_norm!r} and {act!r}")
+    elif w2.dim() != 2 or tuple(w2.shape) != (2, hidden):
+        raise ValueError(f"w2: expected shape [2, {hidden}] (H = w1.shape[0]), got {_fmt_shape(w2)}")
+    if b1 is not None and tuple(b1.shape) != (hidden,):
+        raise ValueError(f"b1: expected shape [{hidden}], got {_fmt_shape(b1)}")
+    if b2 is not None and tuple(b2.shape) != (2,):
+        raise ValueError(f"b2: expected shape [2], got {_fmt_shape(b2)}")
+    for name, t in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)):
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise ValueError(f"{name}: expected dtype {x.dtype} (same as x), got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name}: expected device {x.device} (same as x), got {t.device}")
+    return hidden
+
+
+def check_gate_select_args(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: torch.Tensor) -> None:
+    """gate [G] (a `batch_gate` decision vector), 0 <= index < G; taken and skipped of one shape, dtype, device."""
+    if not isinstance(gate, torch.Tensor) or gate.dim() != 1 or gate.shape[0] == 0:
+        got = _fmt_shape(gate) if isinstance(gate, torch.Tensor) else type(gate).__name__
+        raise ValueError(f"gate: expected a 1-D decision tensor [G], got {got}")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < gate.shape[0]:
+        raise ValueError(f"index: expected an int in [0, {gate.shape[0]}), got {index!r}")
+    if not isinstance(taken, torch.Tensor) or not isinstance(skipped, torch.Tensor):
+        raise TypeError(f"taken, skipped: expected Tensors, got {type(taken).__name__} and {type(skipped).__name__}")
+    if taken.shape != skipped.shape:
+        raise ValueError(f"skipped: expected shape {_fmt_shape(taken)} (same as taken), got {_fmt_shape(skipped)}")
+    if taken.dtype != skipped.dtype:
+        raise ValueError(f"skipped: expected dtype {taken.dtype} (same as taken), got {skipped.dtype}")
+    for name, t in (("gate", gate), ("skipped", skipped)):
+        if t.device != taken.device:
+            raise ValueError(f"{name}: expected device {taken.device} (same as taken), got {t.device}")
