@@ -15,8 +15,9 @@ import torch
 from . import reference
 from ._env import get_backend
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
+from ._validate import check_xwx_attention_args
 
-__all__ = ["attention", "channel_idle_ffn", "linear", "extension_loaded", "cpu_isa"]
+__all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention", "extension_loaded", "cpu_isa"]
 
 SCHEMAS = {
     "channel_idle_ffn": (
@@ -25,6 +26,10 @@ SCHEMAS = {
     ),
     "linear": "linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor",
     "attention": "attention(Tensor qkv, int num_heads, float? scale=None) -> Tensor",
+    "xwx_attention": (
+        "xwx_attention(Tensor x, Tensor w_q, Tensor? w_k, Tensor? key_bias, Tensor w_v, Tensor w_o, "
+        "Tensor? b_o=None, Tensor? residual=None) -> Tensor"
+    ),
 }
 
 _lib = torch.library.Library("vitfast", "DEF")
@@ -56,6 +61,12 @@ def _attention_fake(qkv, num_heads, scale=None):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1], heads * head_dim))
 
 
+@_register_fake("xwx_attention")
+def _xwx_attention_fake(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None):
+    _, _, _, c_out = check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+    return x.new_empty((x.shape[0], x.shape[1], c_out))
+
+
 # ---------------------------------------------------------------------------------------------- CUDA impls
 def _channel_idle_ffn_cuda(x, w_in, b_in, w_out, b_out=None, residual=None):
     from .kernels.channel_idle_ffn import channel_idle_ffn_triton
@@ -80,6 +91,15 @@ def _attention_cuda(qkv, num_heads, scale=None):
 
 
 _lib.impl("attention", _attention_cuda, "CUDA")
+
+
+def _xwx_attention_cuda(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None):
+    from .kernels.xwx_attention import xwx_attention_triton
+
+    return xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+
+
+_lib.impl("xwx_attention", _xwx_attention_cuda, "CUDA")
 
 
 # ---------------------------------------------------------------------------------------------- CPU impls
@@ -149,3 +169,20 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
     if get_backend() == "reference":
         return reference.attention(qkv, num_heads, scale)
     return torch.ops.vitfast.attention(qkv, num_heads, scale)
+
+
+def xwx_attention(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_k: Optional[torch.Tensor],
+    key_bias: Optional[torch.Tensor],
+    w_v: torch.Tensor,
+    w_o: torch.Tensor,
+    b_o: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """`torch.ops.vitfast.xwx_attention` (collapsed non-deep attention, see `vitfast.reference.xwx_attention`), or
+    the reference when VITFAST_BACKEND=reference."""
+    if get_backend() == "reference":
+        return reference.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+    return torch.ops.vitfast.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
