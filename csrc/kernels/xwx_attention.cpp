@@ -15,6 +15,19 @@ int64_t padded16(int64_t n) { return (n + gemm::kNr - 1) / gemm::kNr * gemm::kNr
 // Score tile row stride: a whole key tile plus the augmented column (see the header), padded to panels.
 constexpr int64_t kScoreLd = kXwxKeyTile + gemm::kNr;
 
+// max(init, row[0..n)), with eight independent running maxima: one compare chain would be bound by its latency
+// (measured: this pass cost more than the score GEMM of the tile with a single chain).  NaN-propagation is not
+// needed here: a NaN score reaches the output through the softmax anyway.
+float row_max(const float* row, int64_t n, float init) {
+  float m[8] = {init, init, init, init, init, init, init, init};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
+  for (; j < n; ++j) m[0] = row[j] > m[0] ? row[j] : m[0];
+  for (int l = 1; l < 8; ++l) m[0] = m[l] > m[0] ? m[l] : m[0];
+  return m[0];
+}
+
 void scale_rows(float* a, int64_t rows, int64_t cols, int64_t ld, const float* factor) {
   for (int64_t i = 0; i < rows; ++i) {
     float* row = a + i * ld;
@@ -101,7 +114,7 @@ void xwx_pack_keys(const XwxPacked& w, int64_t tokens, const float* proj, int64_
 }
 
 int64_t xwx_rows_workspace_floats(const XwxPacked& w, int64_t q_rows) {
-  return q_rows * kScoreLd + q_rows * padded16(w.shape.value_dim) + 4 * padded16(q_rows);
+  return q_rows * kScoreLd + q_rows * padded16(w.shape.value_dim) + 5 * padded16(q_rows);
 }
 
 void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* keys,
@@ -117,6 +130,7 @@ void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, i
   float* run_sum = run_max + padded16(m);
   float* pre = run_sum + padded16(m);
   float* post = pre + padded16(m);
+  float* pending = post + padded16(m);
   gemm::Epilogue padded_c;
   padded_c.c_padded = true;
   gemm::Epilogue onto;
@@ -132,8 +146,7 @@ void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, i
                      padded_c, isa);
       for (int64_t i = 0; i < m; ++i) {
         float* row = scores + i * kScoreLd;
-        float mx = t == 0 ? -std::numeric_limits<float>::infinity() : run_max[i];
-        for (int64_t j = 0; j < kt; ++j) mx = row[j] > mx ? row[j] : mx;
+        const float mx = row_max(row, kt, t == 0 ? -std::numeric_limits<float>::infinity() : run_max[i]);
         row[kt] = mx;  // E, the augmented column (header); the softmax overwrites it with p_E ...
         post[i] = mx;  // ... so E is kept here until the update below
       }
@@ -151,12 +164,16 @@ void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, i
       if (t == 0) {
         gemm::gemm_raw(m, scores, kScoreLd, v_tiles, D, kt, acc, lda, gemm::Epilogue(), isa);
       } else {
+        // acc · pending is the softmax-weighted mean of the values seen so far; one pass applies both that
+        // normalisation and this tile's rescale.
+        for (int64_t i = 0; i < m; ++i) pre[i] *= pending[i];
         scale_rows(acc, m, D, lda, pre);
         gemm::gemm_raw(m, scores, kScoreLd, v_tiles + t * gemm::packed_floats(D, kXwxKeyTile), D, kt, acc, lda,
                        onto, isa);
       }
-      scale_rows(acc, m, D, lda, post);  // acc = the softmax-weighted mean of the values seen so far
+      std::copy(post, post + m, pending);
     }
+    scale_rows(acc, m, D, lda, pending);
     // Head h through its own block of the output projection, straight into the output rows (eq. 3).
     gemm::Epilogue ep;
     if (h == 0) {

@@ -44,7 +44,7 @@ struct XwxShape {
 };
 
 // Keys per tile of the online softmax: 4 panels of 16 (a 48 × 64 fp32 score tile is 12 KiB, in L1).
-constexpr int64_t kXwxKeyTile = 64;
+constexpr int64_t kXwxKeyTile = 128;
 
 // The weights, packed once (cached by the binding per weight version).
 struct XwxPacked {

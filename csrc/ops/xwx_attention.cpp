@@ -105,12 +105,17 @@ std::shared_ptr<const XwxPacked> packed_weights(const XwxShape& s, const at::Ten
   });
 }
 
-// Per-thread scratch kept between calls (64-byte aligned: the packed panels are read with aligned loads).
-float* thread_workspace(int64_t floats) {
+// Per-thread scratch kept between calls (64-byte aligned: the packed panels are read with aligned loads).  A fresh
+// allocation per call of the projections and packed keys (about 1.5 MiB at DeiT-Ti batch 1) costs page faults on
+// every call (glibc serves it with mmap): measured ~10% of a batch-1 call.
+enum class Scratch { kWorker, kProjections, kKeys };
+template <Scratch kind>
+float* thread_buffer(int64_t floats) {
   thread_local gemm::AlignedFloats buffer;
   if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
   return buffer.data();
 }
+float* thread_workspace(int64_t floats) { return thread_buffer<Scratch::kWorker>(floats); }
 
 at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const OptTensor& w_k_opt,
                              const OptTensor& key_bias_opt, const at::Tensor& w_v, const at::Tensor& w_o,
@@ -133,8 +138,8 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
   const int64_t ldp = w.proj_cols(), rows = batch * tokens;
 
   // Phase 1: one projection GEMM over every token row of the batch, balanced chunks of whole register blocks.
-  at::Tensor proj = at::empty({rows, ldp}, x.options().dtype(at::kFloat));
-  float* pp = proj.data_ptr<float>();
+  // The calling thread's buffers (the workers only read and write through these pointers during the call).
+  float* pp = thread_buffer<Scratch::kProjections>(rows * ldp);
   const int64_t row_blocks = (rows + gemm::kMr - 1) / gemm::kMr;
   const int64_t chunks = std::min(row_blocks, threads);
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
@@ -147,8 +152,7 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
 
   // Phase 2: keys and values of every (image, head), packed once for all query blocks.
   const int64_t per_head = xwx_keys_floats(w, tokens);
-  gemm::AlignedFloats keys(batch * s.heads * per_head);
-  float* kp = keys.data();
+  float* kp = thread_buffer<Scratch::kKeys>(batch * s.heads * per_head);
   const int64_t scratch_floats = xwx_pack_scratch_floats(w, tokens);
   at::parallel_for(0, batch * s.heads, 1, [&](int64_t begin, int64_t end) {
     float* scratch = scratch_floats > 0 ? thread_workspace(scratch_floats) : nullptr;
