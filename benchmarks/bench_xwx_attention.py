@@ -102,3 +102,47 @@ def test_xwx_attention(benchmark, shape_name, form, batch, threads, provider):
     flops = xwx_flops(batch, shape.tokens, shape.width, shape.heads, shape.width if form == "full" else RANK,
                       VALUE_DIM, form == "full")
     run_case(benchmark, provider_fn(provider, case), args, case, provider, flops, threads)
+
+
+def _cuda_table(batches=(1, 8, 64), repeats=50) -> None:
+    """`python benchmarks/bench_xwx_attention.py` on a GPU machine (no pytest-benchmark needed): triton vs the
+    eager reference on CUDA, CUDA-event medians, same run, every shape × form × batch; parity checked first."""
+    import statistics
+
+    from vitfast.kernels.xwx_attention import xwx_attention_triton
+
+    def timed(fn, args):
+        for _ in range(3):
+            fn(*args)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*args)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    print(f"{torch.cuda.get_device_name()}  (fp32: TF32 {'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'})")
+    print(f"{'case':<30} {'dtype':<9} {'triton ms':>10} {'eager ms':>10} {'speed-up':>9} {'max |Δ|/scale':>14}")
+    for shape_name in ("deit_tiny", "deit_small"):
+        shape = VIT_SHAPES[shape_name]
+        for form in ("factored", "full"):
+            for batch in batches:
+                for dtype in (torch.float32, torch.float16):
+                    args = [a.to(dtype) if a is not None else None for a in make_args(batch, shape, form, "cuda")]
+                    out = xwx_attention_triton(*args)
+                    ref = reference.xwx_attention(*args)
+                    err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max())
+                    t_tri, t_ref = timed(xwx_attention_triton, args), timed(reference.xwx_attention, args)
+                    case = f"{shape.name}/{form}/b{batch}"
+                    print(f"{case:<30} {str(dtype)[6:]:<9} {t_tri:>10.3f} {t_ref:>10.3f} {t_ref / t_tri:>8.2f}x {err:>14.2e}",
+                          flush=True)
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run the CPU providers with pytest (see the module doc)")
+    _cuda_table()
