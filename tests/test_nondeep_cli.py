@@ -99,6 +99,7 @@ def test_bench_accepts_the_recipe(capsys):
 
 
 def test_demo_nondeep_quick(tmp_path, capsys):
-    assert main(["demo", "--nondeep", "--quick", "--steps", "4", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert main(["demo", "--nondeep", "--quick", "--steps", "4", "--lr", "1.5e-3", "--out", str(tmp_path),
+                 "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "single" in out and "non-deep (fused)" in out and (tmp_path / "nondeep_fused.safetensors").exists()
+    assert "single" in out and "non-deep (fused)" in out and "lr 0.0015" in out and (tmp_path / "nondeep_fused.safetensors").exists()

@@ -733,8 +733,8 @@ def cmd_demo(args) -> int:
 
     if args.nondeep:
         return _demo_nondeep(args)
-    if args.branches is not None or args.join_schedule is not None:
-        raise CLIError("--branches/--join-schedule: only used with --nondeep")
+    if args.branches is not None or args.join_schedule is not None or args.lr is not None:
+        raise CLIError("--branches/--join-schedule/--lr: only used with --nondeep")
     report = run_demo(steps=args.steps, threads=args.threads, out_dir=args.out, quick=args.quick, seed=args.seed,
                       progress=not args.no_progress, repeats=args.repeats)
     if not report["accuracy_equal"]:
@@ -751,6 +751,7 @@ def _demo_nondeep(args) -> int:
     try:
         report = run_nondeep_comparison(
             branches=args.branches or 2, steps=args.steps, schedule=args.join_schedule or "linear", threads=args.threads,
+            lr=args.lr if args.lr is not None else 3e-3,
             out_dir=out, quick=args.quick, seed=args.seed, progress=not args.no_progress,
         )
     except ValueError as exc:
@@ -1084,6 +1085,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--branches", type=_positive_int, default=None, help="--nondeep: branches n [default: 2]")
     p.add_argument("--join-schedule", choices=("linear", "cosine", "exp", "sqrt"), default=None,
                    help="--nondeep: λ schedule [default: linear]")
+    p.add_argument("--lr", type=_positive_float, default=None, help="--nondeep: AdamW peak learning rate, both models [default: 3e-3]")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -31,6 +31,7 @@ def run_nondeep_comparison(
     join_fraction: float = 1.0 / 6.0,
     join_values: bool = False,
     diversity_weight: float = 0.05,
+    lr: float = 3e-3,
     threads: Optional[int] = None,
     out_dir: str = "vitfast-nondeep",
     quick: bool = False,
@@ -48,6 +49,8 @@ def run_nondeep_comparison(
 
     if isinstance(branches, bool) or not isinstance(branches, int) or branches < 2:
         raise ValueError(f"branches: expected an int >= 2, got {branches!r}")
+    if not lr > 0:
+        raise ValueError(f"lr: expected > 0, got {lr!r}")
     if threads is not None:
         if threads < 1:
             raise ValueError(f"threads: expected >= 1, got {threads}")
@@ -61,14 +64,14 @@ def run_nondeep_comparison(
     os.makedirs(out_dir, exist_ok=True)
     train_loader, val_loader = digits_loaders(img_size=cfg["img_size"], batch_size=64, seed=seed)
     log(f"vitfast non-deep comparison on digits: ViT(patch {cfg['patch_size']}, width {cfg['embed_dim']}, heads "
-        f"{cfg['num_heads']}), {steps} steps each, {torch.get_num_threads()} CPU thread(s):\n"
+        f"{cfg['num_heads']}), {steps} steps each, AdamW lr {lr:g} for both, {torch.get_num_threads()} CPU thread(s):\n"
         f"  single   = plain ViT of depth {fused_depth}\n"
         f"  non-deep = depth {cfg['depth']} as {fused_depth} blocks x {branches} branches, {schedule} joining over "
         f"{join_fraction:.3g} of the steps, then λ = 1; diversity α = {diversity_weight}")
 
     def train(model, desc):
         trainer = Trainer(
-            model, train_loader, val_loader, total_steps=steps, lr=3e-3, weight_decay=0.05, warmup_fraction=0.1,
+            model, train_loader, val_loader, total_steps=steps, lr=lr, weight_decay=0.05, warmup_fraction=0.1,
             grad_clip=1.0, eval_every=max(1, steps // 4), seed=seed, progress=progress, desc=desc,
         )
         summary = trainer.fit()
@@ -96,7 +99,7 @@ def run_nondeep_comparison(
     vitfast.save(fused, os.path.join(out_dir, "nondeep_fused.safetensors"))
     report = {
         "branches": branches, "steps": steps, "schedule": schedule, "join_fraction": join_fraction,
-        "join_values": join_values, "diversity_weight": diversity_weight, "seed": seed, "fused_depth": fused_depth,
+        "join_values": join_values, "diversity_weight": diversity_weight, "lr": lr, "seed": seed, "fused_depth": fused_depth,
         "single": acc_single, "nondeep": acc_nondeep, "nondeep_fused": acc_fused, "lambda_end": lam,
         "params": {"single": count_parameters(single), "nondeep_train": count_parameters(nondeep),
                    "nondeep_fused": count_parameters(fused)},
