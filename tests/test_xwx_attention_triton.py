@@ -128,3 +128,30 @@ def test_low_precision(dtype, shape, tol):
     b, n, c, h, r, d = shape
     args = make_xwx_args(b, n, c, h, r, d, device=DEVICE, dtype=dtype)
     assert_low_precision_no_worse(xwx_attention_triton, reference, args, dtype, tol)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device (the op's CUDA impl is the Triton launcher)")
+def test_op_and_fused_block_use_triton_on_cuda(tol):
+    """torch.ops.vitfast.xwx_attention on CUDA tensors is the Triton kernel, and a fused non-deep model moved to
+    the GPU runs it (parity with the same model on CPU, which runs the C++ kernel)."""
+    import vitfast
+    from timm.models.vision_transformer import VisionTransformer
+
+    args = make_xwx_args(2, 37, 48, 3, 16, 24, device=DEVICE)
+    torch.testing.assert_close(torch.ops.vitfast.xwx_attention(*args), xwx_attention_triton(*args), atol=0, rtol=0)
+    timm_model = VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=4, num_heads=3, num_classes=10)
+    nondeep = vitfast.convert.from_timm(timm_model, branches=2)
+    for block in nondeep.blocks:
+        block.set_lambda(1.0)
+    fused = vitfast.fuse(nondeep)
+    images = torch.randn(2, 3, 32, 32)
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # fp32 everywhere (patch conv)
+    try:
+        with torch.no_grad():
+            expected = fused(images)
+            out = fused.cuda()(images.cuda()).cpu()
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(out, expected, atol=2e-4 * max(scale, 1.0), rtol=2e-4)
