@@ -2,7 +2,7 @@
 
 Collapsed non-deep attention: per head softmax(x W_h xᵀ + key bias) · (x w_v[h]) · w_o[h], summed over heads,
 + b_o + residual.  Both score forms (factored w_q/w_k [H, C, R], full W_h [H, C, C]), DeiT-Ti/S widths at
-N = 197 and odd N that break the 64-key tile and the 6 × 16 register block, batch 1 and 2, every CPU code path
+N = 197 and odd N that break the 128-key tile and the 6 × 16 register block, batch 1 and 2, every CPU code path
 forced in turn, at 1 and 2 threads (the thread split must not change a bit); optional arguments, fp16/bf16,
 large scores, weight updates (cache), argument errors, opcheck and torch.compile.
 """
@@ -45,7 +45,7 @@ def test_parity_deit_shapes(shape, batch, isa, tol, restore_threads):
     check_parity(make_xwx_args(batch, 197, c, h, r, d), tol)
 
 
-@pytest.mark.parametrize("tokens", [1, 2, 7, 63, 64, 65, 130])
+@pytest.mark.parametrize("tokens", [1, 2, 7, 65, 127, 128, 129])
 @pytest.mark.parametrize("rank", [None, 3, 16], ids=lambda r: f"R{r}")
 def test_parity_odd_sizes(tokens, rank, isa, tol, restore_threads):
     check_parity(make_xwx_args(2, tokens, 24, 2, rank, 20), tol)
