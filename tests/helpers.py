@@ -105,3 +105,34 @@ def assert_low_precision_no_worse(kernel, reference_fn, args, dtype, tol):
     assert kernel_err <= 2 * torch_err, f"{dtype}: kernel error {kernel_err:.3g} > 2 × torch's {torch_err:.3g}"
     atol, rtol = tol[dtype]
     torch.testing.assert_close(out, torch_lp, atol=atol, rtol=rtol)
+
+
+def make_xwx_args(batch, tokens, channels, heads, rank=None, value_dim=None, *, device="cpu", dtype=torch.float32,
+                  key_bias=True, b_o=True, residual=True, score_std=2.0):
+    """Random `xwx_attention` arguments (factored form with `rank`, or the full form when rank is None), scaled
+    so the scores have std ≈ `score_std` (a softmax far from uniform and far from one-hot) and the output is
+    O(1).  Built in fp32, then cast to `dtype`."""
+    value_dim = value_dim or max(1, channels // heads)
+    full = rank is None
+    r = channels if full else rank
+    x = torch.randn(batch, tokens, channels, device=device)
+    w_q = torch.randn(heads, channels, r, device=device) / channels**0.5
+    if full:
+        # W_h = A Bᵀ of rank C / 2 stored densely (what the full form holds), same score scale as factored.
+        b = torch.randn(heads, channels, r, device=device) / channels**0.5
+        w_q = w_q @ b.transpose(1, 2) * (score_std / r**0.5)
+        w_k = None
+    else:
+        w_q = w_q * (score_std / r**0.5)
+        w_k = torch.randn(heads, channels, r, device=device) / channels**0.5
+    args = [
+        x,
+        w_q,
+        w_k,
+        torch.randn(heads, channels, device=device) / channels**0.5 if key_bias else None,
+        torch.randn(heads, channels, value_dim, device=device) / channels**0.5,
+        torch.randn(heads, value_dim, channels, device=device) / (heads * value_dim) ** 0.5,
+        torch.randn(channels, device=device) * 0.1 if b_o else None,
+        torch.randn(batch, tokens, channels, device=device) if residual else None,
+    ]
+    return [a.to(dtype) if a is not None else None for a in args]

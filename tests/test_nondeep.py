@@ -349,3 +349,45 @@ def test_branch_averaged_maps():
         scale = math.sqrt(1 + 2 * 0.3 ** 2) * math.sqrt(16)
         maps = [((s + 0.3 * (total - s)) / scale).softmax(-1) for s in scores]
         assert_close_scaled(block.attn.attention_maps, sum(maps) / 3)
+
+
+# ------------------------------------------------------------------------------------------------ fused forms (op)
+@pytest.mark.parametrize("score_form", ["factored", "full"])
+@pytest.mark.parametrize("join_values", [False, True], ids=["values_side_by_side", "values_joined"])
+def test_fused_forms_round_trip_and_match_train_time(score_form, join_values, tmp_path):
+    """vitfast.fuse(score_form=...) picks the form, the checkpoint config records it, and the loaded model (which
+    runs torch.ops.vitfast.xwx_attention: C++ on CPU) equals the train-time model in eval mode."""
+    model = _joined(from_timm(_vit(depth=4, embed_dim=96, num_heads=6), branches=2, join_values=join_values))
+    fused = vitfast.fuse(model, score_form=score_form)
+    assert all(b.attn.score_form == score_form for b in fused.blocks)
+    path = tmp_path / "f.safetensors"
+    vitfast.save(fused, path)
+    config = vitfast.checkpoint.read_config(path)
+    assert [config["modules"][f"blocks.{i}"]["score_form"] for i in range(2)] == [score_form] * 2
+    loaded = vitfast.load(path)
+    with torch.no_grad():
+        expected = model.eval()(IMAGES)
+        assert_close_scaled(loaded(IMAGES), expected)
+
+
+def test_fuse_refuses_an_option_no_module_takes():
+    model = _joined(from_timm(_vit(depth=4), branches=2))
+    with pytest.raises(ValueError, match="^score_fom: expected an option"):
+        vitfast.fuse(model, score_fom="full")
+
+
+def test_fused_block_calls_the_op(monkeypatch):
+    """XWXAttention goes through vitfast.ops.xwx_attention (C++ on CPU, Triton on CUDA, reference on request)."""
+    fused = vitfast.fuse(_joined(from_timm(_vit(depth=4), branches=2)))
+    calls = []
+    original = vitfast.ops.xwx_attention
+    monkeypatch.setattr(vitfast.ops, "xwx_attention", lambda *a: calls.append(1) or original(*a))
+    with torch.no_grad():
+        out = fused(IMAGES)
+    assert calls == [1, 1]  # one per fused block
+    vitfast._env.set_backend("reference")
+    try:
+        with torch.no_grad():
+            assert_close_scaled(fused(IMAGES), out)
+    finally:
+        vitfast._env.set_backend("auto")

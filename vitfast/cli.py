@@ -213,6 +213,9 @@ def _describe(model) -> str:
         if hasattr(module, "active_features") and hasattr(module, "hidden_features"):
             blocks.append(f"{module.active_features}/{module.hidden_features}")
     ffn = f", channel-idle FFNs (active/hidden per block: {' '.join(blocks)})" if blocks else ""
+    nondeep = _nondeep_blocks(model)
+    if nondeep:
+        ffn += f", non-deep: {len(nondeep)} blocks x {nondeep[0].num_branches} branches ({nondeep[0].schedule})"
     return f"{type(model).__name__}, {count_parameters(model):,} parameters{ffn}"
 
 
@@ -281,9 +284,13 @@ def cmd_convert(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- train
+_NONDEEP_TRAIN_SETTINGS = ("branches", "join_values", "join_schedule", "join_start", "join_steps", "adjust_steps",
+                           "diversity_weight", "distill_teacher", "distill_weight")
+
+
 _TRAIN_SETTINGS = ("data", "val_data", "steps", "epochs", "lr", "weight_decay", "batch_size", "warmup", "label_smoothing",
                    "grad_clip", "seed", "img_size", "num_classes", "channel_idle", "norm", "heuristic", "model_kwargs",
-                   "eval_every", "checkpoint_every")
+                   "eval_every", "checkpoint_every") + _NONDEEP_TRAIN_SETTINGS
 
 
 def _model_input(model):
@@ -359,10 +366,12 @@ def cmd_train(args) -> int:
         )
     if getattr(args, "usdc_prune", False):
         model = _usdc_stage2(model, resume_state)
+    _apply_join_settings(model, settings, Trainer._resolve_total_steps(settings["steps"], settings["epochs"], train_loader))
+    trainer_cls, distill_kwargs = _distill_trainer(model, settings)
     description = json.dumps(describe_trainable(model))
     warmup = settings["warmup"]
-    trainer = Trainer(
-        model, train_loader, val_loader,
+    trainer = trainer_cls(
+        model, train_loader, val_loader, **distill_kwargs,
         optimizer=_usdc_optimizer(model, settings, getattr(args, "arch_lr_scale", 10.0)),
         total_steps=settings["steps"], epochs=settings["epochs"], lr=settings["lr"], weight_decay=settings["weight_decay"],
         warmup_fraction=warmup if warmup < 1 else 0.0, warmup_steps=int(warmup) if warmup >= 1 else None,
@@ -401,6 +410,10 @@ def _train_source(args, settings):
             if settings.get(k) is not None:
                 raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; "
                                f"{source!r} is a file (set it when converting)")
+        for k in ("branches", "join_values"):
+            if settings.get(k) is not None:
+                raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; {source!r} is "
+                               f"a file (convert it with --branches)")
         kind = _file_kind(source)
         if kind != "trainable":
             raise CLIError(f"SOURCE: expected a train-time .safetensors (from `vitfast convert`), got a {kind} file {source!r}"
@@ -414,12 +427,55 @@ def _train_source(args, settings):
                              model_kwargs=settings.get("model_kwargs"), flag="SOURCE")
     recipe = {"source": "timm", "model": source, "img_size": settings.get("img_size"), "num_classes": num_classes,
               "model_kwargs": settings.get("model_kwargs") or {}}
+    if settings.get("branches") is not None:
+        return _nondeep_source(timm_model, settings, recipe)
     if settings.get("channel_idle") is None:
         return timm_model, recipe
     norm, heuristic = settings.get("norm") or "batch", settings.get("heuristic") or "static"
     model = vitfast.convert.from_timm(timm_model, channel_idle=settings["channel_idle"], norm=norm, heuristic=heuristic)
     recipe.update(channel_idle=settings["channel_idle"], norm=norm, heuristic=heuristic)
     return model, recipe
+
+
+def _nondeep_source(timm_model, settings, recipe):
+    """A timm ViT/DeiT made non-deep (--branches n): θ = --channel-idle or 0, FFN norm --norm with --channel-idle,
+    else layer (a plain non-deep model: the same FFN as the timm one)."""
+    import vitfast
+
+    theta = settings.get("channel_idle") or 0.0
+    norm = (settings.get("norm") or "batch") if settings.get("channel_idle") is not None else "layer"
+    try:
+        model = vitfast.convert.from_timm(
+            timm_model, branches=settings["branches"], channel_idle=theta, norm=norm,
+            heuristic=settings.get("heuristic") or "static", join_values=bool(settings.get("join_values")),
+        )
+    except ValueError as exc:
+        raise CLIError(f"--branches: {exc}") from None
+    recipe.update(branches=settings["branches"], channel_idle=theta, norm=norm,
+                  join_values=bool(settings.get("join_values")))
+    return model, recipe
+
+
+def _distill_trainer(model, settings):
+    """(Trainer class, its extra kwargs): attention-map distillation from --distill-teacher when given."""
+    from vitfast.train import Trainer, load_trainable
+
+    if settings.get("distill_teacher") is None:
+        if settings.get("distill_weight") is not None:
+            raise CLIError("--distill-weight: only applies with --distill-teacher, got no teacher")
+        return Trainer, {}
+    from vitfast.attn_distill import AttentionDistillation, AttentionDistillTrainer
+
+    path = settings["distill_teacher"]
+    if _file_kind(path) != "trainable":
+        raise CLIError(f"--distill-teacher: expected a train-time .safetensors (from `vitfast train`), got {path!r}")
+    teacher, _ = load_trainable(path)
+    try:
+        distill = AttentionDistillation(model, teacher)
+    except ValueError as exc:
+        raise CLIError(f"--distill-teacher: {exc}") from None
+    weight = 1.0 if settings.get("distill_weight") is None else settings["distill_weight"]
+    return AttentionDistillTrainer, {"distill": distill, "distill_weight": weight}
 
 
 # ---------------------------------------------------------------------------------------------- fuse
@@ -562,6 +618,8 @@ def cmd_bench(args) -> int:
         theta = 0.75 if args.channel_idle is None else args.channel_idle
         baseline = _timm_model(args.target, pretrained=None, img_size=args.img_size, num_classes=args.num_classes,
                                model_kwargs=args.model_kwargs, flag="TARGET").eval()
+        if args.branches is not None:
+            return _bench_nondeep(args, baseline, device, threads, providers, json_path, png_path)
         trainable = vitfast.convert.from_timm(baseline, channel_idle=theta, norm=args.norm, heuristic=args.heuristic).eval()
         fused = vitfast.fuse(trainable)
         del trainable
@@ -569,6 +627,49 @@ def cmd_bench(args) -> int:
         recipe = {"model": args.target, "channel_idle": theta, "norm": args.norm, "heuristic": args.heuristic,
                   "img_size": args.img_size, "num_classes": args.num_classes, "model_kwargs": args.model_kwargs or {}}
         title = f"vitfast bench {args.target} θ={theta} ({args.norm} norm)"
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    report = run_bench(
+        baseline, fused, input_shape=model_input_shape(baseline), threads=threads, batch_sizes=args.batch_sizes,
+        providers=providers, repeats=args.repeats, warmup=args.warmup, device=device, ort_spinning=args.ort_spinning,
+        meta={"title": title, "target": args.target, "recipe": recipe, "note": note}, log=log,
+    )
+    print(format_report(report))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {json_path}")
+    if png_path:
+        plot_report(report, png_path)
+        print(f"wrote {png_path}")
+    return EXIT_CHECK_FAILED if report["errors"] else EXIT_OK
+
+
+def _bench_nondeep(args, baseline, device, threads, providers, json_path, png_path) -> int:
+    """`vitfast bench MODEL --branches n`: timm MODEL (L layers) against its fused L/n-layer non-deep model."""
+    import vitfast
+    from vitfast.bench import format_report, plot_report, run_bench
+    from vitfast.export import model_input_shape
+
+    theta = args.channel_idle or 0.0
+    norm = args.norm if args.channel_idle is not None else "layer"
+    try:
+        trainable = vitfast.convert.from_timm(baseline, branches=args.branches, channel_idle=theta, norm=norm,
+                                              heuristic=args.heuristic, join_values=bool(args.join_values)).eval()
+    except ValueError as exc:
+        raise CLIError(f"--branches: {exc}") from None
+    for block in _nondeep_blocks(trainable):
+        block.set_lambda(1.0)  # random weights, joining finished: what a trained model looks like to fuse
+    fused = vitfast.fuse(trainable)
+    del trainable
+    forms = sorted({m.score_form for m in fused.modules() if isinstance(getattr(m, "score_form", None), str)})
+    depth = len(baseline.blocks) // args.branches
+    note = (f"baseline = timm {args.target} (random weights, {len(baseline.blocks)} layers); fused: non-deep, "
+            f"{args.branches} branches -> {depth} layers, θ={theta}, join_values={bool(args.join_values)}, "
+            f"score form {'/'.join(forms)}")
+    recipe = {"model": args.target, "branches": args.branches, "channel_idle": theta, "norm": norm,
+              "join_values": bool(args.join_values), "score_forms": forms, "img_size": args.img_size,
+              "num_classes": args.num_classes, "model_kwargs": args.model_kwargs or {}}
+    title = f"vitfast bench {args.target} --branches {args.branches} ({depth} layers)"
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     report = run_bench(
         baseline, fused, input_shape=model_input_shape(baseline), threads=threads, batch_sizes=args.batch_sizes,
@@ -639,6 +740,10 @@ def cmd_export(args) -> int:
 def cmd_demo(args) -> int:
     from vitfast.demo import run_demo
 
+    if args.nondeep:
+        return _demo_nondeep(args)
+    if args.branches is not None or args.join_schedule is not None or args.lr is not None:
+        raise CLIError("--branches/--join-schedule/--lr: only used with --nondeep")
     report = run_demo(steps=args.steps, threads=args.threads, out_dir=args.out, quick=args.quick, seed=args.seed,
                       progress=not args.no_progress, repeats=args.repeats)
     if not report["accuracy_equal"]:
@@ -713,6 +818,25 @@ def _add_select_heads_parser(sub) -> None:
     p.set_defaults(func=cmd_select_heads)
 
 
+def _demo_nondeep(args) -> int:
+    """`vitfast demo --nondeep`: the non-deep vs single-branch comparison on the digits (vitfast/nondeep_demo.py)."""
+    from vitfast.nondeep_demo import run_nondeep_comparison
+
+    out = args.out if args.out != "vitfast-demo" else "vitfast-nondeep"
+    try:
+        report = run_nondeep_comparison(
+            branches=args.branches or 2, steps=args.steps, schedule=args.join_schedule or "linear", threads=args.threads,
+            lr=args.lr if args.lr is not None else 3e-3,
+            out_dir=out, quick=args.quick, seed=args.seed, progress=not args.no_progress,
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if abs(report["nondeep_fused"] - report["nondeep"]) > 1e-9:
+        print(f"FAILED: fused accuracy {report['nondeep_fused']:.4f} differs from train-time {report['nondeep']:.4f}")
+        return EXIT_CHECK_FAILED
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------------- parser
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action):
@@ -740,6 +864,87 @@ def _add_recipe_args(p, *, convert: bool) -> None:
                    help="FFN normalisation: batch (foldable, the paper's) or layer (keeps an explicit shortcut)")
     g.add_argument("--heuristic", choices=("static", "linear"), default="static",
                    help="per-layer θ: static (same everywhere) or linear (ramps with depth around θ)")
+
+
+def _join_steps(text: str):
+    value = _checked(text, float, "a step count >= 1 or a fraction in [0, 1) of the steps after --join-start",
+                     lambda v: v >= 0 and (v < 1 or float(v).is_integer()))
+    return int(value) if value >= 1 else value  # a count stays an int (stored settings, messages)
+
+
+def _add_nondeep_args(p, *, train: bool) -> None:
+    """Non-deep ViT options (non-deep-vit-progressive-reparam): branches, progressive joining, diversity, distillation."""
+    g = p.add_argument_group("non-deep ViT (parallel branches, progressive joining; timm ViT/DeiT names)")
+    g.add_argument("--branches", type=_positive_int, default=None, metavar="n",
+                   help="n >= 2: L timm blocks -> L/n blocks of n parallel branches (fused: L/n layers); with it "
+                        "--channel-idle defaults to 0 and the FFN norm to layer (--norm applies with --channel-idle)")
+    g.add_argument("--join-values", action="store_true", default=None,
+                   help="join the value path too (the fused attention then has value width d_h, eq. 6-7 exact)")
+    if not train:
+        return
+    g.add_argument("--join-schedule", choices=("linear", "cosine", "exp", "sqrt"), default=None,
+                   help="λ(t) during the joining steps (eq. 10-13) [default: linear]")
+    g.add_argument("--join-start", type=int, default=None, metavar="STEPS",
+                   help="steps before joining starts (λ = 0: the branches train apart) [default: 0]")
+    g.add_argument("--join-steps", type=_join_steps, default=None, metavar="N",
+                   help="joining steps (λ: 0 -> 1), a count or a fraction (< 1) of the steps after --join-start; "
+                        "after them the adjustment phase runs at λ = 1 [default: 1/6, the paper's 10k of 60k]")
+    g.add_argument("--adjust-steps", type=int, default=None, metavar="STEPS",
+                   help="instead of --join-steps: the length of the final adjustment phase (λ = 1); joining then "
+                        "takes the steps between --join-start and it")
+    g.add_argument("--diversity-weight", type=_nonneg_float, default=None, metavar="α",
+                   help="weight of the branch-diversity regulariser (squared cosine, section 4) [default: 0.05]")
+    g.add_argument("--distill-teacher", type=_existing_file, default=None, metavar="PATH",
+                   help="attention-map distillation from this teacher (a train-time .safetensors of a timm ViT with "
+                        "the same heads and tokens, e.g. a trained deeper model from `vitfast train`)")
+    g.add_argument("--distill-weight", type=_nonneg_float, default=None,
+                   help="weight of the attention-map MSE [default: 1.0]")
+
+
+def _nondeep_blocks(model):
+    from vitfast.nn.nondeep import NonDeepBlock
+
+    return [m for m in model.modules() if isinstance(m, NonDeepBlock)]
+
+
+def _apply_join_settings(model, settings, total_steps: int) -> None:
+    """--join-* and --diversity-weight onto a non-deep model's blocks (refused for a model without branches)."""
+    from vitfast.nn.nondeep import JoinSchedule
+
+    given = [k for k in ("join_schedule", "join_start", "join_steps", "adjust_steps", "diversity_weight",
+                         "distill_teacher") if settings.get(k) is not None]
+    blocks = _nondeep_blocks(model)
+    if not blocks:
+        if given:
+            raise CLIError(f"--{given[0].replace('_', '-')}: only applies to a non-deep model (--branches n, or a "
+                           f"file converted with --branches), got a model without branches")
+        return
+    start = settings.get("join_start") or 0
+    if start < 0 or start > total_steps:
+        raise CLIError(f"--join-start: expected a step in [0, {total_steps}], got {start}")
+    if settings.get("join_steps") is not None and settings.get("adjust_steps") is not None:
+        raise CLIError("--join-steps/--adjust-steps: expected one of them (the other follows from the step count), got both")
+    if any(settings.get(k) is not None for k in ("join_schedule", "join_start", "join_steps", "adjust_steps")):
+        kind = settings.get("join_schedule") or "linear"
+        if settings.get("adjust_steps") is not None:
+            warmup = total_steps - start - settings["adjust_steps"]
+            if warmup < 0:
+                raise CLIError(f"--adjust-steps: expected at most {total_steps - start} (steps after --join-start), "
+                               f"got {settings['adjust_steps']}")
+            schedule = JoinSchedule(kind, warmup, start_step=start)
+        elif settings.get("join_steps") is not None and settings["join_steps"] >= 1:
+            schedule = JoinSchedule(kind, int(settings["join_steps"]), start_step=start)
+        elif settings.get("join_steps") is not None:
+            schedule = JoinSchedule(kind, None, warmup_fraction=settings["join_steps"], start_step=start)
+        else:
+            schedule = JoinSchedule(kind, start_step=start)
+        for block in blocks:
+            block.schedule = schedule
+    if settings.get("diversity_weight") is not None:
+        for block in blocks:
+            block.extra_loss_weight = settings["diversity_weight"] / len(blocks)
+            for sub in (block.attn, block.mlp):
+                sub.compute_diversity = block.extra_loss_weight > 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -824,6 +1029,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_recipe_args(p, convert=False)
     _add_usdc_train_args(p)
+    _add_nondeep_args(p, train=True)
     for action in p._actions:  # recipe defaults must be None here: --resume compares what was given
         if action.dest in ("norm", "heuristic"):
             action.default = None
@@ -905,6 +1111,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "workers hold the cores while the next provider of the interleaved round runs)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     _add_recipe_args(p, convert=True)
+    _add_nondeep_args(p, train=False)
     p.set_defaults(func=cmd_bench)
 
     # export
@@ -948,6 +1155,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=None, help="latency repeats [default: 30, --quick: 5]")
     p.add_argument("--seed", type=int, default=0, help="seed for data split, init and training")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--nondeep", action="store_true",
+                   help="instead: train a plain ViT of depth L/n and a non-deep ViT (L/n blocks x n branches, "
+                        "progressive joining) for the same steps, fuse the latter, compare accuracies "
+                        "[default steps: 800, --quick: 60; out dir: vitfast-nondeep]")
+    p.add_argument("--branches", type=_positive_int, default=None, help="--nondeep: branches n [default: 2]")
+    p.add_argument("--join-schedule", choices=("linear", "cosine", "exp", "sqrt"), default=None,
+                   help="--nondeep: λ schedule [default: linear]")
+    p.add_argument("--lr", type=_positive_float, default=None, help="--nondeep: AdamW peak learning rate, both models [default: 3e-3]")
     p.set_defaults(func=cmd_demo)
     _add_select_heads_parser(sub)
 

@@ -62,6 +62,19 @@ def _flop_formulas() -> Dict[Any, Any]:
             formulas[op] = sdpa
     if hasattr(torch.ops.vitfast, "channel_idle_ffn"):
         formulas[torch.ops.vitfast.channel_idle_ffn] = channel_idle_ffn
+
+    def xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, *args, out_shape=None, **kwargs):
+        # projections (left, right unless full, key bias, values) + scores + P·V + each head through W_O
+        batch, tokens, channels = x
+        heads, _, rank = w_q
+        value_dim, c_out = w_o[1], w_o[2]
+        right = rank if w_k is not None else 0
+        kb = 1 if key_bias is not None else 0
+        proj = 2 * batch * tokens * channels * heads * (rank + right + kb + value_dim)
+        return proj + 2 * batch * heads * tokens * tokens * (rank + value_dim) + 2 * batch * tokens * heads * value_dim * c_out
+
+    if hasattr(torch.ops.vitfast, "xwx_attention"):
+        formulas[torch.ops.vitfast.xwx_attention] = xwx_attention
     return formulas
 
 

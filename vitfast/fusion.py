@@ -25,10 +25,15 @@ import torch.nn as nn
 __all__ = ["fuse"]
 
 
-def _call_to_fused(to_fused, path: str) -> nn.Module:
+def _call_to_fused(to_fused, path: str, options=None, used=None) -> nn.Module:
     # `name` (the module's path) only makes error messages point at the right block; it is optional.
-    accepts_name = "name" in inspect.signature(to_fused).parameters
-    fused = to_fused(name=path) if accepts_name else to_fused()
+    params = inspect.signature(to_fused).parameters
+    accepts_name = "name" in params
+    # Method options (e.g. score_form for non-deep blocks) go to the to_fused() that takes them.
+    kwargs = {k: v for k, v in (options or {}).items() if k in params}
+    if used is not None:
+        used.update(kwargs)
+    fused = to_fused(name=path, **kwargs) if accepts_name else to_fused(**kwargs)
     if fused is None:  # a train-time-only helper (e.g. the USDC resource loss): dropped from the fused model
         return None
     if not isinstance(fused, nn.Module):
@@ -36,35 +41,46 @@ def _call_to_fused(to_fused, path: str) -> nn.Module:
     return fused.eval()
 
 
-def _fuse_children(module: nn.Module, prefix: str) -> int:
+def _fuse_children(module: nn.Module, prefix: str, options=None, used=None) -> int:
     count = 0
     for name, child in list(module.named_children()):
         path = f"{prefix}.{name}" if prefix else name
         to_fused = getattr(child, "to_fused", None)
         if callable(to_fused):
-            fused = _call_to_fused(to_fused, path)
+            fused = _call_to_fused(to_fused, path, options, used)
             if fused is None:
                 delattr(module, name)
             else:
                 setattr(module, name, fused)
             count += 1
         else:
-            count += _fuse_children(child, path)
+            count += _fuse_children(child, path, options, used)
     return count
 
 
-def fuse(model: nn.Module) -> nn.Module:
+def fuse(model: nn.Module, **options) -> nn.Module:
     """Deep copy of `model` in eval mode with every train-time vitfast module fused (see the module doc).
 
     The fused model's outputs equal the train-time model's in eval mode, up to float rounding (the folding
     itself is done in float64).  A model with nothing to fuse is returned as an eval-mode copy.
+
+    options: keyword options of the modules' `to_fused` (passed to those that take them), e.g.
+    `score_form="auto" | "factored" | "full"` for non-deep blocks (`NonDeepBlock.to_fused`: "auto" picks the
+    low-rank factored form per block when its rank n·d_h ≤ C/2; the choice is stored in the checkpoint config).
+    An option no module takes is refused (ValueError naming it).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     fused = copy.deepcopy(model).eval()
+    used: dict = {}
     with torch.no_grad():
         to_fused = getattr(fused, "to_fused", None)
         if callable(to_fused):
-            return _call_to_fused(to_fused, "model")
-        _fuse_children(fused, "")
+            fused = _call_to_fused(to_fused, "model", options, used)
+        else:
+            _fuse_children(fused, "", options, used)
+    unused = sorted(set(options) - set(used))
+    if unused:
+        raise ValueError(f"{unused[0]}: expected an option of the model's train-time modules' to_fused(), got "
+                         f"{options[unused[0]]!r} and no module takes it")
     return fused

@@ -15,9 +15,11 @@ import torch
 from . import reference
 from ._env import get_backend, get_cuda_kernels
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
+from ._validate import check_xwx_attention_args
 from ._validate_dwconv import check_dwconv_attention_args
 
-__all__ = ["attention", "channel_idle_ffn", "linear", "extension_loaded", "cpu_isa", "batch_gate", "gate_select"]
+__all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention", "extension_loaded", "cpu_isa", "batch_gate",
+           "gate_select"]
 
 SCHEMAS = {
     "channel_idle_ffn": (
@@ -32,6 +34,10 @@ SCHEMAS = {
         "str act='none', float eps=1e-05) -> Tensor"
     ),
     "gate_select": "gate_select(Tensor gate, int index, Tensor taken, Tensor skipped) -> Tensor",
+    "xwx_attention": (
+        "xwx_attention(Tensor x, Tensor w_q, Tensor? w_k, Tensor? key_bias, Tensor w_v, Tensor w_o, "
+        "Tensor? b_o=None, Tensor? residual=None) -> Tensor"
+    ),
 }
 
 # dropin-depthwise-conv-attention: value projection + depthwise k×k conv over the token grid + output projection.
@@ -67,6 +73,12 @@ def _linear_fake(x, weight, bias=None, residual=None):
 def _attention_fake(qkv, num_heads, scale=None):
     heads, head_dim = check_attention_args(qkv, num_heads, scale)
     return qkv.new_empty((qkv.shape[0], qkv.shape[1], heads * head_dim))
+
+
+@_register_fake("xwx_attention")
+def _xwx_attention_fake(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None):
+    _, _, _, c_out = check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+    return x.new_empty((x.shape[0], x.shape[1], c_out))
 
 
 # ---------------------------------------------------------------------------------------------- CUDA impls
@@ -170,6 +182,15 @@ _lib.impl("batch_gate", _batch_gate_cuda, "CUDA")
 _lib.impl("gate_select", _gate_select_cuda, "CUDA")
 
 
+def _xwx_attention_cuda(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None):
+    from .kernels.xwx_attention import xwx_attention_triton
+
+    return xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+
+
+_lib.impl("xwx_attention", _xwx_attention_cuda, "CUDA")
+
+
 # ---------------------------------------------------------------------------------------------- CPU impls
 _EXTENSION_ERROR: Optional[BaseException] = None
 try:
@@ -259,6 +280,7 @@ def dwconv_attention(
         return reference.dwconv_attention(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
     return torch.ops.vitfast.dwconv_attention(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
 
+
 def batch_gate(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -281,3 +303,20 @@ def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: to
     if get_backend() == "reference":
         return reference.gate_select(gate, index, taken, skipped)
     return torch.ops.vitfast.gate_select(gate, index, taken, skipped)
+
+
+def xwx_attention(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_k: Optional[torch.Tensor],
+    key_bias: Optional[torch.Tensor],
+    w_v: torch.Tensor,
+    w_o: torch.Tensor,
+    b_o: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """`torch.ops.vitfast.xwx_attention` (collapsed non-deep attention, see `vitfast.reference.xwx_attention`), or
+    the reference when VITFAST_BACKEND=reference."""
+    if get_backend() == "reference":
+        return reference.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+    return torch.ops.vitfast.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
+from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args, check_xwx_attention_args
 from ._validate_dwconv import check_dwconv_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention", "batch_gate", "batch_gate_logits", "gate_select"]
@@ -77,43 +77,6 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
     return out.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
 
 
-def _check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual) -> None:
-    # Kept next to the reference until the op lands (issue 4, item 4); then it moves to _validate.py with the
-    # binding's checks so that reference, C++ and Triton refuse the same inputs with the same messages.
-    def shape(t):
-        return list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-
-    if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        raise ValueError(f"x: expected a [B, N, C] tensor, got {shape(x)}")
-    channels = x.shape[-1]
-    if not isinstance(w_q, torch.Tensor) or w_q.dim() != 3 or w_q.shape[1] != channels:
-        raise ValueError(f"w_q: expected [H, {channels}, R] (or [H, {channels}, {channels}] with w_k=None), got {shape(w_q)}")
-    heads = w_q.shape[0]
-    if w_k is None:
-        if w_q.shape[2] != channels:
-            raise ValueError(f"w_q: expected the full score matrices [H, {channels}, {channels}] when w_k is None, got {shape(w_q)}")
-    elif not isinstance(w_k, torch.Tensor) or tuple(w_k.shape) != tuple(w_q.shape):
-        raise ValueError(f"w_k: expected the same shape as w_q {shape(w_q)}, got {shape(w_k)}")
-    if key_bias is not None and (not isinstance(key_bias, torch.Tensor) or tuple(key_bias.shape) != (heads, channels)):
-        raise ValueError(f"key_bias: expected [{heads}, {channels}] or None, got {shape(key_bias)}")
-    if not isinstance(w_v, torch.Tensor) or w_v.dim() != 3 or tuple(w_v.shape[:2]) != (heads, channels):
-        raise ValueError(f"w_v: expected [{heads}, {channels}, D], got {shape(w_v)}")
-    value_dim = w_v.shape[2]
-    if not isinstance(w_o, torch.Tensor) or w_o.dim() != 3 or tuple(w_o.shape[:2]) != (heads, value_dim):
-        raise ValueError(f"w_o: expected [{heads}, {value_dim}, C_out], got {shape(w_o)}")
-    out_channels = w_o.shape[2]
-    if b_o is not None and (not isinstance(b_o, torch.Tensor) or tuple(b_o.shape) != (out_channels,)):
-        raise ValueError(f"b_o: expected [{out_channels}] or None, got {shape(b_o)}")
-    if residual is not None and (
-        not isinstance(residual, torch.Tensor) or tuple(residual.shape) != (*x.shape[:2], out_channels)
-    ):
-        raise ValueError(f"residual: expected {[*x.shape[:2], out_channels]} or None, got {shape(residual)}")
-    for name, t in (("w_q", w_q), ("w_k", w_k), ("key_bias", key_bias), ("w_v", w_v), ("w_o", w_o), ("b_o", b_o),
-                    ("residual", residual)):
-        if t is not None and (t.dtype != x.dtype or t.device != x.device):
-            raise ValueError(f"{name}: expected dtype {x.dtype} on {x.device} (like x), got {t.dtype} on {t.device}")
-
-
 def xwx_attention(
     x: torch.Tensor,
     w_q: torch.Tensor,
@@ -142,10 +105,10 @@ def xwx_attention(
         out = residual + b_o + Σ_h softmax_j(x W_h xᵀ + 1 (x key_bias[h])ᵀ) · (x w_v[h]) · w_o[h]
 
     The softmax runs in float32 whatever the input dtype; everything else in the input dtype.  The op
-    (`torch.ops.vitfast.xwx_attention`, issue 4 item 4) will keep this signature; its kernels must not form the
-    [N, N] matrix beyond a tile nor concatenate heads.
+    `torch.ops.vitfast.xwx_attention` has this signature; its kernels (C++ on CPU, Triton on CUDA) never form the
+    [N, N] matrix beyond a tile and never concatenate heads.
     """
-    _check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+    check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
     left = torch.einsum("bnc,hcr->bhnr", x, w_q)
     right = torch.einsum("bnc,hcr->bhnr", x, w_k) if w_k is not None else x.unsqueeze(1)
     scores = left @ right.transpose(-1, -2)  # [B, H, N, N]

@@ -702,6 +702,8 @@ def describe_trainable(model: nn.Module) -> Dict[str, Any]:
     from .arch import describe_timm
     from .nn.channel_idle import ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock
 
+    if _is_nondeep(model):
+        return _describe_nondeep(model)
     known = (ChannelIdleBlock, ChannelIdleSwinBlock, ChannelIdleMlp)
     from .nn.usdc import USDCBlock
     from .usdc import USDCResourceLoss, describe_usdc
@@ -758,6 +760,8 @@ def build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None]
         raise ValueError(f"description: expected format {TRAINABLE_FORMAT!r}, got {desc.get('format') if isinstance(desc, dict) else desc!r}")
     if desc.get("version") != TRAINABLE_VERSION:
         raise ValueError(f"description: expected version {TRAINABLE_VERSION}, got {desc.get('version')!r}")
+    if desc.get("nondeep"):
+        return _build_nondeep(desc, device)
     model = build_timm(desc["architecture"], device=device)
     ffn = desc.get("channel_idle") or []
     if ffn:
@@ -771,6 +775,93 @@ def build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None]
         from .usdc import build_usdc
 
         model = build_usdc(model, desc["usdc"])
+    modules = dict(model.named_modules())
+    for name, value in (desc.get("eps") or {}).items():
+        if name in modules and hasattr(modules[name], "eps"):
+            modules[name].eps = float(value)
+    types = desc.get("module_types") or {}
+    got = {name: type(m).__name__ for name, m in modules.items()}
+    diff = sorted(set(types.items()) ^ set(got.items()))
+    if diff:
+        raise ValueError(
+            "description: the rebuilt model differs from the described one at "
+            + ", ".join(f"{n} ({types.get(n, 'absent')} described, {got.get(n, 'absent')} rebuilt)" for n, _ in diff[:5])
+        )
+    return model
+
+
+# ---------------------------------------------------------------------------------------------- non-deep models
+def _is_nondeep(model: nn.Module) -> bool:
+    from .nn.nondeep import NonDeepBlock
+
+    return any(isinstance(m, NonDeepBlock) for m in model.modules())
+
+
+def _describe_nondeep(model: nn.Module) -> Dict[str, Any]:
+    """The description of a non-deep ViT (`convert.from_timm(..., branches=n)`): the timm skeleton it was converted
+    from (depth L = blocks × n) plus what `from_timm` needs to rebuild the same blocks — branches, join schedule,
+    value joining, α, and each block's FFN (exact active channel count, norm)."""
+    from .arch import describe_timm
+    from .nn.nondeep import NonDeepBlock
+
+    blocks = list(getattr(model, "blocks", []))
+    if not blocks or not all(isinstance(b, NonDeepBlock) for b in blocks):
+        kinds = sorted({type(b).__name__ for b in blocks})
+        raise ValueError(f"model: expected every block to be a NonDeepBlock (a non-deep ViT), got {kinds}")
+    first = blocks[0]
+    n = first.num_branches
+    if any(b.num_branches != n for b in blocks):
+        raise ValueError(f"model: expected one branch count for all blocks, got {[b.num_branches for b in blocks]}")
+    schedule = first.schedule
+    arch = describe_timm(model)
+    br_attn, br_mlp = first.attn.branches[0], first.mlp.branches[0]
+    arch["kwargs"].update(
+        depth=len(blocks) * n,
+        num_heads=int(first.attn.num_heads),
+        mlp_ratio=first.mlp.hidden_features / first.dim,
+        qkv_bias=br_attn.qkv.bias is not None,
+        proj_bias=br_attn.proj.bias is not None,
+    )
+    eps = {name: float(m.eps) for name, m in model.named_modules() if isinstance(getattr(m, "eps", None), float)}
+    return {
+        "format": TRAINABLE_FORMAT,
+        "version": TRAINABLE_VERSION,
+        "architecture": arch,
+        "nondeep": {
+            "branches": n,
+            "schedule": {"kind": schedule.kind, "warmup_steps": schedule.warmup_steps,
+                         "warmup_fraction": schedule.warmup_fraction, "start_step": schedule.start_step},
+            "join_values": bool(first.attn.join_values),
+            "diversity_weight": float(sum(b.extra_loss_weight for b in blocks)),
+            "ffn": [{"active": int(b.mlp.active_features), "hidden": int(b.mlp.hidden_features), "norm": b.mlp.norm_type,
+                     "fc1_bias": br_mlp.fc1.bias is not None}
+                    for b in blocks],
+        },
+        "channel_idle": [],
+        "eps": eps,
+        "module_types": {name: type(m).__name__ for name, m in model.named_modules()},
+    }
+
+
+def _build_nondeep(desc: Dict[str, Any], device) -> nn.Module:
+    from .arch import build_timm
+    from .convert import from_timm
+    from .nn.nondeep import JoinSchedule
+
+    nd = desc["nondeep"]
+    sched = nd["schedule"]
+    ffn = nd["ffn"]
+    # Conversion reads weight values (LayerNorm absorption checks them): a "meta" rebuild (save_trainable's check)
+    # runs on the CPU instead.
+    timm_model = build_timm(desc["architecture"], device=None if str(device) == "meta" else device)
+    model = from_timm(
+        timm_model, branches=int(nd["branches"]), channel_idle=[1.0 - f["active"] / f["hidden"] for f in ffn],
+        norm=ffn[0]["norm"], join_values=bool(nd["join_values"]), diversity_weight=float(nd["diversity_weight"]),
+        schedule=JoinSchedule(sched["kind"], sched["warmup_steps"], warmup_fraction=sched["warmup_fraction"],
+                              start_step=sched["start_step"]),
+    )
+    for block, f in zip(model.blocks, ffn):
+        block.mlp.active_features = int(f["active"])  # the count itself (θ -> ceil(...) may round differently)
     modules = dict(model.named_modules())
     for name, value in (desc.get("eps") or {}).items():
         if name in modules and hasattr(modules[name], "eps"):

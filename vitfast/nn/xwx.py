@@ -4,8 +4,7 @@
 
 `mlp` is a `FusedChannelIdleFFN` (LayerNorm variant with explicit residual, or the BatchNorm variant with norms
 and shortcut folded).  The attention's tensors are exactly the arguments of `vitfast.reference.xwx_attention`
-(see its docstring); the block calls that one function, so the op (issue 4 item 4) replaces the call without
-touching the module or the checkpoint format.
+(see its docstring); the block calls `vitfast.ops.xwx_attention` with them (C++ kernel on CPU, Triton on CUDA).
 
 Score form (stored in the config as "score_form"): "factored" — w_q, w_k [H, C, R] with W_h = w_q[h] w_k[h]ᵀ;
 "full" — w_q = W_h [H, C, C], no w_k.  The value width D is d_h (values joined in training) or n·d_h (branch
@@ -20,7 +19,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.nn as nn
 
-from .. import reference
+from .. import ops
 from .._validate import check_finite_parameter
 from ._fold import FoldedFFN
 from .fused import FusedChannelIdleFFN, _ConfigReader
@@ -105,7 +104,7 @@ def fold_nondeep_attention(attn: nn.Module, name: str = "attn", score_form: str 
 
 
 class XWXAttention(nn.Module):
-    """Collapsed non-deep attention: forward(y, residual=None) = reference.xwx_attention(y, ...) (module doc).
+    """Collapsed non-deep attention: forward(y, residual=None) = ops.xwx_attention(y, ...) (module doc).
 
     Not registered on its own: it is part of `XWXBlock`, whose config carries its shape.
     """
@@ -154,8 +153,8 @@ class XWXAttention(nn.Module):
             self.register_parameter("b_o", None)
 
     def forward(self, y: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        # Issue 4 item 4: becomes vitfast.ops.xwx_attention (same arguments) once the op is registered.
-        return reference.xwx_attention(y, self.w_q, self.w_k, self.key_bias, self.w_v, self.w_o, self.b_o, residual)
+        # The op: C++ on CPU, Triton on CUDA, the reference under VITFAST_BACKEND=reference.
+        return ops.xwx_attention(y, self.w_q, self.w_k, self.key_bias, self.w_v, self.w_o, self.b_o, residual)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, score_form={self.score_form!r}, "

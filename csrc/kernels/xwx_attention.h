@@ -1,0 +1,94 @@
+// Collapsed non-deep attention at inference (non-deep ViT eq. 3, 6-7), on the GEMM core:
+//
+//   out = residual + b_o + Σ_h softmax_j(x W_h xᵀ + 1 (x key_bias_h)ᵀ) · (x w_v[h]) · w_o[h]
+//
+//   x [tokens × C] per image;  W_h = w_q[h] w_k[h]ᵀ (factored form, w_q/w_k [H, C, R]) or W_h = w_q[h] (full
+//   form, R = C, the right operand is x itself);  key_bias [H, C];  w_v [H, C, D];  w_o [H, D, C_out];  b_o [C_out].
+//   The softmax scale is already folded into W_h.
+//
+// Torch-free.  Three phases, each split between threads by the caller (the binding):
+//   1. project:  one GEMM of all tokens against one packed weight whose columns are, per head h,
+//                [L_h | 1] (L_h = x w_q[h], the 1 a zero weight column with bias 1), [K_h | kb_h] (factored:
+//                K_h = x w_k[h], kb_h = x key_bias_h), and V_h = x w_v[h].  The key bias thus rides in the
+//                score GEMM as one more reduction step ([L_h | 1] · [K_h | kb_h]ᵀ = L_h K_hᵀ + 1 kb_hᵀ) instead
+//                of a pass over every score tile.  Full form: [L_h | 1] and kb_h only; the right operand
+//                [x | kb_h] is assembled in phase 2.
+//   2. pack_keys (per image and head): [K_h | kb_h] packed as B = (·)ᵀ in 16-key panels, and V_h packed as
+//                one B per key tile.
+//   3. rows (per image and block of query rows): for each head, stream key tiles of kKeyTile keys with an
+//                ONLINE softmax (running max and sum per row, fp32): S = [L_h | 1] · keysᵀ into a
+//                rows × kKeyTile scratch tile, acc = rescaled acc + P · V_h(tile); then the head's normalised
+//                [rows × D] result goes through its own packed w_o[h] straight into the output rows
+//                (head 0 writes b_o + residual in its epilogue, later heads accumulate): no concatenation of
+//                heads and no [tokens × tokens] matrix beyond one tile.
+//
+// Online softmax on the shared vectorised row softmax (gemm::softmax_rows): the tile gets one extra column
+// E = max(running max, tile max); the softmax of the augmented row is p_j = e^(s_j − E) / Z, p_E = 1 / Z with
+// Z = 1 + Σ_j e^(s_j − E), so e^(s_j − E) = p_j / p_E and the tile's sum is (1 − p_E) / p_E — exact, and
+// p_E >= 1 / (kKeyTile + 1), so nothing is lost.  The accumulator is kept normalised (the softmax-weighted mean
+// of the values seen so far), so it cannot overflow or underflow however many tiles there are.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu_features.h"
+#include "kernels/gemm.h"
+
+namespace vitfast {
+
+struct XwxShape {
+  int64_t heads = 0, channels = 0, rank = 0, value_dim = 0, out_channels = 0;
+  bool full = false;      // w_k absent: W_h = w_q[h] is [C × C] and the right operand is x
+  bool key_bias = false;  // key_bias present
+};
+
+// Keys per tile of the online softmax: 8 panels of 16 (a 48 × 144 fp32 score tile is 27 KiB, in L1).  Measured
+// against 64: 2-5% faster at DeiT-Ti/S (fewer per-tile rescales, a deeper P·V reduction).
+constexpr int64_t kXwxKeyTile = 128;
+
+// The weights, packed once (cached by the binding per weight version).
+struct XwxPacked {
+  XwxShape shape;
+  int64_t left_width = 0;   // R (+1 with a key bias): columns of [L_h | 1]
+  int64_t right_width = 0;  // factored: R (+1); full: 1 with a key bias (kb_h), else 0
+  int64_t head_cols = 0;    // projection columns per head: left_width + right_width + D
+  gemm::PackedB proj;       // B [C × H·head_cols] with the bias that makes the ones column
+  std::vector<gemm::PackedB> w_o;  // per head: B = w_o[h] [D × C_out]; head 0 carries b_o as its bias
+  int64_t proj_cols() const { return shape.heads * head_cols; }
+  int64_t left_col(int64_t h) const { return h * head_cols; }
+  int64_t right_col(int64_t h) const { return h * head_cols + left_width; }
+  int64_t value_col(int64_t h) const { return h * head_cols + left_width + right_width; }
+  size_t bytes() const;
+};
+
+// w_q [H, C, R], w_k [H, C, R] or nullptr (full form, R = C), key_bias [H, C] or nullptr, w_v [H, C, D],
+// w_o [H, D, C_out], b_o [C_out] or nullptr; all contiguous fp32.
+XwxPacked xwx_pack(const XwxShape& shape, const float* w_q, const float* w_k, const float* key_bias,
+                   const float* w_v, const float* w_o, const float* b_o);
+
+// Phase 1: proj [rows × proj_cols()] (row stride ldp) for token rows x [rows × C] (row stride ldx).
+void xwx_project(const XwxPacked& w, int64_t rows, const float* x, int64_t ldx, float* proj, int64_t ldp, CpuIsa isa);
+
+// Phase 2, per image and head: floats of the packed keys and values (64-byte multiples), and the scratch the
+// full form needs to assemble [x | kb_h] (0 for the factored form).
+int64_t xwx_keys_floats(const XwxPacked& w, int64_t tokens);
+int64_t xwx_pack_scratch_floats(const XwxPacked& w, int64_t tokens);
+// proj and x point at the image's row 0; keys (64-byte aligned) receives xwx_keys_floats floats.
+void xwx_pack_keys(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* x, int64_t ldx,
+                   int64_t h, float* keys, float* scratch);
+
+// Phase 3: query rows [q0, q1) of one image, all heads.  keys = the image's H blocks of xwx_keys_floats
+// (head after head); residual [tokens × C_out] (row stride ld_res) or nullptr; out [tokens × C_out] (row
+// stride ldo) must not alias residual.  workspace: xwx_rows_workspace_floats(w, q1 − q0) floats, 64-byte
+// aligned.
+int64_t xwx_rows_workspace_floats(const XwxPacked& w, int64_t q_rows);
+void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* keys,
+                        int64_t q0, int64_t q1, const float* residual, int64_t ld_res, float* out, int64_t ldo,
+                        float* workspace, CpuIsa isa);
+
+// All three phases for one image on the calling thread (tests; the binding threads the phases itself).
+void xwx_attention_image(const XwxPacked& w, int64_t tokens, const float* x, int64_t ldx, const float* residual,
+                         int64_t ld_res, float* out, int64_t ldo, CpuIsa isa);
+
+}  // namespace vitfast

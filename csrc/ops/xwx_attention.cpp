@@ -1,0 +1,197 @@
+// torch binding of collapsed non-deep attention: `torch.ops.vitfast.xwx_attention` on CPU.
+//
+//   xwx_attention(Tensor x, Tensor w_q, Tensor? w_k, Tensor? key_bias, Tensor w_v, Tensor w_o,
+//                 Tensor? b_o=None, Tensor? residual=None) -> Tensor                 (schema: vitfast/ops.py)
+//   out = residual + b_o + Σ_h softmax(x W_h xᵀ + key bias) · (x w_v[h]) · w_o[h]     (kernels/xwx_attention.h)
+//
+// - Checks: the same as vitfast/_validate.check_xwx_attention_args, same wording (ValueError).
+// - The weights are packed once per version into one projection weight and per-head output blocks, kept in the
+//   process-wide cache (ops/weight_cache.h); they must be finite (checked at pack time).
+// - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
+// - Threads (at::parallel_for), per group of get_num_threads() images: the projection over balanced chunks of
+//   token rows, the key/value packing over (image, head), the attention over (image, block of query rows) —
+//   each task runs every head for its rows and owns those output rows, so heads accumulate without atomics.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "kernels/cpu_features.h"
+#include "kernels/gemm.h"
+#include "kernels/xwx_attention.h"
+#include "ops/op_utils.h"
+#include "ops/weight_cache.h"
+
+namespace vitfast {
+namespace ops {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+// Mirror of vitfast._validate.check_xwx_attention_args (same order, same messages).
+XwxShape check_args(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_k, const at::Tensor& key_bias,
+                    const at::Tensor& w_v, const at::Tensor& w_o, const at::Tensor& b_o, const at::Tensor& residual) {
+  TORCH_CHECK_VALUE(x.dim() == 3, "x: expected a [B, N, C] tensor, got ", fmt_shape(x.sizes()));
+  TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
+                    py_dtype(x.scalar_type()));
+  const int64_t C = x.size(2);
+  TORCH_CHECK_VALUE(w_q.dim() == 3 && w_q.size(1) == C, "w_q: expected [H, ", C, ", R] (or [H, ", C, ", ", C,
+                    "] with w_k=None), got ", fmt_shape(w_q.sizes()));
+  const int64_t H = w_q.size(0), R = w_q.size(2);
+  TORCH_CHECK_VALUE(H >= 1 && R >= 1, "w_q: expected at least one head and rank >= 1, got ", fmt_shape(w_q.sizes()));
+  if (!w_k.defined()) {
+    TORCH_CHECK_VALUE(R == C, "w_q: expected the full score matrices [H, ", C, ", ", C, "] when w_k is None, got ",
+                      fmt_shape(w_q.sizes()));
+  } else {
+    TORCH_CHECK_VALUE(w_k.sizes().equals(w_q.sizes()), "w_k: expected the same shape as w_q ",
+                      fmt_shape(w_q.sizes()), ", got ", fmt_shape(w_k.sizes()));
+  }
+  if (key_bias.defined())
+    TORCH_CHECK_VALUE(key_bias.dim() == 2 && key_bias.size(0) == H && key_bias.size(1) == C, "key_bias: expected [",
+                      H, ", ", C, "] or None, got ", fmt_shape(key_bias.sizes()));
+  TORCH_CHECK_VALUE(w_v.dim() == 3 && w_v.size(0) == H && w_v.size(1) == C, "w_v: expected [", H, ", ", C,
+                    ", D], got ", fmt_shape(w_v.sizes()));
+  const int64_t D = w_v.size(2);
+  TORCH_CHECK_VALUE(w_o.dim() == 3 && w_o.size(0) == H && w_o.size(1) == D, "w_o: expected [", H, ", ", D,
+                    ", C_out], got ", fmt_shape(w_o.sizes()));
+  const int64_t CO = w_o.size(2);
+  if (b_o.defined())
+    TORCH_CHECK_VALUE(b_o.dim() == 1 && b_o.size(0) == CO, "b_o: expected [", CO, "] or None, got ",
+                      fmt_shape(b_o.sizes()));
+  if (residual.defined()) {
+    const std::vector<int64_t> expected{x.size(0), x.size(1), CO};
+    TORCH_CHECK_VALUE(residual.sizes().equals(expected), "residual: expected ", fmt_shape(expected),
+                      " or None, got ", fmt_shape(residual.sizes()));
+  }
+  for (const auto& [name, t] : std::initializer_list<NamedTensor>{
+           {"w_q", &w_q}, {"w_k", &w_k}, {"key_bias", &key_bias}, {"w_v", &w_v}, {"w_o", &w_o}, {"b_o", &b_o},
+           {"residual", &residual}}) {
+    if (!t->defined()) continue;
+    TORCH_CHECK_VALUE(t->scalar_type() == x.scalar_type() && t->device() == x.device(), name, ": expected dtype ",
+                      py_dtype(x.scalar_type()), " on ", x.device(), " (like x), got ", py_dtype(t->scalar_type()),
+                      " on ", t->device());
+  }
+  check_dense({{"x", &x}, {"w_q", &w_q}, {"w_k", &w_k}, {"key_bias", &key_bias}, {"w_v", &w_v}, {"w_o", &w_o},
+               {"b_o", &b_o}, {"residual", &residual}});
+  XwxShape s;
+  s.heads = H;
+  s.channels = C;
+  s.rank = R;
+  s.value_dim = D;
+  s.out_channels = CO;
+  s.full = !w_k.defined();
+  s.key_bias = key_bias.defined();
+  return s;
+}
+
+at::Tensor f32(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat).contiguous() : at::Tensor(); }
+const float* data(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
+std::shared_ptr<const XwxPacked> packed_weights(const XwxShape& s, const at::Tensor& w_q, const at::Tensor& w_k,
+                                                const at::Tensor& key_bias, const at::Tensor& w_v,
+                                                const at::Tensor& w_o, const at::Tensor& b_o) {
+  return cached_pack_as<XwxPacked>("xwx_attention", {w_q, w_k, key_bias, w_v, w_o, b_o}, [&]() -> PackedEntry {
+    for (const auto& [name, t] : std::initializer_list<NamedTensor>{
+             {"w_q", &w_q}, {"w_k", &w_k}, {"key_bias", &key_bias}, {"w_v", &w_v}, {"w_o", &w_o}, {"b_o", &b_o}})
+      check_finite(name, *t);
+    const at::Tensor q = f32(w_q), k = f32(w_k), kb = f32(key_bias), v = f32(w_v), o = f32(w_o), bo = f32(b_o);
+    auto packed = std::make_shared<XwxPacked>(xwx_pack(s, data(q), data(k), data(kb), data(v), data(o), data(bo)));
+    PackedEntry e;
+    e.bytes = packed->bytes();
+    e.packed = std::move(packed);
+    return e;
+  });
+}
+
+// Per-thread scratch kept between calls (64-byte aligned: the packed panels are read with aligned loads).  A fresh
+// allocation per call of the projections and packed keys (about 1.5 MiB at DeiT-Ti batch 1) costs page faults on
+// every call (glibc serves it with mmap): measured ~10% of a batch-1 call.
+enum class Scratch { kWorker, kProjections, kKeys };
+template <Scratch kind>
+float* thread_buffer(int64_t floats) {
+  thread_local gemm::AlignedFloats buffer;
+  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
+  return buffer.data();
+}
+float* thread_workspace(int64_t floats) { return thread_buffer<Scratch::kWorker>(floats); }
+
+at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const OptTensor& w_k_opt,
+                             const OptTensor& key_bias_opt, const at::Tensor& w_v, const at::Tensor& w_o,
+                             const OptTensor& b_o_opt, const OptTensor& residual_opt) {
+  const at::Tensor w_k = w_k_opt.value_or(at::Tensor()), key_bias = key_bias_opt.value_or(at::Tensor());
+  const at::Tensor b_o = b_o_opt.value_or(at::Tensor()), residual = residual_opt.value_or(at::Tensor());
+  const XwxShape s = check_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual);
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x: expected device cpu (the CPU kernel), got ", x.device());
+  const int64_t batch = x.size(0), tokens = x.size(1), C = s.channels, CO = s.out_channels;
+  const auto packed = packed_weights(s, w_q, w_k, key_bias, w_v, w_o, b_o);
+  const XwxPacked& w = *packed;
+  at::Tensor out = at::empty({batch, tokens, CO}, x.options().dtype(at::kFloat));
+  if (batch == 0 || tokens == 0) return out.to(x.scalar_type());
+  const at::Tensor xf = f32(x), res = f32(residual);
+  const float* xp = xf.data_ptr<float>();
+  const float* rp = data(res);
+  float* op = out.data_ptr<float>();
+  const CpuIsa isa = active_cpu_isa();
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t ldp = w.proj_cols();
+  const int64_t per_head = xwx_keys_floats(w, tokens);
+  const int64_t scratch_floats = xwx_pack_scratch_floats(w, tokens);
+  // Images in groups of `threads`: a group's projections and packed keys (~1.5 MiB per DeiT-Ti image) stay in
+  // cache between the three phases; the whole batch at once streamed them from DRAM (batch 8 ran ~10% slower
+  // per image than batch 1).
+  const int64_t group = std::min(batch, threads);
+  // The calling thread's buffers (the workers only read and write through these pointers during the call).
+  float* pp = thread_buffer<Scratch::kProjections>(group * tokens * ldp);
+  float* kp = thread_buffer<Scratch::kKeys>(group * s.heads * per_head);
+  constexpr int64_t kQueryRows = 48;
+  const int64_t q_blocks = (tokens + gemm::kMr - 1) / gemm::kMr;
+  for (int64_t b0 = 0; b0 < batch; b0 += group) {
+    const int64_t images = std::min(group, batch - b0), rows = images * tokens;
+    const float* xg = xp + b0 * tokens * C;
+    // Phase 1: one projection GEMM over the group's token rows, balanced chunks of whole register blocks.
+    const int64_t row_blocks = (rows + gemm::kMr - 1) / gemm::kMr;
+    const int64_t chunks = std::min(row_blocks, threads);
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t r0 = std::min(rows, row_blocks * c / chunks * gemm::kMr);
+        const int64_t r1 = std::min(rows, row_blocks * (c + 1) / chunks * gemm::kMr);
+        if (r1 > r0) xwx_project(w, r1 - r0, xg + r0 * C, C, pp + r0 * ldp, ldp, isa);
+      }
+    });
+    // Phase 2: keys and values of every (image, head), packed once for all query blocks.
+    at::parallel_for(0, images * s.heads, 1, [&](int64_t begin, int64_t end) {
+      float* scratch = scratch_floats > 0 ? thread_workspace(scratch_floats) : nullptr;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t b = t / s.heads, h = t % s.heads;
+        xwx_pack_keys(w, tokens, pp + b * tokens * ldp, ldp, xg + b * tokens * C, C, h, kp + t * per_head, scratch);
+      }
+    });
+    // Phase 3: (image, query block) tasks.  Blocks of about kQueryRows rows (the score tile and the accumulator
+    // stay in L1/L2), more blocks when there are fewer than two tasks per thread.
+    int64_t splits = std::max<int64_t>(1, (tokens + kQueryRows - 1) / kQueryRows);
+    if (images * splits < 2 * threads) splits = std::max(splits, (2 * threads + images - 1) / images);
+    splits = std::min(splits, q_blocks);
+    const int64_t max_rows = std::min(tokens, (q_blocks + splits - 1) / splits * gemm::kMr);
+    const int64_t ws_floats = xwx_rows_workspace_floats(w, max_rows);
+    at::parallel_for(0, images * splits, 1, [&](int64_t begin, int64_t end) {
+      float* ws = thread_workspace(ws_floats);
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t b = t / splits, part = t % splits, image = b0 + b;
+        const int64_t q0 = std::min(tokens, q_blocks * part / splits * gemm::kMr);
+        const int64_t q1 = std::min(tokens, q_blocks * (part + 1) / splits * gemm::kMr);
+        xwx_attention_rows(w, tokens, pp + b * tokens * ldp, ldp, kp + b * s.heads * per_head, q0, q1,
+                           rp != nullptr ? rp + image * tokens * CO : nullptr, CO, op + image * tokens * CO, CO, ws,
+                           isa);
+      }
+    });
+  }
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace vitfast
+
+TORCH_LIBRARY_IMPL(vitfast, CPU, m) { m.impl("xwx_attention", &vitfast::ops::xwx_attention_cpu); }

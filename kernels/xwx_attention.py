@@ -1,0 +1,232 @@
+"""Triton kernel for `xwx_attention` (collapsed non-deep attention, non-deep ViT eq. 3, 6-7), flash style.
+
+    out = residual + b_o + Σ_h softmax_j(x W_h xᵀ + 1 (x key_bias[h])ᵀ) · (x w_v[h]) · w_o[h]
+
+The launcher runs the four token projections as batched GEMMs (cuBLAS): L_h = x w_q[h] [N, R], R_h = x w_k[h]
+(factored form) or x itself (full form, W_h = w_q[h], R = C), V_h = x w_v[h] [N, D] and the per-key bias
+kb_h = x key_bias[h] [N].  One program then owns a tile of BLOCK_M query rows of one image and, for every head:
+
+    streams key tiles of BLOCK_N:  s = L_h[rows] R_h[keys]ᵀ + kb_h[keys]   (R in chunks of BLOCK_R)
+                                   online softmax (running max m, running sum l, fp32)
+                                   acc = acc · e^(m_old − m) + p V_h[keys]
+    then pushes acc / l through that head's block of the output projection, BLOCK_C output columns at a time:
+                                   out[rows, cols] += (acc / l) w_o[h][:, cols]
+
+So no [N, N] matrix exists beyond a BLOCK_M × BLOCK_N tile, and the heads are never concatenated: each head's
+[BLOCK_M, D] result goes through its own w_o block straight into the output rows, which the program owns
+exclusively (no atomics: the sum over heads is deterministic).  The output tile is first set to b_o + residual,
+so the kernel is idempotent (autotuning may launch it several times).  The running output is kept in fp32 (a
+scratch buffer when x is fp16/bf16, cast once at the end).
+
+Why the projections stay outside: they are ordinary dense GEMMs over all N tokens (every query tile needs every
+key's R_h and V_h), best done once by cuBLAS; recomputing them per query tile would multiply their FLOPs by
+N / BLOCK_M.
+"""
+import contextlib
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from vitfast._validate import check_xwx_attention_args
+
+__all__ = ["xwx_attention_triton"]
+
+# Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported to take effect.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _configs():
+    if _INTERPRET:
+        # The interpreter runs one numpy op per Triton op per program: few, big tiles keep CI fast.
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_C": 64}, num_warps=4)]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_C": bc}, num_warps=w, num_stages=s)
+        for bm, bn, bc, w, s in (
+            (64, 64, 64, 4, 2),
+            (64, 32, 64, 4, 2),
+            (32, 64, 64, 4, 2),
+            (128, 64, 64, 8, 2),
+            (64, 64, 128, 4, 1),
+            # Batch-1 ViTs have only ceil(197 / BLOCK_M) query tiles per image: small tiles fill more SMs.
+            (16, 64, 64, 4, 2),
+            (32, 32, 64, 4, 2),
+        )
+    ]
+
+
+@triton.jit
+def _round_to(t, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """fp32 -> operand dtype of the next tl.dot, round to nearest even (see channel_idle_ffn._to_dtype: the
+    interpreter's bf16 cast truncates, so round the bits first; it then multiplies in fp32, like the GPU MMA)."""
+    if INTERPRET_BF16:
+        bits = t.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return tl.where(t != t, t, bits.to(tl.float32, bitcast=True))
+    return t.to(dtype)
+
+
+@triton.jit
+def _operand(t, INTERPRET_BF16: tl.constexpr):
+    # Interpreter + bf16 only: tl.dot would multiply the uint16 bit patterns (triton issue #11584); bf16
+    # products are exact in fp32, so widening first is the GPU computation up to summation order.
+    if INTERPRET_BF16:
+        return t.to(tl.float32)
+    return t
+
+
+@triton.autotune(configs=_configs(), key=["N_BUCKET", "R", "D", "C_OUT"])
+@triton.jit
+def _xwx_attention_kernel(
+    l_ptr, r_ptr, kb_ptr, v_ptr, wo_ptr, bo_ptr, res_ptr, out_ptr,
+    N, H, R, D, C_OUT, N_BUCKET,
+    s_lb, s_lh, s_ln, s_lr,
+    s_rb, s_rh, s_rn, s_rr,
+    s_kbb, s_kbn, s_kbh,
+    s_vb, s_vh, s_vn, s_vd,
+    s_woh, s_wod, s_woc,
+    s_resb, s_resn, s_resc,
+    s_ob, s_on, s_oc,
+    HAS_KB: tl.constexpr, HAS_BO: tl.constexpr, HAS_RES: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    pid_m = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)  # int64 before any stride product (large batches overflow int32)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, BLOCK_C)
+    d_ok = offs_d < D
+
+    # out[rows] = b_o + residual: the heads then accumulate onto it.
+    for c0 in range(0, C_OUT, BLOCK_C):
+        cols = c0 + offs_c
+        mask = row_ok[:, None] & (cols[None, :] < C_OUT)
+        init = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
+        if HAS_BO:
+            init += tl.load(bo_ptr + cols, mask=cols < C_OUT, other=0.0).to(tl.float32)[None, :]
+        if HAS_RES:
+            init += tl.load(res_ptr + b * s_resb + rows[:, None] * s_resn + cols[None, :] * s_resc,
+                            mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + b * s_ob + rows[:, None] * s_on + cols[None, :] * s_oc, init, mask=mask)
+
+    for h in range(0, H):
+        l_base = l_ptr + b * s_lb + h * s_lh
+        r_base = r_ptr + b * s_rb + h * s_rh
+        v_base = v_ptr + b * s_vb + h * s_vh
+        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        for n0 in range(0, N, BLOCK_N):
+            keys = n0 + offs_n
+            key_ok = keys < N
+            s = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for r0 in range(0, R, BLOCK_R):
+                rr = r0 + offs_r
+                r_ok = rr < R
+                lq = tl.load(l_base + rows[:, None] * s_ln + rr[None, :] * s_lr,
+                             mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+                rk = tl.load(r_base + rr[:, None] * s_rr + keys[None, :] * s_rn,
+                             mask=r_ok[:, None] & key_ok[None, :], other=0.0)
+                s = tl.dot(_operand(lq, INTERPRET_BF16), _operand(rk, INTERPRET_BF16), s,
+                           input_precision=INPUT_PRECISION)
+            if HAS_KB:
+                s += tl.load(kb_ptr + b * s_kbb + keys * s_kbn + h * s_kbh, mask=key_ok, other=0.0).to(tl.float32)[None, :]
+            s = tl.where(key_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_base + keys[:, None] * s_vn + offs_d[None, :] * s_vd,
+                        mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+            pv = _round_to(p, v_ptr.dtype.element_ty, INTERPRET_BF16)
+            acc = tl.dot(_operand(pv, INTERPRET_BF16), _operand(v, INTERPRET_BF16), acc * alpha[:, None],
+                         input_precision=INPUT_PRECISION)
+            m_i = m_new
+        # Rows past N saw only masked keys: l = 0 there, and their output is never stored.
+        head = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        head = _operand(_round_to(head, wo_ptr.dtype.element_ty, INTERPRET_BF16), INTERPRET_BF16)
+        for c0 in range(0, C_OUT, BLOCK_C):
+            cols = c0 + offs_c
+            c_ok = cols < C_OUT
+            wo = tl.load(wo_ptr + h * s_woh + offs_d[:, None] * s_wod + cols[None, :] * s_woc,
+                         mask=d_ok[:, None] & c_ok[None, :], other=0.0)
+            o_ptrs = out_ptr + b * s_ob + rows[:, None] * s_on + cols[None, :] * s_oc
+            mask = row_ok[:, None] & c_ok[None, :]
+            partial = tl.load(o_ptrs, mask=mask, other=0.0)
+            partial = tl.dot(head, _operand(wo, INTERPRET_BF16), partial, input_precision=INPUT_PRECISION)
+            tl.store(o_ptrs, partial, mask=mask)
+
+
+def _input_precision(dtype: torch.dtype) -> str:
+    # Mirror torch: an fp32 matmul may use TF32 only when torch.backends.cuda.matmul.allow_tf32 is on.
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _check_device(x: torch.Tensor) -> None:
+    if _INTERPRET:
+        return
+    if x.device.type != "cuda":
+        raise ValueError(
+            f"x: expected a CUDA tensor for the Triton kernel (or TRITON_INTERPRET=1 set before importing "
+            f"triton), got device {x.device}"
+        )
+
+
+def _dot_width(n: int) -> int:
+    # tl.dot needs every tile dimension >= 16 and a power of two.
+    return max(16, triton.next_power_of_2(int(n)))
+
+
+def xwx_attention_triton(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_k: Optional[torch.Tensor],
+    key_bias: Optional[torch.Tensor],
+    w_v: torch.Tensor,
+    w_o: torch.Tensor,
+    b_o: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """`vitfast.reference.xwx_attention` on the Triton kernel (CUDA tensors, or CPU under the interpreter)."""
+    heads, rank, value_dim, c_out = check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+    _check_device(x)
+    batch, tokens, _ = x.shape
+    if batch == 0 or tokens == 0 or c_out == 0:
+        return x.new_zeros((batch, tokens, c_out)) + (residual if residual is not None else 0) + (
+            b_o if b_o is not None else 0)
+    xh = x.unsqueeze(1)  # [B, 1, N, C]: one batched GEMM per projection, heads broadcast over the weights
+    left = torch.matmul(xh, w_q)  # [B, H, N, R]
+    right = torch.matmul(xh, w_k) if w_k is not None else xh.expand(batch, heads, tokens, rank)  # full: R = x
+    values = torch.matmul(xh, w_v)  # [B, H, N, D]
+    kb = torch.matmul(x, key_bias.t()) if key_bias is not None else None  # [B, N, H]
+    out32 = torch.empty((batch, tokens, c_out), dtype=torch.float32, device=x.device)
+    dummy = out32  # stands in for absent optional pointers; never dereferenced (constexpr flags)
+    b_o_c = b_o.contiguous() if b_o is not None else None
+    interpret_bf16 = _INTERPRET and x.dtype == torch.bfloat16
+    n_bucket = triton.next_power_of_2(tokens)
+
+    def strides(t, n):
+        return tuple(t.stride()) if t is not None else (0,) * n
+
+    grid = lambda meta: (triton.cdiv(tokens, meta["BLOCK_M"]), batch)  # noqa: E731
+    with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+        _xwx_attention_kernel[grid](
+            left, right, kb if kb is not None else dummy, values, w_o,
+            b_o_c if b_o_c is not None else dummy, residual if residual is not None else dummy, out32,
+            tokens, heads, rank, value_dim, c_out, n_bucket,
+            *left.stride(), *right.stride(), *strides(kb, 3), *values.stride(), *w_o.stride(),
+            *strides(residual, 3), *out32.stride(),
+            HAS_KB=kb is not None, HAS_BO=b_o_c is not None, HAS_RES=residual is not None,
+            INPUT_PRECISION=_input_precision(x.dtype), INTERPRET_BF16=interpret_bf16,
+            BLOCK_R=min(64, _dot_width(rank)), BLOCK_D=_dot_width(value_dim),
+        )
+    return out32 if x.dtype == torch.float32 else out32.to(x.dtype)
