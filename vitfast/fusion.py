@@ -46,11 +46,13 @@ def _fuse_children(module: nn.Module, prefix: str) -> int:
     return count
 
 
-def fuse(model: nn.Module) -> nn.Module:
+def fuse(model: nn.Module, *, prepack: bool = True) -> nn.Module:
     """Deep copy of `model` in eval mode with every train-time vitfast module fused (see the module doc).
 
     The fused model's outputs equal the train-time model's in eval mode, up to float rounding (the folding
     itself is done in float64).  A model with nothing to fuse is returned as an eval-mode copy.
+    `prepack=True` packs the fused weights for the CPU kernels before returning (`vitfast.ops.prepack`), so the
+    first inference is as fast as the next ones.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -58,6 +60,14 @@ def fuse(model: nn.Module) -> nn.Module:
     with torch.no_grad():
         to_fused = getattr(fused, "to_fused", None)
         if callable(to_fused):
-            return _call_to_fused(to_fused, "model")
+            return _prepacked(_call_to_fused(to_fused, "model"), prepack)
         _fuse_children(fused, "")
-    return fused
+    return _prepacked(fused, prepack)
+
+
+def _prepacked(model: nn.Module, prepack: bool) -> nn.Module:
+    if prepack:
+        from .ops import prepack as prepack_weights
+
+        prepack_weights(model)
+    return model

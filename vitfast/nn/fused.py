@@ -113,6 +113,14 @@ class FusedChannelIdleFFN(nn.Module):
             y, self.w_in, self.b_in, self.w_out, self.b_out, x if self.residual else None
         )
 
+    def vitfast_prepack(self) -> bool:
+        """Pack this FFN's weights for the CPU kernel now (see `vitfast.ops.prepack`); False when not on CPU."""
+        if self.w_in.device.type != "cpu":
+            return False
+        x = self.w_in.new_zeros(1, self.features)
+        ops.channel_idle_ffn(x, self.w_in, self.b_in, self.w_out, self.b_out, x if self.residual else None)
+        return True
+
     @classmethod
     def from_folded(cls, folded: FoldedFFN, *, device=None, dtype=None) -> "FusedChannelIdleFFN":
         """Build from float64 folded tensors (see `_fold.fold_ffn`), cast once to `dtype`."""
@@ -337,6 +345,14 @@ class Attention(nn.Module):
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
             x = x.transpose(1, 2).reshape(batch, tokens, self.attn_dim)
         return ops.linear(self.norm(x), self.proj.weight, self.proj.bias, residual)
+
+    def vitfast_prepack(self) -> bool:
+        """Pack qkv's and proj's weights for the CPU kernel now (see `vitfast.ops.prepack`)."""
+        if self.qkv.weight.device.type != "cpu":
+            return False
+        for layer in (self.qkv, self.proj):
+            ops.linear(layer.weight.new_zeros(1, layer.in_features), layer.weight, layer.bias)
+        return True
 
 
 def _fold_attention(norm1: nn.Module, attn: nn.Module, ls1: nn.Module, name: str) -> Dict[str, Any]:
