@@ -123,8 +123,8 @@ void gemm_raw(int64_t m, const float* a, int64_t lda, const float* b_panels, int
 void softmax_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, CpuIsa isa) {
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
-    case CpuIsa::kAvx2:
-    case CpuIsa::kAvx512: softmax_rows_avx2(s, rows, n, ld, scale); return;
+    case CpuIsa::kAvx2: softmax_rows_avx2(s, rows, n, ld, scale); return;
+    case CpuIsa::kAvx512: softmax_rows_avx512(s, rows, n, ld, scale); return;
 #endif
 #if defined(__aarch64__)
     case CpuIsa::kNeon: softmax_rows_neon(s, rows, n, ld, scale); return;

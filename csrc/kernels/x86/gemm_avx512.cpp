@@ -28,6 +28,7 @@
 #endif
 
 #include "kernels/erf_poly.h"
+#include "kernels/exp_poly.h"
 #include "kernels/gemm_isa.h"
 
 namespace vitfast {
@@ -194,7 +195,58 @@ void row_tiles(const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, 
   }
 }
 
+// exp(x) for x <= 0 (softmax after max subtraction): the Cephes reduction of exp_poly.h, as exp8_nonpositive
+// in gemm_avx2.cpp, with 2^n applied by vscalefps; x < kExpMin gives 0.
+static inline __m512 exp16_nonpositive(__m512 x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_LT_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  const __m512 p = horner16(r, kExpP, 6);
+  const __m512 er = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(r, r), p, r), _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(__mmask16(~tiny), er, n);
+}
+
 }  // namespace
+
+// Same three passes as softmax_rows_avx2 (scale + max, exp + sum, normalise), 16 lanes and masked tails.
+void softmax_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const __mmask16 tail = __mmask16((1u << (n % 16)) - 1u);
+  const int64_t body = n - n % 16;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    __m512 vmax = _mm512_set1_ps(-__builtin_inff());
+    int64_t j = 0;
+    for (; j < body; j += 16) {
+      const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(row + j), vscale);
+      _mm512_storeu_ps(row + j, t);
+      vmax = _mm512_max_ps(vmax, t);
+    }
+    if (j < n) {
+      const __m512 t = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + j), vscale);
+      _mm512_mask_storeu_ps(row + j, tail, t);
+      vmax = _mm512_mask_max_ps(vmax, tail, vmax, t);
+    }
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    __m512 vsum = _mm512_setzero_ps();
+    for (j = 0; j < body; j += 16) {
+      const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), mx));
+      _mm512_storeu_ps(row + j, e);
+      vsum = _mm512_add_ps(vsum, e);
+    }
+    if (j < n) {
+      const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + j), mx));
+      _mm512_mask_storeu_ps(row + j, tail, e);
+      vsum = _mm512_mask_add_ps(vsum, tail, vsum, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+    for (j = 0; j < body; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
+    if (j < n) _mm512_mask_storeu_ps(row + j, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + j), inv));
+  }
+}
 
 // Same contract and loop order as run_gemm_block (gemm_driver.h), over pairs of panels: for each K block,
 // for each pair of panels (a last odd panel alone), for each 14-row tile.
