@@ -171,12 +171,18 @@ template <int NP>
 void row_tiles(const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, int64_t col,
                const Tile512Epilogue& base, bool last) {
   Tile512Epilogue e = base;
-  for (int64_t i = 0; i < g.m; i += kMr512) {
+  // Balanced row tiles: 197 rows become 2 × 14 + 13 × 13, not 14 × 14 + 1 (a 1-row tile has only two
+  // accumulator chains, so it runs at the FMA latency, not its throughput).
+  const int64_t tiles = (g.m + kMr512 - 1) / kMr512;
+  const int64_t rows_small = tiles > 0 ? g.m / tiles : 0, n_big = tiles > 0 ? g.m % tiles : 0;
+  for (int64_t t = 0, i = 0; t < tiles; ++t) {
+    const int64_t rows = rows_small + (t < n_big ? 1 : 0);
     const float* a = g.a + i * g.lda + k0;
     float* c = g.c + i * g.ldc + col;
     e.addend = (last && g.addend != nullptr) ? g.addend + i * g.ld_addend + col : nullptr;
     const int64_t kk = k1 - k0, bs = g.b_panel_stride;
-    switch (g.m - i >= kMr512 ? kMr512 : g.m - i) {
+    i += rows;
+    switch (rows) {
       case 14: tile<14, NP>(kk, a, g.lda, bp, bs, c, g.ldc, e); break;
       case 13: tile<13, NP>(kk, a, g.lda, bp, bs, c, g.ldc, e); break;
       case 12: tile<12, NP>(kk, a, g.lda, bp, bs, c, g.ldc, e); break;
