@@ -14,7 +14,7 @@ namespace {
 
 using vitfast::CpuIsa;
 
-constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kNeon};
+constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kNeon};
 
 std::vector<std::string> supported_isas() {
   std::vector<std::string> out;
@@ -39,7 +39,7 @@ std::string set_cpu_isa(const std::string& name) {
                 "' is not supported on this CPU/build (supported: ", join(supported_isas()), ")");
     return previous;
   }
-  TORCH_CHECK_VALUE(false, "isa: expected one of 'scalar', 'avx2', 'neon', got '", name, "'");
+  TORCH_CHECK_VALUE(false, "isa: expected one of 'scalar', 'avx2', 'avx512', 'neon', got '", name, "'");
   return {};
 }
 
@@ -62,10 +62,10 @@ void warn_on_bad_environment() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "vitfast CPU kernels (registered under torch.ops.vitfast)";
   m.def("cpu_isa", []() { return std::string(vitfast::cpu_isa_name(vitfast::active_cpu_isa())); },
-        "The CPU code path chosen at run time: 'avx2', 'neon' or 'scalar' (override: VITFAST_CPU_ISA).");
+        "The CPU code path chosen at run time: 'avx512', 'avx2', 'neon' or 'scalar' (override: VITFAST_CPU_ISA).");
   m.def("supported_cpu_isas", &supported_isas, "The CPU code paths this CPU and build can run.");
   m.def("set_cpu_isa", &set_cpu_isa, py::arg("isa"),
-        "Force a CPU code path ('scalar', 'avx2', 'neon') for every later call; returns the previous one. "
+        "Force a CPU code path ('scalar', 'avx2', 'avx512', 'neon') for every later call; returns the previous one. "
         "ValueError for an unknown name, RuntimeError for a path this CPU cannot run.");
   m.def(
       "_weight_cache_stats",

@@ -343,7 +343,7 @@ def test_isa_selection_api():
     finally:
         _C.set_cpu_isa(previous)
     assert _C.cpu_isa() == previous
-    with pytest.raises(ValueError, match=r"^isa: expected one of 'scalar', 'avx2', 'neon', got 'sse9'"):
+    with pytest.raises(ValueError, match=r"^isa: expected one of 'scalar', 'avx2', 'avx512', 'neon', got 'sse9'"):
         _C.set_cpu_isa("sse9")
     unsupported = [i for i in ("avx2", "neon") if i not in ISAS]
     for name in unsupported:

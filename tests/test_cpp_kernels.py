@@ -70,6 +70,11 @@ def test_native_cmake_ctest(request):
         assert "[avx2] channel_idle_ffn parity" in out and "[avx2] gemm parity" in out, out
         assert "[avx2] linear parity" in out and "[avx2] attention parity" in out, out
         assert "[avx2] softmax: ok" in out, out
+    if machine in ("x86_64", "amd64") and all(f" {f} " in flags for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl")):
+        # ... and the AVX-512 path (its own GEMM tiles and GELU epilogue) on a CPU that has it.
+        assert "[avx512] channel_idle_ffn parity" in out and "[avx512] gemm parity" in out, out
+        assert "[avx512] linear parity" in out and "[avx512] attention parity" in out, out
+        assert "[avx512] gelu epilogue" in out and "[avx512] softmax: ok" in out, out
     if machine in ("aarch64", "arm64"):
         assert "[neon] channel_idle_ffn parity" in out and "[neon] linear parity" in out, out
         assert "[neon] attention parity" in out and "[neon] softmax: ok" in out, out

@@ -505,8 +505,14 @@ def _with_dtype(model: nn.Module, config: dict) -> nn.Module:
     return model
 
 
-def load(path: str | os.PathLike, device: str | torch.device = "cpu", *, allow_nonfinite: bool = False) -> nn.Module:
-    """Rebuild the model saved by `vitfast.save` at `path`, on `device`, in eval mode."""
+def load(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, allow_nonfinite: bool = False, prepack: bool = True
+) -> nn.Module:
+    """Rebuild the model saved by `vitfast.save` at `path`, on `device`, in eval mode.
+
+    `prepack=True` packs the weights for the CPU kernels before returning (`vitfast.ops.prepack`), so the first
+    inference does no packing.
+    """
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError):
@@ -550,4 +556,9 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu", *, allow_n
                 target.data = target.data.to(t.dtype)
     model.load_state_dict(tensors, strict=True)
     model.eval()
-    return model.to(device)
+    model = model.to(device)
+    if prepack:
+        from .ops import prepack as prepack_weights
+
+        prepack_weights(model)
+    return model

@@ -58,7 +58,7 @@ def _fuse_children(module: nn.Module, prefix: str, options=None, used=None) -> i
     return count
 
 
-def fuse(model: nn.Module, **options) -> nn.Module:
+def fuse(model: nn.Module, *, prepack: bool = True, **options) -> nn.Module:
     """Deep copy of `model` in eval mode with every train-time vitfast module fused (see the module doc).
 
     The fused model's outputs equal the train-time model's in eval mode, up to float rounding (the folding
@@ -68,6 +68,8 @@ def fuse(model: nn.Module, **options) -> nn.Module:
     `score_form="auto" | "factored" | "full"` for non-deep blocks (`NonDeepBlock.to_fused`: "auto" picks the
     low-rank factored form per block when its rank n·d_h ≤ C/2; the choice is stored in the checkpoint config).
     An option no module takes is refused (ValueError naming it).
+    `prepack=True` packs the fused weights for the CPU kernels before returning (`vitfast.ops.prepack`), so the
+    first inference is as fast as the next ones.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -83,4 +85,12 @@ def fuse(model: nn.Module, **options) -> nn.Module:
     if unused:
         raise ValueError(f"{unused[0]}: expected an option of the model's train-time modules' to_fused(), got "
                          f"{options[unused[0]]!r} and no module takes it")
-    return fused
+    return _prepacked(fused, prepack)
+
+
+def _prepacked(model: nn.Module, prepack: bool) -> nn.Module:
+    if prepack:
+        from .ops import prepack as prepack_weights
+
+        prepack_weights(model)
+    return model

@@ -19,7 +19,7 @@ from ._validate import check_xwx_attention_args
 from ._validate_dwconv import check_dwconv_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention", "extension_loaded", "cpu_isa", "batch_gate",
-           "gate_select"]
+           "gate_select", "prepack"]
 
 SCHEMAS = {
     "channel_idle_ffn": (
@@ -219,7 +219,7 @@ def extension_loaded() -> bool:
 
 
 def cpu_isa() -> str:
-    """The CPU code path the C++ kernels chose at run time: 'avx2', 'neon' or 'scalar'."""
+    """The CPU code path the C++ kernels chose at run time: 'avx512', 'avx2', 'neon' or 'scalar'."""
     if _C is None:
         return "reference"
     return _C.cpu_isa()
@@ -320,3 +320,31 @@ def xwx_attention(
     if get_backend() == "reference":
         return reference.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
     return torch.ops.vitfast.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+
+
+# ---------------------------------------------------------------------------------------------- prepacking
+def prepack(module: torch.nn.Module) -> int:
+    """Pack the CPU kernels' weights of every fused submodule of `module` now, so the first inference packs none.
+
+    The C++ ops keep each weight packed (transposed into 16-column panels, NaN/Inf-checked) in a process-wide
+    cache keyed on the weight tensors and their version counters (csrc/ops/weight_cache.h).  Without this the
+    first forward pays that cost (about one batch-1 forward's worth of memory traffic); `vitfast.fuse`,
+    `vitfast.load` and `vitfast.patch_timm` call it for you.  Each submodule with a `vitfast_prepack()` method
+    runs its ops once on a one-row zero input — the same op, the same weight tensors, so the same cache
+    entries the real forward hits.  Weights changed later (in place, `.to(...)`, `load_state_dict`) are
+    repacked on their next use, as before.
+
+    Returns the number of submodules prepacked: 0 under VITFAST_BACKEND=reference, without the C++
+    extension, or when the weights are not on the CPU (the CUDA kernels read weights as they are).
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    if get_backend() == "reference" or _C is None:
+        return 0
+    count = 0
+    with torch.no_grad():
+        for sub in module.modules():
+            hook = getattr(sub, "vitfast_prepack", None)
+            if callable(hook) and hook():
+                count += 1
+    return count

@@ -18,8 +18,10 @@ import torch.nn as nn
 __all__ = ["patch_timm"]
 
 
-def patch_timm(model: nn.Module, inplace: bool = True) -> nn.Module:
+def patch_timm(model: nn.Module, inplace: bool = True, *, prepack: bool = True) -> nn.Module:
     """Replace the timm blocks of `model` by fused vitfast blocks; return the model (the same object if inplace).
+
+    `prepack=True` packs the fused weights for the CPU kernels before returning (`vitfast.ops.prepack`).
 
     Raises ValueError if the model is in training mode, contains no timm block, or a block uses a feature the
     fused blocks cannot reproduce exactly (the message names the block and the feature).
@@ -57,4 +59,8 @@ def patch_timm(model: nn.Module, inplace: bool = True) -> nn.Module:
         )
     for parent, child, fused in replacements:
         setattr(parent, child, fused)
+    if prepack:
+        from .ops import prepack as prepack_weights
+
+        prepack_weights(target)
     return target

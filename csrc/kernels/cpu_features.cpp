@@ -28,10 +28,26 @@ bool x86_has_avx2_fma() {
   __cpuid_count(7, 0, eax, ebx, ecx, edx);
   return ebx & (1u << 5);  // AVX2
 }
+
+// AVX-512 F (ebx bit 16), DQ (17), BW (30), VL (31) on top of AVX2/FMA, and XCR0 bits 5-7 (opmask, upper
+// halves of zmm0-15, zmm16-31) besides XMM/YMM: without them the OS does not preserve the registers.
+bool x86_has_avx512() {
+  if (!x86_has_avx2_fma()) return false;
+  unsigned eax, ebx, ecx, edx;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const unsigned need = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
+  if ((ebx & need) != need) return false;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  return (xcr0_lo & 0xE6u) == 0xE6u;
+}
 #endif
 
 CpuIsa best_supported() {
 #ifdef VITFAST_X86
+  // AVX-512 first: its 14 × 32 tiles measured ~3% faster than AVX2's 6 × 16 on Zen 4 (same FMA peak, fewer
+  // loads and instructions per FMA; see x86/gemm_avx512.cpp), and more on CPUs with two 512-bit FMA units.
+  if (x86_has_avx512()) return CpuIsa::kAvx512;
   if (x86_has_avx2_fma()) return CpuIsa::kAvx2;
 #endif
 #if defined(__aarch64__)
@@ -47,6 +63,7 @@ CpuIsa from_environment() {
   CpuIsa wanted = best;
   if (std::strcmp(env, "scalar") == 0) wanted = CpuIsa::kScalar;
   else if (std::strcmp(env, "avx2") == 0) wanted = CpuIsa::kAvx2;
+  else if (std::strcmp(env, "avx512") == 0) wanted = CpuIsa::kAvx512;
   else if (std::strcmp(env, "neon") == 0) wanted = CpuIsa::kNeon;
   // An unknown or unsupported request keeps the best path; the binding reports it to the user.
   return cpu_supports(wanted) ? wanted : best;
@@ -64,6 +81,7 @@ bool cpu_supports(CpuIsa isa) {
     case CpuIsa::kScalar: return true;
 #ifdef VITFAST_X86
     case CpuIsa::kAvx2: return x86_has_avx2_fma();
+    case CpuIsa::kAvx512: return x86_has_avx512();
 #endif
 #if defined(__aarch64__)
     case CpuIsa::kNeon: return true;
@@ -74,6 +92,8 @@ bool cpu_supports(CpuIsa isa) {
 
 CpuIsa active_cpu_isa() { return static_cast<CpuIsa>(active_slot().load(std::memory_order_relaxed)); }
 
+bool is_x86_simd(CpuIsa isa) { return isa == CpuIsa::kAvx2 || isa == CpuIsa::kAvx512; }
+
 bool set_active_cpu_isa(CpuIsa isa) {
   if (!cpu_supports(isa)) return false;
   active_slot().store(static_cast<int>(isa), std::memory_order_relaxed);
@@ -83,6 +103,7 @@ bool set_active_cpu_isa(CpuIsa isa) {
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
     case CpuIsa::kNeon: return "neon";
     default: return "scalar";
   }

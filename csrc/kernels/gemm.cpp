@@ -84,6 +84,7 @@ void run_block(GemmBlockArgs& g, CpuIsa isa) {
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case CpuIsa::kAvx2: gemm_block_avx2(g); return;
+    case CpuIsa::kAvx512: gemm_block_avx512(g); return;
 #endif
 #if defined(__aarch64__)
     case CpuIsa::kNeon: gemm_block_neon(g); return;
@@ -123,6 +124,7 @@ void softmax_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, Cp
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case CpuIsa::kAvx2: softmax_rows_avx2(s, rows, n, ld, scale); return;
+    case CpuIsa::kAvx512: softmax_rows_avx512(s, rows, n, ld, scale); return;
 #endif
 #if defined(__aarch64__)
     case CpuIsa::kNeon: softmax_rows_neon(s, rows, n, ld, scale); return;
@@ -156,6 +158,7 @@ void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case CpuIsa::kAvx2: gemm_block_avx2(g); return;
+    case CpuIsa::kAvx512: gemm_block_avx512(g); return;
 #endif
 #if defined(__aarch64__)
     case CpuIsa::kNeon: gemm_block_neon(g); return;
@@ -172,7 +175,8 @@ void gemm(int64_t m, const float* a, int64_t lda, const PackedB& b, float* c, in
 void gelu(float* x, int64_t n, CpuIsa isa) {
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
-    case CpuIsa::kAvx2: gelu_avx2(x, n); return;
+    case CpuIsa::kAvx2:
+    case CpuIsa::kAvx512: gelu_avx2(x, n); return;
 #endif
 #if defined(__aarch64__)
     case CpuIsa::kNeon: gelu_neon(x, n); return;

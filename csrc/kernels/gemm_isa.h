@@ -54,6 +54,10 @@ void gelu_scalar(float* x, int64_t n);
 void gemm_block_avx2(const GemmBlockArgs& args);
 void gelu_avx2(float* x, int64_t n);
 void softmax_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
+// AVX-512 GEMM (x86/gemm_avx512.cpp: 14 × 32 tiles over pairs of the same 16-column panels) and row softmax.
+// The AVX-512 path reuses gelu_avx2 for the standalone GELU (every AVX-512 CPU has AVX2).
+void gemm_block_avx512(const GemmBlockArgs& args);
+void softmax_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
 #endif
 
 #if defined(__aarch64__)

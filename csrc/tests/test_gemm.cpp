@@ -79,8 +79,10 @@ void test_gemm_parity(CpuIsa isa) {
       {true, false, true, true, false},
   };
   int count = 0;
-  for (int64_t m : {1, 2, 3, 5, 6, 7, 13})
-    for (int64_t n : {1, 3, 8, 15, 16, 17, 33})
+  // m and n around both register blocks: 6 × 16 (AVX2/NEON/scalar) and 14 × 32 (AVX-512: pairs of panels,
+  // so 33 = a pair + a partial single panel, 48 = a pair + a whole single panel).
+  for (int64_t m : {1, 2, 3, 5, 6, 7, 13, 14, 29})
+    for (int64_t n : {1, 3, 8, 15, 16, 17, 33, 48})
       for (int64_t k : {0, 1, 5, 16, 17, 33})
         for (int64_t kc : {int64_t(4), int64_t(7), gemm::kDefaultKc})
           for (const Case& cs : cases) {
@@ -110,6 +112,42 @@ void test_gemm_panel_range(CpuIsa isa) {
     for (int64_t j = 32; j < n; ++j) VT_CHECK(split[i * n + j] == -1.0f, "panel range wrote column %lld", (long long)j);
   gemm::gemm_panels(m, a.data(), k, b, 2, b.panels(), split.data(), n, gemm::Epilogue(), isa);
   for (size_t i = 0; i < whole.size(); ++i) VT_CHECK(whole[i] == split[i], "[%s] panel split differs at %zu", cpu_isa_name(isa), i);
+}
+
+// The GELU *epilogue* of the micro-kernel (each path has its own, e.g. AVX-512's gelu16 is not gemm::gelu):
+// C = GELU(A · 1 + bias) over the same dense grid, with K = 1, against the double-precision oracle.
+void test_gelu_epilogue(CpuIsa isa) {
+  std::vector<float> xs;
+  for (int i = -60000; i <= 60000; ++i) xs.push_back(float(i) * 2e-4f);  // [-12, 12] step 2e-4
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 30.0f, -30.0f, 1e10f, -1e10f}) xs.push_back(v);
+  const int64_t m = int64_t(xs.size()), n = 33;  // a pair of panels and a partial one (every tile shape)
+  std::vector<float> w(size_t(n), 1.0f), bias(size_t(n), 0.0f);
+  gemm::PackedB b = gemm::PackedB::pack_linear(w.data(), n, 1, 1, bias.data());
+  std::vector<float> c(size_t(m * n));
+  gemm::Epilogue ep;
+  ep.bias = true;
+  ep.gelu = true;
+  gemm::gemm(m, xs.data(), 1, b, c.data(), n, ep, isa);
+  double worst = 0.0, worst_x = 0.0;
+  for (int64_t i = 0; i < m; ++i) {
+    const double ref = gelu_ref(xs[size_t(i)]);
+    for (int64_t j = 0; j < n; ++j) {
+      const double err = std::fabs(c[size_t(i * n + j)] - ref) - 0.5 * std::fabs(ref) * std::numeric_limits<float>::epsilon();
+      const double scaled = err / std::max(1.0, std::fabs(double(xs[size_t(i)])));
+      if (scaled > worst) {
+        worst = scaled;
+        worst_x = xs[size_t(i)];
+      }
+    }
+  }
+  std::printf("[%s] gelu epilogue: max |err| / max(1,|x|) beyond half an ulp = %.3g (at x = %g)\n",
+              cpu_isa_name(isa), worst, worst_x);
+  VT_CHECK(worst <= 1e-7, "[%s] gelu epilogue error %.3g at x = %g", cpu_isa_name(isa), worst, worst_x);
+  std::vector<float> nan1 = {std::numeric_limits<float>::quiet_NaN()};
+  std::vector<float> out1 = std::vector<float>(size_t(n), 0.0f);
+  gemm::gemm(1, nan1.data(), 1, b, out1.data(), n, ep, isa);
+  VT_CHECK(std::isnan(out1[0]) && std::isnan(out1[size_t(n - 1)]), "[%s] gelu epilogue(NaN) is not NaN",
+           cpu_isa_name(isa));
 }
 
 void test_gelu(CpuIsa isa) {
@@ -167,6 +205,7 @@ int main() {
     test_gemm_parity(active_cpu_isa());
     test_gemm_panel_range(active_cpu_isa());
     test_gelu(active_cpu_isa());
+    test_gelu_epilogue(active_cpu_isa());
   }
   return finish("test_gemm");
 }

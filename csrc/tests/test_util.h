@@ -39,7 +39,8 @@ inline std::vector<float> random_vector(std::mt19937& rng, size_t n, float scale
 // and active_cpu_isa() must then report it, so a test that says it ran NEON did run the NEON code.
 inline std::vector<vitfast::CpuIsa> forced_isas() {
   std::vector<vitfast::CpuIsa> out;
-  for (vitfast::CpuIsa isa : {vitfast::CpuIsa::kScalar, vitfast::CpuIsa::kAvx2, vitfast::CpuIsa::kNeon}) {
+  for (vitfast::CpuIsa isa : {vitfast::CpuIsa::kScalar, vitfast::CpuIsa::kAvx2, vitfast::CpuIsa::kAvx512,
+                              vitfast::CpuIsa::kNeon}) {
     if (!vitfast::cpu_supports(isa)) continue;
     const bool ok = vitfast::set_active_cpu_isa(isa);
     VT_CHECK(ok, "set_active_cpu_isa(%s) refused a supported path", vitfast::cpu_isa_name(isa));

@@ -1,0 +1,109 @@
+"""Weights packed once at fuse / load / patch time (`vitfast.ops.prepack`): the first inference packs nothing.
+
+The packed-weight cache counts packs as misses (`vitfast._C._weight_cache_stats()`); after `vitfast.fuse`,
+`vitfast.load` or `vitfast.patch_timm` a forward must add hits only.
+"""
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+import vitfast
+from vitfast import _env
+
+from helpers import randomize
+
+pytestmark = pytest.mark.skipif(not vitfast.ops.extension_loaded(), reason="needs the C++ extension (vitfast._C)")
+
+IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+
+
+def _vit(**overrides) -> VisionTransformer:
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=10, qkv_bias=True)
+    kwargs.update(overrides)
+    return randomize(VisionTransformer(**kwargs)).eval()
+
+
+def _stats():
+    return vitfast._C._weight_cache_stats()
+
+
+def _forward_packs_nothing(model):
+    before = _stats()
+    with torch.no_grad():
+        out = model(IMAGES)
+    after = _stats()
+    assert after["misses"] == before["misses"], f"the first forward packed {after['misses'] - before['misses']} weights"
+    assert after["hits"] > before["hits"]
+    return out
+
+
+def _fused_repavit():
+    train = vitfast.convert.from_timm(_vit(), channel_idle=0.75)
+    return vitfast.fuse(train.eval())
+
+
+def test_fuse_prepacks():
+    vitfast._C._weight_cache_clear()
+    fused = _fused_repavit()
+    # 2 blocks × (qkv, proj, FFN) = 6 packed entries, all made before any inference.
+    assert _stats()["misses"] == 6 and _stats()["entries"] == 6
+    _forward_packs_nothing(fused)
+
+
+def test_load_prepacks_and_matches(tmp_path):
+    fused = _fused_repavit()
+    path = tmp_path / "m.safetensors"
+    vitfast.save(fused, path)
+    with torch.no_grad():
+        expected = fused(IMAGES)
+    vitfast._C._weight_cache_clear()
+    loaded = vitfast.load(path)
+    assert _stats()["misses"] == 6
+    torch.testing.assert_close(_forward_packs_nothing(loaded), expected, rtol=0, atol=0)
+
+
+def test_patch_timm_prepacks():
+    model = _vit()
+    vitfast._C._weight_cache_clear()
+    vitfast.patch_timm(model)
+    assert _stats()["misses"] == 6
+    _forward_packs_nothing(model)
+
+
+def test_prepack_opt_out_packs_on_first_call():
+    vitfast._C._weight_cache_clear()
+    fused = vitfast.fuse(vitfast.convert.from_timm(_vit(), channel_idle=0.75).eval(), prepack=False)
+    assert _stats()["misses"] == 0
+    with torch.no_grad():
+        fused(IMAGES)
+    assert _stats()["misses"] == 6
+
+
+def test_prepack_counts_modules_and_is_idempotent():
+    fused = vitfast.fuse(vitfast.convert.from_timm(_vit(), channel_idle=0.75).eval(), prepack=False)
+    vitfast._C._weight_cache_clear()
+    assert vitfast.ops.prepack(fused) == 4  # 2 × (Attention, FusedChannelIdleFFN)
+    misses = _stats()["misses"]
+    assert vitfast.ops.prepack(fused) == 4
+    assert _stats()["misses"] == misses  # already packed: hits only
+
+
+def test_prepack_after_in_place_update_repacks_once():
+    fused = _fused_repavit()
+    with torch.no_grad():
+        fused.blocks[0].mlp.w_in.mul_(0.5)  # bumps the version: the old packed entry is stale
+    misses = _stats()["misses"]
+    vitfast.ops.prepack(fused)
+    assert _stats()["misses"] == misses + 1
+    _forward_packs_nothing(fused)
+
+
+def test_prepack_skips_reference_backend(monkeypatch):
+    fused = vitfast.fuse(vitfast.convert.from_timm(_vit(), channel_idle=0.75).eval(), prepack=False)
+    monkeypatch.setattr(_env, "_backend", "reference")
+    assert vitfast.ops.prepack(fused) == 0
+
+
+def test_prepack_rejects_non_modules():
+    with pytest.raises(TypeError, match="module: expected a torch.nn.Module, got str"):
+        vitfast.ops.prepack("model")
