@@ -22,17 +22,16 @@ the price of the skipped residual path without a host round-trip.  The sub-block
 `ops.linear`/`ops.attention` on CUDA) cannot read the flag, so on CUDA a skipped sub-block is still computed and
 then discarded; the CPU block branches on the decision and really skips (see vitfast/nn/gates.py).
 """
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from vitfast._validate_gate import check_batch_gate_args, check_gate_select_args
+from vitfast.kernels._common import INTERPRET as _INTERPRET
 
 __all__ = ["batch_gate_triton", "batch_gate_logits_triton", "gate_select_triton"]
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
 _SQRT1_2 = tl.constexpr(0.7071067811865476)
 

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from vitfast._validate import check_channel_idle_ffn_args
-from vitfast.kernels._autotune import INTERPRET as _INTERPRET, tuned_configs
+from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, tuned_configs
 
 __all__ = ["channel_idle_ffn_triton"]
 
@@ -218,16 +218,6 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _check_device(x: torch.Tensor) -> None:
-    if _INTERPRET:
-        return
-    if x.device.type != "cuda":
-        raise ValueError(
-            f"x: expected a CUDA tensor for the Triton kernel (or TRITON_INTERPRET=1 set before importing "
-            f"triton), got device {x.device}"
-        )
-
-
 def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
     # [..., width] -> [M, width]; a view when the strides allow it (the kernels take any 2-D strides), a
     # copy otherwise.
@@ -250,7 +240,7 @@ def channel_idle_ffn_triton(
 ) -> torch.Tensor:
     """`vitfast.reference.channel_idle_ffn` on the Triton kernels (CUDA tensors, or CPU under the interpreter)."""
     active, linear, c_out = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, residual)
-    _check_device(x)
+    check_device(x)
     lead = tuple(x.shape[:-1])
     c_in = x.shape[-1]
     x2 = _rows(x, c_in)

@@ -32,7 +32,6 @@ Scratch and U are stored in x's dtype, like the reference rounds V and U (F.line
 accumulation is fp32 and the epilogue casts once.
 """
 import contextlib
-import os
 from typing import Optional
 
 import torch
@@ -41,10 +40,10 @@ import triton
 import triton.language as tl
 
 from vitfast._validate_dwconv import check_dwconv_attention_args
+from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device
 
 __all__ = ["dwconv_attention_triton"]
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
@@ -260,16 +259,6 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _check_device(x: torch.Tensor) -> None:
-    if _INTERPRET:
-        return
-    if x.device.type != "cuda":
-        raise ValueError(
-            f"x: expected a CUDA tensor for the Triton kernel (or TRITON_INTERPRET=1 set before importing "
-            f"triton), got device {x.device}"
-        )
-
-
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
@@ -314,7 +303,7 @@ def dwconv_attention_triton(
     prefix, width, ksize, c_out = check_dwconv_attention_args(
         x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual
     )
-    _check_device(x)
+    check_device(x)
     batch, tokens, channels = x.shape
     out = torch.empty((batch, tokens, c_out), dtype=x.dtype, device=x.device)
     if batch == 0 or c_out == 0:

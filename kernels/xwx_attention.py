@@ -23,7 +23,6 @@ key's R_h and V_h), best done once by cuBLAS; recomputing them per query tile wo
 N / BLOCK_M.
 """
 import contextlib
-import os
 from typing import Optional
 
 import torch
@@ -31,18 +30,15 @@ import triton
 import triton.language as tl
 
 from vitfast._validate import check_xwx_attention_args
+from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, tuned_configs
 
 __all__ = ["xwx_attention_triton"]
 
-# Read once, like triton itself: TRITON_INTERPRET must be set before triton is imported to take effect.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _configs():
-    if _INTERPRET:
-        # The interpreter runs one numpy op per Triton op per program: few, big tiles keep CI fast.
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_C": 64}, num_warps=4)]
-    return [
+    # The first candidate is the one used with VITFAST_TRITON_AUTOTUNE=0 (kernels/_common.py).
+    candidates = [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_C": bc}, num_warps=w, num_stages=s)
         for bm, bn, bc, w, s in (
             (64, 64, 64, 4, 2),
@@ -55,6 +51,9 @@ def _configs():
             (32, 32, 64, 4, 2),
         )
     ]
+    # The interpreter runs one numpy op per Triton op per program: few, big tiles keep CI fast.
+    interpreter = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_C": 64}, num_warps=4)
+    return tuned_configs(candidates, interpreter)
 
 
 @triton.jit
@@ -171,16 +170,6 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _check_device(x: torch.Tensor) -> None:
-    if _INTERPRET:
-        return
-    if x.device.type != "cuda":
-        raise ValueError(
-            f"x: expected a CUDA tensor for the Triton kernel (or TRITON_INTERPRET=1 set before importing "
-            f"triton), got device {x.device}"
-        )
-
-
 def _dot_width(n: int) -> int:
     # tl.dot needs every tile dimension >= 16 and a power of two.
     return max(16, triton.next_power_of_2(int(n)))
@@ -198,7 +187,7 @@ def xwx_attention_triton(
 ) -> torch.Tensor:
     """`vitfast.reference.xwx_attention` on the Triton kernel (CUDA tensors, or CPU under the interpreter)."""
     heads, rank, value_dim, c_out = check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
-    _check_device(x)
+    check_device(x)
     batch, tokens, _ = x.shape
     if batch == 0 or tokens == 0 or c_out == 0:
         return x.new_zeros((batch, tokens, c_out)) + (residual if residual is not None else 0) + (

@@ -1,4 +1,4 @@
-"""Autotune candidate lists shared by the Triton kernels.
+"""What every Triton kernel module shares: the interpreter flag, the autotune candidate list, the device check.
 
 `tuned_configs(candidates, interpreter=...)` returns what `@triton.autotune(configs=...)` gets:
 - under the Triton interpreter (CPU): the one `interpreter` config — autotuning would only time numpy;
@@ -12,6 +12,8 @@ Read once at import, like TRITON_INTERPRET (which must be set before triton is i
 from __future__ import annotations
 
 import os
+
+import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -33,3 +35,14 @@ def tuned_configs(candidates, interpreter):
     if not candidates:
         raise ValueError("candidates: expected at least one triton.Config, got none")
     return list(candidates) if AUTOTUNE else list(candidates[:1])
+
+
+def check_device(x: torch.Tensor) -> None:
+    """The launchers take CUDA tensors, or CPU tensors under the interpreter (tests on machines without a GPU)."""
+    if INTERPRET:
+        return
+    if x.device.type != "cuda":
+        raise ValueError(
+            f"x: expected a CUDA tensor for the Triton kernel (or TRITON_INTERPRET=1 set before importing "
+            f"triton), got device {x.device}"
+        )
