@@ -133,10 +133,24 @@ def gather_objects(obj) -> List:
 
 
 # ---------------------------------------------------------------------------------------------- BatchNorm
-def _global_sum(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.nn.functional import all_reduce  # differentiable: backward all-reduces the gradient
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over processes whose backward sums the incoming gradients too (d(Σ_r x_r)/dx_r = 1 for every r's loss)."""
 
-    return all_reduce(t)
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        tdist.all_reduce(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        tdist.all_reduce(grad)
+        return grad
+
+
+def _global_sum(t: torch.Tensor) -> torch.Tensor:
+    return _AllReduceSum.apply(t)
 
 
 def _synced_forward(self: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> torch.Tensor:

@@ -402,7 +402,6 @@ class Trainer:
         self._window: List[Tuple[float, int, int]] = []  # (loss, correct, n) of recent steps for the bar
         self._last_saved_step: Optional[int] = None
         self._stop_requested = False
-        self._stop_agreed = False
         self._epoch_limit: Optional[int] = None
 
     # ------------------------------------------------------------------------------------------ set-up
@@ -569,16 +568,17 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
         loss_mean = loss_sum / len(micro)
-        # one all-reduce per step: global metrics, and whether any process was asked to stop
-        w = self.world_size
-        total = _dist.all_reduce_sum([loss_mean, correct, count, float(self._stop_requested)], self.device)
-        loss_mean, correct, count = total[0] / w, int(total[1]), int(total[2])
-        self._stop_agreed = total[3] > 0
+        total = _dist.all_reduce_sum([loss_mean, correct, count], self.device)  # global metrics under DDP
+        loss_mean, correct, count = total[0] / self.world_size, int(total[1]), int(total[2])
         metrics = {"step": self.step, "loss": loss_mean, "lr": lr, "grad_norm": grad_norm,
                    **{k: v / len(micro) for k, v in parts_sum.items()}}
         metrics["acc"] = correct / max(1, count)
         self._window = (self._window + [(metrics["loss"], correct, count)])[-20:]
         return metrics
+
+    def _stop_agreed(self) -> bool:
+        """Whether any process was asked to stop (one tiny all-reduce under DDP, so all stop at the same step)."""
+        return _dist.all_reduce_sum([float(self._stop_requested)], self.device)[0] > 0
 
     def request_stop(self) -> None:
         """Make `fit` return after the current step, with a checkpoint (safe to call from a signal handler)."""
@@ -668,7 +668,7 @@ class Trainer:
         start = time.perf_counter()
         steps_at_start = self.step
         stopped = False
-        self._stop_requested = self._stop_agreed = False
+        self._stop_requested = False
         with contextlib.ExitStack() as stack:
             if self.ddp_model is not None and self.sync_batchnorm:
                 stack.enter_context(_dist.synced_batchnorm(self.model))
@@ -685,7 +685,7 @@ class Trainer:
                     if self.checkpoint_path and self.checkpoint_every and self.step % self.checkpoint_every == 0:
                         self.save_checkpoint(self.checkpoint_path)
                     self._update_bar(bar)
-                    if self._stop_agreed:
+                    if self._stop_agreed():
                         stopped = True
                         if bar is not None and not bar.disable:
                             bar.write(f"[{self.desc}] stop requested: stopping after step {self.step}")
