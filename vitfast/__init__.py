@@ -29,6 +29,9 @@ _LAZY = {
     "save": ("vitfast.checkpoint", "save"),
     "load": ("vitfast.checkpoint", "load"),
     "patch_timm": ("vitfast.patch", "patch_timm"),
+    "distill": ("vitfast.distill", None),
+    "student": ("vitfast.student", None),
+    "distributed": ("vitfast.distributed", None),
 }
 
 __all__ = ["ops", "reference", "get_backend", "set_backend", "__version__", *_LAZY]
