@@ -110,3 +110,31 @@ def test_distill_demo_quick(tmp_path, capsys):
     assert [r["name"] for r in data["students"]] == ["scratch", "scratch + distill (harmonic)", "copied",
                                                       "copied + distill (harmonic)"]
     assert all(0.0 <= r["acc"] <= 1.0 for r in data["students"]) and data["n_val"] == 360
+
+
+@pytest.mark.slow  # a fresh interpreter, killed mid-run
+def test_sigterm_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path, capsys):
+    import signal
+    import time
+
+    common = ["train", *TEACHER, "--steps", "40", "--batch-size", "32", "--checkpoint-every", "2", "--no-progress",
+              "--threads", "1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "vitfast", *common, "--out", str(killed)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (killed / "trainer.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # mid-run: after the first checkpoint, long before step 40
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "stopped at step" in out, out
+    stopped_at = load_trainer_checkpoint(killed / "trainer.pt")["step"]
+    assert 2 <= stopped_at < 40
+    assert main(["train", "--resume", str(killed / "trainer.pt"), "--no-progress", "--threads", "1"]) == 0
+    assert main([*common, "--out", str(tmp_path / "full")]) == 0
+    resumed = load_trainable(killed / "model.safetensors")[0].state_dict()
+    full = load_trainable(tmp_path / "full" / "model.safetensors")[0].state_dict()
+    for key, value in full.items():
+        assert torch.equal(resumed[key], value), key
