@@ -210,3 +210,23 @@ def test_bf16_autocast_and_bad_arguments():
         make_trainer(bn_vit(), ddp=True)
     with pytest.raises(ValueError, match="expected grad_accum=2 micro-batches"):
         make_trainer(bn_vit(), accum=2).train_step(next(iter(digits_loaders(img_size=16, batch_size=8)[0])))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 loss scaling and CUDA autocast need a GPU")
+@pytest.mark.parametrize("amp", ["fp16", "bf16"])
+def test_mixed_precision_on_cuda_resumes_exactly(tmp_path, amp):
+    ckpt = tmp_path / "t.pt"
+    full = bn_vit().cuda()
+    trainer = make_trainer(full, amp=amp, device="cuda")
+    trainer.fit()
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in trainer.history)
+    assert trainer.last_eval["n"] == 360
+    make_trainer(bn_vit().cuda(), amp=amp, device="cuda", checkpoint_path=ckpt).fit(until_step=2)
+    state = load_trainer_checkpoint(ckpt)
+    assert ("scaler" in state) == (amp == "fp16")
+    model = bn_vit(seed=42).cuda()
+    resumed = make_trainer(model, amp=amp, device="cuda")
+    resumed.load_checkpoint(ckpt)
+    resumed.fit()
+    for (key, va), vb in zip(full.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(va, vb, atol=1e-5, rtol=1e-5, msg=key)  # cuDNN/cuBLAS may pick other kernels

@@ -378,7 +378,9 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             self.ddp_model = DistributedDataParallel(
-                model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                model,
+                device_ids=[torch.cuda.current_device() if self.device.index is None else self.device.index]
+                if self.device.type == "cuda" else None,
                 find_unused_parameters=bool(find_unused_parameters),
             )
         groups = param_groups(model, self.weight_decay)
