@@ -312,7 +312,7 @@ def cmd_train(args) -> int:
             )
         if args.source is not None:
             raise CLIError("SOURCE: not used with --resume (the checkpoint holds the model); drop it")
-        settings = stored
+        settings = {**_SCALE_DEFAULTS, **stored}  # checkpoints from before the scale settings existed
         model = build_trainable(json.loads(extra["model_description"]))
         recipe = json.loads(extra.get("recipe", "{}"))
         out_dir = args.out or os.path.dirname(os.path.abspath(args.resume))
