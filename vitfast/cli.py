@@ -1101,7 +1101,8 @@ def build_parser() -> argparse.ArgumentParser:
             random init + harmonic-mean distillation (eq. 4, MSE on logits, w_d=13, w_s=1), the teacher's blocks
             copied before the cut (Algorithm 1), and copied + distillation.  Prints validation accuracies and whether
             the paper's ordering holds.  Fixed seeds: the same numbers on the same machine and torch version.
-            About 10 minutes on 2 busy CPU cores; --quick is a smoke test (too short to show the ordering)."""),
+            64 minutes wall on a 2-core machine shared with other jobs; --quick is a smoke test (too short to
+            show anything)."""),
         epilog="examples:\n  vitfast distill-demo\n  vitfast distill-demo --json table9.json --check",
     )
     p.add_argument("--teacher-steps", type=_positive_int, default=None, help="teacher training steps [default: 600]")

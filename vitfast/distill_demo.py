@@ -9,6 +9,8 @@
 
 Every number in the table is measured here (validation accuracy on the fixed digits split); the paper's claim is
 the ordering row 1 < row 2 < row 3 <= row 4.  `run_distill_demo` returns the numbers; the CLI prints them.
+Measured with the defaults (seed 0): teacher 0.9722; rows 0.5889, 0.5806, 0.9611, 0.9583 — copying holds up,
+distillation did not help in 200 steps (README).
 """
 from __future__ import annotations
 
