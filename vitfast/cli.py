@@ -1100,7 +1100,7 @@ def build_parser() -> argparse.ArgumentParser:
             (depth 6), then four half-depth students for the same steps, data order and optimiser: random init,
             random init + harmonic-mean distillation (eq. 4, MSE on logits, w_d=13, w_s=1), the teacher's blocks
             copied before the cut (Algorithm 1), and copied + distillation.  Prints validation accuracies and whether
-            the paper's ordering holds.  Fixed seeds: the same numbers on the same machine and torch version.
+            the paper's ordering holds.  Fixed seeds: the same numbers for the same torch version and --threads.
             64 minutes wall on a 2-core machine shared with other jobs; --quick is a smoke test (too short to
             show anything)."""),
         epilog="examples:\n  vitfast distill-demo\n  vitfast distill-demo --json table9.json --check",
