@@ -86,8 +86,8 @@ def test_distill_trainer_loss_teacher_frozen_and_logged():
     loss, logits, parts = trainer.compute_loss(images, targets)
     with torch.no_grad():
         t_logits = teacher.eval()(images)
-    l_d = F.mse_loss(logits, t_logits)
-    l_s = F.cross_entropy(logits, targets)
+    l_d = F.mse_loss(logits.detach(), t_logits)
+    l_s = F.cross_entropy(logits.detach(), targets)
     assert float(loss.detach()) == pytest.approx(float(14 / (13 / l_d + 1 / l_s)), rel=1e-5)
     assert parts["distill/l_d"] == pytest.approx(float(l_d), rel=1e-5)
     assert parts["distill/l_s"] == pytest.approx(float(l_s), rel=1e-5)
