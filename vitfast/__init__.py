@@ -30,6 +30,9 @@ _LAZY = {
     "load": ("vitfast.checkpoint", "load"),
     "patch_timm": ("vitfast.patch", "patch_timm"),
     "usdc": ("vitfast.usdc", None),
+    "distill": ("vitfast.distill", None),
+    "student": ("vitfast.student", None),
+    "distributed": ("vitfast.distributed", None),
 }
 
 # Drop-in depthwise convolution: Σ_h head ranking and DSP gating (vitfast.head_selection).

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 __all__ = [
     "SeededSampler",
+    "ShardSampler",
     "DigitsDataset",
     "SeededTransformDataset",
     "digits_loaders",
@@ -58,12 +59,25 @@ class SeededSampler(Sampler):
     The order and the per-sample seeds depend only on (seed, epoch): call `set_epoch(e)` before iterating
     (the Trainer does).  `set_start(k)` makes the *next* iteration begin at position k of the epoch's order
     (how a resumed run skips what it already consumed); it resets after that iteration.
+
+    Data parallel (`num_replicas` > 1): replica `rank` takes positions rank, rank + R, rank + 2R, ... of the
+    one global order, and every replica gets the same count ⌊n/R⌋ (the tail is dropped, as a training loader's
+    drop_last would), so all replicas run the same number of steps.  With a per-replica batch b, local batch
+    k of every replica lies inside global positions [k·R·b, (k+1)·R·b): the R replicas together see exactly
+    the batch one process with batch R·b would see at that step, whatever R is.  `set_start` then counts
+    positions of this replica's share.
     """
 
-    def __init__(self, n: int, *, shuffle: bool = True, seed: int = 0):
+    def __init__(self, n: int, *, shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0):
         self.n = _check_positive_int("n", n)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
+        self.num_replicas = _check_positive_int("num_replicas", num_replicas)
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.num_replicas:
+            raise ValueError(f"rank: expected an integer in [0, {self.num_replicas}), got {rank!r}")
+        self.rank = int(rank)
+        if self.n < self.num_replicas:
+            raise ValueError(f"n: expected at least num_replicas={self.num_replicas} samples, got {self.n}")
         self.epoch = 0
         self._start = 0
 
@@ -71,8 +85,8 @@ class SeededSampler(Sampler):
         self.epoch = int(epoch)
 
     def set_start(self, start: int) -> None:
-        if not 0 <= start <= self.n:
-            raise ValueError(f"start: expected 0 <= start <= {self.n}, got {start}")
+        if not 0 <= start <= len(self):
+            raise ValueError(f"start: expected 0 <= start <= {len(self)}, got {start}")
         self._start = int(start)
 
     def order(self) -> list:
@@ -83,11 +97,34 @@ class SeededSampler(Sampler):
 
     def __iter__(self) -> Iterator[Tuple[int, int]]:
         start, self._start = self._start, 0
-        for i in self.order()[start:]:
+        mine = self.order()[self.rank : len(self) * self.num_replicas : self.num_replicas]
+        for i in mine[start:]:
             yield (i, _mix(self.seed, self.epoch, i))
 
     def __len__(self) -> int:
-        return self.n
+        return self.n // self.num_replicas
+
+
+class ShardSampler(Sampler):
+    """Evaluation shard: replica `rank` of `num_replicas` gets indices rank, rank + R, ... of 0..n-1, in order.
+
+    No padding and no duplicates (unlike torch's DistributedSampler, which repeats samples to even out the
+    shards): summing per-replica counts gives exactly the whole set, which is what a distributed accuracy
+    needs.  Shards may differ in length by one.
+    """
+
+    def __init__(self, n: int, *, num_replicas: int = 1, rank: int = 0):
+        self.n = _check_positive_int("n", n)
+        self.num_replicas = _check_positive_int("num_replicas", num_replicas)
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.num_replicas:
+            raise ValueError(f"rank: expected an integer in [0, {self.num_replicas}), got {rank!r}")
+        self.rank = int(rank)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.n, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.n, self.num_replicas))
 
 
 def _split_key(key) -> Tuple[int, Optional[int]]:
@@ -179,6 +216,8 @@ def digits_loaders(
     eval_batch_size: Optional[int] = None,
     num_workers: int = 0,
     drop_last: bool = True,
+    num_replicas: int = 1,
+    rank: int = 0,
 ) -> Tuple[DataLoader, DataLoader]:
     """Train and validation loaders over scikit-learn's digits (1797 images, 10 classes, no download).
 
@@ -187,6 +226,8 @@ def digits_loaders(
     `SeededSampler` and (if `augment`) applies a small random affine per image; the validation loader is
     plain and in order.  Both yield `[B, 3, img_size, img_size]` float32 and `[B]` int64 labels.
     `drop_last` (train only) keeps every step's batch the same size, which keeps BatchNorm statistics sane.
+    Data parallel: `num_replicas`/`rank` give this process its share (`SeededSampler` for training,
+    `ShardSampler` for validation); `batch_size` is then the per-process batch.
     """
     img_size = _check_positive_int("img_size", img_size, minimum=8)
     batch_size = _check_positive_int("batch_size", batch_size)
@@ -199,9 +240,10 @@ def digits_loaders(
     idx_train, idx_val = train_test_split(
         np.arange(len(labels)), test_size=float(val_fraction), random_state=int(seed), stratify=labels
     )
-    if batch_size > len(idx_train) and drop_last:
+    if batch_size * num_replicas > len(idx_train) and drop_last:
         raise ValueError(
-            f"batch_size: expected at most {len(idx_train)} (the training split) with drop_last, got {batch_size}"
+            f"batch_size: expected at most {len(idx_train) // num_replicas} (the training split per process) with "
+            f"drop_last, got {batch_size}"
         )
     mean, std = float(images[idx_train].mean()), float(images[idx_train].std())
     common = dict(img_size=img_size, mean=mean, std=std)
@@ -210,11 +252,12 @@ def digits_loaders(
     train_loader = DataLoader(
         train_set,
         batch_size=batch_size,
-        sampler=SeededSampler(len(train_set), shuffle=True, seed=seed),
+        sampler=SeededSampler(len(train_set), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank),
         drop_last=drop_last,
         num_workers=num_workers,
     )
-    val_loader = DataLoader(val_set, batch_size=eval_batch_size, shuffle=False, num_workers=num_workers)
+    val_loader = DataLoader(val_set, batch_size=eval_batch_size, num_workers=num_workers,
+                            sampler=ShardSampler(len(val_set), num_replicas=num_replicas, rank=rank))
     return train_loader, val_loader
 
 
@@ -259,12 +302,16 @@ def image_folder_loaders(
     std: Sequence[float] = (0.229, 0.224, 0.225),
     eval_batch_size: Optional[int] = None,
     num_workers: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
 ) -> Tuple[DataLoader, DataLoader]:
     """Train/val loaders over a torchvision `ImageFolder` tree (`root/<class>/<image>`).
 
     With `val_root` its images are the validation set; otherwise a fixed `val_fraction` of `root` (by `seed`)
     is held out.  Training: RandomResizedCrop + horizontal flip (if `augment`); validation: resize + centre
-    crop.  Both normalised with ImageNet statistics unless `mean`/`std` are given.
+    crop.  Both normalised with ImageNet statistics unless `mean`/`std` are given.  Point `root` at ImageNet's
+    train/ and `val_root` at its val/ (both in class sub-folders).  Data parallel: as `digits_loaders`
+    (`batch_size` is per process).
     """
     from torchvision import datasets, transforms
 
@@ -306,11 +353,12 @@ def image_folder_loaders(
     train_loader = DataLoader(
         train_set,
         batch_size=batch_size,
-        sampler=SeededSampler(len(train_set), shuffle=True, seed=seed),
-        drop_last=len(train_set) > batch_size,
+        sampler=SeededSampler(len(train_set), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank),
+        drop_last=len(train_set) // num_replicas > batch_size,
         num_workers=num_workers,
     )
     val_loader = DataLoader(
-        val_set, batch_size=eval_batch_size or batch_size, shuffle=False, num_workers=num_workers
+        val_set, batch_size=eval_batch_size or batch_size, num_workers=num_workers,
+        sampler=ShardSampler(len(val_set), num_replicas=num_replicas, rank=rank),
     )
     return train_loader, val_loader

@@ -21,6 +21,24 @@ What later methods plug into (no change to the loop needed):
 * **Callbacks.**  Objects with any of `on_step(trainer, metrics)`, `on_eval(trainer, metrics)`,
   `on_fit_end(trainer)`.
 
+At scale (same loop, nothing else to change):
+
+* **Data parallel.**  Under `torchrun` (a process group initialised, e.g. by `vitfast.distributed.init_from_env`)
+  the Trainer wraps the model in DistributedDataParallel (`ddp=None`: automatic), switches every BatchNorm to a
+  global-batch one for the duration of `fit` (`vitfast.distributed.synced_batchnorm`; channel-idle FFNs need
+  it), evaluates each process's shard of a `ShardSampler` loader and sums counts over processes (no padded
+  duplicates), and agrees on stopping.  Give each process its share of the data (`vitfast.data` loaders take
+  `num_replicas`/`rank`): R processes with batch b then take the same steps as one process with batch R·b.
+* **Gradient accumulation.**  `grad_accum=A`: one optimizer step = A micro-batches (loss/A each; DDP syncs
+  gradients on the last one only).  An epoch is cut to a multiple of A micro-batches, so a step never spans
+  two epochs and A micro-batches of b equal one batch of A·b.
+* **Mixed precision.**  `amp="bf16"` (autocast; CPU or GPU) or `amp="fp16"` (autocast + GradScaler; GPU only).
+* **Stopping safely.**  `handle_signals=True` turns SIGTERM/SIGINT into "finish this step, write the
+  checkpoint, return" (`request_stop()` does the same from code); under DDP the processes agree on the step.
+  Checkpoints are written by rank 0 only (atomically) and every rank reads them to resume; each rank's RNG
+  state is stored, and the data position is stored in optimizer steps, so a run may resume with another
+  `grad_accum` or process count (bit-exact when they are unchanged).
+
 Checkpoints hold only state dicts, tensors and plain Python values (loadable with
 `torch.load(..., weights_only=True)`, which is how they are read): model, optimizer, LR scheduler, global step,
 data position (epoch and batch within it) and every RNG state; they are written atomically (temporary file,
@@ -31,10 +49,13 @@ seeds the loader's worker-seed generator, from (seed, epoch).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -44,6 +65,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
+from . import distributed as _dist
 from ._io import atomic_write
 from .data import _mix
 
@@ -190,9 +212,10 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
 
 
 def _is_main_process() -> bool:
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or (
-        torch.distributed.get_rank() == 0
-    )
+    return _dist.is_main_process()
+
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def load_trainer_checkpoint(path: Union[str, os.PathLike]) -> Dict[str, Any]:
@@ -240,6 +263,12 @@ class Trainer:
         seed: seeds every RNG at construction and drives the data order.
         progress: show a tqdm bar (loss, lr, train acc; val acc after evaluations).
         device: where batches go (default: the model's device).
+        grad_accum: micro-batches per optimizer step (module doc).
+        amp: None, "bf16" or "fp16" (module doc).
+        ddp: wrap in DistributedDataParallel (None: when a process group of > 1 processes is initialised).
+        sync_batchnorm: under DDP, BatchNorm statistics over the global batch during `fit` (default True).
+        find_unused_parameters: passed to DistributedDataParallel (parameters some steps do not use).
+        handle_signals: SIGTERM/SIGINT stop `fit` after the current step with a checkpoint (module doc).
     """
 
     def __init__(
@@ -272,6 +301,12 @@ class Trainer:
         progress: bool = True,
         desc: str = "train",
         device: Union[str, torch.device, None] = None,
+        grad_accum: int = 1,
+        amp: Optional[str] = None,
+        ddp: Optional[bool] = None,
+        sync_batchnorm: bool = True,
+        find_unused_parameters: bool = False,
+        handle_signals: bool = False,
     ):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -317,7 +352,37 @@ class Trainer:
             if not callable(fn):
                 raise TypeError(f"schedules: expected callables fn(step, total_steps), got {fn!r}")
 
-        seed_everything(self.seed)
+        if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+            raise ValueError(f"grad_accum: expected a positive integer, got {grad_accum!r}")
+        self.grad_accum = grad_accum
+        if amp is not None and amp not in AMP_DTYPES:
+            raise ValueError(f"amp: expected None, 'bf16' or 'fp16', got {amp!r}")
+        if amp == "fp16" and self.device.type != "cuda":
+            raise ValueError(f"amp: 'fp16' needs a CUDA device (loss scaling); got device {self.device}; use 'bf16'")
+        self.amp = amp
+        self.scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
+        self.handle_signals = bool(handle_signals)
+        self.sync_batchnorm = bool(sync_batchnorm)
+        self.rank, self.world_size = _dist.rank(), _dist.world_size()
+
+        # Other ranks get their own streams (dropout, drop-path); the weights still start equal: DDP broadcasts
+        # rank 0's at wrapping.
+        seed_everything(self.seed if self.rank == 0 else _mix(self.seed, self.rank, 0xD1))
+        self.ddp_model: Optional[nn.Module] = None
+        if ddp is None:
+            ddp = _dist.is_distributed()
+        if ddp:
+            if not _dist.is_distributed():
+                raise ValueError("ddp: True needs an initialised process group of more than one process "
+                                 "(run under torchrun; vitfast.distributed.init_from_env)")
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp_model = DistributedDataParallel(
+                model,
+                device_ids=[torch.cuda.current_device() if self.device.index is None else self.device.index]
+                if self.device.type == "cuda" else None,
+                find_unused_parameters=bool(find_unused_parameters),
+            )
         groups = param_groups(model, self.weight_decay)
         if not groups:
             raise ValueError("model: has no trainable parameters (all requires_grad=False)")
@@ -338,6 +403,8 @@ class Trainer:
         self._pending_rng: Optional[Dict[str, Any]] = None
         self._window: List[Tuple[float, int, int]] = []  # (loss, correct, n) of recent steps for the bar
         self._last_saved_step: Optional[int] = None
+        self._stop_requested = False
+        self._epoch_limit: Optional[int] = None
 
     # ------------------------------------------------------------------------------------------ set-up
     @staticmethod
@@ -419,10 +486,9 @@ class Trainer:
 
         Override for losses that need more than (logits, targets) — e.g. distillation from a teacher.
         """
-        logits = self.model(images)
-        task = self.loss_fn(logits, targets)
+        logits = self.forward(images)
+        task, parts = self.task_loss(images, logits, targets)
         total = task
-        parts = {"task_loss": float(task.detach())}
         for name, module in self.extra_loss_modules():
             value = module.extra_loss()
             if value is None:
@@ -437,32 +503,88 @@ class Trainer:
             total = total + weight * value.reshape(())
         return total, logits, parts
 
-    def train_step(self, batch) -> Dict[str, float]:
-        """One optimizer step on `batch`; returns its metrics."""
-        images, targets = self._to_device(batch)
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """The training forward: through the DDP wrapper when there is one (it syncs gradients)."""
+        return (self.ddp_model if self.ddp_model is not None else self.model)(images)
+
+    def task_loss(self, images: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, float]]:
+        """The loss of the task itself -> (scalar, logged parts); `loss_fn` by default.  Distillation overrides it."""
+        task = self.loss_fn(logits, targets)
+        return task, {"task_loss": float(task.detach())}
+
+    def _autocast(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=AMP_DTYPES[self.amp])
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        ok = bool(torch.isfinite(loss.detach()).all())
+        if _dist.is_distributed():  # every rank must take the same branch, or the others wait in backward forever
+            ok = _dist.all_reduce_sum([0.0 if ok else 1.0], self.device)[0] == 0
+        return ok
+
+    def train_step(self, batch, *more_batches) -> Dict[str, float]:
+        """One optimizer step on `batch` (and, with grad_accum = A, the A - 1 `more_batches`); returns its metrics.
+
+        Logged loss/acc are over all micro-batches (and, under DDP, over all processes).
+        """
+        micro = [batch, *more_batches]
+        if len(micro) != self.grad_accum:
+            raise ValueError(f"batch: expected grad_accum={self.grad_accum} micro-batches, got {len(micro)}")
         self._apply_schedules(self.step)
         self.model.train()
-        loss, logits, parts = self.compute_loss(images, targets)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"loss: expected a finite value, got {float(loss)} at step {self.step} (parts: {parts}); "
-                "lower lr or enable grad_clip"
-            )
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum, correct, count, parts_sum = 0.0, 0, 0, {}
+        for i, mb in enumerate(micro):
+            images, targets = self._to_device(mb)
+            last = i == len(micro) - 1
+            no_sync = self.ddp_model.no_sync() if (self.ddp_model is not None and not last) else contextlib.nullcontext()
+            with no_sync:
+                with self._autocast():
+                    loss, logits, parts = self.compute_loss(images, targets)
+                if not self._all_finite(loss):
+                    raise FloatingPointError(
+                        f"loss: expected a finite value, got {float(loss)} at step {self.step} (parts: {parts}); "
+                        "lower lr or enable grad_clip"
+                    )
+                scaled = loss.float() / len(micro)
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            loss_sum += float(loss.detach())
+            for k, v in parts.items():
+                parts_sum[k] = parts_sum.get(k, 0.0) + v
+            with torch.no_grad():
+                if logits.ndim == 2 and targets.ndim == 1:
+                    correct += int((logits.argmax(-1) == targets).sum())
+            count += int(targets.shape[0])
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip is not None else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        with torch.no_grad():
-            correct = int((logits.argmax(-1) == targets).sum()) if logits.ndim == 2 and targets.ndim == 1 else 0
-        metrics = {"step": self.step, "loss": float(loss.detach()), "lr": lr, "grad_norm": grad_norm, **parts}
-        metrics["acc"] = correct / max(1, targets.shape[0])
-        self._window = (self._window + [(metrics["loss"], correct, int(targets.shape[0]))])[-20:]
+        loss_mean = loss_sum / len(micro)
+        total = _dist.all_reduce_sum([loss_mean, correct, count], self.device)  # global metrics under DDP
+        loss_mean, correct, count = total[0] / self.world_size, int(total[1]), int(total[2])
+        metrics = {"step": self.step, "loss": loss_mean, "lr": lr, "grad_norm": grad_norm,
+                   **{k: v / len(micro) for k, v in parts_sum.items()}}
+        metrics["acc"] = correct / max(1, count)
+        self._window = (self._window + [(metrics["loss"], correct, count)])[-20:]
         return metrics
+
+    def _stop_agreed(self) -> bool:
+        """Whether any process was asked to stop (one tiny all-reduce under DDP, so all stop at the same step)."""
+        return _dist.all_reduce_sum([float(self._stop_requested)], self.device)[0] > 0
+
+    def request_stop(self) -> None:
+        """Make `fit` return after the current step, with a checkpoint (safe to call from a signal handler)."""
+        self._stop_requested = True
 
     def _to_device(self, batch):
         if not isinstance(batch, (tuple, list)) or len(batch) < 2:
@@ -491,6 +613,12 @@ class Trainer:
                 fast_skip = True
         elif hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
+        self._epoch_limit = None
+        if self.grad_accum > 1:
+            try:
+                self._epoch_limit = len(loader) // self.grad_accum * self.grad_accum
+            except TypeError:
+                pass  # no length: accumulation may straddle epochs
         it = iter(loader)
         if skip_batches and not fast_skip:
             for _ in range(skip_batches):  # no cheaper way for an arbitrary loader: read and drop
@@ -506,6 +634,8 @@ class Trainer:
                     _set_rng_state(self._pending_rng)
                     self._pending_rng = None
             try:
+                if self._epoch_limit is not None and self.batch_in_epoch >= self._epoch_limit:
+                    raise StopIteration
                 batch = next(self._iter)
                 self.batch_in_epoch += 1
                 return batch
@@ -539,27 +669,32 @@ class Trainer:
         )
         start = time.perf_counter()
         steps_at_start = self.step
-        try:
-            while self.step < until:
-                metrics = self.train_step(self._next_batch())
-                self.history.append(metrics)
-                bar.update(1)
-                self._callback("on_step", metrics)
-                if self.val_loader is not None and self.eval_every and self.step % self.eval_every == 0:
-                    self._run_eval(bar)
-                if self.checkpoint_path and self.checkpoint_every and self.step % self.checkpoint_every == 0:
-                    self.save_checkpoint(self.checkpoint_path)
-                self._update_bar(bar)
-            finished = self.step >= self.total_steps
-            if finished:
-                self._apply_schedules(self.total_steps)
-                if self.val_loader is not None and (self.last_eval is None or self.last_eval["step"] != self.step):
-                    self._run_eval(bar)
+        stopped = False
+        self._stop_requested = False
+        with contextlib.ExitStack() as stack:
+            if self.ddp_model is not None and self.sync_batchnorm:
+                stack.enter_context(_dist.synced_batchnorm(self.model))
+            if self.handle_signals:
+                stack.enter_context(self._stop_on_signals())
+            try:
+                while self.step < until:
+                    metrics = self.train_step(*[self._next_batch() for _ in range(self.grad_accum)])
+                    self.history.append(metrics)
+                    bar.update(1)
+                    self._callback("on_step", metrics)
+                    if self.val_loader is not None and self.eval_every and self.step % self.eval_every == 0:
+                        self._run_eval(bar)
+                    if self.checkpoint_path and self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                        self.save_checkpoint(self.checkpoint_path)
                     self._update_bar(bar)
-            if self.checkpoint_path and self._last_saved_step != self.step:
-                self.save_checkpoint(self.checkpoint_path)
-        finally:
-            bar.close()
+                    if self._stop_agreed():
+                        stopped = True
+                        if bar is not None and not bar.disable:
+                            bar.write(f"[{self.desc}] stop requested: stopping after step {self.step}")
+                        break
+                finished = self._finish_fit(bar)
+            finally:
+                bar.close()
         elapsed = time.perf_counter() - start
         if finished:
             self._callback("on_fit_end")
@@ -568,8 +703,35 @@ class Trainer:
             "steps_run": self.step - steps_at_start,
             "seconds": elapsed,
             "finished": finished,
+            "stopped": stopped,
             "last_eval": self.last_eval,
         }
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signal handlers can only be installed from the main thread
+            return
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda signum, frame: self.request_stop())
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _finish_fit(self, bar) -> bool:
+        """End of `fit` (completed or stopped): final schedule call and evaluation, last checkpoint."""
+        finished = self.step >= self.total_steps
+        if finished:
+            self._apply_schedules(self.total_steps)
+            if self.val_loader is not None and (self.last_eval is None or self.last_eval["step"] != self.step):
+                self._run_eval(bar)
+                self._update_bar(bar)
+        if self.checkpoint_path and self._last_saved_step != self.step:
+            self.save_checkpoint(self.checkpoint_path)
+        return finished
 
     def _update_bar(self, bar) -> None:
         if bar.disable or not self._window:
@@ -596,11 +758,22 @@ class Trainer:
         """Top-1 accuracy and mean task loss over `loader` (default: val_loader), in eval mode.
 
         Runs under a forked RNG, so evaluating (or not) never changes the training run's randomness.
+        Under DDP, a loader whose sampler is sharded over the processes (`num_replicas` = world size, e.g.
+        `vitfast.data.ShardSampler`) is evaluated shard by shard and the sums are all-reduced, so every process
+        gets the accuracy over the whole set, each sample counted once; any other loader is evaluated whole by
+        every process.  torch's DistributedSampler pads shards with repeated samples, so it is refused.
         """
         loader = self.val_loader if loader is None else loader
         if loader is None:
             raise ValueError("loader: evaluate() needs a loader (no val_loader was given)")
         model = self.model if model is None else model
+        sampler = getattr(loader, "sampler", None)
+        sharded = _dist.is_distributed() and getattr(sampler, "num_replicas", 1) == self.world_size
+        if sharded and isinstance(sampler, torch.utils.data.DistributedSampler):
+            raise ValueError(
+                "loader: a DistributedSampler repeats samples to even out shards, which would count them twice; "
+                "use vitfast.data.ShardSampler for evaluation"
+            )
         was_training = model.training
         devices = [self.device.index or 0] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
@@ -609,21 +782,30 @@ class Trainer:
                 loss_sum, correct, n = 0.0, 0, 0
                 for batch in loader:
                     images, targets = self._to_device(batch)
-                    logits = model(images)
+                    with self._autocast():
+                        logits = model(images)
+                    logits = logits.float()
                     loss_sum += float(self.loss_fn(logits, targets)) * targets.shape[0]
                     correct += int((logits.argmax(-1) == targets).sum())
                     n += int(targets.shape[0])
             finally:
                 model.train(was_training)
+        if sharded:
+            loss_sum, correct, n = _dist.all_reduce_sum([loss_sum, correct, n], self.device)
+            correct, n = int(correct), int(n)
         if n == 0:
             raise ValueError("loader: produced no batches to evaluate")
         return {"loss": loss_sum / n, "acc": correct / n, "n": n}
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """Everything a resumed run needs, as tensors and plain values (weights_only-loadable)."""
+        """Everything a resumed run needs, as tensors and plain values (weights_only-loadable).
+
+        Under DDP every process must call it (the RNG states of all ranks are gathered).
+        """
         model = self.model.module if hasattr(self.model, "module") and isinstance(self.model.module, nn.Module) else self.model
-        return {
+        rng = self._pending_rng if self._pending_rng is not None else _rng_state(self.device)
+        state = {
             "format": CHECKPOINT_FORMAT,
             "version": CHECKPOINT_VERSION,
             "step": self.step,
@@ -635,18 +817,27 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             # a checkpoint taken before the data was positioned still holds the RNG state it must restore
-            "rng": self._pending_rng if self._pending_rng is not None else _rng_state(self.device),
+            "rng": rng,
             "last_eval": dict(self.last_eval) if self.last_eval else None,
             "extra": dict(self.checkpoint_extra if extra is None else extra),
+            # the data position is stored in micro-batches of this accumulation; load converts it to steps
+            "grad_accum": self.grad_accum,
+            "world_size": self.world_size,
         }
+        if self.world_size > 1:
+            state["rng_ranks"] = _dist.gather_objects(rng)
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def save_checkpoint(self, path: Union[str, os.PathLike], extra: Optional[Dict[str, Any]] = None) -> str:
         """Atomically write a resumable checkpoint to `path` (main process only under DDP)."""
         path = os.fspath(path)
+        state = self.state_dict(extra)
         if _is_main_process():
-            state = self.state_dict(extra)
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             atomic_write(path, lambda tmp: torch.save(state, tmp))
+        _dist.barrier()  # nobody goes on (or reads it to resume) before it is complete
         self._last_saved_step = self.step
         return path
 
@@ -664,10 +855,16 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self.epoch = int(state["epoch"])
-        self.batch_in_epoch = int(state["batch_in_epoch"])
+        # checkpoints are taken between steps: convert the position to this run's micro-batches per step
+        saved_accum = int(state.get("grad_accum", 1))
+        self.batch_in_epoch = int(state["batch_in_epoch"]) // saved_accum * self.grad_accum
         self.last_eval = state.get("last_eval")
         self._iter = None
-        self._pending_rng = state["rng"]
+        ranks = state.get("rng_ranks")
+        # same process count: each rank continues its own random streams; otherwise rank 0's is the best there is
+        self._pending_rng = ranks[self.rank] if ranks and len(ranks) == self.world_size else state["rng"]
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         self._last_saved_step = self.step
 
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> Dict[str, Any]:
