@@ -107,3 +107,23 @@ def test_prepack_skips_reference_backend(monkeypatch):
 def test_prepack_rejects_non_modules():
     with pytest.raises(TypeError, match="module: expected a torch.nn.Module, got str"):
         vitfast.ops.prepack("model")
+
+
+@pytest.mark.parametrize("recipe", ["nondeep_full", "nondeep_factored", "dwconv_mixed"])
+def test_fuse_prepacks_every_method(recipe):
+    # Non-deep (xwx_attention, both score forms) and drop-in depthwise-conv blocks (dwconv_attention plus the
+    # remaining heads' linears) pack at fuse time too, so their first forward also only hits the cache.
+    if recipe.startswith("nondeep"):
+        train = vitfast.convert.from_timm(_vit(depth=4), branches=2)
+        for block in train.blocks:
+            block.set_lambda(1.0)  # joining finished: the collapse is exact
+        kwargs = {"score_form": recipe.split("_")[1]}
+    else:
+        train = vitfast.convert.from_timm(_vit(), dwconv_blocks=[0], dwconv_heads={1: [0]})
+        kwargs = {}
+    vitfast._C._weight_cache_clear()
+    fused = vitfast.fuse(train.eval(), **kwargs)
+    assert _stats()["misses"] > 0
+    out = _forward_packs_nothing(fused)
+    with torch.no_grad():
+        torch.testing.assert_close(out, train.eval()(IMAGES), atol=1e-4, rtol=1e-4)

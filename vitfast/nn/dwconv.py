@@ -376,6 +376,19 @@ class FusedDWConvBlock(nn.Module):
                                  self.out_proj.bias, self.grid_size[0], self.grid_size[1], shortcut)
         return self.mlp(x)
 
+    def vitfast_prepack(self) -> bool:
+        """Pack the attention-side weights for the CPU kernels now (see `vitfast.ops.prepack`; the FFN packs itself):
+        one call of each op on a one-token 1×1 grid with the real weight tensors; False when not on CPU."""
+        if self.value.weight.device.type != "cpu":
+            return False
+        x = self.value.weight.new_zeros(1, 1, self.dim)
+        if self.qkv is not None:
+            ops.linear(x, self.qkv.weight, self.qkv.bias)
+            ops.linear(x.new_zeros(1, 1, self.attn_proj.in_features), self.attn_proj.weight, None)
+        ops.dwconv_attention(x, self.value.weight, self.value.bias, self.conv_kernel, self.out_proj.weight,
+                             self.out_proj.bias, 1, 1)
+        return True
+
     # -------------------------------------------------------------------------------------- construction
     @classmethod
     def _from_parts(cls, norm1, attn: DWConvAttention, ls1, mlp: FusedChannelIdleFFN, name: str) -> "FusedDWConvBlock":

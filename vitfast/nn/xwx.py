@@ -156,6 +156,14 @@ class XWXAttention(nn.Module):
         # The op: C++ on CPU, Triton on CUDA, the reference under VITFAST_BACKEND=reference.
         return ops.xwx_attention(y, self.w_q, self.w_k, self.key_bias, self.w_v, self.w_o, self.b_o, residual)
 
+    def vitfast_prepack(self) -> bool:
+        """Pack the weights for the CPU kernel now (see `vitfast.ops.prepack`): one call on a one-token input, the
+        same weight tensors the real forward passes, so the same cache entries; False when not on CPU."""
+        if self.w_q.device.type != "cpu":
+            return False
+        self(self.w_q.new_zeros(1, 1, self.dim))
+        return True
+
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, score_form={self.score_form!r}, "
                 f"score_rank={self.score_rank}, value_dim={self.value_dim}")
