@@ -53,3 +53,16 @@ def test_demo_exit_status_when_accuracy_differs(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(vitfast.demo, "run_demo", lambda **kw: fake)
     assert main(["demo", "--quick", "--out", str(tmp_path)]) == 1
     assert "FAILED" in capsys.readouterr().out
+
+
+def test_fused_flops_count_every_vitfast_op():
+    # θ = 0 with the LayerNorm FFN is timm's function with the same products, so a fused model must count the
+    # same FLOPs as its timm source: the qkv/proj linears, attention and the FFN all run on vitfast ops, and an
+    # op FlopCounterMode cannot see would make the fused count smaller.
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vitfast.demo import flops_per_image
+
+    timm_model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=10).eval()
+    fused = vitfast.fuse(vitfast.convert.from_timm(timm_model, channel_idle=0.0, norm="layer").eval())
+    assert flops_per_image(fused, (3, 32, 32)) == flops_per_image(timm_model, (3, 32, 32))

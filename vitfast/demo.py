@@ -45,11 +45,7 @@ def _prod(shape) -> int:
 
 
 def _flop_formulas() -> Dict[Any, Any]:
-    """FLOP formulas FlopCounterMode lacks: vitfast's ops and the CPU attention kernel (shapes in, count out)."""
-
-    def channel_idle_ffn(x, w_in, b_in, w_out, *args, out_shape=None, **kwargs):
-        rows = _prod(x[:-1])
-        return 2 * rows * w_in[0] * w_in[1] + 2 * rows * w_out[0] * w_out[1]
+    """FLOP formulas FlopCounterMode lacks: the CPU flash-attention kernel behind SDPA (shapes in, count out)."""
 
     def sdpa(q, k, v, *args, out_shape=None, **kwargs):
         batch_heads, n_q, n_k = _prod(q[:-2]), q[-2], k[-2]
@@ -60,21 +56,6 @@ def _flop_formulas() -> Dict[Any, Any]:
         op = getattr(torch.ops.aten, name, None)
         if op is not None:
             formulas[op] = sdpa
-    if hasattr(torch.ops.vitfast, "channel_idle_ffn"):
-        formulas[torch.ops.vitfast.channel_idle_ffn] = channel_idle_ffn
-
-    def xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, *args, out_shape=None, **kwargs):
-        # projections (left, right unless full, key bias, values) + scores + P·V + each head through W_O
-        batch, tokens, channels = x
-        heads, _, rank = w_q
-        value_dim, c_out = w_o[1], w_o[2]
-        right = rank if w_k is not None else 0
-        kb = 1 if key_bias is not None else 0
-        proj = 2 * batch * tokens * channels * heads * (rank + right + kb + value_dim)
-        return proj + 2 * batch * heads * tokens * tokens * (rank + value_dim) + 2 * batch * tokens * heads * value_dim * c_out
-
-    if hasattr(torch.ops.vitfast, "xwx_attention"):
-        formulas[torch.ops.vitfast.xwx_attention] = xwx_attention
     return formulas
 
 
@@ -82,16 +63,20 @@ def _flop_formulas() -> Dict[Any, Any]:
 def flops_per_image(model: nn.Module, input_shape: Sequence[int]) -> int:
     """FLOPs of one forward pass on one image of `input_shape` (C, H, W): matmuls, convolutions, attention.
 
-    Elementwise work (norms, GELU, softmax) is not counted, in either model of a comparison.
+    Elementwise work (norms, GELU, softmax) is not counted, in either model of a comparison.  Fused modules are
+    counted on `vitfast.reference` (the same products, as aten ops FlopCounterMode knows), so every vitfast op —
+    present or future — is counted without a formula of its own.
     """
     from torch.utils.flop_counter import FlopCounterMode
+
+    from .export import reference_backend
 
     x = torch.zeros(1, *input_shape, device=next(model.parameters()).device)
     was_training = model.training
     model.eval()
     try:
         counter = FlopCounterMode(display=False, custom_mapping=_flop_formulas())
-        with counter:
+        with counter, reference_backend():
             model(x)
     finally:
         model.train(was_training)
