@@ -138,3 +138,21 @@ def test_sigterm_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path, caps
     full = load_trainable(tmp_path / "full" / "model.safetensors")[0].state_dict()
     for key, value in full.items():
         assert torch.equal(resumed[key], value), key
+
+
+def test_combined_recipe_nondeep_channel_idle_student_fuses(tmp_path, capsys):
+    # issue 7's combined recipe: distil into a non-deep student (2 branches) with channel-idle FFNs, then fuse.
+    teacher_run = tmp_path / "teacher4"
+    kwargs = json.dumps({"depth": 4, "embed_dim": 32, "num_heads": 2, "patch_size": 4})
+    assert main(["train", "vit_tiny_patch16_224", "--img-size", "16", "--model-kwargs", kwargs, "--steps", "2",
+                 "--batch-size", "32", "--out", str(teacher_run), "--no-progress"]) == 0
+    run = tmp_path / "nd"
+    assert main(["train", "--teacher", str(teacher_run / "model.safetensors"), "--student-depth", "2", "--branches", "2",
+                 "--channel-idle", "0.5", "--harmonic", "--join-steps", "1", "--steps", "3", "--batch-size", "32",
+                 "--out", str(run), "--no-progress"]) == 0
+    student, recipe = load_trainable(run / "model.safetensors")
+    assert recipe["branches"] == 2 and recipe["channel_idle"] == 0.5 and recipe["cut"]["copied"] > 0
+    assert len(student.blocks) == 1  # 2 student layers side by side in one non-deep block
+    fused = str(tmp_path / "fused.safetensors")
+    assert main(["fuse", str(run / "model.safetensors"), "-o", fused]) == 0
+    assert main(["verify", fused, "--source", str(run / "model.safetensors")]) == 0

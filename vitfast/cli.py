@@ -621,6 +621,10 @@ def _distill_student(args, settings):
     cut = student.distill_cut
     recipe = {"source": "student", "teacher": os.path.basename(settings["teacher"]),
               "cut": {k: cut[k] for k in ("p1", "p2", "init", "copied")}}
+    if settings.get("branches") is not None:
+        # Combined recipe: distil into a non-deep student (its blocks grouped into branches, with channel-idle FFNs
+        # when --channel-idle is given), converted exactly like a timm SOURCE.
+        return _nondeep_source(student, settings, recipe)
     if settings.get("channel_idle") is None:
         return student, recipe
     norm, heuristic = settings.get("norm") or "batch", settings.get("heuristic") or "static"
