@@ -815,9 +815,8 @@ def cmd_bench(args) -> int:
 
     import vitfast
     from vitfast.arch import build_timm
-    from vitfast.bench import DEFAULT_PROVIDERS, format_report, plot_report, run_bench
+    from vitfast.bench import DEFAULT_PROVIDERS
     from vitfast.checkpoint import read_config
-    from vitfast.export import model_input_shape
 
     device = _device(args.device)
     json_path = _output_path(args.json, "--json") if args.json else None
@@ -857,6 +856,16 @@ def cmd_bench(args) -> int:
         recipe = {"model": args.target, "channel_idle": theta, "norm": args.norm, "heuristic": args.heuristic,
                   "img_size": args.img_size, "num_classes": args.num_classes, "model_kwargs": args.model_kwargs or {}}
         title = f"vitfast bench {args.target} θ={theta} ({args.norm} norm)"
+    return _bench_and_report(args, baseline, fused, device, threads, providers, json_path, png_path,
+                             title=title, recipe=recipe, note=note)
+
+
+def _bench_and_report(args, baseline, fused, device, threads, providers, json_path, png_path, *, title, recipe,
+                      note) -> int:
+    """Time `baseline` against `fused` (vitfast.bench.run_bench), print the table, write --json/--png."""
+    from vitfast.bench import format_report, plot_report, run_bench
+    from vitfast.export import model_input_shape
+
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     report = run_bench(
         baseline, fused, input_shape=model_input_shape(baseline), threads=threads, batch_sizes=args.batch_sizes,
@@ -877,8 +886,6 @@ def cmd_bench(args) -> int:
 def _bench_nondeep(args, baseline, device, threads, providers, json_path, png_path) -> int:
     """`vitfast bench MODEL --branches n`: timm MODEL (L layers) against its fused L/n-layer non-deep model."""
     import vitfast
-    from vitfast.bench import format_report, plot_report, run_bench
-    from vitfast.export import model_input_shape
 
     theta = args.channel_idle or 0.0
     norm = args.norm if args.channel_idle is not None else "layer"
@@ -900,21 +907,8 @@ def _bench_nondeep(args, baseline, device, threads, providers, json_path, png_pa
               "join_values": bool(args.join_values), "score_forms": forms, "img_size": args.img_size,
               "num_classes": args.num_classes, "model_kwargs": args.model_kwargs or {}}
     title = f"vitfast bench {args.target} --branches {args.branches} ({depth} layers)"
-    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    report = run_bench(
-        baseline, fused, input_shape=model_input_shape(baseline), threads=threads, batch_sizes=args.batch_sizes,
-        providers=providers, repeats=args.repeats, warmup=args.warmup, device=device, ort_spinning=args.ort_spinning,
-        meta={"title": title, "target": args.target, "recipe": recipe, "note": note}, log=log,
-    )
-    print(format_report(report))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {json_path}")
-    if png_path:
-        plot_report(report, png_path)
-        print(f"wrote {png_path}")
-    return EXIT_CHECK_FAILED if report["errors"] else EXIT_OK
+    return _bench_and_report(args, baseline, fused, device, threads, providers, json_path, png_path,
+                             title=title, recipe=recipe, note=note)
 
 
 # ---------------------------------------------------------------------------------------------- export
