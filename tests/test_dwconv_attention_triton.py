@@ -143,3 +143,12 @@ def test_bad_arguments_rejected():
         dwconv_attention_triton(args[0], args[1], args[2], args[3][:, :2, :2], *args[4:])
     with pytest.raises(ValueError, match="x: expected N >= grid_h"):
         dwconv_attention_triton(*args[:6], 4, 4, args[8])
+
+
+def test_cuda_path_policy():
+    from vitfast.ops import use_triton_dwconv_attention
+
+    # Measured slower than the cuBLAS/cuDNN composition everywhere (docstring): Triton only when forced.
+    assert not use_triton_dwconv_attention()
+    assert not use_triton_dwconv_attention("torch")
+    assert use_triton_dwconv_attention("triton")

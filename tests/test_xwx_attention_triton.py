@@ -131,11 +131,15 @@ def test_low_precision(dtype, shape, tol):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device (the op's CUDA impl is the Triton launcher)")
-def test_op_and_fused_block_use_triton_on_cuda(tol):
-    """torch.ops.vitfast.xwx_attention on CUDA tensors is the Triton kernel, and a fused non-deep model moved to
-    the GPU runs it (parity with the same model on CPU, which runs the C++ kernel)."""
+def test_op_and_fused_block_use_triton_on_cuda(tol, monkeypatch):
+    """torch.ops.vitfast.xwx_attention on CUDA tensors with VITFAST_CUDA_KERNELS=triton is the Triton kernel, and
+    a fused non-deep model moved to the GPU runs it (parity with the same model on CPU, which runs the C++
+    kernel).  ("auto" would take the eager composition in fp32: see use_triton_xwx_attention.)"""
     import vitfast
     from timm.models.vision_transformer import VisionTransformer
+    from vitfast import _env
+
+    monkeypatch.setattr(_env, "_cuda_kernels", "triton")
 
     args = make_xwx_args(2, 37, 48, 3, 16, 24, device=DEVICE)
     torch.testing.assert_close(torch.ops.vitfast.xwx_attention(*args), xwx_attention_triton(*args), atol=0, rtol=0)
@@ -155,3 +159,15 @@ def test_op_and_fused_block_use_triton_on_cuda(tol):
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
     scale = float(expected.abs().max())
     torch.testing.assert_close(out, expected, atol=2e-4 * max(scale, 1.0), rtol=2e-4)
+
+
+def test_cuda_path_policy():
+    from vitfast.ops import TRITON_XWX_MAX_WIDTH, use_triton_xwx_attention
+
+    # The measured policy (docstring of use_triton_xwx_attention): Triton only in half precision at small widths.
+    assert not use_triton_xwx_attention(torch.float32, 192)
+    assert use_triton_xwx_attention(torch.float16, 192)
+    assert use_triton_xwx_attention(torch.bfloat16, TRITON_XWX_MAX_WIDTH)
+    assert not use_triton_xwx_attention(torch.float16, 384)
+    assert use_triton_xwx_attention(torch.float32, 384, "triton")
+    assert not use_triton_xwx_attention(torch.float16, 192, "torch")

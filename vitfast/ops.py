@@ -138,7 +138,20 @@ def _dwconv_attention_fake(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residu
     return x.new_empty((x.shape[0], x.shape[1], c_out))
 
 
+def use_triton_dwconv_attention(policy: str = "auto") -> bool:
+    """The best measured CUDA path for dwconv_attention.
+
+    Measured on an H200 (torch 2.11, triton 3.6; benchmarks/bench_dwconv_attention.py --cuda, fp32, 24×24
+    tokens, medians): the Triton kernel is 0.15–0.33× the reference composition (cuBLAS GEMMs + cuDNN depthwise
+    conv) with all heads as DW conv at ViT-B/L width, and 0.26–0.58× in the ensembled form, at batch 1 and 8.
+    It loses everywhere measured, so "auto" takes the composition; VITFAST_CUDA_KERNELS=triton forces the kernel.
+    """
+    return policy == "triton"
+
+
 def _dwconv_attention_cuda(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual=None):
+    if not use_triton_dwconv_attention(get_cuda_kernels()):
+        return reference.dwconv_attention(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
     from .kernels.dwconv_attention import dwconv_attention_triton
 
     return dwconv_attention_triton(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
@@ -182,7 +195,31 @@ _lib.impl("batch_gate", _batch_gate_cuda, "CUDA")
 _lib.impl("gate_select", _gate_select_cuda, "CUDA")
 
 
+# Widest model (C) up to which the Triton xwx kernel beats the eager composition in half precision.
+TRITON_XWX_MAX_WIDTH = 256
+
+
+def use_triton_xwx_attention(dtype: torch.dtype, width: int, policy: str = "auto") -> bool:
+    """The best measured CUDA path for xwx_attention.
+
+    Measured on an H200 (torch 2.11, triton 3.6; benchmarks/bench_xwx_attention.py, do_bench medians, same run):
+    - fp32: 0.14–0.48× the eager composition at DeiT-Ti and DeiT-S widths, batch 1/8/64, both score forms
+      (ieee tl.dot on CUDA cores) → the composition.
+    - fp16, DeiT-Ti (C = 192): 1.25–1.54× factored, 1.33–1.43× full → Triton.
+    - fp16, DeiT-S (C = 384): factored 0.98–1.12×, full 0.86–0.91× at batch 1–8 and 1.25× at batch 64 — no
+      consistent win → the composition.
+    `policy` "triton"/"torch" (VITFAST_CUDA_KERNELS) forces one path.
+    """
+    if policy == "triton":
+        return True
+    if policy == "torch":
+        return False
+    return dtype in (torch.float16, torch.bfloat16) and width <= TRITON_XWX_MAX_WIDTH
+
+
 def _xwx_attention_cuda(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None):
+    if not use_triton_xwx_attention(x.dtype, x.shape[-1], get_cuda_kernels()):
+        return reference.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
     from .kernels.xwx_attention import xwx_attention_triton
 
     return xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
