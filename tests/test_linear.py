@@ -195,6 +195,34 @@ def test_same_weight_with_and_without_bias_are_cached_apart(tol):
     torch.testing.assert_close(op(x, w), reference.linear(x, w), atol=atol, rtol=rtol)
 
 
+def test_entries_sharing_a_first_weight_are_all_served_and_hit(tol):
+    """The cache index is keyed by (op, first weight): several biases on one weight share a bucket."""
+    _C._weight_cache_clear()
+    x, w, _, _ = make_args(20, 12, (3,))
+    biases = [torch.randn(12) for _ in range(5)]
+    atol, rtol = tol[torch.float32]
+    for _ in range(2):
+        for b in biases:
+            torch.testing.assert_close(op(x, w, b), reference.linear(x, w, b), atol=atol, rtol=rtol)
+    s = _C._weight_cache_stats()
+    assert (s["misses"], s["hits"], s["entries"]) == (5, 5, 5)
+
+
+def test_least_recently_used_entries_are_evicted_at_capacity():
+    _C._weight_cache_clear()
+    x = torch.randn(2, 8)
+    weights = [torch.randn(4, 8) for _ in range(300)]  # more than the cache's 256 entries
+    for w in weights:
+        op(x, w)
+    s = _C._weight_cache_stats()
+    assert s["entries"] == 256 and s["misses"] == 300
+    op(x, weights[-1])  # recent: still cached
+    assert _C._weight_cache_stats()["misses"] == 300
+    torch.testing.assert_close(op(x, weights[0]), reference.linear(x, weights[0]))  # evicted: packed again
+    s2 = _C._weight_cache_stats()
+    assert s2["misses"] == 301 and s2["entries"] == 256 and s2["bytes"] == s["bytes"]
+
+
 # ---------------------------------------------------------------------------------------------- torch integration
 @pytest.mark.parametrize("optional", [True, False], ids=["with_optionals", "without_optionals"])
 def test_opcheck(optional):
