@@ -15,6 +15,8 @@ import sys
 import textwrap
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from vitfast.dwconv_recipe import DWCONV_SETTINGS  # names of the DW-conv options (no torch import)
+
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -302,8 +304,7 @@ _NONDEEP_TRAIN_SETTINGS = ("branches", "join_values", "join_schedule", "join_sta
 _TRAIN_SETTINGS = ("data", "val_data", "steps", "epochs", "lr", "weight_decay", "batch_size", "warmup", "label_smoothing",
                    "grad_clip", "seed", "img_size", "num_classes", "channel_idle", "norm", "heuristic", "model_kwargs",
                    "eval_every", "checkpoint_every") + _NONDEEP_TRAIN_SETTINGS
-_TRAIN_SETTINGS = _TRAIN_SETTINGS + ("dwconv_blocks", "dwconv_heads", "ranking", "dwconv_kernel", "ensemble",
-                                     "remove_cls")  # drop-in DW-conv heads (vitfast.dwconv_recipe.DWCONV_SETTINGS)
+_TRAIN_SETTINGS = _TRAIN_SETTINGS + DWCONV_SETTINGS  # drop-in DW-conv heads
 
 
 def _model_input(model):
@@ -449,7 +450,7 @@ def _train_source(args, settings):
             if settings.get(k) is not None:
                 raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; {source!r} is "
                                f"a file (convert it with --branches)")
-        for k in ("dwconv_blocks", "dwconv_heads", "ranking", "dwconv_kernel", "ensemble", "remove_cls"):
+        for k in DWCONV_SETTINGS:
             if settings.get(k) is not None:
                 raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; {source!r} is "
                                f"a file (convert it with --dwconv-blocks/--dwconv-heads)")

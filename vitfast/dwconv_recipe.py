@@ -14,9 +14,10 @@ rebuilds without it) and the channel-idle FFN of every block (a DW-conv conversi
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Union
 
-import torch.nn as nn
+if TYPE_CHECKING:  # the CLI imports DWCONV_SETTINGS at start-up: no torch import here
+    import torch.nn as nn
 
 __all__ = ["describe_dwconv", "build_dwconv", "DWCONV_SETTINGS", "dwconv_request", "check_dwconv_options",
            "convert_dwconv", "dwconv_recipe", "describe_dwconv_model", "parse_dwconv_blocks", "parse_dwconv_heads"]
