@@ -15,6 +15,8 @@ import sys
 import textwrap
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from vitfast.dwconv_recipe import DWCONV_SETTINGS  # names of the DW-conv options (no torch import)
+
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -216,6 +218,9 @@ def _describe(model) -> str:
     nondeep = _nondeep_blocks(model)
     if nondeep:
         ffn += f", non-deep: {len(nondeep)} blocks x {nondeep[0].num_branches} branches ({nondeep[0].schedule})"
+    from vitfast.dwconv_recipe import describe_dwconv_model
+
+    ffn += describe_dwconv_model(model)
     return f"{type(model).__name__}, {count_parameters(model):,} parameters{ffn}"
 
 
@@ -245,6 +250,8 @@ def cmd_convert(args) -> int:
 
     out = _output_path(args.output)
     if args.repavit is not None:
+        if _dwconv_given(args):
+            raise CLIError("--dwconv-blocks/--dwconv-heads: only for timm ViT/DeiT names (MODEL), not --repavit")
         if args.model is not None or args.pretrained is not None or args.model_kwargs:
             raise CLIError("--repavit: builds the model from the RePaViT state dict alone; drop MODEL/--pretrained/--model-kwargs")
         if args.norm != "batch" or args.heuristic != "static":
@@ -265,7 +272,9 @@ def cmd_convert(args) -> int:
             args.model, pretrained=args.pretrained, img_size=args.img_size, num_classes=args.num_classes,
             model_kwargs=args.model_kwargs,
         )
-        if getattr(args, "gates", False):
+        if _dwconv_given(args):
+            model, theta = _convert_dwconv(args, timm_model), args.channel_idle
+        elif getattr(args, "gates", False):
             model = _convert_usdc(args, timm_model)
         else:
             model = vitfast.convert.from_timm(timm_model, channel_idle=theta, norm=args.norm, heuristic=args.heuristic)
@@ -277,6 +286,10 @@ def cmd_convert(args) -> int:
         if getattr(args, "gates", False):
             recipe.update(channel_idle=args.channel_idle, gates=True, flops_target=args.flops_target,
                           gate_level=args.gate_level, gate_kind=args.gate_kind)
+        if _dwconv_given(args):
+            from vitfast.dwconv_recipe import dwconv_recipe
+
+            recipe.update(dwconv_recipe(vars(args)))
     save_trainable(model, out, recipe=recipe)
     print(f"converted: {_describe(model)}")
     print(f"wrote {out} (train-time; next: `vitfast train {out} ...` or `vitfast fuse {out} -o fused.safetensors`)")
@@ -291,6 +304,7 @@ _NONDEEP_TRAIN_SETTINGS = ("branches", "join_values", "join_schedule", "join_sta
 _TRAIN_SETTINGS = ("data", "val_data", "steps", "epochs", "lr", "weight_decay", "batch_size", "warmup", "label_smoothing",
                    "grad_clip", "seed", "img_size", "num_classes", "channel_idle", "norm", "heuristic", "model_kwargs",
                    "eval_every", "checkpoint_every") + _NONDEEP_TRAIN_SETTINGS
+_TRAIN_SETTINGS = _TRAIN_SETTINGS + DWCONV_SETTINGS  # drop-in DW-conv heads
 
 
 def _model_input(model):
@@ -436,6 +450,10 @@ def _train_source(args, settings):
             if settings.get(k) is not None:
                 raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; {source!r} is "
                                f"a file (convert it with --branches)")
+        for k in DWCONV_SETTINGS:
+            if settings.get(k) is not None:
+                raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; {source!r} is "
+                               f"a file (convert it with --dwconv-blocks/--dwconv-heads)")
         kind = _file_kind(source)
         if kind != "trainable":
             raise CLIError(f"SOURCE: expected a train-time .safetensors (from `vitfast convert`), got a {kind} file {source!r}"
@@ -450,7 +468,11 @@ def _train_source(args, settings):
     recipe = {"source": "timm", "model": source, "img_size": settings.get("img_size"), "num_classes": num_classes,
               "model_kwargs": settings.get("model_kwargs") or {}}
     if settings.get("branches") is not None:
+        if _dwconv_given(settings):
+            raise CLIError("--dwconv-blocks/--dwconv-heads: not supported together with --branches, got both")
         return _nondeep_source(timm_model, settings, recipe)
+    if _dwconv_given(settings):
+        return _dwconv_source(timm_model, settings, recipe)
     if settings.get("channel_idle") is None:
         return timm_model, recipe
     norm, heuristic = settings.get("norm") or "batch", settings.get("heuristic") or "static"
@@ -1215,6 +1237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-heads", type=_positive_int, default=None, help="--repavit only: heads (default: from the width)")
     _add_recipe_args(p, convert=True)
     _add_gate_args(p)
+    _add_dwconv_args(p)
     p.set_defaults(func=cmd_convert)
 
     # train
@@ -1254,6 +1277,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_args(p, convert=False)
     _add_usdc_train_args(p)
     _add_nondeep_args(p, train=True)
+    _add_dwconv_args(p)
 
 
     _add_scale_args(p)
@@ -1533,6 +1557,88 @@ def _add_usdc_parser(sub) -> None:
     p.add_argument("--quick", action="store_true", help="tiny model and few steps (a smoke test)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_usdc)
+
+
+# ---------------------------------------------------------------------------------------------- drop-in DW-conv heads
+def _dwconv_blocks_arg(text: str):
+    from vitfast.dwconv_recipe import parse_dwconv_blocks
+
+    try:
+        return parse_dwconv_blocks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _dwconv_heads_arg(text: str):
+    from vitfast.dwconv_recipe import parse_dwconv_heads
+
+    try:
+        return parse_dwconv_heads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _odd_kernel(text: str) -> int:
+    return _checked(text, int, "an odd kernel size >= 1", lambda v: v >= 1 and v % 2 == 1)
+
+
+def _add_dwconv_args(p) -> None:
+    g = p.add_argument_group("drop-in depthwise-convolution heads (dropin-depthwise-conv-attention; timm ViT/DeiT names)")
+    g.add_argument("--dwconv-blocks", type=_dwconv_blocks_arg, default=None, metavar="K|JSON",
+                   help="replace every head of K blocks (the K lowest-Σ_b blocks of --ranking) or of the blocks of a "
+                        "JSON list such as '[2, 5]'")
+    g.add_argument("--dwconv-heads", type=_dwconv_heads_arg, default=None, metavar="P|JSON",
+                   help="replace single heads: P (the P lowest-Σ_h heads of --ranking), '{\"0\": [1, 3]}' "
+                        "(block: heads) or '[[0, 1], [4, 2]]' ([block, head] pairs); with --dwconv-blocks both apply")
+    g.add_argument("--ranking", type=_existing_file, default=None, metavar="PATH",
+                   help="the Σ_h ranking .json from `vitfast select-heads` (needed for the counts K / P)")
+    g.add_argument("--dwconv-kernel", type=_odd_kernel, default=None, metavar="k",
+                   help="depthwise kernel size k (odd) [default: 3]")
+    g.add_argument("--ensemble", action="store_true", default=None,
+                   help="head ensembling (eq. 12-13): a block's replaced heads become one head of width d_h "
+                        "with softmax(γ) weights")
+    g.add_argument("--remove-cls", action="store_true", default=None,
+                   help="remove the cls token and pool the mean of the tokens, as the paper does (appendix A.3.2)")
+
+
+def _dwconv_given(args_or_settings) -> bool:
+    from vitfast.dwconv_recipe import check_dwconv_options, dwconv_request
+
+    settings = args_or_settings if isinstance(args_or_settings, dict) else vars(args_or_settings)
+    try:
+        check_dwconv_options(settings)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    return dwconv_request(settings)
+
+
+def _convert_dwconv(args, timm_model):
+    """A timm ViT/DeiT with DW-conv heads; the FFNs: --channel-idle θ (with --norm), else timm's exactly (θ = 0,
+    LayerNorm) so only the replaced heads change the function."""
+    from vitfast.dwconv_recipe import convert_dwconv
+
+    settings = vars(args)
+    if getattr(args, "gates", False):
+        raise CLIError("--gates: not supported together with --dwconv-blocks/--dwconv-heads yet, got both")
+    if settings.get("channel_idle") is None and settings.get("norm") not in (None, "batch"):
+        raise CLIError("--norm: only used with --channel-idle (RePaViT FFNs); DW-conv alone keeps timm's FFNs")
+    try:
+        return convert_dwconv(timm_model, settings)
+    except ValueError as exc:
+        raise CLIError(f"--dwconv-blocks/--dwconv-heads: {exc}") from None
+
+
+def _dwconv_source(timm_model, settings, recipe):
+    from vitfast.dwconv_recipe import convert_dwconv, dwconv_recipe
+
+    try:
+        model = convert_dwconv(timm_model, settings)
+    except ValueError as exc:
+        raise CLIError(f"--dwconv-blocks/--dwconv-heads: {exc}") from None
+    recipe.update(channel_idle=settings.get("channel_idle"), **dwconv_recipe(settings))
+    if settings.get("channel_idle") is not None:
+        recipe.update(norm=settings.get("norm") or "batch", heuristic=settings.get("heuristic") or "static")
+    return model, recipe
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

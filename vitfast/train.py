@@ -893,7 +893,9 @@ def describe_trainable(model: nn.Module) -> Dict[str, Any]:
 
     = the timm skeleton (`vitfast.arch.describe_timm`), the channel-idle FFN of every block (exact active
     channel count and norm type), every module's `eps` (official RePaViT weights mix LayerNorm eps values
-    that one skeleton-wide norm setting cannot express) and every module's class name (checked on rebuild).
+    that one skeleton-wide norm setting cannot express) and every module's class name (checked on rebuild);
+    plus "usdc" (`vitfast.usdc.describe_usdc`) and "dwconv" (drop-in DW-conv heads:
+    `vitfast.dwconv_recipe.describe_dwconv`) entries for models that have them.
     Raises ValueError for train-time modules this format does not know yet, naming them.
     """
     from .arch import describe_timm
@@ -906,6 +908,10 @@ def describe_trainable(model: nn.Module) -> Dict[str, Any]:
     from .usdc import USDCResourceLoss, describe_usdc
 
     known = known + (USDCBlock, USDCResourceLoss)  # USDC (gates + static compression): the "usdc" entry below
+    from .dwconv_recipe import describe_dwconv
+    from .nn.dwconv import DWConvBlock
+
+    known = known + (DWConvBlock,)  # drop-in DW-conv heads: the "dwconv" entry below
     unknown = [
         f"{name} ({type(m).__name__})"
         for name, m in model.named_modules()
@@ -937,6 +943,9 @@ def describe_trainable(model: nn.Module) -> Dict[str, Any]:
     architecture = describe_timm(model)
     usdc = describe_usdc(model, architecture)
     extra = {"usdc": usdc} if usdc is not None else {}
+    dwconv = describe_dwconv(model, architecture)
+    if dwconv is not None:
+        extra["dwconv"] = dwconv
     return {
         "format": TRAINABLE_FORMAT,
         "version": TRAINABLE_VERSION,
@@ -972,6 +981,10 @@ def build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None]
         from .usdc import build_usdc
 
         model = build_usdc(model, desc["usdc"])
+    if desc.get("dwconv"):
+        from .dwconv_recipe import build_dwconv
+
+        model = build_dwconv(model, desc["dwconv"])
     modules = dict(model.named_modules())
     for name, value in (desc.get("eps") or {}).items():
         if name in modules and hasattr(modules[name], "eps"):

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/dwconv_isa.h"
+
 namespace vitfast {
 
 DwconvAttentionWeights DwconvAttentionWeights::pack(const float* w_v, const float* b_v, const float* kernel,
@@ -15,10 +17,12 @@ DwconvAttentionWeights DwconvAttentionWeights::pack(const float* w_v, const floa
   w.c_out_ = c_out;
   w.value_ = gemm::PackedB::pack_linear(w_v, width, c_in, c_in, b_v);
   w.output_ = gemm::PackedB::pack_linear(w_o, c_out, width, width, b_o);
-  const int64_t taps = ksize * ksize;
-  w.taps_.assign(size_t(taps * width), 0.0f);
+  const int64_t taps = ksize * ksize, ld = w.value_.padded_n();
+  // Rows padded to V's padded width with zero taps: the SIMD rows run over whole 16-channel slices (V's padding
+  // columns are zeros, so U's are too, and the output GEMM never reads them).
+  w.taps_.assign(size_t(taps * ld), 0.0f);
   for (int64_t d = 0; d < width; ++d)
-    for (int64_t t = 0; t < taps; ++t) w.taps_[size_t(t * width + d)] = kernel[d * taps + t];
+    for (int64_t t = 0; t < taps; ++t) w.taps_[size_t(t * ld + d)] = kernel[d * taps + t];
   return w;
 }
 
@@ -28,37 +32,67 @@ size_t DwconvAttentionWeights::bytes() const {
 
 namespace {
 
+// Row stride (floats) of the V and U band buffers: V's padded width, plus one 16-float line when that is an even
+// number of lines.  With D = 1024 an unpadded token row is 4 KiB, so every token of a 16-channel slice maps to
+// the same L1 set (and to the same 4 KiB alias as the U stores): the convolution ran 3.5× slower (0.61 vs 0.18 ms
+// per 24×24 grid, D = 1024, AVX-512).  An odd number of lines spreads consecutive tokens over all sets.
+int64_t band_ld(const DwconvAttentionWeights& w) {
+  const int64_t ld = w.value().padded_n();
+  return (ld / gemm::kNr) % 2 == 0 ? ld + gemm::kNr : ld;
+}
+
+// Row stride of the copy of x the value GEMM reads, or 0 for "read x in place".  When a token row of x is a
+// multiple of 4 KiB (C = 1024, 2048: ViT-L, ViT-H's value input), the AVX-512 GEMM's 14-row A tile broadcasts
+// from 14 rows in one L1 set (8 ways): measured 13.6 vs 10.9 ms for 576×1024×1024 on AVX-512.  Copying the
+// band's rows to a stride one line longer costs ~2% of that GEMM's time.
+int64_t x_copy_ld(int64_t c_in) { return c_in % 1024 == 0 ? c_in + gemm::kNr : 0; }
+
 int64_t band_rows(int64_t grid_w, const DwconvAttentionTiling& tiling) {
   return std::max<int64_t>(1, tiling.token_tile / std::max<int64_t>(grid_w, 1));
 }
 
-// u[j] (+)= Σ_dc taps[dc] ⊙ v[j + dc] over one output grid row j ∈ [0, grid_w), one kernel row: the columns that
-// would read outside the grid are skipped (zero padding).  Inner loop over contiguous channels (vectorised by
-// the compiler for the baseline ISA; the convolution is < 1% of the op's FLOPs, the GEMMs carry the rest).
-void conv_row(float* u, int64_t ldu, const float* v, int64_t ldv, const float* taps_row, int64_t width,
-              int64_t grid_w, int64_t ksize) {
-  const int64_t pad = ksize / 2;
-  for (int64_t c = 0; c < ksize; ++c) {
-    const int64_t dc = c - pad;
-    const float* kt = taps_row + c * width;
-    const int64_t j0 = std::max<int64_t>(0, -dc), j1 = std::min<int64_t>(grid_w, grid_w - dc);
-    for (int64_t j = j0; j < j1; ++j) {
-      float* __restrict uj = u + j * ldu;
-      const float* __restrict vj = v + (j + dc) * ldv;
-      for (int64_t d = 0; d < width; ++d) uj[d] += kt[d] * vj[d];
-    }
+void conv_grid_row(float* u, const float* const* rows, const float* taps, int64_t cols, int64_t ld, int64_t grid_w,
+                   int64_t ksize, CpuIsa isa) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case CpuIsa::kAvx512: dwconv::conv_grid_row_avx512(u, rows, taps, cols, ld, grid_w, ksize); return;
+    case CpuIsa::kAvx2: dwconv::conv_grid_row_avx2(u, rows, taps, cols, ld, grid_w, ksize); return;
+#endif
+    default: dwconv::conv_grid_row_scalar(u, rows, taps, cols, ld, grid_w, ksize); return;
   }
 }
 
 }  // namespace
 
+// Portable rows (scalar and NEON builds: the inner loop over contiguous channels is vectorised by the compiler
+// for the baseline ISA).  Same order of the sum as the SIMD rows: r, then c.
+void dwconv::conv_grid_row_scalar(float* u, const float* const* rows, const float* taps, int64_t cols, int64_t ld,
+                                  int64_t grid_w, int64_t ksize) {
+  const int64_t pad = ksize / 2;
+  for (int64_t j = 0; j < grid_w; ++j) std::memset(u + j * ld, 0, size_t(cols) * sizeof(float));
+  for (int64_t r = 0; r < ksize; ++r) {
+    if (rows[r] == nullptr) continue;
+    for (int64_t c = 0; c < ksize; ++c) {
+      const int64_t dc = c - pad;
+      const float* kt = taps + (r * ksize + c) * cols;
+      const int64_t j0 = std::max<int64_t>(0, -dc), j1 = std::min<int64_t>(grid_w, grid_w - dc);
+      for (int64_t j = j0; j < j1; ++j) {
+        float* __restrict uj = u + j * ld;
+        const float* __restrict vj = rows[r] + (j + dc) * ld;
+        for (int64_t d = 0; d < cols; ++d) uj[d] += kt[d] * vj[d];
+      }
+    }
+  }
+}
+
 int64_t dwconv_attention_workspace_floats(const DwconvAttentionWeights& w, int64_t grid_w,
                                           const DwconvAttentionTiling& tiling) {
   const int64_t band = band_rows(grid_w, tiling);
-  const int64_t ld = w.value().padded_n();
+  const int64_t ld = band_ld(w);
   const int64_t v_rows = (band + w.ksize() - 1) * grid_w;  // the rolling V buffer: a band and its halo rows
   const int64_t u_rows = band * grid_w;
-  return (v_rows + u_rows) * ld + ld + 2 * w.c_in();  // + the prefix path's mean row and V row
+  const int64_t x_copy = v_rows * x_copy_ld(w.c_in());  // the padded copy of the band's x rows, if any
+  return (v_rows + u_rows) * ld + ld + 2 * w.c_in() + x_copy;  // + the prefix path's mean row and V row
 }
 
 void dwconv_attention_grid_rows(const DwconvAttentionWeights& w, int64_t grid_h, int64_t grid_w, int64_t row_begin,
@@ -67,13 +101,16 @@ void dwconv_attention_grid_rows(const DwconvAttentionWeights& w, int64_t grid_h,
   row_begin = std::max<int64_t>(row_begin, 0);
   row_end = std::min(row_end, grid_h);
   if (row_begin >= row_end) return;
-  const int64_t c_in = w.c_in(), c_out = w.c_out(), width = w.width(), ksize = w.ksize(), pad = ksize / 2;
-  const int64_t ld = w.value().padded_n();
+  const int64_t c_in = w.c_in(), c_out = w.c_out(), ksize = w.ksize(), pad = ksize / 2;
+  const int64_t ld = band_ld(w), cols = w.value().padded_n();
   const int64_t band = band_rows(grid_w, tiling);
   float* vbuf = workspace;                                  // grid rows [have_lo, have_hi) of V
   float* ubuf = workspace + (band + ksize - 1) * grid_w * ld;  // one band of U
+  const int64_t ldx = x_copy_ld(c_in);
+  float* xbuf = ubuf + band * grid_w * ld;  // the band's x rows at stride ldx (when ldx > 0)
   const int64_t row_floats = grid_w * ld;
   int64_t have_lo = 0, have_hi = 0;  // empty
+  std::vector<const float*> rows(static_cast<size_t>(ksize));  // the k V rows one output grid row reads (nullptr: padding)
 
   for (int64_t r0 = row_begin; r0 < row_end; r0 += band) {
     const int64_t r1 = std::min(r0 + band, row_end);
@@ -88,8 +125,15 @@ void dwconv_attention_grid_rows(const DwconvAttentionWeights& w, int64_t grid_h,
       gemm::Epilogue ep;
       ep.bias = true;
       ep.c_padded = true;
-      gemm::gemm((need_hi - start) * grid_w, x + start * grid_w * c_in, c_in, w.value(),
-                 vbuf + (start - need_lo) * row_floats, ld, ep, isa, tiling.kc);
+      const int64_t tokens = (need_hi - start) * grid_w;
+      const float* a = x + start * grid_w * c_in;
+      int64_t lda = c_in;
+      if (ldx > 0) {
+        for (int64_t t = 0; t < tokens; ++t) std::memcpy(xbuf + t * ldx, a + t * c_in, size_t(c_in) * sizeof(float));
+        a = xbuf;
+        lda = ldx;
+      }
+      gemm::gemm(tokens, a, lda, w.value(), vbuf + (start - need_lo) * row_floats, ld, ep, isa, tiling.kc);
     }
     have_lo = need_lo;
     have_hi = need_hi;
@@ -97,14 +141,11 @@ void dwconv_attention_grid_rows(const DwconvAttentionWeights& w, int64_t grid_h,
     // Eq. 11 over the band: U[i, j] = Σ_(r,c) K[r, c] ⊙ V[i + r − pad, j + c − pad], rows outside the grid skipped.
     const int64_t m = (r1 - r0) * grid_w;
     for (int64_t i = r0; i < r1; ++i) {
-      float* urow = ubuf + (i - r0) * row_floats;
-      for (int64_t j = 0; j < grid_w; ++j) std::memset(urow + j * ld, 0, size_t(width) * sizeof(float));
       for (int64_t r = 0; r < ksize; ++r) {
         const int64_t src = i + r - pad;
-        if (src < 0 || src >= grid_h) continue;
-        conv_row(urow, ld, vbuf + (src - have_lo) * row_floats, ld, w.taps().data() + r * ksize * width, width,
-                 grid_w, ksize);
+        rows[r] = src < 0 || src >= grid_h ? nullptr : vbuf + (src - have_lo) * row_floats;
       }
+      conv_grid_row(ubuf + (i - r0) * row_floats, rows.data(), w.taps().data(), cols, ld, grid_w, ksize, isa);
     }
     gemm::Epilogue ep;
     ep.bias = true;

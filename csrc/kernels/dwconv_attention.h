@@ -7,8 +7,8 @@
 //   prefix tokens (cls, registers):  U = mean of V over the grid = mean(x_grid) · w_vᵀ + b_v  (linear, exact)
 //
 // Torch-free.  Weights are packed once (`DwconvAttentionWeights`): two GEMM operands on the shared GEMM core
-// (w_v with b_v; w_o with b_o) and the kernel transposed tap-major ([k·k][D]) so the convolution's inner loop
-// runs over contiguous channels.
+// (w_v with b_v; w_o with b_o) and the kernel transposed tap-major ([k·k][D padded to 16]) so the convolution's
+// inner loop runs over contiguous channels (SIMD rows per ISA: kernels/dwconv_isa.h).
 //
 // `dwconv_attention_grid_rows` computes the output rows [row_begin, row_end) of one image's grid in bands of
 // `band` grid rows (≈ token_tile tokens).  V lives only in a rolling buffer of band + k − 1 grid rows: each band
@@ -28,7 +28,12 @@
 namespace vitfast {
 
 struct DwconvAttentionTiling {
-  int64_t token_tile = 192;       // tokens per band (rounded to whole grid rows, at least one)
+  // Tokens per band (rounded to whole grid rows, at least one).  48 = two rows of a 24×24 grid: the band's x
+  // rows, V rows (+ halo) and U stay within L2 (≈ 1 MiB at D = C = 1024) while both GEMMs stream their packed
+  // weight.  Measured at 24×24, one thread (thread CPU time, loaded Zen 4), as a multiple of two whole-grid
+  // GEMMs: before the L1-aliasing fixes (band_ld, x_copy_ld in the .cpp) ViT-L was 0.88× at 48 vs 0.92-0.93× at
+  // 192 (AVX-512); after them 48 and 192 are within noise (0.84-0.86×), ViT-B (768) 1.04-1.06× either way.
+  int64_t token_tile = 48;
   int64_t kc = gemm::kDefaultKc;  // K block of both GEMMs
 };
 
@@ -48,7 +53,7 @@ class DwconvAttentionWeights {
 
   const gemm::PackedB& value() const { return value_; }
   const gemm::PackedB& output() const { return output_; }
-  // kernel transposed: taps()[tap · width + d] = kernel[d][tap], tap = r·k + c.
+  // kernel transposed: taps()[tap · value().padded_n() + d] = kernel[d][tap], tap = r·k + c (zeros for d ≥ width).
   const std::vector<float>& taps() const { return taps_; }
 
  private:

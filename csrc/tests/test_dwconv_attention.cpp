@@ -126,6 +126,9 @@ void test_parity(CpuIsa isa) {
   // ViT-like proportions: a 14×14 grid with a cls token (DeiT at 224²), more tokens than one band.
   count += check(isa, rng, {1, 14, 14, 48, 48, 3, 48}, true, true, true, 1, DwconvAttentionTiling());
   count += check(isa, rng, {0, 21, 28, 32, 16, 3, 32}, true, true, false, 2, DwconvAttentionTiling());
+  // C_in a multiple of 1024: the value GEMM reads a padded copy of x (4 KiB rows alias in L1); with a rolling band.
+  count += check(isa, rng, {1, 5, 4, 1024, 20, 3, 16}, true, true, true, 2, two_rows);
+  count += check(isa, rng, {0, 3, 4, 2048, 17, 5, 8}, false, true, true, 1, small);
   std::printf("[%s] dwconv_attention parity: %d cases\n", cpu_isa_name(isa), count);
 }
 
