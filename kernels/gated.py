@@ -206,6 +206,15 @@ def _gemm_config(m: int, n: int):
     return 64, 64, 64, 4, 4
 
 
+def _attention_config(head_dim: int):
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): flash-attention tiles; BLOCK_D pads D to a power of two >= 16
+    (tl.dot's minimum), and wide heads take narrower key tiles to keep q, k, v and acc on chip."""
+    block_d = max(16, triton.next_power_of_2(int(head_dim)))
+    if _INTERPRET:
+        return 32, 32, block_d, 4
+    return (64, 64, block_d, 4) if block_d <= 64 else (64, 32, block_d, 8)
+
+
 def _device_ctx(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
 
@@ -329,8 +338,7 @@ def gated_attention_triton(gate: torch.Tensor, index: int, qkv: torch.Tensor, nu
     if batch == 0 or tokens == 0:
         return out
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
-    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot tiles: powers of two, >= 16
-    block_m, block_n, warps = (32, 32, 4) if _INTERPRET else ((64, 64, 4) if block_d <= 64 else (64, 32, 8))
+    block_m, block_n, block_d, warps = _attention_config(head_dim)
     grid = (triton.cdiv(tokens, block_m), batch * heads)
     with _device_ctx(qkv):
         _gated_attention_kernel[grid](
