@@ -366,6 +366,19 @@ def _block_inputs(model, images):
     return seen
 
 
+def test_study_batches_are_full_and_count_each_image_once():
+    from vitfast.usdc_recipe import full_batches
+
+    for count, bs in ((360, 64), (360, 8), (360, 1), (5, 8), (64, 64)):
+        batches = full_batches(count, bs)
+        assert all(len(idx) == bs for idx, _ in batches)  # every decision is taken on a batch of size bs
+        counted = [i for idx, real in batches for i in idx[:real]]
+        assert counted == list(range(count))  # in order, each image once
+    assert full_batches(360, 64)[-1][1] == 40 and full_batches(360, 64)[-1][0][40:] == list(range(24))
+    with pytest.raises(ValueError, match="batch_size"):
+        full_batches(10, 0)
+
+
 def test_cli_usdc_quick(tmp_path, capsys):
     from vitfast.cli import main
 
