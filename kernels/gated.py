@@ -354,7 +354,6 @@ def gated_mhsa_triton(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj,
     """`vitfast.reference.gated_mhsa` on the gated kernels: x + proj(attention(qkv(LN(x)))) if gate[index] != 0,
     else a copy of x written by proj's kernel; the other three kernels return at once."""
     check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
-    batch, tokens, c = x.shape
     x = x.contiguous()
     y = gated_layernorm_triton(gate, index, x, norm_eps) if norm_eps is not None else x
     qkv = gated_linear_triton(gate, index, y, w_qkv, b_qkv)
