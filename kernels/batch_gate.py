@@ -18,9 +18,10 @@ one decision replays correctly with another (the graph holds the kernels, not th
 
 `gate_select` is a streaming select: every program reads the flag once and loads only the chosen source
 (masked loads do not touch memory for the other one), so it costs one read and one write of the activation —
-the price of the skipped residual path without a host round-trip.  The sub-block's own GEMMs (cuBLAS through
-`ops.linear`/`ops.attention` on CUDA) cannot read the flag, so on CUDA a skipped sub-block is still computed and
-then discarded; the CPU block branches on the decision and really skips (see vitfast/nn/gates.py).
+the price of the skipped residual path without a host round-trip.  GatedBlock uses it only on its fallback path
+(attention with a mask / qk-norm, or VITFAST_CUDA_KERNELS=torch), where the sub-block runs on cuBLAS/SDPA and is
+then discarded; its normal CUDA path is the gated kernels of kernels/gated.py, which read the same flag and return
+early, so a skipped sub-block is not computed at all (see vitfast/nn/usdc.py).
 """
 
 import torch

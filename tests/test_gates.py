@@ -310,7 +310,22 @@ def test_half_closed_model_skips_half_the_sub_blocks():
 
 # ---------------------------------------------------------------------------------------------- CUDA
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_gated_model_matches_cpu_and_survives_graph_capture():
+def test_cuda_gated_model_matches_cpu_and_survives_graph_capture(monkeypatch):
+    # On CUDA every sub-block must go through the gated ops (kernels/gated.py: the kernels read the decision and
+    # return early), never through compute-then-gate_select: count the calls while the graph is captured.
+    import vitfast.nn.usdc as usdc_mod
+
+    calls = []
+
+    def counted(name, fn):
+        def run(*args):
+            calls.append(name)
+            return fn(*args)
+        return run
+
+    monkeypatch.setattr(usdc_mod.ops, "gated_mhsa", counted("mhsa", vitfast.ops.gated_mhsa))
+    monkeypatch.setattr(usdc_mod.ops, "gated_ffn", counted("ffn", vitfast.ops.gated_ffn))
+    monkeypatch.setattr(usdc_mod.ops, "gate_select", counted("select", vitfast.ops.gate_select))
     torch.manual_seed(0)
     model = vitfast.convert.from_timm(tiny_vit(depth=3), gates=True, gate_search=False, gate_kind="G1")
     for b in model.blocks:
@@ -329,8 +344,10 @@ def test_cuda_gated_model_matches_cpu_and_survives_graph_capture():
                 cuda(static)
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
+        calls.clear()
         with torch.cuda.graph(graph):
             out = cuda(static)
+    assert calls == ["mhsa", "ffn"] * len(fused.blocks)
     assert len({tuple(map(tuple, d)) for d in cpu_dec}) > 1  # the inputs really take different paths
     for x, expect in zip(inputs, cpu_out):
         static.copy_(x.cuda())
@@ -347,6 +364,19 @@ def _block_inputs(model, images):
     for h in handles:
         h.remove()
     return seen
+
+
+def test_study_batches_are_full_and_count_each_image_once():
+    from vitfast.usdc_recipe import full_batches
+
+    for count, bs in ((360, 64), (360, 8), (360, 1), (5, 8), (64, 64)):
+        batches = full_batches(count, bs)
+        assert all(len(idx) == bs for idx, _ in batches)  # every decision is taken on a batch of size bs
+        counted = [i for idx, real in batches for i in idx[:real]]
+        assert counted == list(range(count))  # in order, each image once
+    assert full_batches(360, 64)[-1][1] == 40 and full_batches(360, 64)[-1][0][40:] == list(range(24))
+    with pytest.raises(ValueError, match="batch_size"):
+        full_batches(10, 0)
 
 
 def test_cli_usdc_quick(tmp_path, capsys):
@@ -387,7 +417,7 @@ def test_cli_convert_train_prune_fuse(tmp_path):
 
 @pytest.mark.slow
 def test_torch_compile_fullgraph_of_a_gated_model():
-    # Under torch.compile the decision is never read on the host (gate_select path): one graph, no breaks.
+    # Under torch.compile the decision is never read on the host (the gated sub-block ops): one graph, no breaks.
     torch._dynamo.reset()
     torch.manual_seed(0)
     fused = vitfast.fuse(vitfast.convert.from_timm(tiny_vit(depth=2), gates=True, gate_search=False,

@@ -85,3 +85,64 @@ def check_gate_select_args(gate: torch.Tensor, index: int, taken: torch.Tensor, 
     for name, t in (("gate", gate), ("skipped", skipped)):
         if t.device != taken.device:
             raise ValueError(f"{name}: expected device {taken.device} (same as taken), got {t.device}")
+
+
+# ---------------------------------------------------------------------------------------------- gated sub-blocks
+def _check_norm_eps(norm_eps) -> None:
+    if norm_eps is None:
+        return
+    if not isinstance(norm_eps, (int, float)) or isinstance(norm_eps, bool) or not norm_eps > 0:
+        raise ValueError(f"norm_eps: expected None (no LayerNorm) or a number > 0, got {norm_eps!r}")
+
+
+def _check_block_input(gate: torch.Tensor, index: int, x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"x: expected 3-D [B, N, C], got shape {_fmt_shape(x)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    check_gate_select_args(gate, index, x, x)
+
+
+def check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) -> int:
+    """`gated_mhsa` arguments: gate [G] and index as in `gate_select`; x [B, N, C]; w_qkv [3·H·D, C] (timm's
+    [3, H, D] row layout), b_qkv [3·H·D]; w_proj [C, H·D], b_proj [C].  Returns the head dim D."""
+    from ._validate import check_linear_args
+
+    _check_block_input(gate, index, x)
+    _check_norm_eps(norm_eps)
+    width = check_linear_args(x, w_qkv, b_qkv, None)
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1 or width % (3 * num_heads):
+        raise ValueError(f"num_heads: expected an int >= 1 dividing w_qkv.shape[0] / 3 = {width / 3:g}, "
+                         f"got {num_heads!r}")
+    c, attn_dim = x.shape[-1], width // 3
+    if not isinstance(w_proj, torch.Tensor) or tuple(w_proj.shape) != (c, attn_dim):
+        got = _fmt_shape(w_proj) if isinstance(w_proj, torch.Tensor) else type(w_proj).__name__
+        raise ValueError(f"w_proj: expected shape [{c}, {attn_dim}] (C, H·D), got {got}")
+    if b_proj is not None and tuple(b_proj.shape) != (c,):
+        raise ValueError(f"b_proj: expected shape [{c}], got {_fmt_shape(b_proj)}")
+    for name, t in (("w_proj", w_proj), ("b_proj", b_proj)):
+        if t is not None and (t.dtype != x.dtype or t.device != x.device):
+            raise ValueError(f"{name}: expected dtype {x.dtype} on {x.device} (same as x), got {t.dtype} on "
+                             f"{t.device}")
+    return attn_dim // num_heads
+
+
+def check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual) -> tuple:
+    """`gated_ffn` arguments: gate/index as in `gate_select`; x [B, N, C]; the `channel_idle_ffn` weights with
+    C_out = C (a skipped sub-block returns x, so the sub-block must keep the width); `residual` a bool.
+    Returns (A, L): active (GELU) and linear hidden columns."""
+    from ._validate import check_channel_idle_ffn_args
+
+    _check_block_input(gate, index, x)
+    _check_norm_eps(norm_eps)
+    if not isinstance(residual, bool):
+        raise ValueError(f"residual: expected a bool, got {residual!r}")
+    active, linear, c_out = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, x if residual else None)
+    if c_out != x.shape[-1]:
+        raise ValueError(f"w_out: expected {x.shape[-1]} output features (C = x.shape[-1]: a skipped sub-block "
+                         f"returns x), got {c_out}")
+    if active + linear == 0:
+        raise ValueError(f"w_in: expected at least one row (active or linear), got shape {_fmt_shape(w_in)}")
+    return active, linear

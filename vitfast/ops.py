@@ -228,6 +228,83 @@ def _xwx_attention_cuda(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None
 _lib.impl("xwx_attention", _xwx_attention_cuda, "CUDA")
 
 
+# ---------------------------------------------------------------------------------------------- gated sub-blocks
+# USDC (issue 6): a whole MHSA / FFN sub-block that runs only if gate[index] != 0, the decision staying on the
+# device.  CUDA = the gated Triton kernels (kernels/gated.py: every kernel reads the flag and returns at once when
+# closed, the last one writes x), so a skipped sub-block costs no GEMM and no host synchronisation, and a CUDA
+# graph of the model stays valid.  CPU = read the flag (no device to wait for) and run the C++ ops or copy x.
+SCHEMAS["gated_mhsa"] = (
+    "gated_mhsa(Tensor gate, int index, Tensor x, float? norm_eps, Tensor w_qkv, Tensor? b_qkv, int num_heads, "
+    "Tensor w_proj, Tensor? b_proj) -> Tensor"
+)
+SCHEMAS["gated_ffn"] = (
+    "gated_ffn(Tensor gate, int index, Tensor x, float? norm_eps, Tensor w_in, Tensor? b_in, Tensor w_out, "
+    "Tensor? b_out, bool residual) -> Tensor"
+)
+_lib.define(SCHEMAS["gated_mhsa"])
+_lib.define(SCHEMAS["gated_ffn"])
+
+
+@_register_fake("gated_mhsa")
+def _gated_mhsa_fake(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj):
+    from ._validate_gate import check_gated_mhsa_args
+
+    check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
+    return x.new_empty(x.shape)
+
+
+@_register_fake("gated_ffn")
+def _gated_ffn_fake(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual):
+    from ._validate_gate import check_gated_ffn_args
+
+    check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
+    return x.new_empty(x.shape)
+
+
+def _gated_mhsa_cuda(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj):
+    from .kernels.gated import gated_mhsa_triton
+
+    return gated_mhsa_triton(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
+
+
+def _gated_ffn_cuda(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual):
+    from .kernels.gated import gated_ffn_triton
+
+    return gated_ffn_triton(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
+
+
+def _gated_norm(x, norm_eps):
+    import torch.nn.functional as F
+
+    return F.layer_norm(x, (x.shape[-1],), eps=norm_eps) if norm_eps is not None else x
+
+
+def _gated_mhsa_cpu(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj):
+    from ._validate_gate import check_gated_mhsa_args
+
+    check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
+    if not bool(gate[index] != 0):
+        return x.clone()  # an op's output never aliases its input
+    qkv = torch.ops.vitfast.linear(_gated_norm(x, norm_eps), w_qkv, b_qkv)
+    return torch.ops.vitfast.linear(torch.ops.vitfast.attention(qkv, num_heads), w_proj, b_proj, x)
+
+
+def _gated_ffn_cpu(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual):
+    from ._validate_gate import check_gated_ffn_args
+
+    check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
+    if not bool(gate[index] != 0):
+        return x.clone()
+    return torch.ops.vitfast.channel_idle_ffn(_gated_norm(x, norm_eps), w_in, b_in, w_out, b_out,
+                                              x if residual else None)
+
+
+_lib.impl("gated_mhsa", _gated_mhsa_cuda, "CUDA")
+_lib.impl("gated_ffn", _gated_ffn_cuda, "CUDA")
+_lib.impl("gated_mhsa", _gated_mhsa_cpu, "CPU")
+_lib.impl("gated_ffn", _gated_ffn_cpu, "CPU")
+
+
 # ---------------------------------------------------------------------------------------------- CPU impls
 _EXTENSION_ERROR: Optional[BaseException] = None
 try:
@@ -385,3 +462,24 @@ def prepack(module: torch.nn.Module) -> int:
             if callable(hook) and hook():
                 count += 1
     return count
+
+
+__all__ += ["gated_mhsa", "gated_ffn"]
+
+
+def gated_mhsa(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) -> torch.Tensor:
+    """`torch.ops.vitfast.gated_mhsa`: x + proj(attention(qkv(LN(x)))) if gate[index] != 0 else x, decided on the
+    device (see `vitfast.reference.gated_mhsa`), or the reference when VITFAST_BACKEND=reference."""
+    eps = float(norm_eps) if norm_eps is not None else None
+    if get_backend() == "reference":
+        return reference.gated_mhsa(gate, index, x, eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
+    return torch.ops.vitfast.gated_mhsa(gate, index, x, eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
+
+
+def gated_ffn(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual) -> torch.Tensor:
+    """`torch.ops.vitfast.gated_ffn`: channel_idle_ffn(LN(x), …, x if residual) if gate[index] != 0 else x, decided on
+    the device (see `vitfast.reference.gated_ffn`), or the reference when VITFAST_BACKEND=reference."""
+    eps = float(norm_eps) if norm_eps is not None else None
+    if get_backend() == "reference":
+        return reference.gated_ffn(gate, index, x, eps, w_in, b_in, w_out, b_out, bool(residual))
+    return torch.ops.vitfast.gated_ffn(gate, index, x, eps, w_in, b_in, w_out, b_out, bool(residual))

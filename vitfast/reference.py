@@ -232,3 +232,57 @@ def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: to
 
     check_gate_select_args(gate, index, taken, skipped)
     return torch.where(gate[index] != 0, taken, skipped)
+
+
+__all__ += ["gated_mhsa", "gated_ffn"]
+
+
+def gated_mhsa(
+    gate: torch.Tensor,
+    index: int,
+    x: torch.Tensor,
+    norm_eps: Optional[float],
+    w_qkv: torch.Tensor,
+    b_qkv: Optional[torch.Tensor],
+    num_heads: int,
+    w_proj: torch.Tensor,
+    b_proj: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """A gated fused MHSA sub-block (USDC eq. 5): the sub-block if gate[index] != 0, else the identity.
+
+        y   = LayerNorm(x) without affine (skipped when norm_eps is None; the affine is folded into w_qkv)
+        out = x + attention(y · w_qkvᵀ + b_qkv, num_heads) · w_projᵀ + b_proj     if gate[index] != 0
+        out = x                                                                   otherwise
+
+    The oracle computes the sub-block and selects on the device (`gate_select`); the kernels skip it instead.
+    """
+    from ._validate_gate import check_gated_mhsa_args
+
+    check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
+    y = F.layer_norm(x, (x.shape[-1],), eps=norm_eps) if norm_eps is not None else x
+    out = linear(attention(linear(y, w_qkv, b_qkv), num_heads), w_proj, b_proj, x)
+    return gate_select(gate, index, out, x)
+
+
+def gated_ffn(
+    gate: torch.Tensor,
+    index: int,
+    x: torch.Tensor,
+    norm_eps: Optional[float],
+    w_in: torch.Tensor,
+    b_in: Optional[torch.Tensor],
+    w_out: torch.Tensor,
+    b_out: Optional[torch.Tensor],
+    residual: bool,
+) -> torch.Tensor:
+    """A gated fused FFN sub-block (USDC eq. 5; RePaViT channel-idle layout, θ = 0 is timm's Mlp):
+
+        out = channel_idle_ffn(LN(x) or x, w_in, b_in, w_out, b_out, x if residual else None)   if gate[index] != 0
+        out = x                                                                                otherwise
+    """
+    from ._validate_gate import check_gated_ffn_args
+
+    check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
+    y = F.layer_norm(x, (x.shape[-1],), eps=norm_eps) if norm_eps is not None else x
+    out = channel_idle_ffn(y, w_in, b_in, w_out, b_out, x if residual else None)
+    return gate_select(gate, index, out, x)

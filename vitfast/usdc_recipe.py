@@ -14,12 +14,12 @@ from __future__ import annotations
 import copy
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
-__all__ = ["run_usdc_study", "accuracy_at_batch_sizes", "STUDY_MODEL"]
+__all__ = ["run_usdc_study", "accuracy_at_batch_sizes", "full_batches", "STUDY_MODEL"]
 
 # The demo's digits ViT (vitfast.demo.DEMO_MODEL): 32×32 input, 8×8 patches (16 tokens + cls), width 96, 4 blocks.
 STUDY_MODEL = dict(img_size=32, patch_size=8, embed_dim=96, depth=4, num_heads=4, mlp_ratio=4.0, num_classes=10)
@@ -44,11 +44,23 @@ def _sub_block_macs(model: nn.Module, tokens: int) -> List[List[float]]:
     return out
 
 
+def full_batches(count: int, batch_size: int) -> List[Tuple[List[int], int]]:
+    """The evaluation batches of `accuracy_at_batch_sizes`: (indices, real) pairs covering 0..count−1 in order, every
+    batch exactly `batch_size` long.  The last one is filled up by wrapping around to the first images and only its
+    first `real` predictions count, so each image is counted once and every decision is taken on a batch of the
+    size being measured (a plain DataLoader would run the tail — 40 of 360 images at batch 64 — as a batch of 40)."""
+    if count < 1 or batch_size < 1:
+        raise ValueError(f"count, batch_size: expected ints >= 1, got {count!r}, {batch_size!r}")
+    return [([(start + i) % count for i in range(batch_size)], min(batch_size, count - start))
+            for start in range(0, count, batch_size)]
+
+
 @torch.no_grad()
 def accuracy_at_batch_sizes(model: nn.Module, dataset, batch_sizes: Sequence[int], original_macs: float,
                             tokens: int) -> Dict[int, Dict[str, float]]:
     """Top-1 accuracy and realised FLOPs ratio (executed sub-block MACs / the unpruned ungated model's) of a fused
-    gated model over `dataset`, read in order in batches of each size (the last one may be smaller)."""
+    gated model over `dataset`, read in order in batches of exactly each size (`full_batches`: the last batch is
+    completed with the first images, whose extra predictions are not counted)."""
     from torch.utils.data import DataLoader
 
     from .nn.usdc import GatedBlock
@@ -58,6 +70,7 @@ def accuracy_at_batch_sizes(model: nn.Module, dataset, batch_sizes: Sequence[int
     macs = _sub_block_macs(model, tokens)
     other = _outer_macs(model, tokens)  # patch embedding + head: never gated
     model.eval()
+    all_images, all_labels = next(iter(DataLoader(dataset, batch_size=len(dataset), shuffle=False)))
     results = {}
     for bs in batch_sizes:
         executed = 0.0
@@ -65,13 +78,14 @@ def accuracy_at_batch_sizes(model: nn.Module, dataset, batch_sizes: Sequence[int
         handles = [b.register_forward_pre_hook(lambda m, a: log.append(m.gate(a[0]).cpu())) for b in blocks]
         correct = total = 0
         try:
-            for images, labels in DataLoader(dataset, batch_size=bs, shuffle=False):
+            for indices, real in full_batches(len(dataset), bs):
                 log.clear()
-                pred = model(images).argmax(-1)
-                correct += int((pred == labels).sum())
-                total += int(labels.numel())
+                idx = torch.tensor(indices)
+                pred = model(all_images[idx]).argmax(-1)[:real]
+                correct += int((pred == all_labels[idx[:real]]).sum())
+                total += real
                 for d, (a, f) in zip(log, macs):
-                    executed += labels.numel() * (float(d[0]) * a + float(d[1]) * f)
+                    executed += real * (float(d[0]) * a + float(d[1]) * f)
         finally:
             for h in handles:
                 h.remove()

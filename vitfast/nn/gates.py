@@ -5,6 +5,8 @@ One decision network per encoder layer reads the layer input Z_{ℓ−1} and giv
 MHSA sub-block) and g_{ℓ,1} (execute the FFN sub-block), eq. 5.  Every network here outputs four logits, read as
 [gate, choice] with choice 0 = execute and 1 = skip; training draws a hard Gumbel-softmax over the choice (τ = 5,
 straight-through gradients), inference takes the argmax, i.e. execute ⇔ logit_execute − logit_skip > 0.
+Both temperatures (τ = 5 for the gates, τ = 2 for the search and static compression) are constants in the paper
+(appendix A), not annealed: they stay fixed here.
 
 Search space (sec. 3.2.1), hidden width H (default C/2) for the two-layer networks:
 
@@ -52,8 +54,12 @@ __all__ = [
 
 GATE_KINDS = ("G0", "G1", "G2", "G3", "G4", "G5", "G6")
 GATE_LEVELS = ("group", "sample", "batch")
-GATE_TAU = 5.0  # hard Gumbel-softmax temperature of the dynamic gates (appendix A)
-SEARCH_TAU = 2.0  # Gumbel-softmax temperature of the gate search and of static compression (appendix A)
+# Gumbel-softmax temperatures, fixed for the whole training (USDC appendix A: "The temperature of Gumbel Softmax is
+# set to 5.0 for dynamic skipping of USDC, and 2.0 for dynamic gates networks searching and static compression").
+# The paper gives constants and no annealing schedule, so unlike the DSP gate (vitfast/head_selection.py) nothing
+# here implements the trainer's `set_step` hook.
+GATE_TAU = 5.0  # hard Gumbel-softmax temperature of the dynamic gates
+SEARCH_TAU = 2.0  # soft Gumbel-softmax temperature of the gate search and of static compression
 
 # kind -> (layers, norm, activation, conv)
 _SPEC = {

@@ -35,6 +35,7 @@ from timm.layers import Mlp
 from timm.models.vision_transformer import Attention as TimmAttention
 
 from .. import ops
+from .._env import get_cuda_kernels
 from . import _timm
 from .fused import Attention, FusedChannelIdleFFN, _ConfigReader, _fold_attention
 from .gates import GATE_LEVELS, SEARCH_TAU, FusedBatchGate, GateNet, GateSearch, group_features, hard_gates
@@ -327,12 +328,16 @@ class GatedBlock(nn.Module):
     are simply absent from the shapes, which the config records.
 
     How the decision is applied without a host synchronisation:
-    * CPU (and whenever the decision tensor lives on the CPU): the block reads it and branches — a closed gate
-      really skips the sub-block's LayerNorm, GEMMs and residual add.
-    * CUDA, or under torch.compile: never read on the host.  The sub-block runs and `ops.gate_select` (Triton on
-      CUDA) chooses between its output and the unchanged stream on the device, so the model stays capturable
-      as one CUDA graph whose replays follow each batch's own decision.  The compute of a closed sub-block is
-      not saved there (its GEMMs are cuBLAS/SDPA calls that cannot read a device flag); see README.
+    * CPU eager (the decision tensor lives on the CPU): the block reads it and branches — a closed gate really
+      skips the sub-block's LayerNorm, GEMMs and residual add, and returns the stream itself.
+    * CUDA, or under torch.compile: never read on the host.  Each sub-block is one op, `ops.gated_mhsa` /
+      `ops.gated_ffn`, given the decision tensor: on CUDA every one of its Triton kernels (LayerNorm, qkv, attention,
+      proj; LayerNorm, fc1+GELU, fc2) reads the flag and returns at once when it is closed, the last one writing
+      out = x (kernels/gated.py).  So a closed sub-block costs no GEMM, nothing waits for the GPU, and the model
+      stays capturable as one CUDA graph whose replays follow each batch's own decision.
+    * Fallback, same semantics without the saving: attention with a mask, `is_causal`, qk-norm or scale-norm (the
+      gated attention kernel has none of them), or VITFAST_CUDA_KERNELS=torch (A/B against cuBLAS), runs the
+      sub-block and lets `ops.gate_select` pick its output or the unchanged stream on the device.
     """
 
     def __init__(self, dim: int, *, gate: FusedBatchGate, norm1: Optional[nn.Module] = None,
@@ -356,12 +361,37 @@ class GatedBlock(nn.Module):
             if self.mlp is not None and run_ffn:
                 x = self.mlp(x)
             return x
+        gated_ops = get_cuda_kernels() != "torch"
         if self.attn is not None:
-            y = self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
-            x = ops.gate_select(decision, 0, y, x)
+            if gated_ops and self._gated_mhsa_supported(attn_mask, is_causal):
+                x = ops.gated_mhsa(decision, 0, x, *self.gated_mhsa_args())
+            else:
+                y = self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
+                x = ops.gate_select(decision, 0, y, x)
         if self.mlp is not None:
-            x = ops.gate_select(decision, 1, self.mlp(x), x)
+            if gated_ops and isinstance(self.mlp, FusedChannelIdleFFN):
+                x = ops.gated_ffn(decision, 1, x, *self.gated_ffn_args())
+            else:
+                x = ops.gate_select(decision, 1, self.mlp(x), x)
         return x
+
+    def _gated_mhsa_supported(self, attn_mask, is_causal) -> bool:
+        attn = self.attn
+        return (attn_mask is None and not is_causal and isinstance(attn.q_norm, nn.Identity)
+                and isinstance(attn.norm, nn.Identity) and type(self.norm1) is nn.LayerNorm
+                and self.norm1.weight is None)
+
+    def gated_mhsa_args(self) -> tuple:
+        """The MHSA sub-block as `ops.gated_mhsa` arguments after (gate, index, x)."""
+        attn = self.attn
+        return (float(self.norm1.eps), attn.qkv.weight, attn.qkv.bias, attn.num_heads, attn.proj.weight,
+                attn.proj.bias)
+
+    def gated_ffn_args(self) -> tuple:
+        """The FFN sub-block as `ops.gated_ffn` arguments after (gate, index, x)."""
+        mlp = self.mlp
+        return (float(mlp.norm.eps) if mlp.norm is not None else None, mlp.w_in, mlp.b_in, mlp.w_out, mlp.b_out,
+                mlp.residual)
 
     def vitfast_config(self) -> Dict[str, Any]:
         return {
