@@ -391,3 +391,34 @@ def test_fused_block_calls_the_op(monkeypatch):
             assert_close_scaled(fused(IMAGES), out)
     finally:
         vitfast._env.set_backend("auto")
+
+
+@pytest.mark.parametrize("branches", [2, 3, 4])
+def test_joined_scores_keep_the_variance_of_one_branch(branches):
+    # eq. 5 with the rescale generalised to n branches: for i.i.d. score maps, S_b + λ Σ_{b'≠b} S_b' has variance
+    # (1 + (n−1)λ²)σ², so dividing by √(1 + (n−1)λ²) keeps the softmax input at the λ = 0 scale at every λ.
+    from vitfast.nn.nondeep import _join, _rescale
+
+    scores = torch.randn(branches, 64, 4, 17, 17, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for lam in (0.0, 0.3, 0.7, 1.0):
+        lam_t = torch.tensor(lam, dtype=torch.float64)
+        joined = _join(scores, lam_t) / _rescale(lam_t, branches)
+        assert float(joined.std()) == pytest.approx(float(scores.std()), rel=0.02)
+        without = _join(scores, lam_t)
+        if lam == 1.0:
+            assert float(without.std()) == pytest.approx(math.sqrt(branches) * float(scores.std()), rel=0.02)
+
+
+def test_joined_ffn_branches_get_the_same_gradient():
+    # At λ = 1 every branch's GELU sees Σ_b h_b (eq. 9), so fc1/fc2 of all branches get one gradient: the fused
+    # weight Σ_b W_b then moves n times as far per optimiser step as a single-branch weight at the same LR.  Before
+    # joining (λ < 1) the gradients differ.  (Diversity off: the regulariser is what tells the branches apart.)
+    block = NonDeepBlock(24, 2, branches=2, diversity_weight=0.0)
+    x = torch.randn(3, 5, 24, generator=torch.Generator().manual_seed(1))
+    for lam, same in ((1.0, True), (0.5, False)):
+        block.zero_grad()
+        block.set_lambda(lam)
+        block(x).square().sum().backward()
+        for name in ("fc1", "fc2"):
+            g0, g1 = (getattr(br, name).weight.grad for br in block.mlp.branches)
+            assert torch.allclose(g0, g1, rtol=1e-5, atol=1e-7) == same, (lam, name)

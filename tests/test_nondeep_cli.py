@@ -103,3 +103,17 @@ def test_demo_nondeep_quick(tmp_path, capsys):
                  "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "single" in out and "non-deep (fused)" in out and "lr 0.0015" in out and (tmp_path / "nondeep_fused.safetensors").exists()
+
+
+def test_demo_nondeep_trains_apart_then_joins(tmp_path):
+    # the paper's phases: λ = 0 (branches trained apart) for join_start of the steps, warm-up, adjustment at λ = 1
+    from vitfast.nondeep_demo import run_nondeep_comparison
+
+    lines = []
+    report = run_nondeep_comparison(quick=True, steps=12, join_start=0.5, join_fraction=1 / 3, progress=False,
+                                    out_dir=str(tmp_path), log=lines.append)
+    assert "λ = 0 for 6 steps, then linear joining over 0.333 of the rest" in lines[0]
+    assert report["join_start"] == 0.5 and report["lambda_end"] == [1.0, 1.0]
+    assert report["nondeep_fused"] == report["nondeep"]
+    with pytest.raises(ValueError, match="join_start: expected a fraction"):
+        run_nondeep_comparison(quick=True, steps=4, join_start=1.0, progress=False, out_dir=str(tmp_path))

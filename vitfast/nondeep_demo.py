@@ -5,8 +5,10 @@
 Trains, from the same seed, with the same optimiser, steps and data order:
   * "single": a plain timm ViT of depth L/n (the depth the non-deep model fuses to);
   * "non-deep": a ViT of depth L converted to L/n blocks of n parallel branches (`convert.from_timm(branches=n)`),
-    joined progressively with the λ schedule (linear by default: λ = t over the joining steps, then the
-    adjustment phase at λ = 1), with the diversity regulariser (α = 0.05);
+    trained in the paper's three phases (sections 3.4, 4, appendix A.2/B): the branches first train apart
+    (λ = 0, the paper's pre-training of the branched model: the first `join_start` = 1/2 of the steps), then
+    the λ warm-up (linear by default: λ = t over `join_fraction` = 1/6 of the remaining steps, the paper's
+    10k of 10k + 50k) and the post-joining adjustment phase at λ = 1; diversity regulariser α = 0.05;
 then fuses the non-deep model (exact, λ = 1) and reports the three validation accuracies (single, non-deep
 train-time, non-deep fused).  The issue's target: non-deep ≥ single at the same fused depth and steps.
 """
@@ -29,6 +31,7 @@ def run_nondeep_comparison(
     steps: Optional[int] = None,
     schedule: str = "linear",
     join_fraction: float = 1.0 / 6.0,
+    join_start: float = 0.5,
     join_values: bool = False,
     diversity_weight: float = 0.05,
     lr: float = 3e-3,
@@ -49,6 +52,8 @@ def run_nondeep_comparison(
 
     if isinstance(branches, bool) or not isinstance(branches, int) or branches < 2:
         raise ValueError(f"branches: expected an int >= 2, got {branches!r}")
+    if isinstance(join_start, bool) or not isinstance(join_start, (int, float)) or not 0.0 <= join_start < 1.0:
+        raise ValueError(f"join_start: expected a fraction of the steps in [0, 1), got {join_start!r}")
     if not lr > 0:
         raise ValueError(f"lr: expected > 0, got {lr!r}")
     if threads is not None:
@@ -61,13 +66,14 @@ def run_nondeep_comparison(
     steps = steps if steps is not None else (60 if quick else 800)
     if steps < 1:
         raise ValueError(f"steps: expected >= 1, got {steps}")
+    start = int(round(join_start * steps))
     os.makedirs(out_dir, exist_ok=True)
     train_loader, val_loader = digits_loaders(img_size=cfg["img_size"], batch_size=64, seed=seed)
     log(f"vitfast non-deep comparison on digits: ViT(patch {cfg['patch_size']}, width {cfg['embed_dim']}, heads "
         f"{cfg['num_heads']}), {steps} steps each, AdamW lr {lr:g} for both, {torch.get_num_threads()} CPU thread(s):\n"
         f"  single   = plain ViT of depth {fused_depth}\n"
-        f"  non-deep = depth {cfg['depth']} as {fused_depth} blocks x {branches} branches, {schedule} joining over "
-        f"{join_fraction:.3g} of the steps, then λ = 1; diversity α = {diversity_weight}")
+        f"  non-deep = depth {cfg['depth']} as {fused_depth} blocks x {branches} branches: λ = 0 for {start} steps, "
+        f"then {schedule} joining over {join_fraction:.3g} of the rest, then λ = 1; diversity α = {diversity_weight}")
 
     def train(model, desc):
         trainer = Trainer(
@@ -87,7 +93,7 @@ def run_nondeep_comparison(
     torch.manual_seed(seed)
     deep = tvit.VisionTransformer(**cfg)
     nondeep = vitfast.convert.from_timm(
-        deep, branches=branches, schedule=JoinSchedule(schedule, warmup_fraction=join_fraction),
+        deep, branches=branches, schedule=JoinSchedule(schedule, warmup_fraction=join_fraction, start_step=start),
         join_values=join_values, diversity_weight=diversity_weight,
     )
     nd_trainer, nd_summary = train(nondeep, "non-deep")
@@ -99,6 +105,7 @@ def run_nondeep_comparison(
     vitfast.save(fused, os.path.join(out_dir, "nondeep_fused.safetensors"))
     report = {
         "branches": branches, "steps": steps, "schedule": schedule, "join_fraction": join_fraction,
+        "join_start": join_start,
         "join_values": join_values, "diversity_weight": diversity_weight, "lr": lr, "seed": seed, "fused_depth": fused_depth,
         "single": acc_single, "nondeep": acc_nondeep, "nondeep_fused": acc_fused, "lambda_end": lam,
         "params": {"single": count_parameters(single), "nondeep_train": count_parameters(nondeep),
