@@ -309,11 +309,25 @@ def test_half_closed_model_skips_half_the_sub_blocks():
 
 
 # ---------------------------------------------------------------------------------------------- CUDA
+def test_gated_cuda_kernel_policy():
+    from vitfast.ops import use_gated_cuda_kernels
+
+    # Measured (docstring): half precision on the gated kernels, fp32 on cuBLAS + gate_select; both forcible.
+    assert use_gated_cuda_kernels(torch.float16) and use_gated_cuda_kernels(torch.bfloat16)
+    assert not use_gated_cuda_kernels(torch.float32)
+    assert use_gated_cuda_kernels(torch.float32, "triton")
+    assert not use_gated_cuda_kernels(torch.float16, "torch")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_gated_model_matches_cpu_and_survives_graph_capture(monkeypatch):
     # On CUDA every sub-block must go through the gated ops (kernels/gated.py: the kernels read the decision and
     # return early), never through compute-then-gate_select: count the calls while the graph is captured.
+    # (fp32 takes gate_select under the default policy, ops.use_gated_cuda_kernels: force the gated kernels.)
     import vitfast.nn.usdc as usdc_mod
+    from vitfast import _env
+
+    monkeypatch.setattr(_env, "_cuda_kernels", "triton")
 
     calls = []
 

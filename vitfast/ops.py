@@ -217,6 +217,26 @@ def use_triton_xwx_attention(dtype: torch.dtype, width: int, policy: str = "auto
     return dtype in (torch.float16, torch.bfloat16) and width <= TRITON_XWX_MAX_WIDTH
 
 
+def use_gated_cuda_kernels(dtype: torch.dtype, policy: str = "auto") -> bool:
+    """Whether a gated USDC block on CUDA runs its sub-blocks as `gated_mhsa`/`gated_ffn` (Triton kernels that read
+    the device decision and return early) or as cuBLAS/SDPA + `gate_select` (computes, then picks on the device).
+
+    Measured on an H200 (torch 2.11, triton 3.6; benchmarks/bench_batch_gate.py --cuda, CUDA-graph replays, DeiT-S,
+    a 12-block model whose gates close half of the sub-blocks, relative to the same model ungated):
+    - fp32: gated kernels 165.8% (b8) / 115.9% (b64), compute + gate_select 118.3% / 107.5%.  The gated kernels make
+      a closed sub-block nearly free (0.10–0.34× of an ungated block) but their ieee fp32 GEMMs make an open one
+      2.2–3.5× slower than cuBLAS → gate_select.
+    - fp16: gated kernels 157.4% (b8) / 111.7% (b64), compute + gate_select 191.9% / 144.0% → the gated kernels.
+    Neither beats the ungated model on this GPU (the CPU path does: a closed sub-block is skipped outright).
+    `policy` "triton"/"torch" (VITFAST_CUDA_KERNELS) forces one path.
+    """
+    if policy == "triton":
+        return True
+    if policy == "torch":
+        return False
+    return dtype in (torch.float16, torch.bfloat16)
+
+
 def _xwx_attention_cuda(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None):
     if not use_triton_xwx_attention(x.dtype, x.shape[-1], get_cuda_kernels()):
         return reference.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)

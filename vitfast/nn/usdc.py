@@ -336,8 +336,10 @@ class GatedBlock(nn.Module):
       out = x (kernels/gated.py).  So a closed sub-block costs no GEMM, nothing waits for the GPU, and the model
       stays capturable as one CUDA graph whose replays follow each batch's own decision.
     * Fallback, same semantics without the saving: attention with a mask, `is_causal`, qk-norm or scale-norm (the
-      gated attention kernel has none of them), or VITFAST_CUDA_KERNELS=torch (A/B against cuBLAS), runs the
-      sub-block and lets `ops.gate_select` pick its output or the unchanged stream on the device.
+      gated attention kernel has none of them), VITFAST_CUDA_KERNELS=torch (A/B against cuBLAS), or fp32 on CUDA
+      under the default policy (`ops.use_gated_cuda_kernels`: measured faster there, because the gated fp32
+      GEMMs lose to cuBLAS when open), runs the sub-block and lets `ops.gate_select` pick its output or the
+      unchanged stream on the device.
     """
 
     def __init__(self, dim: int, *, gate: FusedBatchGate, norm1: Optional[nn.Module] = None,
@@ -361,7 +363,10 @@ class GatedBlock(nn.Module):
             if self.mlp is not None and run_ffn:
                 x = self.mlp(x)
             return x
-        gated_ops = get_cuda_kernels() != "torch"
+        # On CUDA the measured policy picks gated kernels or compute + gate_select (ops.use_gated_cuda_kernels);
+        # under torch.compile on the CPU the gated ops' CPU impl reads the flag and skips for real.
+        gated_ops = (ops.use_gated_cuda_kernels(x.dtype, get_cuda_kernels()) if x.device.type == "cuda"
+                     else get_cuda_kernels() != "torch")
         if self.attn is not None:
             if gated_ops and self._gated_mhsa_supported(attn_mask, is_causal):
                 x = ops.gated_mhsa(decision, 0, x, *self.gated_mhsa_args())
