@@ -54,7 +54,7 @@ struct XwxPacked {
   int64_t right_width = 0;  // factored: R (+1); full: 1 with a key bias (kb_h), else 0
   int64_t head_cols = 0;    // projection columns per head: left_width + right_width + D
   gemm::PackedB proj;       // B [C × H·head_cols] with the bias that makes the ones column
-  std::vector<gemm::PackedB> w_o;  // per head: B = w_o[h] [D × C_out]; head 0 carries b_o as its bias
+  gemm::PackedB w_o;        // B = the w_o blocks stacked [H·D × C_out], with b_o as its bias
   int64_t proj_cols() const { return shape.heads * head_cols; }
   int64_t left_col(int64_t h) const { return h * head_cols; }
   int64_t right_col(int64_t h) const { return h * head_cols + left_width; }
