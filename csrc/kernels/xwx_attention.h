@@ -78,7 +78,8 @@ int64_t xwx_pack_scratch_floats(const XwxPacked& w, int64_t tokens);
 void xwx_pack_keys(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* x, int64_t ldx,
                    int64_t h, float* keys, float* scratch);
 
-// Phase 3: query rows [q0, q1) of one image, all heads (their results side by side in the workspace).  keys = the image's H blocks of xwx_keys_floats
+// Phase 3: query rows [q0, q1) of one image, all heads (their results side by side in the workspace).
+// keys = the image's H blocks of xwx_keys_floats
 // (head after head); residual [tokens × C_out] (row stride ld_res) or nullptr; out [tokens × C_out] (row
 // stride ldo) must not alias residual.  workspace: xwx_rows_workspace_floats(w, q1 − q0) floats, 64-byte
 // aligned.

@@ -236,7 +236,8 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
     for (; j < body; j += 8) vmax = _mm256_max_ps(vmax, _mm256_mul_ps(_mm256_loadu_ps(row + j), vscale));
     if (j < n) {
       const __m256 t = _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), vscale);
-      vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), t, _mm256_castsi256_ps(tail)));
+      vmax = _mm256_max_ps(vmax,
+                           _mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), t, _mm256_castsi256_ps(tail)));
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));

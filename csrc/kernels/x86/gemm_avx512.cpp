@@ -271,7 +271,8 @@ void softmax_exp_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, floa
       vmax1 = _mm512_max_ps(vmax1, _mm512_mul_ps(_mm512_loadu_ps(row + j + 16), vscale));
     }
     for (; j < body; j += 16) vmax0 = _mm512_max_ps(vmax0, _mm512_mul_ps(_mm512_loadu_ps(row + j), vscale));
-    if (j < n) vmax1 = _mm512_mask_max_ps(vmax1, tail, vmax1, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + j), vscale));
+    if (j < n)
+      vmax1 = _mm512_mask_max_ps(vmax1, tail, vmax1, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + j), vscale));
     const float mx = _mm512_reduce_max_ps(_mm512_max_ps(vmax0, vmax1));
     const __m512 neg_mx = _mm512_set1_ps(-mx);
     __m512 vsum0 = _mm512_setzero_ps(), vsum1 = vsum0;
