@@ -77,7 +77,7 @@ class NextPrefetcher {
 int64_t attention_workspace_floats(int64_t tokens, int64_t head_dim, int64_t q_rows) {
   const int64_t chunk = std::min(q_rows, kAttentionChunk);
   return gemm::packed_floats(tokens, head_dim) + gemm::packed_floats(head_dim, tokens) + chunk * padded(tokens) +
-         2 * padded(chunk);
+         chunk * padded(head_dim) + 2 * padded(chunk);
 }
 
 void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
@@ -90,7 +90,14 @@ void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t he
   float* k_panels = workspace;
   float* v_panels = k_panels + gemm::packed_floats(tokens, d);
   float* scores = v_panels + gemm::packed_floats(d, tokens);
-  float* row_max = scores + max_chunk * padded(tokens);
+  float* q_rows = scores + max_chunk * padded(tokens);
+  const int64_t ld_q = padded(d);
+  float* row_max = q_rows + max_chunk * ld_q;
+  // Q rows ld_qkv apart map to the same few L1 sets when the stride is a multiple of 2 KiB (ViT-L: 12 KiB, every
+  // row of a register tile in one set group): then the chunk's Q rows are copied side by side first (measured at
+  // ViT-L, N = 577: the score GEMM went from ~63% to ~80% of peak).  At DeiT strides (4.5 and 9 KiB: 8 and 4 set
+  // groups) reading in place is faster: the copy's cold loads are not overlapped with FMAs.
+  const bool copy_q = ld_qkv * int64_t(sizeof(float)) % 2048 == 0;
   float* row_sum = row_max + padded(max_chunk);
   const int64_t ld_s = padded(tokens);
   const float* q = qkv + h * d;
@@ -107,7 +114,13 @@ void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t he
     // reduces over k in the same order, so any split gives the same bits).
     const int64_t r0 = q0 + m * c / chunks, r1 = q0 + m * (c + 1) / chunks, rows = r1 - r0;
     // S = Q_h · K_hᵀ, whole panels into the padded scratch (the padding columns are never read back).
-    gemm::gemm_raw(rows, q + r0 * ld_qkv, ld_qkv, k_panels, tokens, d, scores, ld_s, padded_c, isa);
+    if (copy_q) {
+      for (int64_t i = 0; i < rows; ++i)
+        std::copy(q + (r0 + i) * ld_qkv, q + (r0 + i) * ld_qkv + d, q_rows + i * ld_q);
+      gemm::gemm_raw(rows, q_rows, ld_q, k_panels, tokens, d, scores, ld_s, padded_c, isa);
+    } else {
+      gemm::gemm_raw(rows, q + r0 * ld_qkv, ld_qkv, k_panels, tokens, d, scores, ld_s, padded_c, isa);
+    }
     for (int64_t i = 0; i < rows; ++i) {
       row_max[i] = -std::numeric_limits<float>::infinity();
       gemm::softmax_exp_rows(scores + i * ld_s, 1, tokens, ld_s, scale, row_max + i, row_sum + i, isa);

@@ -15,11 +15,12 @@
 // token counts, so the exact row maximum is used (no online rescaling) and there is no N × N matrix beyond
 // one chunk.
 //
-// Why chunks and prefetches (measured at DeiT-B shapes, 1 thread): in a model the head's Q/K/V rows arrive
-// cold — each qkv row is 9 KiB at DeiT-B, so every head's 256-byte slice of a row sits on its own page and
-// the hardware prefetchers do not follow it; the first touch cost ~16% of the op.  The caller names the next
-// task it will run (`AttentionNext`) and its rows are prefetched, a few lines after each softmax row, while
-// this head computes.
+// Prefetch (measured at DeiT-B shapes, 1 thread, in a model-like sequence of ops on a loaded machine): in a model
+// the head's K/V rows arrive cold — each qkv row is 9 KiB at DeiT-B, so every head's 256-byte slice of a row
+// sits on its own page and the hardware prefetchers do not follow it; packing K and V then cost ~2-3× what it
+// does hot (~15% of the head).  The caller names the next task it will run (`AttentionNext`) and its K, V, Q
+// rows and output columns are prefetched, a few lines after each softmax row, while this head computes.  The
+// gain varied between runs on the shared machine (from none to most of the packing's extra cost).
 //
 // No threads here: the binding splits (image, head, query block) tasks between threads.
 #pragma once

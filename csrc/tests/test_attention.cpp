@@ -75,8 +75,10 @@ void check_softmax_exp(CpuIsa isa, std::mt19937& rng, int64_t rows, int64_t n, f
 }
 
 // Returns 1; checks attention_head for every head and compares it with a double-precision evaluation.
-int check_attention(CpuIsa isa, std::mt19937& rng, int64_t tokens, int64_t heads, int64_t d, int64_t q_block) {
-  const int64_t attn = heads * d, ld_qkv = 3 * attn + 2, ld_out = attn + 3;
+// ld_pad: qkv's row stride beyond 3·H·D (a stride that is a multiple of 2 KiB takes the copied-Q path).
+int check_attention(CpuIsa isa, std::mt19937& rng, int64_t tokens, int64_t heads, int64_t d, int64_t q_block,
+                    int64_t ld_pad = 2) {
+  const int64_t attn = heads * d, ld_qkv = 3 * attn + ld_pad, ld_out = attn + 3;
   std::vector<float> qkv = random_vector(rng, size_t(tokens * ld_qkv));
   const float scale = 1.0f / std::sqrt(float(d));
   const float sentinel = -777.0f;
@@ -140,6 +142,8 @@ void test_attention(CpuIsa isa) {
   count += check_attention(isa, rng, 197, 2, 64, 197);  // a ViT image (N = 197, D = 64)
   count += check_attention(isa, rng, 197, 1, 64, 102);  // the 2-thread split of it
   count += check_attention(isa, rng, 100, 2, 20, 45);   // blocks of several row chunks, split mid-chunk
+  count += check_attention(isa, rng, 100, 2, 64, 100, 128);  // row stride 512 floats = 2 KiB: Q copied first
+  count += check_attention(isa, rng, 61, 1, 17, 29, 512 - 51);  // ... with an odd head dim and a block split
   std::printf("[%s] attention parity: %d cases\n", cpu_isa_name(isa), count);
 }
 
