@@ -77,6 +77,11 @@ def test_large_logits_are_stable(isa, restore_threads):
         assert kernel_err <= 2 * torch_err, f"kernel error {kernel_err:.3g} > 2 × SDPA's {torch_err:.3g}"
 
 
+def test_parity_vit_large_row_stride(isa, tol, restore_threads):
+    """ViT-L width: qkv rows 12 KiB apart (a multiple of 2 KiB), where the kernel copies each chunk's Q rows."""
+    check_parity(torch.randn(1, 50, 3 * 16 * 64), 16, tol)
+
+
 def test_strided_and_non_contiguous_qkv(isa, tol, restore_threads):
     wide = torch.randn(2, 40, 3 * 2 * 24 + 10)
     check_parity(wide[:, :, 5 : 5 + 3 * 2 * 24], 2, tol)  # rows strided: read in place

@@ -2,7 +2,7 @@
 
 Collapsed non-deep attention: per head softmax(x W_h xᵀ + key bias) · (x w_v[h]) · w_o[h], summed over heads,
 + b_o + residual.  Both score forms (factored w_q/w_k [H, C, R], full W_h [H, C, C]), DeiT-Ti/S widths at
-N = 197 and odd N that break the 128-key tile and the 6 × 16 register block, batch 1 and 2, every CPU code path
+N = 197 and odd N that break the 256-key tile and the 6 × 16 register block, batch 1 and 2, every CPU code path
 forced in turn, at 1 and 2 threads (the thread split must not change a bit); optional arguments, fp16/bf16,
 large scores, weight updates (cache), argument errors, opcheck and torch.compile.
 """
@@ -45,7 +45,7 @@ def test_parity_deit_shapes(shape, batch, isa, tol, restore_threads):
     check_parity(make_xwx_args(batch, 197, c, h, r, d), tol)
 
 
-@pytest.mark.parametrize("tokens", [1, 2, 7, 65, 127, 128, 129])
+@pytest.mark.parametrize("tokens", [1, 2, 7, 65, 127, 128, 129, 255, 256, 257])
 @pytest.mark.parametrize("rank", [None, 3, 16], ids=lambda r: f"R{r}")
 def test_parity_odd_sizes(tokens, rank, isa, tol, restore_threads):
     check_parity(make_xwx_args(2, tokens, 24, 2, rank, 20), tol)
@@ -78,7 +78,7 @@ def test_large_scores_are_stable(isa, restore_threads):
     """Scores in the hundreds, over several key tiles: the online softmax must rescale by the running max.
     At this conditioning fp32 rounding of the scores moves the result in any implementation, so the check is
     against float64 truth: no worse than 2× PyTorch's own fp32 error."""
-    args = make_xwx_args(1, 150, 32, 2, 16, 16, score_std=200.0)
+    args = make_xwx_args(1, 600, 32, 2, 16, 16, score_std=200.0)  # 3 key tiles of 256
     truth = _float64_truth(*args)
     torch_err = (reference.xwx_attention(*args).double() - truth).abs().max().item()
     for threads in (1, 2):

@@ -1,38 +1,141 @@
 #include "kernels/attention.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
 #include "kernels/gemm.h"
 
 namespace vitfast {
 
 namespace {
+
 int64_t padded(int64_t n) { return (n + gemm::kNr - 1) / gemm::kNr * gemm::kNr; }
+
+// Cache lines of the next task, walked a few at a time: `rows` rows of `width` floats at base + r·ld.
+struct LineStream {
+  const char* base = nullptr;
+  int64_t ld_bytes = 0, rows = 0, lines_per_row = 0, write = 0;
+};
+
+class NextPrefetcher {
+ public:
+  NextPrefetcher(const AttentionNext& next, const float* cur_qkv, int64_t cur_h, int64_t ld_qkv, int64_t tokens,
+                 int64_t heads, int64_t d, int64_t ld_out) {
+    if (next.qkv == nullptr || next.q1 <= next.q0) return;
+    const int64_t ld = ld_qkv * int64_t(sizeof(float));
+    if (next.qkv != cur_qkv || next.h != cur_h) {  // the same head's K and V are already in cache
+      add(next.qkv + (heads + next.h) * d, ld, tokens, d, 0);  // K and V first: packed as the next task starts
+      add(next.qkv + (2 * heads + next.h) * d, ld, tokens, d, 0);
+    }
+    add(next.qkv + next.q0 * ld_qkv + next.h * d, ld, next.q1 - next.q0, d, 0);
+    add(next.out + next.q0 * ld_out + next.h * d, ld_out * int64_t(sizeof(float)), next.q1 - next.q0, d, 1);
+  }
+  int64_t total_rows() const { return total_; }
+  // Rows [r0, r1) of the concatenated streams.
+  void rows(int64_t r0, int64_t r1) const {
+    for (int s = 0; s < count_ && r0 < r1; ++s) {
+      const LineStream& st = streams_[s];
+      const int64_t a = std::max<int64_t>(r0, 0), b = std::min(r1, st.rows);
+      for (int64_t r = a; r < b; ++r) {
+        const char* p = st.base + r * st.ld_bytes;
+        for (int64_t l = 0; l < st.lines_per_row; ++l) {
+          if (st.write)
+            __builtin_prefetch(p + 64 * l, 1, 3);
+          else
+            __builtin_prefetch(p + 64 * l, 0, 3);
+        }
+      }
+      r0 -= st.rows;
+      r1 -= st.rows;
+    }
+  }
+
+ private:
+  // Rows of `width` floats, from the line of the first row's first float: when the row stride is a whole number
+  // of lines every row has that row's line count, otherwise one more line covers any offset (a prefetch past
+  // a row's end never faults).
+  void add(const float* base, int64_t ld_bytes, int64_t rows, int64_t width, int64_t write) {
+    LineStream& s = streams_[count_++];
+    const uintptr_t first = reinterpret_cast<uintptr_t>(base) & ~uintptr_t(63);
+    s.base = reinterpret_cast<const char*>(first);
+    s.ld_bytes = ld_bytes;
+    s.rows = rows;
+    s.lines_per_row = ld_bytes % 64 == 0
+                          ? int64_t((reinterpret_cast<uintptr_t>(base + width) - 1 - first) / 64 + 1)
+                          : (width * int64_t(sizeof(float)) + 63) / 64 + 1;
+    s.write = write;
+    total_ += rows;
+  }
+  LineStream streams_[4];
+  int count_ = 0;
+  int64_t total_ = 0;
+};
+
 }  // namespace
 
 int64_t attention_workspace_floats(int64_t tokens, int64_t head_dim, int64_t q_rows) {
-  return gemm::packed_floats(tokens, head_dim) + gemm::packed_floats(head_dim, tokens) + q_rows * padded(tokens);
+  const int64_t chunk = std::min(q_rows, kAttentionChunk);
+  return gemm::packed_floats(tokens, head_dim) + gemm::packed_floats(head_dim, tokens) + chunk * padded(tokens) +
+         chunk * padded(head_dim) + 2 * padded(chunk);
 }
 
 void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
-                    int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa) {
+                    int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
+                    const AttentionNext& next) {
   if (q1 <= q0) return;
-  const int64_t d = head_dim, attn_dim = heads * head_dim;
+  const int64_t d = head_dim, attn_dim = heads * head_dim, m = q1 - q0;
+  const int64_t chunks = (m + kAttentionChunk - 1) / kAttentionChunk;
+  const int64_t max_chunk = (m + chunks - 1) / chunks;
   float* k_panels = workspace;
   float* v_panels = k_panels + gemm::packed_floats(tokens, d);
   float* scores = v_panels + gemm::packed_floats(d, tokens);
+  float* q_rows = scores + max_chunk * padded(tokens);
+  const int64_t ld_q = padded(d);
+  float* row_max = q_rows + max_chunk * ld_q;
+  // Q rows ld_qkv apart map to the same few L1 sets when the stride is a multiple of 2 KiB (ViT-L: 12 KiB, every
+  // row of a register tile in one set group): then the chunk's Q rows are copied side by side first (measured at
+  // ViT-L, N = 577: the score GEMM went from ~63% to ~80% of peak).  At DeiT strides (4.5 and 9 KiB: 8 and 4 set
+  // groups) reading in place is faster: the copy's cold loads are not overlapped with FMAs.
+  const bool copy_q = ld_qkv * int64_t(sizeof(float)) % 2048 == 0;
+  float* row_sum = row_max + padded(max_chunk);
   const int64_t ld_s = padded(tokens);
   const float* q = qkv + h * d;
   const float* k = qkv + attn_dim + h * d;
   const float* v = qkv + 2 * attn_dim + h * d;
   gemm::pack_b_transposed(k, tokens, d, ld_qkv, k_panels);  // B = K_hᵀ  [D × N]
   gemm::pack_b(v, tokens, d, ld_qkv, v_panels);             // B = V_h   [N × D]
-  const int64_t m = q1 - q0;
-  // S = Q_h · K_hᵀ, whole panels into the padded scratch (the padding columns are never read back).
+  const NextPrefetcher prefetch(next, qkv, h, ld_qkv, tokens, heads, d, ld_out);
+  const int64_t pf_total = prefetch.total_rows();
   gemm::Epilogue padded_c;
   padded_c.c_padded = true;
-  gemm::gemm_raw(m, q + q0 * ld_qkv, ld_qkv, k_panels, tokens, d, scores, ld_s, padded_c, isa);
-  gemm::softmax_rows(scores, m, tokens, ld_s, scale, isa);
-  // out_h = P · V_h, straight into the head's columns of the output rows.
-  gemm::gemm_raw(m, scores, ld_s, v_panels, d, tokens, out + q0 * ld_out + h * d, ld_out, gemm::Epilogue(), isa);
+  for (int64_t c = 0; c < chunks; ++c) {
+    // Balanced chunks (whole rows; a row's result does not depend on the chunking: each micro-kernel row
+    // reduces over k in the same order, so any split gives the same bits).
+    const int64_t r0 = q0 + m * c / chunks, r1 = q0 + m * (c + 1) / chunks, rows = r1 - r0;
+    // S = Q_h · K_hᵀ, whole panels into the padded scratch (the padding columns are never read back).
+    if (copy_q) {
+      for (int64_t i = 0; i < rows; ++i)
+        std::copy(q + (r0 + i) * ld_qkv, q + (r0 + i) * ld_qkv + d, q_rows + i * ld_q);
+      gemm::gemm_raw(rows, q_rows, ld_q, k_panels, tokens, d, scores, ld_s, padded_c, isa);
+    } else {
+      gemm::gemm_raw(rows, q + r0 * ld_qkv, ld_qkv, k_panels, tokens, d, scores, ld_s, padded_c, isa);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      row_max[i] = -std::numeric_limits<float>::infinity();
+      gemm::softmax_exp_rows(scores + i * ld_s, 1, tokens, ld_s, scale, row_max + i, row_sum + i, isa);
+      const int64_t done = (r0 - q0 + i) * pf_total / m, upto = (r0 - q0 + i + 1) * pf_total / m;
+      prefetch.rows(done, upto);
+    }
+    // out_h = P · V_h (unnormalised), straight into the head's columns of the output rows, then / Σ.
+    float* o = out + r0 * ld_out + h * d;
+    gemm::gemm_raw(rows, scores, ld_s, v_panels, d, tokens, o, ld_out, gemm::Epilogue(), isa);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float inv = 1.0f / row_sum[i];
+      float* orow = o + i * ld_out;
+      for (int64_t j = 0; j < d; ++j) orow[j] *= inv;
+    }
+  }
 }
 
 }  // namespace vitfast

@@ -7,10 +7,20 @@
 //   out_h = softmax(Q_h K_hᵀ · scale) V_h
 //
 // Torch-free, on the GEMM core.  Per (head, block of query rows): pack K_h and V_h into 16-column panels
-// (N·D floats each: cheap next to the 4·N²·D FLOPs), S = Q_h · K_hᵀ with the 6×16 micro-kernels into a
-// scratch tile (N = 197: 198 × 208 floats = 165 KiB, stays in L2), vectorised row softmax in place (fp32
-// statistics), then out_h = P · V_h written straight into the output columns.  The whole row of scores fits
-// in L2 at ViT token counts, so a two-pass (exact max) softmax is used rather than an online one.
+// (N·D floats each: cheap next to the 4·N²·D FLOPs), then per chunk of at most kAttentionChunk query rows:
+// S = Q_h · K_hᵀ with the micro-kernels into a chunk × N scratch tile (42 × 208 floats at N = 197: 35 KiB, about
+// L1), the two-pass unnormalised softmax in place (gemm::softmax_exp_rows: exp(s·scale − max), fp32 statistics),
+// P · V_h straight into the output columns, and the chunk's rows divided by their sums there (D columns
+// instead of N: the softmax's third pass is gone).  The whole row of scores of a chunk fits in cache at ViT
+// token counts, so the exact row maximum is used (no online rescaling) and there is no N × N matrix beyond
+// one chunk.
+//
+// Prefetch (measured at DeiT-B shapes, 1 thread, in a model-like sequence of ops on a loaded machine): in a model
+// the head's K/V rows arrive cold — each qkv row is 9 KiB at DeiT-B, so every head's 256-byte slice of a row
+// sits on its own page and the hardware prefetchers do not follow it; packing K and V then cost ~2-3× what it
+// does hot (~15% of the head).  The caller names the next task it will run (`AttentionNext`) and its K, V, Q
+// rows and output columns are prefetched, a few lines after each softmax row, while this head computes.  The
+// gain varied between runs on the shared machine (from none to most of the packing's extra cost).
 //
 // No threads here: the binding splits (image, head, query block) tasks between threads.
 #pragma once
@@ -21,12 +31,25 @@
 
 namespace vitfast {
 
+// Query rows per chunk: a multiple of both register tiles (AVX2/NEON 6 rows, AVX-512 14 rows); chunks are
+// balanced, so 197 rows run as 5 chunks of 39-40.
+constexpr int64_t kAttentionChunk = 42;
+
+// The task the calling thread runs after this one (qkv == nullptr: none): its Q rows, K and V (unless it is
+// the same head of the same image) and its output columns are prefetched during this one.
+struct AttentionNext {
+  const float* qkv = nullptr;  // that image's row 0
+  float* out = nullptr;        // that image's output row 0
+  int64_t h = 0, q0 = 0, q1 = 0;
+};
+
 // Floats of scratch that one concurrent caller of attention_head must provide for `q_rows` query rows; it
 // must be 64-byte aligned (gemm::AlignedFloats): K and V are packed there and the micro-kernels use aligned loads.
 int64_t attention_workspace_floats(int64_t tokens, int64_t head_dim, int64_t q_rows);
 
 // One head of one image, query rows [q0, q1).  qkv and out point at the image's row 0.
 void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
-                    int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa);
+                    int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
+                    const AttentionNext& next = AttentionNext());
 
 }  // namespace vitfast

@@ -133,6 +133,20 @@ void softmax_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, Cp
   }
 }
 
+void softmax_exp_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max, float* row_sum,
+                      CpuIsa isa) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case CpuIsa::kAvx2: softmax_exp_rows_avx2(s, rows, n, ld, scale, row_max, row_sum); return;
+    case CpuIsa::kAvx512: softmax_exp_rows_avx512(s, rows, n, ld, scale, row_max, row_sum); return;
+#endif
+#if defined(__aarch64__)
+    case CpuIsa::kNeon: softmax_exp_rows_neon(s, rows, n, ld, scale, row_max, row_sum); return;
+#endif
+    default: softmax_exp_rows_scalar(s, rows, n, ld, scale, row_max, row_sum); return;
+  }
+}
+
 void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64_t panel_begin,
                  int64_t panel_end, float* c, int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc) {
   if (m <= 0 || panel_end <= panel_begin) return;

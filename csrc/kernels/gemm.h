@@ -107,6 +107,11 @@ void gemm_raw(int64_t m, const float* a, int64_t lda, const float* b_panels, int
 // `scale` (see softmax_rows_* in gemm_isa.h).
 void softmax_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, CpuIsa isa);
 
+// The unnormalised two-pass row softmax of flash attention (see softmax_exp_rows_* in gemm_isa.h):
+// s = exp(s·scale − m) with m = max(row_max, max s·scale) written back to row_max, and row_sum = Σ s.
+void softmax_exp_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max, float* row_sum,
+                      CpuIsa isa);
+
 // In-place exact erf-GELU with the given ISA path (the same code the GELU epilogue runs).
 void gelu(float* x, int64_t n, CpuIsa isa);
 

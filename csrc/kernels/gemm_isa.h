@@ -47,6 +47,16 @@ struct GemmBlockArgs {
 //   t = s · scale;  s = exp(t − max t) / Σ exp(t − max t)      (statistics in fp32; columns >= n untouched)
 void softmax_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
 
+// The unnormalised row softmax of flash attention (online softmax over key tiles), two passes instead of three:
+// for each of `rows` rows of s (row stride ld), over columns [0, n):
+//   m = max(row_max[r], max_j s·scale);  s = exp(s·scale − m) (one fma, then exp);  row_sum[r] = Σ_j s;
+//   row_max[r] = m.
+// row_max[r] = -inf starts a row.  The caller rescales what it accumulated with the previous maximum by
+// exp(old − new) and divides by the running sum once at the end (on the D-wide P·V result instead of the
+// n-wide probabilities: the third pass of softmax_rows disappears).  Columns >= n are untouched.
+void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                             float* row_sum);
+
 void gemm_block_scalar(const GemmBlockArgs& args);
 void gelu_scalar(float* x, int64_t n);
 
@@ -54,16 +64,22 @@ void gelu_scalar(float* x, int64_t n);
 void gemm_block_avx2(const GemmBlockArgs& args);
 void gelu_avx2(float* x, int64_t n);
 void softmax_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
+void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                           float* row_sum);
 // AVX-512 GEMM (x86/gemm_avx512.cpp: 14 × 32 tiles over pairs of the same 16-column panels) and row softmax.
 // The AVX-512 path reuses gelu_avx2 for the standalone GELU (every AVX-512 CPU has AVX2).
 void gemm_block_avx512(const GemmBlockArgs& args);
 void softmax_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
+void softmax_exp_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                             float* row_sum);
 #endif
 
 #if defined(__aarch64__)
 void gemm_block_neon(const GemmBlockArgs& args);
 void gelu_neon(float* x, int64_t n);
 void softmax_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
+void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                           float* row_sum);
 #endif
 
 }  // namespace gemm

@@ -80,5 +80,21 @@ void softmax_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float sc
   }
 }
 
+void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                             float* row_sum) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    float mx = row_max[r];
+    for (int64_t j = 0; j < n; ++j) mx = std::fmax(mx, row[j] * scale);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = std::exp(std::fma(row[j], scale, -mx));
+      sum += row[j];
+    }
+    row_max[r] = mx;
+    row_sum[r] = sum;
+  }
+}
+
 }  // namespace gemm
 }  // namespace vitfast

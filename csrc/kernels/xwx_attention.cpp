@@ -12,21 +12,8 @@ namespace {
 
 int64_t key_tiles(int64_t tokens) { return (tokens + kXwxKeyTile - 1) / kXwxKeyTile; }
 int64_t padded16(int64_t n) { return (n + gemm::kNr - 1) / gemm::kNr * gemm::kNr; }
-// Score tile row stride: a whole key tile plus the augmented column (see the header), padded to panels.
-constexpr int64_t kScoreLd = kXwxKeyTile + gemm::kNr;
-
-// max(init, row[0..n)), with eight independent running maxima: one compare chain would be bound by its latency
-// (measured: this pass cost more than the score GEMM of the tile with a single chain).  NaN-propagation is not
-// needed here: a NaN score reaches the output through the softmax anyway.
-float row_max(const float* row, int64_t n, float init) {
-  float m[8] = {init, init, init, init, init, init, init, init};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
-  for (; j < n; ++j) m[0] = row[j] > m[0] ? row[j] : m[0];
-  for (int l = 1; l < 8; ++l) m[0] = m[l] > m[0] ? m[l] : m[0];
-  return m[0];
-}
+// Score tile row stride: a whole key tile (a multiple of the 16-column panels).
+constexpr int64_t kScoreLd = kXwxKeyTile;
 
 void scale_rows(float* a, int64_t rows, int64_t cols, int64_t ld, const float* factor) {
   for (int64_t i = 0; i < rows; ++i) {
@@ -38,11 +25,7 @@ void scale_rows(float* a, int64_t rows, int64_t cols, int64_t ld, const float* f
 
 }  // namespace
 
-size_t XwxPacked::bytes() const {
-  size_t total = proj.bytes();
-  for (const gemm::PackedB& b : w_o) total += b.bytes();
-  return total;
-}
+size_t XwxPacked::bytes() const { return proj.bytes() + w_o.bytes(); }
 
 XwxPacked xwx_pack(const XwxShape& s, const float* w_q, const float* w_k, const float* key_bias, const float* w_v,
                    const float* w_o, const float* b_o) {
@@ -67,13 +50,12 @@ XwxPacked xwx_pack(const XwxShape& s, const float* w_q, const float* w_k, const 
     if (kb) bias[size_t(left + R)] = 1.0f;  // the ones column that carries kb_h through the score GEMM
   }
   p.proj = gemm::PackedB::pack_linear(wt.data(), cols, C, C, kb ? bias.data() : nullptr);
-  std::vector<float> wo_t(size_t(s.out_channels * D));
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t co = 0; co < s.out_channels; ++co)
-        wo_t[size_t(co * D + d)] = w_o[(h * D + d) * s.out_channels + co];
-    p.w_o.push_back(gemm::PackedB::pack_linear(wo_t.data(), s.out_channels, D, D, h == 0 ? b_o : nullptr));
-  }
+  // w_o [H, D, C_out] read as one [H·D × C_out] matrix: row h·D + d is w_o[h][d].
+  const int64_t HD = H * D;
+  std::vector<float> wo_t(size_t(s.out_channels * HD));
+  for (int64_t hd = 0; hd < HD; ++hd)
+    for (int64_t co = 0; co < s.out_channels; ++co) wo_t[size_t(co * HD + hd)] = w_o[hd * s.out_channels + co];
+  p.w_o = gemm::PackedB::pack_linear(wo_t.data(), s.out_channels, HD, HD, b_o);
   return p;
 }
 
@@ -114,7 +96,7 @@ void xwx_pack_keys(const XwxPacked& w, int64_t tokens, const float* proj, int64_
 }
 
 int64_t xwx_rows_workspace_floats(const XwxPacked& w, int64_t q_rows) {
-  return q_rows * kScoreLd + q_rows * padded16(w.shape.value_dim) + 5 * padded16(q_rows);
+  return q_rows * kScoreLd + q_rows * w.shape.heads * w.shape.value_dim + 4 * padded16(q_rows);
 }
 
 void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* keys,
@@ -122,15 +104,14 @@ void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, i
                         float* workspace, CpuIsa isa) {
   const int64_t m = q1 - q0;
   if (m <= 0) return;
-  const int64_t lw = w.left_width, D = w.shape.value_dim, lda = padded16(D);
+  const int64_t lw = w.left_width, D = w.shape.value_dim, lda = w.shape.heads * D;
   const int64_t per_head = xwx_keys_floats(w, tokens), tiles = key_tiles(tokens);
   float* scores = workspace;
-  float* acc = scores + m * kScoreLd;
+  float* acc = scores + m * kScoreLd;  // [m × H·D]: head h in columns [h·D, (h+1)·D), unnormalised
   float* run_max = acc + m * lda;
   float* run_sum = run_max + padded16(m);
-  float* pre = run_sum + padded16(m);
-  float* post = pre + padded16(m);
-  float* pending = post + padded16(m);
+  float* tile_sum = run_sum + padded16(m);
+  float* factor = tile_sum + padded16(m);
   gemm::Epilogue padded_c;
   padded_c.c_padded = true;
   gemm::Epilogue onto;
@@ -139,52 +120,41 @@ void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, i
     const float* left = proj + q0 * ldp + w.left_col(h);
     const float* k_panels = keys + h * per_head;
     const float* v_tiles = k_panels + gemm::packed_floats(tokens, lw);
+    float* acc_h = acc + h * D;
+    std::fill(run_max, run_max + m, -std::numeric_limits<float>::infinity());
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t k0 = t * kXwxKeyTile, kt = std::min(kXwxKeyTile, tokens - k0);
       // S = [L_h | 1] · [K_h | kb_h]ᵀ for this key tile (its panels are contiguous: k0 is a panel boundary).
       gemm::gemm_raw(m, left, ldp, k_panels + (k0 / gemm::kNr) * lw * gemm::kNr, kt, lw, scores, kScoreLd,
                      padded_c, isa);
-      for (int64_t i = 0; i < m; ++i) {
-        float* row = scores + i * kScoreLd;
-        const float mx = row_max(row, kt, t == 0 ? -std::numeric_limits<float>::infinity() : run_max[i]);
-        row[kt] = mx;  // E, the augmented column (header); the softmax overwrites it with p_E ...
-        post[i] = mx;  // ... so E is kept here until the update below
-      }
-      gemm::softmax_rows(scores, m, kt + 1, kScoreLd, 1.0f, isa);
-      for (int64_t i = 0; i < m; ++i) {
-        const float p_e = scores[i * kScoreLd + kt], new_max = post[i];
-        const float tile_sum = (1.0f - p_e) / p_e;  // Σ_j e^(s_j − E)
-        const float old = t == 0 ? 0.0f : run_sum[i] * std::exp(run_max[i] - new_max);
-        const float total = old + tile_sum;
-        pre[i] = old * p_e;  // normalised acc · pre = (Σ_old e^(s − E) v) · p_E, the scale P · V is in
-        post[i] = 1.0f / (total * p_e);
-        run_max[i] = new_max;
-        run_sum[i] = total;
-      }
+      if (t > 0) std::copy(run_max, run_max + m, factor);
+      // Online softmax (flash attention): P = exp(S − running max), the max updated in place.
+      gemm::softmax_exp_rows(scores, m, kt, kScoreLd, 1.0f, run_max, tile_sum, isa);
+      const float* v_tile = v_tiles + t * gemm::packed_floats(D, kXwxKeyTile);
       if (t == 0) {
-        gemm::gemm_raw(m, scores, kScoreLd, v_tiles, D, kt, acc, lda, gemm::Epilogue(), isa);
+        std::copy(tile_sum, tile_sum + m, run_sum);
+        gemm::gemm_raw(m, scores, kScoreLd, v_tile, D, kt, acc_h, lda, gemm::Epilogue(), isa);
       } else {
-        // acc · pending is the softmax-weighted mean of the values seen so far; one pass applies both that
-        // normalisation and this tile's rescale.
-        for (int64_t i = 0; i < m; ++i) pre[i] *= pending[i];
-        scale_rows(acc, m, D, lda, pre);
-        gemm::gemm_raw(m, scores, kScoreLd, v_tiles + t * gemm::packed_floats(D, kXwxKeyTile), D, kt, acc, lda,
-                       onto, isa);
+        // What was accumulated against the old maximum is rescaled to the new one: e^(old − new) <= 1.
+        for (int64_t i = 0; i < m; ++i) {
+          factor[i] = std::exp(factor[i] - run_max[i]);
+          run_sum[i] = run_sum[i] * factor[i] + tile_sum[i];
+        }
+        scale_rows(acc_h, m, D, lda, factor);
+        gemm::gemm_raw(m, scores, kScoreLd, v_tile, D, kt, acc_h, lda, onto, isa);
       }
-      std::copy(post, post + m, pending);
     }
-    scale_rows(acc, m, D, lda, pending);
-    // Head h through its own block of the output projection, straight into the output rows (eq. 3).
-    gemm::Epilogue ep;
-    if (h == 0) {
-      ep.bias = true;  // b_o lives in w_o[0]
-      ep.addend = residual != nullptr ? residual + q0 * ld_res : nullptr;
-      ep.ld_addend = ld_res;
-    } else {
-      ep.accumulate = true;
-    }
-    gemm::gemm(m, acc, lda, w.w_o[size_t(h)], out + q0 * ldo, ldo, ep, isa);
+    for (int64_t i = 0; i < m; ++i) factor[i] = 1.0f / run_sum[i];
+    scale_rows(acc_h, m, D, lda, factor);
   }
+  // All heads through the output projection in one GEMM over K = H·D (eq. 3: Σ_h H_h W_O,h is the product of
+  // the heads side by side with the stacked W_O blocks), with b_o and the residual in its epilogue: one long
+  // reduction instead of H accumulate passes over the output rows.
+  gemm::Epilogue ep;
+  ep.bias = true;
+  ep.addend = residual != nullptr ? residual + q0 * ld_res : nullptr;
+  ep.ld_addend = ld_res;
+  gemm::gemm(m, acc, lda, w.w_o, out + q0 * ldo, ldo, ep, isa);
 }
 
 void xwx_attention_image(const XwxPacked& w, int64_t tokens, const float* x, int64_t ldx, const float* residual,

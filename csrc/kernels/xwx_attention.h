@@ -15,18 +15,17 @@
 //                [x | kb_h] is assembled in phase 2.
 //   2. pack_keys (per image and head): [K_h | kb_h] packed as B = (·)ᵀ in 16-key panels, and V_h packed as
 //                one B per key tile.
-//   3. rows (per image and block of query rows): for each head, stream key tiles of kKeyTile keys with an
-//                ONLINE softmax (running max and sum per row, fp32): S = [L_h | 1] · keysᵀ into a
-//                rows × kKeyTile scratch tile, acc = rescaled acc + P · V_h(tile); then the head's normalised
-//                [rows × D] result goes through its own packed w_o[h] straight into the output rows
-//                (head 0 writes b_o + residual in its epilogue, later heads accumulate): no concatenation of
-//                heads and no [tokens × tokens] matrix beyond one tile.
+//   3. rows (per image and block of query rows): for each head, stream key tiles of kXwxKeyTile keys with an
+//                ONLINE softmax (flash attention; running max and sum per row, fp32): S = [L_h | 1] · keysᵀ into a
+//                rows × kXwxKeyTile scratch tile, P = exp(S − running max) by gemm::softmax_exp_rows (two passes),
+//                acc_h = e^(old max − new max) · acc_h + P · V_h(tile), and acc_h / running sum at the end.  The
+//                heads' results lie side by side in a [rows × H·D] scratch, and ONE GEMM against the stacked
+//                w_o blocks [H·D × C_out] writes the output rows with b_o and the residual in its epilogue
+//                (eq. 3: Σ_h H_h W_O,h is that product; one K = H·D reduction instead of H accumulate passes
+//                over the output rows).  No [tokens × tokens] matrix beyond one tile.
 //
-// Online softmax on the shared vectorised row softmax (gemm::softmax_rows): the tile gets one extra column
-// E = max(running max, tile max); the softmax of the augmented row is p_j = e^(s_j − E) / Z, p_E = 1 / Z with
-// Z = 1 + Σ_j e^(s_j − E), so e^(s_j − E) = p_j / p_E and the tile's sum is (1 − p_E) / p_E — exact, and
-// p_E >= 1 / (kKeyTile + 1), so nothing is lost.  The accumulator is kept normalised (the softmax-weighted mean
-// of the values seen so far), so it cannot overflow or underflow however many tiles there are.
+// The unnormalised accumulator is bounded by (keys seen) · max|v| since every weight e^(s − max) <= 1, so it
+// cannot overflow at any realistic token count.
 #pragma once
 
 #include <cstdint>
@@ -43,9 +42,10 @@ struct XwxShape {
   bool key_bias = false;  // key_bias present
 };
 
-// Keys per tile of the online softmax: 8 panels of 16 (a 48 × 144 fp32 score tile is 27 KiB, in L1).  Measured
-// against 64: 2-5% faster at DeiT-Ti/S (fewer per-tile rescales, a deeper P·V reduction).
-constexpr int64_t kXwxKeyTile = 128;
+// Keys per tile of the online softmax: 16 panels of 16 (a 48 × 256 fp32 score tile is 48 KiB, in L2; at ViT's
+// N = 197 one tile, so no rescaling pass).  Measured: 128 was 2-5% faster than 64 at DeiT-Ti/S, and 256 another
+// ~2-3% faster than 128 (DeiT-S factored, 1 thread, loaded machine).
+constexpr int64_t kXwxKeyTile = 256;
 
 // The weights, packed once (cached by the binding per weight version).
 struct XwxPacked {
@@ -54,7 +54,7 @@ struct XwxPacked {
   int64_t right_width = 0;  // factored: R (+1); full: 1 with a key bias (kb_h), else 0
   int64_t head_cols = 0;    // projection columns per head: left_width + right_width + D
   gemm::PackedB proj;       // B [C × H·head_cols] with the bias that makes the ones column
-  std::vector<gemm::PackedB> w_o;  // per head: B = w_o[h] [D × C_out]; head 0 carries b_o as its bias
+  gemm::PackedB w_o;        // B = the w_o blocks stacked [H·D × C_out], with b_o as its bias
   int64_t proj_cols() const { return shape.heads * head_cols; }
   int64_t left_col(int64_t h) const { return h * head_cols; }
   int64_t right_col(int64_t h) const { return h * head_cols + left_width; }
@@ -78,7 +78,8 @@ int64_t xwx_pack_scratch_floats(const XwxPacked& w, int64_t tokens);
 void xwx_pack_keys(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* x, int64_t ldx,
                    int64_t h, float* keys, float* scratch);
 
-// Phase 3: query rows [q0, q1) of one image, all heads.  keys = the image's H blocks of xwx_keys_floats
+// Phase 3: query rows [q0, q1) of one image, all heads (their results side by side in the workspace).
+// keys = the image's H blocks of xwx_keys_floats
 // (head after head); residual [tokens × C_out] (row stride ld_res) or nullptr; out [tokens × C_out] (row
 // stride ldo) must not alias residual.  workspace: xwx_rows_workspace_floats(w, q1 − q0) floats, 64-byte
 // aligned.

@@ -9,9 +9,9 @@
 //   proj's layout: no permute, transpose or copy on either side (see kernels/attention.h).
 // - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
 // - Threads (at::parallel_for): (image, head, query-row block) tasks.  Query rows are split when there are
-//   fewer than two (image, head) pairs per thread (DeiT-Ti at batch 1 has 3 heads for 2 threads) or when the
-//   score tile would not fit L2 (long sequences), in balanced blocks of whole 6-row register blocks; each
-//   thread has its own scratch.
+//   fewer than two (image, head) pairs per thread (DeiT-Ti at batch 1 has 3 heads for 2 threads), in balanced
+//   blocks of whole 6-row register blocks (the kernel bounds its score tile itself, in row chunks); each
+//   thread has its own scratch.  Each task is told the next one its thread runs, to prefetch it.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -73,25 +73,33 @@ at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t pairs = batch * heads;
   const int64_t row_blocks = (tokens + gemm::kMr - 1) / gemm::kMr;
-  // Query blocks: enough tasks for the threads, and a score tile of at most kScoreTileFloats so it stays in
-  // L2 (N = 197: one block of 197 rows, 160 KiB; N = 577: blocks of <= 108 rows, 250 KiB) — K and V are
-  // repacked per block, N·D floats each, small next to the block's 4·rows·N·D FLOPs.
-  constexpr int64_t kScoreTileFloats = 64 * 1024;
-  const int64_t padded_tokens = (tokens + gemm::kNr - 1) / gemm::kNr * gemm::kNr;
-  const int64_t blocks_cap = std::max<int64_t>(1, kScoreTileFloats / padded_tokens / gemm::kMr);
-  int64_t splits = pairs >= 2 * threads ? int64_t(1) : (2 * threads + pairs - 1) / pairs;
-  splits = std::min(row_blocks, std::max(splits, (row_blocks + blocks_cap - 1) / blocks_cap));
+  // Query blocks only to give every thread work (a task runs its rows in chunks of kAttentionChunk, so the
+  // score tile stays small at any sequence length; each extra block re-packs K and V).
+  const int64_t splits = std::min(row_blocks, pairs >= 2 * threads ? int64_t(1) : (2 * threads + pairs - 1) / pairs);
   const int64_t max_rows = std::min(tokens, (row_blocks + splits - 1) / splits * gemm::kMr);
   const int64_t ws_floats = attention_workspace_floats(tokens, d, max_rows);
+  auto task = [&](int64_t t, int64_t& b, int64_t& h, int64_t& q0, int64_t& q1) {
+    const int64_t pair = t / splits, part = t % splits;
+    b = pair / heads;
+    h = pair % heads;
+    q0 = std::min(tokens, row_blocks * part / splits * gemm::kMr);
+    q1 = std::min(tokens, row_blocks * (part + 1) / splits * gemm::kMr);
+  };
   at::parallel_for(0, pairs * splits, 1, [&](int64_t begin, int64_t end) {
     float* ws = thread_workspace(ws_floats);
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t pair = t / splits, part = t % splits;
-      const int64_t b = pair / heads, h = pair % heads;
-      const int64_t q0 = std::min(tokens, row_blocks * part / splits * gemm::kMr);
-      const int64_t q1 = std::min(tokens, row_blocks * (part + 1) / splits * gemm::kMr);
+      int64_t b, h, q0, q1;
+      task(t, b, h, q0, q1);
+      // This thread's next task: its rows are prefetched while this one computes (kernels/attention.h).
+      AttentionNext next;
+      if (t + 1 < end) {
+        int64_t nb;
+        task(t + 1, nb, next.h, next.q0, next.q1);
+        next.qkv = qp + nb * tokens * ld_qkv;
+        next.out = op + nb * tokens * attn_dim;
+      }
       attention_head(qp + b * tokens * ld_qkv, ld_qkv, tokens, heads, d, h, q0, q1, scale,
-                     op + b * tokens * attn_dim, attn_dim, ws, isa);
+                     op + b * tokens * attn_dim, attn_dim, ws, isa, next);
     }
   });
   return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());

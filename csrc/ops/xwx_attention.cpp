@@ -10,7 +10,7 @@
 // - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
 // - Threads (at::parallel_for), per group of get_num_threads() images: the projection over balanced chunks of
 //   token rows, the key/value packing over (image, head), the attention over (image, block of query rows) —
-//   each task runs every head for its rows and owns those output rows, so heads accumulate without atomics.
+//   each task runs every head for its rows and owns those output rows (one output GEMM over all heads per block).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -1,7 +1,8 @@
-// Attention from packed qkv (attention_head) and the row softmax of every ISA path, against naive
-// double-precision evaluations: odd token counts and head dims around the 6 × 16 register block and the
-// 8/4-lane vectors, query-row blocks (the binding's thread split) giving the same bits, large score ranges
-// (softmax stability, exp underflow), and no write outside the head's output columns.
+// Attention from packed qkv (attention_head) and the row softmaxes (normalised, and the unnormalised two-pass
+// one of flash attention) of every ISA path, against naive double-precision evaluations: odd token counts and
+// head dims around the 6 × 16 register block and the 8/4-lane vectors, query-row blocks (the binding's thread
+// split) and row chunks giving the same bits, a prefetch hint changing none, large score ranges (softmax
+// stability, exp underflow), and no write outside the head's output columns.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -41,9 +42,43 @@ void check_softmax(CpuIsa isa, std::mt19937& rng, int64_t rows, int64_t n, float
            "(1e-6 relative)", cpu_isa_name(isa), (long long)rows, (long long)n, spread, scale, worst);
 }
 
+// The unnormalised two-pass softmax (gemm::softmax_exp_rows): m = max(running max, max s·scale),
+// s = exp(s·scale − m), the row sums; a running max above or below the row's own, or -inf (a fresh row).
+void check_softmax_exp(CpuIsa isa, std::mt19937& rng, int64_t rows, int64_t n, float spread, float scale,
+                       float init_max) {
+  const int64_t ld = n + 3;
+  const float sentinel = -777.0f;
+  std::vector<float> s = random_vector(rng, size_t(rows * ld), spread);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = n; j < ld; ++j) s[r * ld + j] = sentinel;
+  const std::vector<float> in = s;
+  std::vector<float> row_max(size_t(rows), init_max), row_sum(size_t(rows), -1.0f);
+  gemm::softmax_exp_rows(s.data(), rows, n, ld, scale, row_max.data(), row_sum.data(), isa);
+  double worst = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = init_max, sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, double(float(in[r * ld + j] * scale)));
+    VT_CHECK(row_max[size_t(r)] == float(mx), "[%s] softmax_exp row max %g, expected %g", cpu_isa_name(isa),
+             row_max[size_t(r)], mx);
+    for (int64_t j = 0; j < n; ++j) {
+      const double ref = std::exp(double(in[r * ld + j]) * scale - mx);
+      sum += ref;
+      worst = std::max(worst, std::fabs(s[r * ld + j] - ref) / (1e-6 * (1e-6 + ref)));  // as check_softmax
+    }
+    worst = std::max(worst, std::fabs(row_sum[size_t(r)] - sum) / (1e-6 * sum));
+    for (int64_t j = n; j < ld; ++j)
+      VT_CHECK(s[r * ld + j] == sentinel, "[%s] softmax_exp wrote column %lld of %lld", cpu_isa_name(isa),
+               (long long)j, (long long)n);
+  }
+  VT_CHECK(worst <= 1.0, "[%s] softmax_exp rows=%lld n=%lld spread=%g scale=%g init=%g: error %.3g x tolerance "
+           "(1e-6 relative)", cpu_isa_name(isa), (long long)rows, (long long)n, spread, scale, init_max, worst);
+}
+
 // Returns 1; checks attention_head for every head and compares it with a double-precision evaluation.
-int check_attention(CpuIsa isa, std::mt19937& rng, int64_t tokens, int64_t heads, int64_t d, int64_t q_block) {
-  const int64_t attn = heads * d, ld_qkv = 3 * attn + 2, ld_out = attn + 3;
+// ld_pad: qkv's row stride beyond 3·H·D (a stride that is a multiple of 2 KiB takes the copied-Q path).
+int check_attention(CpuIsa isa, std::mt19937& rng, int64_t tokens, int64_t heads, int64_t d, int64_t q_block,
+                    int64_t ld_pad = 2) {
+  const int64_t attn = heads * d, ld_qkv = 3 * attn + ld_pad, ld_out = attn + 3;
   std::vector<float> qkv = random_vector(rng, size_t(tokens * ld_qkv));
   const float scale = 1.0f / std::sqrt(float(d));
   const float sentinel = -777.0f;
@@ -87,6 +122,11 @@ void test_softmax(CpuIsa isa) {
     for (float spread : {0.1f, 3.0f, 60.0f})  // 60: most terms underflow below e^-87 and must become 0
       check_softmax(isa, rng, 3, n, spread, 0.125f);
   check_softmax(isa, rng, 2, 50, 1.0f, -2.0f);  // a negative scale: the max is taken after scaling
+  for (int64_t n : {1, 5, 16, 17, 33, 197})
+    for (float init : {-INFINITY, -5.0f, 5.0f})  // a fresh row; a running max below / above the row's
+      check_softmax_exp(isa, rng, 3, n, 3.0f, 0.5f, init);
+  check_softmax_exp(isa, rng, 2, 50, 60.0f, 1.0f, -INFINITY);  // underflowing terms
+  check_softmax_exp(isa, rng, 2, 50, 1.0f, -2.0f, -INFINITY);  // a negative scale
   std::printf("[%s] softmax: ok\n", cpu_isa_name(isa));
 }
 
@@ -101,6 +141,9 @@ void test_attention(CpuIsa isa) {
       }
   count += check_attention(isa, rng, 197, 2, 64, 197);  // a ViT image (N = 197, D = 64)
   count += check_attention(isa, rng, 197, 1, 64, 102);  // the 2-thread split of it
+  count += check_attention(isa, rng, 100, 2, 20, 45);   // blocks of several row chunks, split mid-chunk
+  count += check_attention(isa, rng, 100, 2, 64, 100, 128);  // row stride 512 floats = 2 KiB: Q copied first
+  count += check_attention(isa, rng, 61, 1, 17, 29, 512 - 51);  // ... with an odd head dim and a block split
   std::printf("[%s] attention parity: %d cases\n", cpu_isa_name(isa), count);
 }
 
@@ -119,6 +162,20 @@ void test_query_block_split(CpuIsa isa) {
   }
   for (size_t i = 0; i < whole.size(); ++i)
     VT_CHECK(whole[i] == split[i], "[%s] query split differs at %zu", cpu_isa_name(isa), i);
+  // Naming a next task (prefetched during this one, as the binding does) changes no bit.
+  std::vector<float> hinted(size_t(tokens * attn));
+  for (int64_t h = 0; h < heads; ++h) {
+    AttentionNext next;
+    next.qkv = qkv.data();
+    next.out = hinted.data();
+    next.h = (h + 1) % heads;
+    next.q0 = 3;
+    next.q1 = tokens;
+    attention_head(qkv.data(), 3 * attn, tokens, heads, d, h, 0, tokens, 0.2f, hinted.data(), attn, ws.data(), isa,
+                   next);
+  }
+  for (size_t i = 0; i < whole.size(); ++i)
+    VT_CHECK(whole[i] == hinted[i], "[%s] prefetch hint changed output %zu", cpu_isa_name(isa), i);
 }
 
 }  // namespace

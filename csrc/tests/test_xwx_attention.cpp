@@ -1,6 +1,6 @@
 // Collapsed non-deep attention (xwx_attention) on every ISA path against a naive double-precision evaluation:
 // factored and full score forms, with and without key bias / output bias / residual, token counts around the
-// 128-key tile of the online softmax and the 6 × 16 register block, an output width different from C, large
+// 256-key tile of the online softmax and the 6 × 16 register block, an output width different from C, large
 // score ranges (online rescaling), query-row blocks (the binding's thread split) giving the same bits as one
 // call, and no write outside the output columns.
 #include <algorithm>
@@ -131,13 +131,14 @@ int check_case(CpuIsa isa, std::mt19937& rng, const Case& c) {
 void test_parity(CpuIsa isa) {
   std::mt19937 rng(5);
   int count = 0;
-  for (int64_t tokens : {1, 2, 7, 17, 65, 127, 128, 129})
+  for (int64_t tokens : {1, 2, 7, 17, 65, 127, 128, 129, 255, 256, 257})
     for (int64_t rank : {0, 3, 16})
       for (int flags = 0; flags < 8; flags += (tokens > 17 ? 7 : 1))
         count += check_case(isa, rng, {tokens, 24, 2, rank, 20, 24, bool(flags & 1), bool(flags & 2),
                                        bool(flags & 4), 1.0f});
   count += check_case(isa, rng, {33, 16, 3, 5, 7, 40, true, true, true, 1.0f});    // C_out != C, odd everything
   count += check_case(isa, rng, {150, 16, 1, 8, 16, 16, true, false, true, 30.0f});  // scores of ±hundreds
+  count += check_case(isa, rng, {600, 16, 1, 8, 16, 16, true, false, true, 30.0f});  // ... over 3 key tiles
   count += check_case(isa, rng, {197, 64, 2, 32, 32, 64, true, true, true, 1.0f});   // a ViT image (N = 197)
   std::printf("[%s] xwx_attention parity: %d cases\n", cpu_isa_name(isa), count);
 }

@@ -155,5 +155,39 @@ void softmax_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scal
   }
 }
 
+// Two passes (gemm_isa.h): the scaled maximum (read only), then exp(fma(s, scale, −m)) stored with its sum.
+void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                           float* row_sum) {
+  const int64_t body = n - n % 4;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    float32x4_t vmax = vdupq_n_f32(row_max[r]);
+    float mx = row_max[r];
+    int64_t j = 0;
+    for (; j < body; j += 4) vmax = vmaxq_f32(vmax, vmulq_n_f32(vld1q_f32(row + j), scale));
+    for (; j < n; ++j) mx = row[j] * scale > mx ? row[j] * scale : mx;
+    mx = vmaxvq_f32(vmax) > mx ? vmaxvq_f32(vmax) : mx;
+    const float32x4_t vscale = vdupq_n_f32(scale), neg_mx = vdupq_n_f32(-mx);
+    float32x4_t vsum = vdupq_n_f32(0.0f);
+    for (j = 0; j < body; j += 4) {
+      const float32x4_t e = exp4_nonpositive(vfmaq_f32(neg_mx, vld1q_f32(row + j), vscale));
+      vst1q_f32(row + j, e);
+      vsum = vaddq_f32(vsum, e);
+    }
+    float sum = vaddvq_f32(vsum);
+    if (j < n) {  // one tail through a padded vector, same arithmetic as the body
+      float t[4] = {0, 0, 0, 0};
+      for (int64_t q = j; q < n; ++q) t[q - j] = row[q];
+      vst1q_f32(t, exp4_nonpositive(vfmaq_f32(neg_mx, vld1q_f32(t), vscale)));
+      for (int64_t q = j; q < n; ++q) {
+        row[q] = t[q - j];
+        sum += t[q - j];
+      }
+    }
+    row_max[r] = mx;
+    row_sum[r] = sum;
+  }
+}
+
 }  // namespace gemm
 }  // namespace vitfast

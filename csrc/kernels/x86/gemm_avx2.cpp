@@ -223,6 +223,48 @@ void softmax_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scal
   }
 }
 
+// Two passes (gemm_isa.h): the scaled maximum (read only), then exp(fma(s, scale, −m)) stored with its sum.
+void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                           float* row_sum) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m256i tail = lane_mask(int(n % 8));
+  const int64_t body = n - n % 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    __m256 vmax = _mm256_set1_ps(row_max[r]);
+    int64_t j = 0;
+    for (; j < body; j += 8) vmax = _mm256_max_ps(vmax, _mm256_mul_ps(_mm256_loadu_ps(row + j), vscale));
+    if (j < n) {
+      const __m256 t = _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), vscale);
+      vmax = _mm256_max_ps(vmax,
+                           _mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), t, _mm256_castsi256_ps(tail)));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float mx = _mm_cvtss_f32(m4);
+    const __m256 neg_mx = _mm256_set1_ps(-mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (j = 0; j < body; j += 8) {
+      const __m256 e = exp8_nonpositive(_mm256_fmadd_ps(_mm256_loadu_ps(row + j), vscale, neg_mx));
+      _mm256_storeu_ps(row + j, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    if (j < n) {
+      const __m256 e = _mm256_and_ps(exp8_nonpositive(_mm256_fmadd_ps(_mm256_maskload_ps(row + j, tail), vscale,
+                                                                      neg_mx)),
+                                     _mm256_castsi256_ps(tail));
+      _mm256_maskstore_ps(row + j, tail, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(vsum), _mm256_extractf128_ps(vsum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+    row_max[r] = mx;
+    row_sum[r] = _mm_cvtss_f32(s4);
+  }
+}
+
 }  // namespace gemm
 }  // namespace vitfast
 

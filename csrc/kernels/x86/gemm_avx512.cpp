@@ -254,6 +254,51 @@ void softmax_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float sc
   }
 }
 
+// Two passes (gemm_isa.h): the scaled maximum (read only), then exp(fma(s, scale, −m)) stored with its sum;
+// 16 lanes and masked tails.
+void softmax_exp_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                             float* row_sum) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const __mmask16 tail = __mmask16((1u << (n % 16)) - 1u);
+  const int64_t body = n - n % 16;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    // Two running maxima: one max chain per 16 columns would run at the max latency.
+    __m512 vmax0 = _mm512_set1_ps(row_max[r]), vmax1 = vmax0;
+    int64_t j = 0;
+    for (; j + 32 <= body; j += 32) {
+      vmax0 = _mm512_max_ps(vmax0, _mm512_mul_ps(_mm512_loadu_ps(row + j), vscale));
+      vmax1 = _mm512_max_ps(vmax1, _mm512_mul_ps(_mm512_loadu_ps(row + j + 16), vscale));
+    }
+    for (; j < body; j += 16) vmax0 = _mm512_max_ps(vmax0, _mm512_mul_ps(_mm512_loadu_ps(row + j), vscale));
+    if (j < n)
+      vmax1 = _mm512_mask_max_ps(vmax1, tail, vmax1, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + j), vscale));
+    const float mx = _mm512_reduce_max_ps(_mm512_max_ps(vmax0, vmax1));
+    const __m512 neg_mx = _mm512_set1_ps(-mx);
+    __m512 vsum0 = _mm512_setzero_ps(), vsum1 = vsum0;
+    for (j = 0; j + 32 <= body; j += 32) {
+      const __m512 e0 = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vscale, neg_mx));
+      const __m512 e1 = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), vscale, neg_mx));
+      _mm512_storeu_ps(row + j, e0);
+      _mm512_storeu_ps(row + j + 16, e1);
+      vsum0 = _mm512_add_ps(vsum0, e0);
+      vsum1 = _mm512_add_ps(vsum1, e1);
+    }
+    for (; j < body; j += 16) {
+      const __m512 e = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vscale, neg_mx));
+      _mm512_storeu_ps(row + j, e);
+      vsum0 = _mm512_add_ps(vsum0, e);
+    }
+    if (j < n) {
+      const __m512 e = exp16_nonpositive(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, row + j), vscale, neg_mx));
+      _mm512_mask_storeu_ps(row + j, tail, e);
+      vsum1 = _mm512_mask_add_ps(vsum1, tail, vsum1, e);
+    }
+    row_max[r] = mx;
+    row_sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(vsum0, vsum1));
+  }
+}
+
 // Same contract and loop order as run_gemm_block (gemm_driver.h), over pairs of panels: for each K block,
 // for each pair of panels (a last odd panel alone), for each 14-row tile.
 void gemm_block_avx512(const GemmBlockArgs& g) {
