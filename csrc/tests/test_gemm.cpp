@@ -18,8 +18,9 @@ struct Case {
   bool bias, gelu, addend, accumulate, c_padded;
 };
 
-void check_gemm(CpuIsa isa, std::mt19937& rng, int64_t m, int64_t n, int64_t k, int64_t kc, const Case& cs) {
-  const int64_t lda = k + 2;  // row strides larger than the row: the kernels must honour lda/ldc
+void check_gemm(CpuIsa isa, std::mt19937& rng, int64_t m, int64_t n, int64_t k, int64_t kc, const Case& cs,
+                int64_t lda = -1) {
+  if (lda < 0) lda = k + 2;  // row strides larger than the row: the kernels must honour lda/ldc
   std::vector<float> a = random_vector(rng, size_t(m * lda));
   std::vector<float> w = random_vector(rng, size_t(n * k), 0.3f);
   std::vector<float> bias = random_vector(rng, size_t(n));
@@ -95,6 +96,12 @@ void test_gemm_parity(CpuIsa isa) {
     check_gemm(isa, rng, 23, 200, 600, kc, cases[2]);
     check_gemm(isa, rng, 23, 200, 600, kc, cases[6]);
     count += 2;
+  }
+  // A row stride of 1024 floats (4 KiB: the AVX-512 path copies A to a padded stride, gemm.cpp), over more rows
+  // than one copied chunk (448), with the residual and accumulate epilogues that the chunks must offset too.
+  for (const Case& cs : {cases[4], cases[6]}) {
+    check_gemm(isa, rng, 460, 33, 1000, gemm::kDefaultKc, cs, 1024);
+    ++count;
   }
   std::printf("[%s] gemm parity: %d cases\n", cpu_isa_name(isa), count);
 }
