@@ -93,6 +93,23 @@ def official_repavit_state_dict(dim=32, depth=2, hidden=128, patch=8, grid=4, cl
     return sd
 
 
+def assert_thread_parity(kernel, reference_fn, args, tol, threads=(1, 2), contiguous=False):
+    """fp32 kernel vs reference at each thread count, and the thread split must not change a single bit (every
+    CPU kernel splits rows/heads between threads without changing any row's order of arithmetic)."""
+    atol, rtol = tol[torch.float32]
+    expected = reference_fn(*args)
+    outs = []
+    for t in threads:
+        torch.set_num_threads(t)
+        outs.append(kernel(*args))
+    for out in outs:
+        assert out.shape == expected.shape and out.dtype == expected.dtype
+        assert out.is_contiguous() or not contiguous
+        torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], atol=0, rtol=0)
+
+
 def assert_low_precision_no_worse(kernel, reference_fn, args, dtype, tol):
     """fp16/bf16 in, same dtype out: the kernel's error against the fp32 reference must be no worse than 2× the
     reference's own error in `dtype` (STYLE.md), and the two low-precision results must agree within `tol`."""

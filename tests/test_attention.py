@@ -11,7 +11,7 @@ import torch
 
 import vitfast
 from vitfast import reference
-from helpers import assert_low_precision_no_worse
+from helpers import assert_low_precision_no_worse, assert_thread_parity
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
     raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
@@ -23,18 +23,7 @@ ISAS = _C.supported_cpu_isas()
 
 
 def check_parity(qkv, heads, tol, scale=None, threads=(1, 2)):
-    atol, rtol = tol[torch.float32]
-    expected = reference.attention(qkv, heads, scale)
-    outs = []
-    for t in threads:
-        torch.set_num_threads(t)
-        outs.append(op(qkv, heads, scale))
-    for out in outs:
-        assert out.shape == expected.shape and out.dtype == expected.dtype and out.is_contiguous()
-        torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
-    for out in outs[1:]:
-        torch.testing.assert_close(out, outs[0], atol=0, rtol=0)
-
+    assert_thread_parity(op, reference.attention, (qkv, heads, scale), tol, threads, contiguous=True)
 
 @pytest.mark.parametrize("heads", [3, 6, 12], ids=lambda h: f"H{h}")
 @pytest.mark.parametrize("batch", [1, 2])

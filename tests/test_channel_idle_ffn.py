@@ -17,7 +17,7 @@ import torch
 
 import vitfast
 from vitfast import reference
-from helpers import assert_low_precision_no_worse
+from helpers import assert_low_precision_no_worse, assert_thread_parity
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
     raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
@@ -49,23 +49,9 @@ def make_args(c, theta, lead, *, linear=True, b_in=True, b_out=True, residual=Tr
     return [a.to(dtype) if a is not None else None for a in args]
 
 
-def run_threads(args, threads):
-    torch.set_num_threads(threads)
-    return op(*args)
-
-
 def check_parity(args, tol, threads=(1, 2)):
-    """Kernel vs reference at each thread count; the thread split must not change a single bit."""
-    atol, rtol = tol[torch.float32]
-    expected = reference.channel_idle_ffn(*args)
-    outs = [run_threads(args, t) for t in threads]
-    for out in outs:
-        assert out.shape == expected.shape and out.dtype == expected.dtype
-        torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
-    for out in outs[1:]:
-        # Rows are split between threads on whole register blocks; each row's arithmetic is the same.
-        torch.testing.assert_close(out, outs[0], atol=0, rtol=0)
-
+    # Rows are split between threads on whole register blocks; each row's arithmetic is the same.
+    assert_thread_parity(op, reference.channel_idle_ffn, args, tol, threads)
 
 # ---------------------------------------------------------------------------------------------- fp32 parity
 @pytest.mark.parametrize("linear", [True, False], ids=["L=C", "L=0"])

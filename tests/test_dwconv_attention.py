@@ -9,7 +9,7 @@ torch.compile(fullgraph=True).
 """
 import pytest
 import torch
-from helpers import assert_low_precision_no_worse
+from helpers import assert_low_precision_no_worse, assert_thread_parity
 
 import vitfast
 from vitfast import reference
@@ -44,19 +44,8 @@ def make_args(batch, prefix, gh, gw, c, d, c_out, k=3, *, dtype=torch.float32, b
 
 
 def check_parity(args, tol, threads=(1, 2)):
-    atol, rtol = tol[torch.float32]
-    expected = reference.dwconv_attention(*args)
-    outs = []
-    for t in threads:
-        torch.set_num_threads(t)
-        outs.append(op(*args))
-    for out in outs:
-        assert out.shape == expected.shape and out.dtype == expected.dtype
-        torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
-    for out in outs[1:]:
-        # Threads split the grid rows; each split recomputes its halo rows of V with the same code.
-        torch.testing.assert_close(out, outs[0], atol=0, rtol=0)
-
+    # Threads split the grid rows; each split recomputes its halo rows of V with the same code.
+    assert_thread_parity(op, reference.dwconv_attention, args, tol, threads)
 
 def test_the_cpu_kernel_is_the_cpp_one():
     assert "dwconv_attention" not in vitfast.ops._REFERENCE_CPU_FALLBACKS

@@ -11,7 +11,7 @@ import torch
 
 import vitfast
 from vitfast import reference
-from helpers import assert_low_precision_no_worse
+from helpers import assert_low_precision_no_worse, assert_thread_parity
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
     raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
@@ -34,19 +34,7 @@ def make_args(k, n, lead, *, bias=True, residual=False, dtype=torch.float32):
 
 
 def check_parity(args, tol, threads=(1, 2)):
-    """Kernel vs reference at each thread count; the thread split must not change a single bit."""
-    atol, rtol = tol[torch.float32]
-    expected = reference.linear(*args)
-    outs = []
-    for t in threads:
-        torch.set_num_threads(t)
-        outs.append(op(*args))
-    for out in outs:
-        assert out.shape == expected.shape and out.dtype == expected.dtype
-        torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
-    for out in outs[1:]:
-        torch.testing.assert_close(out, outs[0], atol=0, rtol=0)
-
+    assert_thread_parity(op, reference.linear, args, tol, threads)
 
 # ---------------------------------------------------------------------------------------------- fp32 parity
 @pytest.mark.parametrize("layer", ["qkv", "proj", "head"])

@@ -8,7 +8,7 @@ large scores, weight updates (cache), argument errors, opcheck and torch.compile
 """
 import pytest
 import torch
-from helpers import assert_low_precision_no_worse, make_xwx_args
+from helpers import assert_low_precision_no_worse, assert_thread_parity, make_xwx_args
 
 import vitfast
 from vitfast import reference
@@ -20,18 +20,7 @@ op = torch.ops.vitfast.xwx_attention
 
 
 def check_parity(args, tol, threads=(1, 2)):
-    atol, rtol = tol[torch.float32]
-    expected = reference.xwx_attention(*args)
-    outs = []
-    for t in threads:
-        torch.set_num_threads(t)
-        outs.append(op(*args))
-    for out in outs:
-        assert out.shape == expected.shape and out.dtype == expected.dtype
-        torch.testing.assert_close(out, expected, atol=atol, rtol=rtol)
-    for out in outs[1:]:
-        torch.testing.assert_close(out, outs[0], atol=0, rtol=0)
-
+    assert_thread_parity(op, reference.xwx_attention, args, tol, threads)
 
 # (C, heads, rank or None = full form, value width D): DeiT-Ti / DeiT-S, 2 branches, values side by side (D = 2·64)
 # or joined (D = 64), factored (R = 2·64, the branch factors) and full.

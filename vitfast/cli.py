@@ -530,34 +530,30 @@ _SCALE_SETTINGS = ("teacher", "distill", "tau", "alpha", "alpha_schedule", "harm
 _SCALE_DEFAULTS = {"grad_accum": 1, "amp": None}
 
 
-def _alpha_pair(text: str) -> List[float]:
+def _number_list(text: str, cast, valid, expected: str) -> list:
+    """Comma-separated numbers for argparse: `cast` each, all passing `valid(values)`, else `expected` in the error."""
     try:
-        values = [float(v) for v in text.split(",")]
+        values = [cast(v) for v in text.split(",")]
     except ValueError:
         values = []
-    if len(values) != 2 or not all(0.0 <= v <= 1.0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected two numbers in [0, 1] such as 0,0.5, got {text!r}")
+    if not values or not valid(values):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return values
+
+
+def _alpha_pair(text: str) -> List[float]:
+    return _number_list(text, float, lambda v: len(v) == 2 and all(0.0 <= x <= 1.0 for x in v),
+                        "two numbers in [0, 1] such as 0,0.5")
 
 
 def _weight_pair(text: str) -> List[float]:
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if len(values) != 2 or not all(v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected two numbers > 0 (w_d,w_s) such as 13,1, got {text!r}")
-    return values
+    return _number_list(text, float, lambda v: len(v) == 2 and all(x > 0 for x in v),
+                        "two numbers > 0 (w_d,w_s) such as 13,1")
 
 
 def _depth_list(text: str) -> List[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive stage depths such as 2,2,2,2, got {text!r}")
-    return values
+    return _number_list(text, int, lambda v: all(x >= 1 for x in v),
+                        "comma-separated positive stage depths such as 2,2,2,2")
 
 
 def _add_scale_args(p) -> None:

@@ -957,6 +957,24 @@ def describe_trainable(model: nn.Module) -> Dict[str, Any]:
     }
 
 
+def _restore_described(model: nn.Module, desc: Dict[str, Any]) -> nn.Module:
+    """The last step of every rebuild from a description: the recorded LayerNorm eps values, then a check that the
+    module tree (names and types) is the one that was described."""
+    modules = dict(model.named_modules())
+    for name, value in (desc.get("eps") or {}).items():
+        if name in modules and hasattr(modules[name], "eps"):
+            modules[name].eps = float(value)
+    types = desc.get("module_types") or {}
+    got = {name: type(m).__name__ for name, m in modules.items()}
+    diff = sorted(set(types.items()) ^ set(got.items()))
+    if diff:
+        raise ValueError(
+            "description: the rebuilt model differs from the described one at "
+            + ", ".join(f"{n} ({types.get(n, 'absent')} described, {got.get(n, 'absent')} rebuilt)" for n, _ in diff[:5])
+        )
+    return model
+
+
 def build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None] = None) -> nn.Module:
     """Rebuild the (uninitialised) train-time model described by `describe_trainable`."""
     from .arch import build_timm
@@ -985,19 +1003,7 @@ def build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None]
         from .dwconv_recipe import build_dwconv
 
         model = build_dwconv(model, desc["dwconv"])
-    modules = dict(model.named_modules())
-    for name, value in (desc.get("eps") or {}).items():
-        if name in modules and hasattr(modules[name], "eps"):
-            modules[name].eps = float(value)
-    types = desc.get("module_types") or {}
-    got = {name: type(m).__name__ for name, m in modules.items()}
-    diff = sorted(set(types.items()) ^ set(got.items()))
-    if diff:
-        raise ValueError(
-            "description: the rebuilt model differs from the described one at "
-            + ", ".join(f"{n} ({types.get(n, 'absent')} described, {got.get(n, 'absent')} rebuilt)" for n, _ in diff[:5])
-        )
-    return model
+    return _restore_described(model, desc)
 
 
 # ---------------------------------------------------------------------------------------------- non-deep models
@@ -1072,19 +1078,7 @@ def _build_nondeep(desc: Dict[str, Any], device) -> nn.Module:
     )
     for block, f in zip(model.blocks, ffn):
         block.mlp.active_features = int(f["active"])  # the count itself (θ -> ceil(...) may round differently)
-    modules = dict(model.named_modules())
-    for name, value in (desc.get("eps") or {}).items():
-        if name in modules and hasattr(modules[name], "eps"):
-            modules[name].eps = float(value)
-    types = desc.get("module_types") or {}
-    got = {name: type(m).__name__ for name, m in modules.items()}
-    diff = sorted(set(types.items()) ^ set(got.items()))
-    if diff:
-        raise ValueError(
-            "description: the rebuilt model differs from the described one at "
-            + ", ".join(f"{n} ({types.get(n, 'absent')} described, {got.get(n, 'absent')} rebuilt)" for n, _ in diff[:5])
-        )
-    return model
+    return _restore_described(model, desc)
 
 
 def save_trainable(model: nn.Module, path: Union[str, os.PathLike], *, recipe: Optional[Dict[str, Any]] = None) -> str:
