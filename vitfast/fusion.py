@@ -22,6 +22,8 @@ import inspect
 import torch
 import torch.nn as nn
 
+from .nn.patch_embed import use_gemm_patch_projection
+
 __all__ = ["fuse"]
 
 
@@ -85,6 +87,7 @@ def fuse(model: nn.Module, *, prepack: bool = True, **options) -> nn.Module:
     if unused:
         raise ValueError(f"{unused[0]}: expected an option of the model's train-time modules' to_fused(), got "
                          f"{options[unused[0]]!r} and no module takes it")
+    use_gemm_patch_projection(fused)
     return _prepacked(fused, prepack)
 
 

@@ -1,0 +1,135 @@
+"""The patch embedding as one GEMM (`vitfast.nn.GemmPatchProjection`): equal to timm's Conv2d, same state dict,
+used by `vitfast.fuse` / `vitfast.load`, and the Conv2d itself wherever the GEMM path must not run."""
+import pytest
+import torch
+import torch.nn as nn
+from timm.models.vision_transformer import VisionTransformer
+
+import vitfast
+from vitfast.nn import GemmPatchProjection, use_gemm_patch_projection
+
+from helpers import randomize
+
+needs_ext = pytest.mark.skipif(not vitfast.ops.extension_loaded(), reason="needs the C++ extension (vitfast._C)")
+
+
+def _projection(in_chans=3, out=48, patch=(8, 8), bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    conv = nn.Conv2d(in_chans, out, kernel_size=patch, stride=patch, bias=bias)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=g) * 0.05)
+        if bias:
+            conv.bias.copy_(torch.randn(out, generator=g))
+    return conv
+
+
+def _gemm_calls(monkeypatch):
+    """Count calls of vitfast.ops.linear made by the projection (the GEMM path)."""
+    calls = []
+    real = vitfast.ops.linear
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vitfast.ops, "linear", counting)
+    return calls
+
+
+@needs_ext
+@pytest.mark.parametrize("shape,patch,bias", [
+    ((1, 3, 32, 32), (8, 8), True),
+    ((2, 3, 32, 48), (8, 8), True),        # non-square grid, batch 2
+    ((1, 4, 24, 30), (4, 6), False),       # non-square patch, no bias, 4 input channels
+])
+def test_equals_the_conv(monkeypatch, shape, patch, bias):
+    conv = _projection(in_chans=shape[1], patch=patch, bias=bias)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = conv(x)
+        assert use_gemm_patch_projection(nn.Module()) is False  # no patch_embed: nothing to do
+        holder = nn.Module()
+        holder.patch_embed = nn.Module()
+        holder.patch_embed.proj = conv
+        assert use_gemm_patch_projection(holder) is True
+        assert type(conv) is GemmPatchProjection
+        calls = _gemm_calls(monkeypatch)
+        out = conv(x)
+    assert calls, "the GEMM path did not run"
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # timm's PatchEmbed flattens to tokens: that view of the GEMM output is contiguous (no copy).
+    assert out.flatten(2).transpose(1, 2).is_contiguous()
+
+
+@needs_ext
+def test_falls_back_to_the_conv(monkeypatch):
+    conv = _projection()
+    holder = nn.Module()
+    holder.patch_embed = nn.Module()
+    holder.patch_embed.proj = conv
+    use_gemm_patch_projection(holder)
+    calls = _gemm_calls(monkeypatch)
+    reference = nn.Conv2d(3, 48, 8, 8)
+    reference.load_state_dict(conv.state_dict())
+    with torch.no_grad():
+        x = torch.randn(1, 3, 36, 32)  # 36 is not a whole number of 8-pixel patches: the conv's own semantics
+        torch.testing.assert_close(conv(x), reference(x))
+        x = torch.randn(1, 3, 32, 32)
+        vitfast.set_backend("reference")
+        try:
+            torch.testing.assert_close(conv(x), reference(x))
+        finally:
+            vitfast.set_backend("auto")
+        traced = torch.jit.trace(conv, x, check_trace=False)  # (the check would rerun it eagerly)
+    assert "conv" in str(traced.inlined_graph).lower()  # exported graphs keep the standard convolution
+    # autograd: the op has no backward, so with gradients on the conv runs and the gradient exists
+    x = torch.randn(1, 3, 32, 32, requires_grad=True)
+    conv(x).sum().backward()
+    assert x.grad is not None and conv.weight.grad is not None
+    assert calls == [], "the GEMM path ran where the conv must"
+
+
+def test_only_plain_patch_convolutions_are_turned():
+    for conv in (nn.Conv2d(3, 8, 8, stride=4),                 # overlapping
+                 nn.Conv2d(3, 8, 8, stride=8, padding=1),      # padded
+                 nn.Conv2d(3, 8, 8, stride=8, groups=1, dilation=2)):
+        holder = nn.Module()
+        holder.patch_embed = nn.Module()
+        holder.patch_embed.proj = conv
+        assert use_gemm_patch_projection(holder) is False
+        assert type(conv) is nn.Conv2d
+
+
+@needs_ext
+def test_fuse_and_load_use_it(tmp_path):
+    model = randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
+                                        num_classes=10, qkv_bias=True)).eval()
+    converted = vitfast.convert.from_timm(model, channel_idle=0.75).eval()
+    fused = vitfast.fuse(converted)
+    assert type(fused.patch_embed.proj) is GemmPatchProjection
+    def patch_keys(m):
+        return {k for k in m.state_dict() if k.startswith("patch_embed")}
+
+    assert patch_keys(fused) == patch_keys(converted) == {"patch_embed.proj.weight", "patch_embed.proj.bias"}
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), converted(x), rtol=1e-4, atol=1e-4)
+    path = tmp_path / "fused.safetensors"
+    vitfast.save(fused, path)
+    assert vitfast.checkpoint.read_config(path)["modules"]["patch_embed.proj"] == {
+        "kind": "gemm_patch_projection", "in_channels": 3, "out_channels": 64, "patch_size": [8, 8], "bias": True}
+    loaded = vitfast.load(path)
+    assert type(loaded.patch_embed.proj) is GemmPatchProjection
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), fused(x), rtol=0, atol=0)
+
+
+def test_config_is_checked():
+    good = {"kind": "gemm_patch_projection", "in_channels": 3, "out_channels": 8, "patch_size": [4, 2], "bias": False}
+    proj = GemmPatchProjection.from_vitfast_config(good)
+    assert proj.kernel_size == proj.stride == (4, 2) and proj.bias is None and proj.vitfast_config() == good
+    with pytest.raises(ValueError, match=r"cfg\['patch_size'\]"):
+        GemmPatchProjection.from_vitfast_config({**good, "patch_size": [4]})
+    with pytest.raises(ValueError, match="unexpected keys"):
+        GemmPatchProjection.from_vitfast_config({**good, "padding": 1})
