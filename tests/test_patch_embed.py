@@ -63,6 +63,7 @@ def test_equals_the_conv(monkeypatch, shape, patch, bias):
 
 
 @needs_ext
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace")  # deprecated in torch 2.14, still what ONNX export uses
 def test_falls_back_to_the_conv(monkeypatch):
     conv = _projection()
     holder = nn.Module()

@@ -56,7 +56,8 @@ class GemmPatchProjection(nn.Conv2d):
 
     def _gemm_applies(self, x: torch.Tensor) -> bool:
         return (
-            x.is_cpu
+            not torch.jit.is_tracing()  # first: under tracing the checks below would warn (tensor -> bool)
+            and x.is_cpu
             and x.dim() == 4
             and x.dtype == self.weight.dtype
             and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
@@ -66,7 +67,6 @@ class GemmPatchProjection(nn.Conv2d):
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
             and ops.extension_loaded()  # without the C++ kernels the GEMM would be the reference F.linear
             and ops.get_backend() != "reference"
-            and not torch.jit.is_tracing()
             and not (_IS_COMPILING is not None and _IS_COMPILING())
         )
 
