@@ -37,7 +37,7 @@ def images(model, batch=2, seed=1):
 
 def eq11_head(x_norm, attn, head, grid, prefix):
     """Eq. 11 for one replaced head, written out: V_h = X W^V_h + b, zero-padded k×k depthwise conv, then W^O_h."""
-    hd, dim = attn.head_dim, attn.proj.out_features
+    hd = attn.head_dim
     k = attn.kernel_size
     pos = attn.conv_heads.index(head)
     v = x_norm @ attn.value.weight[pos * hd:(pos + 1) * hd].t() + attn.value.bias[pos * hd:(pos + 1) * hd]

@@ -2,7 +2,6 @@
 the check really fails on a mismatch, and bad arguments give clear errors."""
 import os
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest

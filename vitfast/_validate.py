@@ -35,7 +35,7 @@ def check_channel_idle_ffn_args(
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
     if x.dim() < 1:
-        raise ValueError(f"x: expected at least 1 dimension [..., C_in], got a 0-d tensor")
+        raise ValueError("x: expected at least 1 dimension [..., C_in], got a 0-d tensor")
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
     if w_in.dim() != 2:

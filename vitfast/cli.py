@@ -13,7 +13,10 @@ import json
 import os
 import sys
 import textwrap
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+
+if TYPE_CHECKING:  # annotations only: the CLI imports torch lazily, so `--help` stays fast
+    import torch
 
 from vitfast.dwconv_recipe import DWCONV_SETTINGS  # names of the DW-conv options (no torch import)
 

@@ -22,7 +22,7 @@ student; it is never part of the checkpoint (rebuild it from its file when resum
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn

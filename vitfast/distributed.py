@@ -28,7 +28,6 @@ from typing import Iterator, List, Optional
 import torch
 import torch.distributed as tdist
 import torch.nn as nn
-import torch.nn.functional as F
 
 __all__ = [
     "DistContext",

@@ -30,7 +30,7 @@ convert the student afterwards for the other methods (`vitfast.convert.from_timm
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn

@@ -11,7 +11,7 @@ FLOPs (eq. 10-11) are multiply-adds normalised by the unpruned, ungated model's 
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 import torch.nn as nn

@@ -28,7 +28,6 @@ Decisions made here (the paper does not say):
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
