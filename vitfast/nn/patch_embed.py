@@ -7,8 +7,8 @@ On the CPU oneDNN runs it at ~61 GFLOP/s at DeiT-Ti's shape; one copy of the ima
 `ops.linear` (packed weight, AVX-512 GEMM) is 13% faster (one thread, batch 1, 224²: DeiT-Ti 0.63 → 0.55 ms,
 DeiT-S 1.24 → 1.08 ms, DeiT-B 2.49 → 2.14 ms).
 
-`GemmPatchProjection` is that Conv2d with the same parameters and state-dict keys (so checkpoints are
-unchanged): its forward returns the conv's [B, C_out, H/p, W/q] result as a view of the token-major
+`GemmPatchProjection` is that Conv2d with the same parameters and state-dict keys (checkpoints only add its
+kind, "gemm_patch_projection", to the config of `patch_embed.proj`): its forward returns the conv's [B, C_out, H/p, W/q] result as a view of the token-major
 [B, N, C_out] GEMM output, so timm's `flatten(2).transpose(1, 2)` (or Swin's NHWC permute) gives a contiguous
 tensor back without a copy.  Anything else — another device, autograd, tracing / torch.compile / ONNX export
 (standard ops there), VITFAST_BACKEND=reference, an input not divisible into whole patches — runs the
@@ -20,10 +20,8 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .fused import _ConfigReader
+from .fused import _ConfigReader, _tracing
 from .registry import register_fused
-
-_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
 
 
 @register_fused("gemm_patch_projection")
@@ -56,7 +54,7 @@ class GemmPatchProjection(nn.Conv2d):
 
     def _gemm_applies(self, x: torch.Tensor) -> bool:
         return (
-            not torch.jit.is_tracing()  # first: under tracing the checks below would warn (tensor -> bool)
+            not _tracing()  # first: under tracing the checks below would warn (tensor -> bool)
             and x.is_cpu
             and x.dim() == 4
             and x.dtype == self.weight.dtype
@@ -67,7 +65,6 @@ class GemmPatchProjection(nn.Conv2d):
             and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
             and ops.extension_loaded()  # without the C++ kernels the GEMM would be the reference F.linear
             and ops.get_backend() != "reference"
-            and not (_IS_COMPILING is not None and _IS_COMPILING())
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
