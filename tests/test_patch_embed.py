@@ -134,3 +134,22 @@ def test_config_is_checked():
         GemmPatchProjection.from_vitfast_config({**good, "patch_size": [4]})
     with pytest.raises(ValueError, match="unexpected keys"):
         GemmPatchProjection.from_vitfast_config({**good, "padding": 1})
+
+
+@needs_ext
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_it_is_the_conv(monkeypatch):
+    """`vitfast.load(...).cuda()`: on a GPU the projection is cuDNN's conv, equal to the CPU GEMM path."""
+    conv = _projection()
+    holder = nn.Module()
+    holder.patch_embed = nn.Module()
+    holder.patch_embed.proj = conv
+    use_gemm_patch_projection(holder)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # ieee products, like the fp32 CPU GEMM
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        on_cpu = conv(x)
+        calls = _gemm_calls(monkeypatch)
+        on_gpu = conv.cuda()(x.cuda())
+    assert calls == []
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=1e-5, atol=1e-5)
