@@ -209,6 +209,18 @@ def test_describe_build_roundtrip(case):
         assert torch.equal(model(x), rebuilt(x))
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_describe_swin_image_size_policy_on_older_timm(strict):
+    # timm 1.0.29 (the GPU machine's) has no `dynamic_img_size` on SwinTransformer: the flag lives on its
+    # PatchEmbed as `strict_img_size`; describe_timm must read it there.
+    model = tiny_swin(strict_img_size=strict)
+    assert describe_timm(model)["kwargs"]["strict_img_size"] is strict
+    if "dynamic_img_size" in vars(model):
+        del model.dynamic_img_size  # what an older timm's model looks like
+    assert model.patch_embed.strict_img_size is strict
+    assert describe_timm(model)["kwargs"]["strict_img_size"] is strict
+
+
 def test_describe_records_patch_bias_and_norm():
     desc = describe_timm(_repavit_no_bias())
     assert desc["patch_embed_bias"] is False and desc["kwargs"]["pre_norm"] is False

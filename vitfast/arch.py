@@ -316,7 +316,7 @@ def _describe_swin(model: nn.Module) -> Dict[str, Any]:
         "head_dim": head_dims,
         "window_size": windows,
         "always_partition": always_partition,
-        "strict_img_size": not bool(model.dynamic_img_size),
+        "strict_img_size": _swin_strict_img_size(model, pe),
         "mlp_ratio": ratios,
         "qkv_bias": qkv_bias,
     }
@@ -327,6 +327,15 @@ def _describe_swin(model: nn.Module) -> Dict[str, Any]:
         "embed_norm_layer": None,
         "patch_embed_bias": proj.bias is not None,
     }
+
+
+def _swin_strict_img_size(model: nn.Module, pe: nn.Module) -> bool:
+    # timm >= 1.0.31 keeps `dynamic_img_size` on the model; earlier 1.0.x (e.g. 1.0.29) only on its PatchEmbed as
+    # `strict_img_size` (the model passes the same flag on to its stages as `dynamic_mask`).
+    dynamic = getattr(model, "dynamic_img_size", None)
+    if dynamic is None:
+        return bool(getattr(pe, "strict_img_size", True))
+    return not bool(dynamic)
 
 
 def describe_timm(model: nn.Module) -> Dict[str, Any]:
