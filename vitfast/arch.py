@@ -416,6 +416,13 @@ def build_timm(desc: Dict[str, Any], device: Optional[torch.device | str] = None
             kwargs["embed_norm_layer"] = embed_norm
     elif desc.get("embed_norm_layer") is not None:
         raise ValueError("architecture['embed_norm_layer']: expected null for SwinTransformer (it uses norm_layer)")
+    else:
+        windows = kwargs.get("window_size")
+        if isinstance(windows, tuple) and windows and all(w == windows[0] for w in windows) and isinstance(
+                windows[0], tuple):
+            # One (h, w) for every stage.  timm < 1.0.31 reads a per-stage list of length 2 (a 2-stage Swin) as
+            # a single (h, w) window, so the per-stage form would not rebuild such a model there.
+            kwargs["window_size"] = windows[0]
 
     try:
         if device is not None:

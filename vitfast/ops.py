@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from . import reference
+from . import _autograd, reference
 from ._env import get_backend, get_cuda_kernels
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
 from ._validate import check_xwx_attention_args
@@ -360,6 +360,15 @@ def cpu_isa() -> str:
 
 
 # ---------------------------------------------------------------------------------------------- functional API
+def _run(name: str, *args) -> torch.Tensor:
+    """`torch.ops.vitfast.<name>(*args)`; when autograd must record the call, with the reference's gradient
+    (vitfast/_autograd.py): a fused model can be fine-tuned, no fused weight gets a silent None gradient."""
+    op = getattr(torch.ops.vitfast, name)
+    if torch.is_grad_enabled() and _autograd.needs_grad(args):
+        return _autograd.with_reference_gradient(name, op, args)
+    return op(*args)
+
+
 def channel_idle_ffn(
     x: torch.Tensor,
     w_in: torch.Tensor,
@@ -371,7 +380,7 @@ def channel_idle_ffn(
     """`torch.ops.vitfast.channel_idle_ffn`, or the reference when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
         return reference.channel_idle_ffn(x, w_in, b_in, w_out, b_out, residual)
-    return torch.ops.vitfast.channel_idle_ffn(x, w_in, b_in, w_out, b_out, residual)
+    return _run("channel_idle_ffn", x, w_in, b_in, w_out, b_out, residual)
 
 
 def linear(
@@ -383,7 +392,7 @@ def linear(
     """`torch.ops.vitfast.linear` (x · weightᵀ + bias + residual), or the reference when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
         return reference.linear(x, weight, bias, residual)
-    return torch.ops.vitfast.linear(x, weight, bias, residual)
+    return _run("linear", x, weight, bias, residual)
 
 
 def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) -> torch.Tensor:
@@ -391,7 +400,7 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
     VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
         return reference.attention(qkv, num_heads, scale)
-    return torch.ops.vitfast.attention(qkv, num_heads, scale)
+    return _run("attention", qkv, num_heads, scale)
 
 
 __all__ += ["dwconv_attention"]
@@ -412,7 +421,7 @@ def dwconv_attention(
     or the reference when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
         return reference.dwconv_attention(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
-    return torch.ops.vitfast.dwconv_attention(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
+    return _run("dwconv_attention", x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
 
 
 def batch_gate(
@@ -429,6 +438,9 @@ def batch_gate(
     when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
         return reference.batch_gate(x, w1, b1, w2, b2, layer_norm, act, eps)
+    if torch.is_grad_enabled():
+        with torch.no_grad():  # a 0/1 decision: no gradient, as for a comparison (and no autograd recording)
+            return torch.ops.vitfast.batch_gate(x, w1, b1, w2, b2, layer_norm, act, float(eps))
     return torch.ops.vitfast.batch_gate(x, w1, b1, w2, b2, layer_norm, act, float(eps))
 
 
@@ -436,7 +448,7 @@ def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: to
     """`torch.ops.vitfast.gate_select`: taken if gate[index] != 0 else skipped, decided on the device."""
     if get_backend() == "reference":
         return reference.gate_select(gate, index, taken, skipped)
-    return torch.ops.vitfast.gate_select(gate, index, taken, skipped)
+    return _run("gate_select", gate, index, taken, skipped)
 
 
 def xwx_attention(
@@ -453,7 +465,7 @@ def xwx_attention(
     the reference when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
         return reference.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
-    return torch.ops.vitfast.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+    return _run("xwx_attention", x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
 
 
 # ---------------------------------------------------------------------------------------------- prepacking
@@ -493,7 +505,7 @@ def gated_mhsa(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj
     eps = float(norm_eps) if norm_eps is not None else None
     if get_backend() == "reference":
         return reference.gated_mhsa(gate, index, x, eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
-    return torch.ops.vitfast.gated_mhsa(gate, index, x, eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
+    return _run("gated_mhsa", gate, index, x, eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
 
 
 def gated_ffn(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual) -> torch.Tensor:
@@ -502,4 +514,5 @@ def gated_ffn(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual) -> t
     eps = float(norm_eps) if norm_eps is not None else None
     if get_backend() == "reference":
         return reference.gated_ffn(gate, index, x, eps, w_in, b_in, w_out, b_out, bool(residual))
-    return torch.ops.vitfast.gated_ffn(gate, index, x, eps, w_in, b_in, w_out, b_out, bool(residual))
+    return _run("gated_ffn", gate, index, x, eps, w_in, b_in, w_out, b_out, bool(residual))
+

@@ -1,0 +1,66 @@
+"""Gradients through the fused ops: the forward runs the fast kernel, the backward differentiates the op's
+reference (`vitfast.reference`, same signature, plain PyTorch) at the saved inputs.
+
+Why: the kernels have no backward of their own, and without an autograd formula backprop through a fused model
+(fine-tuning a loaded checkpoint, a loss on its features) gave `None` gradients for every fused weight, with only
+a torch warning.  Recomputing the op in reference form inside the backward gives the gradients of
+`VITFAST_BACKEND=reference` at the cost of one more forward per op, which only training pays.
+
+Applied by the functional API (`vitfast.ops.*`, which every fused module calls) only when autograd needs it:
+grad mode on and some tensor argument requiring grad.  Inference (`torch.no_grad()`, `torch.inference_mode()`,
+or weights without requires_grad) calls the op directly: one `torch.is_grad_enabled()` check per call.  (An
+autograd kernel registered on the op itself ran Python on every call, no_grad included: 2.6 -> 6.0 µs per
+`linear` call on a tiny input, measured.)  Direct `torch.ops.vitfast.*` calls stay inference-only.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from . import reference
+
+
+def needs_grad(args: Sequence) -> bool:
+    """Whether autograd must record a call with these arguments."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
+class _ReferenceGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name: str, fast: Callable, *args):
+        ctx.name = name
+        ctx.tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        ctx.constants = {i: a for i, a in enumerate(args) if not isinstance(a, torch.Tensor)}
+        ctx.num_args = len(args)
+        ctx.save_for_backward(*[args[i] for i in ctx.tensor_positions])
+        return fast(*args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        args = [None] * ctx.num_args
+        for i, a in ctx.constants.items():
+            args[i] = a
+        wanted = []
+        for i, t in zip(ctx.tensor_positions, ctx.saved_tensors):
+            t = t.detach()
+            # needs_input_grad counts forward's two leading non-tensor arguments (name, fast).
+            if ctx.needs_input_grad[2 + i] and t.is_floating_point():
+                t.requires_grad_(True)
+                wanted.append((i, t))
+            args[i] = t
+        grads = [None] * ctx.num_args
+        if wanted:
+            with torch.enable_grad():
+                out = getattr(reference, ctx.name)(*args)
+            found = torch.autograd.grad(out, [t for _, t in wanted], grad, allow_unused=True)
+            for (i, _), g in zip(wanted, found):
+                grads[i] = g
+        return (None, None, *grads)
+
+
+def with_reference_gradient(name: str, fast: Callable, args: Sequence) -> torch.Tensor:
+    """`fast(*args)`, recorded for autograd with the gradient of `vitfast.reference.<name>` (see the module doc)."""
+    return _ReferenceGradient.apply(name, fast, *args)
