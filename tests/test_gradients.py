@@ -76,12 +76,17 @@ def test_inference_does_not_record():
 
 
 @needs_ext
-def test_fused_model_fine_tunes_with_reference_gradients():
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_fused_model_fine_tunes_with_reference_gradients(device, monkeypatch):
     """Backprop through a whole fused RePaViT: every parameter gets the gradient of the reference backend."""
+    if device == "cuda":
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     vit = randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
                                       num_classes=10, qkv_bias=True)).eval()
-    fused = vitfast.fuse(vitfast.convert.from_timm(vit, channel_idle=0.75).eval())
-    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    fused = vitfast.fuse(vitfast.convert.from_timm(vit, channel_idle=0.75).eval()).to(device)
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3)).to(device)
 
     def gradients():
         fused.zero_grad(set_to_none=True)
