@@ -10,7 +10,7 @@ from timm.models.vision_transformer import Block as TimmBlock
 from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
-from vitfast.nn import Attention, Block, FusedChannelIdleFFN, SwinBlock
+from vitfast.nn import Attention, Block, FusedChannelIdleFFN, GemmPatchProjection, SwinBlock
 
 from helpers import assert_close_scaled, randomize
 
@@ -45,6 +45,7 @@ def test_patched_vit_outputs_identical(overrides):
     patched = vitfast.patch_timm(model)
     assert patched is model
     assert all(type(b) is Block for b in model.blocks)
+    assert type(model.patch_embed.proj) is GemmPatchProjection
     with torch.no_grad():
         assert_close_scaled(model.forward_features(IMAGES), expected_features)
         assert_close_scaled(model(IMAGES), expected)
@@ -56,6 +57,7 @@ def test_patched_swin_outputs_identical():
     with torch.no_grad():
         expected = model(IMAGES)
     vitfast.patch_timm(model)
+    assert type(model.patch_embed.proj) is GemmPatchProjection  # Swin's NHWC PatchEmbed reads the same view
     blocks = [b for stage in model.layers for b in stage.blocks]
     assert all(type(b) is SwinBlock and isinstance(b, SwinTransformerBlock) for b in blocks)
     with torch.no_grad():
@@ -68,6 +70,7 @@ def test_not_inplace_leaves_model_alone():
     assert patched is not model
     assert all(type(b) is TimmBlock for b in model.blocks)
     assert all(type(b) is Block for b in patched.blocks)
+    assert type(model.patch_embed.proj) is nn.Conv2d and type(patched.patch_embed.proj) is GemmPatchProjection
 
 
 def test_refuses_training_mode():

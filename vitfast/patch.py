@@ -19,7 +19,9 @@ __all__ = ["patch_timm"]
 
 
 def patch_timm(model: nn.Module, inplace: bool = True, *, prepack: bool = True) -> nn.Module:
-    """Replace the timm blocks of `model` by fused vitfast blocks; return the model (the same object if inplace).
+    """Replace the timm blocks of `model` by fused vitfast blocks, and its patch-embedding Conv2d by a
+    `vitfast.nn.GemmPatchProjection` (the same conv run as one GEMM on CPU); return the model (the same object if
+    inplace).
 
     `prepack=True` packs the fused weights for the CPU kernels before returning (`vitfast.ops.prepack`).
 
@@ -59,6 +61,10 @@ def patch_timm(model: nn.Module, inplace: bool = True, *, prepack: bool = True) 
         )
     for parent, child, fused in replacements:
         setattr(parent, child, fused)
+    # The patch Conv2d as one GEMM on CPU (same parameters and keys; the conv itself wherever the GEMM cannot run).
+    from .nn.patch_embed import use_gemm_patch_projection
+
+    use_gemm_patch_projection(target)
     if prepack:
         from .ops import prepack as prepack_weights
 
