@@ -23,6 +23,14 @@ def _projection(in_chans=3, out=48, patch=(8, 8), bias=True, seed=0):
     return conv
 
 
+def _holder(conv) -> nn.Module:
+    """A model with timm's attribute path to the patch projection: model.patch_embed.proj."""
+    holder = nn.Module()
+    holder.patch_embed = nn.Module()
+    holder.patch_embed.proj = conv
+    return holder
+
+
 def _gemm_calls(monkeypatch):
     """Count calls of vitfast.ops.linear made by the projection (the GEMM path)."""
     calls = []
@@ -48,10 +56,7 @@ def test_equals_the_conv(monkeypatch, shape, patch, bias):
     with torch.no_grad():
         expected = conv(x)
         assert use_gemm_patch_projection(nn.Module()) is False  # no patch_embed: nothing to do
-        holder = nn.Module()
-        holder.patch_embed = nn.Module()
-        holder.patch_embed.proj = conv
-        assert use_gemm_patch_projection(holder) is True
+        assert use_gemm_patch_projection(_holder(conv)) is True
         assert type(conv) is GemmPatchProjection
         calls = _gemm_calls(monkeypatch)
         out = conv(x)
@@ -66,10 +71,7 @@ def test_equals_the_conv(monkeypatch, shape, patch, bias):
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace")  # deprecated in torch 2.14, still what ONNX export uses
 def test_falls_back_to_the_conv(monkeypatch):
     conv = _projection()
-    holder = nn.Module()
-    holder.patch_embed = nn.Module()
-    holder.patch_embed.proj = conv
-    use_gemm_patch_projection(holder)
+    use_gemm_patch_projection(_holder(conv))
     calls = _gemm_calls(monkeypatch)
     reference = nn.Conv2d(3, 48, 8, 8)
     reference.load_state_dict(conv.state_dict())
@@ -95,10 +97,7 @@ def test_only_plain_patch_convolutions_are_turned():
     for conv in (nn.Conv2d(3, 8, 8, stride=4),                 # overlapping
                  nn.Conv2d(3, 8, 8, stride=8, padding=1),      # padded
                  nn.Conv2d(3, 8, 8, stride=8, groups=1, dilation=2)):
-        holder = nn.Module()
-        holder.patch_embed = nn.Module()
-        holder.patch_embed.proj = conv
-        assert use_gemm_patch_projection(holder) is False
+        assert use_gemm_patch_projection(_holder(conv)) is False
         assert type(conv) is nn.Conv2d
 
 
@@ -141,10 +140,7 @@ def test_config_is_checked():
 def test_on_cuda_it_is_the_conv(monkeypatch):
     """`vitfast.load(...).cuda()`: on a GPU the projection is cuDNN's conv, equal to the CPU GEMM path."""
     conv = _projection()
-    holder = nn.Module()
-    holder.patch_embed = nn.Module()
-    holder.patch_embed.proj = conv
-    use_gemm_patch_projection(holder)
+    use_gemm_patch_projection(_holder(conv))
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # ieee products, like the fp32 CPU GEMM
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
