@@ -103,3 +103,20 @@ def test_fused_model_fine_tunes_with_reference_gradients(device, monkeypatch):
     assert missing == [], f"no gradient for {missing}"
     for n in fast:
         torch.testing.assert_close(fast[n], slow[n], rtol=1e-3, atol=1e-4, msg=n)
+
+
+@needs_ext
+@pytest.mark.slow
+def test_compiled_fused_model_trains():
+    """torch.compile traces the gradient path too (grad mode, weights requiring grad): same output, gradients."""
+    vit = randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
+                                      num_classes=10)).eval()
+    fused = vitfast.fuse(vitfast.convert.from_timm(vit, channel_idle=0.75).eval())
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = fused(images)
+    torch._dynamo.reset()
+    out = torch.compile(fused)(images)
+    torch.testing.assert_close(out.detach(), expected, rtol=1e-4, atol=1e-4)
+    out.sum().backward()
+    assert all(p.grad is not None for p in fused.parameters())
