@@ -50,11 +50,12 @@ def record(case: tuple, provider: str, median: float, flops: int, threads: int) 
     return info
 
 
-def run_case(benchmark, fn, args, case: tuple, provider: str, flops: int, threads: int) -> None:
+def run_case(benchmark, fn, args, case: tuple, provider: str, flops: int, threads: int, evict=None) -> None:
     """Time fn(*args) at `threads` threads under pytest-benchmark (medians) and record it.
 
     Two untimed calls first (packing the weights for cpp, compiling for compile), then ~1.5 s of rounds:
-    enough for a stable median on a shared 2-core machine.
+    enough for a stable median on a shared 2-core machine.  `evict` (optional, untimed) runs before every round:
+    e.g. a pass over a buffer larger than the L3, so that the weights come from DRAM as they do inside a model.
     """
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -64,7 +65,14 @@ def run_case(benchmark, fn, args, case: tuple, provider: str, flops: int, thread
             fn(*args)
             t_est = max(flops / 50e9 / threads, 1e-5)
             rounds = int(min(200, max(7, 1.5 / t_est)))
-            benchmark.pedantic(fn, args=args, rounds=rounds, iterations=1, warmup_rounds=1)
+            if evict is None:
+                benchmark.pedantic(fn, args=args, rounds=rounds, iterations=1, warmup_rounds=1)
+            else:
+                def setup():
+                    evict()
+                    return args, {}
+
+                benchmark.pedantic(fn, setup=setup, rounds=rounds, iterations=1, warmup_rounds=1)
     finally:
         torch.set_num_threads(previous)
     benchmark.extra_info.update(record(case, provider, benchmark.stats.stats.median, flops, threads))

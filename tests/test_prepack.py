@@ -45,9 +45,9 @@ def _fused_repavit():
 def test_fuse_prepacks():
     vitfast._C._weight_cache_clear()
     fused = _fused_repavit()
-    # 2 blocks × (qkv, proj, FFN) + the patch projection (GemmPatchProjection) = 7 packed entries, all made
-    # before any inference.
-    assert _stats()["misses"] == 7 and _stats()["entries"] == 7
+    # 2 blocks × (qkv, proj, FFN) + the patch projection (GemmPatchProjection) + the head (PackedLinear) = 8
+    # packed entries, all made before any inference.
+    assert _stats()["misses"] == 8 and _stats()["entries"] == 8
     _forward_packs_nothing(fused)
 
 
@@ -59,7 +59,7 @@ def test_load_prepacks_and_matches(tmp_path):
         expected = fused(IMAGES)
     vitfast._C._weight_cache_clear()
     loaded = vitfast.load(path)
-    assert _stats()["misses"] == 7
+    assert _stats()["misses"] == 8
     torch.testing.assert_close(_forward_packs_nothing(loaded), expected, rtol=0, atol=0)
 
 
@@ -67,7 +67,7 @@ def test_patch_timm_prepacks():
     model = _vit()
     vitfast._C._weight_cache_clear()
     vitfast.patch_timm(model)
-    assert _stats()["misses"] == 7  # 2 blocks × (qkv, proj, FFN) + the patch projection
+    assert _stats()["misses"] == 8  # 2 blocks × (qkv, proj, FFN) + the patch projection + the head
     _forward_packs_nothing(model)
 
 
@@ -77,15 +77,15 @@ def test_prepack_opt_out_packs_on_first_call():
     assert _stats()["misses"] == 0
     with torch.no_grad():
         fused(IMAGES)
-    assert _stats()["misses"] == 7
+    assert _stats()["misses"] == 8
 
 
 def test_prepack_counts_modules_and_is_idempotent():
     fused = vitfast.fuse(vitfast.convert.from_timm(_vit(), channel_idle=0.75).eval(), prepack=False)
     vitfast._C._weight_cache_clear()
-    assert vitfast.ops.prepack(fused) == 5  # 2 × (Attention, FusedChannelIdleFFN) + GemmPatchProjection
+    assert vitfast.ops.prepack(fused) == 6  # 2 × (Attention, FusedChannelIdleFFN) + GemmPatchProjection + head
     misses = _stats()["misses"]
-    assert vitfast.ops.prepack(fused) == 5
+    assert vitfast.ops.prepack(fused) == 6
     assert _stats()["misses"] == misses  # already packed: hits only
 
 

@@ -20,8 +20,8 @@ __all__ = ["patch_timm"]
 
 def patch_timm(model: nn.Module, inplace: bool = True, *, prepack: bool = True) -> nn.Module:
     """Replace the timm blocks of `model` by fused vitfast blocks, and its patch-embedding Conv2d by a
-    `vitfast.nn.GemmPatchProjection` (the same conv run as one GEMM on CPU); return the model (the same object if
-    inplace).
+    `vitfast.nn.GemmPatchProjection` (the same conv run as one GEMM on CPU) and its classifier head by a
+    `vitfast.nn.PackedLinear`; return the model (the same object if inplace).
 
     `prepack=True` packs the fused weights for the CPU kernels before returning (`vitfast.ops.prepack`).
 
@@ -62,9 +62,11 @@ def patch_timm(model: nn.Module, inplace: bool = True, *, prepack: bool = True) 
     for parent, child, fused in replacements:
         setattr(parent, child, fused)
     # The patch Conv2d as one GEMM on CPU (same parameters and keys; the conv itself wherever the GEMM cannot run).
+    from .nn.linear_head import use_packed_linear_head
     from .nn.patch_embed import use_gemm_patch_projection
 
     use_gemm_patch_projection(target)
+    use_packed_linear_head(target)
     if prepack:
         from .ops import prepack as prepack_weights
 

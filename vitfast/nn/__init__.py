@@ -8,6 +8,7 @@ Non-deep ViT (parallel branches, progressive joining): train-time `NonDeepBlock`
 USDC (gates + static compression): decision networks `GateNet` (G0…G6), `GateSearch`, train-time `USDCBlock`,
 fused `FusedBatchGate` ("batch_gate") and `GatedBlock` ("gated_block").
 Patch embedding: `GemmPatchProjection` (timm's patch Conv2d run as one GEMM on CPU; `vitfast.fuse`/`load` use it).
+Classifier head: `PackedLinear` (timm's head nn.Linear on the packed-weight GEMM; `vitfast.fuse`/`load` use it).
 Every train-time module has `to_fused()`, which `vitfast.fuse` calls.
 """
 from .registry import fused_kinds, fused_module_from_config, is_fused_module, register_fused  # noqa: F401
@@ -23,10 +24,13 @@ from .channel_idle import (  # noqa: F401
 from .gates import FusedBatchGate, GateNet, GateSearch  # noqa: F401
 from .usdc import GatedBlock, USDCBlock, set_gate_force  # noqa: F401
 from .patch_embed import GemmPatchProjection, use_gemm_patch_projection  # noqa: F401
+from .linear_head import PackedLinear, use_packed_linear_head  # noqa: F401
 
 __all__ = [
     "GemmPatchProjection",
     "use_gemm_patch_projection",
+    "PackedLinear",
+    "use_packed_linear_head",
     "register_fused",
     "fused_kinds",
     "fused_module_from_config",
