@@ -153,3 +153,18 @@ def make_xwx_args(batch, tokens, channels, heads, rank=None, value_dim=None, *, 
         torch.randn(batch, tokens, channels, device=device) if residual else None,
     ]
     return [a.to(dtype) if a is not None else None for a in args]
+
+
+def count_linear_calls(monkeypatch) -> list:
+    """Record the input shape of every `vitfast.ops.linear` call from now on (the packed-GEMM path ran)."""
+    import vitfast
+
+    calls = []
+    real = vitfast.ops.linear
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vitfast.ops, "linear", counting)
+    return calls

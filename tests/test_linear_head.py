@@ -11,21 +11,9 @@ from timm.models.vision_transformer import VisionTransformer
 import vitfast
 from vitfast.nn import PackedLinear, use_packed_linear_head
 
-from helpers import randomize
+from helpers import count_linear_calls, randomize
 
 needs_ext = pytest.mark.skipif(not vitfast.ops.extension_loaded(), reason="needs the C++ extension (vitfast._C)")
-
-
-def _linear_calls(monkeypatch):
-    calls = []
-    real = vitfast.ops.linear
-
-    def counting(*args, **kwargs):
-        calls.append(args[0].shape)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(vitfast.ops, "linear", counting)
-    return calls
 
 
 @needs_ext
@@ -39,7 +27,7 @@ def test_equals_nn_linear(monkeypatch, bias, shape):
         holder = nn.Module()
         holder.head = layer
         assert use_packed_linear_head(holder) == 1 and type(layer) is PackedLinear
-        calls = _linear_calls(monkeypatch)
+        calls = count_linear_calls(monkeypatch)
         out = layer(x)
     assert calls == [x.shape], "the packed GEMM did not run"
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
@@ -52,7 +40,7 @@ def test_runs_nn_linear_where_the_kernel_must_not(monkeypatch):
     holder = nn.Module()
     holder.head = layer
     use_packed_linear_head(holder)
-    calls = _linear_calls(monkeypatch)
+    calls = count_linear_calls(monkeypatch)
     with torch.no_grad():
         traced = torch.jit.trace(layer, torch.randn(2, 64), check_trace=False)
     assert "linear" in str(traced.inlined_graph).lower() or "addmm" in str(traced.inlined_graph).lower()

@@ -8,7 +8,7 @@ from timm.models.vision_transformer import VisionTransformer
 import vitfast
 from vitfast.nn import GemmPatchProjection, use_gemm_patch_projection
 
-from helpers import randomize
+from helpers import count_linear_calls, randomize
 
 needs_ext = pytest.mark.skipif(not vitfast.ops.extension_loaded(), reason="needs the C++ extension (vitfast._C)")
 
@@ -31,19 +31,6 @@ def _holder(conv) -> nn.Module:
     return holder
 
 
-def _gemm_calls(monkeypatch):
-    """Count calls of vitfast.ops.linear made by the projection (the GEMM path)."""
-    calls = []
-    real = vitfast.ops.linear
-
-    def counting(*args, **kwargs):
-        calls.append(args[0].shape)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(vitfast.ops, "linear", counting)
-    return calls
-
-
 @needs_ext
 @pytest.mark.parametrize("shape,patch,bias", [
     ((1, 3, 32, 32), (8, 8), True),
@@ -58,7 +45,7 @@ def test_equals_the_conv(monkeypatch, shape, patch, bias):
         assert use_gemm_patch_projection(nn.Module()) is False  # no patch_embed: nothing to do
         assert use_gemm_patch_projection(_holder(conv)) is True
         assert type(conv) is GemmPatchProjection
-        calls = _gemm_calls(monkeypatch)
+        calls = count_linear_calls(monkeypatch)
         out = conv(x)
     assert calls, "the GEMM path did not run"
     assert out.shape == expected.shape
@@ -72,7 +59,7 @@ def test_equals_the_conv(monkeypatch, shape, patch, bias):
 def test_falls_back_to_the_conv(monkeypatch):
     conv = _projection()
     use_gemm_patch_projection(_holder(conv))
-    calls = _gemm_calls(monkeypatch)
+    calls = count_linear_calls(monkeypatch)
     reference = nn.Conv2d(3, 48, 8, 8)
     reference.load_state_dict(conv.state_dict())
     with torch.no_grad():
@@ -145,7 +132,7 @@ def test_on_cuda_it_is_the_conv(monkeypatch):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         on_cpu = conv(x)
-        calls = _gemm_calls(monkeypatch)
+        calls = count_linear_calls(monkeypatch)
         on_gpu = conv.cuda()(x.cuda())
     assert calls == []
     torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=1e-5, atol=1e-5)
