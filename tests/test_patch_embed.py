@@ -73,11 +73,24 @@ def test_falls_back_to_the_conv(monkeypatch):
             vitfast.set_backend("auto")
         traced = torch.jit.trace(conv, x, check_trace=False)  # (the check would rerun it eagerly)
     assert "conv" in str(traced.inlined_graph).lower()  # exported graphs keep the standard convolution
-    # autograd: the op has no backward, so with gradients on the conv runs and the gradient exists
-    x = torch.randn(1, 3, 32, 32, requires_grad=True)
-    conv(x).sum().backward()
-    assert x.grad is not None and conv.weight.grad is not None
     assert calls == [], "the GEMM path ran where the conv must"
+
+
+@needs_ext
+def test_gradients_equal_the_convs(monkeypatch):
+    """With gradients on, the GEMM path still runs (ops.linear differentiates its reference): same gradients."""
+    conv = _projection()
+    reference = nn.Conv2d(3, 48, 8, 8)
+    reference.load_state_dict(conv.state_dict())
+    use_gemm_patch_projection(_holder(conv))
+    calls = count_linear_calls(monkeypatch)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    upstream = torch.randn(2, 48, 4, 4, generator=torch.Generator().manual_seed(6))
+    got = torch.autograd.grad(conv(x), [x, conv.weight, conv.bias], upstream)
+    want = torch.autograd.grad(reference(x), [x, reference.weight, reference.bias], upstream)
+    assert calls, "the GEMM path did not run"
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
 def test_only_plain_patch_convolutions_are_turned():

@@ -21,10 +21,8 @@ import torch
 from . import reference
 
 
-def needs_grad(args: Sequence) -> bool:
-    """Whether autograd must record a call with these arguments."""
-    if not torch.is_grad_enabled():
-        return False
+def any_requires_grad(args: Sequence) -> bool:
+    """Whether some tensor argument requires grad (with grad mode on: autograd must record the call)."""
     return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 

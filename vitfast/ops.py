@@ -364,7 +364,7 @@ def _run(name: str, *args) -> torch.Tensor:
     """`torch.ops.vitfast.<name>(*args)`; when autograd must record the call, with the reference's gradient
     (vitfast/_autograd.py): a fused model can be fine-tuned, no fused weight gets a silent None gradient."""
     op = getattr(torch.ops.vitfast, name)
-    if torch.is_grad_enabled() and _autograd.needs_grad(args):
+    if torch.is_grad_enabled() and _autograd.any_requires_grad(args):
         return _autograd.with_reference_gradient(name, op, args)
     return op(*args)
 
@@ -438,10 +438,8 @@ def batch_gate(
     when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
         return reference.batch_gate(x, w1, b1, w2, b2, layer_norm, act, eps)
-    if torch.is_grad_enabled():
-        with torch.no_grad():  # a 0/1 decision: no gradient, as for a comparison (and no autograd recording)
-            return torch.ops.vitfast.batch_gate(x, w1, b1, w2, b2, layer_norm, act, float(eps))
-    return torch.ops.vitfast.batch_gate(x, w1, b1, w2, b2, layer_norm, act, float(eps))
+    with torch.no_grad():  # a 0/1 decision: no gradient, as for a comparison (and no autograd recording)
+        return torch.ops.vitfast.batch_gate(x, w1, b1, w2, b2, layer_norm, act, float(eps))
 
 
 def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,22 @@ def _tracing() -> bool:
     return torch.jit.is_tracing() or (_IS_COMPILING is not None and _IS_COMPILING())
 
 
+def _cpu_kernel_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether an nn layer turned fast (GemmPatchProjection, PackedLinear) may run x through the CPU kernels
+    instead of its own torch forward: not under tracing / torch.compile (exported graphs keep the standard op),
+    a CPU float input of the weight's dtype, the C++ extension loaded, and the auto backend (under
+    VITFAST_BACKEND=reference the layer is its own reference).  Autograd needs no check: `ops.*` differentiate
+    their reference."""
+    return (
+        not _tracing()  # first: under tracing the checks below would warn (tensor -> bool)
+        and x.is_cpu
+        and x.dtype == weight.dtype
+        and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and ops.extension_loaded()
+        and ops.get_backend() != "reference"
+    )
+
+
 def _layer_norm(norm: Optional[nn.Module], x: torch.Tensor) -> torch.Tensor:
     """`norm(x)` for the fused modules' LayerNorms, whose affine was folded into the next linear layer.
 

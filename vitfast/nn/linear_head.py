@@ -8,7 +8,7 @@ evicted between calls (one thread, batch 1), F.linear 118.7 -> 52.1 Âµs at 192 â
 
 `PackedLinear` is that nn.Linear with the same parameters and state-dict keys (checkpoints only record its kind,
 "packed_linear"); on CPU it calls `ops.linear`, elsewhere (and under tracing: exported graphs keep the standard
-op) the nn.Linear itself.  Gradients work either way (`ops.linear` differentiates its reference).
+op; or under VITFAST_BACKEND=reference) the nn.Linear itself.  Gradients work either way (`ops.linear` differentiates its reference).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .fused import _ConfigReader, _tracing
+from .fused import _ConfigReader, _cpu_kernel_applies
 from .registry import register_fused
 
 
@@ -35,8 +35,7 @@ class PackedLinear(nn.Linear):
                    dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (not _tracing() and x.is_cpu and x.dtype == self.weight.dtype
-                and x.dtype in (torch.float32, torch.float16, torch.bfloat16) and ops.extension_loaded()):
+        if _cpu_kernel_applies(x, self.weight):
             return ops.linear(x, self.weight, self.bias)
         return super().forward(x)
 

@@ -10,9 +10,9 @@ DeiT-S 1.24 → 1.08 ms, DeiT-B 2.49 → 2.14 ms).
 `GemmPatchProjection` is that Conv2d with the same parameters and state-dict keys (checkpoints only add its
 kind, "gemm_patch_projection", to the config of `patch_embed.proj`): its forward returns the conv's [B, C_out, H/p, W/q] result as a view of the token-major
 [B, N, C_out] GEMM output, so timm's `flatten(2).transpose(1, 2)` (or Swin's NHWC permute) gives a contiguous
-tensor back without a copy.  Anything else — another device, autograd, tracing / torch.compile / ONNX export
-(standard ops there), VITFAST_BACKEND=reference, an input not divisible into whole patches — runs the
-Conv2d itself.
+tensor back without a copy (with gradients too: `ops.linear` differentiates its reference).  Anything else —
+another device, tracing / torch.compile / ONNX export (standard ops there), VITFAST_BACKEND=reference, an input
+not divisible into whole patches — runs the Conv2d itself.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .fused import _ConfigReader, _tracing
+from .fused import _ConfigReader, _cpu_kernel_applies
 from .registry import register_fused
 
 
@@ -54,17 +54,11 @@ class GemmPatchProjection(nn.Conv2d):
 
     def _gemm_applies(self, x: torch.Tensor) -> bool:
         return (
-            not _tracing()  # first: under tracing the checks below would warn (tensor -> bool)
-            and x.is_cpu
+            _cpu_kernel_applies(x, self.weight)
             and x.dim() == 4
-            and x.dtype == self.weight.dtype
-            and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
             and x.shape[1] == self.in_channels
             and x.shape[2] % self.kernel_size[0] == 0
             and x.shape[3] % self.kernel_size[1] == 0
-            and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
-            and ops.extension_loaded()  # without the C++ kernels the GEMM would be the reference F.linear
-            and ops.get_backend() != "reference"
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
