@@ -22,8 +22,7 @@ import inspect
 import torch
 import torch.nn as nn
 
-from .nn.linear_head import use_packed_linear_head
-from .nn.patch_embed import use_gemm_patch_projection
+from .nn.linear_head import use_gemm_stem_and_head
 
 __all__ = ["fuse"]
 
@@ -88,8 +87,7 @@ def fuse(model: nn.Module, *, prepack: bool = True, **options) -> nn.Module:
     if unused:
         raise ValueError(f"{unused[0]}: expected an option of the model's train-time modules' to_fused(), got "
                          f"{options[unused[0]]!r} and no module takes it")
-    use_gemm_patch_projection(fused)
-    use_packed_linear_head(fused)
+    use_gemm_stem_and_head(fused)
     return _prepacked(fused, prepack)
 
 

@@ -61,12 +61,9 @@ def patch_timm(model: nn.Module, inplace: bool = True, *, prepack: bool = True) 
         )
     for parent, child, fused in replacements:
         setattr(parent, child, fused)
-    # The patch Conv2d as one GEMM on CPU (same parameters and keys; the conv itself wherever the GEMM cannot run).
-    from .nn.linear_head import use_packed_linear_head
-    from .nn.patch_embed import use_gemm_patch_projection
+    from .nn.linear_head import use_gemm_stem_and_head
 
-    use_gemm_patch_projection(target)
-    use_packed_linear_head(target)
+    use_gemm_stem_and_head(target)
     if prepack:
         from .ops import prepack as prepack_weights
 

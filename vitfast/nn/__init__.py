@@ -24,13 +24,14 @@ from .channel_idle import (  # noqa: F401
 from .gates import FusedBatchGate, GateNet, GateSearch  # noqa: F401
 from .usdc import GatedBlock, USDCBlock, set_gate_force  # noqa: F401
 from .patch_embed import GemmPatchProjection, use_gemm_patch_projection  # noqa: F401
-from .linear_head import PackedLinear, use_packed_linear_head  # noqa: F401
+from .linear_head import PackedLinear, use_gemm_stem_and_head, use_packed_linear_head  # noqa: F401
 
 __all__ = [
     "GemmPatchProjection",
     "use_gemm_patch_projection",
     "PackedLinear",
     "use_packed_linear_head",
+    "use_gemm_stem_and_head",
     "register_fused",
     "fused_kinds",
     "fused_module_from_config",

@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from .. import ops
 from .fused import _ConfigReader, _cpu_kernel_applies
+from .patch_embed import use_gemm_patch_projection
 from .registry import register_fused
 
 
@@ -59,3 +60,11 @@ def use_packed_linear_head(model: nn.Module) -> int:
             layer.__class__ = PackedLinear
             count += 1
     return count
+
+
+def use_gemm_stem_and_head(model: nn.Module) -> None:
+    """What `vitfast.fuse` and `vitfast.patch_timm` do to the layers around the blocks: the patch Conv2d becomes a
+    `GemmPatchProjection`, the classifier heads `PackedLinear` (same parameters and keys; each runs its torch
+    layer wherever the CPU kernel cannot)."""
+    use_gemm_patch_projection(model)
+    use_packed_linear_head(model)
