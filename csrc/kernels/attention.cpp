@@ -121,10 +121,13 @@ void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t he
     } else {
       gemm::gemm_raw(rows, q + r0 * ld_qkv, ld_qkv, k_panels, tokens, d, scores, ld_s, padded_c, isa);
     }
-    for (int64_t i = 0; i < rows; ++i) {
-      row_max[i] = -std::numeric_limits<float>::infinity();
-      gemm::softmax_exp_rows(scores + i * ld_s, 1, tokens, ld_s, scale, row_max + i, row_sum + i, isa);
-      const int64_t done = (r0 - q0 + i) * pf_total / m, upto = (r0 - q0 + i + 1) * pf_total / m;
+    // Two rows per call (the AVX-512 softmax interleaves a pair's latency chains), the next task's prefetches
+    // spread between the pairs.
+    for (int64_t i = 0; i < rows; i += 2) {
+      const int64_t pair = std::min<int64_t>(2, rows - i);
+      for (int64_t r = i; r < i + pair; ++r) row_max[r] = -std::numeric_limits<float>::infinity();
+      gemm::softmax_exp_rows(scores + i * ld_s, pair, tokens, ld_s, scale, row_max + i, row_sum + i, isa);
+      const int64_t done = (r0 - q0 + i) * pf_total / m, upto = (r0 - q0 + i + pair) * pf_total / m;
       prefetch.rows(done, upto);
     }
     // out_h = P · V_h (unnormalised), straight into the head's columns of the output rows, then / Σ.

@@ -280,49 +280,83 @@ void softmax_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float sc
   }
 }
 
+namespace {
+
+// R rows of softmax_exp_rows at once, their passes interleaved.  One row alone is a chain of latencies: its
+// maximum must be reduced across lanes before its first exp can start, and its sum at the end; at ViT widths
+// (13 vectors per row at N = 197) those reductions and the exp's dependency chain, not the FP pipes, set the
+// pace.  Two rows side by side give the out-of-order core two independent chains to overlap.
+template <int R>
+static inline __attribute__((always_inline)) void softmax_exp_row_group(float* s, int64_t n, int64_t ld,
+                                                                         __m512 vscale, float* row_max,
+                                                                         float* row_sum) {
+  const __mmask16 tail = __mmask16((1u << (n % 16)) - 1u);
+  const int64_t body = n - n % 16;
+  // Two running maxima per row: one max chain per 16 columns would run at the max latency.
+  __m512 vmax0[R], vmax1[R];
+  for (int r = 0; r < R; ++r) vmax0[r] = vmax1[r] = _mm512_set1_ps(row_max[r]);
+  int64_t j = 0;
+  for (; j + 32 <= body; j += 32) {
+    for (int r = 0; r < R; ++r) {
+      const float* row = s + r * ld;
+      vmax0[r] = _mm512_max_ps(vmax0[r], _mm512_mul_ps(_mm512_loadu_ps(row + j), vscale));
+      vmax1[r] = _mm512_max_ps(vmax1[r], _mm512_mul_ps(_mm512_loadu_ps(row + j + 16), vscale));
+    }
+  }
+  for (; j < body; j += 16)
+    for (int r = 0; r < R; ++r)
+      vmax0[r] = _mm512_max_ps(vmax0[r], _mm512_mul_ps(_mm512_loadu_ps(s + r * ld + j), vscale));
+  if (j < n)
+    for (int r = 0; r < R; ++r)
+      vmax1[r] = _mm512_mask_max_ps(vmax1[r], tail, vmax1[r],
+                                    _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + r * ld + j), vscale));
+  __m512 neg_mx[R], vsum0[R], vsum1[R];
+  for (int r = 0; r < R; ++r) {
+    row_max[r] = _mm512_reduce_max_ps(_mm512_max_ps(vmax0[r], vmax1[r]));
+    neg_mx[r] = _mm512_set1_ps(-row_max[r]);
+    vsum0[r] = vsum1[r] = _mm512_setzero_ps();
+  }
+  for (j = 0; j + 32 <= body; j += 32) {
+    for (int r = 0; r < R; ++r) {
+      float* row = s + r * ld;
+      const __m512 e0 = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vscale, neg_mx[r]));
+      const __m512 e1 = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), vscale, neg_mx[r]));
+      _mm512_storeu_ps(row + j, e0);
+      _mm512_storeu_ps(row + j + 16, e1);
+      vsum0[r] = _mm512_add_ps(vsum0[r], e0);
+      vsum1[r] = _mm512_add_ps(vsum1[r], e1);
+    }
+  }
+  for (; j < body; j += 16) {
+    for (int r = 0; r < R; ++r) {
+      float* row = s + r * ld;
+      const __m512 e = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vscale, neg_mx[r]));
+      _mm512_storeu_ps(row + j, e);
+      vsum0[r] = _mm512_add_ps(vsum0[r], e);
+    }
+  }
+  if (j < n) {
+    for (int r = 0; r < R; ++r) {
+      float* row = s + r * ld;
+      const __m512 e = exp16_nonpositive(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, row + j), vscale, neg_mx[r]));
+      _mm512_mask_storeu_ps(row + j, tail, e);
+      vsum1[r] = _mm512_mask_add_ps(vsum1[r], tail, vsum1[r], e);
+    }
+  }
+  for (int r = 0; r < R; ++r) row_sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(vsum0[r], vsum1[r]));
+}
+
+}  // namespace
+
 // Two passes (gemm_isa.h): the scaled maximum (read only), then exp(fma(s, scale, −m)) stored with its sum;
-// 16 lanes and masked tails.
+// 16 lanes and masked tails, rows in interleaved pairs.  Each row's arithmetic is the same whichever group it
+// falls in, so a row's result does not depend on how many rows one call covers.
 void softmax_exp_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                              float* row_sum) {
   const __m512 vscale = _mm512_set1_ps(scale);
-  const __mmask16 tail = __mmask16((1u << (n % 16)) - 1u);
-  const int64_t body = n - n % 16;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * ld;
-    // Two running maxima: one max chain per 16 columns would run at the max latency.
-    __m512 vmax0 = _mm512_set1_ps(row_max[r]), vmax1 = vmax0;
-    int64_t j = 0;
-    for (; j + 32 <= body; j += 32) {
-      vmax0 = _mm512_max_ps(vmax0, _mm512_mul_ps(_mm512_loadu_ps(row + j), vscale));
-      vmax1 = _mm512_max_ps(vmax1, _mm512_mul_ps(_mm512_loadu_ps(row + j + 16), vscale));
-    }
-    for (; j < body; j += 16) vmax0 = _mm512_max_ps(vmax0, _mm512_mul_ps(_mm512_loadu_ps(row + j), vscale));
-    if (j < n)
-      vmax1 = _mm512_mask_max_ps(vmax1, tail, vmax1, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, row + j), vscale));
-    const float mx = _mm512_reduce_max_ps(_mm512_max_ps(vmax0, vmax1));
-    const __m512 neg_mx = _mm512_set1_ps(-mx);
-    __m512 vsum0 = _mm512_setzero_ps(), vsum1 = vsum0;
-    for (j = 0; j + 32 <= body; j += 32) {
-      const __m512 e0 = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vscale, neg_mx));
-      const __m512 e1 = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), vscale, neg_mx));
-      _mm512_storeu_ps(row + j, e0);
-      _mm512_storeu_ps(row + j + 16, e1);
-      vsum0 = _mm512_add_ps(vsum0, e0);
-      vsum1 = _mm512_add_ps(vsum1, e1);
-    }
-    for (; j < body; j += 16) {
-      const __m512 e = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vscale, neg_mx));
-      _mm512_storeu_ps(row + j, e);
-      vsum0 = _mm512_add_ps(vsum0, e);
-    }
-    if (j < n) {
-      const __m512 e = exp16_nonpositive(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, row + j), vscale, neg_mx));
-      _mm512_mask_storeu_ps(row + j, tail, e);
-      vsum1 = _mm512_mask_add_ps(vsum1, tail, vsum1, e);
-    }
-    row_max[r] = mx;
-    row_sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(vsum0, vsum1));
-  }
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) softmax_exp_row_group<2>(s + r * ld, n, ld, vscale, row_max + r, row_sum + r);
+  if (r < rows) softmax_exp_row_group<1>(s + r * ld, n, ld, vscale, row_max + r, row_sum + r);
 }
 
 // Same contract and loop order as run_gemm_block (gemm_driver.h), over pairs of panels: for each K block,
