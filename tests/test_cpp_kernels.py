@@ -96,3 +96,24 @@ def test_aarch64_cross_build_under_qemu(request):
                  "[neon] channel_idle_ffn parity", "[neon] linear parity",
                  "[neon] softmax: ok", "[neon] attention parity"):
         assert line in out, f"missing {line!r} in the qemu run:\n{out}"
+
+
+@pytest.mark.parametrize("compiler, instruction", [("c++", None), ("aarch64-linux-gnu-g++", "prfm")])
+def test_attention_next_task_prefetch_is_emitted(tmp_path, compiler, instruction):
+    """GCC once deleted attention's next-task prefetch loop as dead code (prefetches have no side effect it must
+    keep), silently: the kernel stayed correct, only slower.  The prefetch is now a volatile asm statement; this
+    compiles attention.cpp as the build does (-O3) and checks the instruction is in the output."""
+    if shutil.which(compiler) is None:
+        pytest.skip(f"{compiler} not found")
+    if instruction is None:
+        machine = platform.machine().lower()
+        if machine in ("x86_64", "amd64"):
+            instruction = "prefetcht0"
+        elif machine in ("aarch64", "arm64"):
+            instruction = "prfm"
+        else:
+            pytest.skip(f"no prefetch instruction to look for on {machine}")
+    asm = tmp_path / "attention.s"
+    _run([compiler, "-O3", "-fno-math-errno", "-std=c++17", f"-I{ROOT / 'csrc'}", "-S",
+          str(ROOT / "csrc" / "kernels" / "attention.cpp"), "-o", str(asm)])
+    assert instruction in asm.read_text(), f"{compiler} emitted no {instruction} for attention's next-task prefetch"

@@ -12,10 +12,24 @@ namespace {
 
 int64_t padded(int64_t n) { return (n + gemm::kNr - 1) / gemm::kNr * gemm::kNr; }
 
+// A software prefetch the compiler must emit.  GCC (12, -O1 and up) deleted the whole __builtin_prefetch loop
+// nest of NextPrefetcher::rows as dead code (prefetches have no side effects it must keep): the library held
+// no prefetch of the next task at all.  A volatile asm statement cannot be removed.  Output rows get a read
+// prefetch too (what GCC emits for a write prefetch without -mprfchw): the line is in cache when it is stored.
+inline void prefetch_line(const char* p) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm volatile("prefetcht0 %0" : : "m"(*p));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  asm volatile("prfm pldl1keep, %0" : : "Q"(*p));
+#else
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
 // Cache lines of the next task, walked a few at a time: `rows` rows of `width` floats at base + r·ld.
 struct LineStream {
   const char* base = nullptr;
-  int64_t ld_bytes = 0, rows = 0, lines_per_row = 0, write = 0;
+  int64_t ld_bytes = 0, rows = 0, lines_per_row = 0;
 };
 
 class NextPrefetcher {
@@ -25,11 +39,11 @@ class NextPrefetcher {
     if (next.qkv == nullptr || next.q1 <= next.q0) return;
     const int64_t ld = ld_qkv * int64_t(sizeof(float));
     if (next.qkv != cur_qkv || next.h != cur_h) {  // the same head's K and V are already in cache
-      add(next.qkv + (heads + next.h) * d, ld, tokens, d, 0);  // K and V first: packed as the next task starts
-      add(next.qkv + (2 * heads + next.h) * d, ld, tokens, d, 0);
+      add(next.qkv + (heads + next.h) * d, ld, tokens, d);  // K and V first: packed as the next task starts
+      add(next.qkv + (2 * heads + next.h) * d, ld, tokens, d);
     }
-    add(next.qkv + next.q0 * ld_qkv + next.h * d, ld, next.q1 - next.q0, d, 0);
-    add(next.out + next.q0 * ld_out + next.h * d, ld_out * int64_t(sizeof(float)), next.q1 - next.q0, d, 1);
+    add(next.qkv + next.q0 * ld_qkv + next.h * d, ld, next.q1 - next.q0, d);
+    add(next.out + next.q0 * ld_out + next.h * d, ld_out * int64_t(sizeof(float)), next.q1 - next.q0, d);
   }
   int64_t total_rows() const { return total_; }
   // Rows [r0, r1) of the concatenated streams.
@@ -39,12 +53,7 @@ class NextPrefetcher {
       const int64_t a = std::max<int64_t>(r0, 0), b = std::min(r1, st.rows);
       for (int64_t r = a; r < b; ++r) {
         const char* p = st.base + r * st.ld_bytes;
-        for (int64_t l = 0; l < st.lines_per_row; ++l) {
-          if (st.write)
-            __builtin_prefetch(p + 64 * l, 1, 3);
-          else
-            __builtin_prefetch(p + 64 * l, 0, 3);
-        }
+        for (int64_t l = 0; l < st.lines_per_row; ++l) prefetch_line(p + 64 * l);
       }
       r0 -= st.rows;
       r1 -= st.rows;
@@ -55,7 +64,7 @@ class NextPrefetcher {
   // Rows of `width` floats, from the line of the first row's first float: when the row stride is a whole number
   // of lines every row has that row's line count, otherwise one more line covers any offset (a prefetch past
   // a row's end never faults).
-  void add(const float* base, int64_t ld_bytes, int64_t rows, int64_t width, int64_t write) {
+  void add(const float* base, int64_t ld_bytes, int64_t rows, int64_t width) {
     LineStream& s = streams_[count_++];
     const uintptr_t first = reinterpret_cast<uintptr_t>(base) & ~uintptr_t(63);
     s.base = reinterpret_cast<const char*>(first);
@@ -64,7 +73,6 @@ class NextPrefetcher {
     s.lines_per_row = ld_bytes % 64 == 0
                           ? int64_t((reinterpret_cast<uintptr_t>(base + width) - 1 - first) / 64 + 1)
                           : (width * int64_t(sizeof(float)) + 63) / 64 + 1;
-    s.write = write;
     total_ += rows;
   }
   LineStream streams_[4];
