@@ -18,12 +18,11 @@ import pytest
 import torch
 
 import vitfast
-from harness import run_case
+from harness import compiled, run_case
 from shapes import VIT_SHAPES, attention_flops
 from vitfast import reference
 
 PROVIDERS = ["cpp", "eager", "compile"]
-_COMPILED = {}
 
 
 def provider_fn(provider, case):
@@ -34,11 +33,7 @@ def provider_fn(provider, case):
     if provider == "eager":
         return reference.attention
     if provider == "compile":
-        if case not in _COMPILED:
-            torch._dynamo.reset()
-            _COMPILED.clear()
-            _COMPILED[case] = torch.compile(reference.attention, fullgraph=True, dynamic=False)
-        return _COMPILED[case]
+        return compiled(reference.attention, case)
     raise ValueError(provider)
 
 

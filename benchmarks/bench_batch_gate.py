@@ -36,7 +36,6 @@ from shapes import VIT_SHAPES  # noqa: E402
 from vitfast import reference  # noqa: E402
 
 PROVIDERS = ["block", "cpp", "eager", "compile", "triton", "gated_open"]
-_COMPILED = {}
 
 
 def deit_small_timm(depth: int = 12):
@@ -84,11 +83,9 @@ def op_fn(provider, case):
     if provider == "eager":
         return reference.batch_gate
     if provider == "compile":
-        if case not in _COMPILED:
-            torch._dynamo.reset()
-            _COMPILED.clear()
-            _COMPILED[case] = torch.compile(reference.batch_gate, fullgraph=True, dynamic=False)
-        return _COMPILED[case]
+        from harness import compiled
+
+        return compiled(reference.batch_gate, case)
     if provider == "triton":
         from vitfast.kernels.batch_gate import batch_gate_triton
 

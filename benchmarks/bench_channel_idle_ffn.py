@@ -19,12 +19,11 @@ import pytest
 import torch
 
 import vitfast
-from harness import record
+from harness import compiled, record
 from shapes import VIT_SHAPES, channel_idle_dims, channel_idle_ffn_flops
 from vitfast import reference
 
 PROVIDERS = ["cpp", "eager", "compile", "triton"]
-_COMPILED = {}
 
 
 def make_args(shape, theta, batch, device="cpu"):
@@ -50,11 +49,7 @@ def provider_fn(provider, case):
     if provider == "compile":
         # One compiled function per case, static shapes: what a deployed model with fixed inputs gets.  Dynamo
         # caches per code object (recompile limit 8 < our 16 cases), so start each case from a clean cache.
-        if case not in _COMPILED:
-            torch._dynamo.reset()
-            _COMPILED.clear()
-            _COMPILED[case] = torch.compile(reference.channel_idle_ffn, fullgraph=True, dynamic=False)
-        return _COMPILED[case]
+        return compiled(reference.channel_idle_ffn, case)
     if provider == "triton":
         from vitfast.kernels.channel_idle_ffn import channel_idle_ffn_triton
 

@@ -35,14 +35,13 @@ import pytest
 import torch
 
 import vitfast
-from harness import run_case
+from harness import compiled, run_case
 from shapes import VIT_SHAPES, attention_flops, linear_flops
 from vitfast import reference
 
 GRID = (24, 24)
 WIDTHS = {"vit_base": VIT_SHAPES["deit_base"], "vit_large": VIT_SHAPES["vit_large"]}
 PROVIDERS = ["cpp", "eager", "compile", "triton", "cuda_ref"]
-_COMPILED = {}
 
 
 def op_args(shape, form, batch=1, device="cpu", prefix=0, k=3):
@@ -84,11 +83,7 @@ def provider_fn(provider, case):
     if provider == "eager":
         return reference.dwconv_attention
     if provider == "compile":
-        if case not in _COMPILED:
-            torch._dynamo.reset()
-            _COMPILED.clear()
-            _COMPILED[case] = torch.compile(reference.dwconv_attention, fullgraph=True, dynamic=False)
-        return _COMPILED[case]
+        return compiled(reference.dwconv_attention, case)
     if provider == "triton":
         from vitfast.kernels.dwconv_attention import dwconv_attention_triton
 

@@ -20,12 +20,11 @@ import pytest
 import torch
 
 import vitfast
-from harness import run_case
+from harness import compiled, run_case
 from shapes import VIT_SHAPES, linear_flops, linear_layers
 from vitfast import reference
 
 PROVIDERS = ["cpp", "eager", "compile"]
-_COMPILED = {}
 
 
 def make_args(shape, layer, batch):
@@ -50,11 +49,7 @@ def provider_fn(provider, case):
         return reference.linear
     if provider == "compile":
         # One compiled function per case, static shapes (see bench_channel_idle_ffn.py for why the reset).
-        if case not in _COMPILED:
-            torch._dynamo.reset()
-            _COMPILED.clear()
-            _COMPILED[case] = torch.compile(reference.linear, fullgraph=True, dynamic=False)
-        return _COMPILED[case]
+        return compiled(reference.linear, case)
     raise ValueError(provider)
 
 

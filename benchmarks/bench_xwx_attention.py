@@ -24,13 +24,12 @@ import pytest
 import torch
 
 import vitfast
-from harness import run_case
+from harness import compiled, run_case
 from shapes import VIT_SHAPES
 from vitfast import reference
 
 PROVIDERS = ["cpp", "eager", "compile", "triton", "eager_cuda"]
 RANK, VALUE_DIM = 128, 128  # 2 branches × head dim 64
-_COMPILED = {}
 
 
 def xwx_flops(batch: int, tokens: int, channels: int, heads: int, rank: int, value_dim: int, full: bool) -> int:
@@ -71,11 +70,7 @@ def provider_fn(provider, case):
     if provider == "eager":
         return reference.xwx_attention
     if provider == "compile":
-        if case not in _COMPILED:
-            torch._dynamo.reset()
-            _COMPILED.clear()
-            _COMPILED[case] = torch.compile(reference.xwx_attention, fullgraph=True, dynamic=False)
-        return _COMPILED[case]
+        return compiled(reference.xwx_attention, case)
     if provider == "triton":
         from vitfast.kernels.xwx_attention import xwx_attention_triton
 

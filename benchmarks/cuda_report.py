@@ -76,8 +76,6 @@ def op_report(rows):
 
 
 def model_report(report):
-    from vitfast.bench import run_bench
-
     for model, recipe in (("deit_tiny_patch16_224", {}), ("deit_base_patch16_224", {})):
         print(f"\n== {model} channel_idle=0.75, CUDA fp32 ==", flush=True)
         from vitfast.cli import main as cli_main

@@ -38,6 +38,20 @@ def sgemm_gflops(threads: int, n: int = 2048, repeats: int = 9) -> float:
     return _SGEMM[threads]
 
 
+_COMPILED: dict = {}
+
+
+def compiled(fn, case: tuple):
+    """torch.compile(fn) (fullgraph, static shapes) for one benchmark case, compiled once per case: the
+    previous case's graphs are dropped first (dynamo reset), so no recompile limit is ever reached."""
+    key = (fn, case)
+    if key not in _COMPILED:
+        torch._dynamo.reset()
+        _COMPILED.clear()
+        _COMPILED[key] = torch.compile(fn, fullgraph=True, dynamic=False)
+    return _COMPILED[key]
+
+
 def record(case: tuple, provider: str, median: float, flops: int, threads: int) -> dict:
     """Store one benchmark's median (seconds); returns extra_info for pytest-benchmark's JSON."""
     gflops = flops / median / 1e9

@@ -64,20 +64,23 @@ def test_native_cmake_ctest(request):
     machine = platform.machine().lower()
     assert "[scalar] channel_idle_ffn parity" in out and "[scalar] gemm parity" in out
     assert "[scalar] linear parity" in out and "[scalar] attention parity" in out
+    assert "[scalar] layer_norm parity" in out
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     if machine in ("x86_64", "amd64") and " avx2 " in flags and " fma " in flags:
         # This CPU can run AVX2/FMA: the C++ tests must have forced and executed that path too.
         assert "[avx2] channel_idle_ffn parity" in out and "[avx2] gemm parity" in out, out
         assert "[avx2] linear parity" in out and "[avx2] attention parity" in out, out
-        assert "[avx2] softmax: ok" in out, out
+        assert "[avx2] softmax: ok" in out and "[avx2] layer_norm parity" in out, out
     if machine in ("x86_64", "amd64") and all(f" {f} " in flags for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl")):
         # ... and the AVX-512 path (its own GEMM tiles and GELU epilogue) on a CPU that has it.
         assert "[avx512] channel_idle_ffn parity" in out and "[avx512] gemm parity" in out, out
         assert "[avx512] linear parity" in out and "[avx512] attention parity" in out, out
         assert "[avx512] gelu epilogue" in out and "[avx512] softmax: ok" in out, out
+        assert "[avx512] layer_norm parity" in out, out
     if machine in ("aarch64", "arm64"):
         assert "[neon] channel_idle_ffn parity" in out and "[neon] linear parity" in out, out
         assert "[neon] attention parity" in out and "[neon] softmax: ok" in out, out
+        assert "[neon] layer_norm parity" in out, out
 
 
 @pytest.mark.cross
@@ -94,7 +97,7 @@ def test_aarch64_cross_build_under_qemu(request):
     # (parity of GEMM, GELU and the fused op) prove that code ran under qemu.
     for line in ("ISA paths under test: scalar neon", "[neon] gemm parity", "[neon] gelu",
                  "[neon] channel_idle_ffn parity", "[neon] linear parity",
-                 "[neon] softmax: ok", "[neon] attention parity"):
+                 "[neon] softmax: ok", "[neon] attention parity", "[neon] layer_norm parity"):
         assert line in out, f"missing {line!r} in the qemu run:\n{out}"
 
 

@@ -25,6 +25,7 @@ def _cases():
         "channel_idle_ffn": (x, _t(40, 16, seed=3), _t(40, seed=4), _t(16, 24, seed=5), _t(16, seed=6), x),
         "linear": (x, _t(24, 16, seed=7), _t(24, seed=8), _t(2, 10, 24, seed=9)),
         "attention": (_t(2, 10, 48, seed=10, scale=1.0), 2, None),
+        "layer_norm": (x, _t(16, seed=32), _t(16, seed=33), 1e-5),
         "xwx_attention": (x, _t(2, 16, 4, seed=11), _t(2, 16, 4, seed=12), _t(2, 16, seed=13), _t(2, 16, 8, seed=14),
                           _t(2, 8, 16, seed=15), _t(16, seed=16), x),
         "dwconv_attention": (grid, _t(8, 16, seed=17), _t(8, seed=18), _t(8, 3, 3, seed=19), _t(16, 8, seed=20),

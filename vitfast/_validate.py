@@ -18,6 +18,27 @@ def _fmt_shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
+def check_float_x(x: torch.Tensor, last_dim: str) -> None:
+    """x is a float32/float16/bfloat16 tensor with at least one dimension (`last_dim` names it in the message)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError(f"x: expected at least 1 dimension [..., {last_dim}], got a 0-d tensor")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+
+
+def check_like_x(x: torch.Tensor, named: tuple) -> None:
+    """Every given companion of x in `named` ((name, tensor or None) pairs) has x's dtype and device."""
+    for name, t in named:
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise ValueError(f"{name}: expected dtype {x.dtype} (same as x), got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name}: expected device {x.device} (same as x), got {t.device}")
+
+
 def check_channel_idle_ffn_args(
     x: torch.Tensor,
     w_in: torch.Tensor,
@@ -32,12 +53,7 @@ def check_channel_idle_ffn_args(
       x [..., C_in];  w_in [A + L, C_in] with the A active rows first;  b_in [A + L];
       w_out [C_out, A];  b_out [C_out];  residual [..., C_out] like x;  L is 0 or C_out.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
-    if x.dim() < 1:
-        raise ValueError("x: expected at least 1 dimension [..., C_in], got a 0-d tensor")
-    if x.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    check_float_x(x, "C_in")
     if w_in.dim() != 2:
         raise ValueError(f"w_in: expected 2-D [A + L, C_in], got shape {_fmt_shape(w_in)}")
     if w_out.dim() != 2:
@@ -61,13 +77,7 @@ def check_channel_idle_ffn_args(
     if active == 0 and linear == 0 and b_out is None:
         # Degenerate but well-defined: the output is zero (plus residual).  Allowed.
         pass
-    for name, t in (("w_in", w_in), ("b_in", b_in), ("w_out", w_out), ("b_out", b_out), ("residual", residual)):
-        if t is None:
-            continue
-        if t.dtype != x.dtype:
-            raise ValueError(f"{name}: expected dtype {x.dtype} (same as x), got {t.dtype}")
-        if t.device != x.device:
-            raise ValueError(f"{name}: expected device {x.device} (same as x), got {t.device}")
+    check_like_x(x, (("w_in", w_in), ("b_in", b_in), ("w_out", w_out), ("b_out", b_out), ("residual", residual)))
     if b_in is not None and tuple(b_in.shape) != (w_in.shape[0],):
         raise ValueError(f"b_in: expected shape [{w_in.shape[0]}], got {_fmt_shape(b_in)}")
     if b_out is not None and tuple(b_out.shape) != (c_out,):
@@ -88,30 +98,36 @@ def check_linear_args(
 
     x [..., K];  weight [N, K] (nn.Linear layout);  bias [N];  residual [..., N] like x.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
-    if x.dim() < 1:
-        raise ValueError("x: expected at least 1 dimension [..., K], got a 0-d tensor")
-    if x.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    check_float_x(x, "K")
     if weight.dim() != 2:
         raise ValueError(f"weight: expected 2-D [N, K], got shape {_fmt_shape(weight)}")
     k, n = x.shape[-1], weight.shape[0]
     if weight.shape[1] != k:
         raise ValueError(f"weight: expected shape [N, {k}] (K = x.shape[-1] = {k}), got {_fmt_shape(weight)}")
-    for name, t in (("weight", weight), ("bias", bias), ("residual", residual)):
-        if t is None:
-            continue
-        if t.dtype != x.dtype:
-            raise ValueError(f"{name}: expected dtype {x.dtype} (same as x), got {t.dtype}")
-        if t.device != x.device:
-            raise ValueError(f"{name}: expected device {x.device} (same as x), got {t.device}")
+    check_like_x(x, (("weight", weight), ("bias", bias), ("residual", residual)))
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"bias: expected shape [{n}], got {_fmt_shape(bias)}")
     if residual is not None and tuple(residual.shape) != tuple(x.shape[:-1]) + (n,):
         expected = "[" + ", ".join(str(s) for s in tuple(x.shape[:-1]) + (n,)) + "]"
         raise ValueError(f"residual: expected shape {expected}, got {_fmt_shape(residual)}")
     return n
+
+def check_layer_norm_args(
+    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float
+) -> int:
+    """Validate `layer_norm` arguments; return C (the normalised last dimension).
+
+    x [..., C];  weight [C], bias [C] (optional, the affine);  eps >= 0 and finite.
+    """
+    check_float_x(x, "C")
+    c = x.shape[-1]
+    check_like_x(x, (("weight", weight), ("bias", bias)))
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (c,):
+            raise ValueError(f"{name}: expected shape [{c}], got {_fmt_shape(t)}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps: expected a finite number >= 0, got {eps}")
+    return c
 
 
 def check_attention_args(qkv: torch.Tensor, num_heads: int, scale: Optional[float]) -> tuple[int, int]:

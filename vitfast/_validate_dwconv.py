@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, _fmt_shape
+from ._validate import FLOAT_DTYPES, _fmt_shape, check_like_x
 
 __all__ = ["check_dwconv_attention_args"]
 
@@ -59,14 +59,8 @@ def check_dwconv_attention_args(
     if w_o.dim() != 2 or w_o.shape[1] != width:
         raise ValueError(f"w_o: expected 2-D [C_out, {width}] (D = w_v.shape[0]), got shape {_fmt_shape(w_o)}")
     c_out = w_o.shape[0]
-    for name, t in (("w_v", w_v), ("b_v", b_v), ("kernel", kernel), ("w_o", w_o), ("b_o", b_o),
-                    ("residual", residual)):
-        if t is None:
-            continue
-        if t.dtype != x.dtype:
-            raise ValueError(f"{name}: expected dtype {x.dtype} (same as x), got {t.dtype}")
-        if t.device != x.device:
-            raise ValueError(f"{name}: expected device {x.device} (same as x), got {t.device}")
+    check_like_x(x, (("w_v", w_v), ("b_v", b_v), ("kernel", kernel), ("w_o", w_o), ("b_o", b_o),
+                     ("residual", residual)))
     if b_v is not None and tuple(b_v.shape) != (width,):
         raise ValueError(f"b_v: expected shape [{width}], got {_fmt_shape(b_v)}")
     if b_o is not None and tuple(b_o.shape) != (c_out,):

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, _fmt_shape
+from ._validate import FLOAT_DTYPES, _fmt_shape, check_like_x
 
 GATE_ACTS = ("none", "relu", "gelu")
 
@@ -59,13 +59,7 @@ def check_batch_gate_args(
         raise ValueError(f"b1: expected shape [{hidden}], got {_fmt_shape(b1)}")
     if b2 is not None and tuple(b2.shape) != (2,):
         raise ValueError(f"b2: expected shape [2], got {_fmt_shape(b2)}")
-    for name, t in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)):
-        if t is None:
-            continue
-        if t.dtype != x.dtype:
-            raise ValueError(f"{name}: expected dtype {x.dtype} (same as x), got {t.dtype}")
-        if t.device != x.device:
-            raise ValueError(f"{name}: expected device {x.device} (same as x), got {t.device}")
+    check_like_x(x, (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)))
     return hidden
 
 

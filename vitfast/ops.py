@@ -14,11 +14,11 @@ import torch
 
 from . import _autograd, reference
 from ._env import get_backend, get_cuda_kernels
-from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args
+from ._validate import check_attention_args, check_channel_idle_ffn_args, check_layer_norm_args, check_linear_args
 from ._validate import check_xwx_attention_args
 from ._validate_dwconv import check_dwconv_attention_args
 
-__all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention", "extension_loaded", "cpu_isa", "batch_gate",
+__all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa", "batch_gate",
            "gate_select", "prepack"]
 
 SCHEMAS = {
@@ -28,6 +28,7 @@ SCHEMAS = {
     ),
     "linear": "linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor",
     "attention": "attention(Tensor qkv, int num_heads, float? scale=None) -> Tensor",
+    "layer_norm": "layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
     # USDC (issue 6): the batch-level gate decision [MHSA, FFN] and the device-side select that applies it.
     "batch_gate": (
         "batch_gate(Tensor x, Tensor w1, Tensor? b1, Tensor? w2=None, Tensor? b2=None, bool layer_norm=False, "
@@ -67,6 +68,12 @@ def _channel_idle_ffn_fake(x, w_in, b_in, w_out, b_out=None, residual=None):
 def _linear_fake(x, weight, bias=None, residual=None):
     n = check_linear_args(x, weight, bias, residual)
     return x.new_empty(tuple(x.shape[:-1]) + (n,))
+
+
+@_register_fake("layer_norm")
+def _layer_norm_fake(x, weight=None, bias=None, eps=1e-5):
+    check_layer_norm_args(x, weight, bias, eps)
+    return x.new_empty(x.shape)
 
 
 @_register_fake("attention")
@@ -122,6 +129,14 @@ def _linear_cuda(x, weight, bias=None, residual=None):
 
 
 _lib.impl("linear", _linear_cuda, "CUDA")
+
+
+def _layer_norm_cuda(x, weight=None, bias=None, eps=1e-5):
+    """No Triton kernel: torch's fused CUDA LayerNorm is one launch already."""
+    return reference.layer_norm(x, weight, bias, eps)
+
+
+_lib.impl("layer_norm", _layer_norm_cuda, "CUDA")
 
 
 def _attention_cuda(qkv, num_heads, scale=None):
@@ -393,6 +408,16 @@ def linear(
     if get_backend() == "reference":
         return reference.linear(x, weight, bias, residual)
     return _run("linear", x, weight, bias, residual)
+
+
+def layer_norm(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-5
+) -> torch.Tensor:
+    """`torch.ops.vitfast.layer_norm` (over the last dimension, = F.layer_norm), or the reference when
+    VITFAST_BACKEND=reference."""
+    if get_backend() == "reference":
+        return reference.layer_norm(x, weight, bias, eps)
+    return _run("layer_norm", x, weight, bias, eps)
 
 
 def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) -> torch.Tensor:

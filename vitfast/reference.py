@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._validate import check_attention_args, check_channel_idle_ffn_args, check_linear_args, check_xwx_attention_args
+from ._validate import check_attention_args, check_channel_idle_ffn_args, check_layer_norm_args, check_linear_args
+from ._validate import check_xwx_attention_args
 from ._validate_dwconv import check_dwconv_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention", "batch_gate", "batch_gate_logits", "gate_select"]
@@ -62,6 +63,14 @@ def linear(
     if residual is not None:
         y = y + residual
     return y
+
+def layer_norm(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-5
+) -> torch.Tensor:
+    """LayerNorm over the last dimension (the fused blocks' pre-norms, usually without an affine: it is folded
+    into the next linear layer):  y = (x − mean) / √(var + eps) · weight + bias  (= F.layer_norm)."""
+    c = check_layer_norm_args(x, weight, bias, eps)
+    return F.layer_norm(x, (c,), weight, bias, eps)
 
 
 def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) -> torch.Tensor:

@@ -57,11 +57,20 @@ void softmax_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float sc
 void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                              float* row_sum);
 
+// Row LayerNorm over contiguous rows of c floats (the fused blocks' pre-norms):
+//   mean = x0 + Σ(x − x0) / c  (x0 = the row's first value: the sum's rounding scales with the spread, not |x|);
+//   var = Σ(x − mean)² / c  (two passes: no E[x²] − mean² cancellation);  rstd = 1/√(var + eps)
+//   y = (x − mean) · rstd  [· gamma]  [+ beta]        (gamma, beta: c floats each, or nullptr)
+// y may not overlap x (the normalising pass rereads x).
+void layer_norm_rows_scalar(const float* x, float* y, int64_t rows, int64_t c, const float* gamma, const float* beta,
+                            float eps);
 void gemm_block_scalar(const GemmBlockArgs& args);
 void gelu_scalar(float* x, int64_t n);
 
 #if defined(__x86_64__) || defined(__i386__)
 void gemm_block_avx2(const GemmBlockArgs& args);
+void layer_norm_rows_avx2(const float* x, float* y, int64_t rows, int64_t c, const float* gamma, const float* beta,
+                          float eps);
 void gelu_avx2(float* x, int64_t n);
 void softmax_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
 void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
@@ -69,6 +78,8 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
 // AVX-512 GEMM (x86/gemm_avx512.cpp: 14 × 32 tiles over pairs of the same 16-column panels) and row softmax.
 // The AVX-512 path reuses gelu_avx2 for the standalone GELU (every AVX-512 CPU has AVX2).
 void gemm_block_avx512(const GemmBlockArgs& args);
+void layer_norm_rows_avx512(const float* x, float* y, int64_t rows, int64_t c, const float* gamma,
+                            const float* beta, float eps);
 void softmax_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
 void softmax_exp_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                              float* row_sum);
@@ -76,6 +87,8 @@ void softmax_exp_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, floa
 
 #if defined(__aarch64__)
 void gemm_block_neon(const GemmBlockArgs& args);
+void layer_norm_rows_neon(const float* x, float* y, int64_t rows, int64_t c, const float* gamma, const float* beta,
+                          float eps);
 void gelu_neon(float* x, int64_t n);
 void softmax_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
 void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,

@@ -96,5 +96,32 @@ void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, floa
   }
 }
 
+void layer_norm_rows_scalar(const float* x, float* y, int64_t rows, int64_t c, const float* gamma, const float* beta,
+                            float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * c;
+    float* yr = y + r * c;
+    // The mean as x0 + Σ(x − x0)/c: the sum runs over deviations, not over values that may all be ~1000× the
+    // spread (a ViT's residual stream), whose rounding would land in the mean.  Four partial sums per pass, as
+    // the SIMD paths keep several lanes: shorter rounding chains than one.
+    const float x0 = xr[0];
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t j = 0; j < c; ++j) s[j % 4] += xr[j] - x0;
+    const float mean = x0 + ((s[0] + s[1]) + (s[2] + s[3])) / float(c);
+    float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t j = 0; j < c; ++j) {
+      const float d = xr[j] - mean;
+      q[j % 4] = std::fma(d, d, q[j % 4]);
+    }
+    const float rstd = 1.0f / std::sqrt(((q[0] + q[1]) + (q[2] + q[3])) / float(c) + eps);
+    for (int64_t j = 0; j < c; ++j) {
+      float v = (xr[j] - mean) * rstd;
+      if (gamma != nullptr) v *= gamma[j];
+      if (beta != nullptr) v += beta[j];
+      yr[j] = v;
+    }
+  }
+}
+
 }  // namespace gemm
 }  // namespace vitfast

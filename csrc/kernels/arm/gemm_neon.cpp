@@ -189,5 +189,55 @@ void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float 
   }
 }
 
+// Same two passes as the x86 paths (gemm_isa.h), 4 lanes, scalar tails.
+void layer_norm_rows_neon(const float* x, float* y, int64_t rows, int64_t c, const float* gamma, const float* beta,
+                          float eps) {
+  const int64_t body = c - c % 4;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * c;
+    float* yr = y + r * c;
+    // Pass 1 sums deviations from the row's first value (see layer_norm_rows_scalar).
+    const float x0 = xr[0];
+    const float32x4_t vx0 = vdupq_n_f32(x0);
+    float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0;
+    int64_t j = 0;
+    for (; j + 8 <= body; j += 8) {
+      s0 = vaddq_f32(s0, vsubq_f32(vld1q_f32(xr + j), vx0));
+      s1 = vaddq_f32(s1, vsubq_f32(vld1q_f32(xr + j + 4), vx0));
+    }
+    for (; j < body; j += 4) s0 = vaddq_f32(s0, vsubq_f32(vld1q_f32(xr + j), vx0));
+    float sum = vaddvq_f32(vaddq_f32(s0, s1));
+    for (; j < c; ++j) sum += xr[j] - x0;
+    const float mean = x0 + sum / float(c);
+    const float32x4_t vmean = vdupq_n_f32(mean);
+    s0 = s1 = vdupq_n_f32(0.0f);
+    for (j = 0; j + 8 <= body; j += 8) {
+      const float32x4_t d0 = vsubq_f32(vld1q_f32(xr + j), vmean), d1 = vsubq_f32(vld1q_f32(xr + j + 4), vmean);
+      s0 = vfmaq_f32(s0, d0, d0);
+      s1 = vfmaq_f32(s1, d1, d1);
+    }
+    for (; j < body; j += 4) {
+      const float32x4_t d = vsubq_f32(vld1q_f32(xr + j), vmean);
+      s0 = vfmaq_f32(s0, d, d);
+    }
+    float var = vaddvq_f32(vaddq_f32(s0, s1));
+    for (; j < c; ++j) var = __builtin_fmaf(xr[j] - mean, xr[j] - mean, var);
+    const float rstd = 1.0f / __builtin_sqrtf(var / float(c) + eps);
+    const float32x4_t vrstd = vdupq_n_f32(rstd);
+    for (j = 0; j < body; j += 4) {
+      float32x4_t v = vmulq_f32(vsubq_f32(vld1q_f32(xr + j), vmean), vrstd);
+      if (gamma != nullptr) v = vmulq_f32(v, vld1q_f32(gamma + j));
+      if (beta != nullptr) v = vaddq_f32(v, vld1q_f32(beta + j));
+      vst1q_f32(yr + j, v);
+    }
+    for (; j < c; ++j) {
+      float v = (xr[j] - mean) * rstd;
+      if (gamma != nullptr) v *= gamma[j];
+      if (beta != nullptr) v += beta[j];
+      yr[j] = v;
+    }
+  }
+}
+
 }  // namespace gemm
 }  // namespace vitfast

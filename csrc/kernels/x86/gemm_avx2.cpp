@@ -265,6 +265,63 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
   }
 }
 
+namespace {
+
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+}  // namespace
+
+// Same two passes as layer_norm_rows_avx512 (gemm_isa.h), 8 lanes, one row at a time, masked tails.
+void layer_norm_rows_avx2(const float* x, float* y, int64_t rows, int64_t c, const float* gamma, const float* beta,
+                          float eps) {
+  const __m256i tail = lane_mask(int(c % 8));
+  const int64_t body = c - c % 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * c;
+    float* yr = y + r * c;
+    // Pass 1 sums deviations from the row's first value (see layer_norm_rows_scalar).
+    const __m256 x0 = _mm256_set1_ps(xr[0]);
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int64_t j = 0;
+    for (; j + 16 <= body; j += 16) {
+      s0 = _mm256_add_ps(s0, _mm256_sub_ps(_mm256_loadu_ps(xr + j), x0));
+      s1 = _mm256_add_ps(s1, _mm256_sub_ps(_mm256_loadu_ps(xr + j + 8), x0));
+    }
+    for (; j < body; j += 8) s0 = _mm256_add_ps(s0, _mm256_sub_ps(_mm256_loadu_ps(xr + j), x0));
+    if (j < c)
+      s1 = _mm256_add_ps(s1, _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + j, tail), x0), _mm256_castsi256_ps(tail)));
+    const __m256 mean = _mm256_set1_ps(xr[0] + hsum8(_mm256_add_ps(s0, s1)) / float(c));
+    s0 = s1 = _mm256_setzero_ps();
+    for (j = 0; j + 16 <= body; j += 16) {
+      const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(xr + j), mean);
+      const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(xr + j + 8), mean);
+      s0 = _mm256_fmadd_ps(d0, d0, s0);
+      s1 = _mm256_fmadd_ps(d1, d1, s1);
+    }
+    for (; j < body; j += 8) {
+      const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(xr + j), mean);
+      s0 = _mm256_fmadd_ps(d, d, s0);
+    }
+    if (j < c) {
+      const __m256 d = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + j, tail), mean), _mm256_castsi256_ps(tail));
+      s1 = _mm256_fmadd_ps(d, d, s1);
+    }
+    const __m256 rstd = _mm256_set1_ps(1.0f / __builtin_sqrtf(hsum8(_mm256_add_ps(s0, s1)) / float(c) + eps));
+    for (j = 0; j < c; j += 8) {
+      const __m256i m = j + 8 <= c ? _mm256_set1_epi32(-1) : tail;
+      __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + j, m), mean), rstd);
+      if (gamma != nullptr) v = _mm256_mul_ps(v, _mm256_maskload_ps(gamma + j, m));
+      if (beta != nullptr) v = _mm256_add_ps(v, _mm256_maskload_ps(beta + j, m));
+      _mm256_maskstore_ps(yr + j, m, v);
+    }
+  }
+}
+
 }  // namespace gemm
 }  // namespace vitfast
 

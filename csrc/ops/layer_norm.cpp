@@ -1,0 +1,72 @@
+// torch binding of the row LayerNorm: `torch.ops.vitfast.layer_norm` on CPU.
+//
+//   layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor   (schema: vitfast/ops.py)
+//   over the last dimension, = F.layer_norm(x, (C,), weight, bias, eps)
+//
+// - Checks: the same as vitfast/_validate.check_layer_norm_args, same wording (ValueError).
+// - fp16/bf16: converted to fp32, normalised in fp32, rounded once at the end (as torch's CPU kernel does).
+// - Threads: blocks of rows with at::parallel_for (a grain of ≥ 16 K floats, so a DeiT-Ti batch-1 norm of
+//   197 × 192 floats stays on one thread: splitting 8 µs of work costs more than it saves).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "kernels/cpu_features.h"
+#include "kernels/layer_norm.h"
+#include "ops/op_utils.h"
+
+namespace vitfast {
+namespace ops {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+// Mirror of vitfast._validate.check_layer_norm_args (same order, same messages).
+void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least 1 dimension [..., C], got a 0-d tensor");
+  TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
+                    py_dtype(x.scalar_type()));
+  check_same_dtype_device_as_x(x, {{"weight", &weight}, {"bias", &bias}});
+  check_bias_shape("weight", weight, x.size(-1));
+  check_bias_shape("bias", bias, x.size(-1));
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, "eps: expected a finite number >= 0, got ", eps);
+  check_dense({{"x", &x}, {"weight", &weight}, {"bias", &bias}});
+}
+
+at::Tensor as_float_contiguous(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return t.to(at::kFloat).contiguous();
+}
+
+at::Tensor layer_norm_cpu(const at::Tensor& x, const OptTensor& weight_opt, const OptTensor& bias_opt, double eps) {
+  const at::Tensor weight = weight_opt.value_or(at::Tensor());
+  const at::Tensor bias = bias_opt.value_or(at::Tensor());
+  check_args(x, weight, bias, eps);
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x: expected device cpu (the CPU kernel), got ", x.device());
+  const int64_t c = x.size(-1);
+  const int64_t rows = c > 0 ? x.numel() / c : 0;
+  if (rows == 0 || c == 0) return at::empty(x.sizes(), x.options());
+  const at::Tensor xf = as_float_contiguous(x), wf = as_float_contiguous(weight), bf = as_float_contiguous(bias);
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  const float* xp = xf.data_ptr<float>();
+  const float* gp = wf.defined() ? wf.data_ptr<float>() : nullptr;
+  const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  const CpuIsa isa = active_cpu_isa();
+  const float feps = float(eps);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / c);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    layer_norm_rows(xp + begin * c, op + begin * c, end - begin, c, gp, bp, feps, isa);
+  });
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace vitfast
+
+TORCH_LIBRARY_IMPL(vitfast, CPU, m) { m.impl("layer_norm", &vitfast::ops::layer_norm_cpu); }

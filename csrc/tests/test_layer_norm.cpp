@@ -1,0 +1,83 @@
+// layer_norm_rows on every ISA path this CPU runs, against a double-precision oracle: widths around every
+// vector width and its tails (1..33) and the ViT widths, 1-5 rows (the AVX-512 path pairs rows), with and without
+// gamma/beta, and rows whose mean is 1000× their spread (a one-pass E[x²] − mean² would lose every digit there).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/layer_norm.h"
+#include "test_util.h"
+
+using namespace vitfast;
+using namespace vitfast_test;
+
+namespace {
+
+// Also returns, per row, the error an fp32 computation cannot avoid: the mean is only known to a few ulps of
+// max|x|, and y = (x − mean)/std scales that by 1/std (a row of two close values at 1000 has a tiny std).
+void reference(const std::vector<float>& x, std::vector<double>& y, std::vector<double>& row_tol, int64_t rows,
+               int64_t c, const float* gamma, const float* beta, double eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double mean = 0.0, var = 0.0;
+    for (int64_t j = 0; j < c; ++j) mean += x[size_t(r * c + j)];
+    mean /= double(c);
+    for (int64_t j = 0; j < c; ++j) var += (x[size_t(r * c + j)] - mean) * (x[size_t(r * c + j)] - mean);
+    const double rstd = 1.0 / std::sqrt(var / double(c) + eps);
+    double amax = 0.0;
+    for (int64_t j = 0; j < c; ++j) amax = std::max(amax, std::fabs(double(x[size_t(r * c + j)])));
+    row_tol[size_t(r)] = 2e-5 + 8.0 * std::ldexp(amax, -24) * rstd;
+    for (int64_t j = 0; j < c; ++j) {
+      double v = (x[size_t(r * c + j)] - mean) * rstd;
+      if (gamma) v *= gamma[j];
+      if (beta) v += beta[j];
+      y[size_t(r * c + j)] = v;
+    }
+  }
+}
+
+void test_parity(CpuIsa isa) {
+  std::mt19937 rng(11);
+  int cases = 0;
+  double worst = 0.0;
+  for (int64_t c : {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100, 192, 384, 768}) {
+    for (int64_t rows : {1, 2, 3, 5}) {
+      for (int affine = 0; affine < 3; ++affine) {  // none, gamma only, gamma and beta
+        for (double offset : {0.5, 1000.0}) {
+          std::vector<float> x = random_vector(rng, size_t(rows * c), 2.0f);
+          for (float& v : x) v += float(offset);
+          const std::vector<float> g = random_vector(rng, size_t(c)), b = random_vector(rng, size_t(c));
+          const float* gamma = affine >= 1 ? g.data() : nullptr;
+          const float* beta = affine >= 2 ? b.data() : nullptr;
+          const float eps = 1e-6f;
+          std::vector<float> y(size_t(rows * c), 12345.0f);
+          std::vector<double> want(size_t(rows * c));
+          std::vector<double> row_tol(static_cast<size_t>(rows));
+          layer_norm_rows(x.data(), y.data(), rows, c, gamma, beta, eps, isa);
+          reference(x, want, row_tol, rows, c, gamma, beta, eps);
+          size_t bad = 0;
+          for (size_t i = 0; i < y.size(); ++i) {
+            const double scale = gamma ? std::fabs(double(g[i % size_t(c)])) + 1.0 : 1.0;
+            const double err = std::fabs(double(y[i]) - want[i]) / scale;
+            if (offset < 1.0) worst = std::max(worst, err);
+            bad += !(err <= row_tol[i / size_t(c)]);
+          }
+          VT_CHECK(bad == 0, "[%s] layer_norm c=%lld rows=%lld affine=%d offset=%g: %zu of %zu beyond the fp32 bound",
+                   cpu_isa_name(isa), (long long)c, (long long)rows, affine, offset, bad, y.size());
+          ++cases;
+        }
+      }
+    }
+  }
+  std::printf("[%s] layer_norm parity: %d cases, worst |err| at mean 0.5: %.2g\n", cpu_isa_name(isa), cases, worst);
+}
+
+}  // namespace
+
+int main() {
+  for (CpuIsa isa : forced_isas()) {
+    VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
+    test_parity(active_cpu_isa());
+  }
+  return finish("test_layer_norm");
+}
