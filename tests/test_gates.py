@@ -11,6 +11,7 @@ import vitfast
 from vitfast import reference
 from vitfast.nn import Block, FusedBatchGate, GatedBlock, GateNet, GateSearch, USDCBlock, set_gate_force
 from vitfast.nn.gates import GATE_KINDS, group_features, group_ids, group_sizes, hard_gates
+from vitfast.nn.fused import _layer_norm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -138,7 +139,7 @@ def test_forced_closed_skips_each_sub_block_exactly(block_and_input):
     set_gate_force(gated, "closed")
     assert torch.equal(gated(x), x)
     set_gate_force(gated, ("open", "closed"))  # FFN skipped: the MHSA sub-block alone
-    assert torch.equal(gated(x), ungated.attn(ungated.norm1(x), residual=x))
+    assert torch.equal(gated(x), ungated.attn(_layer_norm(ungated.norm1, x), residual=x))  # as Block.forward
     set_gate_force(gated, ("closed", "open"))  # MHSA skipped: the FFN sub-block on the input
     assert torch.equal(gated(x), ungated.mlp(x))
     with pytest.raises(ValueError, match="force"):

@@ -309,9 +309,9 @@ def _gated_ffn_cuda(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual
 
 
 def _gated_norm(x, norm_eps):
-    import torch.nn.functional as F
-
-    return F.layer_norm(x, (x.shape[-1],), eps=norm_eps) if norm_eps is not None else x
+    # The same LayerNorm kernel as the ungated fused block's pre-norm (nn.fused._layer_norm): a gate forced open
+    # gives that block's bits.
+    return torch.ops.vitfast.layer_norm(x, None, None, norm_eps) if norm_eps is not None else x
 
 
 def _gated_mhsa_cpu(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj):

@@ -37,7 +37,7 @@ from timm.models.vision_transformer import Attention as TimmAttention
 from .. import ops
 from .._env import get_cuda_kernels
 from . import _timm
-from .fused import Attention, FusedChannelIdleFFN, _ConfigReader, _fold_attention
+from .fused import Attention, FusedChannelIdleFFN, _ConfigReader, _fold_attention, _layer_norm
 from .gates import GATE_LEVELS, SEARCH_TAU, FusedBatchGate, GateNet, GateSearch, group_features, hard_gates
 from .registry import register_fused
 
@@ -359,7 +359,8 @@ class GatedBlock(nn.Module):
         if decision.device.type == "cpu" and not _compiling():
             run_attn, run_ffn = (bool(v) for v in decision.tolist())
             if self.attn is not None and run_attn:
-                x = self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
+                # The ungated fused Block's norm call (the LayerNorm kernel on CPU): an open gate gives its bits.
+                x = self.attn(_layer_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
             if self.mlp is not None and run_ffn:
                 x = self.mlp(x)
             return x
@@ -371,7 +372,7 @@ class GatedBlock(nn.Module):
             if gated_ops and self._gated_mhsa_supported(attn_mask, is_causal):
                 x = ops.gated_mhsa(decision, 0, x, *self.gated_mhsa_args())
             else:
-                y = self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
+                y = self.attn(_layer_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
                 x = ops.gate_select(decision, 0, y, x)
         if self.mlp is not None:
             if gated_ops and isinstance(self.mlp, FusedChannelIdleFFN):
