@@ -18,8 +18,8 @@ from ._validate import check_attention_args, check_channel_idle_ffn_args, check_
 from ._validate import check_xwx_attention_args
 from ._validate_dwconv import check_dwconv_attention_args
 
-__all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa", "batch_gate",
-           "gate_select", "prepack"]
+__all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa",
+           "batch_gate", "gate_select", "prepack"]
 
 SCHEMAS = {
     "channel_idle_ffn": (

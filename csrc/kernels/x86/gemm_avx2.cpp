@@ -294,7 +294,8 @@ void layer_norm_rows_avx2(const float* x, float* y, int64_t rows, int64_t c, con
     }
     for (; j < body; j += 8) s0 = _mm256_add_ps(s0, _mm256_sub_ps(_mm256_loadu_ps(xr + j), x0));
     if (j < c)
-      s1 = _mm256_add_ps(s1, _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + j, tail), x0), _mm256_castsi256_ps(tail)));
+      s1 = _mm256_add_ps(
+          s1, _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + j, tail), x0), _mm256_castsi256_ps(tail)));
     const __m256 mean = _mm256_set1_ps(xr[0] + hsum8(_mm256_add_ps(s0, s1)) / float(c));
     s0 = s1 = _mm256_setzero_ps();
     for (j = 0; j + 16 <= body; j += 16) {

@@ -441,7 +441,8 @@ static inline __attribute__((always_inline)) void layer_norm_group(const float* 
       s1[r] = _mm512_fmadd_ps(d, d, s1[r]);
     }
   for (int r = 0; r < R; ++r)
-    rstd[r] = _mm512_set1_ps(1.0f / __builtin_sqrtf(_mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) / float(c) + eps));
+    rstd[r] = _mm512_set1_ps(
+        1.0f / __builtin_sqrtf(_mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) / float(c) + eps));
   for (j = 0; j < c; j += 16) {
     const __mmask16 m = j + 16 <= c ? __mmask16(0xFFFF) : tail;
     const __m512 g = gamma != nullptr ? _mm512_maskz_loadu_ps(m, gamma + j) : _mm512_setzero_ps();
