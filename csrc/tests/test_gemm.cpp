@@ -204,38 +204,36 @@ void test_gelu(CpuIsa isa) {
 // element by element: panel p holds columns [16p, 16p + 16) as [k][16], padding columns zero.  Sizes around
 // the 4 × 4 transpose blocks of the x86 path and the 16-column panels, row strides wider than a row, and a
 // destination first filled with garbage (every padding float must be written, not assumed zero).
+// Floats of a packed [panels][k][kNr] buffer that differ from B[kk][col] = element(kk, col) (0 past column n).
+template <class Element>
+size_t packed_mismatches(const std::vector<float>& got, int64_t n, int64_t k, Element element) {
+  size_t bad = 0;
+  for (int64_t p = 0; p < (n + gemm::kNr - 1) / gemm::kNr; ++p)
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int64_t j = 0; j < gemm::kNr; ++j) {
+        const int64_t col = p * gemm::kNr + j;
+        bad += got[size_t((p * k + kk) * gemm::kNr + j)] != (col < n ? element(kk, col) : 0.0f);
+      }
+  return bad;
+}
+
 void test_runtime_packing() {
   std::mt19937 rng(7);
   for (int64_t n : {1, 3, 4, 5, 15, 16, 17, 33, 197}) {
     for (int64_t k : {1, 3, 4, 7, 8, 64}) {
-      const int64_t panels = (n + gemm::kNr - 1) / gemm::kNr;
       // pack_b_transposed: B[kk][col] = W[col][kk], W is n × k with row stride k + 5.
       const int64_t ldw = k + 5;
       const std::vector<float> w = random_vector(rng, size_t(n * ldw));
       std::vector<float> got(size_t(gemm::packed_floats(n, k)), 12345.0f);
       gemm::pack_b_transposed(w.data(), n, k, ldw, got.data());
-      size_t bad = 0;
-      for (int64_t p = 0; p < panels; ++p)
-        for (int64_t kk = 0; kk < k; ++kk)
-          for (int64_t j = 0; j < gemm::kNr; ++j) {
-            const int64_t col = p * gemm::kNr + j;
-            const float want = col < n ? w[size_t(col * ldw + kk)] : 0.0f;
-            bad += got[size_t((p * k + kk) * gemm::kNr + j)] != want;
-          }
+      size_t bad = packed_mismatches(got, n, k, [&](int64_t kk, int64_t col) { return w[size_t(col * ldw + kk)]; });
       VT_CHECK(bad == 0, "pack_b_transposed n=%lld k=%lld: %zu floats differ", (long long)n, (long long)k, bad);
       // pack_b: B is k × n with row stride n + 3.
       const int64_t ldb = n + 3;
       const std::vector<float> b = random_vector(rng, size_t(k * ldb));
       std::fill(got.begin(), got.end(), 12345.0f);
       gemm::pack_b(b.data(), k, n, ldb, got.data());
-      bad = 0;
-      for (int64_t p = 0; p < panels; ++p)
-        for (int64_t kk = 0; kk < k; ++kk)
-          for (int64_t j = 0; j < gemm::kNr; ++j) {
-            const int64_t col = p * gemm::kNr + j;
-            const float want = col < n ? b[size_t(kk * ldb + col)] : 0.0f;
-            bad += got[size_t((p * k + kk) * gemm::kNr + j)] != want;
-          }
+      bad = packed_mismatches(got, n, k, [&](int64_t kk, int64_t col) { return b[size_t(kk * ldb + col)]; });
       VT_CHECK(bad == 0, "pack_b n=%lld k=%lld: %zu floats differ", (long long)n, (long long)k, bad);
     }
   }
