@@ -39,7 +39,7 @@ from .. import ops, reference
 from . import _timm
 from ._fold import layernorm_affine
 from .channel_idle import ChannelIdleBlock, ChannelIdleMlp
-from .fused import FusedChannelIdleFFN, _ConfigReader
+from .fused import FusedChannelIdleFFN, _ConfigReader, _layer_norm
 from .registry import register_fused
 
 __all__ = ["DWConvAttention", "DWConvBlock", "FusedDWConvBlock", "set_grid_size", "dwconv_heads"]
@@ -367,7 +367,7 @@ class FusedDWConvBlock(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise ValueError("attn_mask/is_causal: expected none (convolution heads have no mask), got a mask")
-        xn = self.norm1(x)
+        xn = _layer_norm(self.norm1, x)  # the LayerNorm kernel on CPU, as in the other fused blocks
         shortcut = x
         if self.qkv is not None:
             heads = ops.attention(ops.linear(xn, self.qkv.weight, self.qkv.bias), self.attn_heads)

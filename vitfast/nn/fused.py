@@ -73,6 +73,10 @@ def _cpu_kernel_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+# LayerNorm modules whose forward is F.layer_norm over normalized_shape (timm's, unless its fast_norm is on).
+_PLAIN_LAYER_NORMS = (nn.LayerNorm, TimmLayerNorm)
+
+
 def _layer_norm(norm: Optional[nn.Module], x: torch.Tensor) -> torch.Tensor:
     """`norm(x)` for the fused modules' LayerNorms (most without an affine: it was folded into the next linear).
 
@@ -86,8 +90,8 @@ def _layer_norm(norm: Optional[nn.Module], x: torch.Tensor) -> torch.Tensor:
     # nn.Module attribute fallback or torch.device object costs ~0.3 µs, ~5% of a DeiT-Ti block's Python time).
     params = norm._parameters
     weight, bias = params.get("weight"), params.get("bias")
-    if (type(norm) is not nn.LayerNorm or not x.is_cpu or len(norm.normalized_shape) != 1
-            or (weight is not None and weight.dtype != x.dtype) or _tracing()):
+    if (type(norm) not in _PLAIN_LAYER_NORMS or not x.is_cpu or len(norm.normalized_shape) != 1
+            or (weight is not None and weight.dtype != x.dtype) or getattr(norm, "_fast_norm", False) or _tracing()):
         return norm(x)
     return ops.layer_norm(x, weight, bias, norm.eps)
 
@@ -634,7 +638,7 @@ class _SwinChannelIdle:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, height, width, channels = x.shape
-        x = x + self.drop_path1(self._attn(self.norm1(x)))
+        x = x + self.drop_path1(self._attn(_layer_norm(self.norm1, x)))
         x = self.mlp(x.reshape(batch, -1, channels))
         return x.reshape(batch, height, width, channels)
 
