@@ -22,7 +22,7 @@ import torch.nn as nn
 from .. import ops
 from .._validate import check_finite_parameter
 from ._fold import FoldedFFN
-from .fused import FusedChannelIdleFFN, _ConfigReader
+from .fused import FusedChannelIdleFFN, _ConfigReader, _layer_norm
 from .registry import register_fused
 
 __all__ = ["FoldedXWXAttention", "fold_nondeep_attention", "XWXAttention", "XWXBlock", "SCORE_FORMS"]
@@ -206,7 +206,7 @@ class XWXBlock(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise ValueError("attn_mask/is_causal: expected none (the xwx block attends over all tokens), got a mask")
-        x = self.attn(self.norm1(x), residual=x)
+        x = self.attn(_layer_norm(self.norm1, x), residual=x)  # the LayerNorm kernel on CPU
         return self.mlp(x)  # the FFN sub-block adds its own shortcut
 
     @classmethod
