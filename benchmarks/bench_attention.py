@@ -17,23 +17,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vitfast
-from harness import compiled, run_case
+from harness import op_provider, run_case
 from shapes import VIT_SHAPES, attention_flops
-from vitfast import reference
 
 PROVIDERS = ["cpp", "eager", "compile"]
 
 
 def provider_fn(provider, case):
-    if provider == "cpp":
-        if not vitfast.ops.extension_loaded():
-            pytest.fail("vitfast._C is not built: the cpp provider would silently measure the reference")
-        return torch.ops.vitfast.attention
-    if provider == "eager":
-        return reference.attention
-    if provider == "compile":
-        return compiled(reference.attention, case)
+    fn = op_provider("attention", provider, case)
+    if fn is not None:
+        return fn
     raise ValueError(provider)
 
 

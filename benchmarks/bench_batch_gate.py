@@ -76,16 +76,11 @@ def _sync(device):
 
 
 def op_fn(provider, case):
-    if provider == "cpp":
-        if not vitfast.ops.extension_loaded():
-            pytest.fail("vitfast._C is not built: the cpp provider would silently measure the reference")
-        return torch.ops.vitfast.batch_gate
-    if provider == "eager":
-        return reference.batch_gate
-    if provider == "compile":
-        from harness import compiled
+    from harness import op_provider
 
-        return compiled(reference.batch_gate, case)
+    fn = op_provider("batch_gate", provider, case)
+    if fn is not None:
+        return fn
     if provider == "triton":
         from vitfast.kernels.batch_gate import batch_gate_triton
 

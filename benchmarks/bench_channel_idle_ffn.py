@@ -18,10 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vitfast
-from harness import compiled, record
+from harness import op_provider, record
 from shapes import VIT_SHAPES, channel_idle_dims, channel_idle_ffn_flops
-from vitfast import reference
 
 PROVIDERS = ["cpp", "eager", "compile", "triton"]
 
@@ -40,16 +38,9 @@ def make_args(shape, theta, batch, device="cpu"):
 
 
 def provider_fn(provider, case):
-    if provider == "cpp":
-        if not vitfast.ops.extension_loaded():
-            pytest.fail("vitfast._C is not built: the cpp provider would silently measure the reference")
-        return torch.ops.vitfast.channel_idle_ffn
-    if provider == "eager":
-        return reference.channel_idle_ffn
-    if provider == "compile":
-        # One compiled function per case, static shapes: what a deployed model with fixed inputs gets.  Dynamo
-        # caches per code object (recompile limit 8 < our 16 cases), so start each case from a clean cache.
-        return compiled(reference.channel_idle_ffn, case)
+    fn = op_provider("channel_idle_ffn", provider, case)
+    if fn is not None:
+        return fn
     if provider == "triton":
         from vitfast.kernels.channel_idle_ffn import channel_idle_ffn_triton
 

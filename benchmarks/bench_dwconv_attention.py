@@ -35,7 +35,7 @@ import pytest
 import torch
 
 import vitfast
-from harness import compiled, run_case
+from harness import op_provider, run_case
 from shapes import VIT_SHAPES, attention_flops, linear_flops
 from vitfast import reference
 
@@ -76,14 +76,9 @@ def _synchronised(fn):
 
 
 def provider_fn(provider, case):
-    if provider == "cpp":
-        if not vitfast.ops.extension_loaded() or "dwconv_attention" in vitfast.ops._REFERENCE_CPU_FALLBACKS:
-            pytest.fail("the C++ dwconv_attention kernel is not built: cpp would silently measure the reference")
-        return torch.ops.vitfast.dwconv_attention
-    if provider == "eager":
-        return reference.dwconv_attention
-    if provider == "compile":
-        return compiled(reference.dwconv_attention, case)
+    fn = op_provider("dwconv_attention", provider, case)
+    if fn is not None:
+        return fn
     if provider == "triton":
         from vitfast.kernels.dwconv_attention import dwconv_attention_triton
 

@@ -19,22 +19,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import vitfast
-from harness import compiled, run_case
+from harness import op_provider, run_case
 from shapes import VIT_SHAPES
-from vitfast import reference
 
 PROVIDERS = ["cpp", "eager", "eager_unit", "compile"]
 FLOPS_PER_ELEMENT = 8
 
 
 def provider_fn(provider, case):
-    if provider == "cpp":
-        if not vitfast.ops.extension_loaded():
-            pytest.fail("vitfast._C is not built: the cpp provider would silently measure the reference")
-        return torch.ops.vitfast.layer_norm
-    if provider == "eager":
-        return reference.layer_norm
+    fn = op_provider("layer_norm", provider, case)
+    if fn is not None:
+        return fn
     if provider == "eager_unit":
         units = {}
 
@@ -45,8 +40,6 @@ def provider_fn(provider, case):
             return F.layer_norm(x, (c,), *units[c], eps)
 
         return unit_affine
-    if provider == "compile":
-        return compiled(reference.layer_norm, case)
     raise ValueError(provider)
 
 

@@ -19,10 +19,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vitfast
-from harness import compiled, run_case
+from harness import op_provider, run_case
 from shapes import VIT_SHAPES, linear_flops, linear_layers
-from vitfast import reference
 
 PROVIDERS = ["cpp", "eager", "compile"]
 
@@ -41,15 +39,9 @@ def make_args(shape, layer, batch):
 
 
 def provider_fn(provider, case):
-    if provider == "cpp":
-        if not vitfast.ops.extension_loaded():
-            pytest.fail("vitfast._C is not built: the cpp provider would silently measure the reference")
-        return torch.ops.vitfast.linear
-    if provider == "eager":
-        return reference.linear
-    if provider == "compile":
-        # One compiled function per case, static shapes (see bench_channel_idle_ffn.py for why the reset).
-        return compiled(reference.linear, case)
+    fn = op_provider("linear", provider, case)
+    if fn is not None:
+        return fn
     raise ValueError(provider)
 
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vitfast
-from harness import compiled, run_case
+from harness import op_provider, run_case
 from shapes import VIT_SHAPES
 from vitfast import reference
 
@@ -63,14 +62,9 @@ def _synchronised(fn):
 
 
 def provider_fn(provider, case):
-    if provider == "cpp":
-        if not vitfast.ops.extension_loaded():
-            pytest.fail("vitfast._C is not built: the cpp provider would silently measure the reference")
-        return torch.ops.vitfast.xwx_attention
-    if provider == "eager":
-        return reference.xwx_attention
-    if provider == "compile":
-        return compiled(reference.xwx_attention, case)
+    fn = op_provider("xwx_attention", provider, case)
+    if fn is not None:
+        return fn
     if provider == "triton":
         from vitfast.kernels.xwx_attention import xwx_attention_triton
 

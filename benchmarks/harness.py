@@ -2,6 +2,7 @@
 
 - `sgemm_gflops(threads)`: the machine's measured fp32 GEMM rate (torch.mm 2048³ at that thread count), the
   denominator of "% of sgemm" (DESIGN.md §5: the floor is FLOPs / measured sgemm rate).
+- `op_provider(name, provider, case)`: the cpp / eager / compile providers every op suite compares.
 - `record(...)`: every benchmark stores (case, provider) → median seconds and FLOPs in `RESULTS`; the
   terminal summary (conftest.py) prints GFLOP/s, % of sgemm and the ratios against the eager reference and
   torch.compile of the reference, from medians measured in the same run.
@@ -12,7 +13,11 @@ import statistics
 import time
 from collections import OrderedDict
 
+import pytest
 import torch
+
+import vitfast
+from vitfast import reference
 
 RESULTS: "OrderedDict[tuple, dict]" = OrderedDict()
 _SGEMM: dict[int, float] = {}
@@ -50,6 +55,25 @@ def compiled(fn, case: tuple):
         _COMPILED.clear()
         _COMPILED[key] = torch.compile(fn, fullgraph=True, dynamic=False)
     return _COMPILED[key]
+
+
+def op_provider(name: str, provider: str, case: tuple):
+    """The providers every op suite has, for `torch.ops.vitfast.<name>`; None for any other provider.
+
+    cpp      the op (its C++ CPU kernel; fails loudly when that kernel is not built, instead of silently
+             timing the reference that stands in for it)
+    eager    vitfast.reference.<name>, the composition the tests trust
+    compile  torch.compile of that reference, one graph per case (`compiled`)
+    """
+    if provider == "cpp":
+        if not vitfast.ops.extension_loaded() or name in vitfast.ops._REFERENCE_CPU_FALLBACKS:
+            pytest.fail(f"the C++ {name} kernel is not built: the cpp provider would silently measure the reference")
+        return getattr(torch.ops.vitfast, name)
+    if provider == "eager":
+        return getattr(reference, name)
+    if provider == "compile":
+        return compiled(getattr(reference, name), case)
+    return None
 
 
 def record(case: tuple, provider: str, median: float, flops: int, threads: int) -> dict:
