@@ -42,13 +42,20 @@ def cpu_sources():
 # torch.set_num_threads applies to our kernels too.
 OPENMP_FLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
 
+# Link the shared C++ runtime libtorch itself uses (soname libstdc++.so.6), by name and after our objects.  A
+# toolchain whose driver links libstdc++ statically (seen: the GPU machine's /opt/gcc g++ 13 wrapper, its
+# default CXX) otherwise puts a second copy of the runtime inside _C.so; any error message with a number in it
+# (c10::str → ostringstream → locale facets of the wrong copy) then segfaults instead of raising ValueError.
+# A plain `-lstdc++` is not enough there: that driver finds only libstdc++.a first.
+SHARED_CXX_RUNTIME = ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
+
 ext_modules = [
     CppExtension(
         name="vitfast._C",
         sources=cpu_sources(),
         include_dirs=[os.path.join(ROOT, "csrc")],
         extra_compile_args=["-O3", "-fno-math-errno", "-Wall", "-Wno-unused-function"] + OPENMP_FLAGS,
-        extra_link_args=OPENMP_FLAGS,
+        extra_link_args=OPENMP_FLAGS + SHARED_CXX_RUNTIME,
     )
 ]
 

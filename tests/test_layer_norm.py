@@ -121,3 +121,23 @@ def test_fused_blocks_norm_runs_the_kernel(affine, monkeypatch, tol):
     with torch.no_grad():
         torch.testing.assert_close(_layer_norm(rms, x), rms(x))
     assert len(calls) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("affine", [False, True], ids=["plain", "affine"])
+def test_cuda_dispatch_is_torchs_layer_norm(affine, dtype, monkeypatch):
+    """On a GPU the op (and so a fused block's pre-norm, which keeps the module call there) is torch's own fused
+    CUDA LayerNorm, bit for bit; the CPU kernel is never reached."""
+    x, w, b, eps = [t.cuda() if isinstance(t, torch.Tensor) else t for t in make_args(384, (2, 197), affine=affine,
+                                                                                      dtype=dtype)]
+    want = torch.nn.functional.layer_norm(x, (384,), w, b, eps)
+    got = op(x, w, b, eps)
+    assert got.device == x.device and got.dtype == dtype
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    norm = nn.LayerNorm(384, eps=eps, elementwise_affine=affine, device="cuda", dtype=dtype)
+    calls = []
+    monkeypatch.setattr(vitfast.ops, "layer_norm", lambda *a: calls.append(a))
+    with torch.no_grad():
+        torch.testing.assert_close(_layer_norm(norm, x), norm(x), atol=0, rtol=0)
+    assert calls == []

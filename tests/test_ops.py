@@ -91,3 +91,28 @@ def test_import_does_not_touch_cuda_triton_or_compilers():
     loaded, isa = proc.stdout.split()
     assert loaded == "True", "the C++ extension is not built: run scripts/setup.sh"
     assert isa in ("avx512", "avx2", "neon", "scalar")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF shared objects (Linux)")
+@pytest.mark.skipif(not vitfast.ops.extension_loaded(), reason="needs the C++ extension (vitfast._C)")
+def test_extension_shares_torchs_cxx_runtime():
+    """vitfast._C must use the shared libstdc++.so.6 that libtorch uses, not carry a copy of its own: with a second
+    copy (a toolchain that links libstdc++ statically by default, as the GPU machine's /opt/gcc g++ does), every
+    error message holding a number segfaulted instead of raising ValueError (see setup.py)."""
+    so = vitfast.ops._C.__file__
+    needed = subprocess.run(["readelf", "-d", "-W", so], capture_output=True, text=True, check=True).stdout
+    assert "[libstdc++.so.6]" in needed, f"{so} does not link libstdc++.so.6:\n{needed}"
+    symbols = subprocess.run(["readelf", "--dyn-syms", "-W", so], capture_output=True, text=True, check=True).stdout
+    own_runtime = [line.split()[-1] for line in symbols.splitlines()
+                   if "_ZNSt6locale" in line and " UND " not in line]
+    assert not own_runtime, f"{so} defines libstdc++'s own locale symbols: {own_runtime[:5]}"
+
+
+@pytest.mark.skipif(not vitfast.ops.extension_loaded(), reason="needs the C++ extension (vitfast._C)")
+def test_error_messages_with_numbers_raise():
+    """The C++ checks format shapes and floats into their messages (the path that crashed with two C++ runtimes)."""
+    x = torch.randn(2, 16)
+    with pytest.raises(ValueError, match=r"^weight: expected shape \[16\], got \[15\]"):
+        torch.ops.vitfast.layer_norm(x, torch.ones(15), None, 1e-5)
+    with pytest.raises(ValueError, match=r"^eps: expected a finite number >= 0, got -0.5"):
+        torch.ops.vitfast.layer_norm(x, None, None, -0.5)
