@@ -320,7 +320,6 @@ def _model_input(model):
 def cmd_train(args) -> int:
     import torch
 
-    import vitfast
     from vitfast.data import digits_loaders, image_folder_loaders
     from vitfast.train import Trainer, build_trainable, describe_trainable, load_trainer_checkpoint, save_trainable
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import torch
 import torch.nn as nn
 
-from .nn.gates import GATE_KINDS, GATE_LEVELS, GateSearch
+from .nn.gates import GATE_KINDS, GATE_LEVELS
 from .nn.usdc import GatedBlock, USDCBlock, set_gate_force
 
 __all__ = ["convert_timm", "USDCResourceLoss", "prune", "usdc_blocks", "model_macs", "gate_rates", "set_gate_force",
