@@ -124,14 +124,12 @@ at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, con
   const ChannelIdleFfnTiling tiling;
   const int64_t ws_floats = channel_idle_ffn_workspace_floats(*w, tiling);
 
-  // Balanced chunks of whole 6-row register blocks, one per thread: 197 rows on 2 threads = 102 + 95.
-  const int64_t blocks = (rows + gemm::kMr - 1) / gemm::kMr;
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks));
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+  // One balanced share of the token rows per thread (gemm::RowShares).
+  const gemm::RowShares shares(rows, at::get_num_threads(), isa);
+  at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
     float* ws = thread_workspace(ws_floats);
     for (int64_t c = begin; c < end; ++c) {
-      const int64_t r0 = std::min(rows, blocks * c / chunks * gemm::kMr);
-      const int64_t r1 = std::min(rows, blocks * (c + 1) / chunks * gemm::kMr);
+      const int64_t r0 = shares.begin(c), r1 = shares.end(c);
       channel_idle_ffn_rows(*w, r1 - r0, xp + r0 * c_in, rp ? rp + r0 * c_out : nullptr, op + r0 * c_out, ws,
                             isa, tiling);
     }

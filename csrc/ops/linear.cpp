@@ -105,12 +105,11 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const OptTe
   const int64_t blocks = (rows + gemm::kMr - 1) / gemm::kMr;
 
   if (blocks >= threads || w->panels() < 2) {
-    // Balanced chunks of whole 6-row register blocks, one per thread: 197 rows on 2 threads = 102 + 95.
-    const int64_t chunks = std::min(threads, blocks);
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    // One balanced share of the token rows per thread (gemm::RowShares).
+    const gemm::RowShares shares(rows, threads, isa);
+    at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
-        const int64_t r0 = std::min(rows, blocks * c / chunks * gemm::kMr);
-        const int64_t r1 = std::min(rows, blocks * (c + 1) / chunks * gemm::kMr);
+        const int64_t r0 = shares.begin(c), r1 = shares.end(c);
         linear_rows(*w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr, op + r0 * n, n, isa);
       }
     });

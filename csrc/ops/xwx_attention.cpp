@@ -150,13 +150,11 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
   for (int64_t b0 = 0; b0 < batch; b0 += group) {
     const int64_t images = std::min(group, batch - b0), rows = images * tokens;
     const float* xg = xp + b0 * tokens * C;
-    // Phase 1: one projection GEMM over the group's token rows, balanced chunks of whole register blocks.
-    const int64_t row_blocks = (rows + gemm::kMr - 1) / gemm::kMr;
-    const int64_t chunks = std::min(row_blocks, threads);
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    // Phase 1: one projection GEMM over the group's token rows, one balanced share per thread (gemm::RowShares).
+    const gemm::RowShares shares(rows, threads, isa);
+    at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
-        const int64_t r0 = std::min(rows, row_blocks * c / chunks * gemm::kMr);
-        const int64_t r1 = std::min(rows, row_blocks * (c + 1) / chunks * gemm::kMr);
+        const int64_t r0 = shares.begin(c), r1 = shares.end(c);
         if (r1 > r0) xwx_project(w, r1 - r0, xg + r0 * C, C, pp + r0 * ldp, ldp, isa);
       }
     });
