@@ -123,7 +123,7 @@ void gelu(float* x, int64_t n, CpuIsa isa);
 struct RowShares {
   int64_t rows, unit, blocks, chunks;
   RowShares(int64_t rows_, int64_t max_chunks, CpuIsa isa)
-      : rows(rows_), unit(isa == CpuIsa::kAvx512 ? 1 : kMr), blocks((rows_ + unit - 1) / unit),
+      : rows(rows_), unit(isa == CpuIsa::kAvx512 ? int64_t(1) : int64_t(kMr)), blocks((rows_ + unit - 1) / unit),
         chunks(max_chunks < 1 ? 1 : (max_chunks < blocks ? max_chunks : (blocks > 0 ? blocks : 1))) {}
   int64_t begin(int64_t c) const {
     const int64_t r = blocks * c / chunks * unit;

@@ -239,6 +239,42 @@ void test_runtime_packing() {
   }
 }
 
+// The thread split of token rows (gemm::RowShares): the shares tile [0, rows) in order, none empty, at most
+// max_chunks of them, each starting on a whole register block of the ISA's tile (any row on AVX-512), and
+// balanced to within one block.
+void test_row_shares(CpuIsa isa) {
+  const int64_t unit = isa == CpuIsa::kAvx512 ? 1 : gemm::kMr;
+  for (int64_t rows : {0, 1, 5, 6, 7, 13, 14, 15, 28, 29, 197, 394, 1576}) {
+    for (int64_t max_chunks : {0, 1, 2, 3, 7, 16, 64, 400}) {
+      const gemm::RowShares shares(rows, max_chunks, isa);
+      VT_CHECK(shares.chunks >= 1 && shares.chunks <= std::max<int64_t>(1, max_chunks),
+               "rows=%lld max_chunks=%lld: %lld chunks", (long long)rows, (long long)max_chunks,
+               (long long)shares.chunks);
+      int64_t next = 0, smallest = rows, largest = 0;
+      for (int64_t c = 0; c < shares.chunks; ++c) {
+        const int64_t r0 = shares.begin(c), r1 = shares.end(c);
+        VT_CHECK(r0 == next && r1 >= r0 && r0 % unit == 0, "rows=%lld chunks=%lld: share %lld is [%lld, %lld)",
+                 (long long)rows, (long long)shares.chunks, (long long)c, (long long)r0, (long long)r1);
+        VT_CHECK(rows == 0 || r1 > r0, "rows=%lld chunks=%lld: share %lld is empty", (long long)rows,
+                 (long long)shares.chunks, (long long)c);
+        if (c + 1 < shares.chunks) {  // the last share takes the remainder of a partial block
+          smallest = std::min(smallest, r1 - r0);
+          largest = std::max(largest, r1 - r0);
+        }
+        next = r1;
+      }
+      VT_CHECK(next == rows, "rows=%lld max_chunks=%lld: shares end at %lld", (long long)rows, (long long)max_chunks,
+               (long long)next);
+      VT_CHECK(shares.chunks < 3 || largest - smallest <= unit, "rows=%lld chunks=%lld: shares of %lld..%lld rows",
+               (long long)rows, (long long)shares.chunks, (long long)smallest, (long long)largest);
+    }
+  }
+  // The case the split exists for: 197 tokens on two threads.
+  const gemm::RowShares two(197, 2, isa);
+  VT_CHECK(two.end(0) == (isa == CpuIsa::kAvx512 ? 98 : 96), "197 rows on 2 threads: first share %lld rows",
+           (long long)two.end(0));
+}
+
 }  // namespace
 
 int main() {
@@ -252,6 +288,7 @@ int main() {
     test_gemm_panel_range(active_cpu_isa());
     test_gelu(active_cpu_isa());
     test_gelu_epilogue(active_cpu_isa());
+    test_row_shares(active_cpu_isa());
   }
   test_runtime_packing();  // ISA-independent (plain C++, SSE2 on x86-64)
   return finish("test_gemm");
