@@ -130,6 +130,11 @@ struct RowShares {
     return r < rows ? r : rows;
   }
   int64_t end(int64_t c) const { return begin(c + 1); }
+  // Rows of the largest share (a workspace sized for it serves every share).
+  int64_t max_share() const {
+    const int64_t r = (blocks + chunks - 1) / chunks * unit;
+    return r < rows ? r : rows;
+  }
 };
 
 }  // namespace gemm

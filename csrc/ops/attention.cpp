@@ -76,14 +76,14 @@ at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional
   // Query blocks only to give every thread work (a task runs its rows in chunks of kAttentionChunk, so the
   // score tile stays small at any sequence length; each extra block re-packs K and V).
   const int64_t splits = std::min(row_blocks, pairs >= 2 * threads ? int64_t(1) : (2 * threads + pairs - 1) / pairs);
-  const int64_t max_rows = std::min(tokens, (row_blocks + splits - 1) / splits * gemm::kMr);
-  const int64_t ws_floats = attention_workspace_floats(tokens, d, max_rows);
+  const gemm::RowShares shares(tokens, splits, isa);  // splits <= row_blocks <= tokens: shares.chunks == splits
+  const int64_t ws_floats = attention_workspace_floats(tokens, d, shares.max_share());
   auto task = [&](int64_t t, int64_t& b, int64_t& h, int64_t& q0, int64_t& q1) {
     const int64_t pair = t / splits, part = t % splits;
     b = pair / heads;
     h = pair % heads;
-    q0 = std::min(tokens, row_blocks * part / splits * gemm::kMr);
-    q1 = std::min(tokens, row_blocks * (part + 1) / splits * gemm::kMr);
+    q0 = shares.begin(part);
+    q1 = shares.end(part);
   };
   at::parallel_for(0, pairs * splits, 1, [&](int64_t begin, int64_t end) {
     float* ws = thread_workspace(ws_floats);

@@ -171,14 +171,13 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
     int64_t splits = std::max<int64_t>(1, (tokens + kQueryRows - 1) / kQueryRows);
     if (images * splits < 2 * threads) splits = std::max(splits, (2 * threads + images - 1) / images);
     splits = std::min(splits, q_blocks);
-    const int64_t max_rows = std::min(tokens, (q_blocks + splits - 1) / splits * gemm::kMr);
-    const int64_t ws_floats = xwx_rows_workspace_floats(w, max_rows);
+    const gemm::RowShares query_shares(tokens, splits, isa);  // splits <= q_blocks <= tokens: chunks == splits
+    const int64_t ws_floats = xwx_rows_workspace_floats(w, query_shares.max_share());
     at::parallel_for(0, images * splits, 1, [&](int64_t begin, int64_t end) {
       float* ws = thread_workspace(ws_floats);
       for (int64_t t = begin; t < end; ++t) {
         const int64_t b = t / splits, part = t % splits, image = b0 + b;
-        const int64_t q0 = std::min(tokens, q_blocks * part / splits * gemm::kMr);
-        const int64_t q1 = std::min(tokens, q_blocks * (part + 1) / splits * gemm::kMr);
+        const int64_t q0 = query_shares.begin(part), q1 = query_shares.end(part);
         xwx_attention_rows(w, tokens, pp + b * tokens * ldp, ldp, kp + b * s.heads * per_head, q0, q1,
                            rp != nullptr ? rp + image * tokens * CO : nullptr, CO, op + image * tokens * CO, CO, ws,
                            isa);

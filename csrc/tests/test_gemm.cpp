@@ -257,6 +257,9 @@ void test_row_shares(CpuIsa isa) {
                  (long long)rows, (long long)shares.chunks, (long long)c, (long long)r0, (long long)r1);
         VT_CHECK(rows == 0 || r1 > r0, "rows=%lld chunks=%lld: share %lld is empty", (long long)rows,
                  (long long)shares.chunks, (long long)c);
+        VT_CHECK(r1 - r0 <= shares.max_share(), "rows=%lld chunks=%lld: share %lld has %lld rows > max_share %lld",
+                 (long long)rows, (long long)shares.chunks, (long long)c, (long long)(r1 - r0),
+                 (long long)shares.max_share());
         if (c + 1 < shares.chunks) {  // the last share takes the remainder of a partial block
           smallest = std::min(smallest, r1 - r0);
           largest = std::max(largest, r1 - r0);
