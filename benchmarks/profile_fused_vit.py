@@ -8,7 +8,8 @@ For each (model, batch, threads): median latency of timm eager, of the fused mod
 sub-block as it was before `vitfast.ops.linear`/`attention` existed ("fused-before": qkv/proj as nn.Linear =
 MKL addmm, permute + SDPA + transpose/reshape, a separate residual add; the FFN on channel_idle_ffn in both),
 all in the same run, the speed-ups, each one's FLOP count
-(torch.utils.flop_counter, the fused model counted through its reference path), % of the floor
+(`vitfast.demo.flops_per_image`, as `vitfast bench` counts them: matmuls and attention, the fused model
+through its reference path), % of the floor
 (= FLOPs / measured torch.mm 2048³ rate at that thread count, measured in the same run), and the fused
 model's self-CPU-time share per op from torch.profiler.  Not a pytest suite: a report for the notes
 (end-to-end benchmarks proper live in benchmarks/bench_models.py).
@@ -28,7 +29,7 @@ import timm
 
 import vitfast
 import vitfast.nn.fused as fused_nn
-from vitfast import _env
+from vitfast.demo import flops_per_image
 
 TIMM_NAMES = {"deit_tiny": "deit_tiny_patch16_224", "deit_small": "deit_small_patch16_224",
               "deit_base": "deit_base_patch16_224"}
@@ -82,19 +83,6 @@ def median_latency(model, x, min_time=1.0, min_rounds=5, max_rounds=30):
     return statistics.median(times)
 
 
-def flops(model, x, reference):
-    from torch.utils.flop_counter import FlopCounterMode
-
-    previous = _env.get_backend()
-    _env.set_backend("reference" if reference else previous)
-    try:
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(x)
-    finally:
-        _env.set_backend(previous)
-    return counter.get_total_flops()
-
-
 def op_breakdown(model, x, rounds=3):
     """Self CPU time share per op name (self time: a parent op's children are not counted twice)."""
     with torch.no_grad():
@@ -123,7 +111,9 @@ def main(argv=None):
         fused = vitfast.fuse(vitfast.convert.from_timm(base, channel_idle=args.theta)).eval()
         for batch in args.batches:
             x = torch.randn(batch, 3, 224, 224)
-            f_base, f_fused = flops(base, x, False), flops(fused, x, True)
+            # Attention's products included (vitfast.bench's count): plain FlopCounterMode has no formula for
+            # SDPA on CPU, which left them out of both models' floors here.
+            f_base, f_fused = (batch * flops_per_image(m, x.shape[1:]) for m in (base, fused))
             for threads in args.threads:
                 sg = sgemm_now(threads)
                 # Alternating measurements, best median kept: less drift on a shared machine.
