@@ -83,6 +83,26 @@ def test_empty_batch_and_tokens(isa):
     assert op(torch.randn(2, 0, 18), 2).shape == (2, 0, 6)
 
 
+@pytest.mark.parametrize("where", ["q", "k", "v", "k inf"])
+def test_non_finite_inputs_propagate_like_the_formula(where, isa, tol):
+    """A NaN (or ±inf) in q, k or v poisons exactly the outputs it poisons in softmax(q·kᵀ·scale)·v written out
+    in float64.  The SIMD softmax once clamped a NaN score to exp(-87) ≈ 0: a NaN key was silently dropped and
+    a NaN query gave a finite row.  (The truth is the explicit formula, not SDPA: CPU SDPA returns zeros for a
+    NaN query row.)"""
+    heads, d = 2, 8
+    qkv = torch.randn(2, 11, 3 * heads * d)
+    part = {"q": 0, "k": 1, "v": 2, "k inf": 1}[where]
+    qkv[1, 4, part * heads * d + 3] = float("inf") if where == "k inf" else float("nan")  # head 0, token 4
+    q, k, v = qkv.double().view(2, 11, 3, heads, d).permute(2, 0, 3, 1, 4)
+    want = ((q @ k.transpose(-1, -2) * d**-0.5).softmax(-1) @ v).transpose(1, 2).reshape(2, 11, heads * d).float()
+    out = op(qkv, heads)
+    assert torch.equal(torch.isnan(out), torch.isnan(want)), f"NaN pattern differs ({torch.isnan(want).sum()} NaNs)"
+    assert torch.isnan(want).any()
+    atol, rtol = tol[torch.float32]
+    finite = ~torch.isnan(want)
+    torch.testing.assert_close(out[finite], want[finite], atol=atol, rtol=rtol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_low_precision(dtype, isa, tol):
     """fp16/bf16 in, same dtype out (computed in fp32 inside): no worse than 2× PyTorch's own error."""
@@ -96,6 +116,8 @@ BAD = [
     ("qkv float64", lambda: (torch.randn(1, 5, 18, dtype=torch.float64), 2, None), "qkv"),
     ("qkv width", lambda: (torch.randn(1, 5, 20), 2, None), "qkv"),
     ("num_heads 0", lambda: (torch.randn(1, 5, 18), 0, None), "num_heads"),
+    # 3·num_heads wraps to 2 in int64: the check once passed it and the kernel crashed (segfault).
+    ("num_heads int64 wrap", lambda: (torch.randn(1, 2, 6), 0x5555555555555556, None), "qkv"),
     ("scale nan", lambda: (torch.randn(1, 5, 18), 2, float("nan")), "scale"),
 ]
 

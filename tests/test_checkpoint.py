@@ -456,6 +456,58 @@ def test_corrupt_header(saved, tmp_path, where):
         load(bad)
 
 
+@pytest.mark.parametrize("shape", [[None], ["a"], [[5]], [-5], [5.0], [True]], ids=str)
+def test_corrupt_header_shape_entries(saved, tmp_path, shape):
+    """Shape items must be non-negative ints: others once raised a raw TypeError while building the message."""
+    _, path = saved
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header["head.bias"]["shape"] = shape
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    bad = tmp_path / "shape.safetensors"
+    bad.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n :])
+    with pytest.raises(ValueError, match=r"shape\.safetensors: corrupt safetensors header \(bad entry for tensor 'head\.bias'"):
+        load(bad)
+
+
+def test_config_stored_as_an_object(saved, tmp_path):
+    _, path = saved
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header["__metadata__"]["config"] = {"format": FORMAT}
+    text = json.dumps(header).encode()
+    bad = tmp_path / "obj.safetensors"
+    bad.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n :])
+    with pytest.raises(ValueError, match=r"metadata 'config' expected a JSON string, got dict"):
+        load(bad)
+
+
+def test_float8_tensor_is_refused(saved, tmp_path):
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("this torch has no float8")
+    _, path = saved
+    bad = _rewrite(path, tmp_path / "f8.safetensors", config=lambda c: c.update(dtype="mixed"),
+                   tensors=lambda d: d.update({"head.bias": d["head.bias"].to(torch.float8_e4m3fn)}))
+    with pytest.raises(ValueError, match=r"tensor head\.bias: unsupported dtype 'F8_E4M3'"):
+        load(bad)
+
+
+@pytest.mark.parametrize("kwargs", [{"mlp_ratio": 1e5}, {"num_classes": 10**7}], ids=["mlp_ratio", "num_classes"])
+def test_config_values_no_tensor_checks_cannot_make_the_build_huge(tmp_path, kwargs):
+    """The real build allocates timm's skeleton before the fused blocks and head replace parts of it, so values
+    only the replaced parts use are checked by no stored tensor: refused before any allocation (these need
+    1.6 and 1.2 GB; larger values once failed inside the allocator, ~10⁸-sized ones were allocated)."""
+    convert, fuse = _convert_and_fuse()
+    path = tmp_path / "m.safetensors"
+    save(fuse(convert.from_timm(_randomize(tiny_vit()), channel_idle=0.75).eval()), path)
+    bad = _rewrite(path, tmp_path / "big.safetensors", config=lambda c: c["architecture"]["kwargs"].update(kwargs))
+    with pytest.raises(ValueError, match=r"needs .* MiB of tensors to build, more than 16x the .* MiB the file stores"):
+        load(bad)
+
+
 def test_trailing_garbage(saved, tmp_path):
     _, path = saved
     bad = tmp_path / "tail.safetensors"
@@ -503,6 +555,15 @@ def test_newer_version(saved, tmp_path):
          r"existing non-module attribute"),
         (None, lambda c: c["modules"].update({"blocks.0.mlp": {"kind": "test_ckpt_ffn", "dim": 32, "hidden": 7}}),
          r"tensor blocks\.0\.mlp\.w_in: expected shape \[7, 32\], got \[48, 32\]"),
+        # Entries of a container come from the architecture's depth: an index past it was once appended (and
+        # listed in the file's key order, blocks ran swapped).
+        (None, lambda c: c["architecture"]["kwargs"].update(depth=1),
+         r"modules\['blocks\.1'\]: blocks has 1 entries in the rebuilt model \(from the architecture\), got an entry for '1'"),
+        (None, lambda c: c.update(version=True), r"disagree with the metadata"),
+        (None, lambda c: c.update(dtype="int8"), r"config\['dtype'\] expected one of"),
+        (lambda m: m.update(config="[" * 100_000), None, r"'config' is not valid JSON \(RecursionError"),
+        (None, lambda c: c["aliases"].update({"bogus.x": "head.bias"}),
+         r"bogus\.x: listed as an alias, but the model has no such tensor"),
     ],
 )
 def test_bad_metadata(saved, tmp_path, metadata, config, match):
@@ -620,6 +681,33 @@ def test_save_argument_errors(tmp_path):
         save(tiny_vit(), tmp_path / "no" / "x.safetensors")
 
 
+def test_save_refuses_paths_it_would_destroy(tmp_path):
+    """The write renames a new file over the path: a FIFO (as root, even /dev/null) was replaced by it."""
+    model = fused_vit()
+    fifo = tmp_path / "pipe.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"path: expected a regular file or a new file name, got a special file"):
+        save(model, fifo)
+    assert not fifo.is_file() and fifo.exists()  # still the FIFO
+    with pytest.raises(IsADirectoryError, match=r"path: expected a file name, got the directory"):
+        save(model, tmp_path)
+    with pytest.raises(ValueError, match=r"path: expected a file name, got ''"):
+        save(model, "")
+    assert sorted(os.listdir(tmp_path)) == ["pipe.safetensors"]  # no temporary left behind
+
+
+def test_save_writes_through_a_symlink_and_keeps_the_mode(tmp_path):
+    model = fused_vit()
+    target, link = tmp_path / "real.safetensors", tmp_path / "link.safetensors"
+    target.write_bytes(b"old")
+    target.chmod(0o640)
+    link.symlink_to(target)
+    save(model, link)
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert (target.stat().st_mode & 0o777) == 0o640
+    _assert_same_model(model, load(link), _img())
+
+
 def test_failing_write_is_atomic(saved, monkeypatch):
     model, path = saved
     before = path.read_bytes()
@@ -710,3 +798,36 @@ def test_repavit_checkpoint_roundtrip(tmp_path):
     loaded = load(tmp_path / "repavit.safetensors")
     assert loaded.patch_embed.proj.bias is None
     _assert_same_model(fused, loaded, _img())
+
+
+def test_real_fused_model_with_nonfinite_weights_loads_when_allowed(tmp_path):
+    """allow_nonfinite=True once failed inside the prepack (the CPU kernels refuse NaN weights): the model now
+    loads with a warning naming the module, and runs under the reference backend."""
+    convert, fuse = _convert_and_fuse()
+    fused = fuse(convert.from_timm(_randomize(tiny_vit()), channel_idle=0.75).eval())
+    with torch.no_grad():
+        fused.blocks[1].mlp.w_out[0, 0] = float("nan")
+    path = tmp_path / "nan.safetensors"
+    save(fused, path, allow_nonfinite=True)
+    with pytest.warns(RuntimeWarning, match=r"1 modules not packed.*blocks\.1\.mlp \(w_out: expected finite values"):
+        loaded = load(path, allow_nonfinite=True)
+    assert torch.isnan(loaded.blocks[1].mlp.w_out[0, 0])
+    with pytest.raises(ValueError, match=r"w_out: expected finite values"):  # the kernel forward says why
+        loaded(_img())
+
+
+def test_real_fused_float64_model_is_refused_at_save_and_warned_at_load(tmp_path):
+    """No vitfast op takes float64 (kernels and reference alike): a float64 fused model once saved fine and then
+    failed inside load's prepack with a message naming neither the file nor the module."""
+    convert, fuse = _convert_and_fuse()
+    fused = fuse(convert.from_timm(_randomize(tiny_vit()), channel_idle=0.75).eval())
+    with pytest.raises(ValueError, match=r"model\.\S+: expected float32, float16 or bfloat16 in a fused module"):
+        save(fused.double(), tmp_path / "f64.safetensors")
+    path = tmp_path / "f32.safetensors"
+    save(fused.float(), path)
+    hand_made = _rewrite(path, tmp_path / "hand.safetensors", config=lambda c: c.update(dtype="float64"),
+                         tensors=lambda d: d.update({k: v.double() for k, v in d.items() if v.is_floating_point()}))
+    with pytest.warns(RuntimeWarning, match=r"modules not packed.*expected dtype float32, float16 or bfloat16"):
+        loaded = load(hand_made)
+    with pytest.raises(ValueError, match=r"expected dtype float32, float16 or bfloat16, got torch\.float64"):
+        loaded(_img().double())

@@ -123,6 +123,9 @@ BAD = [
     ("x too few tokens", _replace(6, 5), "x"),
     ("grid_h 0", _replace(6, 0), "grid_h"),
     ("grid_w 0", _replace(7, 0), "grid_w"),
+    # grid_h·grid_w wraps in int64 (2⁶²·4 = 0, 2³²·2³² = 0): once accepted, then a crash or std::bad_alloc.
+    ("grid int64 wrap", lambda a: _replace(7, 4)(_replace(6, 2**62)(a)), "x"),
+    ("grid 2^32 squared", lambda a: _replace(7, 2**32)(_replace(6, 2**32)(a)), "x"),
     ("w_v C", _replace(1, lambda a: a[1][:, :-1]), "w_v"),
     ("kernel even", _replace(3, lambda a: torch.randn(8, 2, 2)), "kernel"),
     ("kernel not square", _replace(3, lambda a: torch.randn(8, 3, 5)), "kernel"),

@@ -53,6 +53,41 @@ def test_op_gradient_is_the_reference_gradient(name):
 
 
 @needs_ext
+@pytest.mark.parametrize("name", sorted(_cases()))
+def test_op_second_order_gradient_is_the_reference_one(name):
+    """backward(create_graph=True) through an op: a gradient penalty ‖∂L/∂x‖² differentiated again.  The op's
+    terms once vanished from the second derivative (its backward detached the saved inputs), silently where
+    another term kept the graph alive."""
+    args = _cases()[name]
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    upstream = torch.randn(getattr(reference, name)(*args).shape, generator=torch.Generator().manual_seed(98))
+
+    def penalty_grads(fn):
+        first = torch.autograd.grad((fn(*args) * upstream).sum(), leaves, create_graph=True, allow_unused=True)
+        penalty = sum((g**2).sum() for g in first if g is not None and g.requires_grad)
+        if not torch.is_tensor(penalty):  # the op is linear in every leaf: no second-order term at all
+            return None
+        return torch.autograd.grad(penalty, leaves, allow_unused=True)
+
+    try:
+        want = penalty_grads(getattr(reference, name))
+    except RuntimeError as exc:  # e.g. CPU SDPA has no double backward: the op must fail as its reference does
+        with pytest.raises(RuntimeError, match="not implemented"):
+            penalty_grads(getattr(ops, name))
+        assert "not implemented" in str(exc)
+        return
+    got = penalty_grads(getattr(ops, name))
+    assert (got is None) == (want is None)
+    if want is None:
+        return
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if w is not None:
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert any(g is not None for g in got)
+
+
+@needs_ext
 def test_closed_gate_passes_the_gradient_through():
     gate = torch.tensor([0], dtype=torch.int32)
     x = _t(1, 4, 16, seed=40, scale=1.0)

@@ -38,22 +38,31 @@ class _ReferenceGradient(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        # Under backward(create_graph=True) grad mode is on here: the gradient must itself be differentiable
+        # (gradient penalties, double backward), so the reference is recomputed on the saved inputs still
+        # attached to their graph.  Otherwise on detached copies: first-order training builds no graph it would
+        # throw away.  (Detaching always made every second-order term of the op silently vanish.)
+        higher_order = torch.is_grad_enabled()
         args = [None] * ctx.num_args
         for i, a in ctx.constants.items():
             args[i] = a
         wanted = []
         for i, t in zip(ctx.tensor_positions, ctx.saved_tensors):
-            t = t.detach()
             # needs_input_grad counts forward's two leading non-tensor arguments (name, fast).
-            if ctx.needs_input_grad[2 + i] and t.is_floating_point():
-                t.requires_grad_(True)
+            needed = ctx.needs_input_grad[2 + i] and t.is_floating_point()
+            # One node per argument position: the same tensor passed twice (x as input and residual) must get
+            # each position's partial gradient, not the total twice.  A detached copy is that node in
+            # first-order backward; a view (still differentiable back to the tensor) is it in higher order.
+            t = t.view_as(t) if higher_order else t.detach().requires_grad_(needed)
+            if needed:
                 wanted.append((i, t))
             args[i] = t
         grads = [None] * ctx.num_args
         if wanted:
             with torch.enable_grad():
                 out = getattr(reference, ctx.name)(*args)
-            found = torch.autograd.grad(out, [t for _, t in wanted], grad, allow_unused=True)
+            found = torch.autograd.grad(out, [t for _, t in wanted], grad, allow_unused=True,
+                                        create_graph=higher_order)
             for (i, _), g in zip(wanted, found):
                 grads[i] = g
         return (None, None, *grads)

@@ -53,7 +53,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ._io import atomic_write
+from ._io import atomic_write, check_target
 from .arch import build_timm, describe_timm
 from .nn.registry import fused_module_from_config, is_fused_module
 
@@ -65,6 +65,13 @@ VERSION = 1
 # safetensors limits the header to 100 MB; anything larger is corruption, not a model.
 _MAX_HEADER = 100 * 1024 * 1024
 _MAX_LISTED = 20  # mismatches listed in one error message; the count says how many there are in total
+# The real build allocates timm's whole skeleton before the fused modules replace parts of it, and config values
+# no stored tensor checks (num_classes under a packed head, in_chans, mlp_ratio, Swin's unsaved masks) size it:
+# a file whose skeleton needs more than this many times its own tensor bytes, plus the slack, is refused
+# before anything is allocated.  Real fused models stay far below (θ = 1 FFNs with every attention on
+# depthwise convolutions: ~4x).
+_MAX_SKELETON_RATIO = 16
+_SKELETON_SLACK_BYTES = 256 * 2**20
 _PATH_RE = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 
 _ST_DTYPES = {
@@ -104,7 +111,13 @@ def _fused_configs(model: nn.Module) -> Dict[str, dict]:
         if not is_fused_module(module):
             continue
         where = name  # never the root: describe_timm() accepted the model, so the root is a timm class
-        cfg = module.vitfast_config()
+        try:
+            cfg = module.vitfast_config()
+        except Exception as e:  # noqa: BLE001 - e.g. a fused block whose child was swapped for nn.Identity
+            raise ValueError(
+                f"model.{where}: this {type(module).__name__} cannot describe itself for the file "
+                f"({type(e).__name__}: {e}); was one of its submodules replaced?"
+            ) from e
         if not isinstance(cfg, dict) or cfg.get("kind") != type(module).vitfast_kind:
             raise ValueError(
                 f"model.{where}.vitfast_config(): expected a dict with 'kind': {type(module).vitfast_kind!r}, "
@@ -132,6 +145,13 @@ def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
         ) from None
     if leaf not in parent._modules and hasattr(parent, leaf):
         raise ValueError(f"modules[{path!r}]: expected a submodule name, got {leaf!r}, an existing non-module attribute")
+    # A container's entries come from the architecture (depth), never from the file: a new index would be
+    # appended after the existing ones, in the file's key order (blocks.1 before blocks.0 ran them swapped).
+    if isinstance(parent, (nn.Sequential, nn.ModuleList)) and leaf not in parent._modules:
+        raise ValueError(
+            f"modules[{path!r}]: {parent_path or 'the model'} has {len(parent)} entries in the rebuilt model "
+            f"(from the architecture), got an entry for {leaf!r}"
+        )
     setattr(parent, leaf, module)
 
 
@@ -307,13 +327,12 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"path: directory {directory!r} does not exist")
+    check_target(path)  # before the rebuild check: a bad path fails fast
 
     architecture = describe_timm(model)
     modules = _fused_configs(model)
     _check_rebuildable(model, architecture, modules)
+    _check_fused_dtypes(model, modules)
 
     state = model.state_dict()
     tensors, aliases = _dedup(state)
@@ -338,6 +357,21 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
     from safetensors.torch import save_file
 
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def _check_fused_dtypes(model: nn.Module, modules: Dict[str, dict]) -> None:
+    # A plain timm skeleton runs in float64, vitfast's own fused modules do not: every vitfast op (kernels and
+    # reference) takes float32, float16 or bfloat16, so such a file would load into a model that cannot run.
+    # (Fused modules registered by others may compute in float64: their business.)
+    for path in modules:
+        if not type(model.get_submodule(path)).__module__.startswith("vitfast."):
+            continue
+        for name, t in (*model.get_submodule(path).named_parameters(), *model.get_submodule(path).named_buffers()):
+            if t.dtype == torch.float64:
+                raise ValueError(
+                    f"model.{path}.{name}: expected float32, float16 or bfloat16 in a fused module (what the "
+                    f"vitfast ops take), got torch.float64; call model.float() (or .half()/.bfloat16()) first"
+                )
 
 
 def _check_rebuildable(model: nn.Module, architecture: dict, modules: Dict[str, dict]) -> None:
@@ -374,7 +408,7 @@ def _read_header(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nesting bomb
         raise ValueError(f"{path}: corrupt safetensors header (not valid JSON: {e})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: corrupt safetensors header (expected a JSON object, got {type(header).__name__})")
@@ -383,11 +417,15 @@ def _read_header(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
         raise ValueError(f"{path}: corrupt safetensors header (__metadata__ is not an object)")
     data_len = size - 8 - n
     for key, info in header.items():
+        def whole(v):  # a non-negative int (JSON true/false are ints to Python)
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
         if not (isinstance(info, dict) and isinstance(info.get("shape"), list) and isinstance(info.get("data_offsets"), list)
-                and len(info["data_offsets"]) == 2 and isinstance(info.get("dtype"), str)):
-            raise ValueError(f"{path}: corrupt safetensors header (bad entry for tensor {key!r})")
+                and len(info["data_offsets"]) == 2 and isinstance(info.get("dtype"), str)
+                and all(whole(v) for v in info["shape"]) and all(whole(v) for v in info["data_offsets"])):
+            raise ValueError(f"{path}: corrupt safetensors header (bad entry for tensor {key!r}: {info!r:.200})")
         end = info["data_offsets"][1]
-        if not isinstance(end, int) or end > data_len:
+        if end > data_len:
             raise ValueError(
                 f"{path}: truncated safetensors file (tensor {key!r} ends at data byte {end}, the file holds {data_len})"
             )
@@ -413,13 +451,16 @@ def _parse_config(path: str, metadata: Dict[str, str]) -> dict:
         )
     if version_num < 1:
         raise ValueError(f"{path}: metadata 'version' expected 1..{VERSION}, got {version_num}")
+    raw_config = metadata.get("config", "")
+    if not isinstance(raw_config, str):  # safetensors metadata values are strings; the config is JSON text
+        raise ValueError(f"{path}: metadata 'config' expected a JSON string, got {type(raw_config).__name__}")
     try:
-        config = json.loads(metadata.get("config", ""))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: metadata 'config' is not valid JSON ({e})") from None
+        config = json.loads(raw_config)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path}: metadata 'config' is not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: metadata 'config' expected a JSON object, got {type(config).__name__}")
-    if config.get("format") != FORMAT or config.get("version") != version_num:
+    if config.get("format") != FORMAT or type(config.get("version")) is not int or config["version"] != version_num:
         raise ValueError(
             f"{path}: config format/version ({config.get('format')!r}, {config.get('version')!r}) disagree with "
             f"the metadata ({fmt!r}, {version_num})"
@@ -427,6 +468,10 @@ def _parse_config(path: str, metadata: Dict[str, str]) -> dict:
     for key, kind in (("architecture", dict), ("modules", dict)):
         if not isinstance(config.get(key), kind):
             raise ValueError(f"{path}: config[{key!r}] expected a JSON object, got {type(config.get(key)).__name__}")
+    dtype = config.get("dtype", "mixed")
+    if dtype not in ("none", "mixed", *_DTYPE_NAMES.values()):
+        raise ValueError(f"{path}: config['dtype'] expected one of {['none', 'mixed', *_DTYPE_NAMES.values()]}, "
+                         f"got {dtype!r:.100}")
     aliases = config.setdefault("aliases", {})
     if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
         raise ValueError(f"{path}: config['aliases'] expected an object of name -> name")
@@ -458,7 +503,9 @@ def _check_tensors(path: str, header: dict, config: dict, expected: Dict[str, to
     problems = []
     stored = set(header)
     for alias, target in aliases.items():
-        if alias in stored:
+        if alias not in expected:
+            problems.append(f"{alias}: listed as an alias, but the model has no such tensor")
+        elif alias in stored:
             problems.append(f"{alias}: listed as an alias but also stored")
         elif target not in stored:
             problems.append(f"{alias}: alias of {target!r}, which is not stored")
@@ -472,7 +519,7 @@ def _check_tensors(path: str, header: dict, config: dict, expected: Dict[str, to
         if tuple(info["shape"]) != tuple(want.shape):
             problems.append(f"tensor {key}: expected shape {_shape(want.shape)}, got {_shape(info['shape'])}")
         dtype = _ST_DTYPES.get(info["dtype"])
-        if dtype is None:
+        if dtype is None or (dtype.is_floating_point and dtype not in _DTYPE_NAMES):  # float8: no kernel reads it
             problems.append(f"tensor {key}: unsupported dtype {info['dtype']!r}")
         elif want.is_floating_point() != dtype.is_floating_point or (not dtype.is_floating_point and dtype != want.dtype):
             problems.append(f"tensor {key}: expected dtype {want.dtype}, got {dtype}")
@@ -495,6 +542,29 @@ def _try_rebuild(path: str, config: dict, device: Optional[str] = None) -> Optio
         if device == "meta":
             return None  # a fused module that cannot be built without data; the real build checks instead
         raise ValueError(f"{path}: cannot rebuild the model from its config ({type(e).__name__}: {e})") from e
+
+
+def _tensor_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def _check_skeleton_size(path: str, header: dict, config: dict, probe: Optional[nn.Module]) -> None:
+    """Refuse before the real build when the skeleton, or the final model with its unsaved (non-persistent)
+    buffers such as Swin's attention masks, needs far more memory than the file's tensors."""
+    try:
+        need = _tensor_bytes(build_timm(config["architecture"], device="meta"))
+    except Exception:  # noqa: BLE001 - the real build reports a config that does not build
+        need = 0
+    if probe is not None:
+        need = max(need, _tensor_bytes(probe))
+    stored = sum(info["data_offsets"][1] - info["data_offsets"][0] for info in header.values())
+    if need > _MAX_SKELETON_RATIO * stored + _SKELETON_SLACK_BYTES:
+        raise ValueError(
+            f"{path}: the architecture in the config needs {need / 2**20:.1f} MiB of tensors to build, more than "
+            f"{_MAX_SKELETON_RATIO}x the {stored / 2**20:.1f} MiB the file stores: a config value no stored tensor "
+            f"checks (num_classes, in_chans, mlp_ratio, img_size, ...) is wrong; architecture kwargs: "
+            f"{json.dumps(config['architecture'].get('kwargs'), sort_keys=True)[:300]}"
+        )
 
 
 def _with_dtype(model: nn.Module, config: dict) -> nn.Module:
@@ -526,6 +596,7 @@ def load(
     probe = _try_rebuild(path, config, device="meta")
     if probe is not None:
         _check_tensors(path, header, config, _with_dtype(probe, config).state_dict())
+    _check_skeleton_size(path, header, config, probe)
     model = _with_dtype(_try_rebuild(path, config), config)
     expected = model.state_dict(keep_vars=True)
     if probe is None:

@@ -12,14 +12,14 @@ from typing import Optional
 
 import torch
 
-from . import _autograd, reference
+from . import _autograd, _optimizer_versions, reference
 from ._env import get_backend, get_cuda_kernels
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_layer_norm_args, check_linear_args
 from ._validate import check_xwx_attention_args
 from ._validate_dwconv import check_dwconv_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa",
-           "batch_gate", "gate_select", "prepack"]
+           "batch_gate", "gate_select", "prepack", "clear_weight_cache"]
 
 SCHEMAS = {
     "channel_idle_ffn": (
@@ -362,6 +362,21 @@ for _name in SCHEMAS:
         _REFERENCE_CPU_FALLBACKS.append(_name)
 
 
+# Optimizer steps must reach the packed-weight cache's version check (vitfast/_optimizer_versions.py).
+_optimizer_versions.install()
+
+
+def clear_weight_cache() -> None:
+    """Drop every packed weight the CPU ops keep (csrc/ops/weight_cache.h); each is repacked on its next use.
+
+    Needed only after writes the cache cannot see: it recognises a changed weight by its autograd version
+    counter, which in-place ops on the tensor, `load_state_dict` and optimizer steps (fused ones included, see
+    vitfast/_optimizer_versions.py) bump, but writes through `w.data`, numpy views or raw pointers do not.
+    """
+    if _C is not None:
+        _C._weight_cache_clear()
+
+
 def extension_loaded() -> bool:
     """True when the C++ CPU kernels are registered (False: CPU falls back to the reference)."""
     return _C is not None
@@ -504,18 +519,34 @@ def prepack(module: torch.nn.Module) -> int:
     repacked on their next use, as before.
 
     Returns the number of submodules prepacked: 0 under VITFAST_BACKEND=reference, without the C++
-    extension, or when the weights are not on the CPU (the CUDA kernels read weights as they are).
+    extension, or when the weights are not on the CPU (the CUDA kernels read weights as they are).  Modules
+    whose weights the kernels refuse (float64, NaN/Inf) are skipped with one RuntimeWarning naming them.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
     if get_backend() == "reference" or _C is None:
         return 0
-    count = 0
+    count, refused = 0, []
     with torch.no_grad():
-        for sub in module.modules():
+        for name, sub in module.named_modules():
             hook = getattr(sub, "vitfast_prepack", None)
-            if callable(hook) and hook():
-                count += 1
+            if not callable(hook):
+                continue
+            try:
+                count += bool(hook())
+            except ValueError as e:  # the kernel's own argument check: float64 or non-finite weights
+                refused.append(f"{name or type(sub).__name__} ({e})")
+    if refused:
+        # Not an error here: vitfast.load(allow_nonfinite=True) and float64 files must still load (to inspect,
+        # or to run under VITFAST_BACKEND=reference); a CPU-kernel forward of these modules raises the same error.
+        more = f"; ... and {len(refused) - 3} more" if len(refused) > 3 else ""
+        warnings.warn(
+            f"vitfast.ops.prepack: {len(refused)} modules not packed, the CPU kernels refuse their weights: "
+            f"{'; '.join(refused[:3])}{more}. Their kernel forward raises the same error; "
+            "VITFAST_BACKEND=reference runs them.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return count
 
 

@@ -36,13 +36,16 @@ int64_t check_args(const at::Tensor& qkv, int64_t num_heads, const std::optional
                     py_dtype(qkv.scalar_type()));
   TORCH_CHECK_VALUE(num_heads >= 1, "num_heads: expected >= 1, got ", num_heads);
   const int64_t width = qkv.size(2);
-  TORCH_CHECK_VALUE(width > 0 && width % (3 * num_heads) == 0, "qkv: expected last dimension a positive multiple "
-                    "of 3·num_heads = ", 3 * num_heads, ", got shape ", fmt_shape(qkv.sizes()));
+  // 3·num_heads divides width, tested without forming 3·num_heads (it wraps for a huge num_heads, which then
+  // passed the check and crashed the kernel).
+  TORCH_CHECK_VALUE(width > 0 && width % 3 == 0 && width / 3 % num_heads == 0, "qkv: expected last dimension a "
+                    "positive multiple of 3·num_heads = ", exact_product(3, num_heads), ", got shape ",
+                    fmt_shape(qkv.sizes()));
   if (scale.has_value())
     TORCH_CHECK_VALUE(std::isfinite(*scale), "scale: expected a finite number, got ", *scale);
   TORCH_CHECK_VALUE(qkv.layout() == at::kStrided, "qkv: expected a dense (strided) tensor, got layout ",
                     qkv.layout());
-  return width / (3 * num_heads);
+  return width / 3 / num_heads;
 }
 
 // Per-thread scratch (packed K/V of one head and its score tile), kept between calls.

@@ -41,6 +41,24 @@ inline std::string py_dtype(at::ScalarType t) {
   }
 }
 
+// a·b in decimal for an argument message, exact where the int64 product would wrap (num_heads = 2⁶² must not
+// read as "3·num_heads = 2"): Python's validators print the true product, and so must their C++ mirrors.
+inline std::string exact_product(int64_t a, int64_t b) {
+#if defined(__SIZEOF_INT128__)
+  __int128 p = static_cast<__int128>(a) * b;
+  const bool negative = p < 0;
+  unsigned __int128 u = negative ? -static_cast<unsigned __int128>(p) : static_cast<unsigned __int128>(p);
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), char('0' + int(u % 10)));
+    u /= 10;
+  } while (u != 0);
+  return negative ? "-" + digits : digits;
+#else
+  return std::to_string(a) + "*" + std::to_string(b);
+#endif
+}
+
 inline bool is_float_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
 // Refuse NaN/Inf in a weight, as _validate.check_finite_parameter words it.  Callers run it once per weight

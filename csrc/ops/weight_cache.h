@@ -11,8 +11,11 @@
 // one's address cannot match (a weak reference to a freed storage is expired, and the weak reference keeps
 // the old StorageImpl object itself allocated, so its address cannot even be reused).
 //
-// Not detected (documented limits, same as any version-based cache in PyTorch): writes through `.data`
-// (`w.data.copy_(..)` uses a separate version counter) or raw pointers.  Inference tensors (created under
+// torch's fused optimizers (`fused=True`) and optimizers that update through `p.data` do not bump the version;
+// vitfast/_optimizer_versions.py registers an optimizer step post-hook that does, for every stepped parameter.
+// Not detected (documented limits, same as any version-based cache in PyTorch): other writes through `.data`
+// (`w.data.copy_(..)` uses a separate version counter), numpy views or raw pointers;
+// `vitfast.ops.clear_weight_cache()` drops every entry after such a write.  Inference tensors (created under
 // torch.inference_mode) have no version counter, so they are never cached: they are packed and checked
 // on every call (correct, slower; a one-time warning says so).
 //

@@ -74,6 +74,27 @@ void check_softmax_exp(CpuIsa isa, std::mt19937& rng, int64_t rows, int64_t n, f
            "(1e-6 relative)", cpu_isa_name(isa), (long long)rows, (long long)n, spread, scale, init_max, worst);
 }
 
+// A NaN score poisons its row (exp gives NaN, and so does the row sum), as exp(NaN) does in torch; the other
+// rows stay finite.  The SIMD exps once clamped NaN to the underflow bound first (maxps returns its second
+// operand when either is NaN), so a NaN key got weight exp(-87) ≈ 0: silently dropped.  Every position of the
+// row (vector body and tail lanes), both rows of an AVX-512 pair.
+void test_softmax_exp_nan(CpuIsa isa) {
+  const int64_t rows = 3, n = 37, ld = 40;
+  for (int64_t pos = 0; pos < n; ++pos) {
+    std::vector<float> s(size_t(rows * ld));
+    for (size_t i = 0; i < s.size(); ++i) s[i] = 0.01f * float(i % 17);
+    s[size_t(1 * ld + pos)] = std::nanf("");
+    std::vector<float> row_max(size_t(rows), -INFINITY), row_sum(size_t(rows), 0.0f);
+    gemm::softmax_exp_rows(s.data(), rows, n, ld, 0.5f, row_max.data(), row_sum.data(), isa);
+    VT_CHECK(std::isnan(s[size_t(1 * ld + pos)]) && std::isnan(row_sum[1]),
+             "[%s] softmax_exp: a NaN score at column %lld gave %g (row sum %g), expected NaN", cpu_isa_name(isa),
+             (long long)pos, s[size_t(1 * ld + pos)], row_sum[1]);
+    VT_CHECK(std::isfinite(row_sum[0]) && std::isfinite(row_sum[2]),
+             "[%s] softmax_exp: a NaN in row 1 reached rows 0/2 (sums %g, %g)", cpu_isa_name(isa), row_sum[0],
+             row_sum[2]);
+  }
+}
+
 // Returns 1; checks attention_head for every head and compares it with a double-precision evaluation.
 // ld_pad: qkv's row stride beyond 3·H·D (a stride that is a multiple of 2 KiB takes the copied-Q path).
 int check_attention(CpuIsa isa, std::mt19937& rng, int64_t tokens, int64_t heads, int64_t d, int64_t q_block,
@@ -184,6 +205,7 @@ int main() {
   for (CpuIsa isa : forced_isas()) {
     VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
     test_softmax(active_cpu_isa());
+    test_softmax_exp_nan(active_cpu_isa());
     test_attention(active_cpu_isa());
     test_query_block_split(active_cpu_isa());
   }

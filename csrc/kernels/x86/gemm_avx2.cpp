@@ -52,7 +52,9 @@ static inline __m256 gelu8(__m256 x) {
 // exp(x) for x <= 0 (softmax after max subtraction), Cephes' method (exp_poly.h); x < kExpMin gives 0.
 static inline __m256 exp8_nonpositive(__m256 x) {
   const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(kExpMin));
+  // Bound first, x second: maxps returns its second operand when either is NaN, so a NaN score stays NaN
+  // (and so does its row, as in torch) instead of becoming exp(kExpMin) ≈ 0, a silently dropped key.
+  x = _mm256_max_ps(_mm256_set1_ps(kExpMin), x);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);

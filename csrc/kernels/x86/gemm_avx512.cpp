@@ -231,7 +231,7 @@ void row_tiles(const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, 
 // in gemm_avx2.cpp, with 2^n applied by vscalefps; x < kExpMin gives 0.
 static inline __m512 exp16_nonpositive(__m512 x) {
   const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_LT_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
+  x = _mm512_max_ps(_mm512_set1_ps(kExpMin), x);  // NaN stays NaN: see exp8_nonpositive in gemm_avx2.cpp
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
