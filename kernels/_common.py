@@ -46,3 +46,13 @@ def check_device(x: torch.Tensor) -> None:
             f"x: expected a CUDA tensor for the Triton kernel (or TRITON_INTERPRET=1 set before importing "
             f"triton), got device {x.device}"
         )
+
+
+def rows(t: torch.Tensor, width: int) -> torch.Tensor:
+    """[..., width] -> [M, width]: a view when the strides allow it (the kernels take any 2-D strides), a copy
+    otherwise.  M is spelled out: `reshape(-1, 0)` cannot infer it, so a zero-width input (K = 0, C = 0) once
+    raised from here instead of giving the reference's result."""
+    m = 1
+    for size in t.shape[:-1]:
+        m *= size
+    return t.reshape(m, width)

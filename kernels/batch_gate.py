@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from vitfast._validate_gate import check_batch_gate_args, check_gate_select_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET
+from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device
 
 __all__ = ["batch_gate_triton", "batch_gate_logits_triton", "gate_select_triton"]
 
@@ -138,19 +138,21 @@ def batch_gate_logits_triton(x, w1, b1, w2=None, b2=None, layer_norm=False, act=
 
 def _launch(x, w1, b1, w2, b2, layer_norm, act, eps, logits):
     hidden = check_batch_gate_args(x, w1, b1, w2, b2, layer_norm, act, eps)
+    check_device(x)
     batch, tokens, channels = x.shape
     rows = batch * tokens
     x, w1, b1, w2, b2 = (_contiguous(t) for t in (x, w1, b1, w2, b2))
-    block_c = min(128, triton.next_power_of_2(channels))
+    block_c = min(128, triton.next_power_of_2(max(channels, 1)))  # C = 0: no pooling, the head's biases decide
     block_r = 16 if _INTERPRET else 32
     # ~4 row tiles per program: enough programs to fill the GPU for B·N in the thousands, few partial rows.
     rows_per_chunk = max(block_r, triton.cdiv(rows, 256 if not _INTERPRET else 4))
     rows_per_chunk = triton.cdiv(rows_per_chunk, block_r) * block_r
     chunks = triton.cdiv(rows, rows_per_chunk)
     partial = torch.empty((chunks, channels), device=x.device, dtype=torch.float32)
-    _pool_partial_kernel[(chunks, triton.cdiv(channels, block_c))](
-        x, partial, rows, channels, rows_per_chunk, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4
-    )
+    if channels > 0:
+        _pool_partial_kernel[(chunks, triton.cdiv(channels, block_c))](
+            x, partial, rows, channels, rows_per_chunk, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4
+        )
     out = torch.empty((2,), device=x.device, dtype=torch.float32 if logits else x.dtype)
     block_h = max(16, triton.next_power_of_2(hidden))
     # Keep the [BLOCK_H, BLOCK_C] weight tile of the head at ≤ 8K elements (registers of one program).
@@ -169,6 +171,7 @@ def _launch(x, w1, b1, w2, b2, layer_norm, act, eps, logits):
 def gate_select_triton(gate, index, taken, skipped):
     """Launcher with the signature of `vitfast.reference.gate_select`."""
     check_gate_select_args(gate, index, taken, skipped)
+    check_device(taken)
     taken, skipped, gate = taken.contiguous(), skipped.contiguous(), gate.contiguous()
     out = torch.empty_like(taken)
     numel = taken.numel()

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from vitfast._validate import check_channel_idle_ffn_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, tuned_configs
+from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, rows, tuned_configs
 
 __all__ = ["channel_idle_ffn_triton"]
 
@@ -218,12 +218,6 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
-    # [..., width] -> [M, width]; a view when the strides allow it (the kernels take any 2-D strides), a
-    # copy otherwise.
-    return t.reshape(-1, width)
-
-
 def _grid(m: int, n: int):
     # Sizes from the launcher, not from `meta`: older interpreters (triton 3.6) hand the grid function the
     # kernel arguments already converted to interpreter tensors.
@@ -243,12 +237,12 @@ def channel_idle_ffn_triton(
     check_device(x)
     lead = tuple(x.shape[:-1])
     c_in = x.shape[-1]
-    x2 = _rows(x, c_in)
+    x2 = rows(x, c_in)
     m = x2.shape[0]
     out = torch.empty((m, c_out), dtype=x.dtype, device=x.device)
     if m == 0 or c_out == 0:
         return out.reshape(lead + (c_out,))
-    res2 = _rows(residual, c_out) if residual is not None else None
+    res2 = rows(residual, c_out) if residual is not None else None
     if active == 0 and linear == 0:
         # No weights at all (w_in has 0 rows): the op is b_out + residual, no GEMM to run.
         out.zero_()

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from vitfast._validate_gate import check_gated_ffn_args, check_gated_mhsa_args, check_gate_select_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device
+from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, rows
 from vitfast.kernels.channel_idle_ffn import _input_precision, _load_tile_f32, _matmul_tile, _tile_ids, _to_dtype
 
 __all__ = [
@@ -219,8 +219,18 @@ def _device_ctx(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
 
 
-def _check_gate(gate: torch.Tensor, index: int, x: torch.Tensor) -> None:
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_gate(gate: torch.Tensor, index: int, x: torch.Tensor) -> torch.Tensor:
+    """Validates the gate and x; returns the gate as the kernels read it: `gate_ptr + index`, so contiguous (a
+    strided view such as decisions[::2] once had its wrong element read, running or skipping against it)."""
     check_gate_select_args(gate, index, x, x)
+    if x.dim() < 1:
+        raise ValueError("x: expected at least 1 dimension, got a 0-d tensor")
+    if x.dtype not in _KERNEL_DTYPES:
+        raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    return gate.contiguous()
 
 
 def _out_buffer(out: Optional[torch.Tensor], shape, like: torch.Tensor, name: str = "out") -> torch.Tensor:
@@ -238,7 +248,7 @@ def gated_layernorm_triton(gate: torch.Tensor, index: int, x: torch.Tensor, eps:
                            weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, *,
                            out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """LayerNorm over the last dimension of x if gate[index] != 0; when closed `out` is returned unwritten."""
-    _check_gate(gate, index, x)
+    gate = _check_gate(gate, index, x)
     check_device(x)
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
         raise ValueError(f"eps: expected a number > 0, got {eps!r}")
@@ -247,11 +257,13 @@ def gated_layernorm_triton(gate: torch.Tensor, index: int, x: torch.Tensor, eps:
         if t is not None and (tuple(t.shape) != (c,) or t.dtype != x.dtype or t.device != x.device):
             raise ValueError(f"{name}: expected a {x.dtype} [{c}] tensor on {x.device}, got {t.dtype} "
                              f"{list(t.shape)} on {t.device}")
-    x2 = x.reshape(-1, c)
+    x2 = rows(x, c)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    # The kernel reads weight/bias at w_ptr + column: unit stride (a strided view was read at the wrong places).
+    weight, bias = (t.contiguous() if t is not None else None for t in (weight, bias))
     out = _out_buffer(out, x.shape, x)
-    out2 = out.view(-1, c)
+    out2 = rows(out, c)  # a view: _out_buffer's tensors are contiguous
     m = x2.shape[0]
     if m == 0 or c == 0:
         return out
@@ -278,7 +290,7 @@ def gated_linear_triton(gate: torch.Tensor, index: int, x: torch.Tensor, weight:
 
     x [..., K]; weight [N, K] (nn.Linear layout, any strides); bias, bias2 [N]; add, residual, skip [..., N].
     """
-    _check_gate(gate, index, x)
+    gate = _check_gate(gate, index, x)
     check_device(x)
     k = x.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != k:
@@ -296,13 +308,13 @@ def gated_linear_triton(gate: torch.Tensor, index: int, x: torch.Tensor, weight:
             raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
         if t.dtype != x.dtype or t.device != x.device:
             raise ValueError(f"{name}: expected dtype {x.dtype} on {x.device} (like x), got {t.dtype} on {t.device}")
-    x2 = x.reshape(-1, k)
+    x2 = rows(x, k)
     m = x2.shape[0]
     out = _out_buffer(out, lead + (n,), x)
-    out2 = out.view(-1, n)
+    out2 = rows(out, n)
     if m == 0 or n == 0:
         return out
-    add2, res2, skip2 = (t.reshape(-1, n) if t is not None else None for t in (add, residual, skip))
+    add2, res2, skip2 = (rows(t, n) if t is not None else None for t in (add, residual, skip))
     bias_c, bias2_c = (t.contiguous() if t is not None else None for t in (bias, bias2))
     block_m, block_n, block_k, warps, stages = _gemm_config(m, n)
     dummy = out2  # stands in for absent optional pointers; never dereferenced (constexpr flags)
@@ -331,7 +343,7 @@ def gated_attention_triton(gate: torch.Tensor, index: int, qkv: torch.Tensor, nu
     from vitfast._validate import check_attention_args
 
     heads, head_dim = check_attention_args(qkv, num_heads, scale)
-    _check_gate(gate, index, qkv)
+    gate = _check_gate(gate, index, qkv)
     check_device(qkv)
     batch, tokens, _ = qkv.shape
     out = _out_buffer(out, (batch, tokens, heads * head_dim), qkv)

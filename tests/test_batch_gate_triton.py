@@ -97,6 +97,14 @@ def test_gate_select(shape):
             assert torch.equal(out, taken if flags[index] else skipped)
 
 
+def test_zero_channels_decide_from_the_biases():
+    """C = 0 pools nothing: the head's biases decide, as in the reference (the launcher once divided by zero)."""
+    args = [torch.randn(2, 5, 0, device=DEVICE), torch.randn(4, 0, device=DEVICE), torch.randn(4, device=DEVICE),
+            torch.randn(2, 4, device=DEVICE), torch.randn(2, device=DEVICE)]
+    torch.testing.assert_close(batch_gate_logits_triton(*args), batch_gate_logits(*args))
+    assert torch.equal(batch_gate_triton(*args), batch_gate(*args))
+
+
 def test_bad_arguments_are_refused_like_the_reference():
     x = torch.randn(2, 5, 8, device=DEVICE)
     w1 = torch.randn(4, 8, device=DEVICE)

@@ -119,6 +119,46 @@ def test_linear_argument_errors():
         gated_linear_triton(OPEN, 0, x, w, out=torch.empty(2, 5, device=DEVICE))
 
 
+def test_linear_and_layernorm_refuse_bad_x():
+    w = torch.randn(4, 8, device=DEVICE)
+    for bad, match in ((torch.randn(2, 8, device=DEVICE).double(), "x: expected dtype float32, float16 or bfloat16"),
+                       (torch.ones(2, 8, device=DEVICE, dtype=torch.int32), "x: expected dtype float32"),
+                       (torch.tensor(1.0, device=DEVICE), "x: expected at least 1 dimension")):
+        with pytest.raises(ValueError, match=match):
+            gated_linear_triton(OPEN, 0, bad, w)
+        with pytest.raises(ValueError, match=match):
+            gated_layernorm_triton(OPEN, 0, bad, 1e-6)
+
+
+def test_gate_read_at_its_index_in_a_strided_view(tol):
+    """The kernels read gate_ptr + index: a strided decision view (decisions[::2]) once had its wrong element
+    read — [0, 1] behaved as [0, 0] and the sub-block was skipped."""
+    decisions = torch.tensor([0.0, 0.0, 1.0, 1.0], device=DEVICE)
+    gate = decisions[::2]  # [0, 1], stride 2
+    x = torch.randn(1, 3, 8, device=DEVICE)
+    fargs = ffn_args(8, 0.5, norm_eps=1e-6, residual=True)
+    close(gated_ffn_triton(gate, 1, x, *fargs), reference.gated_ffn(gate, 1, x, *fargs), tol)
+    margs = mhsa_args(8, 2)
+    close(gated_mhsa_triton(gate, 1, x, *margs), reference.gated_mhsa(gate, 1, x, *margs), tol)
+    w = uni(6, 8, fan_in=8)
+    close(gated_linear_triton(gate, 1, x, w), reference.linear(x, w), tol)
+    assert torch.equal(gated_ffn_triton(gate, 0, x, *fargs), x)
+
+
+def test_layernorm_strided_affine(tol):
+    x = torch.randn(2, 8, device=DEVICE)
+    w, b = torch.randn(16, device=DEVICE)[::2], torch.randn(16, device=DEVICE)[::2]
+    close(gated_layernorm_triton(OPEN, 0, x, 1e-5, w, b), F.layer_norm(x, (8,), w, b, 1e-5), tol)
+
+
+def test_zero_width_inputs_give_the_reference_result(tol):
+    """K = 0 / C = 0: reshape(-1, 0) cannot infer the rows, so these once raised instead of computing."""
+    x0 = torch.randn(2, 5, 0, device=DEVICE)
+    w, b = torch.randn(6, 0, device=DEVICE), torch.randn(6, device=DEVICE)
+    close(gated_linear_triton(OPEN, 0, x0, w, b), reference.linear(x0, w, b), tol)
+    assert gated_layernorm_triton(OPEN, 0, x0, 1e-6).shape == (2, 5, 0)
+
+
 # ---------------------------------------------------------------------------------------------- attention
 ATTN_SHAPES = [(1, 17, 4, 8), (2, 50, 2, 16), (1, 1, 3, 8), (2, 33, 1, 24), (1, 17, 2, 64)]  # (B, N, H, D)
 
