@@ -31,7 +31,8 @@ def _randomize_norm(module: nn.Module, g: torch.Generator) -> bool:
         return True
     if isinstance(module, nn.LayerNorm) and module.elementwise_affine:
         module.weight.copy_(torch.rand(module.weight.shape, generator=g) + 0.5)
-        module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.2)
+        if module.bias is not None:  # LayerNorm(bias=False)
+            module.bias.copy_(torch.randn(module.bias.shape, generator=g) * 0.2)
         return True
     return False
 

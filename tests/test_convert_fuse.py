@@ -1,6 +1,8 @@
 """`vitfast.convert.from_timm` → `vitfast.fuse`: the fused model equals the train-time model (eval mode, fp32)
 for θ ∈ {0, .25, .5, .75, 1} × norm ∈ {batch, layer}, on ViT/DeiT (distilled too) and Swin."""
+import copy
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -96,6 +98,34 @@ def test_swin_fused_equals_train_time(swin, theta, norm):
     blocks = [b for stage in fused.layers for b in stage.blocks]
     assert all(type(b) is SwinBlock and isinstance(b, SwinTransformerBlock) for b in blocks)
     assert any(any(b.shift_size) for b in blocks)  # the shifted-window path is exercised
+
+
+def test_swin_after_set_input_size_converts_and_fuses_exactly():
+    """timm's set_input_size re-derives each block's shift from its new window (window 4 -> 6, shift 2 -> 3) and
+    leaves target_shift_size stale; conversion once rebuilt the blocks with that stale shift (3e-2 off)."""
+    model = _swin()
+    model.set_input_size(img_size=48)
+    assert model.layers[0].blocks[1].shift_size == (3, 3)
+    x = torch.randn(2, 3, 48, 48)
+    converted = from_timm(model, channel_idle=0.0, norm="layer").eval()
+    with torch.no_grad():
+        assert_close_scaled(converted(x), model(x))
+        assert_close_scaled(vitfast.fuse(converted)(x), model(x))
+        assert_close_scaled(vitfast.patch_timm(copy.deepcopy(model))(x), model(x))
+
+
+@pytest.mark.parametrize("norm_kwargs", [{"elementwise_affine": False}, {"bias": False}], ids=["no-affine", "no-bias"])
+@pytest.mark.parametrize("norm", NORMS)
+def test_layer_norms_without_affine_or_bias(norm_kwargs, norm):
+    """norm2 without a weight or a bias is the identity affine there (norm="layer" once raised a missing
+    state-dict key)."""
+    model = randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5,
+                                        norm_layer=partial(nn.LayerNorm, **norm_kwargs)))
+    converted = _calibrate_batchnorms(from_timm(model, channel_idle=0.5, norm=norm))
+    _check_fused_equals_train_time(converted)
+    if norm == "layer":
+        with torch.no_grad():
+            assert_close_scaled(from_timm(model, channel_idle=0.0, norm="layer")(IMAGES), model(IMAGES))
 
 
 def test_distilled_deit():

@@ -187,6 +187,16 @@ def test_fuse_is_exact_and_round_trips_through_save_load(case, tmp_path):
         assert config["architecture"]["kwargs"]["global_pool"] == "avg"
 
 
+def test_mixed_block_without_qkv_bias_fuses():
+    """qkv_bias=False: norm1's β still gives the folded qkv a bias; the fused mixed block once refused its own
+    "qkv.bias" (its qkv_bias flag came from the timm model, not from the folded tensors)."""
+    model = vit(qkv_bias=False)
+    converted = vitfast.convert.from_timm(model, dwconv_heads={0: [1]}).eval()
+    x = images(model)
+    with torch.no_grad():
+        assert_close_scaled(vitfast.fuse(converted)(x), converted(x))
+
+
 def test_fused_ensembled_block_is_the_plain_op_with_one_head():
     model = vit()
     fused = vitfast.fuse(vitfast.convert.from_timm(model, dwconv_blocks=[1], dwconv_ensemble=True))

@@ -1,6 +1,7 @@
 """USDC modules and model tools: gate networks (G0…G6, fold into batch_gate), group-level augmentation, the
 train-time USDCBlock (gates + static compression), stage-2 pruning, fusion into GatedBlock, checkpoints, the
 resource loss and the Trainer hooks."""
+import copy
 import os
 
 import pytest
@@ -12,6 +13,8 @@ from vitfast import reference
 from vitfast.nn import Block, FusedBatchGate, GatedBlock, GateNet, GateSearch, USDCBlock, set_gate_force
 from vitfast.nn.gates import GATE_KINDS, group_features, group_ids, group_sizes, hard_gates
 from vitfast.nn.fused import _layer_norm
+
+from helpers import assert_close_scaled, randomize
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -200,6 +203,30 @@ def test_static_pruning_is_physical_and_exact(block_and_input):
     fused = block.to_fused()
     assert fused.attn.num_heads == 2 and fused.mlp.active_features == 85
     torch.testing.assert_close(fused(x), expect, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sub_block", ["heads", "channels"])
+def test_pruning_every_head_or_channel_keeps_the_bias(sub_block):
+    """All heads (channels) pruned while α keeps the sub-block: its eval output is still ls·proj.bias
+    (ls·fc2.bias) whenever the gate opens; the pruned and fused models once dropped that constant (off by
+    0.14 / 0.21 at output scale ~2.5)."""
+    torch.manual_seed(0)
+    model = vitfast.convert.from_timm(randomize(tiny_vit(depth=1)), gates=True, gate_search=False,
+                                     flops_target=0.6).eval()  # random biases: the constant is not 0
+    block = model.blocks[0]
+    with torch.no_grad():
+        block.gate.fc2.bias.copy_(torch.tensor([9.0, -9.0, 9.0, -9.0]))  # both sub-blocks' gates open
+        getattr(block, "alpha_" + sub_block).copy_(torch.tensor([-3.0, 3.0]))  # every head / channel pruned
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        expect = model(x)
+        assert_close_scaled(vitfast.usdc.prune(copy.deepcopy(model))(x), expect)
+        assert_close_scaled(vitfast.fuse(model)(x), expect)
+    pruned = block.pruned()
+    if sub_block == "heads":
+        assert pruned.attn.num_heads == 1 and not pruned.attn.proj.weight.any()
+    else:
+        assert pruned.mlp.fc1.out_features == 1 and not pruned.mlp.fc2.weight.any()
 
 
 def test_block_level_pruning_removes_sub_blocks(block_and_input):

@@ -167,7 +167,9 @@ def swin_block_spec(block: nn.Module, name: str = "block", *, require_mlp: bool 
         head_dim=head_dim,
         # the effective window (already clipped to the resolution) rebuilds the same window and shift
         window_size=tuple(int(w) for w in block.window_size),
-        shift_size=tuple(int(s) for s in getattr(block, "target_shift_size", block.shift_size)),
+        # the effective shift, not target_shift_size: set_input_size re-derives the shift from the new window
+        # (4 -> 6: 2 -> 3) and leaves target_shift_size stale (a resized Swin once fused with the old shift)
+        shift_size=tuple(int(s) for s in block.shift_size),
         always_partition=bool(getattr(block, "always_partition", False)),
         dynamic_mask=bool(getattr(block, "dynamic_mask", False)),
         qkv_bias=attn.qkv.bias is not None,

@@ -201,13 +201,17 @@ class ChannelIdleMlp(nn.Module):
             module.fc2.load_state_dict(mlp.fc2.state_dict())
             if gamma is not None:
                 module.ls.gamma.copy_(gamma)
-            if ffn_norm == "layer":
-                module.pre_norm.load_state_dict(norm.state_dict())
-            else:
-                if getattr(norm, "weight", None) is not None:
-                    module.pre_norm.weight.copy_(norm.weight)
-                if getattr(norm, "bias", None) is not None:
-                    module.pre_norm.bias.copy_(norm.bias)
+            # The affine of norm2 as far as it has one: a LayerNorm without (elementwise_affine=False or
+            # bias=False) is the identity affine, not a missing state-dict key (load_state_dict raised).
+            weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
+            if weight is not None:
+                module.pre_norm.weight.copy_(weight)
+            elif ffn_norm == "layer":
+                module.pre_norm.weight.fill_(1.0)
+            if bias is not None:
+                module.pre_norm.bias.copy_(bias)
+            elif ffn_norm == "layer":
+                module.pre_norm.bias.zero_()
         return module
 
     def to_fused(self, name: str = "mlp") -> FusedChannelIdleFFN:

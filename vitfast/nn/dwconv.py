@@ -304,7 +304,9 @@ def _fold_dwconv_attention(norm1: nn.Module, attn: DWConvAttention, ls1: nn.Modu
         conv_width=w_v.shape[0],
         kernel_size=attn.kernel_size,
         grid_size=attn.grid_size,
-        qkv_bias=attn.qkv is not None and attn.qkv.bias is not None,
+        # The folded bias: norm1's β gives qkv one even when the timm model had qkv_bias=False (keying this on
+        # the original bias made the fused module's state dict refuse its own "qkv.bias").
+        qkv_bias=tensors.get("qkv.bias") is not None,
         value_bias=b_v is not None,
         proj_bias=b_o is not None,
         norm_eps=norm_eps,

@@ -216,14 +216,14 @@ class USDCBlock(nn.Module):
                 attn = None
             elif keep is not None:
                 idx = torch.nonzero(keep).flatten()
-                attn = _prune_heads(attn, idx) if idx.numel() else None
+                attn = _prune_heads(attn, idx) if idx.numel() else _bias_only_attention(attn)
         if mlp is not None:
             keep = _keep(self.alpha_channels, False)
             if _keep(self.alpha_ffn, False) is not None and not bool(_keep(self.alpha_ffn, False)):
                 mlp = None
             elif keep is not None:
                 idx = torch.nonzero(keep).flatten()
-                mlp = _prune_channels(mlp, idx) if idx.numel() else None
+                mlp = _prune_channels(mlp, idx) if idx.numel() else _bias_only_mlp(mlp)
         gate = self.gate.selected() if isinstance(self.gate, GateSearch) else self.gate
         new = USDCBlock(dim=self.dim, norm1=self.norm1, attn=attn, ls1=self.ls1,
                         norm2=self.norm2 if mlp is not None else None, mlp=mlp, ls2=self.ls2,
@@ -266,6 +266,26 @@ def _prune_heads(attn: nn.Module, idx: torch.Tensor) -> nn.Module:
     if qk_norm:
         new.q_norm.load_state_dict(attn.q_norm.state_dict())
         new.k_norm.load_state_dict(attn.k_norm.state_dict())
+    return new
+
+
+# Every head (channel) pruned while α keeps the sub-block: its eval-mode output is still the constant
+# ls·proj.bias (ls·fc2.bias), added whenever the gate opens.  Dropping the sub-block lost that constant (the
+# fused model was off by it); it is kept as one head (channel) whose output weights are zero, so it contributes
+# exactly the bias.  Without the bias there is nothing left: the sub-block goes.
+def _bias_only_attention(attn: nn.Module) -> Optional[nn.Module]:
+    if attn.proj.bias is None:
+        return None
+    new = _prune_heads(attn, torch.zeros(1, dtype=torch.long))
+    new.proj.weight.zero_()
+    return new
+
+
+def _bias_only_mlp(mlp: Mlp) -> Optional[Mlp]:
+    if mlp.fc2.bias is None:
+        return None
+    new = _prune_channels(mlp, torch.zeros(1, dtype=torch.long))
+    new.fc2.weight.zero_()
     return new
 
 
