@@ -130,6 +130,9 @@ def test_default_providers_are_the_five_runtimes():
     (["bench", *TINY, "--batch-sizes", "0"], "--batch-sizes: expected comma-separated positive integers"),
     (["bench", *TINY, "--json", "{tmp}/missing/r.json"], "--json: expected a path in an existing directory"),
     (["bench", *TINY, "--png", "{tmp}"], "--png: expected a file path, got"),
+    # checked before the benchmark runs (an unknown format once failed after it, naming no option)
+    (["bench", *TINY, "--png", "{tmp}/r.xyz"], "--png: expected a chart file name ending in one of"),
+    (["bench", *TINY, "--warmup", "0"], "--warmup: expected a positive integer, got 0"),
     (["bench", "deit_tiny_patch16"], "TARGET: expected a timm model name, got 'deit_tiny_patch16'; did you mean"),
 ])
 def test_bad_arguments(tmp_path, capsys, argv, message):

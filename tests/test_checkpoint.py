@@ -696,6 +696,16 @@ def test_save_refuses_paths_it_would_destroy(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["pipe.safetensors"]  # no temporary left behind
 
 
+def test_saved_file_mode_follows_the_umask(tmp_path):
+    """safetensors writes 0600 whatever the umask; a checkpoint is a file like any other (0644 under 022)."""
+    old = os.umask(0o022)
+    try:
+        save(fused_vit(), tmp_path / "m.safetensors")
+    finally:
+        os.umask(old)
+    assert ((tmp_path / "m.safetensors").stat().st_mode & 0o777) == 0o644
+
+
 def test_save_writes_through_a_symlink_and_keeps_the_mode(tmp_path):
     model = fused_vit()
     target, link = tmp_path / "real.safetensors", tmp_path / "link.safetensors"

@@ -1,6 +1,7 @@
 """The `vitfast` command line: help texts, convert -> train -> fuse -> verify round trips, bench, clean errors."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,11 +88,42 @@ def test_bench_on_a_fused_file(tmp_path, capsys):
     assert main(["convert", *TINY, "-o", src]) == 0
     assert main(["fuse", src, "-o", fused, "--no-check"]) == 0
     capsys.readouterr()
+    # ort-timm checks the baseline's ONNX export against the baseline: a baseline built without timm's init
+    # (uninitialised cls_token/pos_embed, NaN outputs) failed it, and every "timm" row timed a NaN model.
     assert main(["bench", fused, "--batch-sizes", "1,4", "--repeats", "3", "--warmup", "1", "--threads", "1",
-                 "--providers", "timm,vitfast,reference"]) == 0
+                 "--providers", "timm,ort-timm,vitfast,reference"]) == 0
     out = capsys.readouterr().out
-    for row in ("timm eager", "vitfast fused (kernels)", "vitfast fused (reference ops)"):
-        assert sum(line.startswith(row) for line in out.splitlines()) == 2, row  # one row per batch size
+    for row in ("timm eager", "ORT timm", "vitfast fused (kernels)", "vitfast fused (reference ops)"):
+        # one table row per batch size (the header lines also start with "ORT timm:")
+        assert sum(bool(re.match(rf"{re.escape(row)}\s+\d", line)) for line in out.splitlines()) == 2, row
+
+
+def test_bench_baseline_of_a_file_is_initialised(monkeypatch):
+    """build_timm leaves tensors as allocated (a load overwrites them); the bench baseline must not be timed on
+    that memory.  Poisoned here with NaN so the test does not depend on what the allocator returns."""
+    import timm
+
+    import vitfast.arch
+    from vitfast import cli
+
+    architecture = vitfast.arch.describe_timm(timm.create_model("vit_tiny_patch16_224", img_size=16, num_classes=10,
+                                                                depth=1, embed_dim=32, num_heads=2, patch_size=4))
+    build = vitfast.arch.build_timm
+
+    def poisoned(desc, device=None):
+        model = build(desc, device=device)
+        with torch.no_grad():
+            for t in model.state_dict().values():
+                if t.is_floating_point():
+                    t.fill_(float("nan"))
+        return model
+
+    monkeypatch.setattr(vitfast.arch, "build_timm", poisoned)
+    baseline = cli._skeleton_baseline(architecture)
+    assert not baseline.training
+    assert all(torch.isfinite(t).all() for t in baseline.state_dict().values() if t.is_floating_point())
+    with torch.no_grad():
+        assert torch.isfinite(baseline(torch.randn(1, 3, 16, 16))).all()
 
 
 def test_entry_point_subprocess(tmp_path):
@@ -129,6 +161,12 @@ def test_entry_point_subprocess(tmp_path):
     (["bench", "deit_tiny_patch16"], "TARGET: expected a timm model name, got 'deit_tiny_patch16'; did you mean"),
     (["nonsense"], "invalid choice"),
     (["bench", "{tmp}/not_a_model.txt", "--device", "gpu0"], "--device: expected a torch device such as cpu or cuda, got 'gpu0'"),
+    # once a FileExistsError traceback from os.makedirs
+    (["train", *TINY, "--steps", "1", "--out", "{tmp}/not_a_model.txt"], "--out: expected a directory (created if missing), got the file"),
+    (["train", *TINY, "--lr", "inf", "--out", "{tmp}/run"], "expected a finite number > 0, got inf"),  # once NaN at step 1
+    # gate options without --gates were silently dropped (a plain θ model came out)
+    (["convert", *TINY, "--flops-target", "0.6", "-o", "{tmp}/x.safetensors"], "--flops-target: only with --gates"),
+    (["convert", *TINY, "--gate-kind", "G3", "-o", "{tmp}/x.safetensors"], "--gate-kind: only with --gates"),
 ])
 def test_bad_arguments_give_a_clean_error(tmp_path, capsys, argv, message):
     (tmp_path / "not_a_model.txt").write_text("hello")
@@ -199,6 +237,24 @@ def test_pretrained_weights_of_another_head_size_are_adapted_offline(tmp_path, c
     argv = [a if a != "10" else "5" for a in TINY]  # ask for 5 classes: the 10-class head cannot load as is
     assert main(["convert", *argv, "--pretrained", str(weights), "-o", str(tmp_path / "c.safetensors")]) == 0
     assert "adapted by timm" in capsys.readouterr().out
+
+
+def test_pretrained_weights_that_do_not_fit_are_refused(tmp_path, capsys):
+    """timm's adapted load is non-strict: an unrelated file (or a model missing blocks) once "loaded" into a
+    random model with exit status 0."""
+    from safetensors.torch import save_file
+
+    argv = [a if a != "10" else "5" for a in TINY]  # another head size: the adapted (non-strict) path
+    unrelated = tmp_path / "u.safetensors"
+    save_file({"a": torch.zeros(3)}, str(unrelated))
+    partial = tmp_path / "p.safetensors"
+    save_file({k: v for k, v in _tiny_timm().state_dict().items() if not k.startswith("blocks.0.mlp")}, str(partial))
+    for path, names in ((unrelated, "patch_embed.proj.weight"), (partial, "blocks.0.mlp.fc1.weight")):
+        out = tmp_path / "c.safetensors"
+        assert main(["convert", *argv, "--pretrained", str(path), "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--pretrained:" in err and "were not in it" in err and names in err, err
+        assert not out.exists()
 
 
 def test_train_a_timm_name_on_an_image_folder(tmp_path, capsys):

@@ -43,10 +43,12 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
     tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")
     # O_EXCL: never clobber someone else's file; mode 0o666 so the umask applies as for any new file.
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    umask_mode = stat.S_IMODE(os.stat(tmp).st_mode)
     try:
         write(tmp)
-        if os.path.isfile(path):  # a replaced file keeps its permission bits (the new one has the umask's)
-            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+        # A replaced file keeps its permission bits; a new one gets the umask's.  Set after `write`: writers
+        # may recreate the file (safetensors' save_file left every checkpoint 0600 whatever the umask).
+        os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode) if os.path.isfile(path) else umask_mode)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -48,14 +48,20 @@ def _positive_int(text: str) -> int:
 
 
 def _nonneg_float(text: str) -> float:
-    return _checked(text, float, "a number >= 0", lambda v: v >= 0)
+    # finite: `--lr inf` once passed and failed at step 1 with a NaN loss
+    return _checked(text, float, "a finite number >= 0", lambda v: 0 <= v < float("inf"))
 
 
 def _positive_float(text: str) -> float:
-    value = _nonneg_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
-    return value
+    return _checked(text, float, "a finite number > 0", lambda v: 0 < v < float("inf"))
+
+
+def _out_dir(path: str, flag: str = "--out") -> str:
+    """A directory for outputs, created if missing (a file there once raised FileExistsError's traceback)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CLIError(f"{flag}: expected a directory (created if missing), got the file {path!r}")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def _existing_file(text: str) -> str:
@@ -127,10 +133,30 @@ def _timm_model(name: str, *, pretrained: Optional[str], img_size, num_classes, 
     # Otherwise let timm adapt them (a different num_classes drops the classifier, a different img_size
     # resamples the position embedding).  Handing it the tensors, not a path or hub id, keeps it offline.
     overlay = {"state_dict": state, "source": "timm", "hf_hub_id": None, "url": None, "file": None}
-    try:
-        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
-    except (RuntimeError, KeyError, ValueError) as exc:
-        raise CLIError(f"--pretrained: {pretrained!r} does not fit timm {name} with {kwargs} ({str(exc).splitlines()[0]})") from exc
+    import torch
+
+    # timm's adapted load is non-strict (it drops a mismatched classifier), so an unrelated file "loaded" and
+    # left a random model.  Built twice from one seed, a weight matrix timm did not load still equals its
+    # random init: any such tensor outside the classifier means the file does not fit.  (An unusual seed: a
+    # checkpoint that *is* an initialisation, e.g. of seed 0, must not look unloaded.)
+    with torch.random.fork_rng():
+        torch.manual_seed(0x5EED_F17)
+        fresh = timm.create_model(name, pretrained=False, **kwargs).state_dict()
+        torch.manual_seed(0x5EED_F17)
+        try:
+            model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise CLIError(f"--pretrained: {pretrained!r} does not fit timm {name} with {kwargs} "
+                           f"({str(exc).splitlines()[0]})") from exc
+    classifier = model.pretrained_cfg.get("classifier") or ()
+    classifier = (classifier,) if isinstance(classifier, str) else tuple(classifier)
+    unloaded = [k for k, t in model.state_dict().items()
+                if t.dim() >= 2 and not any(k == c or k.startswith(c + ".") for c in classifier)
+                and torch.equal(t, fresh[k])]
+    if unloaded:
+        raise CLIError(f"--pretrained: {pretrained!r} does not fit timm {name} with {kwargs}: {len(unloaded)} weight "
+                       f"tensors were not in it ({', '.join(unloaded[:4])}{', ...' if len(unloaded) > 4 else ''}); "
+                       f"loading it as is: {strict_error}")
     print(f"note: --pretrained weights adapted by timm to {kwargs or 'the default shape'} "
           f"(they did not load as they are: {strict_error})")
     return model
@@ -252,7 +278,10 @@ def cmd_convert(args) -> int:
     from vitfast.train import save_trainable
 
     out = _output_path(args.output)
+    _check_gate_options(args)
     if args.repavit is not None:
+        if getattr(args, "gates", False):
+            raise CLIError("--gates: only for timm ViT/DeiT names (MODEL), not --repavit")
         if _dwconv_given(args):
             raise CLIError("--dwconv-blocks/--dwconv-heads: only for timm ViT/DeiT names (MODEL), not --repavit")
         if args.model is not None or args.pretrained is not None or args.model_kwargs:
@@ -362,7 +391,7 @@ def cmd_train(args) -> int:
         _seed_model_init(settings["seed"])
         model, recipe = _distill_student(args, settings) if _builds_student(args) else _train_source(args, settings)
         out_dir = args.out
-    os.makedirs(out_dir, exist_ok=True)
+    _out_dir(out_dir)
 
     img_size, num_classes = _model_input(model)
     data = settings["data"]
@@ -713,6 +742,7 @@ def cmd_distill_demo(args) -> int:
     from vitfast.distill_demo import format_distill_table, run_distill_demo, target_ordering_holds
 
     _set_threads(args.threads)
+    json_out = _output_path(args.json, "--json") if args.json else None  # checked before minutes of training
     report = run_distill_demo(quick=args.quick, teacher_steps=args.teacher_steps, student_steps=args.student_steps,
                               seed=args.seed, progress=not args.no_progress, log=lambda *a: None)
     print(format_distill_table(report))
@@ -720,11 +750,10 @@ def cmd_distill_demo(args) -> int:
     acc = [r["acc"] for r in report["students"]]
     print(f"Table IX ordering (scratch < scratch+KD < copied): {'holds' if holds else 'does NOT hold'}; "
           f"copied+KD vs copied (row 4, reported only): {acc[3]:.4f} vs {acc[2]:.4f}")
-    if args.json:
-        out = _output_path(args.json, "--json")
-        with open(out, "w") as f:
+    if json_out:
+        with open(json_out, "w") as f:
             json.dump(report, f, indent=2)
-        print(f"wrote {out}")
+        print(f"wrote {json_out}")
     return EXIT_CHECK_FAILED if (args.check and not holds) else EXIT_OK
 
 
@@ -834,13 +863,12 @@ def cmd_bench(args) -> int:
     import torch
 
     import vitfast
-    from vitfast.arch import build_timm
     from vitfast.bench import DEFAULT_PROVIDERS
     from vitfast.checkpoint import read_config
 
     device = _device(args.device)
     json_path = _output_path(args.json, "--json") if args.json else None
-    png_path = _output_path(args.png, "--png") if args.png else None
+    png_path = _chart_path(args.png) if args.png else None
     threads = args.threads or [torch.get_num_threads()]
     if args.providers is not None:
         providers = args.providers
@@ -859,7 +887,7 @@ def cmd_bench(args) -> int:
             if getattr(args, flag) is not None:
                 raise CLIError(f"--{flag.replace('_', '-')}: only applies when TARGET is a timm model name")
         fused = vitfast.load(args.target)
-        baseline = build_timm(read_config(args.target)["architecture"]).eval()
+        baseline = _skeleton_baseline(read_config(args.target)["architecture"])
         note = "baseline = timm eager on the file's timm skeleton (vanilla blocks, random weights); fused = the file"
         recipe = {"file": os.path.basename(args.target)}
         title = f"vitfast bench {os.path.basename(args.target)}"
@@ -878,6 +906,34 @@ def cmd_bench(args) -> int:
         title = f"vitfast bench {args.target} θ={theta} ({args.norm} norm)"
     return _bench_and_report(args, baseline, fused, device, threads, providers, json_path, png_path,
                              title=title, recipe=recipe, note=note)
+
+
+def _chart_path(path: str) -> str:
+    """--png checked before the benchmark runs: an extension matplotlib writes (none: .png, which is what it
+    saves then; the report once printed the name without it), in an existing directory."""
+    from matplotlib.figure import Figure
+
+    _output_path(path, "--png")
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if not ext:
+        path, ext = path + ".png", "png"
+    formats = Figure().canvas.get_supported_filetypes()
+    if ext not in formats:
+        raise CLIError(f"--png: expected a chart file name ending in one of {', '.join('.' + f for f in sorted(formats))}, "
+                       f"got {path!r}")
+    return _output_path(path, "--png")
+
+
+def _skeleton_baseline(architecture: dict) -> "torch.nn.Module":
+    """The timm model a fused file was made from, with timm's random init, in eval mode.
+
+    build_timm skips timm's init (a load overwrites every tensor); timed as it came, its uninitialised memory
+    (NaN cls_token, 1e31 pos_embed) made every "timm" row time a NaN model and the ONNX check fail."""
+    from vitfast.arch import build_timm
+
+    baseline = build_timm(architecture)
+    baseline.init_weights()
+    return baseline.eval()
 
 
 def _bench_and_report(args, baseline, fused, device, threads, providers, json_path, png_path, *, title, recipe,
@@ -1351,7 +1407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_thread_list, default=None, metavar="T1,T2", help="CPU thread counts [default: torch's]")
     p.add_argument("--batch-sizes", type=_batch_list, default="1,8", metavar="B1,B2", help="batch sizes")
     p.add_argument("--repeats", type=_positive_int, default=10, help="timed calls per provider at each (threads, batch)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls first (at least 1: compiles, ORT's first run)")
+    p.add_argument("--warmup", type=_positive_int, default=2, help="untimed calls first (at least 1: compiles, ORT's first run)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the whole report as JSON")
     p.add_argument("--png", default=None, metavar="PATH", help="write a chart (speed-up and %% of floor per provider)")
     p.add_argument("--device", default="cpu", help="device for the torch providers (cpu, cuda, ...); CUDA calls are synchronised")
@@ -1465,7 +1521,7 @@ def cmd_usdc(args) -> int:
     else:
         steps = tuple(s if s is not None else d for s, d in zip(steps, (800, 400, 300)))
         cfg = None
-    os.makedirs(args.out, exist_ok=True)
+    _out_dir(args.out)
     report = run_usdc_study(
         levels=args.levels, pretrain_steps=steps[0], stage1_steps=steps[1], stage2_steps=steps[2],
         flops_target=args.flops_target, eval_batch_sizes=args.batch_sizes, seed=args.seed, threads=args.threads,
@@ -1521,6 +1577,18 @@ def _add_gate_args(p) -> None:
                    help="gate level in training (group: USDC's augmentation)")
     g.add_argument("--gate-kind", choices=("G0", "G1", "G2", "G3", "G4", "G5", "G6"), default=None,
                    help="one fixed gate network instead of the search")
+
+
+def _check_gate_options(args) -> None:
+    """The gate options mean nothing without --gates (they were silently dropped: a plain θ model came out)."""
+    if getattr(args, "gates", False):
+        return
+    given = [flag for flag, value, default in (("--flops-target", getattr(args, "flops_target", None), None),
+                                               ("--gate-kind", getattr(args, "gate_kind", None), None),
+                                               ("--gate-level", getattr(args, "gate_level", "group"), "group"))
+             if value != default]
+    if given:
+        raise CLIError(f"{'/'.join(given)}: only with --gates (USDC gated blocks), got no --gates")
 
 
 def _add_usdc_train_args(p) -> None:
@@ -1658,7 +1726,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (OSError, ValueError):
             pass
         return EXIT_OK
-    except (CLIError, ValueError, TypeError, FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+    except (CLIError, ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
+            IsADirectoryError) as exc:
         # Errors in what was asked for (vitfast's own checks raise these with the argument named).
         if debug:
             raise
