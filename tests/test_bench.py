@@ -133,6 +133,7 @@ def test_default_providers_are_the_five_runtimes():
     # checked before the benchmark runs (an unknown format once failed after it, naming no option)
     (["bench", *TINY, "--png", "{tmp}/r.xyz"], "--png: expected a chart file name ending in one of"),
     (["bench", *TINY, "--warmup", "0"], "--warmup: expected a positive integer, got 0"),
+    (["bench", *TINY, "--join-values"], "--join-values: only with --branches"),
     (["bench", "deit_tiny_patch16"], "TARGET: expected a timm model name, got 'deit_tiny_patch16'; did you mean"),
 ])
 def test_bad_arguments(tmp_path, capsys, argv, message):

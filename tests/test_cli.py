@@ -96,6 +96,10 @@ def test_bench_on_a_fused_file(tmp_path, capsys):
     for row in ("timm eager", "ORT timm", "vitfast fused (kernels)", "vitfast fused (reference ops)"):
         # one table row per batch size (the header lines also start with "ORT timm:")
         assert sum(bool(re.match(rf"{re.escape(row)}\s+\d", line)) for line in out.splitlines()) == 2, row
+    # recipe options rebuild a timm name; with a file they were silently ignored
+    for extra in (["--norm", "layer"], ["--branches", "2"], ["--heuristic", "linear"]):
+        assert main(["bench", fused, *extra]) == 2
+        assert f"{extra[0]}: only applies when TARGET is a timm model name" in capsys.readouterr().err
 
 
 def test_bench_baseline_of_a_file_is_initialised(monkeypatch):
@@ -164,6 +168,7 @@ def test_entry_point_subprocess(tmp_path):
     # once a FileExistsError traceback from os.makedirs
     (["train", *TINY, "--steps", "1", "--out", "{tmp}/not_a_model.txt"], "--out: expected a directory (created if missing), got the file"),
     (["train", *TINY, "--lr", "inf", "--out", "{tmp}/run"], "expected a finite number > 0, got inf"),  # once NaN at step 1
+    (["bench", "{tmp}/not_a_model.txt", "--device", "meta"], "--device: expected cpu or cuda, got 'meta'"),
     # gate options without --gates were silently dropped (a plain θ model came out)
     (["convert", *TINY, "--flops-target", "0.6", "-o", "{tmp}/x.safetensors"], "--flops-target: only with --gates"),
     (["convert", *TINY, "--gate-kind", "G3", "-o", "{tmp}/x.safetensors"], "--gate-kind: only with --gates"),
@@ -223,7 +228,7 @@ def test_convert_repavit_then_verify(tmp_path, capsys):
 
 
 def test_bench_a_timm_name_with_a_recipe(capsys):
-    assert main(["bench", *TINY, "--channel-idle", "0.5", "--batch-sizes", "2", "--repeats", "2", "--warmup", "0",
+    assert main(["bench", *TINY, "--channel-idle", "0.5", "--batch-sizes", "2", "--repeats", "2", "--warmup", "1",
                  "--providers", "vitfast"]) == 0
     out = capsys.readouterr().out
     assert "θ=0.5" in out and "vitfast fused (kernels)" in out
@@ -255,6 +260,28 @@ def test_pretrained_weights_that_do_not_fit_are_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "--pretrained:" in err and "were not in it" in err and names in err, err
         assert not out.exists()
+
+
+def test_models_of_other_input_channels_are_refused_before_training(tmp_path, capsys):
+    """The data are RGB: a 1-channel model once failed in its first forward with a conv traceback."""
+    kwargs = json.loads(TINY[TINY.index("--model-kwargs") + 1])
+    argv = TINY[: TINY.index("--model-kwargs")] + ["--model-kwargs", json.dumps({**kwargs, "in_chans": 1})]
+    assert main(["train", *argv, "--steps", "1", "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert "--data: the data are RGB images (3 channels), the model takes 1 input channels" in capsys.readouterr().err
+    assert main(["select-heads", *argv, "-o", str(tmp_path / "r.json"), "--no-progress"]) == 2
+    assert "--data: the data are RGB images (3 channels), the model takes 1 input channels" in capsys.readouterr().err
+
+
+def test_verify_refuses_models_of_different_input_sizes(tmp_path, capsys):
+    """Once timm's AssertionError traceback from the first forward."""
+    src16, src20, fused16 = (str(tmp_path / n) for n in ("s16.safetensors", "s20.safetensors", "f16.safetensors"))
+    assert main(["convert", *TINY, "-o", src16]) == 0
+    assert main(["convert", *[a if a != "16" else "20" for a in TINY], "-o", src20]) == 0
+    assert main(["fuse", src16, "-o", fused16, "--no-check"]) == 0
+    capsys.readouterr()
+    assert main(["verify", fused16, "--source", src20]) == 2
+    err = capsys.readouterr().err
+    assert "FUSED/--source: expected models of one input size, got 16 px (fused) and 20 px (source)" in err, err
 
 
 def test_train_a_timm_name_on_an_image_folder(tmp_path, capsys):

@@ -262,6 +262,8 @@ def _device(name: str) -> "torch.device":
         raise CLIError(f"--device: expected a torch device such as cpu or cuda, got {name!r}") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CLIError(f"--device: {name!r} asked for, but torch sees no CUDA device here")
+    if device.type not in ("cpu", "cuda"):  # meta holds no data; others have no vitfast kernels
+        raise CLIError(f"--device: expected cpu or cuda, got {name!r}")
     return device
 
 
@@ -346,6 +348,15 @@ def _model_input(model):
     return size, getattr(model, "num_classes", None)
 
 
+def _check_rgb_model(model, flag: str) -> None:
+    """Both data sources (digits, image folders) give RGB images: a model of other input channels failed in its
+    first forward with a conv traceback."""
+    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
+    in_chans = getattr(proj, "in_channels", 3)
+    if in_chans != 3:
+        raise CLIError(f"{flag}: the data are RGB images (3 channels), the model takes {in_chans} input channels")
+
+
 def cmd_train(args) -> int:
     import torch
 
@@ -395,6 +406,7 @@ def cmd_train(args) -> int:
 
     img_size, num_classes = _model_input(model)
     data = settings["data"]
+    _check_rgb_model(model, "--data")
     shard = _data_shard(settings, ctx)
     if data == "digits":
         if img_size is None:
@@ -799,9 +811,12 @@ def cmd_verify(args) -> int:
     img_size, _ = _model_input(source)
     proj = getattr(getattr(source, "patch_embed", None), "proj", None)
     in_chans = proj.in_channels if proj is not None else 3
+    fused_size, _ = _model_input(fused)
+    if fused_size != img_size:  # once timm's AssertionError from the first forward
+        raise CLIError(f"FUSED/--source: expected models of one input size, got {fused_size} px (fused) and "
+                       f"{img_size} px (source)")
     if args.inputs == "digits":
-        if in_chans != 3:
-            raise CLIError(f"--inputs digits: expected a 3-channel model, got {in_chans} input channels")
+        _check_rgb_model(source, "--inputs digits")
         _, loader = digits_loaders(img_size=img_size, batch_size=args.batch_size, eval_batch_size=args.batch_size)
         batches = [x for x, _ in loader]
     else:
@@ -883,8 +898,11 @@ def cmd_bench(args) -> int:
             raise CLIError(f"TARGET: expected a fused .safetensors file or a timm model name, got the directory {args.target!r}")
         if _file_kind(args.target) != "fused":
             raise CLIError(f"TARGET: expected a fused .safetensors (from `vitfast fuse`), got {args.target!r}")
-        for flag in ("channel_idle", "img_size", "num_classes", "model_kwargs"):
-            if getattr(args, flag) is not None:
+        # The recipe options build a model from a timm name; with a file they were silently ignored.
+        defaults = {"norm": "batch", "heuristic": "static"}
+        for flag in ("channel_idle", "img_size", "num_classes", "model_kwargs", "branches", "join_values", "norm",
+                     "heuristic"):
+            if getattr(args, flag, None) not in (None, defaults.get(flag)):
                 raise CLIError(f"--{flag.replace('_', '-')}: only applies when TARGET is a timm model name")
         fused = vitfast.load(args.target)
         baseline = _skeleton_baseline(read_config(args.target)["architecture"])
@@ -897,6 +915,8 @@ def cmd_bench(args) -> int:
                                model_kwargs=args.model_kwargs, flag="TARGET").eval()
         if args.branches is not None:
             return _bench_nondeep(args, baseline, device, threads, providers, json_path, png_path)
+        if args.join_values:
+            raise CLIError("--join-values: only with --branches (a non-deep model)")
         trainable = vitfast.convert.from_timm(baseline, channel_idle=theta, norm=args.norm, heuristic=args.heuristic).eval()
         fused = vitfast.fuse(trainable)
         del trainable
@@ -1069,6 +1089,7 @@ def cmd_select_heads(args) -> int:
                             num_classes=args.num_classes, model_kwargs=args.model_kwargs, flag="SOURCE")
     img_size, _ = _model_input(model)
     data = args.data or "digits"
+    _check_rgb_model(model, "--data")
     # N_s samples from the training split (appendix A.3.3), without augmentation: the score measures the map's
     # spread over the data, not over random crops.
     if data == "digits":
