@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -270,6 +271,48 @@ def test_models_of_other_input_channels_are_refused_before_training(tmp_path, ca
     assert "--data: the data are RGB images (3 channels), the model takes 1 input channels" in capsys.readouterr().err
     assert main(["select-heads", *argv, "-o", str(tmp_path / "r.json"), "--no-progress"]) == 2
     assert "--data: the data are RGB images (3 channels), the model takes 1 input channels" in capsys.readouterr().err
+
+
+def test_outputs_never_replace_their_input(tmp_path, capsys):
+    src, fused = str(tmp_path / "s.safetensors"), str(tmp_path / "f.safetensors")
+    assert main(["convert", *TINY, "-o", src]) == 0
+    assert main(["fuse", src, "-o", fused, "--no-check"]) == 0
+    before = (open(src, "rb").read(), open(fused, "rb").read())
+    capsys.readouterr()
+    assert main(["fuse", src, "-o", src]) == 2
+    assert "-o/--output: expected another path than SOURCE" in capsys.readouterr().err
+    assert main(["export", fused, "-o", fused]) == 2
+    assert "-o/--output: expected another path than FUSED" in capsys.readouterr().err
+    assert (open(src, "rb").read(), open(fused, "rb").read()) == before
+
+
+def test_val_data_needs_an_image_folder(tmp_path, capsys):
+    assert main(["train", *TINY, "--steps", "1", "--val-data", str(tmp_path), "--out", str(tmp_path / "run"),
+                 "--no-progress"]) == 2
+    assert "--val-data: only with --data DIR" in capsys.readouterr().err
+
+
+def test_train_stopped_by_a_signal_is_not_status_zero(tmp_path, capsys, monkeypatch):
+    """A SIGTERM'd run writes its checkpoint, then exits 130: `vitfast train ... && vitfast fuse ...` must stop."""
+    from vitfast.train import Trainer
+
+    fit = Trainer.fit
+
+    class Term:
+        def on_step(self, trainer, metrics):
+            if trainer.step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)  # the CLI's trainer handles it: stop after this step
+
+    def stop_after_the_first_step(self):
+        assert self.handle_signals  # else the SIGTERM below would kill the test process
+        self.callbacks.append(Term())
+        return fit(self)
+
+    monkeypatch.setattr(Trainer, "fit", stop_after_the_first_step)
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "3", "--out", str(run), "--no-progress"]) == 130
+    assert "stopped at step 1/3 (signal)" in capsys.readouterr().out
+    assert (run / "trainer.pt").exists() and (run / "model.safetensors").exists()
 
 
 def test_verify_refuses_models_of_different_input_sizes(tmp_path, capsys):

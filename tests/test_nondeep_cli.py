@@ -67,6 +67,17 @@ def test_adjust_steps_sets_the_joining_length(tmp_path, capsys):
     assert blocks[0].schedule.warmup_steps == 4 and blocks[0].attn.join_values and recipe["join_values"]
 
 
+@pytest.mark.parametrize("options", [["--join-start", "4", "--join-steps", "100"], ["--adjust-steps", "-1"]],
+                         ids=["joins-after-the-run", "negative-adjust"])
+def test_joining_must_end_within_the_run(tmp_path, capsys, options):
+    """λ < 1 at the last step: the run once "finished" (status 0, "next: vitfast fuse") and fuse then refused."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--branches", "2", "--steps", "6", *options, "--out", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "the model fuses only once λ = 1" in err or "--adjust-steps" in err, err
+    assert not (run / "model.safetensors").exists()
+
+
 def test_attention_distillation_from_a_teacher(tmp_path, capsys):
     teacher_run = tmp_path / "teacher"
     assert main(["train", *TINY, "--steps", "2", "--out", str(teacher_run), "--no-progress"]) == 0

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports torch lazily, so `--help`
 
 from vitfast.dwconv_recipe import DWCONV_SETTINGS  # names of the DW-conv options (no torch import)
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class CLIError(Exception):
@@ -99,6 +99,13 @@ def _output_path(path: str, flag: str = "-o/--output") -> str:
     if os.path.isdir(path):
         raise CLIError(f"{flag}: expected a file path, got {path!r} (a directory)")
     return path
+
+
+def _not_the_input(out: str, source: str, flag: str = "-o/--output", what: str = "SOURCE") -> None:
+    """The output must not be the input file: it was replaced without a word (fuse: the train-time model by the
+    fused one; export: the fused model by ONNX)."""
+    if os.path.exists(out) and os.path.exists(source) and os.path.samefile(out, source):
+        raise CLIError(f"{flag}: expected another path than {what} {source!r} (writing would replace it)")
 
 
 # ---------------------------------------------------------------------------------------------- model helpers
@@ -409,6 +416,8 @@ def cmd_train(args) -> int:
     _check_rgb_model(model, "--data")
     shard = _data_shard(settings, ctx)
     if data == "digits":
+        if settings.get("val_data") is not None:  # was silently unused
+            raise CLIError("--val-data: only with --data DIR (the digits have their own validation split)")
         if img_size is None:
             raise CLIError("SOURCE: cannot tell the model's input size (no patch_embed.img_size)")
         train_loader, val_loader = digits_loaders(img_size=img_size, seed=settings["seed"], **shard)
@@ -464,8 +473,11 @@ def cmd_train(args) -> int:
         save_trainable(model.cpu(), model_path,
                        recipe={**recipe, "trained": {k: settings[k] for k in ("data", "steps", "epochs", "lr", "seed")}})
     _train_process_group_end(ctx)
+    # Stopped by a signal: checkpoint written, training not done.  Not status 0, so `vitfast train ... && vitfast
+    # fuse ...` does not fuse a half-trained model (130, as an interrupt).
+    status = EXIT_INTERRUPTED if summary.get("stopped") else EXIT_OK
     if ctx.rank != 0:
-        return EXIT_OK
+        return status
     if summary.get("stopped"):
         print(f"stopped at step {summary['step']}/{trainer.total_steps} (signal); "
               f"continue with `vitfast train --resume {trainer.checkpoint_path}`")
@@ -474,7 +486,7 @@ def cmd_train(args) -> int:
         print(f"step {summary['step']}: val acc {last['acc']:.4f}, val loss {last['loss']:.4f} ({summary['seconds']:.1f} s)")
     print(f"wrote {model_path} (train-time) and {trainer.checkpoint_path} (resumable); "
           f"next: `vitfast fuse {model_path} -o fused.safetensors`")
-    return EXIT_OK
+    return status
 
 
 def _train_source(args, settings):
@@ -777,6 +789,7 @@ def cmd_fuse(args) -> int:
     from vitfast.demo import count_parameters
 
     out = _output_path(args.output)
+    _not_the_input(out, args.source)
     model, _ = _load_source(args.source, "SOURCE")
     fused = vitfast.fuse(model)
     vitfast.save(fused, out)
@@ -1027,6 +1040,7 @@ def cmd_export(args) -> int:
     from vitfast.export import ExportError, ExportMismatchError, to_onnx
 
     out = _output_path(args.output)
+    _not_the_input(out, args.fused, what="FUSED")
     if _file_kind(args.fused) != "fused":
         raise CLIError(f"FUSED: expected a fused .safetensors (from `vitfast fuse`), got a train-time file {args.fused!r} "
                        "(fuse it first)")
@@ -1259,6 +1273,10 @@ def _apply_join_settings(model, settings, total_steps: int) -> None:
             schedule = JoinSchedule(kind, None, warmup_fraction=settings["join_steps"], start_step=start)
         else:
             schedule = JoinSchedule(kind, start_step=start)
+        end = start + schedule.warmup_length(total_steps)
+        if end > total_steps:  # λ < 1 at the end: the run "finished", then `vitfast fuse` refused the model
+            raise CLIError(f"--join-start/--join-steps/--adjust-steps: joining would end at step {end}, after the run's "
+                           f"last step {total_steps}; the model fuses only once λ = 1")
         for block in blocks:
             block.schedule = schedule
     if settings.get("diversity_weight") is not None:
@@ -1740,7 +1758,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"vitfast {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `vitfast ... | head`: the reader left; not an error worth a traceback
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
