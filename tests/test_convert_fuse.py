@@ -128,6 +128,18 @@ def test_layer_norms_without_affine_or_bias(norm_kwargs, norm):
             assert_close_scaled(from_timm(model, channel_idle=0.0, norm="layer")(IMAGES), model(IMAGES))
 
 
+@pytest.mark.parametrize("method", [dict(dwconv_blocks=[0]), dict(dwconv_heads={0: [1]}), dict(gates=True),
+                                    dict(channel_idle=0.5)], ids=["dwconv_blocks", "dwconv_heads", "gates", "repavit"])
+def test_parallel_blocks_are_refused_by_name(method):
+    """Every method names the unsupported block (dwconv and gates once raised AttributeError: no 'attn')."""
+    from timm.models.vision_transformer import ParallelScalingBlock
+
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5,
+                              block_fn=ParallelScalingBlock)
+    with pytest.raises(ValueError, match=r"ParallelScalingBlock"):
+        from_timm(model, **method)
+
+
 def test_distilled_deit():
     model = randomize(VisionTransformerDistilled(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
                                                  num_classes=10))

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .nn.nondeep import JoinSchedule
 
 from .nn.channel_idle import FFN_NORMS, HEURISTICS, ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock, idle_ratios
+from .nn._timm import vit_block_spec
 
 __all__ = ["from_timm", "from_repavit", "REPAVIT_HEADS"]
 __all__ += ["remove_prefix_tokens"]
@@ -611,6 +612,8 @@ def _from_timm_dwconv(model, channel_idle, norm, heuristic, spread, calibration_
         raise ValueError(f"dwconv_blocks/dwconv_heads: only timm VisionTransformer models (ViT/DeiT), got "
                          f"{type(model).__name__}")
     depth = len(model.blocks)
+    for i, block in enumerate(model.blocks):  # before any .attn access: parallel blocks have none
+        vit_block_spec(block, f"model.blocks[{i}]")
     heads = model.blocks[0].attn.num_heads if depth else 0
     plan = _dwconv_plan(depth, heads, dwconv_blocks, dwconv_heads, ranking)
     if channel_idle is None:

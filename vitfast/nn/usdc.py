@@ -125,7 +125,7 @@ class USDCBlock(nn.Module):
 
         from .channel_idle import ChannelIdleBlock
 
-        dim = block.attn.qkv.in_features
+        # The type first: a parallel block has no .attn (an AttributeError once came out of the next line).
         if type(block) is TimmBlock:
             _timm.vit_block_spec(block, name)
             norm2, mlp, ls2 = block.norm2, block.mlp, block.ls2
@@ -133,6 +133,7 @@ class USDCBlock(nn.Module):
             norm2, mlp, ls2 = None, block.mlp, None
         else:
             raise ValueError(f"{name}: expected a timm ViT Block or ChannelIdleBlock, got {type(block).__name__}")
+        dim = block.attn.qkv.in_features
         if static and not isinstance(getattr(block.attn, "norm", nn.Identity()), nn.Identity):
             raise ValueError(f"{name}.attn.norm: head pruning needs no scale-norm over the heads, got a LayerNorm")
         device, dtype = block.attn.qkv.weight.device, block.attn.qkv.weight.dtype
