@@ -356,3 +356,29 @@ def test_image_folder_loaders(tmp_path):
     assert torch.equal(train.dataset[(2, 99)][0], train.dataset[(2, 99)][0])
     with pytest.raises(FileNotFoundError, match="root: expected a directory"):
         image_folder_loaders(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("method", [{}, {"channel_idle": 0.5}, {"branches": 2}, {"dwconv_blocks": [0]}],
+                         ids=["timm", "channel_idle", "nondeep", "dwconv"])
+def test_described_model_keeps_its_dropout_and_drop_path(method):
+    """The description once held no regularisation: a rebuilt model (every --resume) trained without dropout, and
+    one with drop-path could not be described at all ("DropPath described, Identity rebuilt")."""
+    import json
+
+    from timm.layers import DropPath
+
+    import vitfast
+    from vitfast.train import build_trainable, describe_trainable
+
+    model = tiny_vit(depth=2, drop_rate=0.1, attn_drop_rate=0.15, proj_drop_rate=0.2, drop_path_rate=0.3)
+    if method:
+        model = vitfast.convert.from_timm(model, **method)
+
+    def rates(m):
+        return sorted((name, type(sub).__name__, round(float(getattr(sub, "p", getattr(sub, "drop_prob", 0.0))), 6))
+                      for name, sub in m.named_modules() if isinstance(sub, (nn.Dropout, DropPath))
+                      and float(getattr(sub, "p", getattr(sub, "drop_prob", 0.0))) > 0)
+
+    rebuilt = build_trainable(json.loads(json.dumps(describe_trainable(model))))
+    assert rates(rebuilt) == rates(model) and rates(model)
+    assert any(kind == "DropPath" for _, kind, _ in rates(model))  # the case the rebuild could not handle at all

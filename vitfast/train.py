@@ -940,6 +940,7 @@ def describe_trainable(model: nn.Module) -> Dict[str, Any]:
         raise ValueError(f"model: expected one FFN norm type for all blocks, got {sorted({f['norm'] for f in ffn})}")
     eps = {name: float(m.eps) for name, m in model.named_modules() if isinstance(getattr(m, "eps", None), float)}
     types = {name: type(m).__name__ for name, m in model.named_modules()}
+    dropout = _describe_dropout(model)
     architecture = describe_timm(model)
     usdc = describe_usdc(model, architecture)
     extra = {"usdc": usdc} if usdc is not None else {}
@@ -953,13 +954,57 @@ def describe_trainable(model: nn.Module) -> Dict[str, Any]:
         "channel_idle": ffn,
         "eps": eps,
         "module_types": types,
+        "dropout": dropout,
         **extra,
     }
+
+
+# Regularisation the skeleton description does not hold (describe_timm records what an eval model computes):
+# without it a rebuilt model trained without dropout (a --resume was no longer the run it resumed) and one
+# with drop-path could not be saved at all ("DropPath described, Identity rebuilt").
+def _describe_dropout(model: nn.Module) -> Dict[str, Dict[str, Any]]:
+    from timm.layers import DropPath, PatchDropout
+
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Dropout) and m.p > 0:
+            out[name] = {"kind": "Dropout", "p": float(m.p)}
+        elif isinstance(m, DropPath) and m.drop_prob > 0:
+            out[name] = {"kind": "DropPath", "p": float(m.drop_prob), "scale_by_keep": bool(m.scale_by_keep)}
+        elif isinstance(m, PatchDropout) and m.prob > 0:
+            out[name] = {"kind": "PatchDropout", "p": float(m.prob), "num_prefix_tokens": int(m.num_prefix_tokens)}
+        if isinstance(getattr(m, "attn_drop", None), float) and m.attn_drop > 0:  # e.g. DWConvAttention's SDPA rate
+            out[f"{name}#attn_drop"] = {"kind": "rate", "p": float(m.attn_drop)}
+    return out
+
+
+def _restore_dropout(model: nn.Module, entries: Dict[str, Dict[str, Any]]) -> None:
+    from timm.layers import DropPath, PatchDropout
+
+    for path, e in entries.items():
+        module_path, _, attr = path.partition("#")
+        try:
+            target = model.get_submodule(module_path) if module_path else model
+        except AttributeError:
+            raise ValueError(f"description['dropout'][{path!r}]: no such module in the rebuilt model") from None
+        p, kind = float(e["p"]), e.get("kind")
+        if attr:
+            setattr(target, attr, p)
+        elif kind == "Dropout":
+            target.p = p
+        elif kind in ("DropPath", "PatchDropout"):
+            new = (DropPath(p, scale_by_keep=bool(e.get("scale_by_keep", True))) if kind == "DropPath"
+                   else PatchDropout(p, num_prefix_tokens=int(e.get("num_prefix_tokens", 1))))
+            parent_path, _, leaf = module_path.rpartition(".")
+            setattr(model.get_submodule(parent_path) if parent_path else model, leaf, new)
+        else:
+            raise ValueError(f"description['dropout'][{path!r}]: unknown kind {kind!r}")
 
 
 def _restore_described(model: nn.Module, desc: Dict[str, Any]) -> nn.Module:
     """The last step of every rebuild from a description: the recorded LayerNorm eps values, then a check that the
     module tree (names and types) is the one that was described."""
+    _restore_dropout(model, desc.get("dropout") or {})
     modules = dict(model.named_modules())
     for name, value in (desc.get("eps") or {}).items():
         if name in modules and hasattr(modules[name], "eps"):
@@ -1056,6 +1101,7 @@ def _describe_nondeep(model: nn.Module) -> Dict[str, Any]:
         "channel_idle": [],
         "eps": eps,
         "module_types": {name: type(m).__name__ for name, m in model.named_modules()},
+        "dropout": _describe_dropout(model),
     }
 
 
