@@ -471,3 +471,25 @@ def test_torch_compile_fullgraph_of_a_gated_model():
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), fused(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rates", [dict(drop_path_rate=0.5), dict(attn_drop_rate=0.5)], ids=["drop_path", "attn_drop"])
+def test_usdc_training_keeps_the_source_regularisation(rates, monkeypatch):
+    """USDC blocks once dropped drop-path and attention dropout: train-mode forwards were deterministic."""
+    import json
+
+    import vitfast.nn.usdc as usdc_nn
+    from vitfast.train import build_trainable, describe_trainable
+
+    monkeypatch.setattr(usdc_nn, "hard_gates", lambda logits, training, tau=5.0: torch.ones(logits.shape[:2]))
+    torch.manual_seed(0)
+    source = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=10, **rates)
+    model = vitfast.convert.from_timm(source, gates=True, gate_search=False)
+    block = model.blocks[1].train()
+    x = torch.randn(16, 17, 32)
+    assert not torch.equal(block(x), block(x))  # stochastic in training (all gates open)
+    block.eval()
+    assert torch.equal(block(x), block(x))
+    rebuilt = build_trainable(json.loads(json.dumps(describe_trainable(model))))  # what --resume builds
+    rebuilt.load_state_dict(model.state_dict())
+    assert not torch.equal(rebuilt.blocks[1].train()(x), rebuilt.blocks[1](x))

@@ -983,20 +983,23 @@ def _restore_dropout(model: nn.Module, entries: Dict[str, Dict[str, Any]]) -> No
 
     for path, e in entries.items():
         module_path, _, attr = path.partition("#")
+        p, kind = float(e["p"]), e.get("kind")
+        # Drop-path/patch-dropout modules replace what the rebuild put there (Identity, or nothing: a USDC block
+        # without drop-path has no child); a Dropout or a rate attribute is set on the module that has it.
+        if kind in ("DropPath", "PatchDropout") and not attr:
+            module_path, _, attr = module_path.rpartition(".")
         try:
             target = model.get_submodule(module_path) if module_path else model
         except AttributeError:
             raise ValueError(f"description['dropout'][{path!r}]: no such module in the rebuilt model") from None
-        p, kind = float(e["p"]), e.get("kind")
-        if attr:
+        if kind == "rate":
             setattr(target, attr, p)
         elif kind == "Dropout":
             target.p = p
-        elif kind in ("DropPath", "PatchDropout"):
-            new = (DropPath(p, scale_by_keep=bool(e.get("scale_by_keep", True))) if kind == "DropPath"
-                   else PatchDropout(p, num_prefix_tokens=int(e.get("num_prefix_tokens", 1))))
-            parent_path, _, leaf = module_path.rpartition(".")
-            setattr(model.get_submodule(parent_path) if parent_path else model, leaf, new)
+        elif kind == "DropPath":
+            setattr(target, attr, DropPath(p, scale_by_keep=bool(e.get("scale_by_keep", True))))
+        elif kind == "PatchDropout":
+            setattr(target, attr, PatchDropout(p, num_prefix_tokens=int(e.get("num_prefix_tokens", 1))))
         else:
             raise ValueError(f"description['dropout'][{path!r}]: unknown kind {kind!r}")
 

@@ -67,7 +67,8 @@ class USDCBlock(nn.Module):
     _no_weight_decay = ("alpha_attn", "alpha_ffn", "alpha_heads", "alpha_channels")
 
     def __init__(self, *, dim: int, norm1, attn, ls1, norm2, mlp, ls2, gate: nn.Module, level: str = "group",
-                 static: bool = False, static_init: float = 3.0, tokens: int = 197) -> None:
+                 static: bool = False, static_init: float = 3.0, tokens: int = 197,
+                 drop_path1: Optional[nn.Module] = None, drop_path2: Optional[nn.Module] = None) -> None:
         super().__init__()
         if level not in GATE_LEVELS:
             raise ValueError(f"level: expected one of {GATE_LEVELS}, got {level!r}")
@@ -77,6 +78,10 @@ class USDCBlock(nn.Module):
         self.norm1, self.attn, self.ls1 = norm1, attn, ls1
         self.norm2, self.mlp, self.ls2 = norm2, mlp, ls2
         self.gate = gate
+        # The source block's drop-path (training regularisation; identity in eval), kept only when it drops:
+        # a block without one has no such child, as before (trainable descriptions list every child).
+        self.drop_path1 = drop_path1 if drop_path1 is not None and not isinstance(drop_path1, nn.Identity) else None
+        self.drop_path2 = drop_path2 if drop_path2 is not None and not isinstance(drop_path2, nn.Identity) else None
         self.ffn_owned = mlp is not None and not isinstance(mlp, Mlp)
         # The shapes before stage-2 pruning (checkpoint descriptions rebuild the skeleton from them).
         self.orig_heads = attn.num_heads if attn is not None else 0
@@ -139,8 +144,10 @@ class USDCBlock(nn.Module):
         device, dtype = block.attn.qkv.weight.device, block.attn.qkv.weight.dtype
         gate = (GateSearch(dim, gate_hidden, device=device, dtype=dtype) if search
                 else GateNet(gate_kind, dim, gate_hidden, device=device, dtype=dtype))
+        # drop_path2 only beside a timm Mlp: a ChannelIdleMlp applies its own.
         return cls(dim=dim, norm1=block.norm1, attn=block.attn, ls1=block.ls1, norm2=norm2, mlp=mlp, ls2=ls2,
-                   gate=gate, level=level, static=static, static_init=static_init, tokens=tokens)
+                   gate=gate, level=level, static=static, static_init=static_init, tokens=tokens,
+                   drop_path1=block.drop_path1, drop_path2=block.drop_path2 if norm2 is not None else None)
 
     # ------------------------------------------------------------------------------------------ forward
     def gates(self, x: torch.Tensor) -> torch.Tensor:
@@ -157,7 +164,9 @@ class USDCBlock(nn.Module):
         qkv = attn.qkv(x).reshape(batch, tokens, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = attn.q_norm(q), attn.k_norm(k)
-        out = F.scaled_dot_product_attention(q, k, v)  # [B, H, N, D]
+        # timm's attention dropout, which SDPA applies to the probabilities (it was left out: never dropped)
+        drop = attn.attn_drop.p if self.training and isinstance(attn.attn_drop, nn.Dropout) else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)  # [B, H, N, D]
         if head_mask is not None:
             out = out * head_mask[None, :, None, None]
         out = out.transpose(1, 2).reshape(batch, tokens, attn.num_heads * attn.head_dim)
@@ -181,12 +190,14 @@ class USDCBlock(nn.Module):
         if self.attn is not None:
             ga = g[:, 0] if a is None else g[:, 0] * a
             if self.training or bool(ga.any()):
-                z = z + ga[:, None, None] * self.ls1(self._attention(self.norm1(x), heads))
+                y = self.ls1(self._attention(self.norm1(x), heads))
+                z = z + ga[:, None, None] * (self.drop_path1(y) if self.drop_path1 is not None else y)
             flops = flops + ga.mean() * self._attn_macs(heads)
         if self.mlp is not None:
             gf = g[:, 1] if f is None else g[:, 1] * f
             if self.training or bool(gf.any()):
-                z = z + gf[:, None, None] * self._ffn(z, channels)
+                y = self._ffn(z, channels)
+                z = z + gf[:, None, None] * (self.drop_path2(y) if self.drop_path2 is not None else y)
             flops = flops + gf.mean() * self._ffn_macs(channels)
         self.last_flops = flops / self.flops_total
         return z
@@ -228,7 +239,8 @@ class USDCBlock(nn.Module):
         gate = self.gate.selected() if isinstance(self.gate, GateSearch) else self.gate
         new = USDCBlock(dim=self.dim, norm1=self.norm1, attn=attn, ls1=self.ls1,
                         norm2=self.norm2 if mlp is not None else None, mlp=mlp, ls2=self.ls2,
-                        gate=copy.deepcopy(gate), level=self.level, static=False, tokens=self.tokens)
+                        gate=copy.deepcopy(gate), level=self.level, static=False, tokens=self.tokens,
+                        drop_path1=self.drop_path1, drop_path2=self.drop_path2 if mlp is not None else None)
         new.flops_total = self.flops_total
         new.orig_heads, new.orig_hidden = self.orig_heads, self.orig_hidden
         return new.train(self.training)
