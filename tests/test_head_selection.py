@@ -209,3 +209,18 @@ def test_dsp_gate_arguments():
         DSPGate(3, 4)
     with pytest.raises(ValueError, match="tau_start/tau_end"):
         DSPGate(3, 1, tau_start=1e-4, tau_end=1e-3)
+
+
+def test_dsp_per_head_mix_applies_the_attention_dropout():
+    """The per-head mix computed SDPA without dropout and skipped proj_drop: deterministic in training, unlike
+    the per-block gate."""
+    torch.manual_seed(0)
+    source = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=4, num_classes=10,
+                               attn_drop_rate=0.5)
+    model = attach_dsp(source, 2, per_head=True).train()
+    model.dsp_gate.weights = lambda: torch.full((4,), 0.5)  # a fixed mix: the gate's Gumbel draws are random too
+    x = torch.randn(4, 17, 32)
+    attn = model.blocks[0].attn
+    assert not torch.equal(attn(x), attn(x))
+    model.eval()
+    assert torch.equal(attn(x), attn(x))

@@ -422,3 +422,11 @@ def test_joined_ffn_branches_get_the_same_gradient():
         for name in ("fc1", "fc2"):
             g0, g1 = (getattr(br, name).weight.grad for br in block.mlp.branches)
             assert torch.allclose(g0, g1, rtol=1e-5, atol=1e-7) == same, (lam, name)
+
+
+def test_conversion_keeps_the_branches_dropout():
+    """Attention, projection and MLP dropout were left at 0 by the conversion (drop-path alone was carried)."""
+    model = from_timm(_vit(depth=4, attn_drop_rate=0.3, proj_drop_rate=0.2, drop_path_rate=0.1), branches=2)
+    for block in model.blocks:
+        assert block.attn.attn_drop.p == 0.3 and block.proj_drop.p == 0.2
+        assert all(m.p == 0.2 for m in block.mlp.modules() if isinstance(m, nn.Dropout))

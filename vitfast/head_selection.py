@@ -375,7 +375,9 @@ def _per_head_mix(attn: nn.Module, conv, x: torch.Tensor, g: torch.Tensor) -> to
     batch, tokens, _ = x.shape
     heads, hd = attn.num_heads, attn.head_dim
     qkv = attn.qkv(x).reshape(batch, tokens, 3, heads, hd).permute(2, 0, 3, 1, 4)
-    a = F.scaled_dot_product_attention(attn.q_norm(qkv[0]), attn.k_norm(qkv[1]), qkv[2])  # [B, H, N, hd]
+    # timm's attention and projection dropout, as the per-block path (timm's own forward) applies them
+    drop = attn.attn_drop.p if attn.training and isinstance(attn.attn_drop, nn.Dropout) else 0.0
+    a = F.scaled_dot_product_attention(attn.q_norm(qkv[0]), attn.k_norm(qkv[1]), qkv[2], dropout_p=drop)
     w_v, b_v, _ = conv.conv_weights()
     v = F.linear(x, w_v, b_v)  # [B, N, H·hd]
     prefix = tokens - conv.grid_size[0] * conv.grid_size[1]
@@ -386,7 +388,7 @@ def _per_head_mix(attn: nn.Module, conv, x: torch.Tensor, g: torch.Tensor) -> to
         u = torch.cat([v[:, prefix:].mean(1, keepdim=True).expand(batch, prefix, -1), u], dim=1)
     u = u.reshape(batch, tokens, heads, hd).transpose(1, 2)
     mixed = (1 - g)[None, :, None, None] * a + g[None, :, None, None] * u
-    return attn.proj(mixed.transpose(1, 2).reshape(batch, tokens, heads * hd))
+    return attn.proj_drop(attn.proj(mixed.transpose(1, 2).reshape(batch, tokens, heads * hd)))
 
 
 def attach_dsp(
