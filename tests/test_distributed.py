@@ -184,6 +184,29 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_is_exact(tmp_
         assert torch.equal(va, vb), key
 
 
+def test_unequal_micro_batches_weigh_by_their_samples():
+    """Micro-batches of 4 and 2 (a loader without drop_last) = one batch of 6: each micro-batch's mean loss once
+    weighed 1/A, the 2-sample tail as much as the 4 (the gradient was off by up to half its size)."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vitfast.train import Trainer
+
+    def ln_vit():
+        torch.manual_seed(4)
+        return VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=10)
+
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 3, 16, 16, generator=g), torch.randint(0, 10, (6,), generator=g)
+    sgd = lambda groups: torch.optim.SGD(groups, lr=0.5)  # noqa: E731
+    a, b = ln_vit(), ln_vit()
+    Trainer(a, total_steps=1, warmup_steps=0, optimizer=sgd, progress=False).train_step((x, y))
+    accum = Trainer(b, total_steps=1, warmup_steps=0, optimizer=sgd, progress=False, grad_accum=2)
+    metrics = accum.train_step((x[:4], y[:4]), (x[4:], y[4:]))
+    for (key, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(va, vb, atol=2e-6, rtol=1e-5, msg=key)
+    assert metrics["loss"] > 0
+
+
 def test_resume_with_another_grad_accum_continues_at_the_same_sample(tmp_path):
     ckpt = tmp_path / "t.pt"
     make_trainer(bn_vit(), checkpoint_path=ckpt).fit(until_step=2)

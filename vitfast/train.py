@@ -535,7 +535,13 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, correct, count, parts_sum = 0.0, 0, 0, {}
+        # Each micro-batch's loss (a mean over its samples) weighs by its share of the step's samples: with
+        # unequal micro-batches (a loader without drop_last) 1/A weighted a 2-sample tail like a full 4 (the
+        # gradient was off by up to half its size).  Equal sizes keep the exact 1/A of before.
+        sizes = [int(mb[0].shape[0]) if isinstance(mb, (tuple, list)) and torch.is_tensor(mb[0]) else 1 for mb in micro]
+        equal = len(set(sizes)) == 1
         for i, mb in enumerate(micro):
+            weight = 1.0 / len(micro) if equal else sizes[i] / sum(sizes)
             images, targets = self._to_device(mb)
             last = i == len(micro) - 1
             no_sync = self.ddp_model.no_sync() if (self.ddp_model is not None and not last) else contextlib.nullcontext()
@@ -547,11 +553,11 @@ class Trainer:
                         f"loss: expected a finite value, got {float(loss)} at step {self.step} (parts: {parts}); "
                         "lower lr or enable grad_clip"
                     )
-                scaled = loss.float() / len(micro)
+                scaled = loss.float() / len(micro) if equal else loss.float() * weight
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            loss_sum += float(loss.detach())
+            loss_sum += float(loss.detach()) * (1.0 if equal else weight * len(micro))
             for k, v in parts.items():
-                parts_sum[k] = parts_sum.get(k, 0.0) + v
+                parts_sum[k] = parts_sum.get(k, 0.0) + v * (1.0 if equal else weight * len(micro))
             with torch.no_grad():
                 if logits.ndim == 2 and targets.ndim == 1:
                     correct += int((logits.argmax(-1) == targets).sum())
