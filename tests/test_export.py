@@ -140,7 +140,12 @@ def test_custom_domain_nodes_are_refused():
     (dict(exporter="tflite"), ValueError, "exporter: expected one of"),
     (dict(opset=9), ValueError, r"opset: expected an int in \[14, 23\]"),
     (dict(input_shape=(3, 16)), ValueError, r"input_shape: expected \(C, H, W\)"),
-    (dict(atol=-1.0), ValueError, "atol: expected a number >= 0, got -1.0"),
+    (dict(atol=-1.0), ValueError, "atol: expected a finite number >= 0, got -1.0"),
+    (dict(atol=float("inf")), ValueError, "atol: expected a finite number >= 0, got inf"),  # turned the check off
+    (dict(input_shape=(3, 32.9, 32)), ValueError, r"input_shape: expected \(C, H, W\), three positive ints"),
+    (dict(input_shape=32), ValueError, r"input_shape: expected \(C, H, W\), three positive ints, got 32"),
+    (dict(check="no"), ValueError, "check: expected True or False, got 'no'"),
+    (dict(seed="x"), ValueError, "seed: expected an int, got 'x'"),
 ])
 def test_bad_arguments(tmp_path, kwargs, error, message):
     kwargs = {k: (v.replace("{tmp}", str(tmp_path)) if isinstance(v, str) and "{tmp}" in v else v)
@@ -201,3 +206,49 @@ def test_cli_export_bad_arguments(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err, err
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_gated_model_exports_a_graph_that_decides_per_batch(tmp_path):
+    """USDC gates decide from the batch: the TorchScript trace once recorded the trace-time decisions (a host-side
+    branch), and the file was up to 19% off on batches deciding otherwise while the export check passed."""
+    from vitfast.reference import batch_gate_logits
+
+    torch.manual_seed(0)
+    vit = timm.models.vision_transformer.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2,
+                                                           num_heads=2, num_classes=10).eval()
+    fused = vitfast.fuse(vitfast.convert.from_timm(vit, gates=True, gate_search=False).eval())
+    gate, seen = fused.blocks[0].gate, {}
+    hook = gate.register_forward_hook(lambda m, i, o: seen.update(x=i[0]))
+    with torch.no_grad():
+        fused(torch.randn(64, 3, 32, 32))
+        hook.remove()
+        # block 0's MHSA logit at 0 for N(0,1) images: its decision then flips from batch to batch
+        gate.b2[0] -= batch_gate_logits(seen["x"], gate.w1, gate.b1, gate.w2, gate.b2, gate.layer_norm, gate.act,
+                                        gate.eps)[0]
+    path = tmp_path / "gated.onnx"
+    to_onnx(fused, path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    decisions, worst, scale = set(), 0.0, 0.0
+    hook = gate.register_forward_hook(lambda m, i, o: decisions.add(tuple(o.tolist())))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _ in range(16):
+            x = torch.randn(3, 3, 32, 32, generator=g)
+            y = fused(x)
+            got = torch.from_numpy(session.run(None, {"images": x.numpy()})[0])
+            worst, scale = max(worst, float((got - y).abs().max())), max(scale, float(y.abs().max()))
+    hook.remove()
+    assert len(decisions) > 1, "the batches all decided alike: the test would not see a frozen decision"
+    assert worst <= 1e-4 * max(scale, 1.0), f"ORT differs from vitfast by {worst:.3g} (output scale {scale:.3g})"
+
+
+@pytest.mark.slow
+def test_an_opset_the_exporter_did_not_write_is_an_error(tmp_path):
+    """The torch.export-based exporter writes opset 18+: asked for 14 it once returned an opset-18 file and a
+    report saying so, with nothing but a torch warning; now an error naming opset, and no file."""
+    fused = tiny_fused(theta=0.5)
+    path = tmp_path / "m.onnx"
+    with pytest.raises(ExportError, match=r"opset: expected the file to have opset 14, the dynamo exporter wrote 18"):
+        to_onnx(fused, path, exporter="dynamo", opset=14)
+    assert not path.exists()
+    assert to_onnx(fused, path, opset=14).opset == 14  # "auto": the TorchScript exporter writes it
