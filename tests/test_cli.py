@@ -170,6 +170,7 @@ def test_entry_point_subprocess(tmp_path):
     (["train", *TINY, "--steps", "1", "--out", "{tmp}/not_a_model.txt"], "--out: expected a directory (created if missing), got the file"),
     (["train", *TINY, "--lr", "inf", "--out", "{tmp}/run"], "expected a finite number > 0, got inf"),  # once NaN at step 1
     (["bench", "{tmp}/not_a_model.txt", "--device", "meta"], "--device: expected cpu or cuda, got 'meta'"),
+    (["train", *TINY, "--label-smoothing", "2", "--out", "{tmp}/run"], "--label-smoothing: expected a number in [0, 1), got 2"),
     # gate options without --gates were silently dropped (a plain θ model came out)
     (["convert", *TINY, "--flops-target", "0.6", "-o", "{tmp}/x.safetensors"], "--flops-target: only with --gates"),
     (["convert", *TINY, "--gate-kind", "G3", "-o", "{tmp}/x.safetensors"], "--gate-kind: only with --gates"),
@@ -290,6 +291,7 @@ def test_val_data_needs_an_image_folder(tmp_path, capsys):
     assert main(["train", *TINY, "--steps", "1", "--val-data", str(tmp_path), "--out", str(tmp_path / "run"),
                  "--no-progress"]) == 2
     assert "--val-data: only with --data DIR" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # a run refused by its checks leaves no empty --out behind
 
 
 def test_train_stopped_by_a_signal_is_not_status_zero(tmp_path, capsys, monkeypatch):

@@ -52,15 +52,22 @@ def _nonneg_float(text: str) -> float:
     return _checked(text, float, "a finite number >= 0", lambda v: 0 <= v < float("inf"))
 
 
+def _smoothing(text: str) -> float:
+    # checked here, so the message names the option (the Trainer's said "label_smoothing: ...")
+    return _checked(text, float, "a number in [0, 1)", lambda v: 0 <= v < 1)
+
+
 def _positive_float(text: str) -> float:
     return _checked(text, float, "a finite number > 0", lambda v: 0 < v < float("inf"))
 
 
-def _out_dir(path: str, flag: str = "--out") -> str:
-    """A directory for outputs, created if missing (a file there once raised FileExistsError's traceback)."""
+def _out_dir(path: str, flag: str = "--out", *, create: bool = True) -> str:
+    """A directory for outputs, created if missing (a file there once raised FileExistsError's traceback).
+    `create=False` only checks: a run that fails its later checks must not leave an empty directory behind."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise CLIError(f"{flag}: expected a directory (created if missing), got the file {path!r}")
-    os.makedirs(path, exist_ok=True)
+    if create:
+        os.makedirs(path, exist_ok=True)
     return path
 
 
@@ -409,7 +416,7 @@ def cmd_train(args) -> int:
         _seed_model_init(settings["seed"])
         model, recipe = _distill_student(args, settings) if _builds_student(args) else _train_source(args, settings)
         out_dir = args.out
-    _out_dir(out_dir)
+    _out_dir(out_dir, create=False)  # created once every check below has passed
 
     img_size, num_classes = _model_input(model)
     data = settings["data"]
@@ -448,6 +455,7 @@ def cmd_train(args) -> int:
         if trainer_cls is not Trainer:
             raise CLIError("--distill-teacher: attention-map distillation cannot be combined with --teacher yet")
         trainer_cls = attn_trainer_cls
+    _out_dir(out_dir)
     trainer = trainer_cls(
         model, train_loader, val_loader, **scale_kwargs, **attn_kwargs,
         optimizer=_usdc_optimizer(model, settings, getattr(args, "arch_lr_scale", 10.0)),
@@ -1358,7 +1366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=_nonneg_float, default=None, help="AdamW weight decay (not on norms/biases/pos-embed) [default: 0.05]")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="training batch size [default: 64]")
     p.add_argument("--warmup", type=_nonneg_float, default=None, help="warm-up: a fraction of the steps (< 1) or a step count [default: 0.05]")
-    p.add_argument("--label-smoothing", type=_nonneg_float, default=None, help="cross-entropy label smoothing [default: 0]")
+    p.add_argument("--label-smoothing", type=_smoothing, default=None, help="cross-entropy label smoothing [default: 0]")
     p.add_argument("--grad-clip", type=_nonneg_float, default=None, help="max gradient norm, 0 = off [default: 1.0]")
     p.add_argument("--seed", type=int, default=None, help="seed for init order, data order and augmentation [default: 0]")
     p.add_argument("--eval-every", type=_positive_int, default=None, help="evaluate every N steps [default: once per epoch]")
