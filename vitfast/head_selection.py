@@ -31,6 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .nn import _timm
+
 __all__ = [
     "HeadRanking",
     "attention_std_scores",
@@ -376,7 +378,7 @@ def _per_head_mix(attn: nn.Module, conv, x: torch.Tensor, g: torch.Tensor) -> to
     heads, hd = attn.num_heads, attn.head_dim
     qkv = attn.qkv(x).reshape(batch, tokens, 3, heads, hd).permute(2, 0, 3, 1, 4)
     # timm's attention and projection dropout, as the per-block path (timm's own forward) applies them
-    drop = attn.attn_drop.p if attn.training and isinstance(attn.attn_drop, nn.Dropout) else 0.0
+    drop = _timm.dropout_prob(attn.attn_drop) if attn.training else 0.0
     a = F.scaled_dot_product_attention(attn.q_norm(qkv[0]), attn.k_norm(qkv[1]), qkv[2], dropout_p=drop)
     w_v, b_v, _ = conv.conv_weights()
     v = F.linear(x, w_v, b_v)  # [B, N, H·hd]

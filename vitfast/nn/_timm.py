@@ -27,6 +27,7 @@ __all__ = [
     "swin_block_kwargs",
     "layer_scale_gamma",
     "drop_path_prob",
+    "dropout_prob",
 ]
 
 
@@ -97,6 +98,11 @@ def layer_scale_gamma(module: nn.Module, name: str) -> Optional[torch.Tensor]:
 
 def drop_path_prob(module: nn.Module) -> float:
     return float(getattr(module, "drop_prob", 0.0)) if not isinstance(module, nn.Identity) else 0.0
+
+
+def dropout_prob(module: nn.Module) -> float:
+    """p of an nn.Dropout (timm's attn_drop / proj_drop), 0 for anything else (Identity)."""
+    return float(module.p) if isinstance(module, nn.Dropout) else 0.0
 
 
 def vit_block_spec(block: nn.Module, name: str = "block") -> Dict[str, Any]:

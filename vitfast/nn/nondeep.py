@@ -115,10 +115,6 @@ def join_lambda(kind: str, t: float) -> float:
     return JOIN_SCHEDULES[kind](max(0.0, float(t)))
 
 
-def _dropout_p(module: nn.Module) -> float:
-    return float(module.p) if isinstance(module, nn.Dropout) else 0.0
-
-
 class JoinSchedule:
     """λ as a function of the trainer's global step (appendix B): 0 before `start_step`, then a λ warm-up period of
     `warmup_steps` steps over which t goes 0 → 1 and λ = f(t) (eq. 10-13), then the post-joining adjustment phase
@@ -534,8 +530,8 @@ class NonDeepBlock(nn.Module):
             qkv_bias=any(s["qkv_bias"] for s in specs) or has_ln_bias,  # norm1's β becomes a qkv bias
             proj_bias=any(s["proj_bias"] for s in specs),
             # the branches' regularisation (timm passes proj_drop to the MLP's dropout too); it was left at 0
-            proj_drop=max(_dropout_p(b.attn.proj_drop) for b in blocks),
-            attn_drop=max(_dropout_p(b.attn.attn_drop) for b in blocks),
+            proj_drop=max(_timm.dropout_prob(b.attn.proj_drop) for b in blocks),
+            attn_drop=max(_timm.dropout_prob(b.attn.attn_drop) for b in blocks),
             drop_path=max(s["drop_path"] for s in specs),
             norm_layer=lambda d, **kw: nn.LayerNorm(d, eps=first["norm_eps"], **kw),
             branches=len(blocks),

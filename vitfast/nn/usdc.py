@@ -165,7 +165,7 @@ class USDCBlock(nn.Module):
         q, k, v = qkv.unbind(0)
         q, k = attn.q_norm(q), attn.k_norm(k)
         # timm's attention dropout, which SDPA applies to the probabilities (it was left out: never dropped)
-        drop = attn.attn_drop.p if self.training and isinstance(attn.attn_drop, nn.Dropout) else 0.0
+        drop = _timm.dropout_prob(attn.attn_drop) if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)  # [B, H, N, D]
         if head_mask is not None:
             out = out * head_mask[None, :, None, None]
