@@ -8,6 +8,8 @@ model round-trips through vitfast.save / vitfast.load; kernels start Gaussian, a
 and learn through the Trainer.
 """
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -220,7 +222,7 @@ def test_grid_mismatch_is_a_clear_error_and_set_grid_size_fixes_it():
     model = vit(img_size=32, patch=8, dynamic_img_size=True)
     converted = vitfast.convert.from_timm(model, dwconv_blocks=[0]).eval()
     x = torch.randn(1, 3, 16, 24)  # 2×3 grid, not the converted 4×4
-    with pytest.raises(ValueError, match="x: expected N >= grid_h"):
+    with pytest.raises(ValueError, match=r"x: expected 17 tokens \(1 prefix \+ a 4×4 patch grid\), got 7"):
         with torch.no_grad():
             converted(x)
     assert set_grid_size(converted, (2, 3)) == 1
@@ -232,6 +234,48 @@ def test_grid_mismatch_is_a_clear_error_and_set_grid_size_fixes_it():
         assert_close_scaled(fused(x), out)
     with pytest.raises(ValueError, match="grid_size: expected"):
         set_grid_size(converted, (0, 3))
+
+
+@pytest.mark.parametrize("stage", ["converted", "fused", "loaded", "resumed"])
+def test_a_larger_input_is_refused_not_read_as_prefix_tokens(stage, tmp_path):
+    # With dynamic_img_size a 48×40 image gives a 6×5 grid: 31 tokens.  Split by the converted 4×5 grid, the 10
+    # extra patches used to become "prefix tokens" (given the grid mean instead of their convolution): a silently
+    # wrong output.  The modules now know their prefix-token count and refuse it, in every form of the model.
+    model = vit(img_size=(32, 40), patch=8, dynamic_img_size=True)
+    converted = vitfast.convert.from_timm(model, dwconv_blocks=[0], dwconv_heads={1: [2]}).eval()
+    truth = copy.deepcopy(converted)  # the train-time modules on the reference ops, grid set by hand below
+    set_grid_size(truth, (6, 5))
+    if stage == "fused":
+        net = vitfast.fuse(converted)
+    elif stage == "loaded":
+        vitfast.save(vitfast.fuse(converted), tmp_path / "f.safetensors")
+        net = vitfast.load(tmp_path / "f.safetensors")
+    elif stage == "resumed":
+        from vitfast.train import load_trainable, save_trainable
+        save_trainable(converted, tmp_path / "t.safetensors")
+        net = load_trainable(tmp_path / "t.safetensors")[0].eval()
+    else:
+        net = converted
+    assert [m.prefix_tokens for m in net.modules() if hasattr(m, "prefix_tokens")] == [1, 1]
+    x = torch.randn(1, 3, 48, 40)
+    with pytest.raises(ValueError, match=r"expected 21 tokens \(1 prefix \+ a 4×5 patch grid\), got 31.*set_grid_size"):
+        with torch.no_grad():
+            net(x)
+    set_grid_size(net, (6, 5))
+    with torch.no_grad():
+        assert_close_scaled(net(x), truth(x))
+
+
+def test_files_without_the_prefix_count_still_load():
+    fused = vitfast.fuse(vitfast.convert.from_timm(vit(), dwconv_blocks=[0]))
+    cfg = fused.blocks[0].vitfast_config()
+    assert cfg["prefix_tokens"] == 1
+    old = {k: v for k, v in cfg.items() if k != "prefix_tokens"}  # written before the key existed
+    assert FusedDWConvBlock.from_vitfast_config(old).prefix_tokens is None
+    with pytest.raises(ValueError, match=r"cfg\['prefix_tokens'\]: expected an int >= 0"):
+        FusedDWConvBlock.from_vitfast_config({**cfg, "prefix_tokens": -1})
+    with pytest.raises(ValueError, match="prefix_tokens: expected None"):
+        DWConvAttention(32, 4, [0], (4, 5), prefix_tokens=True)
 
 
 def test_conversion_from_a_ranking():

@@ -626,6 +626,6 @@ def _from_timm_dwconv(model, channel_idle, norm, heuristic, spread, calibration_
     for b, hs in plan.items():
         converted.blocks[b] = DWConvBlock.from_block(
             converted.blocks[b], hs, grid, kernel_size=kernel_size, ensemble=ensemble, kernel_init_std=kernel_init_std,
-            name=f"model block {b}",
+            prefix_tokens=int(converted.num_prefix_tokens), name=f"model block {b}",
         )
     return converted

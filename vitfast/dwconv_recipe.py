@@ -30,7 +30,7 @@ DWCONV_SETTINGS = ("dwconv_blocks", "dwconv_heads", "ranking", "dwconv_kernel", 
 def describe_dwconv(model: nn.Module, architecture: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """The DW-conv part of a train-time model description, or None when `model` has no `DWConvBlock`.
 
-    {"blocks": [{"path", "conv_heads", "kernel_size", "ensemble", "grid_size"}, ...]}: enough to rebuild every
+    {"blocks": [{"path", "conv_heads", "kernel_size", "ensemble", "grid_size", "prefix_tokens"}, ...]}: enough to rebuild every
     replaced block with `DWConvBlock.from_block` on the rebuilt channel-idle skeleton (the weights, kernels and
     γ are then overwritten from the file).  With `architecture` (describe_timm's dict), its num_heads, qkv_bias
     and proj_bias are taken from a DW-conv attention: when every block has one, describe_timm sees no timm
@@ -48,6 +48,7 @@ def describe_dwconv(model: nn.Module, architecture: Optional[Dict[str, Any]] = N
                 "kernel_size": int(attn.kernel_size),
                 "ensemble": bool(attn.ensemble),
                 "grid_size": [int(g) for g in attn.grid_size],
+                "prefix_tokens": attn.prefix_tokens,
             })
     stray = [name for name, m in model.named_modules()
              if isinstance(m, DWConvAttention) and not any(name == f"{b['path']}.attn" for b in blocks)]
@@ -80,7 +81,7 @@ def build_dwconv(model: nn.Module, desc: Dict[str, Any]) -> nn.Module:
             raise ValueError(f"description['dwconv']: expected a ChannelIdleBlock at {path!r} to replace, got {got}")
         new = DWConvBlock.from_block(block, [int(h) for h in spec["conv_heads"]], tuple(spec["grid_size"]),
                                      kernel_size=int(spec["kernel_size"]), ensemble=bool(spec["ensemble"]),
-                                     name=path)
+                                     prefix_tokens=spec.get("prefix_tokens"), name=path)
         setattr(owner, child, new)
     return model
 

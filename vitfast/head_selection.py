@@ -419,6 +419,7 @@ def attach_dsp(
         if type(block.attn) is not TimmAttention:
             raise ValueError(f"model.blocks.{i}.attn: expected timm Attention, got {type(block.attn).__name__}")
         conv = DWConvAttention.from_timm(block.attn, range(block.attn.num_heads), grid, kernel_size=kernel_size,
+                                         prefix_tokens=getattr(model, "num_prefix_tokens", None),
                                          name=f"model.blocks.{i}.attn")
         block.attn = DSPGatedAttention(block.attn, conv, gate, i, per_head=per_head)
     model.dsp_gate = gate

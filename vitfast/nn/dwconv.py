@@ -52,6 +52,30 @@ def _check_grid(grid_size, name: str = "grid_size") -> Tuple[int, int]:
     return int(grid_size[0]), int(grid_size[1])
 
 
+def _check_prefix_tokens(prefix_tokens, name: str = "prefix_tokens") -> Optional[int]:
+    if prefix_tokens is None:
+        return None
+    if isinstance(prefix_tokens, bool) or not isinstance(prefix_tokens, int) or prefix_tokens < 0:
+        raise ValueError(f"{name}: expected None (not known) or an int >= 0 (cls and register tokens), "
+                         f"got {prefix_tokens!r}")
+    return int(prefix_tokens)
+
+
+def _check_token_count(tokens: int, prefix_tokens: Optional[int], grid_size: Tuple[int, int]) -> None:
+    """The tokens must be the prefix tokens plus the grid.  Without this a model built with timm's
+    dynamic_img_size fed a larger image reads the extra patches as prefix tokens (they get the grid mean instead of
+    their convolution: a silently wrong result)."""
+    if prefix_tokens is None:
+        return  # modules built without it (older files): the op still refuses fewer tokens than the grid
+    rows, cols = grid_size
+    expected = prefix_tokens + rows * cols
+    if tokens != expected:
+        raise ValueError(
+            f"x: expected {expected} tokens ({prefix_tokens} prefix + a {rows}×{cols} patch grid), got {tokens}: the "
+            f"input resolution is not the one this model's grid was set for; call "
+            f"vitfast.nn.set_grid_size(model, (rows, cols)) with the new patch grid first")
+
+
 def _check_kernel_size(kernel_size) -> int:
     if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1 or kernel_size % 2 == 0:
         raise ValueError(f"kernel_size: expected an odd int >= 1 (a symmetric window Δ_k), got {kernel_size!r}")
@@ -104,6 +128,7 @@ class DWConvAttention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         kernel_init_std: Optional[float] = None,
+        prefix_tokens: Optional[int] = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -118,6 +143,7 @@ class DWConvAttention(nn.Module):
         self.conv_heads = _check_heads(conv_heads, num_heads)
         self.attn_heads = tuple(h for h in range(num_heads) if h not in self.conv_heads)
         self.grid_size = _check_grid(grid_size)
+        self.prefix_tokens = _check_prefix_tokens(prefix_tokens)
         self.kernel_size = _check_kernel_size(kernel_size)
         self.ensemble = bool(ensemble)
         n_conv, n_attn = len(self.conv_heads), len(self.attn_heads)
@@ -142,6 +168,7 @@ class DWConvAttention(nn.Module):
         kernel_size: int = 3,
         ensemble: bool = False,
         kernel_init_std: Optional[float] = None,
+        prefix_tokens: Optional[int] = None,
         name: str = "attn",
     ) -> "DWConvAttention":
         """Replace heads of a trained timm `Attention`: q/k of the replaced heads are dropped (appendix A.2.1),
@@ -158,7 +185,7 @@ class DWConvAttention(nn.Module):
             kernel_size=kernel_size, ensemble=ensemble, qkv_bias=attn.qkv.bias is not None,
             proj_bias=attn.proj.bias is not None, attn_drop=float(getattr(attn.attn_drop, "p", 0.0)),
             proj_drop=float(getattr(attn.proj_drop, "p", 0.0)), kernel_init_std=kernel_init_std,
-            device=weight.device, dtype=weight.dtype,
+            prefix_tokens=prefix_tokens, device=weight.device, dtype=weight.dtype,
         )
         hd, width = attn.head_dim, attn.num_heads * attn.head_dim
         with torch.no_grad():
@@ -194,6 +221,7 @@ class DWConvAttention(nn.Module):
         if attn_mask is not None or is_causal:
             raise ValueError("attn_mask/is_causal: expected none (convolution heads have no mask), got a mask")
         batch, tokens, _ = x.shape
+        _check_token_count(tokens, self.prefix_tokens, self.grid_size)
         rest = None
         if self.qkv is not None:
             n = len(self.attn_heads)
@@ -208,7 +236,8 @@ class DWConvAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"conv_heads={list(self.conv_heads)}, attn_heads={list(self.attn_heads)}, head_dim={self.head_dim}, "
-                f"kernel_size={self.kernel_size}, grid_size={self.grid_size}, ensemble={self.ensemble}")
+                f"kernel_size={self.kernel_size}, grid_size={self.grid_size}, prefix_tokens={self.prefix_tokens}, "
+                f"ensemble={self.ensemble}")
 
 
 class DWConvBlock(ChannelIdleBlock):
@@ -233,6 +262,7 @@ class DWConvBlock(ChannelIdleBlock):
         kernel_size: int = 3,
         ensemble: bool = False,
         kernel_init_std: Optional[float] = None,
+        prefix_tokens: Optional[int] = None,
         name: str = "block",
     ) -> "DWConvBlock":
         """From a timm ViT `Block` (its FFN becomes the exact θ = 0 LayerNorm `ChannelIdleMlp`) or a
@@ -249,7 +279,8 @@ class DWConvBlock(ChannelIdleBlock):
         nn.Module.__init__(new)
         new.norm1 = copy.deepcopy(block.norm1)
         new.attn = DWConvAttention.from_timm(block.attn, conv_heads, grid_size, kernel_size=kernel_size,
-                                             ensemble=ensemble, kernel_init_std=kernel_init_std, name=f"{name}.attn")
+                                             ensemble=ensemble, kernel_init_std=kernel_init_std,
+                                             prefix_tokens=prefix_tokens, name=f"{name}.attn")
         new.ls1 = copy.deepcopy(block.ls1)
         new.drop_path1 = copy.deepcopy(block.drop_path1)
         new.mlp = mlp
@@ -304,6 +335,7 @@ def _fold_dwconv_attention(norm1: nn.Module, attn: DWConvAttention, ls1: nn.Modu
         conv_width=w_v.shape[0],
         kernel_size=attn.kernel_size,
         grid_size=attn.grid_size,
+        prefix_tokens=attn.prefix_tokens,
         # The folded bias: norm1's β gives qkv one even when the timm model had qkv_bias=False (keying this on
         # the original bias made the fused module's state dict refuse its own "qkv.bias").
         qkv_bias=tensors.get("qkv.bias") is not None,
@@ -342,6 +374,7 @@ class FusedDWConvBlock(nn.Module):
         value_bias: bool = True,
         proj_bias: bool = True,
         norm_eps: float = 1e-6,
+        prefix_tokens: Optional[int] = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -355,6 +388,7 @@ class FusedDWConvBlock(nn.Module):
         self.conv_width = conv_width
         self.kernel_size = _check_kernel_size(kernel_size)
         self.grid_size = _check_grid(grid_size)
+        self.prefix_tokens = _check_prefix_tokens(prefix_tokens)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, elementwise_affine=False)
         self.qkv = nn.Linear(dim, 3 * attn_heads * head_dim, bias=qkv_bias, **dd) if attn_heads else None
         self.attn_proj = nn.Linear(attn_heads * head_dim, dim, bias=False, **dd) if attn_heads else None
@@ -369,6 +403,7 @@ class FusedDWConvBlock(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise ValueError("attn_mask/is_causal: expected none (convolution heads have no mask), got a mask")
+        _check_token_count(x.shape[-2], self.prefix_tokens, self.grid_size)
         xn = _layer_norm(self.norm1, x)  # the LayerNorm kernel on CPU, as in the other fused blocks
         shortcut = x
         if self.qkv is not None:
@@ -400,7 +435,8 @@ class FusedDWConvBlock(nn.Module):
         block = cls(
             folded["dim"], folded["attn_heads"], folded["head_dim"], folded["conv_width"], folded["kernel_size"],
             folded["grid_size"], mlp, qkv_bias=folded["qkv_bias"], value_bias=folded["value_bias"],
-            proj_bias=folded["proj_bias"], norm_eps=folded["norm_eps"], device=device, dtype=dtype,
+            proj_bias=folded["proj_bias"], norm_eps=folded["norm_eps"], prefix_tokens=folded["prefix_tokens"],
+            device=device, dtype=dtype,
         )
         state = {k: v.to(dtype) for k, v in tensors.items() if v is not None}
         state.update({"mlp." + k: v for k, v in mlp.state_dict().items()})
@@ -408,7 +444,7 @@ class FusedDWConvBlock(nn.Module):
         return block.eval()
 
     def vitfast_config(self) -> Dict[str, Any]:
-        return {
+        cfg = {
             "kind": self.vitfast_kind,
             "dim": self.dim,
             "attn_heads": self.attn_heads,
@@ -422,12 +458,15 @@ class FusedDWConvBlock(nn.Module):
             "norm_eps": float(self.norm1.eps),
             "mlp": self.mlp.vitfast_config(),
         }
+        if self.prefix_tokens is not None:  # optional: files written before it load without the token check
+            cfg["prefix_tokens"] = self.prefix_tokens
+        return cfg
 
     @classmethod
     def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "FusedDWConvBlock":
         read = _ConfigReader(cfg, "dwconv_block", (
             "dim", "attn_heads", "head_dim", "conv_width", "kernel_size", "grid_size", "qkv_bias", "value_bias",
-            "proj_bias", "norm_eps", "mlp",
+            "proj_bias", "norm_eps", "mlp", "prefix_tokens",
         ))
         kernel_size = read.int("kernel_size")
         if kernel_size % 2 == 0:
@@ -444,13 +483,14 @@ class FusedDWConvBlock(nn.Module):
             value_bias=read.bool("value_bias"),
             proj_bias=read.bool("proj_bias"),
             norm_eps=read.eps("norm_eps"),
+            prefix_tokens=read.int("prefix_tokens", minimum=0, optional=True),
             device=device,
             dtype=dtype,
         )
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, attn_heads={self.attn_heads}, head_dim={self.head_dim}, conv_width={self.conv_width}, "
-                f"kernel_size={self.kernel_size}, grid_size={self.grid_size}")
+                f"kernel_size={self.kernel_size}, grid_size={self.grid_size}, prefix_tokens={self.prefix_tokens}")
 
 
 def dwconv_heads(model: nn.Module) -> Dict[str, Tuple[int, ...]]:

@@ -290,7 +290,9 @@ class _ConfigReader:
             raise ValueError(f"cfg[{key!r}]: expected a value, not found")
         return self.cfg[key]
 
-    def int(self, key: str, minimum: int = 1) -> int:
+    def int(self, key: str, minimum: int = 1, optional: bool = False) -> Optional[int]:
+        if optional and key not in self.cfg:
+            return None
         value = self._get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"cfg[{key!r}]: expected an int >= {minimum}, got {value!r}")
