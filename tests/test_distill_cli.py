@@ -41,7 +41,9 @@ def test_harmonic_distillation_into_a_copied_student_then_resume(teacher, tmp_pa
     assert settings["harmonic"] == [13.0, 1.0] and settings["grad_accum"] == 2 and settings["student_depth"] == 1
     # --resume rebuilds the teacher from the stored settings; nothing left to do after the last step
     assert main(["train", "--resume", str(run / "trainer.pt"), "--no-progress"]) == 0
-    assert "resuming at step 4/4" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "resuming at step 4/4" in out
+    assert f"nothing to train: {run / 'trainer.pt'} had already reached step 4/4" in out
 
 
 def test_combined_recipe_channel_idle_student_fuses(teacher, tmp_path, capsys):

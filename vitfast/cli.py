@@ -489,6 +489,9 @@ def cmd_train(args) -> int:
     if summary.get("stopped"):
         print(f"stopped at step {summary['step']}/{trainer.total_steps} (signal); "
               f"continue with `vitfast train --resume {trainer.checkpoint_path}`")
+    if resume_state is not None and summary["steps_run"] == 0 and summary["finished"]:
+        print(f"nothing to train: {args.resume} had already reached step {summary['step']}/{trainer.total_steps} "
+              f"(raise --steps/--epochs to train further)")
     last = summary["last_eval"]
     if last:
         print(f"step {summary['step']}: val acc {last['acc']:.4f}, val loss {last['loss']:.4f} ({summary['seconds']:.1f} s)")
