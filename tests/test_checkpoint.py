@@ -7,6 +7,7 @@ vitfast.convert + vitfast.fuse, an official-layout RePaViT state dict).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -173,6 +174,12 @@ ARCH_CASES = {
     "vit_no_cls_qknorm": lambda: tiny_vit(class_token=False, global_pool="avg", qk_norm=True, qkv_bias=False, mlp_ratio=2.5),
     "vit_gelu_tanh_eps": lambda: tiny_vit(act_layer="gelu_tanh", norm_layer=nn.LayerNorm),
     "vit_map_pool": lambda: tiny_vit(global_pool="map"),
+    "vit_layernorm_fp32": lambda: tiny_vit(norm_layer=__import__("timm").layers.LayerNormFp32),
+    "vit_norm_without_bias": lambda: tiny_vit(norm_layer=functools.partial(nn.LayerNorm, eps=1e-6, bias=False)),
+    "vit_norm_without_affine": lambda: tiny_vit(
+        norm_layer=functools.partial(__import__("timm").layers.LayerNorm, affine=False)),
+    "vit_embed_norm_differs": lambda: tiny_vit(
+        embed_norm_layer=functools.partial(nn.LayerNorm, eps=1e-5, bias=False)),
     "vit_dynamic": lambda: tiny_vit(dynamic_img_size=True),
     "repavit_pre_norm": lambda: tiny_vit(pre_norm=True),  # timm drops the patch bias with pre_norm
     "deit_distilled": lambda: __import__("timm").models.deit.VisionTransformerDistilled(
@@ -227,6 +234,13 @@ def test_describe_records_patch_bias_and_norm():
     assert build_timm(desc).patch_embed.proj.bias is None
     desc = describe_timm(tiny_vit(norm_layer=nn.LayerNorm))
     assert desc["norm_layer"] == {"type": "torch.nn.LayerNorm", "eps": 1e-5}
+    # The flags are written only when false (files of ordinary models are unchanged), and the patch embedding's
+    # own norm (embed_norm_layer) does not stand for the model's norm_layer.
+    desc = describe_timm(tiny_vit(embed_norm_layer=functools.partial(nn.LayerNorm, eps=1e-5, bias=False)))
+    assert desc["norm_layer"] == {"type": "timm.LayerNorm", "eps": 1e-6}
+    assert desc["embed_norm_layer"] == {"type": "torch.nn.LayerNorm", "eps": 1e-5, "bias": False}
+    desc = describe_timm(tiny_vit(norm_layer=functools.partial(nn.LayerNorm, elementwise_affine=False)))
+    assert desc["norm_layer"] == {"type": "torch.nn.LayerNorm", "eps": 1e-5, "affine": False}
 
 
 def test_describe_skips_fused_modules():
@@ -260,6 +274,8 @@ def test_describe_rejects_unsupported_class():
         (lambda d: d.update({"act_layer": "os.system"}), r"act_layer.*expected one of"),
         (lambda d: d["kwargs"].update({"embed_dim": 30, "num_heads": 4}), r"timm VisionTransformer rejected"),
         (lambda d: d.update({"patch_embed_bias": "yes"}), r"patch_embed_bias.*expected true or false"),
+        (lambda d: d["norm_layer"].update({"bias": 0}), r"\['norm_layer'\]\['bias'\]: expected true or false"),
+        (lambda d: d["norm_layer"].update({"scale": False}), r"\['norm_layer'\]: expected .*optionally 'affine'"),
     ],
 )
 def test_build_rejects_bad_description(change, match):
@@ -296,7 +312,8 @@ def test_roundtrip_fused_swin_exact(tmp_path):
     assert blocks[1]["modules"] == {"mlp": "test_ckpt_ffn"} and blocks[0]["modules"] == {}
 
 
-@pytest.mark.parametrize("case", ["repavit_pre_norm", "repavit_no_patch_bias", "deit_distilled", "vit_map_pool"])
+@pytest.mark.parametrize("case", ["repavit_pre_norm", "repavit_no_patch_bias", "deit_distilled", "vit_map_pool",
+                                  "vit_layernorm_fp32", "vit_norm_without_bias", "vit_norm_without_affine"])
 def test_roundtrip_plain_skeletons(tmp_path, case):
     model = _randomize(ARCH_CASES[case]())
     save(model, tmp_path / "m.safetensors")
@@ -775,6 +792,10 @@ CONVERT_CASES = {
     "vit": lambda: tiny_vit(init_values=1e-1),
     "deit_distilled": ARCH_CASES["deit_distilled"],
     "swin": tiny_swin,
+    # The final norm stays unfused; vitfast.save used to refuse these (LayerNormFp32: "expected
+    # timm.layers.norm.LayerNorm"; no bias: "tensor norm.bias: missing from the model").
+    "vit_layernorm_fp32": ARCH_CASES["vit_layernorm_fp32"],
+    "vit_norm_without_bias": ARCH_CASES["vit_norm_without_bias"],
 }
 
 

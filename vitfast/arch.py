@@ -13,7 +13,8 @@ Description format (all keys always present unless noted):
 
     {"class": "VisionTransformer" | "VisionTransformerDistilled" | "SwinTransformer",
      "kwargs": {...},                    # passed to the timm constructor as is (lists become tuples)
-     "norm_layer": {"type": "timm.LayerNorm" | "torch.nn.LayerNorm", "eps": float},
+     "norm_layer": {"type": "timm.LayerNorm" | "timm.LayerNormFp32" | "torch.nn.LayerNorm", "eps": float,
+                    "affine": false, "bias": false},   # the last two optional: written only when false
      "act_layer": "torch.nn.GELU" | ...,  # see ACT_LAYERS; ViT only (Swin's constructor has no act_layer)
      "embed_norm_layer": null | {...},   # ViT only: a norm inside the patch embedding
      "patch_embed_bias": bool,           # timm ties it to `not pre_norm`; RePaViT has no bias without pre_norm
@@ -67,11 +68,12 @@ def _timm_classes() -> Dict[str, type]:
 
 def _norm_classes() -> Dict[str, type]:
     from timm.layers import LayerNorm as TimmLayerNorm
+    from timm.layers import LayerNormFp32
 
-    return {"timm.LayerNorm": TimmLayerNorm, "torch.nn.LayerNorm": nn.LayerNorm}
+    return {"timm.LayerNorm": TimmLayerNorm, "timm.LayerNormFp32": LayerNormFp32, "torch.nn.LayerNorm": nn.LayerNorm}
 
 
-NORM_LAYERS = ("timm.LayerNorm", "torch.nn.LayerNorm")
+NORM_LAYERS = ("timm.LayerNorm", "timm.LayerNormFp32", "torch.nn.LayerNorm")
 ACT_LAYERS = (
     "torch.nn.GELU", "torch.nn.GELU(tanh)", "torch.nn.SiLU", "torch.nn.ReLU",
     "timm.GELU", "timm.GELUTanh", "timm.QuickGELU",
@@ -115,13 +117,27 @@ def _first(root: nn.Module, cls: type) -> Optional[nn.Module]:
     return None
 
 
+def _describe_norm_module(module: nn.Module, name: str) -> Dict[str, Any]:
+    spec = {"type": name, "eps": float(module.eps)}
+    # A norm_layer built with elementwise_affine=False or bias=False has no such tensors: say so, or the rebuilt
+    # skeleton has tensors the file does not fill (and the save-time check refuses the model).
+    if not module.elementwise_affine:
+        spec["affine"] = False
+    elif module.bias is None:
+        spec["bias"] = False
+    return spec
+
+
 def _describe_norm(model: nn.Module, where: str) -> Dict[str, Any]:
     classes = _norm_classes()
     by_type = {cls: name for name, cls in classes.items()}
-    for _, module in _plain_modules(model):
+    for path, module in _plain_modules(model):
+        # A ViT's patch-embedding norm is embed_norm_layer (described on its own), not norm_layer.
+        if where == "vit" and (path == "patch_embed" or path.startswith("patch_embed.")):
+            continue
         # The most derived class wins: timm.LayerNorm subclasses nn.LayerNorm.
         if type(module) in by_type:
-            return {"type": by_type[type(module)], "eps": float(module.eps)}
+            return _describe_norm_module(module, by_type[type(module)])
     # Everything normalised was fused away: any norm builds, the skeleton's own norms are all replaced.
     return {"type": "timm.LayerNorm" if where == "vit" else "torch.nn.LayerNorm", "eps": 1e-6 if where == "vit" else 1e-5}
 
@@ -257,7 +273,7 @@ def _describe_vit(model: nn.Module) -> Dict[str, Any]:
         classes = {cls: name for name, cls in _norm_classes().items()}
         if type(pe.norm) not in classes:
             raise ValueError(f"model.patch_embed.norm: expected one of {NORM_LAYERS}, got {type(pe.norm).__qualname__}")
-        embed_norm = {"type": classes[type(pe.norm)], "eps": float(pe.norm.eps)}
+        embed_norm = _describe_norm_module(pe.norm, classes[type(pe.norm)])
     return {
         "kwargs": kwargs,
         "norm_layer": _describe_norm(model, "vit"),
@@ -369,15 +385,25 @@ def _tuples(value: Any) -> Any:
 def _norm_factory(spec: Any, key: str):
     if spec is None:
         return None
-    if not isinstance(spec, dict) or set(spec) != {"type", "eps"}:
-        raise ValueError(f"architecture[{key!r}]: expected {{'type': ..., 'eps': ...}}, got {spec!r:.200}")
+    if not isinstance(spec, dict) or not {"type", "eps"} <= set(spec) <= {"type", "eps", "affine", "bias"}:
+        raise ValueError(f"architecture[{key!r}]: expected {{'type': ..., 'eps': ...}} (and optionally 'affine', "
+                         f"'bias'), got {spec!r:.200}")
     classes = _norm_classes()
     if spec["type"] not in classes:
         raise ValueError(f"architecture[{key!r}]['type']: expected one of {NORM_LAYERS}, got {spec['type']!r}")
     eps = spec["eps"]
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"architecture[{key!r}]['eps']: expected a finite number >= 0, got {eps!r}")
-    return functools.partial(classes[spec["type"]], eps=float(eps))
+    kwargs: Dict[str, Any] = {"eps": float(eps)}
+    for flag in ("affine", "bias"):
+        if flag in spec and not isinstance(spec[flag], bool):
+            raise ValueError(f"architecture[{key!r}][{flag!r}]: expected true or false, got {spec[flag]!r:.100}")
+    if spec.get("affine", True) is False:
+        # timm's LayerNorms name it `affine`, torch's `elementwise_affine`.
+        kwargs["elementwise_affine" if spec["type"] == "torch.nn.LayerNorm" else "affine"] = False
+    if spec.get("bias", True) is False:
+        kwargs["bias"] = False
+    return functools.partial(classes[spec["type"]], **kwargs)
 
 
 def build_timm(desc: Dict[str, Any], device: Optional[torch.device | str] = None) -> nn.Module:
