@@ -292,3 +292,23 @@ def test_calibration_images_bring_batchnorm_model_close_to_pretrained(vit):
         from_timm(vit, norm="layer", calibration_images=calibration)
     with pytest.raises(ValueError, match=r"calibration_images: expected a \[B, C, H, W\] image tensor, got \[3, 32, 32\]"):
         from_timm(vit, calibration_images=calibration[0])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    # a method's options without the method were silently ignored (a model without the asked-for change)
+    (dict(schedule="cosine"), r"^schedule: only used with branches"),
+    (dict(join_values=True, diversity_weight=0.5), r"^join_values, diversity_weight: only used with branches"),
+    (dict(gate_level="batch"), r"^gate_level: only used with gates=True"),
+    (dict(gate_search=False, gate_kind="G3"), r"^gate_search, gate_kind: only used with gates=True"),
+    (dict(gates=True, schedule="exp"), r"^schedule: only used with branches"),
+    (dict(dwconv_ensemble=True, dwconv_kernel_size=5), r"^dwconv_kernel_size, dwconv_ensemble: only used with dwconv"),
+    # values named as from_timm's arguments, with the value given (not a derived one)
+    (dict(branches=2, diversity_weight=-0.1), r"^diversity_weight: expected a finite number >= 0, got -0.1$"),
+    (dict(branches=2, diversity_weight=float("nan")), r"^diversity_weight: expected a finite number >= 0, got nan"),
+    (dict(branches=2, schedule="bogus"), r"^schedule: expected a JoinSchedule or one of"),
+    (dict(gates=True, gate_level="bogus"), r"^gate_level: expected one of"),
+    (dict(gates=True, gate_search=False, gate_kind="G9"), r"^gate_kind: expected one of"),
+])
+def test_method_options_are_checked_under_their_own_names(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        from_timm(_vit(depth=2), **kwargs)

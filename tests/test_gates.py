@@ -493,3 +493,91 @@ def test_usdc_training_keeps_the_source_regularisation(rates, monkeypatch):
     rebuilt = build_trainable(json.loads(json.dumps(describe_trainable(model))))  # what --resume builds
     rebuilt.load_state_dict(model.state_dict())
     assert not torch.equal(rebuilt.blocks[1].train()(x), rebuilt.blocks[1](x))
+
+
+@pytest.mark.parametrize("level", ["group", "batch"])
+def test_training_gates_are_one_draw_per_group(level, monkeypatch):
+    """USDC sec. 3.2.2: "the gate values of each sample inside the same group are consistent" (appendix B: one
+    gate per batch at the batch level).  Each sample once drew its own Gumbel noise on its group's mean logits, so
+    an undecided gate opened for some samples of a group and closed for others."""
+    import vitfast.nn.usdc as usdc_nn
+
+    torch.manual_seed(0)
+    block = USDCBlock.from_block(tiny_vit(depth=1).blocks[0], level=level, search=False, gate_kind="G0",
+                                 tokens=17).train()
+    with torch.no_grad():  # logits 0 for both choices: the Gumbel noise alone decides
+        block.gate.fc2.weight.zero_()
+        block.gate.fc2.bias.zero_()
+    seen = []
+    real = usdc_nn.group_assignment
+    monkeypatch.setattr(usdc_nn, "group_assignment", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    values = set()
+    for _ in range(12):
+        g = block.gates(torch.randn(16, 17, 32))
+        ids, groups = seen[-1]
+        assert groups == (1 if level == "batch" else len(group_sizes(16)))
+        for group in range(groups):
+            rows = g[ids == group]
+            assert torch.equal(rows, rows[:1].expand_as(rows)), f"group {group}: {rows[:, 0].tolist()}"
+        values.update(g[:, 0].tolist())
+    assert values == {0.0, 1.0}  # and the draws do differ between groups/batches
+
+
+def test_training_batch_level_gates_one_value_per_batch():
+    torch.manual_seed(0)
+    block = USDCBlock.from_block(tiny_vit(depth=1).blocks[0], level="batch", search=False, tokens=17).train()
+    with torch.no_grad():
+        block.gate.fc2.weight.zero_()
+        block.gate.fc2.bias.zero_()
+    firsts = set()
+    for _ in range(12):
+        g = block.gates(torch.randn(16, 17, 32))
+        assert torch.equal(g, g[:1].expand_as(g)), g[:, 0].tolist()
+        firsts.add(float(g[0, 0]))
+    assert firsts == {0.0, 1.0}
+
+
+@pytest.mark.parametrize("level", ["group", "batch"])
+def test_batchnorm_gates_see_the_samples_statistics(level):
+    """At the batch level every feature row was the batch mean: a BatchNorm gate (G1/G4/G5) saw zero variance,
+    output its bias whatever the input, and its running_var decayed towards 0 (0.004 after 50 batches)."""
+    torch.manual_seed(0)
+    block = USDCBlock.from_block(tiny_vit(depth=1).blocks[0], level=level, search=False, gate_kind="G1",
+                                 tokens=17).train()
+    randomise_gate(block.gate)
+    with torch.no_grad():
+        block.gate.norm.running_var.fill_(1.0)
+    logits = []
+    block.gate.register_forward_hook(lambda module, args, out: logits.append(out.detach()))
+    for step in range(50):
+        block.gates(torch.randn(8, 17, 32) * (1 + step % 3) + step % 5)
+    # running_var tracks the per-sample variance of fc1's output, not 0
+    with torch.no_grad():
+        fc1 = block.gate.fc1(torch.randn(512, 17, 32).mean(1) * 2 + 1)
+    assert block.gate.norm.running_var.min() > 0.2 * fc1.var(0).min()
+    assert len({tuple(t.flatten().tolist()) for t in logits}) > 1  # train-mode logits depend on the input
+
+
+def test_stage2_pruning_keeps_dropout():
+    torch.manual_seed(0)
+    source = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=10,
+                               attn_drop_rate=0.1, proj_drop_rate=0.2)
+    block = USDCBlock.from_block(source.blocks[0], static=True, search=False, tokens=17)
+    pruned = block.pruned()
+    assert pruned.attn.attn_drop.p == 0.1 and pruned.attn.proj_drop.p == 0.2
+    assert pruned.mlp.drop1.p == 0.2 and pruned.mlp.drop2.p == 0.2
+
+
+def test_train_time_block_takes_timm_attention_masks():
+    torch.manual_seed(0)
+    model = tiny_vit(depth=1)
+    blk = model.blocks[0]
+    block = USDCBlock.from_block(blk, search=False, tokens=17).eval()  # gates start open
+    x = torch.randn(2, 17, 32)
+    mask = torch.rand(17, 17) > 0.3
+    mask.fill_diagonal_(True)
+    with torch.no_grad():
+        expected = blk(x, attn_mask=mask)
+        torch.testing.assert_close(block(x, attn_mask=mask), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(block.to_fused()(x, attn_mask=mask), expected, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(block(x), expected)

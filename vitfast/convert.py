@@ -151,6 +151,13 @@ def from_timm(
     keep/prune logits plus the resource loss γ(F − f_t)², γ = 100.  Composes with `channel_idle`.
     """
     blocks = _model_blocks(model)  # type check first, before copying anything
+    _check_method_options(
+        branches=branches, schedule=schedule, join_values=join_values, diversity_weight=diversity_weight,
+        gates=gates, gate_level=gate_level, gate_search=gate_search, gate_kind=gate_kind,
+        dwconv=dwconv_blocks is not None or dwconv_heads is not None, ranking=ranking,
+        dwconv_kernel_size=dwconv_kernel_size, dwconv_ensemble=dwconv_ensemble,
+        dwconv_kernel_init_std=dwconv_kernel_init_std,
+    )
     if gates:
         if dwconv_blocks is not None or dwconv_heads is not None:
             raise ValueError("gates: not supported together with dwconv_blocks/dwconv_heads yet, got both")
@@ -205,6 +212,47 @@ def from_timm(
     if calibration_images is not None:
         _calibrate_batchnorms(converted, [(new.mlp, ln) for _, _, new, ln in replacements], calibration_images)
     return converted
+
+
+def _check_method_options(*, branches, schedule, join_values, diversity_weight, gates, gate_level, gate_search,
+                          gate_kind, dwconv, ranking, dwconv_kernel_size, dwconv_ensemble,
+                          dwconv_kernel_init_std) -> None:
+    """A method's options without the method would be ignored (a silently different model): refuse them, as the
+    CLI does.  Values are checked here under from_timm's own argument names (deeper code names its own)."""
+    from .nn.gates import GATE_KINDS, GATE_LEVELS
+    from .nn.nondeep import JOIN_SCHEDULES, JoinSchedule
+
+    def refuse_unused(given, method):
+        unused = [name for name, is_given in given if is_given]
+        if unused:
+            raise ValueError(f"{', '.join(unused)}: only used with {method}, got {'it' if len(unused) == 1 else 'them'} "
+                             f"without")
+
+    if branches is None:
+        refuse_unused([("schedule", not (isinstance(schedule, str) and schedule == "linear")),
+                       ("join_values", join_values is not False), ("diversity_weight", diversity_weight != 0.05)],
+                      "branches (non-deep ViT)")
+    else:
+        if not isinstance(schedule, JoinSchedule) and schedule not in JOIN_SCHEDULES:
+            raise ValueError(f"schedule: expected a JoinSchedule or one of {tuple(JOIN_SCHEDULES)}, got {schedule!r}")
+        if not isinstance(join_values, bool):
+            raise ValueError(f"join_values: expected True or False, got {join_values!r}")
+        if (isinstance(diversity_weight, bool) or not isinstance(diversity_weight, (int, float))
+                or not math.isfinite(diversity_weight) or diversity_weight < 0):
+            raise ValueError(f"diversity_weight: expected a finite number >= 0, got {diversity_weight!r}")
+    if not gates:
+        refuse_unused([("gate_level", gate_level != "group"), ("gate_search", gate_search is not True),
+                       ("gate_kind", gate_kind != "G0")], "gates=True (USDC)")
+    else:
+        if gate_level not in GATE_LEVELS:
+            raise ValueError(f"gate_level: expected one of {GATE_LEVELS}, got {gate_level!r}")
+        if gate_kind not in GATE_KINDS:
+            raise ValueError(f"gate_kind: expected one of {GATE_KINDS}, got {gate_kind!r}")
+    if not dwconv:
+        refuse_unused([("ranking", ranking is not None), ("dwconv_kernel_size", dwconv_kernel_size != 3),
+                       ("dwconv_ensemble", dwconv_ensemble is not False),
+                       ("dwconv_kernel_init_std", dwconv_kernel_init_std is not None)],
+                      "dwconv_blocks/dwconv_heads")
 
 
 def _from_timm_usdc(model, channel_idle, norm, heuristic, spread, calibration_images, flops_target, gate_level,

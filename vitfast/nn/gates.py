@@ -97,25 +97,38 @@ def group_ids(batch: int, generator: Optional[torch.Generator] = None, device=No
     return out.to(device) if device is not None else out
 
 
+def group_assignment(batch: int, level: str, generator: Optional[torch.Generator] = None,
+                     device=None) -> Tuple[torch.Tensor, int]:
+    """(group of every sample [B] int64, number of groups G) for a gate level (USDC sec. 3.2.2, appendix B):
+    "sample" = B groups of one, "batch" = one group, "group" = the random recursive log₂ split."""
+    if level not in GATE_LEVELS:
+        raise ValueError(f"level: expected one of {GATE_LEVELS}, got {level!r}")
+    if level == "sample":
+        return torch.arange(batch, device=device), batch
+    if level == "batch":
+        return torch.zeros(batch, dtype=torch.long, device=device), 1
+    return group_ids(batch, generator, device), len(group_sizes(batch))
+
+
+def group_mean(values: torch.Tensor, ids: torch.Tensor, groups: int) -> torch.Tensor:
+    """[B, ...] → [G, ...]: the mean of each group's rows."""
+    count = torch.bincount(ids, minlength=groups).to(values.dtype).clamp_min(1)
+    sums = values.new_zeros((groups, *values.shape[1:])).index_add(0, ids, values)
+    return sums / count.reshape(groups, *([1] * (values.dim() - 1)))
+
+
 def group_features(features: torch.Tensor, level: str, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """Gate features [B, C] → the features each sample's gate is computed from (USDC appendix B/D).
 
     "sample": unchanged (one gate per sample); "batch": every row = the batch mean (one gate per batch, what
     inference does); "group": every row = the mean of its random group (recursive log₂ split).
     """
-    if level not in GATE_LEVELS:
-        raise ValueError(f"level: expected one of {GATE_LEVELS}, got {level!r}")
     if features.dim() != 2:
         raise ValueError(f"features: expected [B, C], got {list(features.shape)}")
+    ids, groups = group_assignment(features.shape[0], level, generator, features.device)
     if level == "sample":
         return features
-    if level == "batch":
-        return features.mean(dim=0, keepdim=True).expand_as(features)
-    batch = features.shape[0]
-    ids = group_ids(batch, generator, features.device)
-    count = torch.bincount(ids, minlength=int(ids.max()) + 1).to(features.dtype)
-    sums = features.new_zeros((count.shape[0], features.shape[1])).index_add(0, ids, features)
-    return (sums / count[:, None])[ids]
+    return group_mean(features, ids, groups)[ids]
 
 
 def hard_gates(logits: torch.Tensor, training: bool, tau: float = GATE_TAU) -> torch.Tensor:
@@ -162,12 +175,28 @@ class GateNet(nn.Module):
             last.weight.mul_(0.1)
             last.bias.copy_(torch.tensor([3.0, -3.0, 3.0, -3.0], dtype=last.bias.dtype))
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, ids: Optional[torch.Tensor] = None,
+                groups: Optional[int] = None) -> torch.Tensor:
+        """Logits [R, 2, 2] of features [R, C]; with `ids` [R] (a group per row) and `groups` G: the logits of
+        each group's mean feature, [G, 2, 2].
+
+        Grouped, fc1 and a BatchNorm run on the rows and the mean is taken after them: both are affine per
+        channel, so this is the network on the group means, while the BatchNorm's training statistics are
+        those of the samples.  On rows that already repeat a group mean (one row per batch at the batch level)
+        they had zero variance: the normalised output was the bias whatever the input, and running_var decayed
+        to ~0.  A LayerNorm is not affine per channel: it runs on the means.
+        """
         h = features[:, :, None, None] if self.conv else features
         h = self.fc1(h)
+        if self.layers == 2 and self.norm_type == "batch":
+            h = self.norm(h)
+        if ids is not None:
+            h = group_mean(h, ids, groups)
         if self.layers == 2:
-            h = self.fc2(self.act(self.norm(h)))
-        return h.reshape(features.shape[0], 2, 2)
+            if self.norm_type != "batch":
+                h = self.norm(h)
+            h = self.fc2(self.act(h))
+        return h.reshape(h.shape[0], 2, 2)
 
     def macs(self) -> int:
         """Multiply-adds of one decision (the F_{G,ℓ,k} of eq. 10, before normalising)."""
@@ -234,12 +263,13 @@ class GateSearch(nn.Module):
             return F.gumbel_softmax(self.arch_logits, tau=self.tau, hard=False)
         return F.one_hot(self.arch_logits.argmax(), len(self.kinds)).to(self.arch_logits.dtype)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, ids: Optional[torch.Tensor] = None,
+                groups: Optional[int] = None) -> torch.Tensor:
         w = self.weights()
         self.last_weights = w
         if not self.training:
-            return self.candidates[int(w.argmax())](features)
-        return sum(w[k] * net(features) for k, net in enumerate(self.candidates))
+            return self.candidates[int(w.argmax())](features, ids, groups)
+        return sum(w[k] * net(features, ids, groups) for k, net in enumerate(self.candidates))
 
     def macs(self) -> torch.Tensor:
         """Σ_k α^g_k F_{G,k} with the weights of the last forward (the gate term of eq. 10)."""

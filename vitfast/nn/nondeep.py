@@ -168,7 +168,7 @@ class JoinSchedule:
 def _as_schedule(schedule: Union[str, JoinSchedule]) -> JoinSchedule:
     if isinstance(schedule, JoinSchedule):
         return schedule
-    if isinstance(schedule, str):
+    if isinstance(schedule, str) and schedule in JOIN_SCHEDULES:
         return JoinSchedule(schedule)
     raise ValueError(f"schedule: expected a JoinSchedule or one of {tuple(JOIN_SCHEDULES)}, got {schedule!r}")
 
@@ -422,8 +422,9 @@ class NonDeepBlock(nn.Module):
             raise ValueError(f"mlp_layer: expected timm.layers.Mlp, got {getattr(mlp_layer, '__name__', mlp_layer)!r}")
         if attn_layer not in (None, "", "attn", TimmAttention):
             raise ValueError(f"attn_layer: expected timm Attention, got {getattr(attn_layer, '__name__', attn_layer)!r}")
-        if isinstance(diversity_weight, bool) or not isinstance(diversity_weight, (int, float)) or diversity_weight < 0:
-            raise ValueError(f"diversity_weight: expected a number >= 0, got {diversity_weight!r}")
+        if (isinstance(diversity_weight, bool) or not isinstance(diversity_weight, (int, float))
+                or not math.isfinite(diversity_weight) or diversity_weight < 0):
+            raise ValueError(f"diversity_weight: expected a finite number >= 0, got {diversity_weight!r}")
         _timm.check_gelu(act_layer(), "act_layer")
         norm_eps = _timm.check_layernorm(norm_layer(dim), "norm_layer", dim)
         self.dim = dim

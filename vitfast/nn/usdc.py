@@ -38,7 +38,7 @@ from .. import ops
 from .._env import get_cuda_kernels
 from . import _timm
 from .fused import Attention, FusedChannelIdleFFN, _ConfigReader, _fold_attention, _layer_norm
-from .gates import GATE_LEVELS, SEARCH_TAU, FusedBatchGate, GateNet, GateSearch, group_features, hard_gates
+from .gates import GATE_LEVELS, SEARCH_TAU, FusedBatchGate, GateNet, GateSearch, group_assignment, hard_gates
 from .registry import register_fused
 
 __all__ = ["USDCBlock", "GatedBlock", "set_gate_force"]
@@ -154,11 +154,15 @@ class USDCBlock(nn.Module):
         """[B, 2] gates (1 = execute) for the layer input x [B, N, C]."""
         features = x.mean(dim=1)
         if self.training:
-            return hard_gates(self.gate(group_features(features, self.level)), True)
+            # One Gumbel draw per group, shared by its samples (sec. 3.2.2: "the gate values of each sample inside
+            # the same group are consistent"; appendix B: one gate for the whole batch at the batch level).
+            ids, groups = group_assignment(x.shape[0], self.level, device=x.device)
+            return hard_gates(self.gate(features, ids, groups), True)[ids]
         # Inference: one decision per batch (batch_gate), broadcast to the samples.
         return hard_gates(self.gate(features.mean(dim=0, keepdim=True)), False).expand(x.shape[0], 2)
 
-    def _attention(self, x: torch.Tensor, head_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def _attention(self, x: torch.Tensor, head_mask: Optional[torch.Tensor], attn_mask: Optional[torch.Tensor] = None,
+                   is_causal: bool = False) -> torch.Tensor:
         attn = self.attn
         batch, tokens, _ = x.shape
         qkv = attn.qkv(x).reshape(batch, tokens, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
@@ -166,7 +170,7 @@ class USDCBlock(nn.Module):
         q, k = attn.q_norm(q), attn.k_norm(k)
         # timm's attention dropout, which SDPA applies to the probabilities (it was left out: never dropped)
         drop = _timm.dropout_prob(attn.attn_drop) if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop)  # [B, H, N, D]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop, is_causal=is_causal)
         if head_mask is not None:
             out = out * head_mask[None, :, None, None]
         out = out.transpose(1, 2).reshape(batch, tokens, attn.num_heads * attn.head_dim)
@@ -181,7 +185,8 @@ class USDCBlock(nn.Module):
             h = h * channel_mask
         return self.ls2(mlp.drop2(mlp.fc2(mlp.norm(h))))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
+        """timm's Block signature: `attn_mask` / `is_causal` go to the attention (SDPA), as in timm and GatedBlock."""
         g = self.gates(x)
         a, f = _keep(self.alpha_attn, self.training), _keep(self.alpha_ffn, self.training)
         heads, channels = _keep(self.alpha_heads, self.training), _keep(self.alpha_channels, self.training)
@@ -190,7 +195,7 @@ class USDCBlock(nn.Module):
         if self.attn is not None:
             ga = g[:, 0] if a is None else g[:, 0] * a
             if self.training or bool(ga.any()):
-                y = self.ls1(self._attention(self.norm1(x), heads))
+                y = self.ls1(self._attention(self.norm1(x), heads, attn_mask, is_causal))
                 z = z + ga[:, None, None] * (self.drop_path1(y) if self.drop_path1 is not None else y)
             flops = flops + ga.mean() * self._attn_macs(heads)
         if self.mlp is not None:
@@ -276,6 +281,9 @@ def _prune_heads(attn: nn.Module, idx: torch.Tensor) -> nn.Module:
     new.proj.weight.copy_(attn.proj.weight[:, cols])
     if attn.proj.bias is not None:
         new.proj.bias.copy_(attn.proj.bias)
+    # The block's regularisation stays through stage 2 (the rebuilt module had none: p = 0).
+    new.attn_drop = copy.deepcopy(attn.attn_drop)
+    new.proj_drop = copy.deepcopy(attn.proj_drop)
     if qk_norm:
         new.q_norm.load_state_dict(attn.q_norm.state_dict())
         new.k_norm.load_state_dict(attn.k_norm.state_dict())
@@ -310,6 +318,7 @@ def _prune_channels(mlp: Mlp, idx: torch.Tensor) -> Mlp:
               act_layer=type(mlp.act), bias=(mlp.fc1.bias is not None, mlp.fc2.bias is not None))
     new = new.to(device=w.device, dtype=w.dtype)
     new.act = copy.deepcopy(mlp.act)
+    new.drop1, new.drop2 = copy.deepcopy(mlp.drop1), copy.deepcopy(mlp.drop2)
     new.fc1.weight.copy_(mlp.fc1.weight[idx])
     if mlp.fc1.bias is not None:
         new.fc1.bias.copy_(mlp.fc1.bias[idx])
