@@ -115,6 +115,24 @@ def test_distill_trainer_bad_arguments():
         DistillTrainer(s, train, teacher=tiny_vit(1), distill="l1", total_steps=2)
     with pytest.raises(ValueError, match="separate model"):
         DistillTrainer(s, train, teacher=s, total_steps=2)
+    with pytest.raises(ValueError, match=r"teacher: takes 32x32 images, the student 16x16"):
+        DistillTrainer(s, train, teacher=tiny_vit(1, img_size=32), total_steps=2)
+    DistillTrainer(s, train, teacher=tiny_vit(1, img_size=32, dynamic_img_size=True), total_steps=2)  # takes any
+
+
+def test_harmonic_mean_gradient_stays_finite_for_tiny_losses():
+    # The w/L form overflowed in the backward pass (w/L²) for L between ~1e-38 and ~1e-20: NaN gradients that
+    # the trainer's finite-loss check could not see.
+    for tiny in (2e-38, 1e-30, 1e-21):
+        a, b = torch.tensor(tiny, requires_grad=True), torch.tensor(1.0, requires_grad=True)
+        loss = harmonic_mean_loss(a, b)
+        loss.backward()
+        assert float(loss.detach()) == pytest.approx(14 * tiny / (13 + tiny), rel=1e-5)
+        assert torch.isfinite(a.grad) and torch.isfinite(b.grad)
+        assert float(a.grad) == pytest.approx(14 / 13, rel=1e-5)  # d/dL_d of 14·L_d·L_s / (13·L_s + L_d) at 0
+    a, b = torch.tensor(0.0, requires_grad=True), torch.tensor(0.0, requires_grad=True)
+    harmonic_mean_loss(a, b).backward()
+    assert float(a.grad) == 0.0 and float(b.grad) == 0.0
 
 
 def test_distillation_moves_the_student_towards_the_teacher():

@@ -80,6 +80,16 @@ def test_distill_errors_that_need_a_teacher(teacher, tmp_path, capsys):
     assert main(["train", *TEACHER, "--teacher", teacher, "--tau", "2", "--steps", "1",
                  "--out", str(tmp_path / "r"), "--no-progress"]) == 2
     assert "--tau: only used with --distill kl" in capsys.readouterr().err
+    # --distill none with a loss setting blamed --distill and asked for the --teacher that was given
+    assert main(["train", *TEACHER, "--teacher", teacher, "--distill", "none", "--alpha", "0.3", "--steps", "1",
+                 "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+    assert "--alpha: has no effect with --distill none" in capsys.readouterr().err
+    # a teacher of another input size died inside timm (AssertionError) after creating --out
+    student = [TEACHER[0], "--img-size", "32", *TEACHER[3:]]
+    assert main(["train", *student, "--teacher", teacher, "--steps", "1", "--out", str(tmp_path / "s"),
+                 "--no-progress"]) == 2
+    assert "--teacher: takes 16x16 images, the student 32x32" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.mark.slow  # 2 + 1 fresh interpreters importing torch and timm

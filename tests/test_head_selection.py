@@ -204,6 +204,22 @@ def test_dsp_per_head_gate_mixes_heads():
     assert gate.selection() == [0, 2]
 
 
+def test_attach_dsp_refuses_before_changing_anything():
+    from vitfast.head_selection import attach_dsp
+    from vitfast.nn import DWConvAttention
+
+    model = vit()
+    model.blocks[2].attn = DWConvAttention.from_timm(model.blocks[2].attn, [0], (4, 4))
+    before = [type(b.attn) for b in model.blocks]
+    with pytest.raises(ValueError, match=r"model.blocks.2.attn: expected timm Attention, got DWConvAttention"):
+        attach_dsp(model, 1)
+    assert [type(b.attn) for b in model.blocks] == before and not hasattr(model, "dsp_gate")  # was half wrapped
+    from timm.models.swin_transformer import SwinTransformer
+    swin = SwinTransformer(img_size=32, patch_size=4, embed_dim=16, depths=(1,), num_heads=(2,), window_size=4)
+    with pytest.raises(ValueError, match=r"model: expected a timm ViT/DeiT .*got SwinTransformer"):
+        attach_dsp(swin, 1)  # an AttributeError before
+
+
 def test_dsp_gate_arguments():
     with pytest.raises(ValueError, match="num_selected: expected an int in \\[1, 3\\]"):
         DSPGate(3, 4)

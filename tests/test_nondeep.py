@@ -330,6 +330,25 @@ def test_attention_distillation_loss_and_trainer():
     assert all(m["distill/attn"] > 0 for m in trainer.history)
     with pytest.raises(ValueError, match=r"layer_map: expected 2 teacher block indices in \[0, 4\)"):
         AttentionDistillation(student, teacher, layer_map=[0, 4])
+    for bad in (float("nan"), float("inf"), -1.0):  # NaN passed `< 0` and failed later as a "non-finite loss"
+        with pytest.raises(ValueError, match="distill_weight: expected a finite number >= 0"):
+            AttentionDistillTrainer(student, batches, total_steps=2, progress=False, distill=distill, distill_weight=bad)
+    # a teacher of another input size failed inside timm at the first step (an AssertionError)
+    with pytest.raises(ValueError, match=r"teacher: takes 16x16 images, the student 32x32"):
+        AttentionDistillation(student, _vit(depth=4, seed=1, img_size=16))
+
+
+def test_attention_distillation_trainer_moves_the_teacher_to_its_device():
+    # DistillTrainer moved its teacher; this trainer did not (a CUDA student then met a CPU teacher at step 1).
+    # The meta device stands in for a GPU: the teacher must follow the trainer's device.
+    from vitfast.attn_distill import AttentionDistillation, AttentionDistillTrainer
+
+    student = from_timm(_vit(depth=4), branches=2)
+    distill = AttentionDistillation(student, _vit(depth=4, seed=1))
+    trainer = AttentionDistillTrainer(student.to("meta"), [], total_steps=1, progress=False, distill=distill,
+                                      device="meta")
+    assert trainer.device.type == "meta"
+    assert {p.device.type for p in distill.teacher.parameters()} == {"meta"}
 
 
 def test_branch_averaged_maps():

@@ -63,6 +63,13 @@ def test_swin_cut_argument_and_errors():
         make_student(teacher, depths=[2, 2, 8, 2])
     with pytest.raises(ValueError, match="depths: expected the student's per-stage depths"):
         make_student(teacher, depth=4)
+    # int() used to truncate these silently (the ViT path refused the same values)
+    for cut in (1.7, True, "1"):
+        with pytest.raises(ValueError, match=r"cut: expected 0 <= cut <= 4"):
+            student_cut(teacher, depths=[2, 2, 4, 2], cut=cut)
+    for depths in ([2, 2, 2.9, 2], [2, 2, "x", 2]):
+        with pytest.raises(ValueError, match=r"depths: expected integer block counts per stage"):
+            student_cut(teacher, depths=depths)
 
 
 def test_vit_student_default_cut_copy_and_random():

@@ -131,13 +131,20 @@ def _describe_norm_module(module: nn.Module, name: str) -> Dict[str, Any]:
 def _describe_norm(model: nn.Module, where: str) -> Dict[str, Any]:
     classes = _norm_classes()
     by_type = {cls: name for name, cls in classes.items()}
+    # The skeleton's own top-level norms are built by timm from norm_layer: they say what it is, flags included.
+    # (Inside train-time blocks there are other norms, e.g. a non-deep block's affine-free LayerNorm.)
+    for attr in ("norm", "fc_norm", "norm_pre"):
+        module = getattr(model, attr, None)
+        if type(module) in by_type and not is_fused_module(module):
+            return _describe_norm_module(module, by_type[type(module)])
     for path, module in _plain_modules(model):
         # A ViT's patch-embedding norm is embed_norm_layer (described on its own), not norm_layer.
         if where == "vit" and (path == "patch_embed" or path.startswith("patch_embed.")):
             continue
-        # The most derived class wins: timm.LayerNorm subclasses nn.LayerNorm.
+        # The most derived class wins: timm.LayerNorm subclasses nn.LayerNorm.  Only its type and eps: the
+        # flags of a norm deep inside some block need not be norm_layer's.
         if type(module) in by_type:
-            return _describe_norm_module(module, by_type[type(module)])
+            return {"type": by_type[type(module)], "eps": float(module.eps)}
     # Everything normalised was fused away: any norm builds, the skeleton's own norms are all replaced.
     return {"type": "timm.LayerNorm" if where == "vit" else "torch.nn.LayerNorm", "eps": 1e-6 if where == "vit" else 1e-5}
 

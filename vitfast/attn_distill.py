@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .distill import check_teacher_input
 from .nn.nondeep import NonDeepAttention
 from .train import Trainer
 
@@ -101,6 +104,7 @@ class AttentionDistillation:
             raise ValueError("student: expected a non-deep model (vitfast.convert.from_timm(..., branches=n)), "
                              "got no NonDeepAttention")
         depth = len(_teacher_attentions(teacher))
+        check_teacher_input(teacher, student)
         if layer_map is None:
             layer_map = default_layer_map(len(self.attentions), depth)
         layer_map = list(layer_map)
@@ -131,9 +135,11 @@ class AttentionDistillTrainer(Trainer):
     def __init__(self, *args, distill: AttentionDistillation, distill_weight: float = 1.0, **kwargs) -> None:
         if not isinstance(distill, AttentionDistillation):
             raise TypeError(f"distill: expected an AttentionDistillation, got {type(distill).__name__}")
-        if isinstance(distill_weight, bool) or not isinstance(distill_weight, (int, float)) or distill_weight < 0:
-            raise ValueError(f"distill_weight: expected a number >= 0, got {distill_weight!r}")
+        if (isinstance(distill_weight, bool) or not isinstance(distill_weight, (int, float))
+                or not math.isfinite(distill_weight) or distill_weight < 0):
+            raise ValueError(f"distill_weight: expected a finite number >= 0, got {distill_weight!r}")
         super().__init__(*args, **kwargs)
+        distill.teacher.to(self.device)  # as DistillTrainer does: the teacher runs on the student's device
         self.distill = distill
         self.distill_weight = float(distill_weight)
 

@@ -447,8 +447,8 @@ def cmd_train(args) -> int:
     description = json.dumps(describe_trainable(model))
     warmup = settings["warmup"]
     model.to(ctx.device)
-    trainer_cls, scale_kwargs = _scale_trainer(settings, ctx, num_classes)
-    attn_trainer_cls, attn_kwargs = _distill_trainer(model, settings)
+    trainer_cls, scale_kwargs = _scale_trainer(settings, ctx, num_classes, model)
+    attn_trainer_cls, attn_kwargs = _distill_trainer(model, settings, ctx)
     if attn_kwargs:
         # Attention-map distillation (non-deep, --distill-teacher) and logit distillation (--teacher) are two
         # Trainer subclasses with their own compute_loss; combining them is not supported yet.
@@ -566,7 +566,17 @@ def _nondeep_source(timm_model, settings, recipe):
     return model, recipe
 
 
-def _distill_trainer(model, settings):
+def _check_teacher_input(teacher, student, flag: str) -> None:
+    """Before --out is created (the trainers check it too, later)."""
+    from vitfast.distill import check_teacher_input
+
+    try:
+        check_teacher_input(teacher, student, flag)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _distill_trainer(model, settings, ctx):
     """(Trainer class, its extra kwargs): attention-map distillation from --distill-teacher when given."""
     from vitfast.train import Trainer, load_trainable
 
@@ -580,8 +590,9 @@ def _distill_trainer(model, settings):
     if _file_kind(path) != "trainable":
         raise CLIError(f"--distill-teacher: expected a train-time .safetensors (from `vitfast train`), got {path!r}")
     teacher, _ = load_trainable(path)
+    _check_teacher_input(teacher, model, "--distill-teacher")
     try:
-        distill = AttentionDistillation(model, teacher)
+        distill = AttentionDistillation(model, teacher.to(ctx.device))
     except ValueError as exc:
         raise CLIError(f"--distill-teacher: {exc}") from None
     weight = 1.0 if settings.get("distill_weight") is None else settings["distill_weight"]
@@ -725,7 +736,7 @@ def _data_shard(settings, ctx) -> Dict[str, int]:
     return {"batch_size": batch // (accum * world), "num_replicas": world, "rank": ctx.rank}
 
 
-def _scale_trainer(settings, ctx, num_classes):
+def _scale_trainer(settings, ctx, num_classes, model):
     """(Trainer class, its extra keyword arguments) for the distillation and scale settings."""
     from vitfast.distill import DistillTrainer
     from vitfast.train import Trainer
@@ -738,13 +749,15 @@ def _scale_trainer(settings, ctx, num_classes):
     loss_flags = [f for f in ("distill", "tau", "alpha", "alpha_schedule", "harmonic") if settings.get(f) is not None]
     teacher_path = settings.get("teacher")
     if teacher_path is None or settings.get("distill") == "none":
-        if loss_flags and not (settings.get("distill") == "none" and loss_flags == ["distill"]):
-            raise CLIError(f"--{loss_flags[0].replace('_', '-')}: a distillation setting needs --teacher (and a "
-                           "--distill other than none)")
+        if teacher_path is None and loss_flags:
+            raise CLIError(f"--{loss_flags[0].replace('_', '-')}: a distillation setting needs --teacher")
+        if teacher_path is not None and len(loss_flags) > 1:  # --distill none and a loss setting
+            raise CLIError(f"--{loss_flags[1].replace('_', '-')}: has no effect with --distill none")
         return Trainer, kwargs
     teacher, _ = _load_source(teacher_path, "--teacher")
     if getattr(teacher, "num_classes", num_classes) != num_classes:
         raise CLIError(f"--teacher: has {teacher.num_classes} classes, the student {num_classes}")
+    _check_teacher_input(teacher, model, "--teacher")
     try:
         kwargs.update(teacher=teacher.to(ctx.device), distill=settings.get("distill") or "mse",
                       tau=settings.get("tau") or 4.0, alpha=settings.get("alpha"),

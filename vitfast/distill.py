@@ -95,9 +95,11 @@ def harmonic_mean_loss(l_d: torch.Tensor, l_s: torch.Tensor, w_d: float = 13.0, 
     """
     w_d = _number("w_d", w_d, low=0.0, low_open=True)
     w_s = _number("w_s", w_s, low=0.0, low_open=True)
-    tiny = torch.finfo(torch.float32).tiny  # keeps w/L finite at L = 0; changes nothing for any L > 1e-38
+    # Written as (w_d + w_s)·L_d·L_s / (w_d·L_s + w_s·L_d): the form with w/L had a finite value but a NaN/inf
+    # gradient for L between ~1e-38 and ~1e-20 (w/L² overflows).  `tiny` only keeps 0/0 (both losses 0) at 0.
+    tiny = torch.finfo(torch.float32).tiny
     l_d32, l_s32 = l_d.float(), l_s.float()
-    return (w_d + w_s) / (w_d / l_d32.clamp_min(tiny) + w_s / l_s32.clamp_min(tiny))
+    return (w_d + w_s) * l_d32 * l_s32 / (w_d * l_s32 + w_s * l_d32).clamp_min(tiny)
 
 
 def linear_alpha(step: int, total_steps: int, start: float, end: float) -> float:
@@ -108,6 +110,18 @@ def linear_alpha(step: int, total_steps: int, start: float, end: float) -> float
         raise ValueError(f"total_steps: expected >= 1, got {total_steps!r}")
     t = min(max(step / total_steps, 0.0), 1.0)
     return start + (end - start) * t
+
+
+def check_teacher_input(teacher: nn.Module, student: nn.Module, name: str = "teacher") -> None:
+    """The teacher must take the student's images: one of another input size failed in its first forward, inside
+    timm (an AssertionError), after training had started.  Models with a dynamic input size take any."""
+    t_pe, s_pe = getattr(teacher, "patch_embed", None), getattr(student, "patch_embed", None)
+    t_size, s_size = getattr(t_pe, "img_size", None), getattr(s_pe, "img_size", None)
+    flexible = bool(getattr(teacher, "dynamic_img_size", False)) or not getattr(t_pe, "strict_img_size", True)
+    if t_size is None or s_size is None or flexible or tuple(t_size) == tuple(s_size):
+        return
+    raise ValueError(f"{name}: takes {t_size[0]}x{t_size[1]} images, the student {s_size[0]}x{s_size[1]} (give "
+                     f"both the same input size)")
 
 
 class DistillTrainer(Trainer):
@@ -141,6 +155,7 @@ class DistillTrainer(Trainer):
             raise TypeError(f"teacher: expected a torch.nn.Module, got {type(teacher).__name__}")
         if teacher is model:
             raise ValueError("teacher: expected a separate model from the student, got the same object")
+        check_teacher_input(teacher, model)
         if distill not in DISTILL_LOSSES:
             raise ValueError(f"distill: expected one of {DISTILL_LOSSES}, got {distill!r}")
         given = [n for n, v in (("alpha", alpha), ("alpha_schedule", alpha_schedule), ("harmonic", harmonic))

@@ -411,13 +411,20 @@ def attach_dsp(
 
     from .nn.dwconv import DWConvAttention
 
+    if not isinstance(getattr(model, "blocks", None), nn.Module) or not hasattr(model, "patch_embed"):
+        raise ValueError(f"model: expected a timm ViT/DeiT (blocks over a patch grid), got {type(model).__name__}")
     grid = tuple(int(g) for g in model.patch_embed.grid_size)
     blocks = list(model.blocks)
+    # Every block is checked before any is wrapped: a refusal used to leave the model half converted.
+    for i, block in enumerate(blocks):
+        if type(getattr(block, "attn", None)) is not TimmAttention:
+            got = type(getattr(block, "attn", None)).__name__
+            raise ValueError(f"model.blocks.{i}.attn: expected timm Attention, got {got}")
+    if not blocks:
+        raise ValueError("model.blocks: expected at least one block, got none")
     heads = blocks[0].attn.num_heads
     gate = DSPGate(len(blocks) * heads if per_head else len(blocks), num_selected, tau_start=tau_start, tau_end=tau_end)
     for i, block in enumerate(blocks):
-        if type(block.attn) is not TimmAttention:
-            raise ValueError(f"model.blocks.{i}.attn: expected timm Attention, got {type(block.attn).__name__}")
         conv = DWConvAttention.from_timm(block.attn, range(block.attn.num_heads), grid, kernel_size=kernel_size,
                                          prefix_tokens=getattr(model, "num_prefix_tokens", None),
                                          name=f"model.blocks.{i}.attn")

@@ -72,6 +72,8 @@ def student_cut(teacher: nn.Module, *, depth: Optional[int] = None, depths: Opti
         if depths is None or depth is not None:
             raise ValueError("depths: expected the student's per-stage depths for a Swin teacher (and no depth)")
         t_depths = [len(stage.blocks) for stage in teacher.layers]
+        if isinstance(depths, (str, bytes)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in depths):
+            raise ValueError(f"depths: expected integer block counts per stage, got {depths!r}")
         depths = [int(d) for d in depths]
         if len(depths) != len(t_depths):
             raise ValueError(f"depths: expected {len(t_depths)} stages like the teacher {t_depths}, got {depths}")
@@ -82,8 +84,8 @@ def student_cut(teacher: nn.Module, *, depth: Optional[int] = None, depths: Opti
                 f"block left), got {depths}"
             )
         stage = diff[0]
-        kept = depths[stage] if cut is None else int(cut)
-        if not 0 <= kept <= depths[stage]:
+        kept = depths[stage] if cut is None else cut
+        if isinstance(kept, bool) or not isinstance(kept, int) or not 0 <= kept <= depths[stage]:
             raise ValueError(f"cut: expected 0 <= cut <= {depths[stage]} (blocks copied in stage {stage}), got {cut!r}")
         p1 = sum(t_depths[:stage]) + kept
         p2 = p1 + t_depths[stage] - depths[stage]
