@@ -71,6 +71,25 @@ def test_convert_train_fuse_verify_round_trip(tmp_path, capsys):
     assert "--steps was 6, got 9" in capsys.readouterr().err
 
 
+def test_resume_restores_the_runs_thread_count(tmp_path, capsys):
+    # The thread count changes torch's reduction order: a resume at another count was not bit-exact, and the
+    # count was not stored, so `vitfast train --resume` (as the README shows it) ran at torch's default.
+    import torch
+
+    src = str(tmp_path / "tiny.safetensors")
+    assert main(["convert", *TINY, "--channel-idle", "0.75", "-o", src]) == 0
+    run = tmp_path / "run"
+    assert main(["train", src, "--steps", "2", "--batch-size", "32", "--threads", "1", "--out", str(run),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    torch.set_num_threads(2)  # what a fresh process on this machine starts with (restored by one_thread)
+    assert main(["train", "--resume", str(run / "trainer.pt"), "--no-progress"]) == 0
+    assert "(1 threads)" in capsys.readouterr().out and torch.get_num_threads() == 1
+    assert main(["train", "--resume", str(run / "trainer.pt"), "--threads", "2", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "(2 threads)" in captured.out and "--threads 2: the run used 1; the continuation will not be bit-exact" in captured.err
+
+
 def test_verify_detects_a_mismatch(tmp_path, capsys):
     a, b = str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")
     torch.manual_seed(1)

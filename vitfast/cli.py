@@ -396,6 +396,14 @@ def cmd_train(args) -> int:
         if args.source is not None:
             raise CLIError("SOURCE: not used with --resume (the checkpoint holds the model); drop it")
         settings = {**_SCALE_DEFAULTS, **stored}  # checkpoints from before the scale settings existed
+        # The thread count changes the order of torch's CPU reductions: the continuation is bit-exact only at the
+        # run's own count, so it is restored unless --threads says otherwise (a speed choice, not refused).
+        if stored.get("threads") is not None:
+            if args.threads is None:
+                torch.set_num_threads(int(stored["threads"]))
+            elif args.threads != stored["threads"]:
+                print(f"--threads {args.threads}: the run used {stored['threads']}; the continuation will not be "
+                      f"bit-exact", file=sys.stderr)
         model = build_trainable(json.loads(extra["model_description"]))
         recipe = json.loads(extra.get("recipe", "{}"))
         out_dir = args.out or os.path.dirname(os.path.abspath(args.resume))
@@ -409,6 +417,7 @@ def cmd_train(args) -> int:
                     "checkpoint_every": None, "val_data": None}
         settings.update(_SCALE_DEFAULTS)
         settings.update(given)
+        settings["threads"] = torch.get_num_threads()  # restored by --resume (see there)
         if settings["steps"] is None and settings["epochs"] is None:
             settings["epochs"] = 10
         if settings["steps"] is not None and settings["epochs"] is not None:
