@@ -242,6 +242,17 @@ def test_gated_model_exports_a_graph_that_decides_per_batch(tmp_path):
     assert worst <= 1e-4 * max(scale, 1.0), f"ORT differs from vitfast by {worst:.3g} (output scale {scale:.3g})"
 
 
+def test_torchscript_exporter_refuses_gates_in_one_line(tmp_path, capsys):
+    # It used to fail deep in the exporter (SymbolicValueError) after printing ~170 lines of TorchScript IR.
+    torch.manual_seed(0)
+    vit = timm.models.vision_transformer.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1,
+                                                           num_heads=2, num_classes=10).eval()
+    fused = vitfast.fuse(vitfast.convert.from_timm(vit, gates=True, gate_search=False).eval())
+    with pytest.raises(ValueError, match=r"exporter: 'torchscript' cannot export USDC gates .*blocks.0 is a GatedBlock"):
+        to_onnx(fused, tmp_path / "g.onnx", exporter="torchscript")
+    assert capsys.readouterr().out == "" and not (tmp_path / "g.onnx").exists()
+
+
 @pytest.mark.slow
 def test_an_opset_the_exporter_did_not_write_is_an_error(tmp_path):
     """The torch.export-based exporter writes opset 18+: asked for 14 it once returned an opset-18 file and a

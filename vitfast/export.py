@@ -171,6 +171,13 @@ def _check_output_path(path) -> str:
     return path
 
 
+def _gated_modules(model: nn.Module) -> List[str]:
+    """Paths of the USDC gated blocks in `model` (their decisions are data-dependent control flow)."""
+    from .nn.usdc import GatedBlock
+
+    return [name or "model" for name, m in model.named_modules() if isinstance(m, GatedBlock)]
+
+
 def _has_torchscript_exporter() -> bool:
     try:  # torch >= 2.9 keeps it under _internal; earlier versions in torch.onnx.utils
         import torch.onnx.utils  # noqa: F401
@@ -281,6 +288,18 @@ def to_onnx(
     candidates = [exporter] if exporter != "auto" else (
         ["torchscript", "dynamo"] if _has_torchscript_exporter() else ["dynamo"])
     notes: List[str] = []
+    gated = _gated_modules(model)
+    if gated and "torchscript" in candidates:
+        # A trace keeps one batch's gate decisions (or, on the device-side gate path, fails deep inside the
+        # exporter after printing the whole TorchScript graph): refuse it here, in one line.
+        if exporter == "torchscript":
+            raise ValueError(f"exporter: 'torchscript' cannot export USDC gates (they decide per batch; {gated[0]} "
+                             f"is a GatedBlock): use exporter='dynamo' or 'auto'")
+        candidates.remove("torchscript")
+        notes.append("torchscript exporter skipped: USDC gates decide per batch")
+        if not candidates:
+            raise ValueError("model: USDC gates need the torch.export-based exporter (torch >= 2.5 with onnxscript), "
+                             "which this torch does not have")
     result: Dict[str, ExportReport] = {}
 
     def write(tmp: str) -> None:
@@ -309,7 +328,7 @@ def to_onnx(
             # The torch.export-based exporter writes opset 18+ and converts down only for some graphs: it
             # once returned opset 18 for a requested 14 with nothing but a torch warning.
             raise ExportError(f"opset: expected the file to have opset {opset}, the {used} exporter wrote "
-                              f"{actual_opset} (the torchscript exporter writes 14-17)")
+                              f"{actual_opset} (the torchscript exporter writes the requested opset)")
         inputs = proto.graph.input
         if len(inputs) != 1:
             raise ExportError(f"exported graph: expected one input (the images), got {len(inputs)}")
