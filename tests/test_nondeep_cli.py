@@ -57,6 +57,10 @@ def test_train_progressive_joining_then_fuse_and_verify(tmp_path, capsys):
     # resume keeps the schedule settings; changing one is refused, naming both values
     assert main(["train", "--resume", str(run / "trainer.pt"), "--join-steps", "3", "--no-progress"]) == 2
     assert "--join-steps was 4, got 3" in capsys.readouterr().err
+    # --branches on a file: the hint used to send the user to `vitfast convert --branches`, which does not exist
+    assert main(["train", str(run / "model.safetensors"), "--branches", "2", "--steps", "1", "--out",
+                 str(tmp_path / "again"), "--no-progress"]) == 2
+    assert "`vitfast train MODEL_NAME --branches n`; `vitfast convert` has no --branches" in capsys.readouterr().err
 
 
 def test_adjust_steps_sets_the_joining_length(tmp_path, capsys):

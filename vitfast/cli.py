@@ -524,7 +524,8 @@ def _train_source(args, settings):
         for k in ("branches", "join_values"):
             if settings.get(k) is not None:
                 raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; {source!r} is "
-                               f"a file (convert it with --branches)")
+                               f"a file (non-deep models are made by `vitfast train MODEL_NAME --branches n`; `vitfast "
+                               f"convert` has no --branches)")
         for k in DWCONV_SETTINGS:
             if settings.get(k) is not None:
                 raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; {source!r} is "
