@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from functools import partial
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -173,9 +173,7 @@ def swin_block_spec(block: nn.Module, name: str = "block", *, require_mlp: bool 
         head_dim=head_dim,
         # the effective window (already clipped to the resolution) rebuilds the same window and shift
         window_size=tuple(int(w) for w in block.window_size),
-        # the effective shift, not target_shift_size: set_input_size re-derives the shift from the new window
-        # (4 -> 6: 2 -> 3) and leaves target_shift_size stale (a resized Swin once fused with the old shift)
-        shift_size=tuple(int(s) for s in block.shift_size),
+        shift_size=_rebuild_shift(block),
         always_partition=bool(getattr(block, "always_partition", False)),
         dynamic_mask=bool(getattr(block, "dynamic_mask", False)),
         qkv_bias=attn.qkv.bias is not None,
@@ -190,6 +188,22 @@ def swin_block_spec(block: nn.Module, name: str = "block", *, require_mlp: bool 
     elif require_mlp:
         raise ValueError(f"{name}: expected a vanilla timm SwinTransformerBlock with norm2 and mlp, got none")
     return spec
+
+
+def _rebuild_shift(block) -> Tuple[int, int]:
+    """The shift_size argument that rebuilds `block` (timm clips a shift to 0 where the resolution fits the window).
+
+    * The effective shift, not target_shift_size: set_input_size re-derives the shift from the new window
+      (4 -> 6: 2 -> 3) and leaves target_shift_size stale (a resized Swin once fused with the old shift).
+    * But a shift clipped to (0, 0) still marks a shifted block: timm shifts it again after a resize that makes
+      the resolution larger than the window (window // 2, from the target being non-zero).  Rebuilt with (0, 0),
+      it never shifted again (1.4e-2 off).  So then the target goes in: the constructor clips it the same way
+      now, and only its being non-zero matters later.
+    """
+    effective = tuple(int(s) for s in block.shift_size)
+    if any(effective):
+        return effective
+    return tuple(int(s) for s in getattr(block, "target_shift_size", effective))
 
 
 def swin_block_args(spec: Dict[str, Any]) -> Dict[str, Any]:
