@@ -64,6 +64,39 @@ def test_patched_swin_outputs_identical():
         assert_close_scaled(model(IMAGES), expected)
 
 
+def _masked_forward(model, x, mask):
+    """timm's forward with an attention mask on every block (forward_features takes none in all timm versions)."""
+    h = model._pos_embed(model.patch_embed(x))
+    for block in model.blocks:
+        h = block(h, attn_mask=mask)
+    return model.forward_head(model.norm(h))
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "register_autocast"), reason="torch < 2.5: no autocast rule for custom ops")
+@pytest.mark.parametrize("case", ["vit_causal_mask", "vit_qk_norm_mask", "swin"])
+def test_patched_models_run_under_cpu_autocast(case):
+    # SDPA (and Swin's patch-merging Linear) give bf16 activations under autocast while the fused weights stay
+    # fp32: every vitfast op refused the mix ("weight: expected dtype torch.bfloat16 (same as x)"), where timm runs.
+    if case == "swin":
+        model = randomize(SwinTransformer(img_size=32, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4),
+                                          window_size=4, num_classes=10))
+        forward = model.__call__
+    else:
+        model = _deit_tiny_like(qk_norm=case == "vit_qk_norm_mask")
+        mask = torch.ones(17, 17, dtype=torch.bool).tril() if case == "vit_causal_mask" else torch.rand(17, 17) > 0.2
+        mask.fill_diagonal_(True)
+        forward = lambda x: _masked_forward(model, x, mask)  # noqa: E731
+    with torch.no_grad():
+        expected = forward(IMAGES)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            timm_bf16 = forward(IMAGES).float()
+    assert vitfast.patch_timm(model) is model  # in place: `forward` now runs the patched blocks
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = forward(IMAGES).float()
+    # no worse than timm's own bf16 autocast error (vitfast's ops run in fp32 inside the region)
+    assert (out - expected).abs().max() <= (timm_bf16 - expected).abs().max() + 1e-5
+
+
 def test_not_inplace_leaves_model_alone():
     model = _deit_tiny_like()
     patched = vitfast.patch_timm(model, inplace=False)

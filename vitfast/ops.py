@@ -279,6 +279,16 @@ SCHEMAS["gated_ffn"] = (
 _lib.define(SCHEMAS["gated_mhsa"])
 _lib.define(SCHEMAS["gated_ffn"])
 
+# Under torch.autocast the activations reaching an op can be bf16/fp16 (SDPA, a timm Linear such as Swin's patch
+# merging) while the module's weights stay fp32, and every op refuses mixed dtypes: fused blocks crashed where
+# timm runs.  Inside an autocast region the ops therefore take fp32 inputs and run in fp32 (exact; fp32 weights
+# are not copied, so the packed-weight cache still hits).  torch.library.register_autocast exists from torch 2.5;
+# on older torch autocast keeps refusing mixed dtypes.
+if hasattr(torch.library, "register_autocast"):
+    for _name in SCHEMAS:
+        for _device in ("cpu", "cuda"):
+            torch.library.register_autocast(f"vitfast::{_name}", _device, torch.float32, lib=_lib)
+
 
 @_register_fake("gated_mhsa")
 def _gated_mhsa_fake(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj):
