@@ -153,3 +153,45 @@ def test_run_bench_argument_errors():
         run_bench(baseline, fused, batch_sizes=[])
     with pytest.raises(ValueError, match="repeats: expected a positive int, got 0"):
         run_bench(baseline, fused, repeats=0)
+
+
+@pytest.mark.parametrize("method", ["channel_idle", "nondeep"])
+def test_bench_on_a_file_times_the_model_it_was_made_from(tmp_path, capsys, method):
+    """Every block fused, the file's own skeleton says num_heads=1, mlp_ratio=4 and the fused depth: the "timm" row
+    of `vitfast bench FILE` timed that skeleton (1.78x "fewer FLOPs" where the truth was 1.26x, a non-deep file
+    "0.82x fewer").  The timm model's description now travels from the conversion (through the train-time file)
+    into the fused file, and bench builds its baseline from it."""
+    from vitfast.checkpoint import read_config
+    from vitfast.demo import flops_per_image
+    from vitfast.train import load_trainable, save_trainable
+
+    torch.manual_seed(0)
+    source = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=48, depth=4, num_heads=3,
+                               mlp_ratio=2.0, num_classes=10).eval()
+    converted = (vitfast.convert.from_timm(source, channel_idle=0.75) if method == "channel_idle"
+                 else vitfast.convert.from_timm(source, branches=2))
+    for block in converted.blocks:
+        if hasattr(block, "set_lambda"):
+            block.set_lambda(1.0)
+    save_trainable(converted, tmp_path / "t.safetensors")  # train-time files of mlp_ratio != 4 did not load
+    trainable, _ = load_trainable(tmp_path / "t.safetensors")
+    vitfast.save(vitfast.fuse(trainable.eval()), tmp_path / "f.safetensors")
+    kwargs = read_config(tmp_path / "f.safetensors")["source_architecture"]["kwargs"]
+    assert (kwargs["num_heads"], kwargs["mlp_ratio"], kwargs["depth"]) == (3, 2.0, 4)
+
+    assert main(["bench", str(tmp_path / "f.safetensors"), "--threads", "1", "--batch-sizes", "1", "--repeats", "1",
+                 "--warmup", "1", "--providers", "timm,vitfast", "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    baseline_gflop = next(r["gflop"] for r in report["results"] if r["provider"] == "timm")
+    assert baseline_gflop == pytest.approx(flops_per_image(source, (3, 16, 16)) / 1e9, rel=1e-6)
+    assert "the model the file was converted from" in capsys.readouterr().out
+
+
+def test_bench_on_a_file_without_its_source_says_so(tmp_path, capsys):
+    _, fused = _tiny_pair()
+    delattr(fused, vitfast.arch.SOURCE_ATTR)  # what a file written before the record existed loads as
+    vitfast.save(fused, tmp_path / "old.safetensors")
+    assert "source_architecture" not in vitfast.checkpoint.read_config(tmp_path / "old.safetensors")
+    assert main(["bench", str(tmp_path / "old.safetensors"), "--threads", "1", "--batch-sizes", "1", "--repeats", "1",
+                 "--warmup", "1", "--providers", "timm,vitfast"]) == 0
+    assert "does not record its source model" in capsys.readouterr().err

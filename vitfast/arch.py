@@ -117,6 +117,12 @@ def _first(root: nn.Module, cls: type) -> Optional[nn.Module]:
     return None
 
 
+def _channel_idle_mlp_class() -> type:
+    from .nn.channel_idle import ChannelIdleMlp
+
+    return ChannelIdleMlp
+
+
 def _describe_norm_module(module: nn.Module, name: str) -> Dict[str, Any]:
     spec = {"type": name, "eps": float(module.eps)}
     # A norm_layer built with elementwise_affine=False or bias=False has no such tensors: say so, or the rebuilt
@@ -241,6 +247,11 @@ def _describe_vit(model: nn.Module) -> Dict[str, Any]:
         mlp_ratio = _mlp_ratio(mlp.fc1.out_features, mlp.fc1.in_features)
     elif attn_pool is not None and isinstance(getattr(attn_pool, "mlp", None), Mlp):
         mlp_ratio = _mlp_ratio(attn_pool.mlp.fc1.out_features, attn_pool.mlp.fc1.in_features)
+    elif _first(model.blocks, _channel_idle_mlp_class()) is not None:
+        # A train-time RePaViT FFN keeps the source width: a skeleton with the default 4 could not take the
+        # file's fc1 (train-time files of mlp_ratio != 4 models did not load)
+        cim = _first(model.blocks, _channel_idle_mlp_class())
+        mlp_ratio = _mlp_ratio(cim.hidden_features, cim.fc1.in_features)
     else:
         mlp_ratio = 4.0
     init_values = None
@@ -482,3 +493,37 @@ def build_timm(desc: Dict[str, Any], device: Optional[torch.device | str] = None
         model.pretrained_cfg = cfg
         model.default_cfg = cfg
     return model
+
+
+# ------------------------------------------------------------------------------------------ the source model
+# Fusing replaces every block, so a fused model's own skeleton no longer says how many heads, how wide an MLP or
+# how many blocks its source had (describe_timm falls back to num_heads=1, mlp_ratio=4, the fused depth): a
+# baseline rebuilt from it is not the model the file came from.  The timm model's description is therefore
+# taken at conversion (from_timm, patch_timm) and carried as this attribute through fuse, train-time files
+# (describe_trainable) and fused files (config "source_architecture"); `vitfast bench FILE` builds its
+# baseline from it.
+SOURCE_ATTR = "vitfast_source_architecture"
+
+
+def remember_source(converted: nn.Module, source: nn.Module) -> None:
+    """Record on `converted` the description of the timm model `source` (or the one `source` already carries)."""
+    desc = getattr(source, SOURCE_ATTR, None)
+    if desc is None:
+        try:
+            desc = describe_timm(source)
+        except (ValueError, TypeError):
+            return  # not a describable timm model: nothing is recorded, and nothing wrong is either
+    object.__setattr__(converted, SOURCE_ATTR, desc)
+
+
+def source_architecture(model: nn.Module) -> Optional[Dict[str, Any]]:
+    desc = getattr(model, SOURCE_ATTR, None)
+    return desc if isinstance(desc, dict) else None
+
+
+def set_source_architecture(model: nn.Module, desc: Any) -> None:
+    """Attach a stored description (a file's); anything but a dict clears it."""
+    if isinstance(desc, dict):
+        object.__setattr__(model, SOURCE_ATTR, desc)
+    elif SOURCE_ATTR in vars(model):
+        object.__delattr__(model, SOURCE_ATTR)

@@ -54,7 +54,7 @@ import torch
 import torch.nn as nn
 
 from ._io import atomic_write, check_target
-from .arch import build_timm, describe_timm
+from .arch import build_timm, describe_timm, set_source_architecture, source_architecture
 from .nn.registry import fused_module_from_config, is_fused_module
 
 __all__ = ["save", "load", "read_config", "FORMAT", "VERSION"]
@@ -353,6 +353,9 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
         "dtype": _dtype_summary(tensors),
         "vitfast_version": __version__,
     }
+    source = source_architecture(model)
+    if source is not None:  # optional: the timm model the file was made from (vitfast.arch.SOURCE_ATTR)
+        config["source_architecture"] = source
     metadata = {"format": FORMAT, "version": str(VERSION), "config": json.dumps(config, allow_nan=False, sort_keys=True)}
     from safetensors.torch import save_file
 
@@ -598,6 +601,7 @@ def load(
         _check_tensors(path, header, config, _with_dtype(probe, config).state_dict())
     _check_skeleton_size(path, header, config, probe)
     model = _with_dtype(_try_rebuild(path, config), config)
+    set_source_architecture(model, config.get("source_architecture"))  # kept if the model is saved again
     expected = model.state_dict(keep_vars=True)
     if probe is None:
         _check_tensors(path, header, config, expected)

@@ -952,8 +952,19 @@ def cmd_bench(args) -> int:
             if getattr(args, flag, None) not in (None, defaults.get(flag)):
                 raise CLIError(f"--{flag.replace('_', '-')}: only applies when TARGET is a timm model name")
         fused = vitfast.load(args.target)
-        baseline = _skeleton_baseline(read_config(args.target)["architecture"])
-        note = "baseline = timm eager on the file's timm skeleton (vanilla blocks, random weights); fused = the file"
+        config = read_config(args.target)
+        source = config.get("source_architecture")
+        try:
+            baseline = _skeleton_baseline(source if isinstance(source, dict) else config["architecture"])
+        except ValueError as exc:
+            raise CLIError(f"TARGET: cannot build the baseline from {args.target!r} ({exc})") from None
+        if isinstance(source, dict):
+            note = "baseline = timm eager on the model the file was converted from (random weights); fused = the file"
+        else:
+            note = ("baseline = timm eager on the file's own skeleton (random weights): this file does not record "
+                    "its source model, so heads, MLP width and depth are the skeleton's defaults where every block "
+                    "is fused; pass the timm model name for a faithful baseline")
+            print(f"vitfast bench: warning: {note}", file=sys.stderr)
         recipe = {"file": os.path.basename(args.target)}
         title = f"vitfast bench {os.path.basename(args.target)}"
     else:

@@ -69,6 +69,22 @@ def _resolve_ratios(channel_idle, depth: int, heuristic: str, spread: float) -> 
     )
 
 
+def _remembers_source(fn):
+    """from_timm's result carries the description of the timm model it came from (vitfast.arch.SOURCE_ATTR)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(model, *args, **kwargs):
+        from .arch import remember_source
+
+        converted = fn(model, *args, **kwargs)
+        remember_source(converted, model)
+        return converted
+
+    return wrapper
+
+
+@_remembers_source
 def from_timm(
     model: nn.Module,
     channel_idle: Union[float, Sequence[float], None] = None,

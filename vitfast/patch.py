@@ -40,7 +40,10 @@ def patch_timm(model: nn.Module, inplace: bool = True, *, prepack: bool = True) 
             "model: expected eval mode (fused blocks are inference-only: no dropout or drop-path), got training "
             "mode; call model.eval() first"
         )
+    from .arch import remember_source
+
     target = model if inplace else copy.deepcopy(model)
+    remember_source(target, model)  # before any block is replaced: the skeleton still says what the model is
     replacements = []
     with torch.no_grad():
         for path, module in target.named_modules():

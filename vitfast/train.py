@@ -895,6 +895,18 @@ def _block_paths(model: nn.Module) -> List[str]:
 
 
 def describe_trainable(model: nn.Module) -> Dict[str, Any]:
+    """JSON description from which `build_trainable` rebuilds an identically shaped train-time model (see
+    `_describe_trainable`), plus "source_architecture": the timm model it was converted from, when known."""
+    from .arch import source_architecture
+
+    desc = _describe_trainable(model)
+    source = source_architecture(model)
+    if source is not None:
+        desc["source_architecture"] = source
+    return desc
+
+
+def _describe_trainable(model: nn.Module) -> Dict[str, Any]:
     """JSON description from which `build_trainable` rebuilds an identically shaped train-time model.
 
     = the timm skeleton (`vitfast.arch.describe_timm`), the channel-idle FFN of every block (exact active
@@ -1031,6 +1043,15 @@ def _restore_described(model: nn.Module, desc: Dict[str, Any]) -> nn.Module:
 
 def build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None] = None) -> nn.Module:
     """Rebuild the (uninitialised) train-time model described by `describe_trainable`."""
+    from .arch import set_source_architecture
+
+    model = _build_trainable(desc, device)
+    # from_timm on the rebuilt skeleton recorded the skeleton itself: the description's record (or none) replaces it
+    set_source_architecture(model, desc.get("source_architecture"))
+    return model
+
+
+def _build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None] = None) -> nn.Module:
     from .arch import build_timm
     from .convert import from_timm
 
