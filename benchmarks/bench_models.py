@@ -30,6 +30,7 @@ import torch
 
 import vitfast
 from vitfast.bench import sgemm_gflops
+from harness import median_seconds_of
 
 MODELS = ["deit_tiny_patch16_224", "deit_small_patch16_224", "deit_base_patch16_224"]
 THETA = 0.75
@@ -109,12 +110,7 @@ def test_end_to_end(benchmark, tmp_path_factory, model, batch, threads, provider
             fn = models.fn(provider, x, threads)
             benchmark.group = f"{model.split('_patch')[0]} b{batch} t{threads}"
             benchmark.pedantic(fn, rounds=ROUNDS[model], warmup_rounds=1, iterations=1)
-            if benchmark.stats is not None:
-                median = benchmark.stats.stats.median
-            else:  # --benchmark-disable (a smoke run): one timed call keeps the rest of the test exercised
-                t0 = time.perf_counter()
-                fn()
-                median = time.perf_counter() - t0
+            median = median_seconds_of(benchmark, fn)
             _MEDIANS[(model, batch, threads, provider)] = median
             flops = models.flops[provider] * batch
             rate = statistics.median(sgemm_gflops(torch.device("cpu"), calls=3))  # right after, same load

@@ -101,6 +101,21 @@ def test_run_bench_restores_threads_and_backend():
     assert torch.get_num_threads() == before_threads and vitfast.get_backend() == before_backend
 
 
+def test_vitfast_row_times_the_kernels_whatever_the_process_backend():
+    # Under VITFAST_BACKEND=reference the "vitfast fused (kernels)" row ran the reference ops (the C++ weight
+    # cache stayed empty) while the report still said kernels.
+    baseline, fused = _tiny_pair()
+    vitfast.ops.clear_weight_cache()
+    vitfast.set_backend("reference")
+    try:
+        run_bench(baseline, fused, threads=[1], batch_sizes=[1], providers=["timm", "vitfast"], repeats=1,
+                  log=lambda s: None)
+        assert vitfast.get_backend() == "reference"
+    finally:
+        vitfast.set_backend("auto")
+    assert vitfast._C._weight_cache_stats()["hits"] > 0
+
+
 def test_a_failing_provider_is_reported_and_the_rest_still_run(monkeypatch, capsys):
     import vitfast.export
 

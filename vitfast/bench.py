@@ -273,7 +273,9 @@ def run_bench(
                 if key == "timm":
                     built.append(_Torch(key, label, flops_of, baseline))
                 elif key == "vitfast":
-                    built.append(_Torch(key, label, flops_of, fused))
+                    # "auto", not the process's backend: under VITFAST_BACKEND=reference this row, labelled the
+                    # kernels, timed the reference ops (the "reference" row is the one for those)
+                    built.append(_Torch(key, label, flops_of, fused, backend="auto"))
                 elif key == "reference":
                     built.append(_Torch(key, label, flops_of, fused, backend="reference"))
                 elif key == "compile":
