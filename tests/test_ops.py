@@ -116,3 +116,56 @@ def test_error_messages_with_numbers_raise():
         torch.ops.vitfast.layer_norm(x, torch.ones(15), None, 1e-5)
     with pytest.raises(ValueError, match=r"^eps: expected a finite number >= 0, got -0.5"):
         torch.ops.vitfast.layer_norm(x, None, None, -0.5)
+
+
+def _none_cases():
+    x3 = torch.randn(2, 5, 8)
+    w = torch.randn(8, 8)
+    return [
+        ("linear", lambda: vitfast.ops.linear(x3, None), "weight"),
+        ("linear", lambda: vitfast.ops.linear(None, w), "x"),
+        ("channel_idle_ffn", lambda: vitfast.ops.channel_idle_ffn(x3, torch.randn(8, 8), None, None), "w_out"),
+        ("dwconv_attention", lambda: vitfast.ops.dwconv_attention(torch.randn(1, 4, 8), torch.randn(8, 8), None, None,
+                                                                  torch.randn(8, 8), None, 2, 2), "kernel"),
+        ("xwx_attention", lambda: vitfast.ops.xwx_attention(x3, torch.randn(2, 8, 8), None, torch.randn(2, 8), None,
+                                                            torch.randn(2, 4, 8)), "w_v"),
+        ("batch_gate", lambda: vitfast.ops.batch_gate(x3, None, None), "w1"),
+        ("attention", lambda: vitfast.ops.attention(None, 2), "qkv"),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_a_required_tensor_given_as_none_is_named(backend):
+    # The C++ ops saw an undefined tensor: "weight: expected 2-D [N, K], got shape [0]" or "x: ... got
+    # torch.UNKNOWN_SCALAR"; the reference path crashed with AttributeError ('NoneType' object has no attribute 'dim').
+    previous = vitfast.get_backend()
+    vitfast.set_backend(backend)
+    try:
+        for op, call, name in _none_cases():
+            with pytest.raises(TypeError, match=f"^{name}: expected a Tensor, got None$"):
+                call()
+    finally:
+        vitfast.set_backend(previous)
+
+
+def test_float_arguments_are_checked_before_conversion():
+    x = torch.randn(2, 5, 8)
+    for bad in (None, "small"):
+        with pytest.raises(ValueError, match=r"^eps: expected a number, got"):
+            vitfast.ops.batch_gate(x, torch.randn(2, 8), None, eps=bad)
+    gate = torch.ones(2)
+    with pytest.raises(ValueError, match=r"^norm_eps: expected a number, got 'x'"):
+        vitfast.ops.gated_mhsa(gate, 0, x, "x", torch.randn(24, 8), None, 2, torch.randn(8, 8), None)
+
+
+def test_integer_arguments_accept_numpy_integers_on_both_paths():
+    import numpy as np
+
+    args = (torch.randn(1, 5, 8), torch.randn(8, 8), None, torch.randn(8, 3, 3), torch.randn(8, 8), None)
+    expected = vitfast.ops.dwconv_attention(*args, 2, 2)
+    # the C++ op took np.int64 grids; the reference said "grid_h: expected an int >= 1, got np.int64(2)"
+    torch.testing.assert_close(reference.dwconv_attention(*args, np.int64(2), np.int64(2)), expected)
+    qkv = torch.randn(2, 5, 24)
+    torch.testing.assert_close(reference.attention(qkv, np.int64(2)), vitfast.ops.attention(qkv, 2))
+    with pytest.raises(ValueError, match=r"^num_heads: expected an int >= 1, got 2.0"):
+        reference.attention(qkv, 2.0)

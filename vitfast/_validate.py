@@ -7,6 +7,7 @@ and what was given.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -18,10 +19,15 @@ def _fmt_shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
+def check_tensor(name: str, t) -> None:
+    """A required Tensor argument (the C++ ops say the same: csrc/ops/op_utils.h check_required)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a Tensor, got {'None' if t is None else type(t).__name__}")
+
+
 def check_float_x(x: torch.Tensor, last_dim: str) -> None:
     """x is a float32/float16/bfloat16 tensor with at least one dimension (`last_dim` names it in the message)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+    check_tensor("x", x)
     if x.dim() < 1:
         raise ValueError(f"x: expected at least 1 dimension [..., {last_dim}], got a 0-d tensor")
     if x.dtype not in FLOAT_DTYPES:
@@ -54,6 +60,8 @@ def check_channel_idle_ffn_args(
       w_out [C_out, A];  b_out [C_out];  residual [..., C_out] like x;  L is 0 or C_out.
     """
     check_float_x(x, "C_in")
+    check_tensor("w_in", w_in)
+    check_tensor("w_out", w_out)
     if w_in.dim() != 2:
         raise ValueError(f"w_in: expected 2-D [A + L, C_in], got shape {_fmt_shape(w_in)}")
     if w_out.dim() != 2:
@@ -99,6 +107,7 @@ def check_linear_args(
     x [..., K];  weight [N, K] (nn.Linear layout);  bias [N];  residual [..., N] like x.
     """
     check_float_x(x, "K")
+    check_tensor("weight", weight)
     if weight.dim() != 2:
         raise ValueError(f"weight: expected 2-D [N, K], got shape {_fmt_shape(weight)}")
     k, n = x.shape[-1], weight.shape[0]
@@ -135,14 +144,14 @@ def check_attention_args(qkv: torch.Tensor, num_heads: int, scale: Optional[floa
 
     qkv [B, N, 3·H·D]: timm's qkv Linear output (q | k | v along the last dimension, H heads of D in each).
     """
-    if not isinstance(qkv, torch.Tensor):
-        raise TypeError(f"qkv: expected a Tensor, got {type(qkv).__name__}")
+    check_tensor("qkv", qkv)
     if qkv.dim() != 3:
         raise ValueError(f"qkv: expected 3-D [B, N, 3·H·D], got shape {_fmt_shape(qkv)}")
     if qkv.dtype not in FLOAT_DTYPES:
         raise ValueError(f"qkv: expected dtype float32, float16 or bfloat16, got {qkv.dtype}")
-    if num_heads < 1:
-        raise ValueError(f"num_heads: expected >= 1, got {num_heads}")
+    if not isinstance(num_heads, numbers.Integral) or num_heads < 1:  # numpy ints too, as the C++ op's int64
+        raise ValueError(f"num_heads: expected an int >= 1, got {num_heads!r}")
+    num_heads = int(num_heads)
     width = qkv.shape[-1]
     if width <= 0 or width % (3 * num_heads):
         raise ValueError(
@@ -171,6 +180,9 @@ def check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual) -> 
 
     def shape(t):
         return _fmt_shape(t) if isinstance(t, torch.Tensor) else type(t).__name__
+
+    for name, t in (("x", x), ("w_q", w_q), ("w_v", w_v), ("w_o", w_o)):
+        check_tensor(name, t)
 
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x: expected a [B, N, C] tensor, got {shape(x)}")

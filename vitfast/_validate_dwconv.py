@@ -5,11 +5,12 @@ piece; the C++ binding (csrc/ops/dwconv_attention.cpp) repeats them with the sam
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, _fmt_shape, check_like_x
+from ._validate import FLOAT_DTYPES, _fmt_shape, check_like_x, check_tensor
 
 __all__ = ["check_dwconv_attention_args"]
 
@@ -32,15 +33,23 @@ def check_dwconv_attention_args(
       w_v [D, C];  b_v [D];  kernel [D, k, k] (k odd: a symmetric "same" window);  w_o [C_out, D];
       b_o [C_out];  residual [B, N, C_out].
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+    for name, t in (("x", x), ("w_v", w_v), ("kernel", kernel), ("w_o", w_o)):
+        check_tensor(name, t)
     if x.dim() != 3:
         raise ValueError(f"x: expected 3-D [B, N, C], got shape {_fmt_shape(x)}")
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    grid = []
     for name, v in (("grid_h", grid_h), ("grid_w", grid_w)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        # any integer type (numpy's too, as the C++ op's int64 argument takes them); never a bool or a float
+        try:
+            value = None if isinstance(v, bool) else operator.index(v)
+        except TypeError:
+            value = None
+        if value is None or value < 1:
             raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+        grid.append(value)
+    grid_h, grid_w = grid
     tokens, channels = x.shape[1], x.shape[2]
     prefix = tokens - grid_h * grid_w
     if prefix < 0:

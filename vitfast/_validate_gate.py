@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, _fmt_shape, check_like_x
+from ._validate import FLOAT_DTYPES, _fmt_shape, check_like_x, check_tensor
 
 GATE_ACTS = ("none", "relu", "gelu")
 
@@ -27,8 +27,8 @@ def check_batch_gate_args(
     x [B, N, C];  w1 [H, C], b1 [H];  w2 [2, H], b2 [2] (both None for a one-layer network, then H = 2 and
     neither a norm nor an activation: the first layer already gives the two gate logits).
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+    check_tensor("x", x)
+    check_tensor("w1", w1)
     if x.dim() != 3:
         raise ValueError(f"x: expected 3-D [B, N, C], got shape {_fmt_shape(x)}")
     if x.dtype not in FLOAT_DTYPES:
@@ -90,8 +90,7 @@ def _check_norm_eps(norm_eps) -> None:
 
 
 def _check_block_input(gate: torch.Tensor, index: int, x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a Tensor, got {type(x).__name__}")
+    check_tensor("x", x)
     if x.dim() != 3:
         raise ValueError(f"x: expected 3-D [B, N, C], got shape {_fmt_shape(x)}")
     if x.dtype not in FLOAT_DTYPES:

@@ -15,7 +15,7 @@ import torch
 from . import _autograd, _optimizer_versions, reference
 from ._env import get_backend, get_cuda_kernels
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_layer_norm_args, check_linear_args
-from ._validate import check_xwx_attention_args
+from ._validate import check_tensor, check_xwx_attention_args
 from ._validate_dwconv import check_dwconv_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa",
@@ -400,6 +400,13 @@ def cpu_isa() -> str:
 
 
 # ---------------------------------------------------------------------------------------------- functional API
+def _number(name: str, value) -> float:
+    """A float argument converted only after it is checked: float('small') or float(None) named nothing."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: expected a number, got {value!r}")
+    return float(value)
+
+
 def _run(name: str, *args) -> torch.Tensor:
     """`torch.ops.vitfast.<name>(*args)`; when autograd must record the call, with the reference's gradient
     (vitfast/_autograd.py): a fused model can be fine-tuned, no fused weight gets a silent None gradient."""
@@ -450,6 +457,7 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
     VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
         return reference.attention(qkv, num_heads, scale)
+    check_tensor("qkv", qkv)  # its only tensor: with None the dispatcher has nothing to dispatch on
     return _run("attention", qkv, num_heads, scale)
 
 
@@ -489,7 +497,7 @@ def batch_gate(
     if get_backend() == "reference":
         return reference.batch_gate(x, w1, b1, w2, b2, layer_norm, act, eps)
     with torch.no_grad():  # a 0/1 decision: no gradient, as for a comparison (and no autograd recording)
-        return torch.ops.vitfast.batch_gate(x, w1, b1, w2, b2, layer_norm, act, float(eps))
+        return torch.ops.vitfast.batch_gate(x, w1, b1, w2, b2, layer_norm, act, _number("eps", eps))
 
 
 def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: torch.Tensor) -> torch.Tensor:
@@ -566,7 +574,7 @@ __all__ += ["gated_mhsa", "gated_ffn"]
 def gated_mhsa(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) -> torch.Tensor:
     """`torch.ops.vitfast.gated_mhsa`: x + proj(attention(qkv(LN(x)))) if gate[index] != 0 else x, decided on the
     device (see `vitfast.reference.gated_mhsa`), or the reference when VITFAST_BACKEND=reference."""
-    eps = float(norm_eps) if norm_eps is not None else None
+    eps = _number("norm_eps", norm_eps) if norm_eps is not None else None
     if get_backend() == "reference":
         return reference.gated_mhsa(gate, index, x, eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
     return _run("gated_mhsa", gate, index, x, eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
@@ -575,7 +583,7 @@ def gated_mhsa(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj
 def gated_ffn(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual) -> torch.Tensor:
     """`torch.ops.vitfast.gated_ffn`: channel_idle_ffn(LN(x), …, x if residual) if gate[index] != 0 else x, decided on
     the device (see `vitfast.reference.gated_ffn`), or the reference when VITFAST_BACKEND=reference."""
-    eps = float(norm_eps) if norm_eps is not None else None
+    eps = _number("norm_eps", norm_eps) if norm_eps is not None else None
     if get_backend() == "reference":
         return reference.gated_ffn(gate, index, x, eps, w_in, b_in, w_out, b_out, bool(residual))
     return _run("gated_ffn", gate, index, x, eps, w_in, b_in, w_out, b_out, bool(residual))

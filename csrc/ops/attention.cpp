@@ -31,10 +31,11 @@ namespace {
 
 // Mirror of vitfast._validate.check_attention_args (same order, same messages).  Returns the head dim.
 int64_t check_args(const at::Tensor& qkv, int64_t num_heads, const std::optional<double>& scale) {
+  check_required({{"qkv", &qkv}});
   TORCH_CHECK_VALUE(qkv.dim() == 3, "qkv: expected 3-D [B, N, 3·H·D], got shape ", fmt_shape(qkv.sizes()));
   TORCH_CHECK_VALUE(is_float_dtype(qkv.scalar_type()), "qkv: expected dtype float32, float16 or bfloat16, got ",
                     py_dtype(qkv.scalar_type()));
-  TORCH_CHECK_VALUE(num_heads >= 1, "num_heads: expected >= 1, got ", num_heads);
+  TORCH_CHECK_VALUE(num_heads >= 1, "num_heads: expected an int >= 1, got ", num_heads);
   const int64_t width = qkv.size(2);
   // 3·num_heads divides width, tested without forming 3·num_heads (it wraps for a huge num_heads, which then
   // passed the check and crashed the kernel).

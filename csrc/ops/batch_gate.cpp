@@ -34,6 +34,7 @@ GateAct parse_act(const std::string& act) {
 // Mirror of vitfast._validate_gate.check_batch_gate_args (same order, same messages); returns H.
 int64_t check_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                    const at::Tensor& b2, bool layer_norm, GateAct act, double eps) {
+  check_required({{"x", &x}, {"w1", &w1}});
   TORCH_CHECK_VALUE(x.dim() == 3, "x: expected 3-D [B, N, C], got shape ", fmt_shape(x.sizes()));
   TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
                     py_dtype(x.scalar_type()));

@@ -38,6 +38,7 @@ struct Dims {
 // Mirror of vitfast._validate.check_channel_idle_ffn_args (same order, same messages).
 Dims check_args(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& b_in, const at::Tensor& w_out,
                 const at::Tensor& b_out, const at::Tensor& residual) {
+  check_required({{"x", &x}, {"w_in", &w_in}, {"w_out", &w_out}});
   TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least 1 dimension [..., C_in], got a 0-d tensor");
   TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
                     py_dtype(x.scalar_type()));

@@ -36,6 +36,7 @@ struct Dims {
 Dims check_args(const at::Tensor& x, const at::Tensor& w_v, const at::Tensor& b_v, const at::Tensor& kernel,
                 const at::Tensor& w_o, const at::Tensor& b_o, int64_t grid_h, int64_t grid_w,
                 const at::Tensor& residual) {
+  check_required({{"x", &x}, {"w_v", &w_v}, {"kernel", &kernel}, {"w_o", &w_o}});
   TORCH_CHECK_VALUE(x.dim() == 3, "x: expected 3-D [B, N, C], got shape ", fmt_shape(x.sizes()));
   TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
                     py_dtype(x.scalar_type()));

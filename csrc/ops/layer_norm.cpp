@@ -27,6 +27,7 @@ using OptTensor = std::optional<at::Tensor>;
 
 // Mirror of vitfast._validate.check_layer_norm_args (same order, same messages).
 void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  check_required({{"x", &x}});
   TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least 1 dimension [..., C], got a 0-d tensor");
   TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
                     py_dtype(x.scalar_type()));

@@ -59,6 +59,12 @@ inline std::string exact_product(int64_t a, int64_t b) {
 #endif
 }
 
+// A required Tensor argument passed as None arrives as an undefined tensor: say so (its dim() / dtype would
+// otherwise produce "got shape [0]" or "got torch.UNKNOWN_SCALAR").  Same wording as vitfast._validate.check_tensor.
+inline void check_required(std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors) {
+  for (const auto& nt : tensors) TORCH_CHECK_TYPE(nt.second->defined(), nt.first, ": expected a Tensor, got None");
+}
+
 inline bool is_float_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
 // Refuse NaN/Inf in a weight, as _validate.check_finite_parameter words it.  Callers run it once per weight

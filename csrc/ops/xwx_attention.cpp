@@ -33,6 +33,7 @@ using OptTensor = std::optional<at::Tensor>;
 // Mirror of vitfast._validate.check_xwx_attention_args (same order, same messages).
 XwxShape check_args(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_k, const at::Tensor& key_bias,
                     const at::Tensor& w_v, const at::Tensor& w_o, const at::Tensor& b_o, const at::Tensor& residual) {
+  check_required({{"x", &x}, {"w_q", &w_q}, {"w_v", &w_v}, {"w_o", &w_o}});
   TORCH_CHECK_VALUE(x.dim() == 3, "x: expected a [B, N, C] tensor, got ", fmt_shape(x.sizes()));
   TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
                     py_dtype(x.scalar_type()));
