@@ -199,6 +199,16 @@ def test_batchnorm_initialisation_from_layernorm(vit):
         torch.testing.assert_close(block.attn.qkv.weight, source.attn.qkv.weight, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("mlp_ratio, active", [(4.0, 64), (2.0, 64), (6.0, 64), (8 / 3, 64)])
+def test_default_idle_ratio_is_the_papers_one_minus_one_over_rho(mlp_ratio, active):
+    # RePaViT sec. 3.2: "μ is set to 1 by default ... leading to the default θ = 1 − 1/ρ (e.g., θ = 0.75 when
+    # ρ = 4)": as many active channels as the width (64 here).  A fixed 0.75 gave mlp_ratio 2 half of them.
+    model = _vit(mlp_ratio=mlp_ratio)
+    assert vitfast.convert.default_idle_ratio(model) == pytest.approx(1 - 64 / model.blocks[0].mlp.fc1.out_features)
+    converted = from_timm(model)
+    assert [b.mlp.active_features for b in converted.blocks] == [active] * 3
+
+
 def test_linear_heuristic_and_per_block_ratios(vit, swin):
     converted = from_timm(vit, channel_idle=0.5, heuristic="linear")
     expected = [math.ceil(256 * (1 - r)) for r in idle_ratios(3, 0.5, "linear")]

@@ -315,11 +315,11 @@ def cmd_convert(args) -> int:
             raise CLIError("MODEL: expected a timm model name (e.g. deit_tiny_patch16_224) or --repavit PATH, got neither")
         if args.num_heads is not None:
             raise CLIError("--num-heads: only used with --repavit (timm names fix their head count)")
-        theta = 0.75 if args.channel_idle is None else args.channel_idle
         timm_model = _timm_model(
             args.model, pretrained=args.pretrained, img_size=args.img_size, num_classes=args.num_classes,
             model_kwargs=args.model_kwargs,
         )
+        theta = vitfast.convert.default_idle_ratio(timm_model) if args.channel_idle is None else args.channel_idle
         if _dwconv_given(args):
             model, theta = _convert_dwconv(args, timm_model), args.channel_idle
         elif getattr(args, "gates", False):
@@ -968,9 +968,9 @@ def cmd_bench(args) -> int:
         recipe = {"file": os.path.basename(args.target)}
         title = f"vitfast bench {os.path.basename(args.target)}"
     else:
-        theta = 0.75 if args.channel_idle is None else args.channel_idle
         baseline = _timm_model(args.target, pretrained=None, img_size=args.img_size, num_classes=args.num_classes,
                                model_kwargs=args.model_kwargs, flag="TARGET").eval()
+        theta = vitfast.convert.default_idle_ratio(baseline) if args.channel_idle is None else args.channel_idle
         if args.branches is not None:
             return _bench_nondeep(args, baseline, device, threads, providers, json_path, png_path)
         if args.join_values:
@@ -1239,7 +1239,8 @@ def _add_recipe_args(p, *, convert: bool) -> None:
                    help="more timm constructor arguments, e.g. '{\"depth\": 4, \"embed_dim\": 96}'")
     g.add_argument("--channel-idle", type=_theta, default=None, metavar="θ",
                    help="channel idle ratio θ in [0, 1]: the fraction of FFN hidden channels without GELU "
-                        "(RePaViT; 0.75 when converting" + (")" if convert else "; omit to train the plain timm model)"))
+                        "(RePaViT; when converting the paper's default 1 - 1/mlp_ratio, 0.75 for ratio 4"
+                        + (")" if convert else "; omit to train the plain timm model)"))
     g.add_argument("--norm", choices=("batch", "layer"), default="batch",
                    help="FFN normalisation: batch (foldable, the paper's) or layer (keeps an explicit shortcut)")
     g.add_argument("--heuristic", choices=("static", "linear"), default="static",

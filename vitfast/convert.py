@@ -27,7 +27,7 @@ from .nn.channel_idle import FFN_NORMS, HEURISTICS, ChannelIdleBlock, ChannelIdl
 from .nn._timm import vit_block_spec
 
 __all__ = ["from_timm", "from_repavit", "REPAVIT_HEADS"]
-__all__ += ["remove_prefix_tokens"]
+__all__ += ["remove_prefix_tokens", "default_idle_ratio"]
 
 # Official RePaViT ViT/DeiT variants: embedding width -> number of heads (Tiny, Small, Base, Large, Huge).
 REPAVIT_HEADS = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
@@ -49,6 +49,21 @@ def _model_blocks(model: nn.Module) -> List[Tuple[nn.Module, str, nn.Module]]:
         "model: expected a timm VisionTransformer (ViT, DeiT, distilled DeiT) or SwinTransformer, "
         f"got {type(model).__module__}.{type(model).__qualname__}"
     )
+
+
+def default_idle_ratio(model: nn.Module) -> float:
+    """θ that `from_timm` uses when `channel_idle` is not given: 1 − 1/ρ for the model's MLP ratio ρ."""
+    return _paper_default_idle_ratio(_model_blocks(model))
+
+
+def _paper_default_idle_ratio(blocks) -> float:
+    """RePaViT sec. 3.2: "μ is set to 1 by default ... leading to the default θ = 1 − 1/ρ (e.g., θ = 0.75 when
+    ρ = 4)": as many active channels as the block's width.  A fixed 0.75 gave an mlp_ratio-2 model half that."""
+    ratios = {1.0 - b.mlp.fc1.in_features / b.mlp.fc1.out_features
+              for _, _, b in blocks if isinstance(getattr(getattr(b, "mlp", None), "fc1", None), nn.Linear)}
+    if len(ratios) != 1:
+        return 0.75  # no FFN to read, or blocks of different ratios: the paper's figure at ρ = 4
+    return min(max(ratios.pop(), 0.0), 1.0)
 
 
 def _resolve_ratios(channel_idle, depth: int, heuristic: str, spread: float) -> List[float]:
@@ -112,8 +127,9 @@ def from_timm(
 ) -> nn.Module:
     """Train-time RePaViT model from a timm ViT/DeiT (incl. distilled) or Swin model.
 
-    channel_idle: the idle ratio θ (fraction of FFN hidden channels without GELU; RePaViT's default 0.75), or
-        one ratio per block (depth order; for Swin, over all stages).
+    channel_idle: the idle ratio θ (fraction of FFN hidden channels without GELU), or one ratio per block (depth
+        order; for Swin, over all stages).  Default: the paper's θ = 1 − 1/ρ for MLP ratio ρ (μ = 1: as many
+        active channels as the width), 0.75 at ρ = 4.
     norm: FFN normalisation — "batch" (RePaViT: BatchNorm1d before fc1 and before fc2, both foldable, the
         shortcut folds too) or "layer" (keep the LayerNorm; the shortcut stays explicit after fusing).
     heuristic: per-layer θ from one number — "static" (same θ everywhere, the paper's) or "linear" (θ ramps
@@ -133,7 +149,7 @@ def from_timm(
         channels losing their GELU.
     norm="layer" with θ = 0 reproduces the timm model exactly.  Train/eval mode is kept.
 
-    Defaults: channel_idle = 0.75 and norm = "batch" (RePaViT); with `branches`, channel_idle = 0 and
+    Defaults: channel_idle = 1 − 1/ρ (0.75 at ρ = 4) and norm = "batch" (RePaViT); with `branches`, channel_idle = 0 and
     norm = "layer" (a plain non-deep model) unless given.
 
     branches: n ≥ 2 makes a non-deep ViT (non-deep-vit-progressive-reparam; `vitfast.nn.nondeep`): the L timm
@@ -196,7 +212,7 @@ def from_timm(
             model, blocks, branches, 0.0 if channel_idle is None else channel_idle, norm or "layer", heuristic,
             spread, schedule, join_values, diversity_weight,
         )
-    channel_idle = 0.75 if channel_idle is None else channel_idle
+    channel_idle = _paper_default_idle_ratio(blocks) if channel_idle is None else channel_idle
     norm = "batch" if norm is None else norm
     if norm not in FFN_NORMS:
         raise ValueError(f"norm: expected one of {FFN_NORMS}, got {norm!r}")
