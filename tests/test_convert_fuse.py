@@ -150,6 +150,28 @@ def test_layer_norms_without_affine_or_bias(norm_kwargs, norm):
             assert_close_scaled(from_timm(model, channel_idle=0.0, norm="layer")(IMAGES), model(IMAGES))
 
 
+@pytest.mark.parametrize("norm_kwargs", [{"elementwise_affine": False}, {"bias": False}], ids=["no-affine", "no-bias"])
+@pytest.mark.parametrize("where", ["qk_norm", "scale_attn_norm", "swin"])
+def test_attention_norms_without_affine_or_bias(norm_kwargs, where):
+    """The attention's q/k norms and scale norm (and Swin's norm1) without a weight or a bias: the fused modules'
+    norms always have both, and their strict state-dict load failed ("Missing key(s) ... q_norm.bias")."""
+    norm_layer = partial(nn.LayerNorm, **norm_kwargs)
+    if where == "swin":
+        if "elementwise_affine" in norm_kwargs:
+            pytest.skip("timm's own SwinTransformer cannot be built without a norm1 weight (it reads norm1.weight)")
+        model = randomize(SwinTransformer(img_size=32, patch_size=4, embed_dim=16, depths=(2, 2), num_heads=(2, 4),
+                                          window_size=4, num_classes=5, norm_layer=norm_layer))
+    else:
+        model = randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
+                                            num_classes=5, norm_layer=norm_layer, **{where: True}))
+    with torch.no_grad():
+        expected = model(IMAGES)
+        assert_close_scaled(vitfast.patch_timm(copy.deepcopy(model))(IMAGES), expected)
+        converted = from_timm(model, channel_idle=0.0, norm="layer").eval()
+        assert_close_scaled(converted(IMAGES), expected)
+        assert_close_scaled(vitfast.fuse(converted)(IMAGES), expected)
+
+
 @pytest.mark.parametrize("method", [dict(dwconv_blocks=[0]), dict(dwconv_heads={0: [1]}), dict(gates=True),
                                     dict(channel_idle=0.5)], ids=["dwconv_blocks", "dwconv_heads", "gates", "repavit"])
 def test_parallel_blocks_are_refused_by_name(method):

@@ -415,7 +415,7 @@ class ChannelIdleSwinBlock(_SwinChannelIdle, SwinTransformerBlock):
             device=weight.device,
             dtype=weight.dtype,
         )
-        new.norm1.load_state_dict(block.norm1.state_dict())
+        new.norm1 = copy.deepcopy(block.norm1)  # as it is (with or without bias / affine): trained as the source
         new.attn.load_state_dict(block.attn.state_dict())
         new.attn.attn_drop = copy.deepcopy(block.attn.attn_drop)
         new.attn.proj_drop = copy.deepcopy(block.attn.proj_drop)

@@ -446,11 +446,24 @@ def _fold_attention(norm1: nn.Module, attn: nn.Module, ls1: nn.Module, name: str
             "attn.qkv.bias": b_qkv,
             "attn.proj.weight": w_proj,
             "attn.proj.bias": b_proj,
-            **({"attn.q_norm." + k: v for k, v in attn.q_norm.state_dict().items()} if qk_norm else {}),
-            **({"attn.k_norm." + k: v for k, v in attn.k_norm.state_dict().items()} if qk_norm else {}),
-            **({"attn.norm." + k: v for k, v in attn.norm.state_dict().items()} if scale_norm else {}),
+            **({"attn.q_norm." + k: v for k, v in _affine_norm_state(attn.q_norm, w_qkv).items()} if qk_norm else {}),
+            **({"attn.k_norm." + k: v for k, v in _affine_norm_state(attn.k_norm, w_qkv).items()} if qk_norm else {}),
+            **({"attn.norm." + k: v for k, v in _affine_norm_state(attn.norm, w_qkv).items()} if scale_norm else {}),
         },
     )
+
+
+def _affine_norm_state(norm: nn.Module, like: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """A LayerNorm's state as an affine one's: a missing weight is 1, a missing bias 0 (the same output, bit for
+    bit), so fused modules, whose norms always have both, take LayerNorm(bias=False) or (elementwise_affine=False)
+    sources (the strict state-dict load failed on them: "Missing key(s) ... q_norm.bias")."""
+    state = dict(norm.state_dict())
+    shape = tuple(norm.normalized_shape)
+    if "weight" not in state:
+        state["weight"] = torch.ones(shape, dtype=like.dtype, device=like.device)
+    if "bias" not in state:
+        state["bias"] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+    return state
 
 
 # ------------------------------------------------------------------------------------------ ViT block
@@ -705,7 +718,7 @@ class SwinBlock(_SwinChannelIdle, SwinTransformerBlock):
             device=weight.device,
             dtype=weight.dtype,
         )
-        state = {"norm1." + k: v for k, v in block.norm1.state_dict().items()}
+        state = {"norm1." + k: v for k, v in _affine_norm_state(block.norm1, weight).items()}
         state.update({"attn." + k: v for k, v in block.attn.state_dict().items()})
         state.update({"mlp." + k: v for k, v in mlp.state_dict().items()})
         fused.load_state_dict(state, strict=True)
