@@ -210,3 +210,27 @@ def test_bench_on_a_file_without_its_source_says_so(tmp_path, capsys):
     assert main(["bench", str(tmp_path / "old.safetensors"), "--threads", "1", "--batch-sizes", "1", "--repeats", "1",
                  "--warmup", "1", "--providers", "timm,vitfast"]) == 0
     assert "does not record its source model" in capsys.readouterr().err
+
+
+def test_a_gated_models_flops_are_counted_on_the_timed_batches():
+    # USDC gates decide from the batch: counted on an all-zeros image, the gated model's GFLOP (and GFLOP/s, % of
+    # the floor) described other decisions than the ones timed (65% over in the reviewer's case).
+    from vitfast.demo import flops_of_input
+
+    torch.manual_seed(0)
+    m = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32, depth=4).eval()
+    fused = vitfast.fuse(vitfast.convert.from_timm(m, gates=True, gate_search=False).eval())
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # gates that really decide (the init opens everything)
+        for block in fused.blocks:
+            block.gate.b2.zero_()
+            block.gate.w2.copy_(torch.randn(2, block.gate.w2.shape[1], generator=g))
+    report = run_bench(m, fused, input_shape=(3, 32, 32), threads=[1], providers=["timm", "vitfast"],
+                       batch_sizes=[1, 2], repeats=1, log=lambda s: None)
+    torch.manual_seed(0)  # run_bench's inputs
+    inputs = {b: torch.randn(b, 3, 32, 32) for b in (1, 2)}
+    for b in (1, 2):
+        row = next(r for r in report["results"] if r["provider"] == "vitfast" and r["batch"] == b)
+        assert row["gflop"] == pytest.approx(flops_of_input(fused, inputs[b]) / 1e9, rel=1e-9)
+        assert report["fused_flops_by_batch"][str(b)] == flops_of_input(fused, inputs[b])
+    assert report["fused_flops_by_batch"]["1"] != report["flops_per_image"]["fused"]  # the zeros image decides otherwise

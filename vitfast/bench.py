@@ -100,6 +100,12 @@ def sgemm_gflops(device: torch.device, calls: int = 3, n: int = SGEMM_N) -> List
     return rates
 
 
+def _has_gates(model: nn.Module) -> bool:
+    from .nn.usdc import GatedBlock
+
+    return any(isinstance(m, GatedBlock) for m in model.modules())
+
+
 def _flops(baseline: nn.Module, fused: nn.Module, shape: Sequence[int]) -> Dict[str, int]:
     from .demo import flops_per_image
 
@@ -300,6 +306,14 @@ def run_bench(
         previous_threads = torch.get_num_threads()
         torch.manual_seed(0)
         inputs = {b: torch.randn(b, *shape, device=device) for b in batch_sizes}
+        # A gated (USDC) model's work depends on its batch (the gates decide from the batch mean): its FLOPs are
+        # counted on the very inputs timed, per batch size, not on one all-zeros image (65% off once).
+        fused_batch_flops = None
+        if _has_gates(fused):
+            from .demo import flops_of_input
+
+            log("bench: the fused model is gated: counting its FLOPs on each timed batch")
+            fused_batch_flops = {b: flops_of_input(fused, inputs[b]) for b in batch_sizes}
         step = 0
         try:
             for t in threads:
@@ -351,7 +365,8 @@ def run_bench(
                     summary = []
                     for p in active:
                         median, p10, p90 = _quantiles(times[p.key])
-                        flop = flops[p.flops_of] * b
+                        flop = (fused_batch_flops[b] if fused_batch_flops is not None and p.flops_of == "fused"
+                                else flops[p.flops_of] * b)
                         floor = flop / (rate * 1e9)
                         results.append({
                             "provider": p.key, "label": p.label, "threads": t, "batch": b,
@@ -385,6 +400,8 @@ def run_bench(
         "warmup": max(1, warmup),
         "ort_spinning": bool(ort_spinning),
         "flops_per_image": flops,
+        # gated models only: the fused model's FLOPs on each timed batch (what its rows use; see above)
+        **({"fused_flops_by_batch": {str(b): n for b, n in fused_batch_flops.items()}} if fused_batch_flops else {}),
         "exports": exports,
         "sgemm": sgemm,
         "results": results,

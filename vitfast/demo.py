@@ -67,11 +67,17 @@ def flops_per_image(model: nn.Module, input_shape: Sequence[int]) -> int:
     counted on `vitfast.reference` (the same products, as aten ops FlopCounterMode knows), so every vitfast op —
     present or future — is counted without a formula of its own.
     """
+    return flops_of_input(model, torch.zeros(1, *input_shape, device=next(model.parameters()).device))
+
+
+@torch.no_grad()
+def flops_of_input(model: nn.Module, x: torch.Tensor) -> int:
+    """FLOPs of one forward pass on the batch `x` (all of it), counted as `flops_per_image` does.  For a model whose
+    work depends on its input (USDC gates decide from the batch) this is the count for that batch."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from .export import reference_backend
 
-    x = torch.zeros(1, *input_shape, device=next(model.parameters()).device)
     was_training = model.training
     model.eval()
     try:
