@@ -231,6 +231,12 @@ def test_default_idle_ratio_is_the_papers_one_minus_one_over_rho(mlp_ratio, acti
     assert [b.mlp.active_features for b in converted.blocks] == [active] * 3
 
 
+def test_channel_idle_out_of_range_is_named_as_the_argument():
+    for bad in (1.5, -0.1, float("nan")):  # named "theta" (idle_ratios' parameter) before
+        with pytest.raises(ValueError, match=r"^channel_idle: expected a number in \[0, 1\]"):
+            from_timm(_vit(depth=2), channel_idle=bad)
+
+
 def test_linear_heuristic_and_per_block_ratios(vit, swin):
     converted = from_timm(vit, channel_idle=0.5, heuristic="linear")
     expected = [math.ceil(256 * (1 - r)) for r in idle_ratios(3, 0.5, "linear")]
@@ -291,7 +297,7 @@ def test_from_timm_errors(vit):
         from_timm(vit, norm="rms")
     with pytest.raises(ValueError, match=r"heuristic: expected one of \('static', 'linear'\), got 'cos'"):
         from_timm(vit, heuristic="cos")
-    with pytest.raises(ValueError, match=r"theta: expected a number in \[0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"channel_idle: expected a number in \[0, 1\], got 1.5"):
         from_timm(vit, channel_idle=1.5)
     with pytest.raises(ValueError, match=r"channel_idle: expected one idle ratio per block \(3 blocks\), got 2"):
         from_timm(vit, channel_idle=[0.5, 0.5])

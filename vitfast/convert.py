@@ -68,6 +68,8 @@ def _paper_default_idle_ratio(blocks) -> float:
 
 def _resolve_ratios(channel_idle, depth: int, heuristic: str, spread: float) -> List[float]:
     if isinstance(channel_idle, (int, float)) and not isinstance(channel_idle, bool):
+        if not 0.0 <= channel_idle <= 1.0:  # named as from_timm's argument (idle_ratios says "theta")
+            raise ValueError(f"channel_idle: expected a number in [0, 1], got {channel_idle!r}")
         return idle_ratios(depth, float(channel_idle), heuristic, spread=spread)
     if isinstance(channel_idle, Sequence) and not isinstance(channel_idle, (str, bytes)):
         ratios = list(channel_idle)

@@ -44,7 +44,7 @@ def idle_ratios(depth: int, theta: float, heuristic: str = "static", *, spread: 
     """Per-layer channel idle ratios θ_0 … θ_{depth−1}.
 
     "static" (the paper's): θ_i = θ for every layer.
-    "linear" (vitfast's definition; the paper names the heuristic but gives no formula): θ ramps linearly with
+    "linear" (vitfast's own heuristic; the paper has none): θ ramps linearly with
     depth from θ − δ at the first layer to θ + δ at the last, δ = min(spread, θ, 1 − θ), i.e.
 
         θ_i = θ − δ + 2δ · i / (depth − 1)
