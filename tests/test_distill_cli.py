@@ -80,6 +80,11 @@ def test_distill_errors_that_need_a_teacher(teacher, tmp_path, capsys):
     assert main(["train", *TEACHER, "--teacher", teacher, "--tau", "2", "--steps", "1",
                  "--out", str(tmp_path / "r"), "--no-progress"]) == 2
     assert "--tau: only used with --distill kl" in capsys.readouterr().err
+    # --distill none alone means no distillation (older runs store it, and must resume)
+    assert main(["train", *TEACHER, "--distill", "none", "--steps", "1", "--out", str(tmp_path / "plain"),
+                 "--no-progress"]) == 0
+    assert main(["train", "--resume", str(tmp_path / "plain" / "trainer.pt"), "--no-progress"]) == 0
+    capsys.readouterr()
     # --distill none with a loss setting blamed --distill and asked for the --teacher that was given
     assert main(["train", *TEACHER, "--teacher", teacher, "--distill", "none", "--alpha", "0.3", "--steps", "1",
                  "--out", str(tmp_path / "r"), "--no-progress"]) == 2

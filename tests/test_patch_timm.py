@@ -73,8 +73,9 @@ def _masked_forward(model, x, mask):
 
 
 @pytest.mark.skipif(not hasattr(torch.library, "register_autocast"), reason="torch < 2.5: no autocast rule for custom ops")
+@pytest.mark.parametrize("backend", ["auto", "reference"])
 @pytest.mark.parametrize("case", ["vit_causal_mask", "vit_qk_norm_mask", "swin"])
-def test_patched_models_run_under_cpu_autocast(case):
+def test_patched_models_run_under_cpu_autocast(case, backend):
     # SDPA (and Swin's patch-merging Linear) give bf16 activations under autocast while the fused weights stay
     # fp32: every vitfast op refused the mix ("weight: expected dtype torch.bfloat16 (same as x)"), where timm runs.
     if case == "swin":
@@ -91,10 +92,16 @@ def test_patched_models_run_under_cpu_autocast(case):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             timm_bf16 = forward(IMAGES).float()
     assert vitfast.patch_timm(model) is model  # in place: `forward` now runs the patched blocks
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        out = forward(IMAGES).float()
-    # no worse than timm's own bf16 autocast error (vitfast's ops run in fp32 inside the region)
-    assert (out - expected).abs().max() <= (timm_bf16 - expected).abs().max() + 1e-5
+    previous = vitfast.get_backend()
+    vitfast.set_backend(backend)  # the reference path takes the same rule (it alone refused the mix once)
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = forward(IMAGES).float()
+    finally:
+        vitfast.set_backend(previous)
+    # the low-precision rule of STYLE.md / helpers.assert_low_precision_no_worse: no worse than 2x timm's own bf16
+    # autocast error (vitfast's ops run in fp32 inside the region; the layers around them in bf16, as in timm)
+    assert (out - expected).abs().max() <= 2 * (timm_bf16 - expected).abs().max()
 
 
 def test_not_inplace_leaves_model_alone():

@@ -759,8 +759,10 @@ def _scale_trainer(settings, ctx, num_classes, model):
     loss_flags = [f for f in ("distill", "tau", "alpha", "alpha_schedule", "harmonic") if settings.get(f) is not None]
     teacher_path = settings.get("teacher")
     if teacher_path is None or settings.get("distill") == "none":
-        if teacher_path is None and loss_flags:
-            raise CLIError(f"--{loss_flags[0].replace('_', '-')}: a distillation setting needs --teacher")
+        # --distill none alone is allowed (and stored in older runs' settings): it is "no distillation"
+        extra = [f for f in loss_flags if not (f == "distill" and settings.get("distill") == "none")]
+        if teacher_path is None and extra:
+            raise CLIError(f"--{extra[0].replace('_', '-')}: a distillation setting needs --teacher")
         if teacher_path is not None and len(loss_flags) > 1:  # --distill none and a loss setting
             raise CLIError(f"--{loss_flags[1].replace('_', '-')}: has no effect with --distill none")
         return Trainer, kwargs

@@ -400,6 +400,26 @@ def cpu_isa() -> str:
 
 
 # ---------------------------------------------------------------------------------------------- functional API
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch 2.4: no device argument
+        return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+
+
+def _reference(name: str, *args) -> torch.Tensor:
+    """vitfast.reference.<name>(*args) for VITFAST_BACKEND=reference, under the ops' autocast rule (see
+    register_autocast above): inside an autocast region fp32 inputs, run in fp32, so the two backends agree (the
+    reference alone refused the bf16 activations next to fp32 weights)."""
+    fn = getattr(reference, name)
+    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+    if not _autocast_enabled(device):
+        return fn(*args)
+    args = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    with torch.autocast(device, enabled=False):
+        return fn(*args)
+
+
 def _number(name: str, value) -> float:
     """A float argument converted only after it is checked: float('small') or float(None) named nothing."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -426,7 +446,7 @@ def channel_idle_ffn(
 ) -> torch.Tensor:
     """`torch.ops.vitfast.channel_idle_ffn`, or the reference when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
-        return reference.channel_idle_ffn(x, w_in, b_in, w_out, b_out, residual)
+        return _reference("channel_idle_ffn", x, w_in, b_in, w_out, b_out, residual)
     return _run("channel_idle_ffn", x, w_in, b_in, w_out, b_out, residual)
 
 
@@ -438,7 +458,7 @@ def linear(
 ) -> torch.Tensor:
     """`torch.ops.vitfast.linear` (x · weightᵀ + bias + residual), or the reference when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
-        return reference.linear(x, weight, bias, residual)
+        return _reference("linear", x, weight, bias, residual)
     return _run("linear", x, weight, bias, residual)
 
 
@@ -448,7 +468,7 @@ def layer_norm(
     """`torch.ops.vitfast.layer_norm` (over the last dimension, = F.layer_norm), or the reference when
     VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
-        return reference.layer_norm(x, weight, bias, eps)
+        return _reference("layer_norm", x, weight, bias, eps)
     return _run("layer_norm", x, weight, bias, eps)
 
 
@@ -456,7 +476,7 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
     """`torch.ops.vitfast.attention` (heads of packed qkv → [B, N, H·D]), or the reference when
     VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
-        return reference.attention(qkv, num_heads, scale)
+        return _reference("attention", qkv, num_heads, scale)
     check_tensor("qkv", qkv)  # its only tensor: with None the dispatcher has nothing to dispatch on
     return _run("attention", qkv, num_heads, scale)
 
@@ -478,7 +498,7 @@ def dwconv_attention(
     """`torch.ops.vitfast.dwconv_attention` (drop-in depthwise-conv heads, see `vitfast.reference.dwconv_attention`),
     or the reference when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
-        return reference.dwconv_attention(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
+        return _reference("dwconv_attention", x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
     return _run("dwconv_attention", x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual)
 
 
@@ -495,7 +515,7 @@ def batch_gate(
     """`torch.ops.vitfast.batch_gate` (USDC batch-level decision [MHSA, FFN], 1 = execute), or the reference
     when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
-        return reference.batch_gate(x, w1, b1, w2, b2, layer_norm, act, eps)
+        return _reference("batch_gate", x, w1, b1, w2, b2, layer_norm, act, eps)
     with torch.no_grad():  # a 0/1 decision: no gradient, as for a comparison (and no autograd recording)
         return torch.ops.vitfast.batch_gate(x, w1, b1, w2, b2, layer_norm, act, _number("eps", eps))
 
@@ -503,7 +523,7 @@ def batch_gate(
 def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: torch.Tensor) -> torch.Tensor:
     """`torch.ops.vitfast.gate_select`: taken if gate[index] != 0 else skipped, decided on the device."""
     if get_backend() == "reference":
-        return reference.gate_select(gate, index, taken, skipped)
+        return _reference("gate_select", gate, index, taken, skipped)
     return _run("gate_select", gate, index, taken, skipped)
 
 
@@ -520,7 +540,7 @@ def xwx_attention(
     """`torch.ops.vitfast.xwx_attention` (collapsed non-deep attention, see `vitfast.reference.xwx_attention`), or
     the reference when VITFAST_BACKEND=reference."""
     if get_backend() == "reference":
-        return reference.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
+        return _reference("xwx_attention", x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
     return _run("xwx_attention", x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
 
 
@@ -576,7 +596,7 @@ def gated_mhsa(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj
     device (see `vitfast.reference.gated_mhsa`), or the reference when VITFAST_BACKEND=reference."""
     eps = _number("norm_eps", norm_eps) if norm_eps is not None else None
     if get_backend() == "reference":
-        return reference.gated_mhsa(gate, index, x, eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
+        return _reference("gated_mhsa", gate, index, x, eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
     return _run("gated_mhsa", gate, index, x, eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
 
 
@@ -585,6 +605,6 @@ def gated_ffn(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual) -> t
     the device (see `vitfast.reference.gated_ffn`), or the reference when VITFAST_BACKEND=reference."""
     eps = _number("norm_eps", norm_eps) if norm_eps is not None else None
     if get_backend() == "reference":
-        return reference.gated_ffn(gate, index, x, eps, w_in, b_in, w_out, b_out, bool(residual))
+        return _reference("gated_ffn", gate, index, x, eps, w_in, b_in, w_out, b_out, bool(residual))
     return _run("gated_ffn", gate, index, x, eps, w_in, b_in, w_out, b_out, bool(residual))
 
