@@ -231,6 +231,16 @@ def test_default_idle_ratio_is_the_papers_one_minus_one_over_rho(mlp_ratio, acti
     assert [b.mlp.active_features for b in converted.blocks] == [active] * 3
 
 
+def test_heuristic_options_the_chosen_form_ignores_are_refused():
+    # A per-block list with heuristic="linear", or a spread with heuristic="static", was silently ignored.
+    with pytest.raises(ValueError, match=r"^heuristic: only applies to one channel_idle ratio"):
+        from_timm(_vit(depth=2), channel_idle=[0.5, 0.25], heuristic="linear")
+    with pytest.raises(ValueError, match=r"^spread: only used with heuristic='linear'"):
+        from_timm(_vit(depth=2), channel_idle=0.5, spread=0.1)
+    ramp = from_timm(_vit(depth=3), channel_idle=0.5, heuristic="linear", spread=0.1)
+    assert [b.mlp.idle_ratio for b in ramp.blocks] == pytest.approx([0.4, 0.5, 0.6], abs=1 / 256)
+
+
 def test_channel_idle_out_of_range_is_named_as_the_argument():
     for bad in (1.5, -0.1, float("nan")):  # named "theta" (idle_ratios' parameter) before
         with pytest.raises(ValueError, match=r"^channel_idle: expected a number in \[0, 1\]"):

@@ -67,6 +67,13 @@ def _paper_default_idle_ratio(blocks) -> float:
 
 
 def _resolve_ratios(channel_idle, depth: int, heuristic: str, spread: float) -> List[float]:
+    # Options the chosen form ignores are refused (as _check_method_options does for whole methods): a list
+    # with heuristic="linear", or a spread with heuristic="static", used to give a model without the asked ramp.
+    if spread != 0.25 and heuristic == "static":
+        raise ValueError(f"spread: only used with heuristic='linear', got spread={spread!r} with heuristic='static'")
+    if heuristic != "static" and isinstance(channel_idle, Sequence) and not isinstance(channel_idle, (str, bytes)):
+        raise ValueError(f"heuristic: only applies to one channel_idle ratio (a list already gives every block "
+                         f"its own), got heuristic={heuristic!r} with a list")
     if isinstance(channel_idle, (int, float)) and not isinstance(channel_idle, bool):
         if not 0.0 <= channel_idle <= 1.0:  # named as from_timm's argument (idle_ratios says "theta")
             raise ValueError(f"channel_idle: expected a number in [0, 1], got {channel_idle!r}")
