@@ -19,6 +19,14 @@ def _fmt_shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
+def check_nonnegative_weight(name: str, value) -> float:
+    """A loss weight / regulariser coefficient: a finite number >= 0 (NaN passed `< 0` checks and surfaced later as
+    a non-finite loss)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
+    return float(value)
+
+
 def check_tensor(name: str, t) -> None:
     """A required Tensor argument (the C++ ops say the same: csrc/ops/op_utils.h check_required)."""
     if not isinstance(t, torch.Tensor):

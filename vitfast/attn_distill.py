@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ._validate import check_nonnegative_weight
 from .distill import check_teacher_input
 from .nn.nondeep import NonDeepAttention
 from .train import Trainer
@@ -135,9 +134,7 @@ class AttentionDistillTrainer(Trainer):
     def __init__(self, *args, distill: AttentionDistillation, distill_weight: float = 1.0, **kwargs) -> None:
         if not isinstance(distill, AttentionDistillation):
             raise TypeError(f"distill: expected an AttentionDistillation, got {type(distill).__name__}")
-        if (isinstance(distill_weight, bool) or not isinstance(distill_weight, (int, float))
-                or not math.isfinite(distill_weight) or distill_weight < 0):
-            raise ValueError(f"distill_weight: expected a finite number >= 0, got {distill_weight!r}")
+        check_nonnegative_weight("distill_weight", distill_weight)
         super().__init__(*args, **kwargs)
         distill.teacher.to(self.device)  # as DistillTrainer does: the teacher runs on the student's device
         self.distill = distill

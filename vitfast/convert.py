@@ -261,6 +261,7 @@ def _check_method_options(*, branches, schedule, join_values, diversity_weight, 
     """A method's options without the method would be ignored (a silently different model): refuse them, as the
     CLI does.  Values are checked here under from_timm's own argument names (deeper code names its own)."""
     from .nn.gates import GATE_KINDS, GATE_LEVELS
+    from ._validate import check_nonnegative_weight
     from .nn.nondeep import JOIN_SCHEDULES, JoinSchedule
 
     def refuse_unused(given, method):
@@ -278,9 +279,7 @@ def _check_method_options(*, branches, schedule, join_values, diversity_weight, 
             raise ValueError(f"schedule: expected a JoinSchedule or one of {tuple(JOIN_SCHEDULES)}, got {schedule!r}")
         if not isinstance(join_values, bool):
             raise ValueError(f"join_values: expected True or False, got {join_values!r}")
-        if (isinstance(diversity_weight, bool) or not isinstance(diversity_weight, (int, float))
-                or not math.isfinite(diversity_weight) or diversity_weight < 0):
-            raise ValueError(f"diversity_weight: expected a finite number >= 0, got {diversity_weight!r}")
+        check_nonnegative_weight("diversity_weight", diversity_weight)
     if not gates:
         refuse_unused([("gate_level", gate_level != "group"), ("gate_search", gate_search is not True),
                        ("gate_kind", gate_kind != "G0")], "gates=True (USDC)")

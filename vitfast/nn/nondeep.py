@@ -62,7 +62,7 @@ from timm.layers import LayerNorm as TimmLayerNorm
 from timm.layers import Mlp
 from timm.models.vision_transformer import Attention as TimmAttention
 
-from .._validate import check_finite_parameter
+from .._validate import check_finite_parameter, check_nonnegative_weight
 from . import _timm
 from ._fold import batchnorm_scale_shift, fold_ffn
 from .channel_idle import FFN_NORMS, _tokens_batchnorm
@@ -422,9 +422,7 @@ class NonDeepBlock(nn.Module):
             raise ValueError(f"mlp_layer: expected timm.layers.Mlp, got {getattr(mlp_layer, '__name__', mlp_layer)!r}")
         if attn_layer not in (None, "", "attn", TimmAttention):
             raise ValueError(f"attn_layer: expected timm Attention, got {getattr(attn_layer, '__name__', attn_layer)!r}")
-        if (isinstance(diversity_weight, bool) or not isinstance(diversity_weight, (int, float))
-                or not math.isfinite(diversity_weight) or diversity_weight < 0):
-            raise ValueError(f"diversity_weight: expected a finite number >= 0, got {diversity_weight!r}")
+        check_nonnegative_weight("diversity_weight", diversity_weight)
         _timm.check_gelu(act_layer(), "act_layer")
         norm_eps = _timm.check_layernorm(norm_layer(dim), "norm_layer", dim)
         self.dim = dim
