@@ -271,6 +271,18 @@ def test_xwx_attention_reference_rejects_bad_shapes():
 
 
 # ------------------------------------------------------------------------------------------------ errors
+def test_timm_fix_init_is_refused_by_name():
+    # timm's fix_init=True rescales attn.proj / mlp.fc2, which a non-deep block has once per branch
+    with pytest.raises(AttributeError, match=r"proj: a non-deep block has one proj per branch \(attn.branches\[i\].proj\)"):
+        VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10,
+                          block_fn=NonDeepBlock, fix_init=True)
+    block = NonDeepBlock(64, 4)
+    assert not hasattr(block.attn, "proj") and not hasattr(block.mlp, "fc2")
+    with pytest.raises(AttributeError, match=r"fc2: a non-deep block has one fc2 per branch"):
+        block.mlp.fc2
+    assert block.attn.branches[0].proj.weight.shape == (64, 64)  # ordinary attributes still resolve
+
+
 def test_conversion_errors():
     with pytest.raises(ValueError, match="branches: expected a divisor of the model depth 6, got 4"):
         from_timm(_vit(depth=6), branches=4)

@@ -1,5 +1,7 @@
 """`vitfast.patch_timm` and the fused `vitfast.nn.Block` as a drop-in for timm's ViT `Block`."""
 import copy
+import math
+from functools import partial
 import inspect
 
 import pytest
@@ -159,6 +161,24 @@ def test_block_is_a_drop_in_for_timm_block():
     assert sorted(n for n, _ in block.attn.named_children()) == ["k_norm", "norm", "proj", "q_norm", "qkv"]
     # norm1's affine lives in qkv now, and LayerScale in proj / the FFN
     assert not block.norm1.elementwise_affine and block.mlp.residual
+
+
+def test_block_fn_with_timm_fix_init():
+    # timm's fix_init=True divides block l's attn.proj and mlp.fc2 weights by sqrt(2 (l + 1)); for a θ = 0 fused
+    # FFN fc2 is w_out, so the same seed gives exactly the timm-scaled weights.
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=64, depth=3, num_heads=4, num_classes=10, block_fn=Block)
+    torch.manual_seed(0)
+    plain = VisionTransformer(**kwargs)
+    torch.manual_seed(0)
+    fixed = VisionTransformer(fix_init=True, **kwargs)
+    for layer, (a, b) in enumerate(zip(plain.blocks, fixed.blocks)):
+        scale = math.sqrt(2.0 * (layer + 1))
+        torch.testing.assert_close(b.mlp.w_out, a.mlp.w_out / scale, rtol=0, atol=0)
+        torch.testing.assert_close(b.attn.proj.weight, a.attn.proj.weight / scale, rtol=0, atol=0)
+        torch.testing.assert_close(b.mlp.w_in, a.mlp.w_in, rtol=0, atol=0)
+    assert not hasattr(Block(64, 4, idle_ratio=0.75).mlp, "fc2")
+    with pytest.raises(AttributeError, match=r"fc2: a fused channel-idle FFN \(θ > 0\) has no separate fc2"):
+        VisionTransformer(fix_init=True, **{**kwargs, "block_fn": partial(Block, idle_ratio=0.75)})
 
 
 def test_block_constructor_builds_channel_idle_shapes():

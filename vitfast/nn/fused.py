@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from types import SimpleNamespace
 from typing import Any, Dict, Optional
 
 import torch
@@ -158,6 +159,20 @@ class FusedChannelIdleFFN(nn.Module):
         return ops.channel_idle_ffn(
             y, self.w_in, self.b_in, self.w_out, self.b_out, x if self.residual else None
         )
+
+    def __getattr__(self, name: str):
+        # timm's `VisionTransformer(fix_init=True)` rescales `block.mlp.fc2.weight` in place.  With no linear
+        # path (θ = 0) fc2 is w_out/b_out exactly (any hidden BatchNorm folded in is a per-column scale, so
+        # scaling fc2 scales w_out alike); with one, fc2's idle columns live inside w_in's linear rows.
+        if name == "fc2":
+            if self.linear_path:
+                raise AttributeError(
+                    "fc2: a fused channel-idle FFN (θ > 0) has no separate fc2 (its idle channels are folded into "
+                    "w_in's linear rows, RePaViT eq. 6), so timm's fix_init=True cannot rescale it; build with "
+                    "fix_init=False, or train the ChannelIdleBlock form (which has fc2) and vitfast.fuse it"
+                )
+            return SimpleNamespace(weight=self.w_out, bias=self.b_out)
+        return super().__getattr__(name)
 
     def vitfast_prepack(self) -> bool:
         """Pack this FFN's weights for the CPU kernel now (see `vitfast.ops.prepack`); False when not on CPU."""

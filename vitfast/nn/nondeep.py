@@ -195,6 +195,14 @@ def branch_diversity(outputs: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- attention
+def _per_branch_message(name: str, where: str) -> str:
+    return (
+        f"{name}: a non-deep block has one {name} per branch ({where}.branches[i].{name}), so timm's fix_init=True "
+        f"(which rescales {where}.{name}.weight) cannot apply; build with fix_init=False and rescale the branches' "
+        f"weights yourself if you want that initialisation"
+    )
+
+
 class _AttentionBranch(nn.Module):
     """One branch's projections, timm layout: qkv rows [3, heads, head_dim], proj columns [heads, head_dim]."""
 
@@ -244,6 +252,11 @@ class NonDeepAttention(nn.Module):
             _AttentionBranch(dim, num_heads, head_dim, qkv_bias, proj_bias, device=device, dtype=dtype)
             for _ in range(branches)
         )
+
+    def __getattr__(self, name: str):
+        if name == "proj":  # timm's fix_init=True rescales `block.attn.proj.weight`: name why it cannot here
+            raise AttributeError(_per_branch_message("proj", "attn"))
+        return super().__getattr__(name)
 
     def forward(self, y: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
         n, heads, d = self.num_branches, self.num_heads, self.head_dim
@@ -337,6 +350,11 @@ class NonDeepMlp(nn.Module):
 
     def _norm(self, norm: nn.Module, t: torch.Tensor) -> torch.Tensor:
         return _tokens_batchnorm(norm, t) if isinstance(norm, nn.BatchNorm1d) else norm(t)
+
+    def __getattr__(self, name: str):
+        if name == "fc2":  # timm's fix_init=True rescales `block.mlp.fc2.weight`
+            raise AttributeError(_per_branch_message("fc2", "mlp"))
+        return super().__getattr__(name)
 
     def forward(self, x: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
         y = self._norm(self.pre_norm, x)
