@@ -558,6 +558,19 @@ def test_batchnorm_gates_see_the_samples_statistics(level):
     assert len({tuple(t.flatten().tolist()) for t in logits}) > 1  # train-mode logits depend on the input
 
 
+@pytest.mark.parametrize("kind", GATE_KINDS)
+def test_batchnorm_gates_refuse_a_training_batch_of_one_by_name(kind):
+    # torch's own "Expected more than 1 value per channel" said nothing of the gate or the way out
+    net = GateNet(kind, 16).train()
+    if kind in ("G1", "G4", "G5"):
+        with pytest.raises(ValueError, match=rf"features: a {kind} gate normalises with BatchNorm .* got 1; train"):
+            net(torch.randn(1, 16))
+    else:
+        assert net(torch.randn(1, 16)).shape == (1, 2, 2)
+    assert net.eval()(torch.randn(1, 16)).shape == (1, 2, 2)  # inference uses the running statistics
+    assert net.train()(torch.randn(2, 16)).shape == (2, 2, 2)
+
+
 def test_stage2_pruning_keeps_dropout():
     torch.manual_seed(0)
     source = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=10,

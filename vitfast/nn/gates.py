@@ -186,6 +186,13 @@ class GateNet(nn.Module):
         they had zero variance: the normalised output was the bias whatever the input, and running_var decayed
         to ~0.  A LayerNorm is not affine per channel: it runs on the means.
         """
+        if self.training and self.norm_type == "batch" and features.shape[0] < 2:
+            # BatchNorm's training statistics are those of the batch's samples: undefined for one sample
+            raise ValueError(
+                f"features: a {self.kind} gate normalises with BatchNorm over the batch, so training needs at least 2 "
+                f"samples per batch (per process under DDP), got {features.shape[0]}; train with a larger batch, or "
+                f"(without the gate search, which includes G1/G4/G5) a gate_kind without BatchNorm: G0, G2, G3 or G6"
+            )
         h = features[:, :, None, None] if self.conv else features
         h = self.fc1(h)
         if self.layers == 2 and self.norm_type == "batch":
