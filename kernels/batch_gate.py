@@ -114,11 +114,13 @@ def _gate_select_kernel(gate_ptr, taken_ptr, skipped_ptr, out_ptr, numel, index,
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    flag = tl.zeros((BLOCK,), dtype=tl.float32) + tl.load(gate_ptr + index).to(tl.float32)
-    take = flag != 0.0
+    # Compared in the gate's own dtype, as the reference's `gate != 0` (a float64 1e-300 is open: fp32 rounds it
+    # to 0).  A NaN gate is open on both.
+    is_open = (tl.load(gate_ptr + index) != 0).to(tl.int32)
+    take = (tl.zeros((BLOCK,), dtype=tl.int32) + is_open) != 0
     # Only one of the two loads touches memory: the other's mask is all false.
     a = tl.load(taken_ptr + offs, mask=mask & take, other=0.0)
-    b = tl.load(skipped_ptr + offs, mask=mask & (flag == 0.0), other=0.0)
+    b = tl.load(skipped_ptr + offs, mask=mask & (take == 0), other=0.0)
     tl.store(out_ptr + offs, tl.where(take, a, b), mask=mask)
 
 

@@ -56,8 +56,10 @@ _SQRT1_2 = tl.constexpr(0.7071067811865476)
 
 @triton.jit
 def _gate_closed(gate_ptr, gate_index):
-    """The decision of this sub-block, read on the device: True when it is skipped (gate == 0)."""
-    return tl.load(gate_ptr + gate_index).to(tl.float32) == 0.0
+    """The decision of this sub-block, read on the device: True when it is skipped (gate == 0).  Compared in the
+    gate's own dtype, as the reference's `gate != 0`: a float64 gate of 1e-300 is open, though it rounds to 0 in
+    fp32."""
+    return tl.load(gate_ptr + gate_index) == 0
 
 
 @triton.jit

@@ -95,6 +95,11 @@ def test_gate_select(shape):
             out = gate_select_triton(gate, index, taken, skipped)
             torch.testing.assert_close(out, gate_select(gate, index, taken, skipped), atol=0, rtol=0)
             assert torch.equal(out, taken if flags[index] else skipped)
+    # compared in the gate's dtype, as the reference: a float64 1e-300 (0 in fp32) and a NaN are open
+    for value in (1e-300, float("nan")):
+        gate = torch.tensor([value, 0.0], device=DEVICE, dtype=torch.float64)
+        assert torch.equal(gate_select_triton(gate, 0, taken, skipped), gate_select(gate, 0, taken, skipped))
+        assert torch.equal(gate_select_triton(gate, 0, taken, skipped), taken)
 
 
 def test_zero_channels_decide_from_the_biases():

@@ -145,6 +145,22 @@ def test_gate_read_at_its_index_in_a_strided_view(tol):
     assert torch.equal(gated_ffn_triton(gate, 0, x, *fargs), x)
 
 
+def test_gate_compared_in_its_own_dtype(tol):
+    """A float64 gate of 1e-300 is open for the reference (`gate != 0`); the kernels once cast it to fp32 first,
+    where it is 0, and skipped the sub-block."""
+    x = torch.randn(1, 3, 8, device=DEVICE)
+    for value in (1e-300, float("nan")):
+        gate = torch.tensor([0.0, value], device=DEVICE, dtype=torch.float64)
+        fargs = ffn_args(8, 0.5, norm_eps=1e-6, residual=True)
+        close(gated_ffn_triton(gate, 1, x, *fargs), reference.gated_ffn(gate, 1, x, *fargs), tol)
+        margs = mhsa_args(8, 2)
+        close(gated_mhsa_triton(gate, 1, x, *margs), reference.gated_mhsa(gate, 1, x, *margs), tol)
+        w = uni(6, 8, fan_in=8)
+        close(gated_linear_triton(gate, 1, x, w), reference.linear(x, w), tol)
+        close(gated_layernorm_triton(gate, 1, x, 1e-6), F.layer_norm(x, (8,), eps=1e-6), tol)
+        assert torch.equal(gated_ffn_triton(gate, 0, x, *fargs), x)
+
+
 def test_layernorm_strided_affine(tol):
     x = torch.randn(2, 8, device=DEVICE)
     w, b = torch.randn(16, device=DEVICE)[::2], torch.randn(16, device=DEVICE)[::2]
@@ -280,10 +296,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import vitfast.kernels.gated as g
 
-def build(fn, consts, floats=(), **opts):
+def build(fn, consts, floats=(), gate="*fp32", **opts):
     sig = {n: "constexpr" if n in consts else ("*" + DT if n.endswith("_ptr") else ("fp32" if n in floats else "i32"))
            for n in fn.arg_names}
-    sig["gate_ptr"] = "*fp32"
+    sig["gate_ptr"] = gate  # compared in its own dtype, float64 included
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                        options=opts)
     assert "cond_br" in k.asm["ttir"], fn  # the early return on the gate survived as a branch
@@ -291,8 +307,9 @@ def build(fn, consts, floats=(), **opts):
 
 for DT in ("fp32", "fp16", "bf16"):
     prec = "ieee" if DT == "fp32" else "tf32"
-    build(g._gated_layernorm_kernel, dict(HAS_W=False, HAS_B=False, INTERPRET_BF16=False, BLOCK_M=4, BLOCK_C=1024),
-          floats=("eps",), num_warps=4)
+    for gate in ("*fp32", "*fp64", "*bf16"):
+        build(g._gated_layernorm_kernel, dict(HAS_W=False, HAS_B=False, INTERPRET_BF16=False, BLOCK_M=4,
+              BLOCK_C=1024), floats=("eps",), gate=gate, num_warps=4)
     for m, n in ((197, 384), (64 * 197, 3 * 768)):
         bm, bn, bk, warps, stages = g._gemm_config(m, n)
         for skip in (False, True):
