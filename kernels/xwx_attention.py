@@ -170,6 +170,13 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
+# Widest value slice one program keeps in its accumulator (BLOCK_M × BLOCK_D fp32 in registers; an uncapped
+# power of two of a wide D spills or fails to compile).  A wider D runs as one launch per slice, each onto the
+# last one's output: exact, because the output is linear in V (Σ_h P_h V_h W_o,h = Σ_slices Σ_h P_h V_h[:, s]
+# W_o,h[s, :]); every slice recomputes the scores, which only heads wider than 128 pay (ViT heads are 64).
+_MAX_BLOCK_D = 128
+
+
 def _dot_width(n: int) -> int:
     # tl.dot needs every tile dimension >= 16 and a power of two.
     return max(16, triton.next_power_of_2(int(n)))
@@ -207,15 +214,26 @@ def xwx_attention_triton(
         return tuple(t.stride()) if t is not None else (0,) * n
 
     grid = lambda meta: (triton.cdiv(tokens, meta["BLOCK_M"]), batch)  # noqa: E731
-    with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+
+    def launch(v, w_o_slice, bias, res, out):
+        # `out` = bias + res + the heads through v and w_o_slice; `res` is never `out` (autotuning reruns it).
         _xwx_attention_kernel[grid](
-            left, right, kb if kb is not None else dummy, values, w_o,
-            b_o_c if b_o_c is not None else dummy, residual if residual is not None else dummy, out32,
-            tokens, heads, rank, value_dim, c_out, n_bucket,
-            *left.stride(), *right.stride(), *strides(kb, 3), *values.stride(), *w_o.stride(),
-            *strides(residual, 3), *out32.stride(),
-            HAS_KB=kb is not None, HAS_BO=b_o_c is not None, HAS_RES=residual is not None,
+            left, right, kb if kb is not None else dummy, v, w_o_slice,
+            bias if bias is not None else dummy, res if res is not None else dummy, out,
+            tokens, heads, rank, v.shape[-1], c_out, n_bucket,
+            *left.stride(), *right.stride(), *strides(kb, 3), *v.stride(), *w_o_slice.stride(),
+            *strides(res, 3), *out.stride(),
+            HAS_KB=kb is not None, HAS_BO=bias is not None, HAS_RES=res is not None,
             INPUT_PRECISION=_input_precision(x.dtype), INTERPRET_BF16=interpret_bf16,
-            BLOCK_R=min(64, _dot_width(rank)), BLOCK_D=_dot_width(value_dim),
+            BLOCK_R=min(64, _dot_width(rank)), BLOCK_D=_dot_width(v.shape[-1]),
         )
+
+    with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+        launch(values[..., :_MAX_BLOCK_D], w_o[:, :_MAX_BLOCK_D], b_o_c, residual, out32)
+        spare = None
+        for d0 in range(_MAX_BLOCK_D, value_dim, _MAX_BLOCK_D):
+            spare = torch.empty_like(out32) if spare is None else spare
+            d1 = min(value_dim, d0 + _MAX_BLOCK_D)
+            launch(values[..., d0:d1], w_o[:, d0:d1], None, out32, spare)
+            out32, spare = spare, out32
     return out32 if x.dtype == torch.float32 else out32.to(x.dtype)

@@ -64,6 +64,31 @@ def test_optional_arguments(key_bias, b_o, residual, tol):
     torch.testing.assert_close(xwx_attention_triton(*args), reference(*args), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("residual", [True, False], ids=["res", "no_res"])
+def test_wide_values_run_in_slices(residual, tol, monkeypatch):
+    """A value width over the kernel's cap runs as one launch per slice of D, each onto the last one's output
+    (the uncapped BLOCK_D of a wide head spilled or failed to compile on a GPU).  D = 40 with a cap of 16 gives
+    three launches (16 + 16 + 8), so the ping-pong of the running output is covered both ways."""
+    import vitfast.kernels.xwx_attention as xk
+
+    launches = []
+    kernel = xk._xwx_attention_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                launches.append(kwargs["BLOCK_D"])
+                return kernel[grid](*args, **kwargs)
+            return run
+
+    monkeypatch.setattr(xk, "_MAX_BLOCK_D", 16)
+    monkeypatch.setattr(xk, "_xwx_attention_kernel", Counting())
+    args = make_xwx_args(2, 9, 32, 2, 16, 40, device=DEVICE, residual=residual)
+    atol, rtol = tol[torch.float32]
+    torch.testing.assert_close(xwx_attention_triton(*args), reference(*args), atol=atol, rtol=rtol)
+    assert launches == [16, 16, 16]  # the 8-wide last slice is padded to tl.dot's minimum of 16
+
+
 def test_output_width_differs_from_input(tol):
     # w_o maps to C_out != C (the op allows it); the residual then has C_out columns.
     x, w_q, w_k, kb, w_v, _, _, _ = make_xwx_args(2, 9, 32, 2, 16, 16, device=DEVICE)
