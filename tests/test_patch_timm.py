@@ -74,7 +74,6 @@ def _masked_forward(model, x, mask):
     return model.forward_head(model.norm(h))
 
 
-@pytest.mark.skipif(not hasattr(torch.library, "register_autocast"), reason="torch < 2.5: no autocast rule for custom ops")
 @pytest.mark.parametrize("backend", ["auto", "reference"])
 @pytest.mark.parametrize("case", ["vit_causal_mask", "vit_qk_norm_mask", "swin"])
 def test_patched_models_run_under_cpu_autocast(case, backend):
@@ -104,6 +103,47 @@ def test_patched_models_run_under_cpu_autocast(case, backend):
     # the low-precision rule of STYLE.md / helpers.assert_low_precision_no_worse: no worse than 2x timm's own bf16
     # autocast error (vitfast's ops run in fp32 inside the region; the layers around them in bf16, as in timm)
     assert (out - expected).abs().max() <= 2 * (timm_bf16 - expected).abs().max()
+
+
+_AUTOCAST_WITHOUT_REGISTER_AUTOCAST = r"""
+import torch
+del torch.library.register_autocast  # torch 2.4 has none: vitfast registers the rule on the Autocast keys itself
+import vitfast
+from timm.models.vision_transformer import VisionTransformer
+torch.manual_seed(0)
+model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10,
+                          qk_norm=True).eval()
+x = torch.randn(2, 3, 32, 32)
+mask = torch.rand(17, 17) > 0.2
+mask.fill_diagonal_(True)
+
+def forward(x):
+    h = model._pos_embed(model.patch_embed(x))
+    for block in model.blocks:
+        h = block(h, attn_mask=mask)  # SDPA hands the next op bf16 activations next to fp32 weights
+    return model.forward_head(model.norm(h))
+
+with torch.no_grad():
+    expected = forward(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        timm_error = (forward(x).float() - expected).abs().max()
+    vitfast.patch_timm(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        error = (forward(x).float() - expected).abs().max()
+assert error <= 2 * timm_error, (error, timm_error)
+print("ok")
+"""
+
+
+def test_autocast_rule_without_register_autocast():
+    """torch 2.4 (the oldest supported) has no torch.library.register_autocast: the same fp32 rule is registered on
+    the AutocastCPU/AutocastCUDA keys by hand; without it a patched model under autocast refused the bf16/fp32 mix."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _AUTOCAST_WITHOUT_REGISTER_AUTOCAST], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
 
 
 def test_not_inplace_leaves_model_alone():

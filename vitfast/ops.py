@@ -283,11 +283,31 @@ _lib.define(SCHEMAS["gated_ffn"])
 # merging) while the module's weights stay fp32, and every op refuses mixed dtypes: fused blocks crashed where
 # timm runs.  Inside an autocast region the ops therefore take fp32 inputs and run in fp32 (exact; fp32 weights
 # are not copied, so the packed-weight cache still hits).  torch.library.register_autocast exists from torch 2.5;
-# on older torch autocast keeps refusing mixed dtypes.
-if hasattr(torch.library, "register_autocast"):
-    for _name in SCHEMAS:
-        for _device in ("cpu", "cuda"):
+# on torch 2.4 the same rule is registered by hand on the Autocast dispatch keys.
+def _register_autocast_fp32(name: str, device: str) -> None:
+    """What torch.library.register_autocast(name, device, torch.float32) does, for torch 2.4: a kernel on the
+    Autocast<device> key that casts the floating tensors on `device` to fp32 and calls the op with autocast off
+    (which also excludes the key, so the call goes on to the backend kernel)."""
+    op = getattr(torch.ops.vitfast, name).default
+
+    def cast(a):
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.device.type == device:
+            return a.float()
+        return a
+
+    def kernel(*args, **kwargs):
+        with torch.autocast(device, enabled=False):
+            return op(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+
+    _lib.impl(name, kernel, "Autocast" + device.upper())
+
+
+for _name in SCHEMAS:
+    for _device in ("cpu", "cuda"):
+        if hasattr(torch.library, "register_autocast"):
             torch.library.register_autocast(f"vitfast::{_name}", _device, torch.float32, lib=_lib)
+        else:
+            _register_autocast_fp32(_name, _device)
 
 
 @_register_fake("gated_mhsa")
