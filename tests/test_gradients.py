@@ -53,6 +53,37 @@ def test_op_gradient_is_the_reference_gradient(name):
 
 
 @needs_ext
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("name", sorted(_cases()))
+def test_op_gradient_under_autocast_with_bf16_activations(name, backend):
+    """Inside autocast the ops run in fp32 (their autocast rule): the backward's reference once ran on the raw
+    mixed bf16/fp32 inputs and refused them.  Now every gradient is the fp32 one, in its leaf's dtype."""
+    args = _cases()[name]
+    activation = 2 if name in ("gate_select", "gated_mhsa", "gated_ffn") else 0  # the first input after gate, index
+    mixed = [a.detach().bfloat16().requires_grad_() if i == activation else a for i, a in enumerate(args)]
+    as_fp32 = [a.detach().float().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) and a.is_floating_point()
+               else a for a in mixed]
+    leaves = [a for a in mixed if isinstance(a, torch.Tensor) and a.requires_grad]
+    fp32_leaves = [a for a in as_fp32 if isinstance(a, torch.Tensor) and a.requires_grad]
+    upstream = torch.randn(getattr(reference, name)(*as_fp32).shape, generator=torch.Generator().manual_seed(99))
+    previous = vitfast.get_backend()
+    vitfast.set_backend(backend)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = getattr(ops, name)(*mixed)
+        got = torch.autograd.grad(out, leaves, upstream, allow_unused=True)
+    finally:
+        vitfast.set_backend(previous)
+    want = torch.autograd.grad(getattr(reference, name)(*as_fp32), fp32_leaves, upstream, allow_unused=True)
+    assert mixed[activation].dtype == torch.bfloat16 and out.dtype == torch.float32
+    for leaf, g, w in zip(leaves, got, want):
+        assert (g is None) == (w is None)
+        if w is not None:
+            assert g.dtype == leaf.dtype
+            torch.testing.assert_close(g.float(), w.to(leaf.dtype).float(), rtol=1e-2, atol=1e-2)
+
+
+@needs_ext
 @pytest.mark.parametrize("name", sorted(_cases()))
 def test_op_second_order_gradient_is_the_reference_one(name):
     """backward(create_graph=True) through an op: a gradient penalty ‖∂L/∂x‖² differentiated again.  The op's

@@ -14,7 +14,8 @@ autograd kernel registered on the op itself ran Python on every call, no_grad in
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import contextlib
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -28,8 +29,9 @@ def any_requires_grad(args: Sequence) -> bool:
 
 class _ReferenceGradient(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name: str, fast: Callable, *args):
+    def forward(ctx, name: str, fast: Callable, autocast_device: Optional[str], *args):
         ctx.name = name
+        ctx.autocast_device = autocast_device
         ctx.tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         ctx.constants = {i: a for i, a in enumerate(args) if not isinstance(a, torch.Tensor)}
         ctx.num_args = len(args)
@@ -48,8 +50,8 @@ class _ReferenceGradient(torch.autograd.Function):
             args[i] = a
         wanted = []
         for i, t in zip(ctx.tensor_positions, ctx.saved_tensors):
-            # needs_input_grad counts forward's two leading non-tensor arguments (name, fast).
-            needed = ctx.needs_input_grad[2 + i] and t.is_floating_point()
+            # needs_input_grad counts forward's three leading non-tensor arguments (name, fast, autocast_device).
+            needed = ctx.needs_input_grad[3 + i] and t.is_floating_point()
             # One node per argument position: the same tensor passed twice (x as input and residual) must get
             # each position's partial gradient, not the total twice.  A detached copy is that node in
             # first-order backward; a view (still differentiable back to the tensor) is it in higher order.
@@ -59,15 +61,27 @@ class _ReferenceGradient(torch.autograd.Function):
             args[i] = t
         grads = [None] * ctx.num_args
         if wanted:
-            with torch.enable_grad():
+            with torch.enable_grad(), _autocast_rule(ctx.autocast_device):
+                if ctx.autocast_device is not None:
+                    # The forward ran under the ops' autocast rule (fp32 inputs): so does its reference, through a
+                    # differentiable cast, so a bf16 leaf gets its gradient (the mixed dtypes were refused here).
+                    args = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                            and a.device.type == ctx.autocast_device else a for a in args]
                 out = getattr(reference, ctx.name)(*args)
             found = torch.autograd.grad(out, [t for _, t in wanted], grad, allow_unused=True,
                                         create_graph=higher_order)
             for (i, _), g in zip(wanted, found):
                 grads[i] = g
-        return (None, None, *grads)
+        return (None, None, None, *grads)
 
 
-def with_reference_gradient(name: str, fast: Callable, args: Sequence) -> torch.Tensor:
-    """`fast(*args)`, recorded for autograd with the gradient of `vitfast.reference.<name>` (see the module doc)."""
-    return _ReferenceGradient.apply(name, fast, *args)
+def _autocast_rule(device: Optional[str]):
+    return torch.autocast(device, enabled=False) if device is not None else contextlib.nullcontext()
+
+
+def with_reference_gradient(name: str, fast: Callable, args: Sequence,
+                            autocast_device: Optional[str] = None) -> torch.Tensor:
+    """`fast(*args)`, recorded for autograd with the gradient of `vitfast.reference.<name>` (see the module doc).
+    `autocast_device`: the call runs inside an autocast region of that device type, whose rule (fp32 inputs, see
+    vitfast.ops) the backward's reference follows too."""
+    return _ReferenceGradient.apply(name, fast, autocast_device, *args)

@@ -8,6 +8,7 @@ If the extension is missing we say so once and register the reference as the CPU
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Optional
 
 import torch
@@ -282,32 +283,54 @@ _lib.define(SCHEMAS["gated_ffn"])
 # Under torch.autocast the activations reaching an op can be bf16/fp16 (SDPA, a timm Linear such as Swin's patch
 # merging) while the module's weights stay fp32, and every op refuses mixed dtypes: fused blocks crashed where
 # timm runs.  Inside an autocast region the ops therefore take fp32 inputs and run in fp32 (exact; fp32 weights
-# are not copied, so the packed-weight cache still hits).  torch.library.register_autocast exists from torch 2.5;
-# on torch 2.4 the same rule is registered by hand on the Autocast dispatch keys.
-def _register_autocast_fp32(name: str, device: str) -> None:
-    """What torch.library.register_autocast(name, device, torch.float32) does, for torch 2.4: a kernel on the
-    Autocast<device> key that casts the floating tensors on `device` to fp32 and calls the op with autocast off
-    (which also excludes the key, so the call goes on to the backend kernel)."""
-    op = getattr(torch.ops.vitfast, name).default
+# are not copied, so the packed-weight cache still hits).  This is torch.library.register_autocast(op, device,
+# torch.float32), registered by hand on the Autocast dispatch keys: torch 2.4 has no register_autocast, and its
+# plain `.float()` of a bf16/fp16 weight made a new tensor every call, which the packed-weight cache (keyed on
+# tensor identity) repacked every call: a bf16 DeiT-S block under autocast ran 2.2x slower (17.2 vs 7.8 ms).
+_fp32_weights: dict = {}  # id(parameter) -> (weakref to it, its _version, its fp32 copy)
 
-    def cast(a):
-        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.device.type == device:
-            return a.float()
+
+def _fp32_weight(p: torch.Tensor) -> torch.Tensor:
+    """The fp32 copy of a low-precision parameter, made once per parameter version and kept while it lives, so
+    that the packed-weight cache sees the same tensor on every call.  Dropped with the parameter."""
+    key = id(p)
+    entry = _fp32_weights.get(key)
+    if entry is not None and entry[0]() is p and entry[1] == p._version:
+        return entry[2]
+    copy = p.detach().float()
+    _fp32_weights[key] = (weakref.ref(p, lambda _, key=key: _fp32_weights.pop(key, None)), p._version, copy)
+    return copy
+
+
+def _autocast_input(a, device: str):
+    """One op input under the autocast rule: floating tensors on `device` in fp32."""
+    if not (isinstance(a, torch.Tensor) and a.is_floating_point() and a.device.type == device):
         return a
+    if a.dtype == torch.float32:
+        return a
+    # A parameter that autograd does not track (inference) keeps one fp32 copy; anything else is cast per call
+    # (a training step must differentiate through the cast; inference tensors have no version to check).
+    if isinstance(a, torch.nn.Parameter) and not a.is_inference() and not (torch.is_grad_enabled() and a.requires_grad):
+        return _fp32_weight(a)
+    return a.float()
+
+
+def _register_autocast_fp32(name: str, device: str) -> None:
+    """A kernel on the Autocast<device> key: floating inputs on `device` to fp32 (`_autocast_input`), then the op
+    with autocast off (which also excludes the key, so the call goes on to the backend kernel)."""
+    op = getattr(torch.ops.vitfast, name).default
 
     def kernel(*args, **kwargs):
         with torch.autocast(device, enabled=False):
-            return op(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+            return op(*[_autocast_input(a, device) for a in args],
+                      **{k: _autocast_input(v, device) for k, v in kwargs.items()})
 
     _lib.impl(name, kernel, "Autocast" + device.upper())
 
 
 for _name in SCHEMAS:
     for _device in ("cpu", "cuda"):
-        if hasattr(torch.library, "register_autocast"):
-            torch.library.register_autocast(f"vitfast::{_name}", _device, torch.float32, lib=_lib)
-        else:
-            _register_autocast_fp32(_name, _device)
+        _register_autocast_fp32(_name, _device)
 
 
 @_register_fake("gated_mhsa")
@@ -427,15 +450,19 @@ def _autocast_enabled(device_type: str) -> bool:
         return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
 
 
+def _device_type_of(args) -> str:
+    return next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+
+
 def _reference(name: str, *args) -> torch.Tensor:
     """vitfast.reference.<name>(*args) for VITFAST_BACKEND=reference, under the ops' autocast rule (see
-    register_autocast above): inside an autocast region fp32 inputs, run in fp32, so the two backends agree (the
+    _register_autocast_fp32 above): inside an autocast region fp32 inputs, run in fp32, so the two backends agree (the
     reference alone refused the bf16 activations next to fp32 weights)."""
     fn = getattr(reference, name)
-    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+    device = _device_type_of(args)
     if not _autocast_enabled(device):
         return fn(*args)
-    args = tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    args = tuple(_autocast_input(a, device) for a in args)
     with torch.autocast(device, enabled=False):
         return fn(*args)
 
@@ -452,7 +479,8 @@ def _run(name: str, *args) -> torch.Tensor:
     (vitfast/_autograd.py): a fused model can be fine-tuned, no fused weight gets a silent None gradient."""
     op = getattr(torch.ops.vitfast, name)
     if torch.is_grad_enabled() and _autograd.any_requires_grad(args):
-        return _autograd.with_reference_gradient(name, op, args)
+        device = _device_type_of(args)
+        return _autograd.with_reference_gradient(name, op, args, device if _autocast_enabled(device) else None)
     return op(*args)
 
 
