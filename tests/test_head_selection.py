@@ -5,6 +5,7 @@ sufficient for input invariance), and the one-pass Welford statistics equal the 
 the stored maps.  DSP: the Gumbel top-k relaxation sums to k and hardens as τ → 0; τ reaches 1e-3 through the
 Trainer's set_step; the gate's logits learn.
 """
+import copy
 import json
 
 import pytest
@@ -16,6 +17,7 @@ import vitfast
 from vitfast.cli import main as cli_main
 from vitfast.head_selection import (
     DSPGate,
+    DSPGatedAttention,
     HeadRanking,
     attach_dsp,
     attention_maps,
@@ -201,7 +203,56 @@ def test_dsp_per_head_gate_mixes_heads():
         with torch.no_grad():
             ref.conv_kernel.copy_(torch.cat([full.conv_kernel[0:8], full.conv_kernel[16:24]]))
         torch.testing.assert_close(mixed, ref(x), atol=1e-5, rtol=1e-5)
-    assert gate.selection() == [0, 2]
+    assert gate.selection() == [(0, 0), (0, 2)]  # (block, head) pairs: what from_timm(dwconv_heads=) takes
+
+
+@pytest.mark.parametrize("per_head,count", [(False, 1), (True, 3)], ids=["blocks", "heads"])
+def test_finalize_dsp_keeps_the_trained_convolutions(per_head, count, tmp_path):
+    """DSP-e2e (paper Table 5): the gated model's hard top-k made permanent with the trained conv weights.  There
+    was no way to do it: save_trainable refused the wrappers, and from_timm(selection()) re-initialised the
+    kernels (DSP-2S).  Also: selection() of a per-head gate is what from_timm takes ((block, head) pairs; it was
+    flat indices), and the model deep-copies after a training forward (the gate kept a non-leaf draw)."""
+    from vitfast.head_selection import finalize_dsp
+
+    model = attach_dsp(vit(depth=3), count, per_head=per_head).train()
+    x = torch.randn(4, 3, 16, 16)
+    model(x).sum().backward()
+    copy.deepcopy(model)  # "Only Tensors created explicitly by the user support the deepcopy protocol" before
+    with torch.no_grad():
+        model.dsp_gate.logits.copy_(torch.randn(model.dsp_gate.logits.shape, generator=torch.Generator().manual_seed(3)))
+        for block in model.blocks:  # the conv branch trained away from its MhSA initialisation
+            for p in block.attn.conv.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+    model.eval()
+    selection = model.dsp_gate.selection()
+    if per_head:
+        assert all(isinstance(u, tuple) and len(u) == 2 for u in selection)
+        vitfast.convert.from_timm(vit(depth=3), dwconv_heads=selection)  # DSP-2S takes it as is
+    final = finalize_dsp(model).eval()
+    assert isinstance(model.blocks[0].attn, DSPGatedAttention) and hasattr(model, "dsp_gate")  # left as it was
+    replaced = {u if isinstance(u, int) else u[0] for u in selection}
+    assert {i for i, b in enumerate(final.blocks) if isinstance(b, vitfast.nn.DWConvBlock)} == replaced
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(final(x), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(vitfast.fuse(final)(x), expected, atol=1e-5, rtol=1e-5)
+    path = vitfast.train.save_trainable(final, tmp_path / "dsp_e2e.safetensors")
+    loaded, _ = vitfast.train.load_trainable(path)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(x), expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"model: expected a model prepared by attach_dsp"):
+        finalize_dsp(final)
+
+
+def test_dsp_per_head_refuses_another_resolution():
+    """The per-head mix read a larger grid's extra patches as prefix tokens (the per-block path refuses it)."""
+    source = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=4, num_classes=10,
+                               dynamic_img_size=True)
+    model = attach_dsp(source, 2, per_head=True).eval()
+    with torch.no_grad():
+        model(torch.randn(1, 3, 16, 16))
+        with pytest.raises(ValueError, match=r"x: expected 17 tokens \(1 prefix \+ a 4×4 patch grid\), got 21"):
+            model(torch.randn(1, 3, 16, 20))
 
 
 def test_attach_dsp_refuses_before_changing_anything():

@@ -694,8 +694,6 @@ def _from_timm_dwconv(model, channel_idle, norm, heuristic, spread, calibration_
                       ranking, kernel_size, ensemble, kernel_init_std, remove_cls_token) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
-    from .nn.dwconv import DWConvBlock
-
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"dwconv_blocks/dwconv_heads: only timm VisionTransformer models (ViT/DeiT), got "
                          f"{type(model).__name__}")
@@ -710,6 +708,16 @@ def _from_timm_dwconv(model, channel_idle, norm, heuristic, spread, calibration_
                           calibration_images=calibration_images)
     if remove_cls_token:
         remove_prefix_tokens(converted)
+    return replace_dwconv_blocks(converted, plan, kernel_size=kernel_size, ensemble=ensemble,
+                                 kernel_init_std=kernel_init_std)
+
+
+def replace_dwconv_blocks(converted: nn.Module, plan: Mapping[int, Sequence[int]], *, kernel_size: int = 3,
+                          ensemble: bool = False, kernel_init_std: Optional[float] = None) -> nn.Module:
+    """In place: block b of a converted ViT (ChannelIdleBlocks) becomes a `DWConvBlock` with the heads plan[b]
+    replaced, on the model's patch grid and prefix-token count."""
+    from .nn.dwconv import DWConvBlock
+
     grid = tuple(int(g) for g in converted.patch_embed.grid_size)
     for b, hs in plan.items():
         converted.blocks[b] = DWConvBlock.from_block(

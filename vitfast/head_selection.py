@@ -21,6 +21,7 @@ takes to replace the chosen blocks/heads for good (DSP-2S).
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -40,6 +41,7 @@ __all__ = [
     "DSPGate",
     "DSPGatedAttention",
     "attach_dsp",
+    "finalize_dsp",
     "gumbel_topk_relaxed",
 ]
 
@@ -306,10 +308,16 @@ class DSPGate(nn.Module):
 
     _no_weight_decay = True
 
-    def __init__(self, num_units: int, num_selected: int, *, tau_start: float = 1.0, tau_end: float = 1e-3) -> None:
+    def __init__(self, num_units: int, num_selected: int, *, tau_start: float = 1.0, tau_end: float = 1e-3,
+                 heads_per_block: Optional[int] = None) -> None:
         super().__init__()
         if isinstance(num_units, bool) or not isinstance(num_units, int) or num_units < 1:
             raise ValueError(f"num_units: expected an int >= 1, got {num_units!r}")
+        if heads_per_block is not None and (isinstance(heads_per_block, bool) or not isinstance(heads_per_block, int)
+                                            or heads_per_block < 1 or num_units % heads_per_block):
+            raise ValueError(f"heads_per_block: expected None (one unit per block) or an int >= 1 dividing "
+                             f"num_units = {num_units}, got {heads_per_block!r}")
+        self.heads_per_block = heads_per_block
         if isinstance(num_selected, bool) or not isinstance(num_selected, int) or not 1 <= num_selected <= num_units:
             raise ValueError(f"num_selected: expected an int in [1, {num_units}], got {num_selected!r}")
         if not (0 < tau_end <= tau_start) or not math.isfinite(tau_start):
@@ -328,6 +336,17 @@ class DSPGate(nn.Module):
     def reset(self) -> None:
         self._current = None
 
+    def train(self, mode: bool = True) -> "DSPGate":
+        self._current = None  # a draw of the last training forward: part of its autograd graph, stale after it
+        return super().train(mode)
+
+    def __getstate__(self):
+        # copy.deepcopy (vitfast.fuse, EMA copies) cannot copy the non-leaf draw kept between the blocks of one
+        # forward: copies start without it, as a new forward would
+        state = self.__dict__.copy()
+        state["_current"] = None
+        return state
+
     def weights(self) -> torch.Tensor:
         if not self.training:
             hard = torch.zeros_like(self.logits)
@@ -337,9 +356,13 @@ class DSPGate(nn.Module):
             self._current = gumbel_topk_relaxed(self.logits, self.num_selected, float(self.tau)).clamp(0.0, 1.0)
         return self._current
 
-    def selection(self) -> List[int]:
-        """The hard top-k units (indices, sorted): the blocks (or flat head indices) to replace."""
-        return sorted(int(i) for i in torch.topk(self.logits.detach(), self.num_selected).indices)
+    def selection(self) -> Union[List[int], List[Tuple[int, int]]]:
+        """The hard top-k units, sorted, in the form `vitfast.convert.from_timm` takes: block indices
+        (`dwconv_blocks=`), or with one unit per head (block, head) pairs (`dwconv_heads=`)."""
+        units = sorted(int(i) for i in torch.topk(self.logits.detach(), self.num_selected).indices)
+        if self.heads_per_block is None:
+            return units
+        return [divmod(u, self.heads_per_block) for u in units]
 
     def extra_repr(self) -> str:
         return f"units={self.logits.numel()}, selected={self.num_selected}, tau={float(self.tau):.4g}"
@@ -374,7 +397,11 @@ class DSPGatedAttention(nn.Module):
 
 def _per_head_mix(attn: nn.Module, conv, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Σ_h [(1 − g_h) Att^h + g_h Ãtt^h] W^O_h + b^O, with Ãtt^h the head's DW convolution."""
+    from .nn.dwconv import _check_token_count
+
     batch, tokens, _ = x.shape
+    # as the per-block path (DWConvAttention.forward): another resolution would read extra patches as prefix tokens
+    _check_token_count(tokens, conv.prefix_tokens, conv.grid_size)
     heads, hd = attn.num_heads, attn.head_dim
     qkv = attn.qkv(x).reshape(batch, tokens, 3, heads, hd).permute(2, 0, 3, 1, 4)
     # timm's attention and projection dropout, as the per-block path (timm's own forward) applies them
@@ -423,7 +450,8 @@ def attach_dsp(
     if not blocks:
         raise ValueError("model.blocks: expected at least one block, got none")
     heads = blocks[0].attn.num_heads
-    gate = DSPGate(len(blocks) * heads if per_head else len(blocks), num_selected, tau_start=tau_start, tau_end=tau_end)
+    gate = DSPGate(len(blocks) * heads if per_head else len(blocks), num_selected, tau_start=tau_start, tau_end=tau_end,
+                   heads_per_block=heads if per_head else None)
     for i, block in enumerate(blocks):
         conv = DWConvAttention.from_timm(block.attn, range(block.attn.num_heads), grid, kernel_size=kernel_size,
                                          prefix_tokens=getattr(model, "num_prefix_tokens", None),
@@ -431,3 +459,65 @@ def attach_dsp(
         block.attn = DSPGatedAttention(block.attn, conv, gate, i, per_head=per_head)
     model.dsp_gate = gate
     return model
+
+
+def finalize_dsp(model: nn.Module) -> nn.Module:
+    """DSP-e2e (section 2.3.2, the gates trained end to end with eq. 18; paper Table 5): a new train-time model in
+    which the DSP gate's hard top-k is permanent, with the convolution weights the DSP training learned.
+
+    The selected blocks (or heads) become `vitfast.nn.DWConvBlock`s as `vitfast.convert.from_timm(dwconv_blocks= /
+    dwconv_heads=)` builds them, then take the trained weights of their gated branch: a whole block its conv
+    module (values, kernels, output projection); a single head its values and kernels (the per-head mix projects
+    every head through the MhSA's output projection, which the block keeps).  So the result computes exactly what
+    the gated model computes in eval mode; `vitfast.save_trainable`, `vitfast.fuse` and further training take it.
+    DSP-2S instead re-initialises the kernels: `from_timm(source, dwconv_blocks=gate.selection())` and retrain.
+    `model` itself is left as it was.
+    """
+    from timm.models.vision_transformer import Block as TimmBlock
+
+    from . import convert
+
+    gate = getattr(model, "dsp_gate", None)
+    if not isinstance(gate, DSPGate):
+        raise ValueError(f"model: expected a model prepared by attach_dsp (with a dsp_gate), got "
+                         f"{type(model).__name__} without one")
+    blocks = list(model.blocks)
+    wrapped = [block.attn for block in blocks]
+    for i, w in enumerate(wrapped):
+        if not isinstance(w, DSPGatedAttention):
+            raise ValueError(f"model.blocks.{i}.attn: expected DSPGatedAttention (attach_dsp), got {type(w).__name__}")
+    heads = wrapped[0].conv.num_heads
+    plan: Dict[int, List[int]] = {}
+    for unit in gate.selection():
+        b, h = unit if isinstance(unit, tuple) else (unit, None)
+        plan.setdefault(b, []).extend(range(heads) if h is None else [h])
+    kernel_size = wrapped[0].conv.kernel_size
+    # The model with its plain attention back, converted as from_timm converts a timm model (a copy: `model` keeps
+    # its DSP wrappers and gate).
+    try:
+        for block, w in zip(blocks, wrapped):
+            block.attn = w.mhsa
+        del model.dsp_gate
+        if all(type(block) is TimmBlock for block in blocks):
+            new = convert.from_timm(model, dwconv_heads={b: hs for b, hs in plan.items()},
+                                    dwconv_kernel_size=kernel_size)
+        else:  # a converted model (ChannelIdleBlocks) that attach_dsp wrapped
+            new = convert.replace_dwconv_blocks(copy.deepcopy(model), plan, kernel_size=kernel_size)
+    finally:
+        for block, w in zip(blocks, wrapped):
+            block.attn = w
+        model.dsp_gate = gate
+    with torch.no_grad():
+        for b, hs in plan.items():
+            conv, target = wrapped[b].conv, new.blocks[b].attn
+            if gate.heads_per_block is None:
+                target.load_state_dict(conv.state_dict())
+                continue
+            hd = conv.head_dim
+            rows = torch.as_tensor([h * hd + i for h in target.conv_heads for i in range(hd)])
+            target.value.weight.copy_(conv.value.weight[rows])
+            if conv.value.bias is not None:
+                target.value.bias.copy_(conv.value.bias[rows])
+            target.conv_kernel.copy_(conv.conv_kernel[rows])
+    new.train(model.training)
+    return new
