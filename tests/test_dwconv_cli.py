@@ -205,3 +205,21 @@ def test_bad_dwconv_options_give_a_clean_error(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) <= 2, err
     assert __import__("re").search(message, err), err
+
+
+def test_non_square_model_through_the_command_line(tmp_path, capsys):
+    """A 32×48 model: the CLI took only the height of `patch_embed.img_size`, so fuse's quick check, select-heads
+    and train fed it square images (timm: "Input width (32) doesn't match model (48)")."""
+    kwargs = ["--model-kwargs", json.dumps({"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 8,
+                                            "img_size": [32, 48]})]
+    ranking, model = tmp_path / "r.json", tmp_path / "ns.safetensors"
+    assert main(["select-heads", "vit_tiny_patch16_224", "--num-classes", "10", *kwargs, "--num-samples", "8",
+                 "-o", str(ranking), "--no-progress"]) == 0
+    assert main(["convert", "vit_tiny_patch16_224", "--num-classes", "10", *kwargs, "--dwconv-blocks", "1",
+                 "--ranking", str(ranking), "-o", str(model)]) == 0
+    assert main(["train", str(model), "--steps", "1", "--batch-size", "8", "--out", str(tmp_path / "run"),
+                 "--no-progress"]) == 0
+    trained, fused = tmp_path / "run" / "model.safetensors", tmp_path / "f.safetensors"
+    assert main(["fuse", str(trained), "-o", str(fused)]) == 0
+    assert main(["verify", str(fused), "--source", str(trained)]) == 0
+    assert "images of 3x32x48" in capsys.readouterr().out

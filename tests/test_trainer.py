@@ -356,6 +356,15 @@ def test_image_folder_loaders(tmp_path):
     assert torch.equal(train.dataset[(2, 99)][0], train.dataset[(2, 99)][0])
     with pytest.raises(FileNotFoundError, match="root: expected a directory"):
         image_folder_loaders(tmp_path / "nope")
+    # (height, width), as timm's img_size of a non-square model; the digits too
+    train, val = image_folder_loaders(root, img_size=(12, 20), batch_size=4, val_fraction=0.25, seed=0)
+    assert next(iter(train))[0].shape == (4, 3, 12, 20) and next(iter(val))[0].shape == (3, 3, 12, 20)
+    from vitfast.data import digits_loaders
+
+    train, val = digits_loaders(img_size=(16, 24), batch_size=4)
+    assert next(iter(train))[0].shape == (4, 3, 16, 24) and next(iter(val))[0].shape[1:] == (3, 16, 24)
+    with pytest.raises(ValueError, match=r"img_size\[1\]: expected an integer >= 8, got 4"):
+        digits_loaders(img_size=(16, 4))
 
 
 @pytest.mark.parametrize("method", [{}, {"channel_idle": 0.5}, {"branches": 2}, {"dwconv_blocks": [0]}],

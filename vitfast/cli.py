@@ -356,10 +356,16 @@ _TRAIN_SETTINGS = _TRAIN_SETTINGS + DWCONV_SETTINGS  # drop-in DW-conv heads
 
 
 def _model_input(model):
-    """(img_size, num_classes) a timm model expects."""
+    """((height, width) or None, num_classes) a timm model expects (non-square models keep both sides: the
+    height alone made square inputs a 32×48 model refused)."""
     size = getattr(getattr(model, "patch_embed", None), "img_size", None)
-    size = size[0] if isinstance(size, (tuple, list)) else size
+    if size is not None:
+        size = (int(size[0]), int(size[1])) if isinstance(size, (tuple, list)) else (int(size), int(size))
     return size, getattr(model, "num_classes", None)
+
+
+def _size_text(size) -> str:
+    return "unknown" if size is None else (f"{size[0]} px" if size[0] == size[1] else f"{size[0]}×{size[1]} px")
 
 
 def _check_rgb_model(model, flag: str) -> None:
@@ -831,11 +837,13 @@ def cmd_fuse(args) -> int:
     vitfast.save(fused, out)
     print(f"fused {count_parameters(model):,} -> {count_parameters(fused):,} parameters; wrote {out} "
           f"({os.path.getsize(out) / 1e6:.2f} MB)")
-    if not args.no_check:
-        img_size, _ = _model_input(model)
+    img_size, _ = _model_input(model)
+    if not args.no_check and img_size is None:
+        print("quick check skipped: the model does not say its input size (no patch_embed.img_size)")
+    elif not args.no_check:
         in_chans = getattr(getattr(model, "patch_embed", None), "proj", None)
         in_chans = in_chans.in_channels if in_chans is not None else 3
-        x = torch.randn(2, in_chans, img_size, img_size, generator=torch.Generator().manual_seed(0))
+        x = torch.randn(2, in_chans, *img_size, generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             diff = float((model.eval()(x) - vitfast.load(out)(x)).abs().max())
         print(f"quick check (2 random images, the file reloaded): max |Δlogits| = {diff:.2e}; "
@@ -862,15 +870,15 @@ def cmd_verify(args) -> int:
     in_chans = proj.in_channels if proj is not None else 3
     fused_size, _ = _model_input(fused)
     if fused_size != img_size:  # once timm's AssertionError from the first forward
-        raise CLIError(f"FUSED/--source: expected models of one input size, got {fused_size} px (fused) and "
-                       f"{img_size} px (source)")
+        raise CLIError(f"FUSED/--source: expected models of one input size, got {_size_text(fused_size)} (fused) "
+                       f"and {_size_text(img_size)} (source)")
     if args.inputs == "digits":
         _check_rgb_model(source, "--inputs digits")
         _, loader = digits_loaders(img_size=img_size, batch_size=args.batch_size, eval_batch_size=args.batch_size)
         batches = [x for x, _ in loader]
     else:
         g = torch.Generator().manual_seed(args.seed)
-        batches = [torch.randn(args.batch_size, in_chans, img_size, img_size, generator=g) for _ in range(args.batches)]
+        batches = [torch.randn(args.batch_size, in_chans, *img_size, generator=g) for _ in range(args.batches)]
     max_abs, max_ref, agree, n, err2, ref2 = 0.0, 0.0, 0, 0, 0.0, 0.0
     with torch.no_grad():
         for x in batches:
@@ -889,7 +897,7 @@ def cmd_verify(args) -> int:
     nmse = err2 / ref2 if ref2 > 0 else err2
     finite = all(map(lambda v: v == v and abs(v) != float("inf"), (max_abs, max_ref)))
     ok = finite and max_abs <= bound
-    print(f"inputs: {n} {args.inputs} images of {in_chans}x{img_size}x{img_size} on {device}")
+    print(f"inputs: {n} {args.inputs} images of {in_chans}x{img_size[0]}x{img_size[1]} on {device}")
     print(f"max |Δlogits| = {max_abs:.3e} (tolerance {bound:.3e} = atol {args.atol:g} + rtol {args.rtol:g} x max|logit| {max_ref:.3g})")
     print(f"normalised MSE = {nmse:.3e}; argmax agreement = {agree}/{n} ({agree / n:.2%})")
     print("OK: the fused model matches its source" if ok else "MISMATCH: the fused model does not match its source")

@@ -53,6 +53,16 @@ def _check_positive_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
+def _check_image_size(name: str, value, minimum: int = 1) -> Tuple[int, int]:
+    """An image size: one int (square) or (height, width), as timm's img_size; returns (height, width)."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name}: expected an integer or (height, width), got {value!r}")
+        return _check_positive_int(f"{name}[0]", value[0], minimum), _check_positive_int(f"{name}[1]", value[1], minimum)
+    size = _check_positive_int(name, value, minimum)
+    return size, size
+
+
 class SeededSampler(Sampler):
     """Yields `(index, sample_seed)` for every index of a dataset of length `n`, shuffled per epoch.
 
@@ -143,7 +153,8 @@ def digits_arrays() -> Tuple[np.ndarray, np.ndarray]:
 
 
 class DigitsDataset(Dataset):
-    """8x8 digits rendered at `img_size` x `img_size`, 3 channels, normalised with (`mean`, `std`).
+    """8x8 digits rendered at `img_size` (an int: square, or (height, width)), 3 channels, normalised with
+    (`mean`, `std`).
 
     Rendering is one bilinear `grid_sample` from the 8x8 source onto the output grid, so upsampling and the
     optional augmentation (small rotation, scale and shift) are a single resampling, never a blur of a blur.
@@ -155,7 +166,7 @@ class DigitsDataset(Dataset):
         images: np.ndarray,
         labels: np.ndarray,
         *,
-        img_size: int = 32,
+        img_size: Union[int, Tuple[int, int]] = 32,
         mean: float = 0.0,
         std: float = 1.0,
         augment: bool = False,
@@ -167,7 +178,7 @@ class DigitsDataset(Dataset):
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         if len(self.images) != len(self.labels):
             raise ValueError(f"labels: expected {len(self.images)} labels (one per image), got {len(self.labels)}")
-        self.img_size = _check_positive_int("img_size", img_size, minimum=8)
+        self.image_hw = _check_image_size("img_size", img_size, minimum=8)
         if not std > 0:
             raise ValueError(f"std: expected > 0, got {std}")
         self.mean, self.std = float(mean), float(std)
@@ -199,7 +210,7 @@ class DigitsDataset(Dataset):
         split = [_split_key(k) for k in keys]
         index = torch.tensor([i for i, _ in split])
         theta = torch.stack([self._theta(seed) for _, seed in split])
-        grid = F.affine_grid(theta, [len(split), 1, self.img_size, self.img_size], align_corners=False)
+        grid = F.affine_grid(theta, [len(split), 1, *self.image_hw], align_corners=False)
         img = F.grid_sample(self.images[index], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         img = ((img - self.mean) / self.std).expand(-1, 3, -1, -1)
         labels = self.labels[index]
@@ -207,7 +218,7 @@ class DigitsDataset(Dataset):
 
 
 def digits_loaders(
-    img_size: int = 32,
+    img_size: Union[int, Tuple[int, int]] = 32,
     batch_size: int = 64,
     val_fraction: float = 0.2,
     seed: int = 0,
@@ -224,12 +235,12 @@ def digits_loaders(
     The split is stratified and fixed by `seed` (the same seed always gives the same validation images);
     normalisation statistics come from the training split only.  The training loader shuffles with a
     `SeededSampler` and (if `augment`) applies a small random affine per image; the validation loader is
-    plain and in order.  Both yield `[B, 3, img_size, img_size]` float32 and `[B]` int64 labels.
+    plain and in order.  Both yield `[B, 3, H, W]` float32 (img_size = H = W, or (H, W)) and `[B]` int64 labels.
     `drop_last` (train only) keeps every step's batch the same size, which keeps BatchNorm statistics sane.
     Data parallel: `num_replicas`/`rank` give this process its share (`SeededSampler` for training,
     `ShardSampler` for validation); `batch_size` is then the per-process batch.
     """
-    img_size = _check_positive_int("img_size", img_size, minimum=8)
+    img_size = _check_image_size("img_size", img_size, minimum=8)
     batch_size = _check_positive_int("batch_size", batch_size)
     eval_batch_size = _check_positive_int("eval_batch_size", eval_batch_size or max(batch_size, 256))
     if not 0.0 < float(val_fraction) < 1.0:
@@ -291,7 +302,7 @@ class SeededTransformDataset(Dataset):
 
 def image_folder_loaders(
     root: Union[str, os.PathLike],
-    img_size: int = 224,
+    img_size: Union[int, Tuple[int, int]] = 224,
     batch_size: int = 64,
     *,
     val_root: Union[str, os.PathLike, None] = None,
@@ -318,15 +329,19 @@ def image_folder_loaders(
     root = os.fspath(root)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"root: expected a directory of class sub-folders, got {root!r} (not a directory)")
-    img_size = _check_positive_int("img_size", img_size)
+    height, width = _check_image_size("img_size", img_size)
     batch_size = _check_positive_int("batch_size", batch_size)
     norm = transforms.Normalize(mean, std)
+    # The usual 0.875 centre-crop ratio; a non-square (H, W) resizes to (H, W) / 0.875, then crops (H, W).
+    resize = (int(round(height / 0.875)) if height == width
+              else (int(round(height / 0.875)), int(round(width / 0.875))))
     plain = transforms.Compose(
-        [transforms.Resize(int(round(img_size / 0.875))), transforms.CenterCrop(img_size), transforms.ToTensor(), norm]
+        [transforms.Resize(resize), transforms.CenterCrop((height, width)), transforms.ToTensor(), norm]
     )
     train_tf = (
         transforms.Compose(
-            [transforms.RandomResizedCrop(img_size), transforms.RandomHorizontalFlip(), transforms.ToTensor(), norm]
+            [transforms.RandomResizedCrop((height, width)), transforms.RandomHorizontalFlip(), transforms.ToTensor(),
+             norm]
         )
         if augment
         else plain
