@@ -316,6 +316,45 @@ def test_cls_token_removal_pools_the_mean_of_the_tokens():
         torch.testing.assert_close(c.forward_head(feats, pre_logits=True), feats.mean(1))
 
 
+def test_remove_prefix_tokens_after_conversion_updates_what_counts_them():
+    """remove_prefix_tokens on a model that already has DW-conv heads left them expecting the cls token (every
+    input refused as "the wrong resolution"), and timm's patch dropout kept its first patch as if it were cls."""
+    model = vit(patch_drop_rate=0.0)
+    converted = vitfast.convert.from_timm(model, dwconv_blocks=[1])
+    expected = vitfast.convert.from_timm(model, dwconv_blocks=[1], remove_cls_token=True)
+    state = converted.state_dict()
+    state.pop("cls_token")
+    state["pos_embed"] = state["pos_embed"][:, 1:]  # what removing the cls token does to it
+    expected.load_state_dict(state)  # same kernels
+    vitfast.convert.remove_prefix_tokens(converted)
+    assert converted.blocks[1].attn.prefix_tokens == 0
+    x = images(model)
+    with torch.no_grad():
+        torch.testing.assert_close(converted.eval()(x), expected.eval()(x), atol=1e-6, rtol=1e-6)
+        fused = vitfast.fuse(vitfast.convert.from_timm(model, dwconv_blocks=[1]))
+        vitfast.convert.remove_prefix_tokens(fused)  # the fused block counts them too
+        assert fused.blocks[1].prefix_tokens == 0
+        fused(x)
+    dropping = vitfast.convert.remove_prefix_tokens(VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1,
+                                                                      num_heads=2, patch_drop_rate=0.5))
+    assert dropping.patch_drop.num_prefix_tokens == 0
+
+
+def test_patch_dropout_and_bad_kernel_init_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"dwconv_blocks/dwconv_heads: depthwise-convolution heads need every patch .* "
+                                         r"\(patch_drop_rate = 0.25\)"):
+        vitfast.convert.from_timm(vit(patch_drop_rate=0.25), dwconv_blocks=[0])
+    vitfast.convert.from_timm(vit(patch_drop_rate=0.25), remove_cls_token=True)  # no conv heads: allowed
+    with pytest.raises(ValueError, match=r"model: depthwise-convolution heads need every patch"):
+        vitfast.head_selection.attach_dsp(vit(patch_drop_rate=0.25), 1)
+    for bad in (float("nan"), -1.0, "0.1"):
+        with pytest.raises(ValueError, match=r"kernel_init_std: expected None \(1/k\) or a finite number >= 0"):
+            vitfast.convert.from_timm(vit(), dwconv_blocks=[0], dwconv_kernel_init_std=bad)
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match=r"batch_size: expected an int >= 1"):
+            vitfast.head_selection.attention_std_scores(vit(), torch.randn(2, 3, 32, 40), batch_size=bad)
+
+
 def test_fused_block_config_is_validated():
     model = vit()
     fused = vitfast.fuse(vitfast.convert.from_timm(model, dwconv_blocks=[0]))

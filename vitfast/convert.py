@@ -687,7 +687,23 @@ def remove_prefix_tokens(model: nn.Module) -> nn.Module:
     model.num_prefix_tokens -= 1
     if model.global_pool == "token":
         model.global_pool = "avg"
+    # Everything else that counts the prefix tokens: timm's patch dropout (it kept the first patch as if it were
+    # the cls token) and DW-conv heads already in the model (they refused every input as the wrong resolution).
+    if hasattr(model.patch_drop, "num_prefix_tokens"):
+        model.patch_drop.num_prefix_tokens = model.num_prefix_tokens
+    for module in model.modules():
+        if getattr(module, "vitfast_counts_prefix_tokens", False) and module.prefix_tokens is not None:
+            module.prefix_tokens = int(model.num_prefix_tokens)
     return model
+
+
+def _check_no_patch_dropout(model: nn.Module, name: str) -> None:
+    """Convolution heads need the whole patch grid: timm's patch dropout (patch_drop_rate > 0) removes patches in
+    training, which the first training forward refused with a misleading "input resolution" error."""
+    rate = float(getattr(getattr(model, "patch_drop", None), "prob", 0.0) or 0.0)
+    if rate > 0:
+        raise ValueError(f"{name}: depthwise-convolution heads need every patch of the grid, but the model drops "
+                         f"patches in training (patch_drop_rate = {rate}); build it with patch_drop_rate=0")
 
 
 def _from_timm_dwconv(model, channel_idle, norm, heuristic, spread, calibration_images, dwconv_blocks, dwconv_heads,
@@ -697,6 +713,8 @@ def _from_timm_dwconv(model, channel_idle, norm, heuristic, spread, calibration_
     if not isinstance(model, VisionTransformer):
         raise ValueError(f"dwconv_blocks/dwconv_heads: only timm VisionTransformer models (ViT/DeiT), got "
                          f"{type(model).__name__}")
+    if dwconv_blocks is not None or dwconv_heads is not None:  # removing the cls token alone keeps every patch
+        _check_no_patch_dropout(model, "dwconv_blocks/dwconv_heads")
     depth = len(model.blocks)
     for i, block in enumerate(model.blocks):  # before any .attn access: parallel blocks have none
         vit_block_spec(block, f"model.blocks[{i}]")

@@ -236,6 +236,8 @@ def attention_std_scores(
 
     if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
         raise ValueError(f"num_samples: expected an int >= 1 or None, got {num_samples!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     modules = _attention_modules(model)
     states = {name: _Welford() for name, _ in modules}
     total = num_samples
@@ -449,6 +451,9 @@ def attach_dsp(
             raise ValueError(f"model.blocks.{i}.attn: expected timm Attention, got {got}")
     if not blocks:
         raise ValueError("model.blocks: expected at least one block, got none")
+    from .convert import _check_no_patch_dropout
+
+    _check_no_patch_dropout(model, "model")
     heads = blocks[0].attn.num_heads
     gate = DSPGate(len(blocks) * heads if per_head else len(blocks), num_selected, tau_start=tau_start, tau_end=tau_end,
                    heads_per_block=heads if per_head else None)

@@ -27,6 +27,7 @@ the tokens (`vitfast.convert.remove_prefix_tokens`).
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -112,6 +113,7 @@ class DWConvAttention(nn.Module):
     """
 
     _no_weight_decay = ("conv_kernel", "gamma")
+    vitfast_counts_prefix_tokens = True  # vitfast.convert.remove_prefix_tokens updates `prefix_tokens`
 
     def __init__(
         self,
@@ -150,6 +152,9 @@ class DWConvAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * n_attn * head_dim, bias=qkv_bias, **dd) if n_attn else None
         self.value = nn.Linear(dim, n_conv * head_dim, bias=qkv_bias, **dd)
         width = head_dim if self.ensemble else n_conv * head_dim
+        if kernel_init_std is not None and (isinstance(kernel_init_std, bool) or not isinstance(kernel_init_std, (int, float))
+                                            or not math.isfinite(kernel_init_std) or kernel_init_std < 0):
+            raise ValueError(f"kernel_init_std: expected None (1/k) or a finite number >= 0, got {kernel_init_std!r}")
         std = 1.0 / kernel_size if kernel_init_std is None else float(kernel_init_std)
         self.conv_kernel = nn.Parameter(torch.randn(width, kernel_size, kernel_size, **dd) * std)
         self.gamma = nn.Parameter(torch.zeros(n_conv, **dd)) if self.ensemble else None
@@ -359,6 +364,8 @@ class FusedDWConvBlock(nn.Module):
     heads: value projection, [D, k, k] kernels, output columns with the block's output bias), `mlp`.
     The ensembled form is the same block with D = d_h.
     """
+
+    vitfast_counts_prefix_tokens = True  # vitfast.convert.remove_prefix_tokens updates `prefix_tokens`
 
     def __init__(
         self,
