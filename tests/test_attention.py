@@ -42,6 +42,25 @@ def test_parity_odd_sizes(tokens, heads, head_dim, isa, tol, restore_threads):
     check_parity(torch.randn(2, tokens, 3 * heads * head_dim), heads, tol)
 
 
+@pytest.mark.parametrize("case", ["huge_key", "huge_scale", "large_qkv"])
+def test_huge_scores_stay_finite(case, isa, restore_threads):
+    """Scores near 1e29: the exp pass took fma(s, scale, −m), the exact product, while the max was of the rounded
+    products; half an ulp there is ~1e22, so the max's own exp was 0 or inf and the row NaN (the reference: finite).
+    At head dim 8 the scale 1/√8 is not a power of two, so the products round."""
+    torch.manual_seed(0)
+    qkv, scale = torch.randn(3, 20, 3 * 4 * 8), None
+    if case == "huge_key":
+        qkv[0, 0, 32] = 1e30  # one key element of head 0
+    elif case == "huge_scale":
+        scale = 1e10
+    else:
+        qkv = qkv * 3e4  # |q·k| ~ 1e10 > 2³¹
+    out, ref = op(qkv, 4, scale), reference.attention(qkv, 4, scale)
+    assert torch.isfinite(ref).all() and torch.isfinite(out).all()
+    # at these magnitudes a probability is 0 or 1 up to rounding: the output rows are rows of V
+    torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.parametrize("scale", [0.05, 1.0, -0.3])
 def test_explicit_scale(scale, isa, tol, restore_threads):
     check_parity(torch.randn(2, 33, 3 * 2 * 16), 2, tol, scale=scale)

@@ -112,6 +112,9 @@ def test_errors_name_the_argument_in_cpp_and_reference(mutate, argname):
 def test_one_layer_network_refuses_norm_and_act():
     x = torch.randn(2, 3, 8)
     for fn in (op, reference.batch_gate):
+        # an empty hidden layer: the C++ kernel read its empty w2 as "no second layer" and returned garbage
+        with pytest.raises(ValueError, match=r"w1: expected at least one hidden unit, shape \[H >= 1, 8\], got \[0, 8\]"):
+            fn(x, torch.randn(0, 8), None, torch.randn(2, 0), torch.tensor([1.0, -1.0]))
         with pytest.raises(ValueError, match="w1: expected shape \\[2, 8\\]"):
             fn(x, torch.randn(3, 8), None)
         with pytest.raises(ValueError, match="layer_norm, act"):

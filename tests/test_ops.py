@@ -169,3 +169,16 @@ def test_integer_arguments_accept_numpy_integers_on_both_paths():
     torch.testing.assert_close(reference.attention(qkv, np.int64(2)), vitfast.ops.attention(qkv, 2))
     with pytest.raises(ValueError, match=r"^num_heads: expected an int >= 1, got 2.0"):
         reference.attention(qkv, 2.0)
+    with pytest.raises(ValueError, match=r"^num_heads: expected an int >= 1, got True"):
+        reference.attention(qkv, True)
+    # the gate index and gated_mhsa's head count ("index: expected an int in [0, 2), got np.int64(1)")
+    gate, x = torch.tensor([1.0, 0.0]), torch.randn(2, 5, 8)
+    taken, skipped = torch.randn(3), torch.randn(3)
+    for index in (np.int64(0), np.int64(1)):
+        torch.testing.assert_close(reference.gate_select(gate, index, taken, skipped),
+                                   vitfast.ops.gate_select(gate, int(index), taken, skipped))
+    mhsa = (torch.randn(24, 8), torch.randn(24), np.int64(2), torch.randn(8, 8), torch.randn(8))
+    torch.testing.assert_close(reference.gated_mhsa(gate, np.int64(0), x, 1e-6, *mhsa),
+                               torch.ops.vitfast.gated_mhsa(gate, 0, x, 1e-6, *mhsa[:2], 2, *mhsa[3:]))
+    ffn = (torch.randn(40, 8), torch.randn(40), torch.randn(8, 32), torch.randn(8), True)
+    torch.testing.assert_close(reference.gated_ffn(gate, np.int64(1), x, None, *ffn), x)

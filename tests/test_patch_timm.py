@@ -132,6 +132,17 @@ def test_low_precision_weights_under_autocast_are_packed_once():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         block(x).float().sum().backward()
     assert block.mlp.w_out.grad is not None and block.mlp.w_out.grad.abs().sum() > 0
+    # writes the version counter does not see: `.data = new` is seen (the data pointer), a write through `.data`
+    # after clear_weight_cache() too (it drops the copies with the packed weights)
+    block.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        before = block(x)
+        block.mlp.w_out.data = block.mlp.w_out.data * 3
+        assert not torch.equal(block(x), before)
+        before = block(x)
+        block.mlp.w_out.data.mul_(0.5)
+        vitfast.ops.clear_weight_cache()
+        assert not torch.equal(block(x), before)
     # the copies live only as long as their parameters
     kept = len(ops._fp32_weights)
     del block

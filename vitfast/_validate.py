@@ -7,7 +7,7 @@ and what was given.
 from __future__ import annotations
 
 import math
-import numbers
+import operator
 from typing import Optional
 
 import torch
@@ -147,6 +147,17 @@ def check_layer_norm_args(
     return c
 
 
+def as_integer(value) -> Optional[int]:
+    """`value` as an int when it is an integer, Python's or numpy's (the C++ ops' int64 arguments take both, so the
+    reference must too), else None: a bool, a float or anything else."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def check_attention_args(qkv: torch.Tensor, num_heads: int, scale: Optional[float]) -> tuple[int, int]:
     """Validate `attention` arguments; return (H, D).
 
@@ -157,9 +168,10 @@ def check_attention_args(qkv: torch.Tensor, num_heads: int, scale: Optional[floa
         raise ValueError(f"qkv: expected 3-D [B, N, 3·H·D], got shape {_fmt_shape(qkv)}")
     if qkv.dtype not in FLOAT_DTYPES:
         raise ValueError(f"qkv: expected dtype float32, float16 or bfloat16, got {qkv.dtype}")
-    if not isinstance(num_heads, numbers.Integral) or num_heads < 1:  # numpy ints too, as the C++ op's int64
+    heads = as_integer(num_heads)
+    if heads is None or heads < 1:
         raise ValueError(f"num_heads: expected an int >= 1, got {num_heads!r}")
-    num_heads = int(num_heads)
+    num_heads = heads
     width = qkv.shape[-1]
     if width <= 0 or width % (3 * num_heads):
         raise ValueError(

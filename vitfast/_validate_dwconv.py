@@ -5,12 +5,11 @@ piece; the C++ binding (csrc/ops/dwconv_attention.cpp) repeats them with the sam
 """
 from __future__ import annotations
 
-import operator
 from typing import Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, _fmt_shape, check_like_x, check_tensor
+from ._validate import FLOAT_DTYPES, _fmt_shape, as_integer, check_like_x, check_tensor
 
 __all__ = ["check_dwconv_attention_args"]
 
@@ -41,11 +40,7 @@ def check_dwconv_attention_args(
         raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
     grid = []
     for name, v in (("grid_h", grid_h), ("grid_w", grid_w)):
-        # any integer type (numpy's too, as the C++ op's int64 argument takes them); never a bool or a float
-        try:
-            value = None if isinstance(v, bool) else operator.index(v)
-        except TypeError:
-            value = None
+        value = as_integer(v)
         if value is None or value < 1:
             raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
         grid.append(value)

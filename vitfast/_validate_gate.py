@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, _fmt_shape, check_like_x, check_tensor
+from ._validate import FLOAT_DTYPES, _fmt_shape, as_integer, check_like_x, check_tensor
 
 GATE_ACTS = ("none", "relu", "gelu")
 
@@ -40,6 +40,8 @@ def check_batch_gate_args(
         got = _fmt_shape(w1) if isinstance(w1, torch.Tensor) else type(w1).__name__
         raise ValueError(f"w1: expected shape [H, {channels}] (C = x.shape[-1]), got {got}")
     hidden = w1.shape[0]
+    if hidden == 0:  # an empty hidden layer: the C++ kernel took an empty w2 for "no second layer"
+        raise ValueError(f"w1: expected at least one hidden unit, shape [H >= 1, {channels}], got {_fmt_shape(w1)}")
     if act not in GATE_ACTS:
         raise ValueError(f"act: expected one of {GATE_ACTS}, got {act!r}")
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
@@ -68,7 +70,8 @@ def check_gate_select_args(gate: torch.Tensor, index: int, taken: torch.Tensor, 
     if not isinstance(gate, torch.Tensor) or gate.dim() != 1 or gate.shape[0] == 0:
         got = _fmt_shape(gate) if isinstance(gate, torch.Tensor) else type(gate).__name__
         raise ValueError(f"gate: expected a 1-D decision tensor [G], got {got}")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < gate.shape[0]:
+    position = as_integer(index)
+    if position is None or not 0 <= position < gate.shape[0]:
         raise ValueError(f"index: expected an int in [0, {gate.shape[0]}), got {index!r}")
     if not isinstance(taken, torch.Tensor) or not isinstance(skipped, torch.Tensor):
         raise TypeError(f"taken, skipped: expected Tensors, got {type(taken).__name__} and {type(skipped).__name__}")
@@ -106,7 +109,8 @@ def check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_p
     _check_block_input(gate, index, x)
     _check_norm_eps(norm_eps)
     width = check_linear_args(x, w_qkv, b_qkv, None)
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1 or width % (3 * num_heads):
+    heads = as_integer(num_heads)
+    if heads is None or heads < 1 or width % (3 * heads):
         raise ValueError(f"num_heads: expected an int >= 1 dividing w_qkv.shape[0] / 3 = {width / 3:g}, "
                          f"got {num_heads!r}")
     c, attn_dim = x.shape[-1], width // 3
@@ -119,7 +123,7 @@ def check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_p
         if t is not None and (t.dtype != x.dtype or t.device != x.device):
             raise ValueError(f"{name}: expected dtype {x.dtype} on {x.device} (same as x), got {t.dtype} on "
                              f"{t.device}")
-    return attn_dim // num_heads
+    return attn_dim // heads
 
 
 def check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual) -> tuple:

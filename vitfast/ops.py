@@ -287,18 +287,25 @@ _lib.define(SCHEMAS["gated_ffn"])
 # torch.float32), registered by hand on the Autocast dispatch keys: torch 2.4 has no register_autocast, and its
 # plain `.float()` of a bf16/fp16 weight made a new tensor every call, which the packed-weight cache (keyed on
 # tensor identity) repacked every call: a bf16 DeiT-S block under autocast ran 2.2x slower (17.2 vs 7.8 ms).
-_fp32_weights: dict = {}  # id(parameter) -> (weakref to it, its _version, its fp32 copy)
+_fp32_weights: dict = {}  # id(parameter) -> (weakref to it, its identity at copy time, its fp32 copy)
+
+
+def _weight_identity(p: torch.Tensor) -> tuple:
+    # The version counter sees in-place updates; the data pointer, dtype, device and shape see `p.data = new`
+    # (which keeps the version).  Writes through `.data` in place are not seen: clear_weight_cache() drops the
+    # copies with the packed weights.
+    return p._version, p.data_ptr(), p.dtype, p.device, tuple(p.shape), tuple(p.stride())
 
 
 def _fp32_weight(p: torch.Tensor) -> torch.Tensor:
     """The fp32 copy of a low-precision parameter, made once per parameter version and kept while it lives, so
     that the packed-weight cache sees the same tensor on every call.  Dropped with the parameter."""
-    key = id(p)
+    key, identity = id(p), _weight_identity(p)
     entry = _fp32_weights.get(key)
-    if entry is not None and entry[0]() is p and entry[1] == p._version:
+    if entry is not None and entry[0]() is p and entry[1] == identity:
         return entry[2]
     copy = p.detach().float()
-    _fp32_weights[key] = (weakref.ref(p, lambda _, key=key: _fp32_weights.pop(key, None)), p._version, copy)
+    _fp32_weights[key] = (weakref.ref(p, lambda _, key=key: _fp32_weights.pop(key, None)), identity, copy)
     return copy
 
 
@@ -424,8 +431,11 @@ def clear_weight_cache() -> None:
 
     Needed only after writes the cache cannot see: it recognises a changed weight by its autograd version
     counter, which in-place ops on the tensor, `load_state_dict` and optimizer steps (fused ones included, see
-    vitfast/_optimizer_versions.py) bump, but writes through `w.data`, numpy views or raw pointers do not.
+    vitfast/_optimizer_versions.py) bump, but writes through `w.data`, numpy views or raw pointers do not (nor
+    swapping `.data` with another tensor and back, as some EMA code does).  Also drops the fp32 copies that
+    low-precision parameters keep under autocast.
     """
+    _fp32_weights.clear()
     if _C is not None:
         _C._weight_cache_clear()
 

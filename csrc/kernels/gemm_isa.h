@@ -49,7 +49,7 @@ void softmax_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float sc
 
 // The unnormalised row softmax of flash attention (online softmax over key tiles), two passes instead of three:
 // for each of `rows` rows of s (row stride ld), over columns [0, n):
-//   m = max(row_max[r], max_j s·scale);  s = exp(s·scale − m) (one fma, then exp);  row_sum[r] = Σ_j s;
+//   t = s·scale (stored);  m = max(row_max[r], max_j t);  s = exp(t − m);  row_sum[r] = Σ_j s;
 //   row_max[r] = m.
 // row_max[r] = -inf starts a row.  The caller rescales what it accumulated with the previous maximum by
 // exp(old − new) and divides by the running sum once at the end (on the D-wide P·V result instead of the

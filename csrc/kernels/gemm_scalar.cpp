@@ -85,10 +85,14 @@ void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, floa
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
     float mx = row_max[r];
-    for (int64_t j = 0; j < n; ++j) mx = std::fmax(mx, row[j] * scale);
+    // Scaled scores stored back, read by the exp pass: t − m is exactly 0 for the max (see softmax_exp_rows_avx2).
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] *= scale;
+      mx = std::fmax(mx, row[j]);
+    }
     float sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-      row[j] = std::exp(std::fma(row[j], scale, -mx));
+      row[j] = std::exp(row[j] - mx);
       sum += row[j];
     }
     row_max[r] = mx;

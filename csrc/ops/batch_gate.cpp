@@ -44,6 +44,9 @@ int64_t check_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& 
   TORCH_CHECK_VALUE(w1.dim() == 2 && w1.size(1) == channels, "w1: expected shape [H, ", channels,
                     "] (C = x.shape[-1]), got ", fmt_shape(w1.sizes()));
   const int64_t hidden = w1.size(0);
+  // An empty hidden layer has an empty w2, whose null data pointer the kernel would read as "no second layer".
+  TORCH_CHECK_VALUE(hidden >= 1, "w1: expected at least one hidden unit, shape [H >= 1, ", channels, "], got ",
+                    fmt_shape(w1.sizes()));
   TORCH_CHECK_VALUE(eps > 0, "eps: expected a number > 0, got ", eps);
   if (!w2.defined()) {
     TORCH_CHECK_VALUE(!b2.defined(), "b2: expected None when w2 is None (one-layer gate network), got ",

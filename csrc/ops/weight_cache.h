@@ -14,7 +14,9 @@
 // torch's fused optimizers (`fused=True`) and optimizers that update through `p.data` do not bump the version;
 // vitfast/_optimizer_versions.py registers an optimizer step post-hook that does, for every stepped parameter.
 // Not detected (documented limits, same as any version-based cache in PyTorch): other writes through `.data`
-// (`w.data.copy_(..)` uses a separate version counter), numpy views or raw pointers;
+// (`w.data.copy_(..)` uses a separate version counter), numpy views or raw pointers, and swapping `.data` with
+// another tensor and back around an update of that other tensor (some EMA code: storage, pointer and version all
+// match again);
 // `vitfast.ops.clear_weight_cache()` drops every entry after such a write.  Inference tensors (created under
 // torch.inference_mode) have no version counter, so they are never cached: they are packed and checked
 // on every call (correct, slower; a one-time warning says so).

@@ -155,7 +155,7 @@ void softmax_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scal
   }
 }
 
-// Two passes (gemm_isa.h): the scaled maximum (read only), then exp(fma(s, scale, −m)) stored with its sum.
+// Two passes (gemm_isa.h): the scaled scores and their maximum, then exp(t − m) stored with its sum.
 void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                            float* row_sum) {
   const int64_t body = n - n % 4;
@@ -164,13 +164,21 @@ void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float 
     float32x4_t vmax = vdupq_n_f32(row_max[r]);
     float mx = row_max[r];
     int64_t j = 0;
-    for (; j < body; j += 4) vmax = vmaxq_f32(vmax, vmulq_n_f32(vld1q_f32(row + j), scale));
-    for (; j < n; ++j) mx = row[j] * scale > mx ? row[j] * scale : mx;
+    // Scaled scores stored back, read by the exp pass: t − m is exactly 0 for the max (see softmax_exp_rows_avx2).
+    for (; j < body; j += 4) {
+      const float32x4_t t = vmulq_n_f32(vld1q_f32(row + j), scale);
+      vst1q_f32(row + j, t);
+      vmax = vmaxq_f32(vmax, t);
+    }
+    for (; j < n; ++j) {
+      row[j] *= scale;
+      mx = row[j] > mx ? row[j] : mx;
+    }
     mx = vmaxvq_f32(vmax) > mx ? vmaxvq_f32(vmax) : mx;
-    const float32x4_t vscale = vdupq_n_f32(scale), neg_mx = vdupq_n_f32(-mx);
+    const float32x4_t vmx = vdupq_n_f32(mx);
     float32x4_t vsum = vdupq_n_f32(0.0f);
     for (j = 0; j < body; j += 4) {
-      const float32x4_t e = exp4_nonpositive(vfmaq_f32(neg_mx, vld1q_f32(row + j), vscale));
+      const float32x4_t e = exp4_nonpositive(vsubq_f32(vld1q_f32(row + j), vmx));
       vst1q_f32(row + j, e);
       vsum = vaddq_f32(vsum, e);
     }
@@ -178,7 +186,7 @@ void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float 
     if (j < n) {  // one tail through a padded vector, same arithmetic as the body
       float t[4] = {0, 0, 0, 0};
       for (int64_t q = j; q < n; ++q) t[q - j] = row[q];
-      vst1q_f32(t, exp4_nonpositive(vfmaq_f32(neg_mx, vld1q_f32(t), vscale)));
+      vst1q_f32(t, exp4_nonpositive(vsubq_f32(vld1q_f32(t), vmx)));
       for (int64_t q = j; q < n; ++q) {
         row[q] = t[q - j];
         sum += t[q - j];

@@ -225,7 +225,7 @@ void softmax_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scal
   }
 }
 
-// Two passes (gemm_isa.h): the scaled maximum (read only), then exp(fma(s, scale, −m)) stored with its sum.
+// Two passes (gemm_isa.h): the scaled scores and their maximum, then exp(t − m) stored with its sum.
 void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                            float* row_sum) {
   const __m256 vscale = _mm256_set1_ps(scale);
@@ -235,9 +235,17 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
     float* row = s + r * ld;
     __m256 vmax = _mm256_set1_ps(row_max[r]);
     int64_t j = 0;
-    for (; j < body; j += 8) vmax = _mm256_max_ps(vmax, _mm256_mul_ps(_mm256_loadu_ps(row + j), vscale));
+    // The scaled scores are stored back and the exp pass reads them, so exp(t − m) has t rounded exactly as in
+    // the max: the max's own term is exactly 0.  fma(s, scale, −m) was up to half an ulp off (~1e22 for scores
+    // near 1e29), exp of which made the row NaN where torch stays finite; a separate mul/sub GCC contracts again.
+    for (; j < body; j += 8) {
+      const __m256 t = _mm256_mul_ps(_mm256_loadu_ps(row + j), vscale);
+      _mm256_storeu_ps(row + j, t);
+      vmax = _mm256_max_ps(vmax, t);
+    }
     if (j < n) {
       const __m256 t = _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), vscale);
+      _mm256_maskstore_ps(row + j, tail, t);
       vmax = _mm256_max_ps(vmax,
                            _mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), t, _mm256_castsi256_ps(tail)));
     }
@@ -245,16 +253,15 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
     const float mx = _mm_cvtss_f32(m4);
-    const __m256 neg_mx = _mm256_set1_ps(-mx);
+    const __m256 vmx = _mm256_set1_ps(mx);
     __m256 vsum = _mm256_setzero_ps();
     for (j = 0; j < body; j += 8) {
-      const __m256 e = exp8_nonpositive(_mm256_fmadd_ps(_mm256_loadu_ps(row + j), vscale, neg_mx));
+      const __m256 e = exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), vmx));
       _mm256_storeu_ps(row + j, e);
       vsum = _mm256_add_ps(vsum, e);
     }
     if (j < n) {
-      const __m256 e = _mm256_and_ps(exp8_nonpositive(_mm256_fmadd_ps(_mm256_maskload_ps(row + j, tail), vscale,
-                                                                      neg_mx)),
+      const __m256 e = _mm256_and_ps(exp8_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(row + j, tail), vmx)),
                                      _mm256_castsi256_ps(tail));
       _mm256_maskstore_ps(row + j, tail, e);
       vsum = _mm256_add_ps(vsum, e);

@@ -296,31 +296,44 @@ static inline __attribute__((always_inline)) void softmax_exp_row_group(float* s
   __m512 vmax0[R], vmax1[R];
   for (int r = 0; r < R; ++r) vmax0[r] = vmax1[r] = _mm512_set1_ps(row_max[r]);
   int64_t j = 0;
+  // The scaled scores are stored back in the max pass and the exp pass reads them: exp(t − m) with t rounded
+  // exactly as in the max, so the max's own term is exactly 0.  An fma(s, scale, −m) (the exact product) is up to
+  // half an ulp off the rounded max, ~1e22 for scores near 1e29: exp of it was 0 or inf for the max itself and
+  // the row turned NaN where torch stays finite.  (A separate mul and sub is no cure: GCC contracts them.)
   for (; j + 32 <= body; j += 32) {
     for (int r = 0; r < R; ++r) {
-      const float* row = s + r * ld;
-      vmax0[r] = _mm512_max_ps(vmax0[r], _mm512_mul_ps(_mm512_loadu_ps(row + j), vscale));
-      vmax1[r] = _mm512_max_ps(vmax1[r], _mm512_mul_ps(_mm512_loadu_ps(row + j + 16), vscale));
+      float* row = s + r * ld;
+      const __m512 t0 = _mm512_mul_ps(_mm512_loadu_ps(row + j), vscale);
+      const __m512 t1 = _mm512_mul_ps(_mm512_loadu_ps(row + j + 16), vscale);
+      _mm512_storeu_ps(row + j, t0);
+      _mm512_storeu_ps(row + j + 16, t1);
+      vmax0[r] = _mm512_max_ps(vmax0[r], t0);
+      vmax1[r] = _mm512_max_ps(vmax1[r], t1);
     }
   }
   for (; j < body; j += 16)
-    for (int r = 0; r < R; ++r)
-      vmax0[r] = _mm512_max_ps(vmax0[r], _mm512_mul_ps(_mm512_loadu_ps(s + r * ld + j), vscale));
+    for (int r = 0; r < R; ++r) {
+      const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(s + r * ld + j), vscale);
+      _mm512_storeu_ps(s + r * ld + j, t);
+      vmax0[r] = _mm512_max_ps(vmax0[r], t);
+    }
   if (j < n)
-    for (int r = 0; r < R; ++r)
-      vmax1[r] = _mm512_mask_max_ps(vmax1[r], tail, vmax1[r],
-                                    _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + r * ld + j), vscale));
-  __m512 neg_mx[R], vsum0[R], vsum1[R];
+    for (int r = 0; r < R; ++r) {
+      const __m512 t = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + r * ld + j), vscale);
+      _mm512_mask_storeu_ps(s + r * ld + j, tail, t);
+      vmax1[r] = _mm512_mask_max_ps(vmax1[r], tail, vmax1[r], t);
+    }
+  __m512 mx[R], vsum0[R], vsum1[R];
   for (int r = 0; r < R; ++r) {
     row_max[r] = _mm512_reduce_max_ps(_mm512_max_ps(vmax0[r], vmax1[r]));
-    neg_mx[r] = _mm512_set1_ps(-row_max[r]);
+    mx[r] = _mm512_set1_ps(row_max[r]);
     vsum0[r] = vsum1[r] = _mm512_setzero_ps();
   }
   for (j = 0; j + 32 <= body; j += 32) {
     for (int r = 0; r < R; ++r) {
       float* row = s + r * ld;
-      const __m512 e0 = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vscale, neg_mx[r]));
-      const __m512 e1 = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j + 16), vscale, neg_mx[r]));
+      const __m512 e0 = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), mx[r]));
+      const __m512 e1 = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), mx[r]));
       _mm512_storeu_ps(row + j, e0);
       _mm512_storeu_ps(row + j + 16, e1);
       vsum0[r] = _mm512_add_ps(vsum0[r], e0);
@@ -330,7 +343,7 @@ static inline __attribute__((always_inline)) void softmax_exp_row_group(float* s
   for (; j < body; j += 16) {
     for (int r = 0; r < R; ++r) {
       float* row = s + r * ld;
-      const __m512 e = exp16_nonpositive(_mm512_fmadd_ps(_mm512_loadu_ps(row + j), vscale, neg_mx[r]));
+      const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), mx[r]));
       _mm512_storeu_ps(row + j, e);
       vsum0[r] = _mm512_add_ps(vsum0[r], e);
     }
@@ -338,7 +351,7 @@ static inline __attribute__((always_inline)) void softmax_exp_row_group(float* s
   if (j < n) {
     for (int r = 0; r < R; ++r) {
       float* row = s + r * ld;
-      const __m512 e = exp16_nonpositive(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, row + j), vscale, neg_mx[r]));
+      const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + j), mx[r]));
       _mm512_mask_storeu_ps(row + j, tail, e);
       vsum1[r] = _mm512_mask_add_ps(vsum1[r], tail, vsum1[r], e);
     }
@@ -348,7 +361,7 @@ static inline __attribute__((always_inline)) void softmax_exp_row_group(float* s
 
 }  // namespace
 
-// Two passes (gemm_isa.h): the scaled maximum (read only), then exp(fma(s, scale, −m)) stored with its sum;
+// Two passes (gemm_isa.h): the scaled scores and their maximum, then exp(t − m) stored with its sum;
 // 16 lanes and masked tails, rows in interleaved pairs.  Each row's arithmetic is the same whichever group it
 // falls in, so a row's result does not depend on how many rows one call covers.
 void softmax_exp_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
