@@ -69,7 +69,7 @@ setup(
     install_requires=[
         "torch>=2.4",
         "numpy",
-        "timm>=1.0",
+        "timm>=1.0.29",  # checked: 1.0.29 and 1.0.31; 1.0.20 lacks device= in LayerScale, 1.0.15 timm.layers.attention
         "safetensors>=0.4",
         "tqdm",
         "scikit-learn",

@@ -408,6 +408,75 @@ def test_mixed_dtype_roundtrip(tmp_path):
     _assert_same_model(model, loaded, _img())
 
 
+def test_mixed_dtype_swin_keeps_its_unsaved_mask_dtype(tmp_path):
+    """A bf16 Swin with fp32 LayerNorms: its attention masks (non-persistent buffers, not in the file) came back
+    fp32 from a "mixed" file, and the bf16 attention refused them ("expected m1 and m2 to have the same dtype")."""
+    model = tiny_swin().to(torch.bfloat16)
+    for m in model.modules():
+        if isinstance(m, nn.LayerNorm):
+            m.float()
+    x = _img().to(torch.bfloat16)
+    with torch.no_grad():
+        model(x)  # the mixed model runs
+    save(model, tmp_path / "swin_mixed.safetensors")
+    config = read_config(tmp_path / "swin_mixed.safetensors")
+    assert config["dtype"] == "mixed" and set(config["buffer_dtypes"].values()) == {"bfloat16"}
+    loaded = load(tmp_path / "swin_mixed.safetensors")
+    _assert_same_model(model, loaded, x)
+
+
+def test_a_float64_default_dtype_does_not_break_load_or_export(saved, tmp_path):
+    """torch.set_default_dtype(torch.float64) built float64 skeletons, which the float32 file then "did not match";
+    to_onnx's random inputs were float64 against float32 weights."""
+    model, path = saved
+    vit = vitfast.fuse(vitfast.convert.from_timm(tiny_vit(), channel_idle=0.5).eval())  # a float32 model
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        loaded = load(path)
+        assert torch.get_default_dtype() == torch.float64  # restored after the build
+        assert {t.dtype for t in loaded.state_dict().values() if t.is_floating_point()} == {torch.float32}
+        _assert_same_model(model, loaded, _img().float())
+        from vitfast.export import to_onnx
+
+        to_onnx(vit, tmp_path / "m.onnx")
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def test_a_timm_that_cannot_build_on_meta_still_loads(saved, monkeypatch):
+    """timm <= 1.0.20 calls linspace(..).item() in its constructors, which fails on the meta device: the meta probe
+    raised a ValueError and load refused every file, even one save had just written."""
+    import vitfast.checkpoint as ckpt
+
+    model, path = saved
+    real = ckpt.build_timm
+
+    def no_meta(architecture, device=None):
+        if device == "meta":
+            raise ValueError("Tensor.item() cannot be called on meta tensors")
+        return real(architecture, device=device)
+
+    monkeypatch.setattr(ckpt, "build_timm", no_meta)
+    _assert_same_model(model, load(path), _img())
+
+
+def test_load_messages_for_train_time_files_a_missing_config_and_no_gpu(saved, tmp_path):
+    model, path = saved
+    train_time = tmp_path / "t.safetensors"
+    vitfast.train.save_trainable(vitfast.convert.from_timm(tiny_vit(), channel_idle=0.5), train_time)
+    with pytest.raises(ValueError, match=r"a train-time model \(vitfast.save_trainable / `vitfast train`\), not a fused "
+                                         r"one; load it with vitfast.train.load_trainable, or fuse it first"):
+        load(train_time)
+    no_config = tmp_path / "nc.safetensors"
+    _rewrite(path, no_config, metadata=lambda meta: meta.pop("config"))
+    with pytest.raises(ValueError, match=r"metadata 'config' is missing"):
+        load(no_config)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device: 'cuda' requested, but torch.cuda.is_available\(\) is False"):
+            load(path, device="cuda")
+
+
 def test_views_sharing_storage_are_saved_separately(tmp_path):
     model = fused_vit()
     # Two buffers that are slices of one storage: shared memory without being the same tensor.

@@ -105,7 +105,7 @@ def test_swin_after_set_input_size_converts_and_fuses_exactly():
     leaves target_shift_size stale; conversion once rebuilt the blocks with that stale shift (3e-2 off)."""
     model = _swin()
     model.set_input_size(img_size=48)
-    assert model.layers[0].blocks[1].shift_size == (3, 3)
+    # timm 1.0.31 re-derives the shift as (3, 3); older timm leaves another one: conversion must follow timm either way
     x = torch.randn(2, 3, 48, 48)
     converted = from_timm(model, channel_idle=0.0, norm="layer").eval()
     with torch.no_grad():

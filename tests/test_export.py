@@ -184,6 +184,19 @@ def test_cli_export(tmp_path, capsys):
     assert onnx.load(str(tmp_path / "b2.onnx")).opset_import[0].version == 18
 
 
+def test_cli_export_of_a_bf16_file(tmp_path, capsys):
+    """A bf16 fused file: the CLI said "call .float().cpu() first", which a command-line user cannot do."""
+    path = tmp_path / "bf16.safetensors"
+    vitfast.save(tiny_fused().bfloat16(), str(path))
+    out = tmp_path / "bf16.onnx"
+    assert main(["export", str(path), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "FUSED holds bfloat16 weights: exported as float32" in text and text.rstrip().endswith("OK")
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(ort_run(out, x), vitfast.load(str(path)).float()(x), atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["export", "{tmp}/nope.safetensors", "-o", "{tmp}/m.onnx"], "FUSED: expected an existing file, got"),
     (["export", "{fused}", "-o", "{tmp}/missing/m.onnx"], "-o/--output: expected a path in an existing directory"),

@@ -45,6 +45,7 @@ Decisions
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -155,7 +156,24 @@ def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
     setattr(parent, leaf, module)
 
 
+@contextlib.contextmanager
+def _float32_default():
+    """Build in float32 whatever torch.set_default_dtype says (restored after): the stored dtypes are applied
+    afterwards; a float64 default built float64 modules that the float32 file then 'did not match'."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def _rebuild(architecture: dict, modules: Dict[str, dict], device: Optional[str] = None) -> nn.Module:
+    with _float32_default():
+        return _rebuild_float32(architecture, modules, device)
+
+
+def _rebuild_float32(architecture: dict, modules: Dict[str, dict], device: Optional[str]) -> nn.Module:
     model = build_timm(architecture, device=device)
     # Parents before children: a fused block may itself contain fused modules that have their own entry.
     for path in sorted(modules, key=lambda p: p.count(".")):
@@ -353,6 +371,10 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
         "dtype": _dtype_summary(tensors),
         "vitfast_version": __version__,
     }
+    if config["dtype"] == "mixed":
+        buffer_dtypes = _unsaved_buffer_dtypes(model, state)
+        if buffer_dtypes:  # optional key: files without it load as before
+            config["buffer_dtypes"] = buffer_dtypes
     source = source_architecture(model)
     if source is not None:  # optional: the timm model the file was made from (vitfast.arch.SOURCE_ATTR)
         config["source_architecture"] = source
@@ -437,6 +459,11 @@ def _read_header(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
 
 def _parse_config(path: str, metadata: Dict[str, str]) -> dict:
     fmt = metadata.get("format")
+    if fmt == "vitfast.trainable":  # vitfast.train.TRAINABLE_FORMAT (not imported: train imports this module)
+        raise ValueError(
+            f"{path}: a train-time model (vitfast.save_trainable / `vitfast train`), not a fused one; load it with "
+            f"vitfast.train.load_trainable, or fuse it first (vitfast.fuse, `vitfast fuse {path} -o FUSED`)"
+        )
     if fmt != FORMAT:
         raise ValueError(
             f"{path}: not a vitfast checkpoint (metadata 'format' expected {FORMAT!r}, got {fmt!r}); "
@@ -454,7 +481,9 @@ def _parse_config(path: str, metadata: Dict[str, str]) -> dict:
         )
     if version_num < 1:
         raise ValueError(f"{path}: metadata 'version' expected 1..{VERSION}, got {version_num}")
-    raw_config = metadata.get("config", "")
+    raw_config = metadata.get("config")
+    if raw_config is None:
+        raise ValueError(f"{path}: metadata 'config' is missing (a vitfast file stores its JSON config there)")
     if not isinstance(raw_config, str):  # safetensors metadata values are strings; the config is JSON text
         raise ValueError(f"{path}: metadata 'config' expected a JSON string, got {type(raw_config).__name__}")
     try:
@@ -475,6 +504,11 @@ def _parse_config(path: str, metadata: Dict[str, str]) -> dict:
     if dtype not in ("none", "mixed", *_DTYPE_NAMES.values()):
         raise ValueError(f"{path}: config['dtype'] expected one of {['none', 'mixed', *_DTYPE_NAMES.values()]}, "
                          f"got {dtype!r:.100}")
+    buffer_dtypes = config.get("buffer_dtypes", {})
+    if not isinstance(buffer_dtypes, dict) or not all(
+            isinstance(k, str) and v in _DTYPE_NAMES.values() for k, v in buffer_dtypes.items()):
+        raise ValueError(f"{path}: config['buffer_dtypes'] expected an object of buffer name -> one of "
+                         f"{list(_DTYPE_NAMES.values())}, got {json.dumps(buffer_dtypes)[:100]}")
     aliases = config.setdefault("aliases", {})
     if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
         raise ValueError(f"{path}: config['aliases'] expected an object of name -> name")
@@ -539,11 +573,14 @@ def _check_tensors(path: str, header: dict, config: dict, expected: Dict[str, to
 def _try_rebuild(path: str, config: dict, device: Optional[str] = None) -> Optional[nn.Module]:
     try:
         return _rebuild(config["architecture"], config["modules"], device=device)
-    except ValueError as e:
-        raise ValueError(f"{path}: cannot rebuild the model from its config: {e}") from e
     except Exception as e:  # noqa: BLE001
         if device == "meta":
-            return None  # a fused module that cannot be built without data; the real build checks instead
+            # A constructor that computes on values (a fused module, or timm <= 1.0.20's `linspace(..).item()`
+            # for drop-path rates) cannot build on the meta device: the real build checks instead, and reports a
+            # config that is really wrong.  (A ValueError here once refused every file under such a timm.)
+            return None
+        if isinstance(e, ValueError):
+            raise ValueError(f"{path}: cannot rebuild the model from its config: {e}") from e
         raise ValueError(f"{path}: cannot rebuild the model from its config ({type(e).__name__}: {e})") from e
 
 
@@ -555,7 +592,8 @@ def _check_skeleton_size(path: str, header: dict, config: dict, probe: Optional[
     """Refuse before the real build when the skeleton, or the final model with its unsaved (non-persistent)
     buffers such as Swin's attention masks, needs far more memory than the file's tensors."""
     try:
-        need = _tensor_bytes(build_timm(config["architecture"], device="meta"))
+        with _float32_default():
+            need = _tensor_bytes(build_timm(config["architecture"], device="meta"))
     except Exception:  # noqa: BLE001 - the real build reports a config that does not build
         need = 0
     if probe is not None:
@@ -570,11 +608,26 @@ def _check_skeleton_size(path: str, header: dict, config: dict, probe: Optional[
         )
 
 
+def _unsaved_buffer_dtypes(model: nn.Module, state: Dict[str, torch.Tensor]) -> Dict[str, str]:
+    """dtype of every floating buffer the state dict leaves out (non-persistent: Swin's attention masks), for a
+    "mixed" file, whose one dtype cannot say it: a bf16 Swin with fp32 norms came back with fp32 masks, which its
+    bf16 attention then refused."""
+    return {name: _DTYPE_NAMES[b.dtype] for name, b in model.named_buffers()
+            if name not in state and b.is_floating_point() and b.dtype in _DTYPE_NAMES}
+
+
 def _with_dtype(model: nn.Module, config: dict) -> nn.Module:
     uniform = config.get("dtype")
     if uniform in ("float64", "float16", "bfloat16"):
         # Like the saved model's own .to(dtype): also converts non-persistent floating buffers (Swin masks).
         model.to(getattr(torch, uniform))
+    elif uniform == "mixed":
+        buffers = dict(model.named_buffers())
+        for name, dtype in config.get("buffer_dtypes", {}).items():
+            if name in buffers and buffers[name] is not None:
+                owner, _, leaf = name.rpartition(".")
+                module = model.get_submodule(owner) if owner else model
+                module._buffers[leaf] = buffers[name].to(getattr(torch, dtype))
     return model
 
 
@@ -590,6 +643,8 @@ def load(
         device = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():  # before building anything
+        raise ValueError(f"device: {str(device)!r} requested, but torch.cuda.is_available() is False here")
     path = _check_path(path)
     header, metadata = _read_header(path)
     config = _parse_config(path, metadata)

@@ -1102,6 +1102,12 @@ def cmd_export(args) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = vitfast.load(args.fused)
+    # The ONNX graph is float32 (what to_onnx exports and checks); a bf16/fp16 file is widened here, since the
+    # command line has no way to follow to_onnx's "call .float() first".
+    low = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.dtype != torch.float32})
+    if low:
+        print(f"FUSED holds {', '.join(low)} weights: exported as float32 (the ONNX graph's dtype)")
+        model = model.float()
     try:
         report = to_onnx(model, out, batch=args.batch, opset=args.opset, exporter=args.exporter,
                          check=not args.no_check, atol=args.atol, rtol=args.rtol)

@@ -284,7 +284,7 @@ def to_onnx(
     model.eval()
     g = torch.Generator().manual_seed(seed)
     trace_batch = fixed if fixed is not None else 2  # not 1: a size-1 axis invites the tracer to specialise it
-    x = torch.randn(trace_batch, *shape, generator=g)
+    x = torch.randn(trace_batch, *shape, generator=g, dtype=torch.float32)
     candidates = [exporter] if exporter != "auto" else (
         ["torchscript", "dynamo"] if _has_torchscript_exporter() else ["dynamo"])
     notes: List[str] = []
@@ -343,7 +343,7 @@ def to_onnx(
             checked = [1, 3] if dynamic_batch else [fixed]
             max_diff = 0.0
             for b in checked:
-                xb = torch.randn(b, *shape, generator=g)
+                xb = torch.randn(b, *shape, generator=g, dtype=torch.float32)
                 with torch.no_grad():
                     ref = model(xb)
                 got = torch.from_numpy(session.run(None, {input_name: xb.numpy()})[0])
