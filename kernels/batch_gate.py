@@ -24,6 +24,8 @@ then discarded; its normal CUDA path is the gated kernels of kernels/gated.py, w
 early, so a skipped sub-block is not computed at all (see vitfast/nn/usdc.py).
 """
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -138,6 +140,11 @@ def batch_gate_logits_triton(x, w1, b1, w2=None, b2=None, layer_norm=False, act=
     return _launch(x, w1, b1, w2, b2, layer_norm, act, eps, logits=True)
 
 
+def _on_device(t: torch.Tensor):
+    # Triton launches on the *current* CUDA device: t on cuda:1 while cuda:0 is current ran on the wrong GPU
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
 def _launch(x, w1, b1, w2, b2, layer_norm, act, eps, logits):
     hidden = check_batch_gate_args(x, w1, b1, w2, b2, layer_norm, act, eps)
     check_device(x)
@@ -151,23 +158,28 @@ def _launch(x, w1, b1, w2, b2, layer_norm, act, eps, logits):
     rows_per_chunk = triton.cdiv(rows_per_chunk, block_r) * block_r
     chunks = triton.cdiv(rows, rows_per_chunk)
     partial = torch.empty((chunks, channels), device=x.device, dtype=torch.float32)
-    if channels > 0:
-        _pool_partial_kernel[(chunks, triton.cdiv(channels, block_c))](
-            x, partial, rows, channels, rows_per_chunk, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4
-        )
     out = torch.empty((2,), device=x.device, dtype=torch.float32 if logits else x.dtype)
     block_h = max(16, triton.next_power_of_2(hidden))
     # Keep the [BLOCK_H, BLOCK_C] weight tile of the head at ≤ 8K elements (registers of one program).
     head_c = max(16, min(block_c, 8192 // block_h))
     dummy = partial
-    _gate_head_kernel[(1,)](
-        partial, w1, b1 if b1 is not None else dummy, w2 if w2 is not None else dummy,
-        b2 if b2 is not None else dummy, out,
-        chunks, channels, hidden, 1.0 / rows, float(eps),
-        HAS_B1=b1 is not None, TWO_LAYERS=w2 is not None, HAS_B2=b2 is not None, LAYER_NORM=bool(layer_norm),
-        ACT=_ACT_CODES[act], OUT_LOGITS=logits, BLOCK_P=16, BLOCK_C=head_c, BLOCK_H=block_h, num_warps=4,
-    )
+    with _on_device(x):
+        if channels > 0:
+            _pool_partial_kernel[(chunks, triton.cdiv(channels, block_c))](
+                x, partial, rows, channels, rows_per_chunk, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4
+            )
+        _gate_head_kernel[(1,)](
+            partial, w1, b1 if b1 is not None else dummy, w2 if w2 is not None else dummy,
+            b2 if b2 is not None else dummy, out,
+            chunks, channels, hidden, 1.0 / rows, float(eps),
+            HAS_B1=b1 is not None, TWO_LAYERS=w2 is not None, HAS_B2=b2 is not None, LAYER_NORM=bool(layer_norm),
+            ACT=_ACT_CODES[act], OUT_LOGITS=logits, BLOCK_P=16, BLOCK_C=head_c, BLOCK_H=block_h, num_warps=4,
+        )
     return out
+
+
+# What the select kernel copies (the activations a gated model selects); any other dtype takes torch.where.
+_SELECT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def gate_select_triton(gate, index, taken, skipped):
@@ -180,6 +192,10 @@ def gate_select_triton(gate, index, taken, skipped):
     if numel == 0:
         return out
     block = 1024
-    _gate_select_kernel[(triton.cdiv(numel, block),)](gate, taken, skipped, out, numel, index, BLOCK=block,
-                                                       num_warps=4)
+    if taken.dtype not in _SELECT_DTYPES:  # e.g. complex: the reference's torch.where, which takes any dtype
+        return torch.where(gate[index] != 0, taken, skipped)
+    with _on_device(taken):
+        # int(index): validated, numpy integers included, which are no kernel argument
+        _gate_select_kernel[(triton.cdiv(numel, block),)](gate, taken, skipped, out, numel, int(index), BLOCK=block,
+                                                           num_warps=4)
     return out

@@ -303,6 +303,7 @@ def dwconv_attention_triton(
     prefix, width, ksize, c_out = check_dwconv_attention_args(
         x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual
     )
+    grid_h, grid_w = int(grid_h), int(grid_w)  # validated; numpy integers are no kernel argument
     check_device(x)
     batch, tokens, channels = x.shape
     out = torch.empty((batch, tokens, c_out), dtype=x.dtype, device=x.device)

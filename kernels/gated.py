@@ -155,8 +155,9 @@ def _gated_attention_kernel(
     """One program: BLOCK_M query rows of one (image, head); keys streamed in BLOCK_N tiles (online softmax)."""
     if _gate_closed(gate_ptr, gate_index):
         return
-    pid_m = tl.program_id(0).to(tl.int64)
-    bh = tl.program_id(1).to(tl.int64)  # int64 before any stride product (large batches overflow int32)
+    # (image, head) on grid axis 0, whose limit is 2³¹ − 1: on axis 1 (65535) a ViT-B at batch >= 5462 did not launch.
+    bh = tl.program_id(0).to(tl.int64)  # int64 before any stride product (large batches overflow int32)
+    pid_m = tl.program_id(1).to(tl.int64)
     b = bh // H
     h = bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -180,8 +181,11 @@ def _gated_attention_kernel(
         s = tl.dot(q, _operand(k, INTERPRET_BF16), input_precision=INPUT_PRECISION) * scale
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        # A row whose keys so far are all -inf (scores that overflowed) has m_new = -inf: exp(-inf - -inf) is NaN,
+        # which then poisoned l and acc for good.  Subtracting 0 there gives its (zero) weights exactly.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_sub)
+        p = tl.exp(s - m_sub[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(base + keys[:, None] * s_qn + v_cols[None, :], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
         # p in v's dtype for the second product (tensor cores in fp16/bf16), as flash attention does.
@@ -208,6 +212,10 @@ def _gemm_config(m: int, n: int):
     return 64, 64, 64, 4, 4
 
 
+# Widest head the attention kernel takes (see gated_attention_triton); ViT heads are 64.
+_MAX_HEAD_DIM = 128
+
+
 def _attention_config(head_dim: int):
     """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): flash-attention tiles; BLOCK_D pads D to a power of two >= 16
     (tl.dot's minimum), and wide heads take narrower key tiles to keep q, k, v and acc on chip."""
@@ -225,7 +233,8 @@ _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _check_gate(gate: torch.Tensor, index: int, x: torch.Tensor) -> torch.Tensor:
-    """Validates the gate and x; returns the gate as the kernels read it: `gate_ptr + index`, so contiguous (a
+    """Validates the gate and x (the launches then pass int(index): a numpy integer, valid for the reference, is no
+    kernel argument); returns the gate as the kernels read it: `gate_ptr + index`, so contiguous (a
     strided view such as decisions[::2] once had its wrong element read, running or skipping against it)."""
     check_gate_select_args(gate, index, x, x)
     if x.dim() < 1:
@@ -274,7 +283,7 @@ def gated_layernorm_triton(gate: torch.Tensor, index: int, x: torch.Tensor, eps:
     dummy = out2
     with _device_ctx(x):
         _gated_layernorm_kernel[(triton.cdiv(m, block_m),)](
-            gate, index, x2, weight if weight is not None else dummy, bias if bias is not None else dummy, out2,
+            gate, int(index), x2, weight if weight is not None else dummy, bias if bias is not None else dummy, out2,
             m, c, x2.stride(0), out2.stride(0), float(eps),
             HAS_W=weight is not None, HAS_B=bias is not None, INTERPRET_BF16=_INTERPRET and x.dtype == torch.bfloat16,
             BLOCK_M=block_m, BLOCK_C=block_c, num_warps=4 if block_c <= 1024 else 8,
@@ -327,7 +336,7 @@ def gated_linear_triton(gate: torch.Tensor, index: int, x: torch.Tensor, weight:
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
     with _device_ctx(x):
         _gated_linear_kernel[grid](
-            gate, index, x2, weight, *(t if t is not None else dummy for t in (bias_c, bias2_c, add2, res2, skip2)),
+            gate, int(index), x2, weight, *(t if t is not None else dummy for t in (bias_c, bias2_c, add2, res2, skip2)),
             out2, m, n, k, gelu_features,
             *strides(x2), *strides(weight), *strides(add2), *strides(res2), *strides(skip2), *strides(out2),
             HAS_BIAS=bias_c is not None, HAS_BIAS2=bias2_c is not None, HAS_ADD=add2 is not None,
@@ -351,12 +360,20 @@ def gated_attention_triton(gate: torch.Tensor, index: int, qkv: torch.Tensor, nu
     out = _out_buffer(out, (batch, tokens, heads * head_dim), qkv)
     if batch == 0 or tokens == 0:
         return out
+    if head_dim > _MAX_HEAD_DIM:
+        # One program keeps q, k, v tiles and acc BLOCK_D wide on chip: wider heads spill or fail to compile.  The
+        # reference (SDPA) then runs whatever the gate says, and the gate picks on the device (no host sync): out
+        # keeps its contents when closed, as the kernel leaves it.
+        from vitfast import reference
+
+        full = reference.attention(qkv, heads, scale)
+        return out.copy_(torch.where(gate[int(index)] != 0, full, out))
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
     block_m, block_n, block_d, warps = _attention_config(head_dim)
-    grid = (triton.cdiv(tokens, block_m), batch * heads)
+    grid = (batch * heads, triton.cdiv(tokens, block_m))
     with _device_ctx(qkv):
         _gated_attention_kernel[grid](
-            gate, index, qkv, out, tokens, heads, head_dim, scale, *qkv.stride(), *out.stride(),
+            gate, int(index), qkv, out, tokens, heads, head_dim, scale, *qkv.stride(), *out.stride(),
             INPUT_PRECISION=_input_precision(qkv.dtype), INTERPRET_BF16=_INTERPRET and qkv.dtype == torch.bfloat16,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=2,
         )

@@ -93,8 +93,8 @@ def _xwx_attention_kernel(
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    pid_m = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1).to(tl.int64)  # int64 before any stride product (large batches overflow int32)
+    b = tl.program_id(0).to(tl.int64)  # axis 0 (limit 2³¹ − 1; axis 1's is 65535); int64 before stride products
+    pid_m = tl.program_id(1).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
     offs_r = tl.arange(0, BLOCK_R)
@@ -139,8 +139,11 @@ def _xwx_attention_kernel(
                 s += tl.load(kb_ptr + b * s_kbb + keys * s_kbn + h * s_kbh, mask=key_ok, other=0.0).to(tl.float32)[None, :]
             s = tl.where(key_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
+            # All keys so far -inf (overflowed scores): m_new = -inf and exp(-inf - -inf) = NaN poisoned l and acc
+            # for good; subtracting 0 there gives their zero weights exactly.
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_sub)
+            p = tl.exp(s - m_sub[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(v_base + keys[:, None] * s_vn + offs_d[None, :] * s_vd,
                         mask=key_ok[:, None] & d_ok[None, :], other=0.0)
@@ -148,8 +151,9 @@ def _xwx_attention_kernel(
             acc = tl.dot(_operand(pv, INTERPRET_BF16), _operand(v, INTERPRET_BF16), acc * alpha[:, None],
                          input_precision=INPUT_PRECISION)
             m_i = m_new
-        # Rows past N saw only masked keys: l = 0 there, and their output is never stored.
-        head = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        # Rows past N are never stored (divided by 1); a real row whose every score is -inf has l = 0 and gets
+        # 0/0 = NaN, as softmax gives in the reference.
+        head = acc / tl.where(row_ok, l_i, 1.0)[:, None]
         head = _operand(_round_to(head, wo_ptr.dtype.element_ty, INTERPRET_BF16), INTERPRET_BF16)
         for c0 in range(0, C_OUT, BLOCK_C):
             cols = c0 + offs_c
@@ -213,7 +217,7 @@ def xwx_attention_triton(
     def strides(t, n):
         return tuple(t.stride()) if t is not None else (0,) * n
 
-    grid = lambda meta: (triton.cdiv(tokens, meta["BLOCK_M"]), batch)  # noqa: E731
+    grid = lambda meta: (batch, triton.cdiv(tokens, meta["BLOCK_M"]))  # noqa: E731
 
     def launch(v, w_o_slice, bias, res, out):
         # `out` = bias + res + the heads through v and w_o_slice; `res` is never `out` (autotuning reruns it).

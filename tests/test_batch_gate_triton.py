@@ -95,6 +95,13 @@ def test_gate_select(shape):
             out = gate_select_triton(gate, index, taken, skipped)
             torch.testing.assert_close(out, gate_select(gate, index, taken, skipped), atol=0, rtol=0)
             assert torch.equal(out, taken if flags[index] else skipped)
+    # numpy integer index (the reference takes it) and a dtype the kernel does not copy (torch.where instead)
+    import numpy as np
+
+    gate = torch.tensor([1.0, 0.0], device=DEVICE)
+    assert torch.equal(gate_select_triton(gate, np.int64(1), taken, skipped), skipped)
+    ct, cs = torch.randn(*shape, device=DEVICE, dtype=torch.complex64), torch.randn(*shape, device=DEVICE, dtype=torch.complex64)
+    assert torch.equal(gate_select_triton(gate, 0, ct, cs), gate_select(gate, 0, ct, cs))
     # compared in the gate's dtype, as the reference: a float64 1e-300 (0 in fp32) and a NaN are open
     for value in (1e-300, float("nan")):
         gate = torch.tensor([value, 0.0], device=DEVICE, dtype=torch.float64)

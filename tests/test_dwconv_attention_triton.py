@@ -135,6 +135,17 @@ def test_automatic_path_choice_matches_the_reference(tol):
         torch.testing.assert_close(dwconv_attention_triton(*args), reference(*args), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_numpy_integer_grid_as_the_reference_takes_it(path, tol):
+    import numpy as np
+
+    args = make_args(1, 1, 3, 4, 8, 8, 8)
+    expected = reference(*args)
+    args[6], args[7] = np.int64(3), np.int32(4)  # "cannot convert 3 of type numpy.int64 to tensor" before
+    atol, rtol = tol[torch.float32]
+    torch.testing.assert_close(dwconv_attention_triton(*args, path=path), expected, atol=atol, rtol=rtol)
+
+
 def test_bad_arguments_rejected():
     with pytest.raises(ValueError, match="path: expected None, 'fused' or 'split'"):
         dwconv_attention_triton(*make_args(1, 0, 3, 3, 8, 8, 8), path="other")

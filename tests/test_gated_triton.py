@@ -196,6 +196,41 @@ def test_attention_reads_strided_qkv(tol):
 
 
 # ---------------------------------------------------------------------------------------------- sub-blocks
+def test_attention_first_key_tile_of_overflowed_scores_stays_finite(tol):
+    """q·k overflowing to -inf for every key of the first tile: the online softmax turned NaN (reference: finite)."""
+    q = torch.full((1, 40, 16), 1e20, device=DEVICE)
+    k = torch.zeros(1, 40, 16, device=DEVICE)
+    k[:, :32] = -1e20  # keys 0..31 (a whole key tile): q·k = -1.6e41, -inf in fp32
+    qkv = torch.cat([q, k, torch.randn(1, 40, 16, device=DEVICE)], -1)
+    expected = reference.attention(qkv, 1)
+    assert torch.isfinite(expected).all()
+    close(gated_attention_triton(OPEN, 0, qkv, 1), expected, tol)
+
+
+def test_wide_heads_take_the_reference_and_the_gate_still_picks(tol, monkeypatch):
+    """Heads wider than the kernel's cap (BLOCK_D uncapped spilled or failed to compile): SDPA, selected on the
+    device; a closed gate still leaves `out` unwritten."""
+    import vitfast.kernels.gated as gk
+
+    monkeypatch.setattr(gk, "_MAX_HEAD_DIM", 16)
+    qkv = torch.randn(2, 9, 3 * 2 * 32, device=DEVICE)  # head_dim 32 > 16
+    close(gated_attention_triton(OPEN, 0, qkv, 2), reference.attention(qkv, 2), tol)
+    buf = poisoned((2, 9, 64))
+    assert gated_attention_triton(CLOSED, 0, qkv, 2, out=buf) is buf and untouched(buf)
+
+
+def test_launchers_take_numpy_integers_as_the_reference_does(tol):
+    import numpy as np
+
+    x = torch.randn(1, 5, 8, device=DEVICE)
+    fargs, margs = ffn_args(8, 0.5), mhsa_args(8, 2)
+    close(gated_ffn_triton(MIXED, np.int64(1), x, *fargs), reference.gated_ffn(MIXED, 1, x, *fargs), tol)
+    expected = reference.gated_mhsa(MIXED, 1, x, *margs)
+    margs[3] = np.int64(2)
+    close(gated_mhsa_triton(MIXED, np.int64(1), x, *margs), expected, tol)  # MIXED = [0, 1]: index 1 is open
+    assert torch.equal(gated_mhsa_triton(MIXED, np.int64(0), x, *margs), x)
+
+
 def mhsa_args(c, heads, dtype=torch.float32, bias=True, norm_eps=1e-6):
     width = c  # H·D = C, as in timm
     return [norm_eps, uni(3 * width, c, fan_in=c, dtype=dtype), uni(3 * width, fan_in=c, dtype=dtype) if bias else None,

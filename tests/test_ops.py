@@ -158,6 +158,43 @@ def test_float_arguments_are_checked_before_conversion():
         vitfast.ops.gated_mhsa(gate, 0, x, "x", torch.randn(24, 8), None, 2, torch.randn(8, 8), None)
 
 
+def test_optional_tensors_of_another_type_are_named():
+    """A list or a float for an optional tensor failed with an AttributeError naming nothing."""
+    x = torch.randn(1, 5, 8)
+    with pytest.raises(ValueError, match=r"^residual: expected a Tensor or None, got float"):
+        reference.channel_idle_ffn(x, torch.randn(40, 8), None, torch.randn(8, 32), None, 1.0)
+    with pytest.raises(ValueError, match=r"^b_o: expected a Tensor or None, got float"):
+        reference.dwconv_attention(x, torch.randn(8, 8), None, torch.randn(8, 3, 3), torch.randn(8, 8), 0.0, 2, 2)
+    with pytest.raises(TypeError, match=r"^w2: expected a Tensor, got list"):
+        reference.batch_gate(x, torch.randn(4, 8), None, [[1.0] * 4] * 2)
+
+
+def test_xwx_cuda_dispatch_validates_before_reading_the_shape():
+    # it read x.shape[-1] of a 0-d x first: IndexError instead of the reference's ValueError
+    with pytest.raises(ValueError, match=r"^x: expected a \[B, N, C\] tensor"):
+        vitfast.ops._xwx_attention_cuda(torch.tensor(1.0), torch.randn(2, 8, 4), None, None, torch.randn(2, 8, 4),
+                                        torch.randn(2, 4, 8))
+
+
+def test_autocast_keeps_the_gate_dtype():
+    """The autocast rule (fp32 inputs) cast the gate too: a float64 1e-300 decision became 0, closed, where the ops
+    compare a gate in its own dtype."""
+    gate = torch.tensor([1e-300, 0.0], dtype=torch.float64)
+    x = torch.randn(1, 5, 8)
+    taken, skipped = torch.randn(3), torch.randn(3)
+    for backend in ("auto", "reference"):
+        previous = vitfast.get_backend()
+        vitfast.set_backend(backend)
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert torch.equal(vitfast.ops.gate_select(gate, 0, taken, skipped), taken)
+                out = vitfast.ops.gated_ffn(gate, 0, x, None, torch.randn(40, 8), None, torch.randn(8, 32), None,
+                                            True)
+            assert not torch.equal(out, x)  # open: the FFN ran
+        finally:
+            vitfast.set_backend(previous)
+
+
 def test_integer_arguments_accept_numpy_integers_on_both_paths():
     import numpy as np
 

@@ -109,6 +109,21 @@ def test_large_scores_are_stable(tol):
     torch.testing.assert_close(out, expected, atol=atol * float(expected.abs().max()), rtol=rtol)
 
 
+def test_a_first_key_tile_of_overflowed_scores_stays_finite(tol):
+    """Every score of the first key tile -inf (a key bias term that overflowed): exp(-inf - -inf) = NaN poisoned the
+    online softmax's running sum for good, where the reference gives those keys weight 0."""
+    x, w_q, w_k, kb, w_v, w_o, b_o, res = make_xwx_args(1, 40, 32, 2, 16, 16, device=DEVICE)
+    x = x.clone()
+    x[0, :32, 0] = 300.0
+    kb = torch.zeros_like(kb)
+    kb[0, 0] = -1e37  # x_j · key_bias = -3e39 (-inf in fp32) for keys 0..31, the first tile at any BLOCK_N <= 32
+    args = (x, w_q, w_k, kb, w_v, w_o, b_o, res)
+    expected = reference(*args)
+    assert torch.isfinite(expected).all()
+    atol, rtol = tol[torch.float32]
+    torch.testing.assert_close(xwx_attention_triton(*args), expected, atol=atol, rtol=rtol)
+
+
 def test_non_contiguous_inputs(tol):
     args = make_xwx_args(2, 21, 32, 2, 16, 16, device=DEVICE)
     x, w_q, w_k, kb, w_v, w_o, b_o, res = args

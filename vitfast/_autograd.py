@@ -27,6 +27,18 @@ def any_requires_grad(args: Sequence) -> bool:
     return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
+# Arguments the autocast rule (fp32 inputs, vitfast/ops.py) leaves in their own dtype: the gate of the gated ops,
+# a decision compared in its own dtype (a float64 1e-300 is open; cast to fp32 it read as closed).
+AUTOCAST_KEEP = {"gate_select": (0,), "gated_mhsa": (0,), "gated_ffn": (0,)}
+
+
+def autocast_args(name: str, args: Sequence, device: str, cast: Callable) -> list:
+    """`args` with `cast` applied to the floating tensors on `device`, except the ones AUTOCAST_KEEP names."""
+    keep = AUTOCAST_KEEP.get(name, ())
+    return [a if i in keep or not (isinstance(a, torch.Tensor) and a.is_floating_point() and a.device.type == device)
+            else cast(a) for i, a in enumerate(args)]
+
+
 class _ReferenceGradient(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name: str, fast: Callable, autocast_device: Optional[str], *args):
@@ -65,8 +77,7 @@ class _ReferenceGradient(torch.autograd.Function):
                 if ctx.autocast_device is not None:
                     # The forward ran under the ops' autocast rule (fp32 inputs): so does its reference, through a
                     # differentiable cast, so a bf16 leaf gets its gradient (the mixed dtypes were refused here).
-                    args = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                            and a.device.type == ctx.autocast_device else a for a in args]
+                    args = autocast_args(ctx.name, args, ctx.autocast_device, lambda a: a.float())
                 out = getattr(reference, ctx.name)(*args)
             found = torch.autograd.grad(out, [t for _, t in wanted], grad, allow_unused=True,
                                         create_graph=higher_order)

@@ -47,6 +47,8 @@ def check_like_x(x: torch.Tensor, named: tuple) -> None:
     for name, t in named:
         if t is None:
             continue
+        if not isinstance(t, torch.Tensor):  # a list or a float for an optional tensor: AttributeError before
+            raise ValueError(f"{name}: expected a Tensor or None, got {type(t).__name__}")
         if t.dtype != x.dtype:
             raise ValueError(f"{name}: expected dtype {x.dtype} (same as x), got {t.dtype}")
         if t.device != x.device:

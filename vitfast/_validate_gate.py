@@ -39,6 +39,9 @@ def check_batch_gate_args(
     if not isinstance(w1, torch.Tensor) or w1.dim() != 2 or w1.shape[1] != channels:
         got = _fmt_shape(w1) if isinstance(w1, torch.Tensor) else type(w1).__name__
         raise ValueError(f"w1: expected shape [H, {channels}] (C = x.shape[-1]), got {got}")
+    for name, t in (("b1", b1), ("w2", w2), ("b2", b2)):  # optional: a list here failed on `.dim()` unnamed
+        if t is not None:
+            check_tensor(name, t)
     hidden = w1.shape[0]
     if hidden == 0:  # an empty hidden layer: the C++ kernel took an empty w2 for "no second layer"
         raise ValueError(f"w1: expected at least one hidden unit, shape [H >= 1, {channels}], got {_fmt_shape(w1)}")

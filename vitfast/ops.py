@@ -254,6 +254,7 @@ def use_gated_cuda_kernels(dtype: torch.dtype, policy: str = "auto") -> bool:
 
 
 def _xwx_attention_cuda(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None):
+    check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)  # before reading x.shape[-1]
     if not use_triton_xwx_attention(x.dtype, x.shape[-1], get_cuda_kernels()):
         return reference.xwx_attention(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
     from .kernels.xwx_attention import xwx_attention_triton
@@ -309,10 +310,8 @@ def _fp32_weight(p: torch.Tensor) -> torch.Tensor:
     return copy
 
 
-def _autocast_input(a, device: str):
-    """One op input under the autocast rule: floating tensors on `device` in fp32."""
-    if not (isinstance(a, torch.Tensor) and a.is_floating_point() and a.device.type == device):
-        return a
+def _autocast_input(a: torch.Tensor) -> torch.Tensor:
+    """One floating op input under the autocast rule: in fp32."""
     if a.dtype == torch.float32:
         return a
     # A parameter that autograd does not track (inference) keeps one fp32 copy; anything else is cast per call
@@ -323,14 +322,17 @@ def _autocast_input(a, device: str):
 
 
 def _register_autocast_fp32(name: str, device: str) -> None:
-    """A kernel on the Autocast<device> key: floating inputs on `device` to fp32 (`_autocast_input`), then the op
-    with autocast off (which also excludes the key, so the call goes on to the backend kernel)."""
+    """A kernel on the Autocast<device> key: floating inputs on `device` to fp32 (`_autocast_input`; a gate keeps
+    its dtype, see _autograd.AUTOCAST_KEEP), then the op with autocast off (which also excludes the key, so the
+    call goes on to the backend kernel)."""
     op = getattr(torch.ops.vitfast, name).default
 
     def kernel(*args, **kwargs):
         with torch.autocast(device, enabled=False):
-            return op(*[_autocast_input(a, device) for a in args],
-                      **{k: _autocast_input(v, device) for k, v in kwargs.items()})
+            # (keyword arguments, if the dispatcher passes any, by name: the gate keeps its dtype)
+            named = {k: v if k == "gate" else _autograd.autocast_args("", [v], device, _autocast_input)[0]
+                     for k, v in kwargs.items()}
+            return op(*_autograd.autocast_args(name, args, device, _autocast_input), **named)
 
     _lib.impl(name, kernel, "Autocast" + device.upper())
 
@@ -472,7 +474,7 @@ def _reference(name: str, *args) -> torch.Tensor:
     device = _device_type_of(args)
     if not _autocast_enabled(device):
         return fn(*args)
-    args = tuple(_autocast_input(a, device) for a in args)
+    args = _autograd.autocast_args(name, args, device, _autocast_input)
     with torch.autocast(device, enabled=False):
         return fn(*args)
 
