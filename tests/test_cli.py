@@ -90,6 +90,38 @@ def test_resume_restores_the_runs_thread_count(tmp_path, capsys):
     assert "(2 threads)" in captured.out and "--threads 2: the run used 1; the continuation will not be bit-exact" in captured.err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "5", "--warmup", "5"], r"--warmup: expected 0 <= warmup_steps < total_steps \(5\), got 5"),
+    (["--steps", "2", "--amp", "fp16", "--device", "cpu"], r"--amp: 'fp16' needs a CUDA device"),
+    (["--steps", "2", "--batch-size", "2048"], r"--batch-size: expected at most 1437"),
+    (["--steps", "2", "--batch-size", "2048", "--grad-accum", "2"],
+     r"--batch-size/--grad-accum: one optimizer step needs 2 micro-batches of 1024 images, the training split gives 1"),
+])
+def test_train_errors_name_the_flag_and_leave_no_out_dir(tmp_path, capsys, argv, message):
+    """The Trainer's own argument names (warmup_steps, amp, train_loader) were printed, after --out was created."""
+    out = tmp_path / "run"
+    assert main(["train", *TINY, *argv, "--out", str(out), "--no-progress"]) == 2
+    assert re.search(message, capsys.readouterr().err) and not out.exists()
+
+
+def test_train_resume_with_another_grad_accum_a_finished_run_and_divergence(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "4", "--batch-size", "64", "--out", str(run), "--no-progress",
+                 "--checkpoint-every", "2"]) == 0
+    capsys.readouterr()
+    # the README's promise: a resume may change --grad-accum (the same global batch in other micro-batches)
+    assert main(["train", "--resume", str(run / "trainer.pt"), "--grad-accum", "2", "--no-progress"]) == 0
+    assert "nothing to train" in capsys.readouterr().out
+    assert main(["train", "--resume", str(run / "trainer.pt"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "to train further start a new run from its model: `vitfast train" in out and "--steps N --out NEW_DIR`" in out
+    # a diverging run: one error line naming the loss, status 1, no traceback
+    assert main(["train", *TINY, "--steps", "3", "--lr", "1e30", "--grad-clip", "0", "--out", str(tmp_path / "d"),
+                 "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "vitfast train: error: loss: expected a finite value" in err and "Traceback" not in err
+
+
 def test_verify_detects_a_mismatch(tmp_path, capsys):
     a, b = str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")
     torch.manual_seed(1)

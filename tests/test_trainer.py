@@ -205,6 +205,59 @@ def test_resume_equals_uninterrupted_run(tmp_path, loader):
     assert all(torch.equal(opt_a[k]["exp_avg"], opt_b[k]["exp_avg"]) for k in opt_a)
 
 
+@pytest.mark.parametrize("accum,batch", [(2, 64), (3, 42)])
+def test_resume_at_the_end_of_an_epoch_with_accumulation(tmp_path, accum, batch):
+    """A checkpoint at an epoch's last step with grad_accum > 1: the resume positioned the sampler past the epoch's
+    end, no batch consumed it, and it shifted the *next* epoch (A=3: other data; A=2: "produced no batches")."""
+    def run(until=None, resume=None, ckpt=None):
+        torch.manual_seed(0)
+        model = tiny_vit()
+        train, _ = digits_loaders(img_size=16, batch_size=batch, seed=0)
+        per_epoch = len(train) // accum
+        trainer = Trainer(model, train, total_steps=per_epoch + 3, lr=2e-3, progress=False, grad_accum=accum,
+                          checkpoint_path=ckpt, checkpoint_every=per_epoch if ckpt else None)
+        if resume:
+            trainer.load_checkpoint(resume)
+        trainer.fit(until)
+        return model, trainer, per_epoch
+
+    full, full_trainer, per_epoch = run()
+    ckpt = str(tmp_path / "t.pt")
+    run(until=per_epoch, ckpt=ckpt)
+    resumed, resumed_trainer, _ = run(resume=ckpt)
+    assert [m["loss"] for m in full_trainer.history[per_epoch:]] == [m["loss"] for m in resumed_trainer.history]
+    assert all(torch.equal(a, b) for a, b in zip(full.state_dict().values(), resumed.state_dict().values()))
+    assert (resumed_trainer.epoch, resumed_trainer.batch_in_epoch) == (full_trainer.epoch, full_trainer.batch_in_epoch)
+
+
+def test_epochs_count_optimizer_steps_and_an_epoch_holds_one():
+    """epochs × len(loader) steps trained grad_accum× the epochs asked for; fewer batches than grad_accum per epoch
+    trained nothing and failed mid-run ("produced no batches for a whole epoch")."""
+    train, _ = digits_loaders(img_size=16, batch_size=64)
+    for accum in (1, 2, 4):
+        assert Trainer(tiny_vit(), train, epochs=2, progress=False, grad_accum=accum).total_steps == \
+            2 * (len(train) // accum)
+    few, _ = digits_loaders(img_size=16, batch_size=512)  # 2 batches per epoch
+    with pytest.raises(ValueError, match=r"train_loader: expected at least grad_accum = 3 batches per epoch"):
+        Trainer(tiny_vit(), few, total_steps=4, progress=False, grad_accum=3)
+
+
+def test_a_stop_during_the_last_step_is_a_finished_run():
+    train, _ = digits_loaders(img_size=16, batch_size=64)
+    trainer = Trainer(tiny_vit(), train, total_steps=2, progress=False)
+    original = trainer.train_step
+
+    def step_then_stop(*batches):
+        out = original(*batches)
+        if trainer.step == trainer.total_steps:
+            trainer.request_stop()  # SIGTERM while the last step ran
+        return out
+
+    trainer.train_step = step_then_stop
+    summary = trainer.fit()
+    assert summary["finished"] and not summary["stopped"]
+
+
 def test_checkpoint_is_weights_only_atomic_and_checked(tmp_path):
     model = tiny_vit()
     train, _ = digits_loaders(img_size=16, batch_size=64)
@@ -344,7 +397,7 @@ def make_image_folder(root, classes=("cat", "dog"), per_class=6, size=20):
     return root
 
 
-def test_image_folder_loaders(tmp_path):
+def test_image_folder_loaders(tmp_path, monkeypatch):
     from vitfast.data import image_folder_loaders
 
     root = make_image_folder(tmp_path / "imgs")
@@ -354,6 +407,13 @@ def test_image_folder_loaders(tmp_path):
     assert x.shape == (4, 3, 16, 16) and y.dtype == torch.int64
     # random crops/flips are seeded per (index, seed) key, so a resumed run sees the same pixels
     assert torch.equal(train.dataset[(2, 99)][0], train.dataset[(2, 99)][0])
+
+    def reseeds_cuda(seed):  # torch.manual_seed reseeds every CUDA generator too, outside fork_rng(devices=[])
+        raise AssertionError("the per-image seed must go to the CPU generator only")
+
+    monkeypatch.setattr(torch, "manual_seed", reseeds_cuda)
+    assert torch.equal(train.dataset[(2, 99)][0], train.dataset[(2, 99)][0])
+    monkeypatch.undo()
     with pytest.raises(FileNotFoundError, match="root: expected a directory"):
         image_folder_loaders(tmp_path / "nope")
     # (height, width), as timm's img_size of a non-square model; the digits too

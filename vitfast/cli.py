@@ -393,7 +393,9 @@ def cmd_train(args) -> int:
         if "train_settings" not in extra:
             raise CLIError(f"--resume: {args.resume!r} was not written by `vitfast train` (no settings stored)")
         stored = json.loads(extra["train_settings"])
-        clash = {k: (stored.get(k), v) for k, v in given.items() if stored.get(k) != v}
+        # --grad-accum may change: it splits the same global batch into other micro-batches (the continuation is
+        # then equal up to float rounding, not bit-exact, as the README says)
+        clash = {k: (stored.get(k), v) for k, v in given.items() if stored.get(k) != v and k != "grad_accum"}
         if clash:
             raise CLIError(
                 "--resume: continues the same run, so its settings cannot change; "
@@ -442,7 +444,10 @@ def cmd_train(args) -> int:
             raise CLIError("--val-data: only with --data DIR (the digits have their own validation split)")
         if img_size is None:
             raise CLIError("SOURCE: cannot tell the model's input size (no patch_embed.img_size)")
-        train_loader, val_loader = digits_loaders(img_size=img_size, seed=settings["seed"], **shard)
+        try:
+            train_loader, val_loader = digits_loaders(img_size=img_size, seed=settings["seed"], **shard)
+        except ValueError as exc:
+            raise CLIError(_trainer_error_as_flags(str(exc))) from None
         data_classes = 10
     else:
         if not os.path.isdir(data):
@@ -458,7 +463,12 @@ def cmd_train(args) -> int:
         )
     if getattr(args, "usdc_prune", False):
         model = _usdc_stage2(model, resume_state)
-    _apply_join_settings(model, settings, Trainer._resolve_total_steps(settings["steps"], settings["epochs"], train_loader))
+    if len(train_loader) < settings["grad_accum"]:  # the Trainer refuses it too, naming its own arguments
+        raise CLIError(f"--batch-size/--grad-accum: one optimizer step needs {settings['grad_accum']} micro-batches of "
+                       f"{train_loader.batch_size} images, the training split gives {len(train_loader)} per process; "
+                       f"lower --batch-size or --grad-accum")
+    _apply_join_settings(model, settings, Trainer._resolve_total_steps(settings["steps"], settings["epochs"], train_loader,
+                                                                       settings["grad_accum"]))
     description = json.dumps(describe_trainable(model))
     warmup = settings["warmup"]
     model.to(ctx.device)
@@ -470,19 +480,22 @@ def cmd_train(args) -> int:
         if trainer_cls is not Trainer:
             raise CLIError("--distill-teacher: attention-map distillation cannot be combined with --teacher yet")
         trainer_cls = attn_trainer_cls
-    _out_dir(out_dir)
-    trainer = trainer_cls(
-        model, train_loader, val_loader, **scale_kwargs, **attn_kwargs,
-        optimizer=_usdc_optimizer(model, settings, getattr(args, "arch_lr_scale", 10.0)),
-        total_steps=settings["steps"], epochs=settings["epochs"], lr=settings["lr"], weight_decay=settings["weight_decay"],
-        warmup_fraction=warmup if warmup < 1 else 0.0, warmup_steps=int(warmup) if warmup >= 1 else None,
-        label_smoothing=settings["label_smoothing"], grad_clip=settings["grad_clip"] or None, seed=settings["seed"],
-        eval_every=settings["eval_every"] or max(1, len(train_loader) // settings["grad_accum"]),
-        checkpoint_path=os.path.join(out_dir, "trainer.pt"), checkpoint_every=settings["checkpoint_every"],
-        checkpoint_extra={"model_description": description, "recipe": json.dumps(recipe),
-                          "train_settings": json.dumps(settings)},
-        progress=not args.no_progress,
-    )
+    try:
+        trainer = trainer_cls(
+            model, train_loader, val_loader, **scale_kwargs, **attn_kwargs,
+            optimizer=_usdc_optimizer(model, settings, getattr(args, "arch_lr_scale", 10.0)),
+            total_steps=settings["steps"], epochs=settings["epochs"], lr=settings["lr"], weight_decay=settings["weight_decay"],
+            warmup_fraction=warmup if warmup < 1 else 0.0, warmup_steps=int(warmup) if warmup >= 1 else None,
+            label_smoothing=settings["label_smoothing"], grad_clip=settings["grad_clip"] or None, seed=settings["seed"],
+            eval_every=settings["eval_every"] or max(1, len(train_loader) // settings["grad_accum"]),
+            checkpoint_path=os.path.join(out_dir, "trainer.pt"), checkpoint_every=settings["checkpoint_every"],
+            checkpoint_extra={"model_description": description, "recipe": json.dumps(recipe),
+                              "train_settings": json.dumps(settings)},
+            progress=not args.no_progress,
+        )
+    except ValueError as exc:
+        raise CLIError(_trainer_error_as_flags(str(exc))) from None
+    _out_dir(out_dir)  # only now: a refused setting left an empty --out behind
     say = print if ctx.rank == 0 else (lambda *a, **k: None)
     if resume_state is not None:
         trainer.load_state_dict(resume_state)
@@ -506,7 +519,8 @@ def cmd_train(args) -> int:
               f"continue with `vitfast train --resume {trainer.checkpoint_path}`")
     if resume_state is not None and summary["steps_run"] == 0 and summary["finished"]:
         print(f"nothing to train: {args.resume} had already reached step {summary['step']}/{trainer.total_steps} "
-              f"(raise --steps/--epochs to train further)")
+              f"(a resumed run keeps its length; to train further start a new run from its model: "
+              f"`vitfast train {model_path} --steps N --out NEW_DIR`)")
     last = summary["last_eval"]
     if last:
         print(f"step {summary['step']}: val acc {last['acc']:.4f}, val loss {last['loss']:.4f} ({summary['seconds']:.1f} s)")
@@ -1809,6 +1823,21 @@ def _dwconv_source(timm_model, settings, recipe):
     return model, recipe
 
 
+_TRAINER_FLAGS = {  # Trainer argument -> the `vitfast train` flag that sets it
+    "warmup_steps": "--warmup", "warmup_fraction": "--warmup", "total_steps": "--steps", "epochs": "--epochs",
+    "lr": "--lr", "weight_decay": "--weight-decay", "grad_clip": "--grad-clip", "label_smoothing": "--label-smoothing",
+    "grad_accum": "--grad-accum", "amp": "--amp", "device": "--device", "eval_every": "--eval-every",
+    "checkpoint_every": "--checkpoint-every", "seed": "--seed", "train_loader": "--batch-size/--grad-accum",
+    "batch_size": "--batch-size",
+}
+
+
+def _trainer_error_as_flags(message: str) -> str:
+    """A Trainer ValueError ("warmup_steps: expected ...") with the command-line flag named instead."""
+    name, sep, rest = message.partition(":")
+    return f"{_TRAINER_FLAGS[name]}{sep}{rest}" if sep and name in _TRAINER_FLAGS else message
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point (`vitfast`, `python -m vitfast`); returns the exit status (0 ok, 1 check failed, 2 bad request)."""
     parser = build_parser()
@@ -1822,6 +1851,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"vitfast {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except FloatingPointError as exc:  # a diverging run (the Trainer refuses a non-finite loss): no traceback
+        if debug:
+            raise
+        print(f"vitfast {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
     except BrokenPipeError:  # `vitfast ... | head`: the reader left; not an error worth a traceback
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

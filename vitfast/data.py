@@ -296,7 +296,9 @@ class SeededTransformDataset(Dataset):
         if seed is None:
             return self.transform(image), target
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            # the CPU generator only: torch.manual_seed also reseeds every CUDA generator, which fork_rng(devices=[])
+            # does not restore (each batch reset the GPU's dropout stream to a data-derived seed)
+            torch.default_generator.manual_seed(seed)
             return self.transform(image), target
 
 

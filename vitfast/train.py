@@ -313,7 +313,17 @@ class Trainer:
         self.model = model
         self.train_loader = train_loader
         self.val_loader = val_loader
-        self.total_steps = self._resolve_total_steps(total_steps, epochs, train_loader)
+        if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+            raise ValueError(f"grad_accum: expected a positive integer, got {grad_accum!r}")
+        try:
+            batches = len(train_loader)
+        except TypeError:
+            batches = None  # no length: accumulation may straddle epochs
+        if batches is not None and batches < grad_accum:
+            # An epoch must hold one optimizer step: fewer batches than grad_accum trained nothing and failed mid-run
+            raise ValueError(f"train_loader: expected at least grad_accum = {grad_accum} batches per epoch (one "
+                             f"optimizer step), got {batches}")
+        self.total_steps = self._resolve_total_steps(total_steps, epochs, train_loader, grad_accum)
         if not lr > 0:
             raise ValueError(f"lr: expected > 0, got {lr!r}")
         if weight_decay < 0:
@@ -408,7 +418,9 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ set-up
     @staticmethod
-    def _resolve_total_steps(total_steps, epochs, train_loader) -> int:
+    def _resolve_total_steps(total_steps, epochs, train_loader, grad_accum: int = 1) -> int:
+        """The run's optimizer steps: `total_steps`, or `epochs` × the steps in one epoch (len(train_loader) //
+        grad_accum: with accumulation an epoch has fewer steps; counting batches trained grad_accum× the epochs)."""
         if (total_steps is None) == (epochs is None):
             raise ValueError(
                 f"total_steps/epochs: expected exactly one of them, got total_steps={total_steps!r}, epochs={epochs!r}"
@@ -425,7 +437,7 @@ class Trainer:
             raise ValueError("epochs: needs a train_loader with a length; give total_steps instead") from exc
         if per_epoch < 1:
             raise ValueError(f"train_loader: expected at least one batch per epoch, got {per_epoch}")
-        return epochs * per_epoch
+        return epochs * (per_epoch // max(int(grad_accum), 1))
 
     def _model_device(self) -> torch.device:
         for p in self.model.parameters():
@@ -550,7 +562,7 @@ class Trainer:
                     loss, logits, parts = self.compute_loss(images, targets)
                 if not self._all_finite(loss):
                     raise FloatingPointError(
-                        f"loss: expected a finite value, got {float(loss)} at step {self.step} (parts: {parts}); "
+                        f"loss: expected a finite value, got {float(loss.detach())} at step {self.step} (parts: {parts}); "
                         "lower lr or enable grad_clip"
                     )
                 scaled = loss.float() / len(micro) if equal else loss.float() * weight
@@ -613,10 +625,6 @@ class Trainer:
             elif isinstance(sampler, RandomSampler):
                 sampler.generator = torch.Generator().manual_seed(_mix(self.seed, epoch, 0x5A3))
             loader.generator = torch.Generator().manual_seed(_mix(self.seed, epoch, 0x3C7))
-            batch_sampler = loader.batch_sampler
-            if skip_batches and hasattr(sampler, "set_start") and type(batch_sampler) is BatchSampler:
-                sampler.set_start(min(skip_batches * loader.batch_size, len(sampler)))
-                fast_skip = True
         elif hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
         self._epoch_limit = None
@@ -625,6 +633,15 @@ class Trainer:
                 self._epoch_limit = len(loader) // self.grad_accum * self.grad_accum
             except TypeError:
                 pass  # no length: accumulation may straddle epochs
+        if skip_batches and self._epoch_limit is not None and skip_batches >= self._epoch_limit:
+            # Resumed exactly at the end of an epoch with accumulation: nothing is left of it.  Positioning the
+            # sampler here (set_start) was never consumed, since no batch is read, and shifted the *next* epoch.
+            return iter(())
+        if isinstance(loader, DataLoader):
+            batch_sampler = loader.batch_sampler
+            if skip_batches and hasattr(sampler, "set_start") and type(batch_sampler) is BatchSampler:
+                sampler.set_start(min(skip_batches * loader.batch_size, len(sampler)))
+                fast_skip = True
         it = iter(loader)
         if skip_batches and not fast_skip:
             for _ in range(skip_batches):  # no cheaper way for an arbitrary loader: read and drop
@@ -699,6 +716,7 @@ class Trainer:
                             bar.write(f"[{self.desc}] stop requested: stopping after step {self.step}")
                         break
                 finished = self._finish_fit(bar)
+                stopped = stopped and not finished  # a stop requested during the last step: the run is complete
             finally:
                 bar.close()
         elapsed = time.perf_counter() - start
