@@ -319,7 +319,7 @@ class Trainer:
             batches = len(train_loader)
         except TypeError:
             batches = None  # no length: accumulation may straddle epochs
-        if batches is not None and batches < grad_accum:
+        if batches is not None and grad_accum > 1 and batches < grad_accum:
             # An epoch must hold one optimizer step: fewer batches than grad_accum trained nothing and failed mid-run
             raise ValueError(f"train_loader: expected at least grad_accum = {grad_accum} batches per epoch (one "
                              f"optimizer step), got {batches}")
