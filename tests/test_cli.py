@@ -368,6 +368,34 @@ def test_train_stopped_by_a_signal_is_not_status_zero(tmp_path, capsys, monkeypa
     assert (run / "trainer.pt").exists() and (run / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("length", [["--steps", "4"], ["--epochs", "1"]], ids=["steps", "epochs"])
+def test_resume_mid_run_with_another_grad_accum(tmp_path, capsys, monkeypatch, length):
+    """--resume --grad-accum 2 was accepted but ignored (the stored settings won); with --epochs the resumed
+    Trainer recounted the length from the new accumulation and refused its own checkpoint."""
+    from vitfast.train import Trainer
+
+    fit, seen = Trainer.fit, []
+
+    class Term:
+        def on_step(self, trainer, metrics):
+            if trainer.step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    def run_or_stop(self):
+        seen.append((self.grad_accum, self.total_steps))
+        if self.step == 0:
+            self.callbacks.append(Term())
+        return fit(self)
+
+    monkeypatch.setattr(Trainer, "fit", run_or_stop)
+    run = tmp_path / "run"
+    assert main(["train", *TINY, *length, "--batch-size", "256", "--out", str(run), "--no-progress"]) == 130
+    assert main(["train", "--resume", str(run / "trainer.pt"), "--grad-accum", "2", "--no-progress"]) == 0
+    (first_accum, first_total), (resumed_accum, resumed_total) = seen
+    assert (first_accum, resumed_accum) == (1, 2) and resumed_total == first_total
+    assert json.loads(torch.load(run / "trainer.pt", weights_only=True)["extra"]["train_settings"])["grad_accum"] == 2
+
+
 def test_verify_refuses_models_of_different_input_sizes(tmp_path, capsys):
     """Once timm's AssertionError traceback from the first forward."""
     src16, src20, fused16 = (str(tmp_path / n) for n in ("s16.safetensors", "s20.safetensors", "f16.safetensors"))

@@ -150,6 +150,22 @@ def test_low_precision_weights_under_autocast_are_packed_once():
     assert len(ops._fp32_weights) < kept
 
 
+@pytest.mark.parametrize("mode", ["compile", "export"])
+def test_low_precision_weights_under_autocast_trace(mode):
+    """The kept fp32 copy read the data pointer of fake tensors: torch.compile / torch.export of a bf16 model under
+    autocast failed ("Cannot access data pointer of Tensor")."""
+    torch.manual_seed(0)
+    block = Block(64, 4).eval().bfloat16()
+    x = torch.randn(2, 9, 64, dtype=torch.bfloat16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = block(x)
+        if mode == "compile":
+            out = torch.compile(block, backend="aot_eager", fullgraph=True)(x)
+        else:
+            out = torch.export.export(block, (x,)).module()(x)
+    torch.testing.assert_close(out.float(), eager.float(), rtol=2e-2, atol=2e-2)  # bf16 ops around it may differ
+
+
 _AUTOCAST_WITHOUT_REGISTER_AUTOCAST = r"""
 import torch
 del torch.library.register_autocast  # torch 2.4 has none: vitfast registers the rule on the Autocast keys itself

@@ -78,6 +78,22 @@ def test_large_scores_are_stable(isa, restore_threads):
         assert kernel_err <= 2 * torch_err + 1e-5, f"kernel error {kernel_err:.3g} > 2 × torch's {torch_err:.3g}"
 
 
+@pytest.mark.parametrize("tokens,overflowed", [(40, 32), (300, 256)])
+def test_key_tiles_of_overflowed_scores_stay_finite(tokens, overflowed, isa, tol, restore_threads):
+    """Leading keys whose scores are -inf (a key-bias term overflowed): a first key tile of them made the flash
+    softmax exp(-inf - -inf) = NaN, here as in the Triton kernel, where the reference gives them weight 0."""
+    x, w_q, w_k, kb, w_v, w_o, b_o, res = make_xwx_args(1, tokens, 32, 2, 16, 16)
+    x = x.clone()
+    x[0, :overflowed, 0] = 300.0
+    kb = torch.zeros_like(kb)
+    kb[0, 0] = -1e37
+    args = (x, w_q, w_k, kb, w_v, w_o, b_o, res)
+    expected = reference.xwx_attention(*args)
+    assert torch.isfinite(expected).all()
+    atol, rtol = tol[torch.float32]
+    torch.testing.assert_close(vitfast.ops.xwx_attention(*args), expected, atol=atol, rtol=rtol)
+
+
 def test_non_contiguous_inputs(tol, restore_threads):
     args = make_xwx_args(2, 21, 32, 2, 16, 16)
     x, w_q, w_k, kb, w_v, w_o, b_o, res = args

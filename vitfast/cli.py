@@ -404,6 +404,8 @@ def cmd_train(args) -> int:
         if args.source is not None:
             raise CLIError("SOURCE: not used with --resume (the checkpoint holds the model); drop it")
         settings = {**_SCALE_DEFAULTS, **stored}  # checkpoints from before the scale settings existed
+        if "grad_accum" in given:  # the one setting a resume may change (not bit-exact then): applied, and stored
+            settings["grad_accum"] = given["grad_accum"]
         # The thread count changes the order of torch's CPU reductions: the continuation is bit-exact only at the
         # run's own count, so it is restored unless --threads says otherwise (a speed choice, not refused).
         if stored.get("threads") is not None:
@@ -467,7 +469,12 @@ def cmd_train(args) -> int:
         raise CLIError(f"--batch-size/--grad-accum: one optimizer step needs {settings['grad_accum']} micro-batches of "
                        f"{train_loader.batch_size} images, the training split gives {len(train_loader)} per process; "
                        f"lower --batch-size or --grad-accum")
-    _apply_join_settings(model, settings, Trainer._resolve_total_steps(settings["steps"], settings["epochs"], train_loader,
+    # A resumed run keeps its length as its checkpoint counts it: with --epochs the count depends on --grad-accum
+    # (and older vitfast counted micro-batches), so recomputing it refused the checkpoint ("total_steps=44, this
+    # Trainer has 22") with no flag to get past it.
+    steps, epochs = ((resume_state["total_steps"], None) if resume_state is not None
+                     else (settings["steps"], settings["epochs"]))
+    _apply_join_settings(model, settings, Trainer._resolve_total_steps(steps, epochs, train_loader,
                                                                        settings["grad_accum"]))
     description = json.dumps(describe_trainable(model))
     warmup = settings["warmup"]
@@ -484,7 +491,7 @@ def cmd_train(args) -> int:
         trainer = trainer_cls(
             model, train_loader, val_loader, **scale_kwargs, **attn_kwargs,
             optimizer=_usdc_optimizer(model, settings, getattr(args, "arch_lr_scale", 10.0)),
-            total_steps=settings["steps"], epochs=settings["epochs"], lr=settings["lr"], weight_decay=settings["weight_decay"],
+            total_steps=steps, epochs=epochs, lr=settings["lr"], weight_decay=settings["weight_decay"],
             warmup_fraction=warmup if warmup < 1 else 0.0, warmup_steps=int(warmup) if warmup >= 1 else None,
             label_smoothing=settings["label_smoothing"], grad_clip=settings["grad_clip"] or None, seed=settings["seed"],
             eval_every=settings["eval_every"] or max(1, len(train_loader) // settings["grad_accum"]),

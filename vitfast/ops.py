@@ -314,10 +314,15 @@ def _autocast_input(a: torch.Tensor) -> torch.Tensor:
     """One floating op input under the autocast rule: in fp32."""
     if a.dtype == torch.float32:
         return a
-    # A parameter that autograd does not track (inference) keeps one fp32 copy; anything else is cast per call
-    # (a training step must differentiate through the cast; inference tensors have no version to check).
-    if isinstance(a, torch.nn.Parameter) and not a.is_inference() and not (torch.is_grad_enabled() and a.requires_grad):
-        return _fp32_weight(a)
+    # A CPU parameter that autograd does not track (inference) keeps one fp32 copy, for the packed-weight cache;
+    # anything else is cast per call: a training step must differentiate through the cast, inference tensors have
+    # no version to check, and on CUDA (no packed cache) a kept copy would only hold memory.
+    if (isinstance(a, torch.nn.Parameter) and a.device.type == "cpu" and not a.is_inference()
+            and not (torch.is_grad_enabled() and a.requires_grad)):
+        try:
+            return _fp32_weight(a)
+        except RuntimeError:  # a fake/functional tensor under torch.compile / torch.export: no storage to key on
+            pass
     return a.float()
 
 

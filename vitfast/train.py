@@ -245,7 +245,8 @@ class Trainer:
         model: the network (train-time vitfast model or any classifier returning logits).
         train_loader: yields (images, targets).  Its randomness is driven by the Trainer (see module doc).
         val_loader: optional; used by `evaluate()` and periodic evaluation.
-        total_steps / epochs: length of training (exactly one of them; epochs × len(train_loader) steps).
+        total_steps / epochs: length of training (exactly one of them; epochs × (len(train_loader) // grad_accum)
+            optimizer steps).
         optimizer: "adamw" (default), "sgd", or a callable `param_groups -> torch.optim.Optimizer`.
         lr, weight_decay, betas, momentum: optimizer settings (weight decay skips norms, biases, pos-embed,
             cls token and parameters marked `_no_weight_decay`; see `param_groups`).

@@ -3,6 +3,7 @@
 // only (SSE2 on x86-64, NEON on aarch64, scalar code elsewhere).  Same 6 × 16 block and driver as the SIMD
 // paths.  GELU uses std::erf.
 #include <cmath>
+#include <limits>
 
 #include "kernels/gemm_driver.h"
 #include "kernels/gemm_isa.h"
@@ -90,9 +91,10 @@ void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, floa
       row[j] *= scale;
       mx = std::fmax(mx, row[j]);
     }
+    const float sub = mx == -std::numeric_limits<float>::infinity() ? 0.0f : mx;  // all -inf so far: see avx512
     float sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-      row[j] = std::exp(row[j] - mx);
+      row[j] = std::exp(row[j] - sub);
       sum += row[j];
     }
     row_max[r] = mx;

@@ -137,7 +137,8 @@ void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, i
       } else {
         // What was accumulated against the old maximum is rescaled to the new one: e^(old − new) <= 1.
         for (int64_t i = 0; i < m; ++i) {
-          factor[i] = std::exp(factor[i] - run_max[i]);
+          // Still -inf (every key so far overflowed): nothing accumulated yet, and exp(-inf - -inf) would be NaN.
+          factor[i] = run_max[i] == -std::numeric_limits<float>::infinity() ? 1.0f : std::exp(factor[i] - run_max[i]);
           run_sum[i] = run_sum[i] * factor[i] + tile_sum[i];
         }
         scale_rows(acc_h, m, D, lda, factor);

@@ -175,7 +175,7 @@ void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float 
       mx = row[j] > mx ? row[j] : mx;
     }
     mx = vmaxvq_f32(vmax) > mx ? vmaxvq_f32(vmax) : mx;
-    const float32x4_t vmx = vdupq_n_f32(mx);
+    const float32x4_t vmx = vdupq_n_f32(mx == -__builtin_inff() ? 0.0f : mx);  // all -inf so far: see avx512
     float32x4_t vsum = vdupq_n_f32(0.0f);
     for (j = 0; j < body; j += 4) {
       const float32x4_t e = exp4_nonpositive(vsubq_f32(vld1q_f32(row + j), vmx));

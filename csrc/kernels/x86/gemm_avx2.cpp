@@ -253,7 +253,7 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
     const float mx = _mm_cvtss_f32(m4);
-    const __m256 vmx = _mm256_set1_ps(mx);
+    const __m256 vmx = _mm256_set1_ps(mx == -__builtin_inff() ? 0.0f : mx);  // all -inf so far: see avx512
     __m256 vsum = _mm256_setzero_ps();
     for (j = 0; j < body; j += 8) {
       const __m256 e = exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), vmx));

@@ -326,7 +326,9 @@ static inline __attribute__((always_inline)) void softmax_exp_row_group(float* s
   __m512 mx[R], vsum0[R], vsum1[R];
   for (int r = 0; r < R; ++r) {
     row_max[r] = _mm512_reduce_max_ps(_mm512_max_ps(vmax0[r], vmax1[r]));
-    mx[r] = _mm512_set1_ps(row_max[r]);
+    // A row whose scores so far are all -inf (a flash key tile of overflowed scores): subtract 0, not -inf,
+    // whose exp(-inf - -inf) = NaN poisoned the row for good (see the Triton kernels' m_sub).
+    mx[r] = _mm512_set1_ps(row_max[r] == -__builtin_inff() ? 0.0f : row_max[r]);
     vsum0[r] = vsum1[r] = _mm512_setzero_ps();
   }
   for (j = 0; j + 32 <= body; j += 32) {
