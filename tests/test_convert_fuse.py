@@ -114,6 +114,54 @@ def test_swin_after_set_input_size_converts_and_fuses_exactly():
         assert_close_scaled(vitfast.patch_timm(copy.deepcopy(model))(x), model(x))
 
 
+def test_resized_swin_round_trips_and_resizes_back_like_timm(tmp_path):
+    """A Swin resized with set_input_size: described at its current size with its reference windows, the loaded
+    model derived other windows on a later resize (0.2 off), a plain resized Swin was refused by save, and a
+    patched one too (timm's stale target_shift_size compared exactly)."""
+    model = randomize(SwinTransformer(img_size=32, patch_size=4, embed_dim=16, depths=(2, 2), num_heads=(2, 4),
+                                      window_size=4, num_classes=5))
+    if not hasattr(model, "_ref_grid_size"):
+        pytest.skip("this timm keeps no reference grid for its windows (timm >= 1.0.31 does)")
+    model.set_input_size(img_size=64)
+    plain = copy.deepcopy(model)
+    vitfast.save(plain, tmp_path / "plain.safetensors")
+    patched = vitfast.patch_timm(copy.deepcopy(model))
+    vitfast.save(patched, tmp_path / "patched.safetensors")
+    x64, x32 = torch.randn(2, 3, 64, 64), torch.randn(2, 3, 32, 32)
+    loaded = [vitfast.load(tmp_path / "plain.safetensors"), vitfast.load(tmp_path / "patched.safetensors")]
+    with torch.no_grad():
+        for m in loaded:
+            assert_close_scaled(m(x64), model(x64))
+        for m in (model, *loaded):
+            m.set_input_size(img_size=32)
+        for m in loaded:
+            assert [b.window_size for b in m.layers[0].blocks] == [b.window_size for b in model.layers[0].blocks]
+            assert_close_scaled(m(x32), model(x32))
+
+
+def test_train_time_swin_files_keep_mlp_ratio_always_partition_and_no_drop_path(tmp_path):
+    """ChannelIdleSwinBlock was matched by exact type only: mlp_ratio 3 and always_partition were written as the
+    defaults (the file did not load, or loaded with other windows); and a Swin without drop-path was rebuilt with
+    timm's default 0.1 (save_trainable refused it).  Also: remove_cls_token on a Swin names remove_cls_token."""
+    from vitfast.train import load_trainable, save_trainable
+
+    for kwargs in (dict(mlp_ratio=3.0, drop_path_rate=0.0), dict(always_partition=True, window_size=7, img_size=36)):
+        args = dict(img_size=32, patch_size=4, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4,
+                    num_classes=5)
+        args.update(kwargs)
+        converted = from_timm(randomize(SwinTransformer(**args)), channel_idle=0.5).eval()
+        path = save_trainable(converted, tmp_path / "swin.safetensors")
+        loaded, _ = load_trainable(path)
+        x = torch.randn(2, 3, args["img_size"], args["img_size"])
+        with torch.no_grad():
+            torch.testing.assert_close(loaded.eval()(x), converted(x), rtol=0, atol=0)
+        assert loaded.layers[0].blocks[0].always_partition == args.get("always_partition", False)
+        assert loaded.layers[0].blocks[0].mlp_ratio == args.get("mlp_ratio", 4.0)
+    with pytest.raises(ValueError, match=r"^remove_cls_token: only timm VisionTransformer models"):
+        from_timm(SwinTransformer(img_size=32, patch_size=4, embed_dim=16, depths=(2,), num_heads=(2,),
+                                  window_size=4), remove_cls_token=True)
+
+
 def test_swin_block_with_a_clipped_shift_shifts_again_after_a_resize(tmp_path):
     """A stage whose resolution fits its window has its shift clipped to 0; timm shifts it again (window // 2) once
     a resize makes the resolution larger.  Rebuilt with the clipped (0, 0), vitfast's block never did (1.4e-2 off

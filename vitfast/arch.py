@@ -117,6 +117,12 @@ def _first(root: nn.Module, cls: type) -> Optional[nn.Module]:
     return None
 
 
+def _channel_idle_swin_block_class() -> type:
+    from .nn.channel_idle import ChannelIdleSwinBlock
+
+    return ChannelIdleSwinBlock
+
+
 def _channel_idle_mlp_class() -> type:
     from .nn.channel_idle import ChannelIdleMlp
 
@@ -317,8 +323,11 @@ def _describe_swin(model: nn.Module) -> Dict[str, Any]:
         depths.append(len(stage.blocks))
         dim = int(model.embed_dim * 2 ** i)
         attn = _first(stage.blocks, WindowAttention)
-        block = _first(stage.blocks, SwinTransformerBlock)
-        mlp = _first(stage.blocks, Mlp)
+        # timm's block, or vitfast's train-time ChannelIdleSwinBlock (a subclass that keeps mlp_ratio and
+        # always_partition): matched by exact type only, its mlp_ratio 3 and always_partition were written as the
+        # defaults 4 and False, and the file did not load (or loaded with other windows)
+        block = _first(stage.blocks, SwinTransformerBlock) or _first(stage.blocks, _channel_idle_swin_block_class())
+        mlp = _first(stage.blocks, Mlp) or _first(stage.blocks, _channel_idle_mlp_class())
         if attn is not None:
             heads.append(int(attn.num_heads))
             head_dim = attn.qkv.out_features // 3 // attn.num_heads
@@ -332,8 +341,8 @@ def _describe_swin(model: nn.Module) -> Dict[str, Any]:
             ratios.append(float(block.mlp_ratio))
             if not found_block:
                 always_partition, found_block = bool(block.always_partition), True
-        elif mlp is not None:
-            ratios.append(_mlp_ratio(mlp.fc1.out_features, mlp.fc1.in_features))
+        elif mlp is not None:  # ChannelIdleMlp's fc1 may be narrower than its hidden width (folded form)
+            ratios.append(_mlp_ratio(getattr(mlp, "hidden_features", mlp.fc1.out_features), mlp.fc1.in_features))
         else:
             ratios.append(4.0)
         if ref_windows is not None:
@@ -354,13 +363,25 @@ def _describe_swin(model: nn.Module) -> Dict[str, Any]:
         "mlp_ratio": ratios,
         "qkv_bias": qkv_bias,
     }
-    return {
+    desc = {
         "kwargs": kwargs,
         "norm_layer": _describe_norm(model, "swin"),
         "act_layer": "torch.nn.GELU",
         "embed_norm_layer": None,
         "patch_embed_bias": proj.bias is not None,
     }
+    # A Swin resized with set_input_size (timm >= 1.0.31 keeps the reference grid its windows are relative to):
+    # built at its *current* size with the reference windows, a later resize derived other windows than timm's
+    # (0.2 off after a resize back), and a plain resized Swin was refused by save.  So: the reference size and
+    # windows, and the current size as "input_size", which build_timm applies with set_input_size.
+    ref_grid = getattr(model, "_ref_grid_size", None)
+    current = kwargs.get("img_size")
+    if ref_windows is not None and ref_grid is not None and current is not None:
+        reference = [int(ref_grid[0]) * int(pe.patch_size[0]), int(ref_grid[1]) * int(pe.patch_size[1])]
+        if reference != list(current):
+            kwargs["img_size"] = reference
+            desc["input_size"] = [int(v) for v in current]
+    return desc
 
 
 def _swin_strict_img_size(model: nn.Module, pe: nn.Module) -> bool:
@@ -487,6 +508,20 @@ def build_timm(desc: Dict[str, Any], device: Optional[torch.device | str] = None
             proj.in_channels, proj.out_channels, kernel_size=proj.kernel_size, stride=proj.stride,
             padding=proj.padding, bias=bias, device=proj.weight.device, dtype=proj.weight.dtype,
         )
+    input_size = desc.get("input_size")
+    if input_size is not None:  # a resized Swin (see _describe_swin): built at its reference size, then resized
+        if (name != "SwinTransformer" or not isinstance(input_size, list) or len(input_size) != 2
+                or not all(isinstance(v, int) and v > 0 for v in input_size)):
+            raise ValueError(f"architecture['input_size']: expected [height, width] of a SwinTransformer, got "
+                             f"{input_size!r}")
+        try:
+            if device is not None:
+                with torch.device(device):
+                    model.set_input_size(img_size=tuple(input_size))
+            else:
+                model.set_input_size(img_size=tuple(input_size))
+        except (AssertionError, TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"architecture['input_size']: timm refused {input_size} ({type(e).__name__}: {e})") from e
     cfg = desc.get("pretrained_cfg")
     if isinstance(cfg, dict):
         cfg = {k: _tuples(v) for k, v in cfg.items() if k in _PRETRAINED_CFG_KEYS}

@@ -711,8 +711,8 @@ def _from_timm_dwconv(model, channel_idle, norm, heuristic, spread, calibration_
     from timm.models.vision_transformer import VisionTransformer
 
     if not isinstance(model, VisionTransformer):
-        raise ValueError(f"dwconv_blocks/dwconv_heads: only timm VisionTransformer models (ViT/DeiT), got "
-                         f"{type(model).__name__}")
+        given = "dwconv_blocks/dwconv_heads" if dwconv_blocks is not None or dwconv_heads is not None else "remove_cls_token"
+        raise ValueError(f"{given}: only timm VisionTransformer models (ViT/DeiT), got {type(model).__name__}")
     if dwconv_blocks is not None or dwconv_heads is not None:  # removing the cls token alone keeps every patch
         _check_no_patch_dropout(model, "dwconv_blocks/dwconv_heads")
     depth = len(model.blocks)

@@ -1015,6 +1015,16 @@ def _describe_dropout(model: nn.Module) -> Dict[str, Dict[str, Any]]:
     return out
 
 
+def _without_drop_path(architecture: Dict[str, Any]) -> Dict[str, Any]:
+    """The skeleton without timm's default drop-path: the description's dropout entries put back every DropPath the
+    model had, and only those.  (timm's Swin defaults to drop_path_rate 0.1: a Swin trained without drop-path was
+    rebuilt with DropPath modules it never had, and save_trainable refused it.)"""
+    kwargs = architecture.get("kwargs")
+    if not isinstance(kwargs, dict) or "drop_path_rate" in kwargs:
+        return architecture
+    return {**architecture, "kwargs": {**kwargs, "drop_path_rate": 0.0}}
+
+
 def _restore_dropout(model: nn.Module, entries: Dict[str, Dict[str, Any]]) -> None:
     from timm.layers import DropPath, PatchDropout
 
@@ -1080,7 +1090,7 @@ def _build_trainable(desc: Dict[str, Any], device: Union[str, torch.device, None
         raise ValueError(f"description: expected version {TRAINABLE_VERSION}, got {desc.get('version')!r}")
     if desc.get("nondeep"):
         return _build_nondeep(desc, device)
-    model = build_timm(desc["architecture"], device=device)
+    model = build_timm(_without_drop_path(desc["architecture"]), device=device)
     ffn = desc.get("channel_idle") or []
     if ffn:
         ratios = [1.0 - f["active"] / f["hidden"] for f in ffn]
@@ -1164,7 +1174,7 @@ def _build_nondeep(desc: Dict[str, Any], device) -> nn.Module:
     ffn = nd["ffn"]
     # Conversion reads weight values (LayerNorm absorption checks them): a "meta" rebuild (save_trainable's check)
     # runs on the CPU instead.
-    timm_model = build_timm(desc["architecture"], device=None if str(device) == "meta" else device)
+    timm_model = build_timm(_without_drop_path(desc["architecture"]), device=None if str(device) == "meta" else device)
     model = from_timm(
         timm_model, branches=int(nd["branches"]), channel_idle=[1.0 - f["active"] / f["hidden"] for f in ffn],
         norm=ffn[0]["norm"], join_values=bool(nd["join_values"]), diversity_weight=float(nd["diversity_weight"]),
