@@ -134,7 +134,11 @@ def test_gate_read_at_its_index_in_a_strided_view(tol):
     """The kernels read gate_ptr + index: a strided decision view (decisions[::2]) once had its wrong element
     read — [0, 1] behaved as [0, 0] and the sub-block was skipped."""
     decisions = torch.tensor([0.0, 0.0, 1.0, 1.0], device=DEVICE)
-    gate = decisions[::2]  # [0, 1], stride 2
+    _check_index_1_open_index_0_closed(decisions[::2], tol)  # [0, 1], stride 2
+
+
+def _check_index_1_open_index_0_closed(gate, tol):
+    """Every gated kernel runs at gate index 1 (the reference result) and the FFN sub-block is x at index 0."""
     x = torch.randn(1, 3, 8, device=DEVICE)
     fargs = ffn_args(8, 0.5, norm_eps=1e-6, residual=True)
     close(gated_ffn_triton(gate, 1, x, *fargs), reference.gated_ffn(gate, 1, x, *fargs), tol)
@@ -142,23 +146,15 @@ def test_gate_read_at_its_index_in_a_strided_view(tol):
     close(gated_mhsa_triton(gate, 1, x, *margs), reference.gated_mhsa(gate, 1, x, *margs), tol)
     w = uni(6, 8, fan_in=8)
     close(gated_linear_triton(gate, 1, x, w), reference.linear(x, w), tol)
+    close(gated_layernorm_triton(gate, 1, x, 1e-6), F.layer_norm(x, (8,), eps=1e-6), tol)
     assert torch.equal(gated_ffn_triton(gate, 0, x, *fargs), x)
 
 
 def test_gate_compared_in_its_own_dtype(tol):
     """A float64 gate of 1e-300 is open for the reference (`gate != 0`); the kernels once cast it to fp32 first,
     where it is 0, and skipped the sub-block."""
-    x = torch.randn(1, 3, 8, device=DEVICE)
     for value in (1e-300, float("nan")):
-        gate = torch.tensor([0.0, value], device=DEVICE, dtype=torch.float64)
-        fargs = ffn_args(8, 0.5, norm_eps=1e-6, residual=True)
-        close(gated_ffn_triton(gate, 1, x, *fargs), reference.gated_ffn(gate, 1, x, *fargs), tol)
-        margs = mhsa_args(8, 2)
-        close(gated_mhsa_triton(gate, 1, x, *margs), reference.gated_mhsa(gate, 1, x, *margs), tol)
-        w = uni(6, 8, fan_in=8)
-        close(gated_linear_triton(gate, 1, x, w), reference.linear(x, w), tol)
-        close(gated_layernorm_triton(gate, 1, x, 1e-6), F.layer_norm(x, (8,), eps=1e-6), tol)
-        assert torch.equal(gated_ffn_triton(gate, 0, x, *fargs), x)
+        _check_index_1_open_index_0_closed(torch.tensor([0.0, value], device=DEVICE, dtype=torch.float64), tol)
 
 
 def test_layernorm_strided_affine(tol):

@@ -115,42 +115,61 @@ void gelu_neon(float* x, int64_t n) {
   }
 }
 
+namespace {
+
+// Pass 1 of both softmaxes: the row scaled in place (stored: the exp pass reads these rounded values, so t − m is
+// exactly 0 for the max, see softmax_exp_rows_avx2), and max(init, its maximum).
+float scale_row_and_max(float* row, int64_t n, float scale, float init) {
+  const int64_t body = n - n % 4;
+  float32x4_t vmax = vdupq_n_f32(init);
+  float mx = init;
+  int64_t j = 0;
+  for (; j < body; j += 4) {
+    const float32x4_t t = vmulq_n_f32(vld1q_f32(row + j), scale);
+    vst1q_f32(row + j, t);
+    vmax = vmaxq_f32(vmax, t);
+  }
+  for (; j < n; ++j) {
+    row[j] *= scale;
+    mx = row[j] > mx ? row[j] : mx;
+  }
+  return vmaxvq_f32(vmax) > mx ? vmaxvq_f32(vmax) : mx;
+}
+
+// Pass 2: row = exp(row − sub) in place; returns its sum.
+float exp_row_and_sum(float* row, int64_t n, float sub) {
+  const int64_t body = n - n % 4;
+  const float32x4_t vsub = vdupq_n_f32(sub);
+  float32x4_t vsum = vdupq_n_f32(0.0f);
+  int64_t j = 0;
+  for (; j < body; j += 4) {
+    const float32x4_t e = exp4_nonpositive(vsubq_f32(vld1q_f32(row + j), vsub));
+    vst1q_f32(row + j, e);
+    vsum = vaddq_f32(vsum, e);
+  }
+  float sum = vaddvq_f32(vsum);
+  if (j < n) {  // one tail through a padded vector, same arithmetic as the body
+    float t[4] = {0, 0, 0, 0};
+    for (int64_t q = j; q < n; ++q) t[q - j] = row[q];
+    vst1q_f32(t, exp4_nonpositive(vsubq_f32(vld1q_f32(t), vsub)));
+    for (int64_t q = j; q < n; ++q) {
+      row[q] = t[q - j];
+      sum += t[q - j];
+    }
+  }
+  return sum;
+}
+
+}  // namespace
+
 void softmax_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale) {
   const int64_t body = n - n % 4;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
-    float32x4_t vmax = vdupq_n_f32(-__builtin_inff());
-    float mx = -__builtin_inff();
+    const float mx = scale_row_and_max(row, n, scale, -__builtin_inff());
+    const float inv = 1.0f / exp_row_and_sum(row, n, mx);
     int64_t j = 0;
-    for (; j < body; j += 4) {
-      const float32x4_t t = vmulq_n_f32(vld1q_f32(row + j), scale);
-      vst1q_f32(row + j, t);
-      vmax = vmaxq_f32(vmax, t);
-    }
-    for (; j < n; ++j) {
-      row[j] *= scale;
-      mx = row[j] > mx ? row[j] : mx;
-    }
-    mx = vmaxvq_f32(vmax) > mx ? vmaxvq_f32(vmax) : mx;
-    const float32x4_t vm = vdupq_n_f32(mx);
-    float32x4_t vsum = vdupq_n_f32(0.0f);
-    for (j = 0; j < body; j += 4) {
-      const float32x4_t e = exp4_nonpositive(vsubq_f32(vld1q_f32(row + j), vm));
-      vst1q_f32(row + j, e);
-      vsum = vaddq_f32(vsum, e);
-    }
-    float sum = vaddvq_f32(vsum);
-    if (j < n) {  // one tail through a padded vector, same arithmetic as the body
-      float t[4] = {0, 0, 0, 0};
-      for (int64_t q = j; q < n; ++q) t[q - j] = row[q] - mx;
-      vst1q_f32(t, exp4_nonpositive(vld1q_f32(t)));
-      for (int64_t q = j; q < n; ++q) {
-        row[q] = t[q - j];
-        sum += t[q - j];
-      }
-    }
-    const float inv = 1.0f / sum;
-    for (j = 0; j < body; j += 4) vst1q_f32(row + j, vmulq_n_f32(vld1q_f32(row + j), inv));
+    for (; j < body; j += 4) vst1q_f32(row + j, vmulq_n_f32(vld1q_f32(row + j), inv));
     for (; j < n; ++j) row[j] *= inv;
   }
 }
@@ -158,42 +177,12 @@ void softmax_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scal
 // Two passes (gemm_isa.h): the scaled scores and their maximum, then exp(t − m) stored with its sum.
 void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                            float* row_sum) {
-  const int64_t body = n - n % 4;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
-    float32x4_t vmax = vdupq_n_f32(row_max[r]);
-    float mx = row_max[r];
-    int64_t j = 0;
-    // Scaled scores stored back, read by the exp pass: t − m is exactly 0 for the max (see softmax_exp_rows_avx2).
-    for (; j < body; j += 4) {
-      const float32x4_t t = vmulq_n_f32(vld1q_f32(row + j), scale);
-      vst1q_f32(row + j, t);
-      vmax = vmaxq_f32(vmax, t);
-    }
-    for (; j < n; ++j) {
-      row[j] *= scale;
-      mx = row[j] > mx ? row[j] : mx;
-    }
-    mx = vmaxvq_f32(vmax) > mx ? vmaxvq_f32(vmax) : mx;
-    const float32x4_t vmx = vdupq_n_f32(mx == -__builtin_inff() ? 0.0f : mx);  // all -inf so far: see avx512
-    float32x4_t vsum = vdupq_n_f32(0.0f);
-    for (j = 0; j < body; j += 4) {
-      const float32x4_t e = exp4_nonpositive(vsubq_f32(vld1q_f32(row + j), vmx));
-      vst1q_f32(row + j, e);
-      vsum = vaddq_f32(vsum, e);
-    }
-    float sum = vaddvq_f32(vsum);
-    if (j < n) {  // one tail through a padded vector, same arithmetic as the body
-      float t[4] = {0, 0, 0, 0};
-      for (int64_t q = j; q < n; ++q) t[q - j] = row[q];
-      vst1q_f32(t, exp4_nonpositive(vsubq_f32(vld1q_f32(t), vmx)));
-      for (int64_t q = j; q < n; ++q) {
-        row[q] = t[q - j];
-        sum += t[q - j];
-      }
-    }
+    const float mx = scale_row_and_max(row, n, scale, row_max[r]);
+    // a row whose scores so far are all -inf subtracts 0, not -inf: see softmax_exp_row_group in gemm_avx512.cpp
+    row_sum[r] = exp_row_and_sum(row, n, mx == -__builtin_inff() ? 0.0f : mx);
     row_max[r] = mx;
-    row_sum[r] = sum;
   }
 }
 
