@@ -2,6 +2,7 @@
 train-time USDCBlock (gates + static compression), stage-2 pruning, fusion into GatedBlock, checkpoints, the
 resource loss and the Trainer hooks."""
 import copy
+import json
 import os
 
 import pytest
@@ -444,7 +445,13 @@ def test_cli_convert_train_prune_fuse(tmp_path):
     assert main(["convert", "vit_tiny_patch16_224", "--img-size", "16", "--num-classes", "10", "--model-kwargs", kwargs,
                  "--gates", "--flops-target", "0.6", "-o", f"{d}/g.safetensors"]) == 0
     assert main(["train", f"{d}/g.safetensors", "--steps", "2", "--batch-size", "16", "--out", f"{d}/s1",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--arch-lr-scale", "5"]) == 0
+    # --arch-lr-scale is stored with the run: another value on --resume was silently ignored (the optimizer's state
+    # kept the old rates); now it is refused like any other setting, and the stored one is what the run used
+    stored = json.loads(torch.load(f"{d}/s1/trainer.pt", weights_only=True)["extra"]["train_settings"])
+    assert stored["arch_lr_scale"] == 5.0
+    assert main(["train", "--resume", f"{d}/s1/trainer.pt", "--arch-lr-scale", "7", "--no-progress"]) == 2
+    assert main(["train", "--resume", f"{d}/s1/trainer.pt", "--arch-lr-scale", "5", "--no-progress"]) == 0
     assert main(["train", f"{d}/s1/model.safetensors", "--usdc-prune", "--steps", "2", "--batch-size", "16",
                  "--out", f"{d}/s2", "--no-progress"]) == 0
     assert main(["fuse", f"{d}/s2/model.safetensors", "-o", f"{d}/fused.safetensors"]) == 0

@@ -353,6 +353,10 @@ _TRAIN_SETTINGS = ("data", "val_data", "steps", "epochs", "lr", "weight_decay", 
                    "grad_clip", "seed", "img_size", "num_classes", "channel_idle", "norm", "heuristic", "model_kwargs",
                    "eval_every", "checkpoint_every") + _NONDEEP_TRAIN_SETTINGS
 _TRAIN_SETTINGS = _TRAIN_SETTINGS + DWCONV_SETTINGS  # drop-in DW-conv heads
+# USDC: stored with the run like the rest (a different value on --resume was silently ignored: the optimizer's
+# restored state kept the old learning rates)
+_TRAIN_SETTINGS = _TRAIN_SETTINGS + ("arch_lr_scale",)
+_ARCH_LR_SCALE = 10.0  # the gates' and keep/prune logits' learning rate relative to --lr when not given
 
 
 def _model_input(model):
@@ -393,6 +397,7 @@ def cmd_train(args) -> int:
         if "train_settings" not in extra:
             raise CLIError(f"--resume: {args.resume!r} was not written by `vitfast train` (no settings stored)")
         stored = json.loads(extra["train_settings"])
+        stored.setdefault("arch_lr_scale", _ARCH_LR_SCALE)  # runs from before it was stored used the default
         # --grad-accum may change: it splits the same global batch into other micro-batches (the continuation is
         # then equal up to float rounding, not bit-exact, as the README says)
         clash = {k: (stored.get(k), v) for k, v in given.items() if stored.get(k) != v and k != "grad_accum"}
@@ -490,7 +495,7 @@ def cmd_train(args) -> int:
     try:
         trainer = trainer_cls(
             model, train_loader, val_loader, **scale_kwargs, **attn_kwargs,
-            optimizer=_usdc_optimizer(model, settings, getattr(args, "arch_lr_scale", 10.0)),
+            optimizer=_usdc_optimizer(model, settings, settings.get("arch_lr_scale", _ARCH_LR_SCALE)),
             total_steps=steps, epochs=epochs, lr=settings["lr"], weight_decay=settings["weight_decay"],
             warmup_fraction=warmup if warmup < 1 else 0.0, warmup_steps=int(warmup) if warmup >= 1 else None,
             label_smoothing=settings["label_smoothing"], grad_clip=settings["grad_clip"] or None, seed=settings["seed"],
@@ -1718,8 +1723,8 @@ def _add_usdc_train_args(p) -> None:
     g = p.add_argument_group("USDC (models converted with --gates)")
     g.add_argument("--usdc-prune", action="store_true",
                    help="stage 2: physically remove what stage 1 pruned and keep the best gate net, then train")
-    g.add_argument("--arch-lr-scale", type=_positive_float, default=10.0,
-                   help="learning rate of the gates and keep/prune logits, relative to --lr")
+    g.add_argument("--arch-lr-scale", type=_positive_float, default=None,
+                   help="learning rate of the gates and keep/prune logits, relative to --lr [default: 10]")
 
 
 def _add_usdc_parser(sub) -> None:
