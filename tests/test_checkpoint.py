@@ -444,6 +444,18 @@ def test_a_float64_default_dtype_does_not_break_load_or_export(saved, tmp_path):
         torch.set_default_dtype(previous)
 
 
+def test_load_leaves_a_float32_default_dtype_alone(saved, monkeypatch):
+    """The default dtype is process-wide: load set it (to the float32 it already was) and back around every
+    build, a window in which another thread's set_default_dtype was undone."""
+    model, path = saved
+    calls = []
+    real = torch.set_default_dtype
+    monkeypatch.setattr(torch, "set_default_dtype", lambda d: (calls.append(d), real(d)))
+    assert torch.get_default_dtype() == torch.float32
+    _assert_same_model(model, load(path), _img())
+    assert calls == []
+
+
 def test_a_timm_that_cannot_build_on_meta_still_loads(saved, monkeypatch):
     """timm <= 1.0.20 calls linspace(..).item() in its constructors, which fails on the meta device: the meta probe
     raised a ValueError and load refused every file, even one save had just written."""

@@ -324,6 +324,22 @@ def test_weight_decay_groups():
         assert skipped not in names
 
 
+def test_weight_decay_marks_survive_conversion():
+    # from_timm / USDC copy the model: torch's Parameter deepcopy drops attributes, so a parameter the user marked
+    # `_no_weight_decay` decayed after conversion.
+    import vitfast
+
+    for convert in (lambda m: vitfast.convert.from_timm(m, channel_idle=0.5),
+                    lambda m: vitfast.convert.from_timm(m, gates=True)):
+        model = tiny_vit()
+        model.gate = nn.Parameter(torch.zeros(2, 2))
+        model.gate._no_weight_decay = True
+        converted = convert(model)
+        assert converted.gate is not model.gate and converted.gate._no_weight_decay is True
+        decay = {id(p) for p in param_groups(converted, 0.05)[0]["params"]}
+        assert id(converted.gate) not in decay
+
+
 def test_bad_arguments_are_named():
     train, _ = digits_loaders(img_size=16, batch_size=64)
     with pytest.raises(ValueError, match="total_steps/epochs: expected exactly one"):

@@ -159,8 +159,14 @@ def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
 @contextlib.contextmanager
 def _float32_default():
     """Build in float32 whatever torch.set_default_dtype says (restored after): the stored dtypes are applied
-    afterwards; a float64 default built float64 modules that the float32 file then 'did not match'."""
+    afterwards; a float64 default built float64 modules that the float32 file then 'did not match'.
+
+    The default dtype is process-wide, so it is only touched when it is not float32 already: a load in one
+    thread must not change what another thread's torch.zeros builds meanwhile."""
     previous = torch.get_default_dtype()
+    if previous == torch.float32:
+        yield
+        return
     torch.set_default_dtype(torch.float32)
     try:
         yield

@@ -12,7 +12,6 @@ are `vitfast.nn.ChannelIdleBlock` (ViT/DeiT, distilled DeiT included) or `vitfas
 """
 from __future__ import annotations
 
-import copy
 import math
 import re
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -24,6 +23,7 @@ if TYPE_CHECKING:
     from .nn.nondeep import JoinSchedule
 
 from .nn.channel_idle import FFN_NORMS, HEURISTICS, ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock, idle_ratios
+from ._copy import deepcopy_model
 from .nn._timm import vit_block_spec
 
 __all__ = ["from_timm", "from_repavit", "REPAVIT_HEADS"]
@@ -239,7 +239,7 @@ def from_timm(
 
     from timm.models.swin_transformer import SwinTransformerBlock
 
-    converted = copy.deepcopy(model)
+    converted = deepcopy_model(model)
     replacements = []
     for i, ((parent, name, block), ratio) in enumerate(zip(_model_blocks(converted), ratios)):
         where = f"model block {i}"
@@ -333,7 +333,7 @@ def _from_timm_nondeep(model, blocks, branches, channel_idle, norm, heuristic, s
         raise ValueError(f"heuristic: expected one of {HEURISTICS}, got {heuristic!r}")
     depth = len(blocks) // branches
     ratios = _resolve_ratios(channel_idle, depth, heuristic, spread)
-    converted = copy.deepcopy(model)
+    converted = deepcopy_model(model)
     timm_blocks = [block for _, _, block in _model_blocks(converted)]
     new_blocks = [
         NonDeepBlock.from_timm_blocks(

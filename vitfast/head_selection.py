@@ -21,7 +21,6 @@ takes to replace the chosen blocks/heads for good (DSP-2S).
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -32,6 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ._copy import deepcopy_model
 from .nn import _timm
 
 __all__ = [
@@ -507,7 +507,7 @@ def finalize_dsp(model: nn.Module) -> nn.Module:
             new = convert.from_timm(model, dwconv_heads={b: hs for b, hs in plan.items()},
                                     dwconv_kernel_size=kernel_size)
         else:  # a converted model (ChannelIdleBlocks) that attach_dsp wrapped
-            new = convert.replace_dwconv_blocks(copy.deepcopy(model), plan, kernel_size=kernel_size)
+            new = convert.replace_dwconv_blocks(deepcopy_model(model), plan, kernel_size=kernel_size)
     finally:
         for block, w in zip(blocks, wrapped):
             block.attn = w

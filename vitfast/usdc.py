@@ -10,12 +10,12 @@ FLOPs (eq. 10-11) are multiply-adds normalised by the unpruned, ungated model's 
 """
 from __future__ import annotations
 
-import copy
 from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 import torch.nn as nn
 
+from ._copy import deepcopy_model
 from .nn.gates import GATE_KINDS, GATE_LEVELS
 from .nn.usdc import GatedBlock, USDCBlock, set_gate_force
 
@@ -133,7 +133,7 @@ def convert_timm(
     if gate_kind not in GATE_KINDS:
         raise ValueError(f"gate_kind: expected one of {GATE_KINDS}, got {gate_kind!r}")
     static = flops_target is not None if static is None else bool(static)
-    converted = copy.deepcopy(model)
+    converted = deepcopy_model(model)
     tokens = _tokens(converted)
     for i, block in enumerate(list(converted.blocks)):
         converted.blocks[i] = USDCBlock.from_block(
@@ -149,7 +149,7 @@ def convert_timm(
 def prune(model: nn.Module) -> nn.Module:
     """Stage 2 (sec. 3.4): a copy with every USDCBlock physically pruned (α_{·,0} < α_{·,1} removed) and its best
     gate network selected; the resource loss (if any) stays, now measuring F(g) of eq. 11."""
-    pruned = copy.deepcopy(model)
+    pruned = deepcopy_model(model)
     total = model_macs(pruned)
     for parent in list(pruned.modules()):
         for name, child in list(parent.named_children()):

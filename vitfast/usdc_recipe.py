@@ -11,13 +11,14 @@ the batch size.
 """
 from __future__ import annotations
 
-import copy
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
+
+from ._copy import deepcopy_model
 
 __all__ = ["run_usdc_study", "accuracy_at_batch_sizes", "full_batches", "STUDY_MODEL"]
 
@@ -158,7 +159,7 @@ def run_usdc_study(
     report: Dict[str, Any] = {"baseline_acc": base_acc, "config": cfg, "flops_target": flops_target, "levels": {}}
     for level in levels:
         seed_everything(seed)
-        model = vitfast.convert.from_timm(copy.deepcopy(baseline).train(), gates=True, flops_target=flops_target,
+        model = vitfast.convert.from_timm(deepcopy_model(baseline).train(), gates=True, flops_target=flops_target,
                                           gate_level=level)
         Trainer(model, train_loader, val_loader, total_steps=stage1_steps, desc=f"{level} stage 1",
                 optimizer=arch_optimizer(model, lr, lr * arch_lr_scale), **common).fit()
