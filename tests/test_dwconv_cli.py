@@ -191,6 +191,10 @@ def test_train_a_timm_name_with_dwconv_options_and_resume(tmp_path, capsys):
     (["convert", *TINY, "--dwconv-blocks", "[0]", "--dwconv-kernel", "4", "-o", "OUT"], "expected an odd kernel"),
     (["convert", *TINY, "--dwconv-blocks", "[0]", "--gates", "-o", "OUT"], "--gates: not supported together"),
     (["convert", *TINY, "--dwconv-blocks", "[0]", "--norm", "layer", "-o", "OUT"], "--norm: only used with"),
+    (["convert", *TINY, "--dwconv-blocks", "[0]", "--heuristic", "linear", "-o", "OUT"],
+     "--heuristic: only used with --channel-idle"),
+    (["convert", *TINY, "--gates", "--heuristic", "linear", "-o", "OUT"], "--heuristic: only used with --channel-idle"),
+    (["convert", *TINY, "--gates", "--remove-cls", "-o", "OUT"], "--gates: not supported together with --remove-cls yet"),
     (["train", "SRC", "--dwconv-blocks", "[0]", "--out", "RUN"], "--dwconv-blocks: only applies when SOURCE"),
     (["train", *TINY, "--dwconv-blocks", "[0]", "--branches", "2", "--out", "RUN"], "not supported together with --branches"),
 ])

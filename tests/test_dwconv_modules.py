@@ -298,6 +298,12 @@ def test_conversion_from_a_ranking():
     (dict(dwconv_heads=[(0,)]), "dwconv_heads: expected \\(block, head\\) pairs"),
     (dict(dwconv_blocks=[0], dwconv_kernel_size=4), "kernel_size: expected an odd int"),
     (dict(dwconv_blocks=[0], branches=3), "not supported together with branches"),
+    # remove_cls_token and the θ rule were silently ignored by the USDC / non-deep conversions
+    (dict(gates=True, remove_cls_token=True), r"^remove_cls_token: not supported together with gates=True"),
+    (dict(branches=2, remove_cls_token=True), r"^remove_cls_token: not supported together with branches"),
+    (dict(gates=True, heuristic="linear"), r"^heuristic: only used with channel_idle"),
+    (dict(dwconv_blocks=[0], spread=0.1), r"^spread: only used with channel_idle"),
+    (dict(branches=2, heuristic="linear"), r"^heuristic: only used with channel_idle"),
 ])
 def test_bad_conversion_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -314,6 +320,21 @@ def test_cls_token_removal_pools_the_mean_of_the_tokens():
         feats = c.forward_features(x)
         assert feats.shape[1] == 20
         torch.testing.assert_close(c.forward_head(feats, pre_logits=True), feats.mean(1))
+
+
+def test_cls_token_removal_repoints_a_prr_attention_pool(tmp_path):
+    """global_pool='prr': its AttentionPoolPrr reads the cls token itself (pool 'token'); after removal it read
+    token 0, a patch, and the fused model could not be saved ("the rebuilt model has 'avg'")."""
+    model = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5,
+                              global_pool="prr").eval()
+    randomize(model)
+    converted = vitfast.convert.from_timm(model, dwconv_blocks=[1], remove_cls_token=True).eval()
+    assert converted.attn_pool.pool == "avg"
+    x = images(model)
+    with torch.no_grad():
+        fused = vitfast.fuse(converted)
+        vitfast.save(fused, tmp_path / "prr.safetensors")
+        torch.testing.assert_close(vitfast.load(tmp_path / "prr.safetensors")(x), converted(x), atol=1e-5, rtol=1e-5)
 
 
 def test_remove_prefix_tokens_after_conversion_updates_what_counts_them():

@@ -100,6 +100,7 @@ def test_attention_distillation_from_a_teacher(tmp_path, capsys):
     (["--branches", "3", "--steps", "4"], "--branches: branches: expected a divisor of the model depth 2"),
     (["--branches", "2", "--steps", "4", "--distill-weight", "1"], "--distill-weight: only applies with"),
     (["--branches", "2", "--steps", "4", "--join-steps", "1.5"], "--join-steps: expected a step count"),
+    (["--branches", "2", "--steps", "4", "--heuristic", "linear"], "--heuristic: only used with --channel-idle"),
 ])
 def test_bad_nondeep_arguments(tmp_path, capsys, argv, message):
     assert main(["train", *TINY, *argv, "--out", str(tmp_path / "r"), "--no-progress"]) == 2

@@ -314,3 +314,23 @@ def test_fused_block_exports_with_the_op():
     assert any("vitfast.channel_idle_ffn" in t for t in targets)
     with torch.no_grad():
         torch.testing.assert_close(exported.module()(x), block(x))
+
+
+def test_hybrid_vit_converts_patches_and_save_refuses_clearly(tmp_path):
+    """A hybrid ViT (CNN stem in a HybridEmbed, then plain timm Blocks): describing its patch embedding read
+    `patch_embed.norm`, which HybridEmbed lacks, so patch_timm / from_timm died with an AttributeError."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_small_r26_s32_224", pretrained=False, img_size=64, depth=2, embed_dim=64,
+                              num_heads=4, num_classes=10).eval()
+    randomize(model)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        ref = model(x)
+        assert_close_scaled(vitfast.patch_timm(model, inplace=False)(x), ref)
+        converted = vitfast.convert.from_timm(model, channel_idle=0.5, norm="layer").eval()
+        fused = vitfast.fuse(converted)
+        assert_close_scaled(fused(x), converted(x))
+    with pytest.raises(ValueError, match="model.patch_embed: expected timm PatchEmbed .* got HybridEmbed"):
+        vitfast.save(fused, tmp_path / "hybrid.safetensors")

@@ -213,10 +213,17 @@ def _class_name(model: nn.Module) -> str:
 
 def _patch_embed(model: nn.Module) -> Tuple[nn.Module, nn.Conv2d]:
     """The timm PatchEmbed of a ViT or Swin and its Conv2d projection; refuse anything else."""
+    from timm.layers import PatchEmbed
+
     pe = model.patch_embed
     proj = getattr(pe, "proj", None)
-    if not isinstance(proj, nn.Conv2d):
-        raise ValueError(f"model.patch_embed: expected timm PatchEmbed with a Conv2d 'proj', got {type(pe).__qualname__}")
+    # Exact type: a hybrid ViT's HybridEmbed (a CNN stem, then a Conv2d 'proj') also has a Conv2d 'proj' but no
+    # 'norm' nor the PatchEmbed constructor the rebuild would call.
+    if type(pe) is not PatchEmbed or not isinstance(proj, nn.Conv2d):
+        raise ValueError(
+            f"model.patch_embed: expected timm PatchEmbed with a Conv2d 'proj' (a hybrid ViT's CNN stem is not "
+            f"described), got {type(pe).__qualname__}"
+        )
     return pe, proj
 
 

@@ -594,6 +594,7 @@ def _nondeep_source(timm_model, settings, recipe):
     else layer (a plain non-deep model: the same FFN as the timm one)."""
     import vitfast
 
+    _ffn_flags_need_channel_idle(settings, "a plain non-deep model keeps timm's FFNs")
     theta = settings.get("channel_idle") or 0.0
     norm = (settings.get("norm") or "batch") if settings.get("channel_idle") is not None else "layer"
     try:
@@ -1662,11 +1663,19 @@ def cmd_usdc(args) -> int:
     return EXIT_OK
 
 
+def _ffn_flags_need_channel_idle(settings, alone: str) -> None:
+    """--norm / --heuristic shape RePaViT FFNs: without --channel-idle these methods keep timm's FFNs (θ = 0)."""
+    if settings.get("channel_idle") is not None:
+        return
+    for flag, key, default in (("--norm", "norm", "batch"), ("--heuristic", "heuristic", "static")):
+        if settings.get(key) not in (None, default):
+            raise CLIError(f"{flag}: only used with --channel-idle (RePaViT FFNs); {alone}")
+
+
 def _convert_usdc(args, timm_model):
     import vitfast
 
-    if args.channel_idle is None and args.norm != "batch":
-        raise CLIError("--norm: only used with --channel-idle (RePaViT FFNs); with --gates alone the FFNs stay timm's")
+    _ffn_flags_need_channel_idle(vars(args), "with --gates alone the FFNs stay timm's")
     return vitfast.convert.from_timm(
         timm_model, channel_idle=args.channel_idle, norm=args.norm if args.channel_idle is not None else None,
         heuristic=args.heuristic, gates=True, flops_target=args.flops_target, gate_level=args.gate_level,
@@ -1813,9 +1822,10 @@ def _convert_dwconv(args, timm_model):
 
     settings = vars(args)
     if getattr(args, "gates", False):
-        raise CLIError("--gates: not supported together with --dwconv-blocks/--dwconv-heads yet, got both")
-    if settings.get("channel_idle") is None and settings.get("norm") not in (None, "batch"):
-        raise CLIError("--norm: only used with --channel-idle (RePaViT FFNs); DW-conv alone keeps timm's FFNs")
+        given = [flag for flag, key in (("--dwconv-blocks", "dwconv_blocks"), ("--dwconv-heads", "dwconv_heads"),
+                                        ("--remove-cls", "remove_cls")) if settings.get(key) not in (None, False)]
+        raise CLIError(f"--gates: not supported together with {'/'.join(given)} yet, got both")
+    _ffn_flags_need_channel_idle(settings, "DW-conv alone keeps timm's FFNs")
     try:
         return convert_dwconv(timm_model, settings)
     except ValueError as exc:
@@ -1825,6 +1835,7 @@ def _convert_dwconv(args, timm_model):
 def _dwconv_source(timm_model, settings, recipe):
     from vitfast.dwconv_recipe import convert_dwconv, dwconv_recipe
 
+    _ffn_flags_need_channel_idle(settings, "DW-conv alone keeps timm's FFNs")
     try:
         model = convert_dwconv(timm_model, settings)
     except ValueError as exc:

@@ -197,7 +197,8 @@ def from_timm(
         gates=gates, gate_level=gate_level, gate_search=gate_search, gate_kind=gate_kind,
         dwconv=dwconv_blocks is not None or dwconv_heads is not None, ranking=ranking,
         dwconv_kernel_size=dwconv_kernel_size, dwconv_ensemble=dwconv_ensemble,
-        dwconv_kernel_init_std=dwconv_kernel_init_std,
+        dwconv_kernel_init_std=dwconv_kernel_init_std, remove_cls_token=remove_cls_token,
+        channel_idle=channel_idle, heuristic=heuristic, spread=spread,
     )
     if gates:
         if dwconv_blocks is not None or dwconv_heads is not None:
@@ -257,7 +258,7 @@ def from_timm(
 
 def _check_method_options(*, branches, schedule, join_values, diversity_weight, gates, gate_level, gate_search,
                           gate_kind, dwconv, ranking, dwconv_kernel_size, dwconv_ensemble,
-                          dwconv_kernel_init_std) -> None:
+                          dwconv_kernel_init_std, remove_cls_token, channel_idle, heuristic, spread) -> None:
     """A method's options without the method would be ignored (a silently different model): refuse them, as the
     CLI does.  Values are checked here under from_timm's own argument names (deeper code names its own)."""
     from .nn.gates import GATE_KINDS, GATE_LEVELS
@@ -293,6 +294,12 @@ def _check_method_options(*, branches, schedule, join_values, diversity_weight, 
                        ("dwconv_ensemble", dwconv_ensemble is not False),
                        ("dwconv_kernel_init_std", dwconv_kernel_init_std is not None)],
                       "dwconv_blocks/dwconv_heads")
+    if remove_cls_token and (gates or branches is not None):
+        raise ValueError(f"remove_cls_token: not supported together with "
+                         f"{'gates=True (USDC)' if gates else 'branches (non-deep ViT)'}, got both")
+    if channel_idle is None and (gates or branches is not None or dwconv or remove_cls_token):
+        # These methods keep timm's FFN (θ = 0) unless channel_idle is given: a per-layer θ rule has nothing to act on.
+        refuse_unused([("heuristic", heuristic != "static"), ("spread", spread != 0.25)], "channel_idle")
 
 
 def _from_timm_usdc(model, channel_idle, norm, heuristic, spread, calibration_images, flops_target, gate_level,
@@ -687,6 +694,11 @@ def remove_prefix_tokens(model: nn.Module) -> nn.Module:
     model.num_prefix_tokens -= 1
     if model.global_pool == "token":
         model.global_pool = "avg"
+    # A 'prr' attention pool reads the cls token itself (pool 'token'); timm builds it with 'avg' for a model
+    # without one, which is what the model now is.
+    attn_pool = getattr(model, "attn_pool", None)
+    if getattr(attn_pool, "pool", None) == "token":
+        attn_pool.pool = "avg"
     # Everything else that counts the prefix tokens: timm's patch dropout (it kept the first patch as if it were
     # the cls token) and DW-conv heads already in the model (they refused every input as the wrong resolution).
     if hasattr(model.patch_drop, "num_prefix_tokens"):
