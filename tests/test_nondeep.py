@@ -1,5 +1,6 @@
 """Non-deep ViT (parallel branches, progressive joining): conversion, λ schedules, diversity, exact collapse through
 `vitfast.fuse` for n ∈ {2, 3, 4} with q/k/v biases, composition with channel-idle FFNs, checkpoints."""
+import copy
 import math
 
 import pytest
@@ -312,6 +313,10 @@ def test_teacher_maps_are_timm_attention():
         v = block.attn.qkv(y).reshape(2, 17, 3, 3, 16).permute(2, 0, 3, 1, 4)[2]
         out = block.attn.proj((maps[0] @ v).transpose(1, 2).reshape(2, 17, 48))
         assert_close_scaled(out, block.attn(y))
+    # a fused teacher (the fast one to distil from) gives the same maps; its Attention had no `scale`
+    fused_maps = teacher_attention_maps(vitfast.patch_timm(copy.deepcopy(teacher).eval()), IMAGES)
+    for fused, plain in zip(fused_maps, maps):
+        assert_close_scaled(fused, plain)
 
 
 def test_attention_distillation_loss_and_trainer():

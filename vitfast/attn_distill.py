@@ -46,7 +46,10 @@ def _attention_map(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     head_dim = attn.qkv.out_features // (3 * heads)
     q, k, _ = attn.qkv(x).reshape(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
     q, k = attn.q_norm(q), attn.k_norm(k)
-    return (q @ k.transpose(-1, -2) * attn.scale).softmax(dim=-1)
+    # A fused teacher (vitfast.patch_timm / vitfast.load) runs SDPA's default scale and keeps no `scale`.
+    scale = getattr(attn, "scale", None)
+    scale = head_dim ** -0.5 if scale is None else scale
+    return (q @ k.transpose(-1, -2) * scale).softmax(dim=-1)
 
 
 def teacher_attention_maps(teacher: nn.Module, images: torch.Tensor) -> List[torch.Tensor]:
