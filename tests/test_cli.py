@@ -225,6 +225,11 @@ def test_entry_point_subprocess(tmp_path):
     # gate options without --gates were silently dropped (a plain θ model came out)
     (["convert", *TINY, "--flops-target", "0.6", "-o", "{tmp}/x.safetensors"], "--flops-target: only with --gates"),
     (["convert", *TINY, "--gate-kind", "G3", "-o", "{tmp}/x.safetensors"], "--gate-kind: only with --gates"),
+    # --img-size / --num-classes silently won over the same key in --model-kwargs
+    (["convert", "vit_tiny_patch16_224", "--img-size", "16", "--model-kwargs", '{"img_size": 32}', "-o",
+      "{tmp}/x.safetensors"], "--img-size: 16 disagrees with img_size=32 in --model-kwargs"),
+    (["convert", "vit_tiny_patch16_224", "--num-classes", "3", "--model-kwargs", '{"num_classes": 10}', "-o",
+      "{tmp}/x.safetensors"], "--num-classes: 3 disagrees with num_classes=10 in --model-kwargs"),
 ])
 def test_bad_arguments_give_a_clean_error(tmp_path, capsys, argv, message):
     (tmp_path / "not_a_model.txt").write_text("hello")

@@ -116,6 +116,13 @@ def _not_the_input(out: str, source: str, flag: str = "-o/--output", what: str =
 
 
 # ---------------------------------------------------------------------------------------------- model helpers
+def _same_size(value):
+    """An image size as timm reads it (224 and [224, 224] are one size), other values as they are."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
 def _timm_model(name: str, *, pretrained: Optional[str], img_size, num_classes, model_kwargs,
                 flag: str = "MODEL") -> "torch.nn.Module":
     """A timm model by name, random init unless `pretrained` names a local weights file (never downloads)."""
@@ -128,10 +135,12 @@ def _timm_model(name: str, *, pretrained: Optional[str], img_size, num_classes, 
         hint = f"; did you mean {', '.join(close)}?" if close else "; list them with `python -c 'import timm; print(timm.list_models())'`"
         raise CLIError(f"{flag}: expected a timm model name, got {name!r}{hint}")
     kwargs = dict(model_kwargs or {})
-    if img_size is not None:
-        kwargs["img_size"] = img_size
-    if num_classes is not None:
-        kwargs["num_classes"] = num_classes
+    for flag_name, key, value in (("--img-size", "img_size", img_size), ("--num-classes", "num_classes", num_classes)):
+        if value is None:
+            continue
+        if key in kwargs and _same_size(kwargs[key]) != _same_size(value):  # one of the two would be ignored
+            raise CLIError(f"{flag_name}: {value!r} disagrees with {key}={kwargs[key]!r} in --model-kwargs; give it once")
+        kwargs[key] = value
     try:
         model = timm.create_model(name, pretrained=False, **kwargs)
     except (TypeError, ValueError, AssertionError) as exc:
