@@ -68,13 +68,14 @@ int64_t dwconv_attention_workspace_floats(const DwconvAttentionWeights& w, int64
 
 // Output rows [row_begin, row_end) of one image's grid.  x: the image's grid tokens [grid_h · grid_w × c_in]
 // (row-major grid, after any prefix tokens); residual: the same rows' shortcut [grid_h · grid_w × c_out] or nullptr;
-// out: [grid_h · grid_w × c_out] (only rows [row_begin, row_end) · grid_w are written).  out must not alias x.
+// out: [grid_h · grid_w × c_out] (only rows [row_begin, row_end) · grid_w are written).  out must not alias x
+// or residual (a width past the K block stores partial sums into out before the last block adds the residual).
 void dwconv_attention_grid_rows(const DwconvAttentionWeights& w, int64_t grid_h, int64_t grid_w, int64_t row_begin,
                                 int64_t row_end, const float* x, const float* residual, float* out, float* workspace,
                                 CpuIsa isa, const DwconvAttentionTiling& tiling = DwconvAttentionTiling());
 
 // The prefix tokens of one image: all `prefix` rows of out get mean(V over the grid) · w_oᵀ + b_o + their residual.
-// x_grid [hw × c_in]; residual [prefix × c_out] or nullptr; out [prefix × c_out].
+// x_grid [hw × c_in]; residual [prefix × c_out] or nullptr; out [prefix × c_out], aliasing neither.
 void dwconv_attention_prefix(const DwconvAttentionWeights& w, int64_t hw, int64_t prefix, const float* x_grid,
                              const float* residual, float* out, float* workspace, CpuIsa isa);
 

@@ -75,7 +75,8 @@ class PackedB {
 struct Epilogue {
   bool bias = false;               // add b.bias() (ignored when the PackedB has none)
   bool gelu = false;               // exact erf-GELU after the bias
-  const float* addend = nullptr;   // [m × n] added last (row stride ld_addend), e.g. the residual
+  const float* addend = nullptr;   // [m × n] added last (row stride ld_addend), e.g. the residual; must not
+                                   // alias C (with K blocks, earlier blocks store partial sums into C first)
   int64_t ld_addend = 0;
   bool accumulate = false;         // C += result instead of C = result
   bool c_padded = false;           // C rows have >= b.padded_n() writable columns (scratch buffers)
@@ -93,13 +94,14 @@ void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64
                  int64_t kc = kDefaultKc);
 
 // Packing into caller-owned memory, for operands that change every call (attention's K and V): `dst` holds
-// panels(n) · k · kNr floats (`packed_floats`); padding columns are written as zeros.
+// panels(n) · k · kNr floats (`packed_floats`), 64-byte aligned (e.g. AlignedFloats: the x86 micro-kernels use
+// aligned loads of B and fault otherwise); padding columns are written as zeros.
 inline int64_t packed_floats(int64_t n, int64_t k) { return (n + kNr - 1) / kNr * kNr * k; }
 // B = Wᵀ from W [n × k] with row stride ldw (nn.Linear layout; e.g. K_h, so that A · B = Q_h · K_hᵀ).
 void pack_b_transposed(const float* w, int64_t n, int64_t k, int64_t ldw, float* dst);
 // B from B [k × n] row-major with row stride ldb (e.g. V_h, so that A · B = P · V_h).
 void pack_b(const float* b, int64_t k, int64_t n, int64_t ldb, float* dst);
-// C = epilogue(A · B) over such a raw packed B (n columns, depth k; ep.bias is ignored: there is none).
+// C = epilogue(A · B) over such a raw packed B (n columns, depth k, 64-byte aligned; ep.bias is ignored: there is none).
 void gemm_raw(int64_t m, const float* a, int64_t lda, const float* b_panels, int64_t n, int64_t k, float* c,
               int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc = kDefaultKc);
 

@@ -114,14 +114,19 @@ void layer_norm_rows_scalar(const float* x, float* y, int64_t rows, int64_t c, c
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t j = 0; j < c; ++j) s[j % 4] += xr[j] - x0;
     const float mean = x0 + ((s[0] + s[1]) + (s[2] + s[3])) / float(c);
-    float q[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float q[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t j = 0; j < c; ++j) {
       const float d = xr[j] - mean;
+      e[j % 4] += d;
       q[j % 4] = std::fma(d, d, q[j % 4]);
     }
-    const float rstd = 1.0f / std::sqrt(((q[0] + q[1]) + (q[2] + q[3])) / float(c) + eps);
+    // Corrected two-pass: the residual mean of the deviations fixes pass 1's rounding (large when x0 is an outlier).
+    const float corr = ((e[0] + e[1]) + (e[2] + e[3])) / float(c);
+    const float var = std::fmax(((q[0] + q[1]) + (q[2] + q[3])) / float(c) - corr * corr, 0.0f);
+    const float rstd = 1.0f / std::sqrt(var + eps);
+    const float mean2 = mean + corr;
     for (int64_t j = 0; j < c; ++j) {
-      float v = (xr[j] - mean) * rstd;
+      float v = (xr[j] - mean2) * rstd;
       if (gamma != nullptr) v *= gamma[j];
       if (beta != nullptr) v += beta[j];
       yr[j] = v;

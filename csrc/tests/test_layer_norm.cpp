@@ -72,12 +72,41 @@ void test_parity(CpuIsa isa) {
   std::printf("[%s] layer_norm parity: %d cases, worst |err| at mean 0.5: %.2g\n", cpu_isa_name(isa), cases, worst);
 }
 
+// A row whose first value is an outlier: pass 1 sums deviations from it, so every term is ~ −x0 and that sum's
+// rounding lands in the mean (0.47 off at c = 4096 with values ~5 after x0 = 1e5) unless pass 2 corrects it.
+// The outlier last is the easy case, kept as the control.  The outlier's own output is not checked: its error is
+// the variance's (a sum dominated by one d² ~ 1e10 that absorbs the others' ~600 in fp32), ~2e-5 relative here.
+void test_outlier_first_value(CpuIsa isa) {
+  std::mt19937 rng(5);
+  for (int64_t c : {1000, 4096}) {
+    const int64_t rows = 2;
+    std::vector<float> x = random_vector(rng, size_t(rows * c), 2.0f);
+    for (float& v : x) v += 5.0f;
+    x[0] = 1e5f;                       // row 0: the outlier first
+    x[size_t(2 * c - 1)] = 1e5f;       // row 1: the outlier last
+    std::vector<float> y(size_t(rows * c));
+    std::vector<double> want(static_cast<size_t>(rows * c)), row_tol(static_cast<size_t>(rows));
+    layer_norm_rows(x.data(), y.data(), rows, c, nullptr, nullptr, 1e-6f, isa);
+    reference(x, want, row_tol, rows, c, nullptr, nullptr, 1e-6);
+    for (int64_t r = 0; r < rows; ++r) {
+      double worst = 0.0;
+      for (int64_t j = 0; j < c; ++j) {
+        if (x[size_t(r * c + j)] == 1e5f) continue;
+        worst = std::max(worst, std::fabs(double(y[size_t(r * c + j)]) - want[size_t(r * c + j)]));
+      }
+      VT_CHECK(worst <= row_tol[size_t(r)], "[%s] layer_norm c=%lld, outlier %s: |err| %.3g beyond the fp32 bound %.3g",
+               cpu_isa_name(isa), (long long)c, r == 0 ? "first" : "last", worst, row_tol[size_t(r)]);
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   for (CpuIsa isa : forced_isas()) {
     VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
     test_parity(active_cpu_isa());
+    test_outlier_first_value(active_cpu_isa());
   }
   return finish("test_layer_norm");
 }

@@ -127,13 +127,13 @@ float scale_row_and_max(float* row, int64_t n, float scale, float init) {
   for (; j < body; j += 4) {
     const float32x4_t t = vmulq_n_f32(vld1q_f32(row + j), scale);
     vst1q_f32(row + j, t);
-    vmax = vmaxq_f32(vmax, t);
+    vmax = vmaxnmq_f32(vmax, t);
   }
   for (; j < n; ++j) {
     row[j] *= scale;
     mx = row[j] > mx ? row[j] : mx;
   }
-  return vmaxvq_f32(vmax) > mx ? vmaxvq_f32(vmax) : mx;
+  return vmaxnmvq_f32(vmax) > mx ? vmaxnmvq_f32(vmax) : mx;
 }
 
 // Pass 2: row = exp(row − sub) in place; returns its sum.
@@ -206,21 +206,33 @@ void layer_norm_rows_neon(const float* x, float* y, int64_t rows, int64_t c, con
     float sum = vaddvq_f32(vaddq_f32(s0, s1));
     for (; j < c; ++j) sum += xr[j] - x0;
     const float mean = x0 + sum / float(c);
-    const float32x4_t vmean = vdupq_n_f32(mean);
+    float32x4_t vmean = vdupq_n_f32(mean);
     s0 = s1 = vdupq_n_f32(0.0f);
+    float32x4_t e0 = s0, e1 = s0;
     for (j = 0; j + 8 <= body; j += 8) {
       const float32x4_t d0 = vsubq_f32(vld1q_f32(xr + j), vmean), d1 = vsubq_f32(vld1q_f32(xr + j + 4), vmean);
+      e0 = vaddq_f32(e0, d0);
+      e1 = vaddq_f32(e1, d1);
       s0 = vfmaq_f32(s0, d0, d0);
       s1 = vfmaq_f32(s1, d1, d1);
     }
     for (; j < body; j += 4) {
       const float32x4_t d = vsubq_f32(vld1q_f32(xr + j), vmean);
+      e0 = vaddq_f32(e0, d);
       s0 = vfmaq_f32(s0, d, d);
     }
     float var = vaddvq_f32(vaddq_f32(s0, s1));
-    for (; j < c; ++j) var = __builtin_fmaf(xr[j] - mean, xr[j] - mean, var);
-    const float rstd = 1.0f / __builtin_sqrtf(var / float(c) + eps);
+    float dsum = vaddvq_f32(vaddq_f32(e0, e1));
+    for (; j < c; ++j) {
+      dsum += xr[j] - mean;
+      var = __builtin_fmaf(xr[j] - mean, xr[j] - mean, var);
+    }
+    const float corr = dsum / float(c);  // corrected two-pass: pass 1's rounding, large when x0 is an outlier
+    var = var / float(c) - corr * corr;
+    const float rstd = 1.0f / __builtin_sqrtf((var > 0.0f ? var : 0.0f) + eps);
     const float32x4_t vrstd = vdupq_n_f32(rstd);
+    const float mean2 = mean + corr;
+    vmean = vdupq_n_f32(mean2);
     for (j = 0; j < body; j += 4) {
       float32x4_t v = vmulq_f32(vsubq_f32(vld1q_f32(xr + j), vmean), vrstd);
       if (gamma != nullptr) v = vmulq_f32(v, vld1q_f32(gamma + j));
@@ -228,7 +240,7 @@ void layer_norm_rows_neon(const float* x, float* y, int64_t rows, int64_t c, con
       vst1q_f32(yr + j, v);
     }
     for (; j < c; ++j) {
-      float v = (xr[j] - mean) * rstd;
+      float v = (xr[j] - mean2) * rstd;
       if (gamma != nullptr) v *= gamma[j];
       if (beta != nullptr) v += beta[j];
       yr[j] = v;

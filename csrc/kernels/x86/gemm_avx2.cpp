@@ -241,13 +241,13 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
     for (; j < body; j += 8) {
       const __m256 t = _mm256_mul_ps(_mm256_loadu_ps(row + j), vscale);
       _mm256_storeu_ps(row + j, t);
-      vmax = _mm256_max_ps(vmax, t);
+      vmax = _mm256_max_ps(t, vmax);  // t first: maxps returns its second operand for a NaN t (the max skips it)
     }
     if (j < n) {
       const __m256 t = _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), vscale);
       _mm256_maskstore_ps(row + j, tail, t);
-      vmax = _mm256_max_ps(vmax,
-                           _mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), t, _mm256_castsi256_ps(tail)));
+      vmax = _mm256_max_ps(_mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), t, _mm256_castsi256_ps(tail)),
+                           vmax);
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
@@ -305,23 +305,33 @@ void layer_norm_rows_avx2(const float* x, float* y, int64_t rows, int64_t c, con
     if (j < c)
       s1 = _mm256_add_ps(
           s1, _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + j, tail), x0), _mm256_castsi256_ps(tail)));
-    const __m256 mean = _mm256_set1_ps(xr[0] + hsum8(_mm256_add_ps(s0, s1)) / float(c));
+    const float mean1 = xr[0] + hsum8(_mm256_add_ps(s0, s1)) / float(c);
+    __m256 mean = _mm256_set1_ps(mean1);
+    // Pass 2: Σd² and Σd (the corrected two-pass of layer_norm_rows_scalar).
     s0 = s1 = _mm256_setzero_ps();
+    __m256 e0 = _mm256_setzero_ps(), e1 = e0;
     for (j = 0; j + 16 <= body; j += 16) {
       const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(xr + j), mean);
       const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(xr + j + 8), mean);
+      e0 = _mm256_add_ps(e0, d0);
+      e1 = _mm256_add_ps(e1, d1);
       s0 = _mm256_fmadd_ps(d0, d0, s0);
       s1 = _mm256_fmadd_ps(d1, d1, s1);
     }
     for (; j < body; j += 8) {
       const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(xr + j), mean);
+      e0 = _mm256_add_ps(e0, d);
       s0 = _mm256_fmadd_ps(d, d, s0);
     }
     if (j < c) {
       const __m256 d = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + j, tail), mean), _mm256_castsi256_ps(tail));
+      e1 = _mm256_add_ps(e1, d);
       s1 = _mm256_fmadd_ps(d, d, s1);
     }
-    const __m256 rstd = _mm256_set1_ps(1.0f / __builtin_sqrtf(hsum8(_mm256_add_ps(s0, s1)) / float(c) + eps));
+    const float corr = hsum8(_mm256_add_ps(e0, e1)) / float(c);
+    const float var = hsum8(_mm256_add_ps(s0, s1)) / float(c) - corr * corr;
+    const __m256 rstd = _mm256_set1_ps(1.0f / __builtin_sqrtf((var > 0.0f ? var : 0.0f) + eps));
+    mean = _mm256_set1_ps(mean1 + corr);
     for (j = 0; j < c; j += 8) {
       const __m256i m = j + 8 <= c ? _mm256_set1_epi32(-1) : tail;
       __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + j, m), mean), rstd);

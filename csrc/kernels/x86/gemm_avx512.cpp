@@ -307,21 +307,21 @@ static inline __attribute__((always_inline)) void softmax_exp_row_group(float* s
       const __m512 t1 = _mm512_mul_ps(_mm512_loadu_ps(row + j + 16), vscale);
       _mm512_storeu_ps(row + j, t0);
       _mm512_storeu_ps(row + j + 16, t1);
-      vmax0[r] = _mm512_max_ps(vmax0[r], t0);
-      vmax1[r] = _mm512_max_ps(vmax1[r], t1);
+      vmax0[r] = _mm512_max_ps(t0, vmax0[r]);  // t first: maxps returns its second operand for a NaN t
+      vmax1[r] = _mm512_max_ps(t1, vmax1[r]);
     }
   }
   for (; j < body; j += 16)
     for (int r = 0; r < R; ++r) {
       const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(s + r * ld + j), vscale);
       _mm512_storeu_ps(s + r * ld + j, t);
-      vmax0[r] = _mm512_max_ps(vmax0[r], t);
+      vmax0[r] = _mm512_max_ps(t, vmax0[r]);
     }
   if (j < n)
     for (int r = 0; r < R; ++r) {
       const __m512 t = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + r * ld + j), vscale);
       _mm512_mask_storeu_ps(s + r * ld + j, tail, t);
-      vmax1[r] = _mm512_mask_max_ps(vmax1[r], tail, vmax1[r], t);
+      vmax1[r] = _mm512_mask_max_ps(vmax1[r], tail, t, vmax1[r]);
     }
   __m512 mx[R], vsum0[R], vsum1[R];
   for (int r = 0; r < R; ++r) {
@@ -418,7 +418,8 @@ static inline __attribute__((always_inline)) void layer_norm_group(const float* 
   const __mmask16 tail = __mmask16((1u << (c % 16)) - 1u);
   const int64_t body = c - c % 16;
   // Pass 1 sums deviations from the row's first value (see layer_norm_rows_scalar): mean = x0 + Σ(x − x0)/c.
-  __m512 s0[R], s1[R], mean[R], rstd[R], x0[R];
+  __m512 s0[R], s1[R], e0[R], e1[R], mean[R], rstd[R], x0[R];
+  float mean1[R];
   for (int r = 0; r < R; ++r) {
     s0[r] = s1[r] = _mm512_setzero_ps();
     x0[r] = _mm512_set1_ps(x[r * c]);
@@ -435,29 +436,38 @@ static inline __attribute__((always_inline)) void layer_norm_group(const float* 
     for (int r = 0; r < R; ++r)
       s1[r] = _mm512_add_ps(s1[r], _mm512_maskz_sub_ps(tail, _mm512_maskz_loadu_ps(tail, x + r * c + j), x0[r]));
   for (int r = 0; r < R; ++r) {
-    mean[r] = _mm512_set1_ps(x[r * c] + _mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) / float(c));
-    s0[r] = s1[r] = _mm512_setzero_ps();
+    mean1[r] = x[r * c] + _mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) / float(c);
+    mean[r] = _mm512_set1_ps(mean1[r]);
+    s0[r] = s1[r] = e0[r] = e1[r] = _mm512_setzero_ps();
   }
+  // Pass 2: Σd² and Σd (the corrected two-pass of layer_norm_rows_scalar).
   for (j = 0; j + 32 <= body; j += 32)
     for (int r = 0; r < R; ++r) {
       const __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + r * c + j), mean[r]);
       const __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + r * c + j + 16), mean[r]);
+      e0[r] = _mm512_add_ps(e0[r], d0);
+      e1[r] = _mm512_add_ps(e1[r], d1);
       s0[r] = _mm512_fmadd_ps(d0, d0, s0[r]);
       s1[r] = _mm512_fmadd_ps(d1, d1, s1[r]);
     }
   for (; j < body; j += 16)
     for (int r = 0; r < R; ++r) {
       const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + r * c + j), mean[r]);
+      e0[r] = _mm512_add_ps(e0[r], d);
       s0[r] = _mm512_fmadd_ps(d, d, s0[r]);
     }
   if (j < c)
     for (int r = 0; r < R; ++r) {
       const __m512 d = _mm512_maskz_sub_ps(tail, _mm512_maskz_loadu_ps(tail, x + r * c + j), mean[r]);
+      e1[r] = _mm512_add_ps(e1[r], d);
       s1[r] = _mm512_fmadd_ps(d, d, s1[r]);
     }
-  for (int r = 0; r < R; ++r)
-    rstd[r] = _mm512_set1_ps(
-        1.0f / __builtin_sqrtf(_mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) / float(c) + eps));
+  for (int r = 0; r < R; ++r) {
+    const float corr = _mm512_reduce_add_ps(_mm512_add_ps(e0[r], e1[r])) / float(c);
+    const float var = _mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) / float(c) - corr * corr;
+    rstd[r] = _mm512_set1_ps(1.0f / __builtin_sqrtf((var > 0.0f ? var : 0.0f) + eps));
+    mean[r] = _mm512_set1_ps(mean1[r] + corr);
+  }
   for (j = 0; j < c; j += 16) {
     const __mmask16 m = j + 16 <= c ? __mmask16(0xFFFF) : tail;
     const __m512 g = gamma != nullptr ? _mm512_maskz_loadu_ps(m, gamma + j) : _mm512_setzero_ps();
