@@ -18,6 +18,17 @@ import torch
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def triton_version() -> tuple:
+    """(major, minor) of the installed triton (3.0 ships with torch 2.4, 3.6 with 2.11, 3.8 with 2.14)."""
+    import triton
+
+    parts = []
+    for piece in triton.__version__.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
 def _autotune_enabled() -> bool:
     value = os.environ.get("VITFAST_TRITON_AUTOTUNE", "1").strip()
     if value not in ("0", "1"):

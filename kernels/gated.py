@@ -29,7 +29,6 @@ The GEMM core, tile ordering and the interpreter-only bf16 handling are the chan
 style (online softmax in fp32, no [N, N] matrix), reading q/k/v straight from the packed qkv rows (timm's layout
 [3, H, D] along the features) and writing [B, N, H·D] in proj's layout, like `vitfast.reference.attention`.
 """
-from __future__ import annotations
 
 import contextlib
 import math
@@ -40,7 +39,7 @@ import triton
 import triton.language as tl
 
 from vitfast._validate_gate import check_gated_ffn_args, check_gated_mhsa_args, check_gate_select_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, rows
+from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, rows, triton_version
 from vitfast.kernels.channel_idle_ffn import _input_precision, _load_tile_f32, _matmul_tile, _tile_ids, _to_dtype
 
 __all__ = [
@@ -222,7 +221,11 @@ def _attention_config(head_dim: int):
     block_d = max(16, triton.next_power_of_2(int(head_dim)))
     if _INTERPRET:
         return 32, 32, block_d, 4
-    return (64, 64, block_d, 4) if block_d <= 64 else (64, 32, block_d, 8)
+    if block_d <= 64:
+        return 64, 64, block_d, 4
+    # triton 3.0/3.1 (torch 2.4/2.5) abort compiling BLOCK_M = 64 with 8 warps for sm_90 in fp16/bf16 ("mma -> mma
+    # layout conversion is only supported on Ampere"): 4 warps there (compiles on 3.0, 3.1 and 3.8).
+    return 64, 32, block_d, (8 if triton_version() >= (3, 2) else 4)
 
 
 def _device_ctx(x: torch.Tensor):

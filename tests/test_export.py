@@ -1,5 +1,6 @@
 """vitfast.export.to_onnx and `vitfast export`: standard ONNX ops only, ONNX Runtime equals vitfast, dynamic batch,
 the check really fails on a mismatch, and bad arguments give clear errors."""
+import inspect
 import os
 
 import onnx
@@ -23,6 +24,11 @@ from vitfast.export import (
 TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=10)
 
 
+# The torch.export-based ONNX exporter (torch >= 2.5); torch 2.4 has only the TorchScript one for vitfast.
+needs_dynamo_exporter = pytest.mark.skipif("dynamic_shapes" not in inspect.signature(torch.onnx.export).parameters,
+                                           reason="torch < 2.5: no torch.export-based ONNX exporter")
+
+
 def tiny_fused(theta=0.75, norm="batch", seed=0):
     torch.manual_seed(seed)
     baseline = timm.create_model("vit_tiny_patch16_224", **TINY).eval()
@@ -43,7 +49,7 @@ def ort_run(path, x):
     return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
 
 
-@pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("exporter", ["torchscript", pytest.param("dynamo", marks=[pytest.mark.slow, needs_dynamo_exporter])])
 @pytest.mark.parametrize("norm", ["batch", "layer"])
 def test_ort_equals_vitfast_with_standard_ops_only(tmp_path, tol, exporter, norm):
     fused = tiny_fused(norm=norm)
@@ -221,6 +227,7 @@ def test_cli_export_bad_arguments(tmp_path, capsys, argv, message):
     assert not (tmp_path / "m.onnx").exists()
 
 
+@needs_dynamo_exporter  # a gated model has no other exporter
 def test_gated_model_exports_a_graph_that_decides_per_batch(tmp_path):
     """USDC gates decide from the batch: the TorchScript trace once recorded the trace-time decisions (a host-side
     branch), and the file was up to 19% off on batches deciding otherwise while the export check passed."""
@@ -267,6 +274,7 @@ def test_torchscript_exporter_refuses_gates_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@needs_dynamo_exporter
 def test_an_opset_the_exporter_did_not_write_is_an_error(tmp_path):
     """The torch.export-based exporter writes opset 18+: asked for 14 it once returned an opset-18 file and a
     report saying so, with nothing but a torch warning; now an error naming opset, and no file."""

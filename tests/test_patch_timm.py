@@ -168,7 +168,8 @@ def test_low_precision_weights_under_autocast_trace(mode):
 
 _AUTOCAST_WITHOUT_REGISTER_AUTOCAST = r"""
 import torch
-del torch.library.register_autocast  # torch 2.4 has none: vitfast registers the rule on the Autocast keys itself
+if hasattr(torch.library, "register_autocast"):  # torch 2.4 has none: vitfast registers the rule on the Autocast keys itself
+    del torch.library.register_autocast
 import vitfast
 from timm.models.vision_transformer import VisionTransformer
 torch.manual_seed(0)
@@ -309,7 +310,7 @@ def test_low_precision_error_no_worse_than_timms_own(dtype):
 def test_fused_block_exports_with_the_op():
     block = Block.from_timm(randomize(TimmBlock(64, 4, qkv_bias=True)))
     x = torch.randn(2, 9, 64)
-    exported = torch.export.export(block, (x,))
+    exported = torch.export.export(block, (x,), strict=False)  # torch 2.4 defaults to strict (dynamo), which cannot trace the autograd wrapper
     targets = [str(node.target) for node in exported.graph.nodes]
     assert any("vitfast.channel_idle_ffn" in t for t in targets)
     with torch.no_grad():

@@ -27,9 +27,9 @@ Runtime runs within ~1e-6 of vitfast; fused DeiT-S/B went through the TorchScrip
 * TorchScript (`torch.onnx.export(..., dynamo=False)`): in torch since 1.2, so in all of 2.4..2.14 (deprecated
   since 2.9, where it warns), exports DeiT-Ti in ~3 s, opset 17 (LayerNormalization) by default, dynamic batch
   through `dynamic_axes`.
-* torch.export-based (`dynamo=True`): the `dynamo` argument only exists from torch 2.5 (its tutorial: "PyTorch
-  2.5.0 or newer is required"), needs onnxscript, took ~12 s for DeiT-Ti (3-4x longer), opset 18 by default,
-  dynamic batch through `dynamic_shapes`.
+* torch.export-based (`dynamo=True`): from torch 2.5 (its tutorial: "PyTorch 2.5.0 or newer is required"; torch
+  2.4's `dynamo=True` is the older dynamo_export, without `dynamic_shapes`, and is not used), needs onnxscript,
+  took ~12 s for DeiT-Ti (3-4x longer), opset 18 by default, dynamic batch through `dynamic_shapes`.
 
 "auto" therefore uses the TorchScript exporter where torch still has it (the one path that exists on the
 whole supported range, torch>=2.4) and the torch.export-based one otherwise or if the TorchScript export
@@ -205,7 +205,10 @@ def _export_torchscript(model, x, path, opset, dynamic_batch) -> None:
 def _export_dynamo(model, x, path, opset, dynamic_batch) -> None:
     import inspect
 
-    if "dynamo" not in inspect.signature(torch.onnx.export).parameters:
+    # `dynamic_shapes` marks the torch.export-based exporter (torch >= 2.5).  torch 2.4 already has `dynamo=`, but
+    # there it is the older torch.onnx.dynamo_export, which takes no dynamic_shapes (TypeError) and fails on
+    # current onnxscript.
+    if "dynamic_shapes" not in inspect.signature(torch.onnx.export).parameters:
         raise ExportError(f"exporter='dynamo': expected torch >= 2.5 (torch.onnx.export(dynamo=True)), got torch {torch.__version__}")
     kwargs: Dict[str, Any] = dict(input_names=["images"], output_names=["logits"], opset_version=opset, dynamo=True)
     if dynamic_batch:
