@@ -32,8 +32,9 @@ def _interpreter_broken_reason():
     import numpy
     import triton
 
-    version = tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in triton.__version__.split(".")[:2])
-    if version < (3, 2) and int(numpy.__version__.split(".")[0]) >= 2:
+    from vitfast.kernels._common import triton_version
+
+    if triton_version() < (3, 2) and int(numpy.__version__.split(".")[0]) >= 2:
         return (f"the Triton interpreter of triton {triton.__version__} (< 3.2) ignores loads/stores under numpy "
                 f"{numpy.__version__}: install numpy<2 to run the Triton tests with this torch")
     return None
