@@ -12,6 +12,7 @@ Read once at import, like TRITON_INTERPRET (which must be set before triton is i
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -22,11 +23,8 @@ def triton_version() -> tuple:
     """(major, minor) of the installed triton (3.0 ships with torch 2.4, 3.6 with 2.11, 3.8 with 2.14)."""
     import triton
 
-    parts = []
-    for piece in triton.__version__.split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+    # The leading digits of each piece: '3.1rc1' is (3, 1), '3.8.0+git12ab' is (3, 8).
+    return tuple(int(re.match(r"\d*", piece).group() or 0) for piece in triton.__version__.split(".")[:2])
 
 
 def _autotune_enabled() -> bool:

@@ -335,6 +335,13 @@ def test_cls_token_removal_repoints_a_prr_attention_pool(tmp_path):
         fused = vitfast.fuse(converted)
         vitfast.save(fused, tmp_path / "prr.safetensors")
         torch.testing.assert_close(vitfast.load(tmp_path / "prr.safetensors")(x), converted(x), atol=1e-5, rtol=1e-5)
+    # a 'map' pool's 'token' is its own latent query, not the cls token: left alone (it once became 'avg' too, which
+    # the rebuilt model did not reproduce, and save refused)
+    latent = vitfast.convert.from_timm(VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                                                         num_classes=5, global_pool="map").eval(),
+                                       dwconv_blocks=[1], remove_cls_token=True).eval()
+    assert latent.attn_pool.pool == "token"
+    vitfast.save(vitfast.fuse(latent), tmp_path / "map.safetensors")
 
 
 def test_remove_prefix_tokens_after_conversion_updates_what_counts_them():

@@ -330,14 +330,20 @@ def test_weight_decay_marks_survive_conversion():
     import vitfast
 
     for convert in (lambda m: vitfast.convert.from_timm(m, channel_idle=0.5),
-                    lambda m: vitfast.convert.from_timm(m, gates=True)):
-        model = tiny_vit()
+                    lambda m: vitfast.convert.from_timm(m, gates=True),
+                    lambda m: vitfast.convert.from_timm(m, dwconv_blocks=[1])):  # block 0's attention is kept
+        model = tiny_vit(depth=2)
         model.gate = nn.Parameter(torch.zeros(2, 2))
         model.gate._no_weight_decay = True
+        # inside a block the conversion rebuilds, on a tensor it carries over as it is (a derived one, e.g. the qkv
+        # rows of the heads a scattered DW-conv conversion keeps, is a new parameter and starts unmarked)
+        model.blocks[0].attn.qkv.weight._no_weight_decay = True
         converted = convert(model)
         assert converted.gate is not model.gate and converted.gate._no_weight_decay is True
+        qkv = next(p for n, p in converted.named_parameters() if n.startswith("blocks.0.") and n.endswith("qkv.weight"))
+        assert qkv is not model.blocks[0].attn.qkv.weight and qkv._no_weight_decay is True
         decay = {id(p) for p in param_groups(converted, 0.05)[0]["params"]}
-        assert id(converted.gate) not in decay
+        assert id(converted.gate) not in decay and id(qkv) not in decay
 
 
 def test_bad_arguments_are_named():

@@ -124,8 +124,9 @@ def _same_size(value):
 
 
 def _timm_model(name: str, *, pretrained: Optional[str], img_size, num_classes, model_kwargs,
-                flag: str = "MODEL") -> "torch.nn.Module":
-    """A timm model by name, random init unless `pretrained` names a local weights file (never downloads)."""
+                flag: str = "MODEL", num_classes_from: str = "--num-classes") -> "torch.nn.Module":
+    """A timm model by name, random init unless `pretrained` names a local weights file (never downloads).
+    `num_classes_from`: where `num_classes` came from, for the message when --model-kwargs says otherwise."""
     import timm
 
     if flag != "MODEL" and (os.sep in name or name.endswith((".safetensors", ".pt", ".pth"))):
@@ -135,11 +136,12 @@ def _timm_model(name: str, *, pretrained: Optional[str], img_size, num_classes, 
         hint = f"; did you mean {', '.join(close)}?" if close else "; list them with `python -c 'import timm; print(timm.list_models())'`"
         raise CLIError(f"{flag}: expected a timm model name, got {name!r}{hint}")
     kwargs = dict(model_kwargs or {})
-    for flag_name, key, value in (("--img-size", "img_size", img_size), ("--num-classes", "num_classes", num_classes)):
+    for flag_name, key, value in (("--img-size", "img_size", img_size), (num_classes_from, "num_classes", num_classes)):
         if value is None:
             continue
         if key in kwargs and _same_size(kwargs[key]) != _same_size(value):  # one of the two would be ignored
-            raise CLIError(f"{flag_name}: {value!r} disagrees with {key}={kwargs[key]!r} in --model-kwargs; give it once")
+            once = "; give it once" if flag_name.startswith("--") and " " not in flag_name else ""
+            raise CLIError(f"{flag_name}: {value!r} disagrees with {key}={kwargs[key]!r} in --model-kwargs{once}")
         kwargs[key] = value
     try:
         model = timm.create_model(name, pretrained=False, **kwargs)
@@ -581,7 +583,8 @@ def _train_source(args, settings):
     if num_classes is None and os.path.isdir(settings["data"]):
         num_classes = sum(1 for e in os.scandir(settings["data"]) if e.is_dir())
     timm_model = _timm_model(source, pretrained=None, img_size=settings.get("img_size"), num_classes=num_classes,
-                             model_kwargs=settings.get("model_kwargs"), flag="SOURCE")
+                             model_kwargs=settings.get("model_kwargs"), flag="SOURCE",
+                             num_classes_from="--num-classes" if settings.get("num_classes") else "--data (its classes)")
     recipe = {"source": "timm", "model": source, "img_size": settings.get("img_size"), "num_classes": num_classes,
               "model_kwargs": settings.get("model_kwargs") or {}}
     if settings.get("branches") is not None:

@@ -695,9 +695,12 @@ def remove_prefix_tokens(model: nn.Module) -> nn.Module:
     if model.global_pool == "token":
         model.global_pool = "avg"
     # A 'prr' attention pool reads the cls token itself (pool 'token'); timm builds it with 'avg' for a model
-    # without one, which is what the model now is.
+    # without one, which is what the model now is.  ('map' pools' 'token' is their own latent query: kept.)
+    import timm.layers
+
+    prr = getattr(timm.layers, "AttentionPoolPrr", None)  # newer timm only
     attn_pool = getattr(model, "attn_pool", None)
-    if getattr(attn_pool, "pool", None) == "token":
+    if prr is not None and isinstance(attn_pool, prr) and attn_pool.pool == "token":
         attn_pool.pool = "avg"
     # Everything else that counts the prefix tokens: timm's patch dropout (it kept the first patch as if it were
     # the cls token) and DW-conv heads already in the model (they refused every input as the wrong resolution).

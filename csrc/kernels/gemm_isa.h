@@ -61,7 +61,7 @@ void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, floa
 //   m1 = x0 + Σ(x − x0) / c  (x0 = the row's first value: the sum's rounding scales with the spread, not |x|);
 //   d = x − m1;  corr = Σd / c;  mean = m1 + corr;  var = Σd² / c − corr²  (the corrected two-pass algorithm:
 //     no E[x²] − mean² cancellation, and corr removes pass 1's rounding, which is large when x0 is an outlier:
-//     c = 4096 values ~N(5, 1) after x0 = 1e5 put 0.47 into m1);  rstd = 1/√(max(var, 0) + eps)
+//     c = 4096 values ~N(5, 1) after x0 = 1e5 put 0.47 into m1);  rstd = 1/√((var < 0 ? 0 : var) + eps)
 //   y = (x − mean) · rstd  [· gamma]  [+ beta]        (gamma, beta: c floats each, or nullptr)
 // y may not overlap x (the normalising pass rereads x).
 void layer_norm_rows_scalar(const float* x, float* y, int64_t rows, int64_t c, const float* gamma, const float* beta,

@@ -122,8 +122,9 @@ void layer_norm_rows_scalar(const float* x, float* y, int64_t rows, int64_t c, c
     }
     // Corrected two-pass: the residual mean of the deviations fixes pass 1's rounding (large when x0 is an outlier).
     const float corr = ((e[0] + e[1]) + (e[2] + e[3])) / float(c);
-    const float var = std::fmax(((q[0] + q[1]) + (q[2] + q[3])) / float(c) - corr * corr, 0.0f);
-    const float rstd = 1.0f / std::sqrt(var + eps);
+    // Only a rounding-negative variance is clamped: a NaN one (inf − inf at ~1e30 spreads) stays NaN, as in torch.
+    const float var = ((q[0] + q[1]) + (q[2] + q[3])) / float(c) - corr * corr;
+    const float rstd = 1.0f / std::sqrt((var < 0.0f ? 0.0f : var) + eps);
     const float mean2 = mean + corr;
     for (int64_t j = 0; j < c; ++j) {
       float v = (xr[j] - mean2) * rstd;

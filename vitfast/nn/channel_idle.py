@@ -12,7 +12,6 @@ the hook `vitfast.fuse` looks for.
 """
 from __future__ import annotations
 
-import copy
 import inspect
 from typing import List, Optional
 
@@ -24,6 +23,7 @@ from timm.layers import Mlp
 from timm.models.swin_transformer import SwinTransformerBlock
 from timm.models.vision_transformer import Attention as TimmAttention
 
+from .._copy import deepcopy_model
 from . import _timm
 from ._fold import fold_ffn
 from .fused import (
@@ -331,10 +331,10 @@ class ChannelIdleBlock(nn.Module):
         _timm.vit_block_spec(block, name)
         new = cls.__new__(cls)
         nn.Module.__init__(new)
-        new.norm1 = copy.deepcopy(block.norm1)
-        new.attn = copy.deepcopy(block.attn)
-        new.ls1 = copy.deepcopy(block.ls1)
-        new.drop_path1 = copy.deepcopy(block.drop_path1)
+        new.norm1 = deepcopy_model(block.norm1)
+        new.attn = deepcopy_model(block.attn)
+        new.ls1 = deepcopy_model(block.ls1)
+        new.drop_path1 = deepcopy_model(block.drop_path1)
         new.mlp = ChannelIdleMlp.from_timm(
             block.norm2, block.mlp, block.ls2, block.drop_path2,
             idle_ratio=idle_ratio, ffn_norm=ffn_norm, name=f"{name}.mlp",
@@ -415,11 +415,11 @@ class ChannelIdleSwinBlock(_SwinChannelIdle, SwinTransformerBlock):
             device=weight.device,
             dtype=weight.dtype,
         )
-        new.norm1 = copy.deepcopy(block.norm1)  # as it is (with or without bias / affine): trained as the source
+        new.norm1 = deepcopy_model(block.norm1)  # as it is (with or without bias / affine): trained as the source
         new.attn.load_state_dict(block.attn.state_dict())
-        new.attn.attn_drop = copy.deepcopy(block.attn.attn_drop)
-        new.attn.proj_drop = copy.deepcopy(block.attn.proj_drop)
-        new.drop_path1 = copy.deepcopy(block.drop_path1)
+        new.attn.attn_drop = deepcopy_model(block.attn.attn_drop)
+        new.attn.proj_drop = deepcopy_model(block.attn.proj_drop)
+        new.drop_path1 = deepcopy_model(block.drop_path1)
         new.mlp = ChannelIdleMlp.from_timm(
             block.norm2, block.mlp, None, block.drop_path2,
             idle_ratio=idle_ratio, ffn_norm=ffn_norm, name=f"{name}.mlp",

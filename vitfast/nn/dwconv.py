@@ -26,7 +26,6 @@ the tokens (`vitfast.convert.remove_prefix_tokens`).
 """
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -37,6 +36,7 @@ from timm.models.vision_transformer import Attention as TimmAttention
 from timm.models.vision_transformer import Block as TimmBlock
 
 from .. import ops, reference
+from .._copy import deepcopy_model
 from . import _timm
 from ._fold import layernorm_affine
 from .channel_idle import ChannelIdleBlock, ChannelIdleMlp
@@ -277,17 +277,17 @@ class DWConvBlock(ChannelIdleBlock):
             mlp = ChannelIdleMlp.from_timm(block.norm2, block.mlp, block.ls2, block.drop_path2, idle_ratio=0.0,
                                            ffn_norm="layer", name=f"{name}.mlp")
         elif isinstance(block, ChannelIdleBlock) and not isinstance(block, DWConvBlock):
-            mlp = copy.deepcopy(block.mlp)
+            mlp = deepcopy_model(block.mlp)
         else:
             raise ValueError(f"{name}: expected a timm ViT Block or a vitfast ChannelIdleBlock, got {type(block).__name__}")
         new = cls.__new__(cls)
         nn.Module.__init__(new)
-        new.norm1 = copy.deepcopy(block.norm1)
+        new.norm1 = deepcopy_model(block.norm1)
         new.attn = DWConvAttention.from_timm(block.attn, conv_heads, grid_size, kernel_size=kernel_size,
                                              ensemble=ensemble, kernel_init_std=kernel_init_std,
                                              prefix_tokens=prefix_tokens, name=f"{name}.attn")
-        new.ls1 = copy.deepcopy(block.ls1)
-        new.drop_path1 = copy.deepcopy(block.drop_path1)
+        new.ls1 = deepcopy_model(block.ls1)
+        new.drop_path1 = deepcopy_model(block.drop_path1)
         new.mlp = mlp
         new.train(block.training)
         return new

@@ -229,7 +229,7 @@ void layer_norm_rows_neon(const float* x, float* y, int64_t rows, int64_t c, con
     }
     const float corr = dsum / float(c);  // corrected two-pass: pass 1's rounding, large when x0 is an outlier
     var = var / float(c) - corr * corr;
-    const float rstd = 1.0f / __builtin_sqrtf((var > 0.0f ? var : 0.0f) + eps);
+    const float rstd = 1.0f / __builtin_sqrtf((var < 0.0f ? 0.0f : var) + eps);
     const float32x4_t vrstd = vdupq_n_f32(rstd);
     const float mean2 = mean + corr;
     vmean = vdupq_n_f32(mean2);

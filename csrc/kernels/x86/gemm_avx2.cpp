@@ -330,7 +330,7 @@ void layer_norm_rows_avx2(const float* x, float* y, int64_t rows, int64_t c, con
     }
     const float corr = hsum8(_mm256_add_ps(e0, e1)) / float(c);
     const float var = hsum8(_mm256_add_ps(s0, s1)) / float(c) - corr * corr;
-    const __m256 rstd = _mm256_set1_ps(1.0f / __builtin_sqrtf((var > 0.0f ? var : 0.0f) + eps));
+    const __m256 rstd = _mm256_set1_ps(1.0f / __builtin_sqrtf((var < 0.0f ? 0.0f : var) + eps));
     mean = _mm256_set1_ps(mean1 + corr);
     for (j = 0; j < c; j += 8) {
       const __m256i m = j + 8 <= c ? _mm256_set1_epi32(-1) : tail;

@@ -465,7 +465,7 @@ static inline __attribute__((always_inline)) void layer_norm_group(const float* 
   for (int r = 0; r < R; ++r) {
     const float corr = _mm512_reduce_add_ps(_mm512_add_ps(e0[r], e1[r])) / float(c);
     const float var = _mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) / float(c) - corr * corr;
-    rstd[r] = _mm512_set1_ps(1.0f / __builtin_sqrtf((var > 0.0f ? var : 0.0f) + eps));
+    rstd[r] = _mm512_set1_ps(1.0f / __builtin_sqrtf((var < 0.0f ? 0.0f : var) + eps));
     mean[r] = _mm512_set1_ps(mean1[r] + corr);
   }
   for (j = 0; j < c; j += 16) {
