@@ -1836,7 +1836,8 @@ def _convert_dwconv(args, timm_model):
     if getattr(args, "gates", False):
         given = [flag for flag, key in (("--dwconv-blocks", "dwconv_blocks"), ("--dwconv-heads", "dwconv_heads"),
                                         ("--remove-cls", "remove_cls")) if settings.get(key) not in (None, False)]
-        raise CLIError(f"--gates: not supported together with {'/'.join(given)} yet, got both")
+        raise CLIError(f"--gates: not supported together with {'/'.join(given)} yet, got "
+                       f"{'both' if len(given) == 1 else 'them together'}")
     _ffn_flags_need_channel_idle(settings, "DW-conv alone keeps timm's FFNs")
     try:
         return convert_dwconv(timm_model, settings)
