@@ -230,6 +230,7 @@ def test_entry_point_subprocess(tmp_path):
       "{tmp}/x.safetensors"], "--img-size: 16 disagrees with img_size=32 in --model-kwargs"),
     (["convert", "vit_tiny_patch16_224", "--num-classes", "3", "--model-kwargs", '{"num_classes": 10}', "-o",
       "{tmp}/x.safetensors"], "--num-classes: 3 disagrees with num_classes=10 in --model-kwargs"),
+    (["train", *TINY, "--norm", "layer", "--out", "{tmp}/run"], "--norm: only used with --channel-idle"),  # was ignored
     (["train", "vit_tiny_patch16_224", "--img-size", "16", "--model-kwargs", '{"num_classes": 5}', "--out", "{tmp}/run"],
      "--data (its classes): 10 disagrees with num_classes=5 in --model-kwargs"),  # digits: 10 classes, not --num-classes
 ])

@@ -594,6 +594,7 @@ def _train_source(args, settings):
     if _dwconv_given(settings):
         return _dwconv_source(timm_model, settings, recipe)
     if settings.get("channel_idle") is None:
+        _ffn_flags_need_channel_idle(settings, "without it the timm model trains as it is")
         return timm_model, recipe
     norm, heuristic = settings.get("norm") or "batch", settings.get("heuristic") or "static"
     model = vitfast.convert.from_timm(timm_model, channel_idle=settings["channel_idle"], norm=norm, heuristic=heuristic)
@@ -776,6 +777,7 @@ def _distill_student(args, settings):
         # when --channel-idle is given), converted exactly like a timm SOURCE.
         return _nondeep_source(student, settings, recipe)
     if settings.get("channel_idle") is None:
+        _ffn_flags_need_channel_idle(settings, "without it the student keeps the teacher's FFNs")
         return student, recipe
     norm, heuristic = settings.get("norm") or "batch", settings.get("heuristic") or "static"
     student = vitfast.convert.from_timm(student, channel_idle=settings["channel_idle"], norm=norm, heuristic=heuristic)
