@@ -31,7 +31,7 @@ AlignedFloats::AlignedFloats(int64_t n) : size_(n) {
     // Packed weights are streamed whole on every call (a DeiT-B FFN: 7 MiB in 4 KiB pages is ~1800 TLB entries).
     // Start them on a 2 MiB boundary and ask for transparent huge pages (THP in "madvise" mode gives none
     // otherwise) over the whole 2 MiB blocks only, so the tail keeps 4 KiB pages and no memory is added.
-    // Measured: channel_idle_ffn at DeiT-B (θ .75, batch 1, one thread) 6.54 -> 6.43 ms, medians of 6 alternations.
+    // Measured: channel_idle_ffn at DeiT-B (θ .75, batch 1, one thread) 6.46 -> 6.38 ms, medians of 4 alternations.
     if (posix_memalign(&p, kHugePageBytes, bytes) != 0) p = nullptr;
     if (p != nullptr) madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);  // a hint: may fail
   } else {
