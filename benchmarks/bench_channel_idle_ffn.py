@@ -10,15 +10,19 @@ FLOPs = 2·M·C·(A + L) + 2·M·A·C (benchmarks/shapes.py).  Reported per case
 measured sgemm rate (torch.mm 2048³ fp32 at the same thread count), and the ratio vs eager and vs compile
 (terminal summary at the end of the run; also in pytest-benchmark's extra_info / --benchmark-json).
 
+`test_channel_idle_ffn_interleaved` calls cpp, eager and compile in alternation (harness.run_interleaved): its
+ratios compare calls made milliseconds apart, the robust figure on a shared machine whose clock drifts.
+
     .venv/bin/python -m pytest benchmarks/bench_channel_idle_ffn.py
     .venv/bin/python -m pytest benchmarks/bench_channel_idle_ffn.py -k "deit_base and theta0.75 and b1 and t1"
+    .venv/bin/python -m pytest benchmarks/bench_channel_idle_ffn.py -k interleaved
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness import median_seconds_of, op_provider, record
+from harness import median_seconds_of, op_provider, record, run_interleaved
 from shapes import VIT_SHAPES, channel_idle_dims, channel_idle_ffn_flops
 
 PROVIDERS = ["cpp", "eager", "compile", "triton"]
@@ -82,3 +86,19 @@ def test_channel_idle_ffn(benchmark, shape_name, theta, batch, threads, provider
     benchmark.extra_info.update(
         record(case, provider, median, channel_idle_ffn_flops(shape, theta, batch), threads)
     )
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
+@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("shape_name", ["deit_small", "deit_base"])
+def test_channel_idle_ffn_interleaved(benchmark, shape_name, batch, threads):
+    """cpp vs eager vs compile at θ = 0.75, one call of each per round (the order rotating)."""
+    shape = VIT_SHAPES[shape_name]
+    args = make_args(shape, 0.75, batch)
+    case = (shape.name, "theta0.75", f"b{batch}", f"t{threads}")
+    fns = {p: provider_fn(p, case) for p in ("eager", "cpp", "compile")}
+    flops = channel_idle_ffn_flops(shape, 0.75, batch)
+    # ~4 s per case: each round holds all three providers.
+    rounds = int(min(150, max(15, 4.0 / (3 * max(flops / 50e9 / threads, 1e-4)))))
+    entry = run_interleaved(benchmark, fns, args, case, threads, flops, rounds=rounds)
+    benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import _SGEMM, RESULTS
+from harness import _SGEMM, INTERLEAVED, RESULTS
 
 
 def pytest_collect_file(file_path, parent):
@@ -24,9 +24,10 @@ def pytest_collect_file(file_path, parent):
 
 
 def pytest_terminal_summary(terminalreporter):
+    tr = terminalreporter
+    _interleaved_summary(tr)
     if not RESULTS:
         return
-    tr = terminalreporter
     tr.section("vitfast ops: GFLOP/s, % of measured sgemm, ratios (medians, same run)")
     for threads, rate in sorted(_SGEMM.items()):
         tr.write_line(f"sgemm (torch.mm 2048^3 fp32) at {threads} thread(s): {rate:.1f} GFLOP/s")
@@ -41,3 +42,17 @@ def pytest_terminal_summary(terminalreporter):
             f"{'/'.join(map(str, case)):<32} {provider:<9} {r['median'] * 1e3:>9.3f} {r['gflops']:>8.1f} "
             f"{r['pct_of_sgemm']:>6.1f}% {vs_eager:>9} {vs_compile:>11}"
         )
+
+
+def _interleaved_summary(tr):
+    if not INTERLEAVED:
+        return
+    tr.section("interleaved providers: one call of each per round (ratios = baseline / provider, per round)")
+    tr.write_line(f"{'case':<32} {'provider':<9} {'ms':>9} {'GFLOP/s':>8} {'vs first, median':>17} {'p10-p90':>13}")
+    for case, entry in INTERLEAVED.items():
+        for name, r in entry["providers"].items():
+            tr.write_line(
+                f"{'/'.join(map(str, case)):<32} {name:<9} {r['median'] * 1e3:>9.3f} {r['gflops']:>8.1f} "
+                f"{r['ratio_median']:>16.3f}x {r['ratio_p10']:>6.3f}-{r['ratio_p90']:<6.3f}"
+            )
+        tr.write_line(f"{'':<32} ({entry['rounds']} rounds, {entry['threads']} thread(s); first = baseline)")

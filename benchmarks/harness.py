@@ -6,6 +6,9 @@
 - `record(...)`: every benchmark stores (case, provider) → median seconds and FLOPs in `RESULTS`; the
   terminal summary (conftest.py) prints GFLOP/s, % of sgemm and the ratios against the eager reference and
   torch.compile of the reference, from medians measured in the same run.
+- `run_interleaved(...)`: the providers of one case called in alternation, round after round; each round's
+  ratio compares calls made milliseconds apart, so it does not follow the machine's drift between two
+  benchmarks (`INTERLEAVED`, printed in its own section of the summary).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import vitfast
 from vitfast import reference
 
 RESULTS: "OrderedDict[tuple, dict]" = OrderedDict()
+INTERLEAVED: "OrderedDict[tuple, dict]" = OrderedDict()
 _SGEMM: dict[int, float] = {}
 
 
@@ -125,3 +129,61 @@ def run_case(benchmark, fn, args, case: tuple, provider: str, flops: int, thread
     finally:
         torch.set_num_threads(previous)
     benchmark.extra_info.update(record(case, provider, median, flops, threads))
+
+
+def run_interleaved(benchmark, fns: "dict[str, object]", args, case: tuple, threads: int, flops: int,
+                    rounds: int = 60) -> dict:
+    """Call each provider of `fns` (name → callable, the first is the baseline of the ratios) once per round,
+    the order rotating every round, for `rounds` rounds at `threads` threads, under pytest-benchmark (its stats
+    are those of whole rounds).  Records, per provider, the median of its calls and the median and p10-p90 of
+    the per-round ratio baseline / provider in `INTERLEAVED`; returns that record.
+
+    Why: on a shared machine the clock and the neighbours' load drift over seconds.  Two benchmarks run one
+    after the other (the parametrised tests above) see different machines, and their ratio moved 1.05-1.56x
+    between runs of the same build (channel_idle_ffn, DeiT-B, Zen 3); calls made milliseconds apart see the
+    same one.
+    """
+    names = list(fns)
+    if len(names) < 2:
+        raise ValueError(f"fns: expected at least two providers to interleave, got {names}")
+    if rounds < 3:
+        raise ValueError(f"rounds: expected >= 3, got {rounds}")
+    times: "dict[str, list[float]]" = {n: [] for n in names}
+    state = {"round": 0}
+
+    def one_round():
+        r = state["round"]
+        state["round"] += 1
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            fns[name](*args)
+            times[name].append(time.perf_counter() - t0)
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            for name in names:  # untimed: packs the weights (cpp), compiles (compile)
+                fns[name](*args)
+                fns[name](*args)
+            if benchmark.disabled:  # --benchmark-disable (a smoke run): pedantic would call once
+                for _ in range(3):
+                    one_round()
+            else:
+                benchmark.pedantic(one_round, rounds=rounds, iterations=1, warmup_rounds=0)
+    finally:
+        torch.set_num_threads(previous)
+    base = times[names[0]]
+    entry = {"rounds": len(base), "threads": threads, "flops": flops, "providers": {}}
+    for name in names:
+        ratios = sorted(b / t for b, t in zip(base, times[name]))
+        median = statistics.median(times[name])
+        entry["providers"][name] = {
+            "median": median,
+            "gflops": round(flops / median / 1e9, 2),
+            "ratio_median": round(statistics.median(ratios), 4),
+            "ratio_p10": round(ratios[int(0.1 * (len(ratios) - 1))], 4),
+            "ratio_p90": round(ratios[int(0.9 * (len(ratios) - 1))], 4),
+        }
+    INTERLEAVED[case] = entry
+    return entry
