@@ -218,9 +218,15 @@ def test_non_square_grid_336x448():
     assert fused.blocks[1].grid_size == (21, 28)
 
 
+def without_grid_hook(model):
+    """The model as if its DW-conv blocks had been put in by hand: no follow_patch_grid hook."""
+    model.patch_embed._forward_hooks.clear()
+    return model
+
+
 def test_grid_mismatch_is_a_clear_error_and_set_grid_size_fixes_it():
     model = vit(img_size=32, patch=8, dynamic_img_size=True)
-    converted = vitfast.convert.from_timm(model, dwconv_blocks=[0]).eval()
+    converted = without_grid_hook(vitfast.convert.from_timm(model, dwconv_blocks=[0]).eval())
     x = torch.randn(1, 3, 16, 24)  # 2×3 grid, not the converted 4×4
     with pytest.raises(ValueError, match=r"x: expected 17 tokens \(1 prefix \+ a 4×4 patch grid\), got 7"):
         with torch.no_grad():
@@ -236,26 +242,62 @@ def test_grid_mismatch_is_a_clear_error_and_set_grid_size_fixes_it():
         set_grid_size(converted, (0, 3))
 
 
+def dynamic_model_in(stage, converted, tmp_path):
+    if stage == "fused":
+        return vitfast.fuse(converted)
+    if stage == "loaded":
+        vitfast.save(vitfast.fuse(converted), tmp_path / "f.safetensors")
+        return vitfast.load(tmp_path / "f.safetensors")
+    if stage == "resumed":
+        from vitfast.train import load_trainable, save_trainable
+        save_trainable(converted, tmp_path / "t.safetensors")
+        return load_trainable(tmp_path / "t.safetensors")[0].eval()
+    return converted
+
+
+@pytest.mark.parametrize("stage", ["converted", "fused", "loaded", "resumed"])
+def test_dynamic_img_size_follows_each_inputs_patch_grid(stage, tmp_path):
+    # Built on 32×40 images (a 4×5 grid, 20 patches).  A 40×32 image has 20 patches too, on a 5×4 grid: counting
+    # tokens could not tell, and the model ran it on the 4×5 grid, silently wrong.  Every form of a dynamic_img_size
+    # model now takes the grid from its patch embedding at each forward; a 48×40 image (6×5) runs as well.
+    model = vit(img_size=(32, 40), patch=8, dynamic_img_size=True)
+    converted = vitfast.convert.from_timm(model, dwconv_blocks=[0], dwconv_heads={1: [2]}).eval()
+    truth = without_grid_hook(copy.deepcopy(converted))  # the train-time modules, grid set by hand below
+    net = dynamic_model_in(stage, converted, tmp_path)
+    grids = lambda m: {x.grid_size for x in m.modules() if isinstance(x, (DWConvAttention, FusedDWConvBlock))}  # noqa: E731
+    for shape, grid in [((40, 32), (5, 4)), ((48, 40), (6, 5)), ((16, 80), (2, 10)), ((32, 40), (4, 5))]:
+        x = torch.randn(1, 3, *shape)
+        set_grid_size(truth, grid)
+        with torch.no_grad():
+            expected = truth(x)
+            assert_close_scaled(net(x), expected)
+        assert grids(net) == {grid}, (shape, grids(net))
+
+
+def test_follow_patch_grid_is_idempotent_and_needs_a_patch_embed():
+    converted = vitfast.convert.from_timm(vit(dynamic_img_size=True), dwconv_blocks=[0]).eval()
+    assert len(converted.patch_embed._forward_hooks) == 1
+    assert vitfast.nn.follow_patch_grid(converted) is True
+    assert len(converted.patch_embed._forward_hooks) == 1  # replaced, not stacked
+    assert vitfast.nn.follow_patch_grid(torch.nn.Linear(2, 2)) is False
+    # Without dynamic_img_size the embedding is flattened: the hook leaves the built grid alone.
+    fixed = vitfast.convert.from_timm(vit(), dwconv_blocks=[0]).eval()
+    with torch.no_grad():
+        fixed(images(fixed))
+    assert fixed.blocks[0].attn.grid_size == (4, 5)
+
+
 @pytest.mark.parametrize("stage", ["converted", "fused", "loaded", "resumed"])
 def test_a_larger_input_is_refused_not_read_as_prefix_tokens(stage, tmp_path):
     # With dynamic_img_size a 48×40 image gives a 6×5 grid: 31 tokens.  Split by the converted 4×5 grid, the 10
     # extra patches used to become "prefix tokens" (given the grid mean instead of their convolution): a silently
-    # wrong output.  The modules now know their prefix-token count and refuse it, in every form of the model.
+    # wrong output.  The modules know their prefix-token count and refuse it, in every form of the model, when
+    # nothing sets their grid (DW-conv blocks put into a model by hand, without follow_patch_grid).
     model = vit(img_size=(32, 40), patch=8, dynamic_img_size=True)
     converted = vitfast.convert.from_timm(model, dwconv_blocks=[0], dwconv_heads={1: [2]}).eval()
-    truth = copy.deepcopy(converted)  # the train-time modules on the reference ops, grid set by hand below
+    truth = without_grid_hook(copy.deepcopy(converted))  # the train-time modules, grid set by hand below
     set_grid_size(truth, (6, 5))
-    if stage == "fused":
-        net = vitfast.fuse(converted)
-    elif stage == "loaded":
-        vitfast.save(vitfast.fuse(converted), tmp_path / "f.safetensors")
-        net = vitfast.load(tmp_path / "f.safetensors")
-    elif stage == "resumed":
-        from vitfast.train import load_trainable, save_trainable
-        save_trainable(converted, tmp_path / "t.safetensors")
-        net = load_trainable(tmp_path / "t.safetensors")[0].eval()
-    else:
-        net = converted
+    net = without_grid_hook(dynamic_model_in(stage, converted, tmp_path))
     assert [m.prefix_tokens for m in net.modules() if hasattr(m, "prefix_tokens")] == [1, 1]
     x = torch.randn(1, 3, 48, 40)
     with pytest.raises(ValueError, match=r"expected 21 tokens \(1 prefix \+ a 4×5 patch grid\), got 31.*set_grid_size"):

@@ -667,6 +667,10 @@ def load(
     _check_skeleton_size(path, header, config, probe)
     model = _with_dtype(_try_rebuild(path, config), config)
     set_source_architecture(model, config.get("source_architecture"))  # kept if the model is saved again
+    from .nn.dwconv import FusedDWConvBlock, follow_patch_grid
+
+    if any(isinstance(m, FusedDWConvBlock) for m in model.modules()):
+        follow_patch_grid(model)  # under dynamic_img_size, the grid of each input (see vitfast.nn.dwconv)
     expected = model.state_dict(keep_vars=True)
     if probe is None:
         _check_tensors(path, header, config, expected)

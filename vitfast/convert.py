@@ -749,7 +749,7 @@ def replace_dwconv_blocks(converted: nn.Module, plan: Mapping[int, Sequence[int]
                           ensemble: bool = False, kernel_init_std: Optional[float] = None) -> nn.Module:
     """In place: block b of a converted ViT (ChannelIdleBlocks) becomes a `DWConvBlock` with the heads plan[b]
     replaced, on the model's patch grid and prefix-token count."""
-    from .nn.dwconv import DWConvBlock
+    from .nn.dwconv import DWConvBlock, follow_patch_grid
 
     grid = tuple(int(g) for g in converted.patch_embed.grid_size)
     for b, hs in plan.items():
@@ -757,4 +757,5 @@ def replace_dwconv_blocks(converted: nn.Module, plan: Mapping[int, Sequence[int]
             converted.blocks[b], hs, grid, kernel_size=kernel_size, ensemble=ensemble, kernel_init_std=kernel_init_std,
             prefix_tokens=int(converted.num_prefix_tokens), name=f"model block {b}",
         )
+    follow_patch_grid(converted)  # under dynamic_img_size, the grid of each input (not only its token count)
     return converted

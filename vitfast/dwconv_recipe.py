@@ -66,7 +66,7 @@ def build_dwconv(model: nn.Module, desc: Dict[str, Any]) -> nn.Module:
     """Replace the blocks listed by `describe_dwconv` on a rebuilt skeleton whose blocks are `ChannelIdleBlock`s
     (`build_trainable` converts them first).  In place; returns the model."""
     from .nn.channel_idle import ChannelIdleBlock
-    from .nn.dwconv import DWConvBlock
+    from .nn.dwconv import DWConvBlock, follow_patch_grid
 
     blocks = desc.get("blocks") if isinstance(desc, dict) else None
     if not blocks:
@@ -83,6 +83,7 @@ def build_dwconv(model: nn.Module, desc: Dict[str, Any]) -> nn.Module:
                                      kernel_size=int(spec["kernel_size"]), ensemble=bool(spec["ensemble"]),
                                      prefix_tokens=spec.get("prefix_tokens"), name=path)
         setattr(owner, child, new)
+    follow_patch_grid(model)
     return model
 
 

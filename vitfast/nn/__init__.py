@@ -62,6 +62,6 @@ __all__ = [
 
 # Drop-in depthwise convolution heads (dropin-depthwise-conv-attention): train-time `DWConvAttention`,
 # `DWConvBlock`; fused `FusedDWConvBlock` ("dwconv_block").
-from .dwconv import DWConvAttention, DWConvBlock, FusedDWConvBlock, set_grid_size  # noqa: E402,F401
+from .dwconv import DWConvAttention, DWConvBlock, FusedDWConvBlock, follow_patch_grid, set_grid_size  # noqa: E402,F401
 
-__all__ += ["DWConvAttention", "DWConvBlock", "FusedDWConvBlock", "set_grid_size"]
+__all__ += ["DWConvAttention", "DWConvBlock", "FusedDWConvBlock", "follow_patch_grid", "set_grid_size"]

@@ -19,7 +19,9 @@ inference), replaced heads on `torch.ops.vitfast.dwconv_attention`, the remainin
 
 Token grid: tokens are [prefix tokens, then the grid row-major], timm's layout; `grid_size` = (rows, cols) of
 the patch grid (non-square grids work: 336×448 images with 16-pixel patches are 21×28).  The number of prefix
-tokens is N − rows·cols.  `set_grid_size(model, grid)` changes it everywhere (another input resolution).
+tokens is N − rows·cols.  `set_grid_size(model, grid)` changes it everywhere (another input resolution).  A model
+built with timm's `dynamic_img_size` follows its input instead: `follow_patch_grid(model)` (installed by every
+vitfast path that puts DW-conv modules into a ViT) sets the grid from the patch embedding's output at each forward.
 Prefix tokens kept in the model (cls / registers) get, from a replaced head, the mean of its values over the
 grid (see `vitfast.reference.dwconv_attention`); the paper removes the cls token instead and pools the mean of
 the tokens (`vitfast.convert.remove_prefix_tokens`).
@@ -43,7 +45,7 @@ from .channel_idle import ChannelIdleBlock, ChannelIdleMlp
 from .fused import FusedChannelIdleFFN, _ConfigReader, _layer_norm
 from .registry import register_fused
 
-__all__ = ["DWConvAttention", "DWConvBlock", "FusedDWConvBlock", "set_grid_size", "dwconv_heads"]
+__all__ = ["DWConvAttention", "DWConvBlock", "FusedDWConvBlock", "set_grid_size", "follow_patch_grid", "dwconv_heads"]
 
 
 def _check_grid(grid_size, name: str = "grid_size") -> Tuple[int, int]:
@@ -503,6 +505,45 @@ class FusedDWConvBlock(nn.Module):
 def dwconv_heads(model: nn.Module) -> Dict[str, Tuple[int, ...]]:
     """{module path: replaced head indices} of every train-time `DWConvAttention` in `model`."""
     return {name: m.conv_heads for name, m in model.named_modules() if isinstance(m, DWConvAttention)}
+
+
+class _PatchGridHook:
+    """Forward hook on a timm ViT's `patch_embed`: under `dynamic_img_size` the embedding returns the patches as a
+    grid (NHWC), whose (rows, cols) become the DW-conv modules' grid before the blocks run.  Counting tokens could
+    not tell a 14×14 grid from a 7×28 one (both 196 patches), so a same-count image of another shape ran on the old
+    grid, silently wrong.  It holds the root model, not its modules: a deepcopy (vitfast.fuse) maps it to the copy,
+    and the fused blocks that replace the train-time ones are found at call time."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.root = root
+
+    def __call__(self, module: nn.Module, args, output) -> None:
+        if not isinstance(output, torch.Tensor) or output.dim() != 4:
+            return  # a flattened [B, N, C] embedding: the fixed grid the modules were built on
+        fmt = getattr(getattr(module, "output_fmt", None), "value", getattr(module, "output_fmt", None))
+        if fmt == "NHWC":
+            rows, cols = output.shape[1], output.shape[2]
+        elif fmt == "NCHW":
+            rows, cols = output.shape[2], output.shape[3]
+        else:
+            return
+        if not (isinstance(rows, int) and isinstance(cols, int)):
+            return  # symbolic sizes (torch.export): the traced graph keeps the grid the modules hold
+        set_grid_size(self.root, (rows, cols))
+
+
+def follow_patch_grid(model: nn.Module) -> bool:
+    """Make the DW-conv modules of a timm ViT follow the input's patch grid when the model has `dynamic_img_size`
+    (see `_PatchGridHook`); idempotent.  Returns False (nothing installed) for a model without a `patch_embed`.
+    Without `dynamic_img_size` the embedding's output is flattened and the hook does nothing: the grid is fixed."""
+    embed = getattr(model, "patch_embed", None)
+    if not isinstance(embed, nn.Module):
+        return False
+    for key, hook in list(embed._forward_hooks.items()):
+        if isinstance(hook, _PatchGridHook):
+            del embed._forward_hooks[key]
+    embed.register_forward_hook(_PatchGridHook(model))
+    return True
 
 
 def set_grid_size(model: nn.Module, grid_size: Tuple[int, int]) -> int:
