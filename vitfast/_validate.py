@@ -185,6 +185,67 @@ def check_attention_args(qkv: torch.Tensor, num_heads: int, scale: Optional[floa
     return num_heads, width // (3 * num_heads)
 
 
+def check_vit_block_args(
+    x: torch.Tensor,
+    norm1_eps: float,
+    w_qkv: torch.Tensor,
+    b_qkv: Optional[torch.Tensor],
+    num_heads: int,
+    w_proj: torch.Tensor,
+    b_proj: Optional[torch.Tensor],
+    ffn_norm_eps: Optional[float],
+    w_in: torch.Tensor,
+    b_in: Optional[torch.Tensor],
+    w_out: torch.Tensor,
+    b_out: Optional[torch.Tensor],
+    ffn_residual: bool,
+) -> tuple[int, int]:
+    """Validate `vit_block` arguments (the fused ViT block as one op); return (H, D).
+
+    x [B, N, C] float32;  w_qkv [3·H·D, C], b_qkv [3·H·D];  w_proj [C, H·D], b_proj [C];  the FFN's tensors as
+    for `channel_idle_ffn` with C_in = C_out = C.  norm1_eps (and ffn_norm_eps unless None): finite, >= 0.
+    """
+    check_tensor("x", x)
+    if x.dim() != 3:
+        raise ValueError(f"x: expected 3-D [B, N, C], got shape {_fmt_shape(x)}")
+    if x.dtype != torch.float32:
+        raise ValueError(f"x: expected dtype torch.float32 (the block op runs in fp32), got {x.dtype}")
+    c = x.shape[-1]
+    for name, eps in (("norm1_eps", norm1_eps), ("ffn_norm_eps", ffn_norm_eps)):
+        if eps is None and name == "ffn_norm_eps":
+            continue
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps >= 0):
+            raise ValueError(f"{name}: expected a finite number >= 0, got {eps!r}")
+    heads = as_integer(num_heads)
+    if heads is None or heads < 1:
+        raise ValueError(f"num_heads: expected an int >= 1, got {num_heads!r}")
+    check_tensor("w_qkv", w_qkv)
+    check_tensor("w_proj", w_proj)
+    if w_qkv.dim() != 2 or w_qkv.shape[1] != c:
+        raise ValueError(f"w_qkv: expected shape [3·H·D, {c}] (C = x.shape[-1] = {c}), got {_fmt_shape(w_qkv)}")
+    width = w_qkv.shape[0]
+    if width <= 0 or width % 3 or width // 3 % heads:
+        raise ValueError(
+            f"w_qkv: expected a first dimension a positive multiple of 3·num_heads = {3 * heads}, "
+            f"got shape {_fmt_shape(w_qkv)}"
+        )
+    attn_dim = width // 3
+    if tuple(w_proj.shape) != (c, attn_dim):
+        raise ValueError(f"w_proj: expected shape [{c}, {attn_dim}] ([C, H·D]), got {_fmt_shape(w_proj)}")
+    check_like_x(x, (("w_qkv", w_qkv), ("b_qkv", b_qkv), ("w_proj", w_proj), ("b_proj", b_proj)))
+    if b_qkv is not None and tuple(b_qkv.shape) != (width,):
+        raise ValueError(f"b_qkv: expected shape [{width}], got {_fmt_shape(b_qkv)}")
+    if b_proj is not None and tuple(b_proj.shape) != (c,):
+        raise ValueError(f"b_proj: expected shape [{c}], got {_fmt_shape(b_proj)}")
+    if not isinstance(ffn_residual, bool):
+        raise ValueError(f"ffn_residual: expected a bool, got {ffn_residual!r}")
+    _, _, c_out = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, None)
+    if c_out != c:
+        raise ValueError(f"w_out: expected shape [{c}, A] (C = x.shape[-1] = {c}: the block keeps its width), "
+                         f"got {_fmt_shape(w_out)}")
+    return heads, attn_dim // heads
+
+
 def check_finite_parameter(name: str, t: torch.Tensor) -> None:
     """Refuse NaN/Inf in a parameter that is about to be folded or loaded (e.g. a BatchNorm scale)."""
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):

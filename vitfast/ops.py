@@ -16,11 +16,11 @@ import torch
 from . import _autograd, _optimizer_versions, reference
 from ._env import get_backend, get_cuda_kernels
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_layer_norm_args, check_linear_args
-from ._validate import check_tensor, check_xwx_attention_args
+from ._validate import check_tensor, check_vit_block_args, check_xwx_attention_args
 from ._validate_dwconv import check_dwconv_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa",
-           "batch_gate", "gate_select", "prepack", "clear_weight_cache"]
+           "batch_gate", "gate_select", "prepack", "clear_weight_cache", "vit_block"]
 
 SCHEMAS = {
     "channel_idle_ffn": (
@@ -41,6 +41,15 @@ SCHEMAS = {
         "Tensor? b_o=None, Tensor? residual=None) -> Tensor"
     ),
 }
+
+# The fused ViT block (vitfast.nn.Block with its default attention) as one call: LN → qkv → attention → proj + x →
+# [LN] → channel-idle FFN [+ shortcut].  On CPU one dispatch instead of six (csrc/ops/vit_block.cpp), the same
+# kernels and bits as the op-by-op path; on CUDA the composition of the per-op CUDA impls.
+SCHEMAS["vit_block"] = (
+    "vit_block(Tensor x, float norm1_eps, Tensor w_qkv, Tensor? b_qkv, int num_heads, Tensor w_proj, "
+    "Tensor? b_proj, float? ffn_norm_eps, Tensor w_in, Tensor? b_in, Tensor w_out, Tensor? b_out, "
+    "bool ffn_residual) -> Tensor"
+)
 
 # dropin-depthwise-conv-attention: value projection + depthwise k×k conv over the token grid + output projection.
 SCHEMAS["dwconv_attention"] = (
@@ -81,6 +90,14 @@ def _layer_norm_fake(x, weight=None, bias=None, eps=1e-5):
 def _attention_fake(qkv, num_heads, scale=None):
     heads, head_dim = check_attention_args(qkv, num_heads, scale)
     return qkv.new_empty((qkv.shape[0], qkv.shape[1], heads * head_dim))
+
+
+@_register_fake("vit_block")
+def _vit_block_fake(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
+                    ffn_residual):
+    check_vit_block_args(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out,
+                         b_out, ffn_residual)
+    return x.new_empty(x.shape)
 
 
 @_register_fake("xwx_attention")
@@ -146,6 +163,22 @@ def _attention_cuda(qkv, num_heads, scale=None):
 
 
 _lib.impl("attention", _attention_cuda, "CUDA")
+
+
+def _vit_block_composed(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out,
+                        b_out, ffn_residual):
+    """vit_block as its six ops (each on its own device impl; the same formula as reference.vit_block)."""
+    check_vit_block_args(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out,
+                         b_out, ffn_residual)
+    vf = torch.ops.vitfast
+    qkv = vf.linear(vf.layer_norm(x, None, None, norm1_eps), w_qkv, b_qkv)
+    x1 = vf.linear(vf.attention(qkv, num_heads), w_proj, b_proj, x)
+    y = vf.layer_norm(x1, None, None, ffn_norm_eps) if ffn_norm_eps is not None else x1
+    return vf.channel_idle_ffn(y, w_in, b_in, w_out, b_out, x1 if ffn_residual else None)
+
+
+# No launch to save on CUDA by merging (each op is one or two launches either way): the composition.
+_lib.impl("vit_block", _vit_block_composed, "CUDA")
 
 
 @_register_fake("dwconv_attention")
@@ -544,6 +577,37 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
         return _reference("attention", qkv, num_heads, scale)
     check_tensor("qkv", qkv)  # its only tensor: with None the dispatcher has nothing to dispatch on
     return _run("attention", qkv, num_heads, scale)
+
+
+def vit_block(
+    x: torch.Tensor,
+    norm1_eps: float,
+    w_qkv: torch.Tensor,
+    b_qkv: Optional[torch.Tensor],
+    num_heads: int,
+    w_proj: torch.Tensor,
+    b_proj: Optional[torch.Tensor],
+    ffn_norm_eps: Optional[float],
+    w_in: torch.Tensor,
+    b_in: Optional[torch.Tensor],
+    w_out: torch.Tensor,
+    b_out: Optional[torch.Tensor],
+    ffn_residual: bool,
+) -> torch.Tensor:
+    """`torch.ops.vitfast.vit_block` (the fused ViT block as one op, see reference.vit_block), or the reference when
+    VITFAST_BACKEND=reference.  When autograd must record the call it runs as its six ops, each with its reference
+    gradient (a block op's gradient would be that composition's anyway)."""
+    args = (x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
+            ffn_residual)
+    if get_backend() == "reference":
+        return _reference("vit_block", *args)
+    check_tensor("x", x)  # before the dispatcher reads its device
+    if torch.is_grad_enabled() and _autograd.any_requires_grad(args):
+        qkv = linear(layer_norm(x, None, None, norm1_eps), w_qkv, b_qkv)
+        x1 = linear(attention(qkv, num_heads), w_proj, b_proj, x)
+        y = layer_norm(x1, None, None, ffn_norm_eps) if ffn_norm_eps is not None else x1
+        return channel_idle_ffn(y, w_in, b_in, w_out, b_out, x1 if ffn_residual else None)
+    return torch.ops.vitfast.vit_block(*args)
 
 
 __all__ += ["dwconv_attention"]

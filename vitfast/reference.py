@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from ._validate import check_attention_args, check_channel_idle_ffn_args, check_layer_norm_args, check_linear_args
-from ._validate import check_xwx_attention_args
+from ._validate import check_vit_block_args, check_xwx_attention_args
 from ._validate_dwconv import check_dwconv_attention_args
 
-__all__ = ["attention", "channel_idle_ffn", "linear", "xwx_attention", "batch_gate", "batch_gate_logits", "gate_select"]
+__all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "vit_block", "xwx_attention", "batch_gate",
+           "batch_gate_logits", "gate_select"]
 
 
 def channel_idle_ffn(
@@ -84,6 +85,35 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
     q, k, v = qkv.reshape(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
     out = F.scaled_dot_product_attention(q, k, v, scale=scale)
     return out.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
+
+
+def vit_block(
+    x: torch.Tensor,
+    norm1_eps: float,
+    w_qkv: torch.Tensor,
+    b_qkv: Optional[torch.Tensor],
+    num_heads: int,
+    w_proj: torch.Tensor,
+    b_proj: Optional[torch.Tensor],
+    ffn_norm_eps: Optional[float],
+    w_in: torch.Tensor,
+    b_in: Optional[torch.Tensor],
+    w_out: torch.Tensor,
+    b_out: Optional[torch.Tensor],
+    ffn_residual: bool,
+) -> torch.Tensor:
+    """The fused ViT block (`vitfast.nn.Block` with its default attention) as one function:
+
+        x1  = x + linear(attention(linear(LN(x), w_qkv, b_qkv), num_heads), w_proj, b_proj)   LN non-affine
+        out = channel_idle_ffn(LN(x1) if ffn_norm_eps is not None else x1, w_in, b_in, w_out, b_out,
+                               residual = x1 if ffn_residual else None)
+    """
+    check_vit_block_args(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out,
+                         b_out, ffn_residual)
+    qkv = linear(layer_norm(x, None, None, norm1_eps), w_qkv, b_qkv)
+    x1 = linear(attention(qkv, num_heads), w_proj, b_proj, x)
+    y = layer_norm(x1, None, None, ffn_norm_eps) if ffn_norm_eps is not None else x1
+    return channel_idle_ffn(y, w_in, b_in, w_out, b_out, x1 if ffn_residual else None)
 
 
 def xwx_attention(

@@ -23,6 +23,7 @@
 #include "kernels/attention.h"
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 
 namespace vitfast {
@@ -72,7 +73,15 @@ at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional
   at::Tensor out = at::empty({batch, tokens, attn_dim}, qkv.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   const float scale = scale_opt.has_value() ? float(*scale_opt) : 1.0f / std::sqrt(float(d));
-  const CpuIsa isa = active_cpu_isa();
+  attention_run(qp, ld_qkv, batch, tokens, heads, d, scale, op, active_cpu_isa());
+  return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());
+}
+
+}  // namespace
+
+void attention_run(const float* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
+                   float scale, float* op, CpuIsa isa) {
+  const int64_t attn_dim = heads * d;
 
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t pairs = batch * heads;
@@ -106,10 +115,8 @@ at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional
                      op + b * tokens * attn_dim, attn_dim, ws, isa, next);
     }
   });
-  return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());
 }
 
-}  // namespace
 }  // namespace ops
 }  // namespace vitfast
 

@@ -22,6 +22,7 @@
 
 #include "kernels/channel_idle_ffn.h"
 #include "kernels/cpu_features.h"
+#include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 #include "ops/weight_cache.h"
 
@@ -31,13 +32,50 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
-struct Dims {
-  int64_t active, linear, c_out;
-};
+at::Tensor as_float_contiguous(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return t.to(at::kFloat).contiguous();
+}
+
+// Per-thread scratch for the h_act token tile, kept between calls (no allocation and page faults per call).
+float* thread_workspace(int64_t floats) {
+  thread_local gemm::AlignedFloats buffer;
+  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
+  return buffer.data();
+}
+
+at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, const OptTensor& b_in_opt,
+                                const at::Tensor& w_out, const OptTensor& b_out_opt, const OptTensor& residual_opt) {
+  const at::Tensor b_in = b_in_opt.value_or(at::Tensor());
+  const at::Tensor b_out = b_out_opt.value_or(at::Tensor());
+  const at::Tensor residual = residual_opt.value_or(at::Tensor());
+  const ChannelIdleFfnDims d = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, residual);
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x: expected device cpu (the CPU kernel), got ", x.device());
+
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = d.c_out;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < out_shape.size(); ++i) rows *= out_shape[i];
+  const bool fp32 = x.scalar_type() == at::kFloat;
+  if (rows == 0) return at::empty(out_shape, x.options());
+
+  const std::shared_ptr<const ChannelIdleFfnWeights> w = packed_channel_idle_ffn_weights(w_in, b_in, w_out, b_out);
+  const at::Tensor xf = as_float_contiguous(x);
+  const at::Tensor rf = as_float_contiguous(residual);
+  at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+  const float* xp = xf.data_ptr<float>();
+  const float* rp = rf.defined() ? rf.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  channel_idle_ffn_run(*w, rows, xp, rp, op, active_cpu_isa());
+  return fp32 ? out : out.to(x.scalar_type());
+}
+
+}  // namespace
 
 // Mirror of vitfast._validate.check_channel_idle_ffn_args (same order, same messages).
-Dims check_args(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& b_in, const at::Tensor& w_out,
-                const at::Tensor& b_out, const at::Tensor& residual) {
+ChannelIdleFfnDims check_channel_idle_ffn_args(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& b_in,
+                                               const at::Tensor& w_out, const at::Tensor& b_out,
+                                               const at::Tensor& residual) {
   check_required({{"x", &x}, {"w_in", &w_in}, {"w_out", &w_out}});
   TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least 1 dimension [..., C_in], got a 0-d tensor");
   TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
@@ -64,14 +102,11 @@ Dims check_args(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& b
   return {active, linear, c_out};
 }
 
-at::Tensor as_float_contiguous(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  return t.to(at::kFloat).contiguous();
-}
-
-std::shared_ptr<const ChannelIdleFfnWeights> packed_weights(const at::Tensor& w_in, const at::Tensor& b_in,
-                                                            const at::Tensor& w_out, const at::Tensor& b_out,
-                                                            const Dims& d) {
+std::shared_ptr<const ChannelIdleFfnWeights> packed_channel_idle_ffn_weights(const at::Tensor& w_in,
+                                                                             const at::Tensor& b_in,
+                                                                             const at::Tensor& w_out,
+                                                                             const at::Tensor& b_out) {
+  const int64_t active = w_out.size(1), linear = w_in.size(0) - active, c_out = w_out.size(0);
   return cached_pack_as<ChannelIdleFfnWeights>(
       "channel_idle_ffn", {w_in, b_in, w_out, b_out}, [&]() -> PackedEntry {
         // Once per weight version: refuse NaN/Inf (they would silently poison every output), then pack.
@@ -83,7 +118,7 @@ std::shared_ptr<const ChannelIdleFfnWeights> packed_weights(const at::Tensor& w_
         const at::Tensor wo = as_float_contiguous(w_out), bo = as_float_contiguous(b_out);
         auto packed = std::make_shared<ChannelIdleFfnWeights>(ChannelIdleFfnWeights::pack(
             wi.data_ptr<float>(), bi.defined() ? bi.data_ptr<float>() : nullptr, wo.data_ptr<float>(),
-            bo.defined() ? bo.data_ptr<float>() : nullptr, wi.size(1), d.active, d.linear, d.c_out));
+            bo.defined() ? bo.data_ptr<float>() : nullptr, wi.size(1), active, linear, c_out));
         PackedEntry e;
         e.bytes = packed->bytes();
         e.packed = std::move(packed);
@@ -91,39 +126,11 @@ std::shared_ptr<const ChannelIdleFfnWeights> packed_weights(const at::Tensor& w_
       });
 }
 
-// Per-thread scratch for the h_act token tile, kept between calls (no allocation and page faults per call).
-float* thread_workspace(int64_t floats) {
-  thread_local gemm::AlignedFloats buffer;
-  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
-  return buffer.data();
-}
-
-at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, const OptTensor& b_in_opt,
-                                const at::Tensor& w_out, const OptTensor& b_out_opt, const OptTensor& residual_opt) {
-  const at::Tensor b_in = b_in_opt.value_or(at::Tensor());
-  const at::Tensor b_out = b_out_opt.value_or(at::Tensor());
-  const at::Tensor residual = residual_opt.value_or(at::Tensor());
-  const Dims d = check_args(x, w_in, b_in, w_out, b_out, residual);
-  TORCH_CHECK_VALUE(x.device().is_cpu(), "x: expected device cpu (the CPU kernel), got ", x.device());
-
-  std::vector<int64_t> out_shape = x.sizes().vec();
-  out_shape.back() = d.c_out;
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < out_shape.size(); ++i) rows *= out_shape[i];
-  const bool fp32 = x.scalar_type() == at::kFloat;
-  if (rows == 0) return at::empty(out_shape, x.options());
-
-  const std::shared_ptr<const ChannelIdleFfnWeights> w = packed_weights(w_in, b_in, w_out, b_out, d);
-  const at::Tensor xf = as_float_contiguous(x);
-  const at::Tensor rf = as_float_contiguous(residual);
-  at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
-  const float* xp = xf.data_ptr<float>();
-  const float* rp = rf.defined() ? rf.data_ptr<float>() : nullptr;
-  float* op = out.data_ptr<float>();
-  const int64_t c_in = w->c_in(), c_out = w->c_out();
-  const CpuIsa isa = active_cpu_isa();
+void channel_idle_ffn_run(const ChannelIdleFfnWeights& w, int64_t rows, const float* xp, const float* rp,
+                          float* op, CpuIsa isa) {
+  const int64_t c_in = w.c_in(), c_out = w.c_out();
   const ChannelIdleFfnTiling tiling;
-  const int64_t ws_floats = channel_idle_ffn_workspace_floats(*w, tiling);
+  const int64_t ws_floats = channel_idle_ffn_workspace_floats(w, tiling);
 
   // One balanced share of the token rows per thread (gemm::RowShares).
   const gemm::RowShares shares(rows, at::get_num_threads(), isa);
@@ -131,14 +138,12 @@ at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, con
     float* ws = thread_workspace(ws_floats);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t r0 = shares.begin(c), r1 = shares.end(c);
-      channel_idle_ffn_rows(*w, r1 - r0, xp + r0 * c_in, rp ? rp + r0 * c_out : nullptr, op + r0 * c_out, ws,
+      channel_idle_ffn_rows(w, r1 - r0, xp + r0 * c_in, rp ? rp + r0 * c_out : nullptr, op + r0 * c_out, ws,
                             isa, tiling);
     }
   });
-  return fp32 ? out : out.to(x.scalar_type());
 }
 
-}  // namespace
 }  // namespace ops
 }  // namespace vitfast
 

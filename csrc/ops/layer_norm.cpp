@@ -17,6 +17,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/layer_norm.h"
+#include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 
 namespace vitfast {
@@ -57,16 +58,20 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const OptTensor& weight_opt, cons
   const float* gp = wf.defined() ? wf.data_ptr<float>() : nullptr;
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
-  const CpuIsa isa = active_cpu_isa();
-  const float feps = float(eps);
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / c);
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    layer_norm_rows(xp + begin * c, op + begin * c, end - begin, c, gp, bp, feps, isa);
-  });
+  layer_norm_run(xp, op, rows, c, gp, bp, float(eps), active_cpu_isa());
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
 }  // namespace
+
+void layer_norm_run(const float* xp, float* op, int64_t rows, int64_t c, const float* gp, const float* bp,
+                    float eps, CpuIsa isa) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / c);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    layer_norm_rows(xp + begin * c, op + begin * c, end - begin, c, gp, bp, eps, isa);
+  });
+}
+
 }  // namespace ops
 }  // namespace vitfast
 

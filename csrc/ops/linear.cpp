@@ -22,6 +22,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/linear.h"
+#include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 #include "ops/weight_cache.h"
 
@@ -65,7 +66,33 @@ const float* rows_view(const at::Tensor& t, int64_t cols, at::Tensor& holder, in
   return holder.data_ptr<float>();
 }
 
-std::shared_ptr<const gemm::PackedB> packed_weight(const at::Tensor& weight, const at::Tensor& bias) {
+at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias_opt,
+                      const OptTensor& residual_opt) {
+  const at::Tensor bias = bias_opt.value_or(at::Tensor());
+  const at::Tensor residual = residual_opt.value_or(at::Tensor());
+  const int64_t n = check_args(x, weight, bias, residual);
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x: expected device cpu (the CPU kernel), got ", x.device());
+  const int64_t k = x.size(-1);
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = n;
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < out_shape.size(); ++i) rows *= out_shape[i];
+  if (rows == 0 || n == 0) return at::empty(out_shape, x.options());
+
+  const std::shared_ptr<const gemm::PackedB> w = packed_linear_weight(weight, bias);
+  at::Tensor xh, rh;
+  int64_t ldx = k, ldr = n;
+  const float* xp = rows_view(x, k, xh, ldx);
+  const float* rp = residual.defined() ? rows_view(residual, n, rh, ldr) : nullptr;
+  at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  linear_run(*w, rows, xp, ldx, rp, ldr, op, active_cpu_isa());
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+}  // namespace
+
+std::shared_ptr<const gemm::PackedB> packed_linear_weight(const at::Tensor& weight, const at::Tensor& bias) {
   return cached_pack_as<gemm::PackedB>("linear", {weight, bias}, [&]() -> PackedEntry {
     // Once per weight version: refuse NaN/Inf (they would silently poison every output), then pack.
     check_finite("weight", weight);
@@ -81,52 +108,32 @@ std::shared_ptr<const gemm::PackedB> packed_weight(const at::Tensor& weight, con
   });
 }
 
-at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias_opt,
-                      const OptTensor& residual_opt) {
-  const at::Tensor bias = bias_opt.value_or(at::Tensor());
-  const at::Tensor residual = residual_opt.value_or(at::Tensor());
-  const int64_t n = check_args(x, weight, bias, residual);
-  TORCH_CHECK_VALUE(x.device().is_cpu(), "x: expected device cpu (the CPU kernel), got ", x.device());
-  const int64_t k = x.size(-1);
-  std::vector<int64_t> out_shape = x.sizes().vec();
-  out_shape.back() = n;
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < out_shape.size(); ++i) rows *= out_shape[i];
-  if (rows == 0 || n == 0) return at::empty(out_shape, x.options());
-
-  const std::shared_ptr<const gemm::PackedB> w = packed_weight(weight, bias);
-  at::Tensor xh, rh;
-  int64_t ldx = k, ldr = n;
-  const float* xp = rows_view(x, k, xh, ldx);
-  const float* rp = residual.defined() ? rows_view(residual, n, rh, ldr) : nullptr;
-  at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
-  float* op = out.data_ptr<float>();
-  const CpuIsa isa = active_cpu_isa();
+void linear_run(const gemm::PackedB& w, int64_t rows, const float* xp, int64_t ldx, const float* rp,
+                int64_t ldr, float* op, CpuIsa isa) {
+  const int64_t n = w.n();
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t blocks = (rows + gemm::kMr - 1) / gemm::kMr;
 
-  if (blocks >= threads || w->panels() < 2) {
+  if (blocks >= threads || w.panels() < 2) {
     // One balanced share of the token rows per thread (gemm::RowShares).
     const gemm::RowShares shares(rows, threads, isa);
     at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
         const int64_t r0 = shares.begin(c), r1 = shares.end(c);
-        linear_rows(*w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr, op + r0 * n, n, isa);
+        linear_rows(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr, op + r0 * n, n, isa);
       }
     });
   } else {
     // Few rows (e.g. a head on B cls tokens): split the output panels, i.e. the weight, between threads.
-    const int64_t panels = w->panels();
+    const int64_t panels = w.panels();
     const int64_t chunks = std::min(threads, panels);
     at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c)
-        linear_rows(*w, rows, xp, ldx, rp, ldr, op, n, isa, panels * c / chunks, panels * (c + 1) / chunks);
+        linear_rows(w, rows, xp, ldx, rp, ldr, op, n, isa, panels * c / chunks, panels * (c + 1) / chunks);
     });
   }
-  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-}  // namespace
 }  // namespace ops
 }  // namespace vitfast
 

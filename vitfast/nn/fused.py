@@ -32,6 +32,7 @@ from timm.layers import LayerNorm as TimmLayerNorm
 from timm.layers import Mlp
 from timm.models.swin_transformer import SwinTransformerBlock
 from timm.models.vision_transformer import Attention as TimmAttention
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 from .. import ops
 from . import _timm
@@ -482,6 +483,54 @@ def _affine_norm_state(norm: nn.Module, like: torch.Tensor) -> Dict[str, torch.T
 
 
 # ------------------------------------------------------------------------------------------ ViT block
+def _plain_norm_eps(norm: Optional[nn.Module]) -> Optional[float]:
+    """eps of a LayerNorm without an affine that `_layer_norm` runs as `ops.layer_norm`; None for anything else."""
+    if type(norm) not in _PLAIN_LAYER_NORMS or len(norm.normalized_shape) != 1 or getattr(norm, "_fast_norm", False):
+        return None
+    params = norm._parameters
+    if params.get("weight") is not None or params.get("bias") is not None:
+        return None
+    return float(norm.eps)
+
+
+def _whole_block_args(block: "Block", x: torch.Tensor) -> Optional[tuple]:
+    """The arguments of `torch.ops.vitfast.vit_block` when this forward may run the whole block as that one op
+    (csrc/ops/vit_block.cpp: the same kernels and bits as the six-op path, without its per-op Python and dispatch
+    cost, ~70-120 µs per block on the Zen 3 host), else None.
+
+    It may when nothing the six-op path would do differently is in play: inference (grad mode off), a CPU fp32
+    [B, N, C] input, the C++ kernels on the auto backend, no tracing (exported graphs keep the per-op calls), the
+    default attention (no qk_norm / scale_norm; masks are ruled out by the caller), the fused FFN, non-affine
+    LayerNorms, and no forward hooks that calling `attn` / `mlp` as modules would fire.
+    """
+    if torch.is_grad_enabled() or not x.is_cpu or x.dtype != torch.float32 or x.dim() != 3:
+        return None
+    modules = block._modules
+    attn, mlp = modules["attn"], modules["mlp"]
+    if type(attn) is not Attention or type(mlp) is not FusedChannelIdleFFN:
+        return None
+    if (attn._forward_hooks or attn._forward_pre_hooks or mlp._forward_hooks or mlp._forward_pre_hooks
+            or _global_forward_hooks or _global_forward_pre_hooks):
+        return None
+    attn_modules = attn._modules
+    if type(attn_modules["q_norm"]) is not nn.Identity or type(attn_modules["norm"]) is not nn.Identity:
+        return None
+    norm1_eps = _plain_norm_eps(modules["norm1"])
+    if norm1_eps is None:
+        return None
+    ffn_norm = mlp._modules.get("norm")
+    ffn_norm_eps = _plain_norm_eps(ffn_norm) if ffn_norm is not None else None
+    if ffn_norm is not None and ffn_norm_eps is None:
+        return None
+    qkv, proj = attn_modules["qkv"], attn_modules["proj"]
+    if (qkv.weight.dtype != torch.float32 or not ops.extension_loaded() or ops.get_backend() == "reference"
+            or _tracing()):
+        return None
+    ffn = mlp._parameters
+    return (x, norm1_eps, qkv.weight, qkv.bias, attn.num_heads, proj.weight, proj.bias, ffn_norm_eps,
+            ffn["w_in"], ffn["b_in"], ffn["w_out"], ffn["b_out"], mlp.residual)
+
+
 @register_fused("block")
 class Block(nn.Module):
     """Fused drop-in for `timm.models.vision_transformer.Block`.
@@ -580,6 +629,10 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
     ) -> torch.Tensor:
+        if attn_mask is None and not is_causal:
+            args = _whole_block_args(self, x)
+            if args is not None:
+                return torch.ops.vitfast.vit_block(*args)
         x = self.attn(_layer_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)  # x + attn(...)
         return self.mlp(x)  # the FFN sub-block adds its own shortcut (explicitly, or folded into W̃)
 

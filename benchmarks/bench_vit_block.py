@@ -1,0 +1,82 @@
+"""Benchmark of the whole fused ViT block as one op (`torch.ops.vitfast.vit_block`) against its six ops.
+
+Providers, all on the same RePaViT block (θ = 0.75, BN variant: the FFN's norm and shortcut folded):
+  cpp      torch.ops.vitfast.vit_block: one dispatch, the six steps in C++ on one scratch buffer
+  six_ops  the same kernels called op by op from Python (vitfast.ops._vit_block_composed: what vitfast.nn.Block
+           ran before; without the modules' own Python, so the difference is a lower bound of what the block saves)
+  eager    vitfast.reference.vit_block (F.layer_norm, F.linear, SDPA, F.gelu ...), the composition the tests trust
+  compile  torch.compile of that reference
+
+The op's whole point is a fixed cost per block (dispatch, argument boxing, output allocations), so it shows at
+small widths and batch 1: DeiT-Ti b1 saves the most, DeiT-B b8 almost nothing.  `test_vit_block_interleaved`
+calls cpp, six_ops and eager in alternation (harness.run_interleaved), the robust ratio on a drifting machine.
+
+    .venv/bin/python -m pytest benchmarks/bench_vit_block.py
+    .venv/bin/python -m pytest benchmarks/bench_vit_block.py -k interleaved
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitfast
+from harness import op_provider, run_case, run_interleaved
+from shapes import VIT_SHAPES, channel_idle_dims, channel_idle_ffn_flops
+
+PROVIDERS = ["cpp", "six_ops", "eager", "compile"]
+THETA = 0.75
+
+
+def make_args(shape, batch):
+    active, linear = channel_idle_dims(shape, THETA)
+    c = shape.width
+    g = torch.Generator().manual_seed(0)
+
+    def uni(*s, fan_in):
+        return (torch.rand(*s, generator=g) * 2 - 1) / fan_in**0.5
+
+    x = torch.randn(batch, shape.tokens, c, generator=g)
+    return (x, 1e-6, uni(3 * c, c, fan_in=c), uni(3 * c, fan_in=c), shape.heads, uni(c, c, fan_in=c),
+            uni(c, fan_in=c), None, uni(active + linear, c, fan_in=c), uni(active + linear, fan_in=c),
+            uni(c, active, fan_in=active), uni(c, fan_in=active), False)
+
+
+def block_flops(shape, batch) -> int:
+    """qkv + attention (Q·Kᵀ and P·V) + proj + the channel-idle FFN's two GEMMs (norms, softmax, adds not counted)."""
+    rows, c, n = batch * shape.tokens, shape.width, shape.tokens
+    return (2 * rows * c * 3 * c + 4 * batch * n * n * c + 2 * rows * c * c
+            + channel_idle_ffn_flops(shape, THETA, batch))
+
+
+def provider_fn(provider, case):
+    fn = op_provider("vit_block", provider, case)
+    if fn is not None:
+        return fn
+    if provider == "six_ops":
+        return vitfast.ops._vit_block_composed
+    raise ValueError(provider)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
+@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("shape_name", ["deit_tiny", "deit_small", "deit_base"])
+def test_vit_block(benchmark, shape_name, batch, threads, provider):
+    shape = VIT_SHAPES[shape_name]
+    case = (shape.name, f"theta{THETA}", f"b{batch}", f"t{threads}")
+    run_case(benchmark, provider_fn(provider, case), make_args(shape, batch), case, provider,
+             block_flops(shape, batch), threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
+@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("shape_name", ["deit_tiny", "deit_small", "deit_base"])
+def test_vit_block_interleaved(benchmark, shape_name, batch, threads):
+    """six_ops (the baseline of the ratios) vs cpp vs eager, one call of each per round (the order rotating)."""
+    shape = VIT_SHAPES[shape_name]
+    case = (shape.name, f"theta{THETA}", f"b{batch}", f"t{threads}", "interleaved")
+    fns = {p: provider_fn(p, case) for p in ("six_ops", "cpp", "eager")}
+    flops = block_flops(shape, batch)
+    rounds = int(min(300, max(15, 4.0 / (3 * max(flops / 50e9 / threads, 1e-4)))))
+    entry = run_interleaved(benchmark, fns, make_args(shape, batch), case, threads, flops, rounds=rounds)
+    benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})

@@ -1,0 +1,55 @@
+// The CPU ops' bodies after argument checking, shared by their own torch bindings (ops/<op>.cpp) and by the
+// whole-block op (ops/vit_block.cpp), so a block run as one call computes exactly what the op-by-op path
+// computes: same packed weights (the same cache entries), same thread split, same kernels, same bits.
+//
+// All fp32, row-major, on torch's intra-op threads (at::parallel_for, so torch.set_num_threads is respected).
+// The callers have checked shapes, dtypes and devices; pointers may not alias unless stated.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "kernels/channel_idle_ffn.h"
+#include "kernels/cpu_features.h"
+#include "kernels/gemm.h"
+
+namespace vitfast {
+namespace ops {
+
+// channel_idle_ffn's argument check (ValueError / TypeError worded like vitfast._validate): A, L and C_out.
+struct ChannelIdleFfnDims {
+  int64_t active, linear, c_out;
+};
+ChannelIdleFfnDims check_channel_idle_ffn_args(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& b_in,
+                                               const at::Tensor& w_out, const at::Tensor& b_out,
+                                               const at::Tensor& residual);
+
+// Packed weights from the process-wide cache (ops/weight_cache.h): validated (finite) and packed on a miss.
+std::shared_ptr<const gemm::PackedB> packed_linear_weight(const at::Tensor& weight, const at::Tensor& bias);
+// w_in [A + L, C_in], w_out [C_out, A]: A, L and C_out are read from the shapes (checked by the caller).
+std::shared_ptr<const ChannelIdleFfnWeights> packed_channel_idle_ffn_weights(const at::Tensor& w_in,
+                                                                             const at::Tensor& b_in,
+                                                                             const at::Tensor& w_out,
+                                                                             const at::Tensor& b_out);
+
+// out[rows × c] = LayerNorm(x) over each row (gamma/beta may be nullptr).
+void layer_norm_run(const float* x, float* out, int64_t rows, int64_t c, const float* gamma, const float* beta,
+                    float eps, CpuIsa isa);
+
+// out[rows × w.n()] (row stride w.n()) = x · Wᵀ + b + residual; x and residual rows ldx / ld_residual apart.
+void linear_run(const gemm::PackedB& w, int64_t rows, const float* x, int64_t ldx, const float* residual,
+                int64_t ld_residual, float* out, CpuIsa isa);
+
+// out[batch · tokens × heads·d] = per-head softmax(Q Kᵀ · scale) V of qkv [batch · tokens × 3·heads·d]
+// (row stride ld_qkv; images tokens·ld_qkv apart).
+void attention_run(const float* qkv, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
+                   float scale, float* out, CpuIsa isa);
+
+// out[rows × c_out] = channel-idle FFN of x [rows × c_in] (+ residual [rows × c_out], or nullptr).
+void channel_idle_ffn_run(const ChannelIdleFfnWeights& w, int64_t rows, const float* x, const float* residual,
+                          float* out, CpuIsa isa);
+
+}  // namespace ops
+}  // namespace vitfast

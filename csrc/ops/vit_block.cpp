@@ -1,0 +1,116 @@
+// torch binding of the whole fused ViT block: `torch.ops.vitfast.vit_block` on CPU.
+//
+//   vit_block(Tensor x, float norm1_eps, Tensor w_qkv, Tensor? b_qkv, int num_heads, Tensor w_proj,
+//             Tensor? b_proj, float? ffn_norm_eps, Tensor w_in, Tensor? b_in, Tensor w_out, Tensor? b_out,
+//             bool ffn_residual) -> Tensor                                   (schema: vitfast/ops.py)
+//   x1 = x + proj(attention(qkv(LN(x))));  out = channel_idle_ffn([LN](x1)) [+ x1]   (= reference.vit_block)
+//
+// Why one op: at batch 1 a DeiT-Ti block is ~2 ms of kernels, and running it as six ops from Python cost
+// ~70-120 µs more per block on the Zen 3 host (six dispatcher round trips with argument boxing, six output
+// allocations, the modules' Python; measured on a near-zero-FLOP 12-block model) — 4-5% of a DeiT-Ti forward,
+// the margin by which it trailed ONNX Runtime at batch 1, one thread.  Here the six steps call the ops' own
+// bodies (ops/cpu_ops.h) on one scratch buffer: same packed weights, same thread split, same kernels, so the
+// result has exactly the bits of the op-by-op path.
+//
+// - fp32 only (the op-by-op path rounds between ops in fp16/bf16; vitfast.nn.Block takes this op for fp32 only).
+// - Checks: the same as vitfast._validate.check_vit_block_args, same wording (ValueError).
+// - Inference only: no autograd formula (vitfast.ops.vit_block runs the six ops when a gradient is needed).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <optional>
+
+#include "kernels/cpu_features.h"
+#include "ops/cpu_ops.h"
+#include "ops/op_utils.h"
+
+namespace vitfast {
+namespace ops {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+void check_eps(const char* name, double eps) {
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, name, ": expected a finite number >= 0, got ", eps);
+}
+
+// Mirror of vitfast._validate.check_vit_block_args (same order, same messages).  Returns the head dim.
+int64_t check_args(const at::Tensor& x, double norm1_eps, const at::Tensor& w_qkv, const at::Tensor& b_qkv,
+                   int64_t num_heads, const at::Tensor& w_proj, const at::Tensor& b_proj,
+                   const std::optional<double>& ffn_norm_eps, const at::Tensor& w_in, const at::Tensor& b_in,
+                   const at::Tensor& w_out, const at::Tensor& b_out) {
+  check_required({{"x", &x}});
+  TORCH_CHECK_VALUE(x.dim() == 3, "x: expected 3-D [B, N, C], got shape ", fmt_shape(x.sizes()));
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat, "x: expected dtype torch.float32 (the block op runs in fp32), got ",
+                    py_dtype(x.scalar_type()));
+  const int64_t c = x.size(2);
+  check_eps("norm1_eps", norm1_eps);
+  if (ffn_norm_eps.has_value()) check_eps("ffn_norm_eps", *ffn_norm_eps);
+  TORCH_CHECK_VALUE(num_heads >= 1, "num_heads: expected an int >= 1, got ", num_heads);
+  check_required({{"w_qkv", &w_qkv}, {"w_proj", &w_proj}});
+  TORCH_CHECK_VALUE(w_qkv.dim() == 2 && w_qkv.size(1) == c, "w_qkv: expected shape [3·H·D, ", c, "] (C = x.shape[-1] = ",
+                    c, "), got ", fmt_shape(w_qkv.sizes()));
+  const int64_t width = w_qkv.size(0);
+  TORCH_CHECK_VALUE(width > 0 && width % 3 == 0 && width / 3 % num_heads == 0, "w_qkv: expected a first dimension a "
+                    "positive multiple of 3·num_heads = ", exact_product(3, num_heads), ", got shape ",
+                    fmt_shape(w_qkv.sizes()));
+  const int64_t attn_dim = width / 3;
+  TORCH_CHECK_VALUE(w_proj.dim() == 2 && w_proj.size(0) == c && w_proj.size(1) == attn_dim, "w_proj: expected shape [",
+                    c, ", ", attn_dim, "] ([C, H·D]), got ", fmt_shape(w_proj.sizes()));
+  check_same_dtype_device_as_x(x, {{"w_qkv", &w_qkv}, {"b_qkv", &b_qkv}, {"w_proj", &w_proj}, {"b_proj", &b_proj}});
+  check_bias_shape("b_qkv", b_qkv, width);
+  check_bias_shape("b_proj", b_proj, c);
+  const ChannelIdleFfnDims d = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, at::Tensor());
+  TORCH_CHECK_VALUE(d.c_out == c, "w_out: expected shape [", c, ", A] (C = x.shape[-1] = ", c,
+                    ": the block keeps its width), got ", fmt_shape(w_out.sizes()));
+  check_dense({{"x", &x}, {"w_qkv", &w_qkv}, {"b_qkv", &b_qkv}, {"w_proj", &w_proj}, {"b_proj", &b_proj}});
+  return attn_dim / num_heads;
+}
+
+at::Tensor vit_block_cpu(const at::Tensor& x, double norm1_eps, const at::Tensor& w_qkv, const OptTensor& b_qkv_opt,
+                         int64_t num_heads, const at::Tensor& w_proj, const OptTensor& b_proj_opt,
+                         std::optional<double> ffn_norm_eps, const at::Tensor& w_in, const OptTensor& b_in_opt,
+                         const at::Tensor& w_out, const OptTensor& b_out_opt, bool ffn_residual) {
+  const at::Tensor b_qkv = b_qkv_opt.value_or(at::Tensor()), b_proj = b_proj_opt.value_or(at::Tensor());
+  const at::Tensor b_in = b_in_opt.value_or(at::Tensor()), b_out = b_out_opt.value_or(at::Tensor());
+  const int64_t d = check_args(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out,
+                               b_out);
+  TORCH_CHECK_VALUE(x.device().is_cpu(), "x: expected device cpu (the CPU kernel), got ", x.device());
+  const int64_t batch = x.size(0), tokens = x.size(1), c = x.size(2), rows = batch * tokens;
+  const int64_t heads = num_heads, attn_dim = heads * d;
+  if (rows == 0 || c == 0) return at::empty(x.sizes(), x.options());
+
+  const auto qkv_w = packed_linear_weight(w_qkv, b_qkv);
+  const auto proj_w = packed_linear_weight(w_proj, b_proj);
+  const auto ffn_w = packed_channel_idle_ffn_weights(w_in, b_in, w_out, b_out);
+  const at::Tensor xc = x.contiguous();
+  // One scratch for the intermediates: the normed rows (norm1's, later the FFN norm's: the first is dead once
+  // qkv is computed), qkv, the heads' output and the attention sub-block's result x1.
+  at::Tensor scratch = at::empty({rows * (c + 3 * attn_dim + attn_dim + c)}, x.options());
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  float* normed = scratch.data_ptr<float>();
+  float* qkv = normed + rows * c;
+  float* heads_out = qkv + rows * 3 * attn_dim;
+  float* x1 = heads_out + rows * attn_dim;
+  const float* xp = xc.data_ptr<float>();
+  const CpuIsa isa = active_cpu_isa();
+
+  layer_norm_run(xp, normed, rows, c, nullptr, nullptr, float(norm1_eps), isa);
+  linear_run(*qkv_w, rows, normed, c, nullptr, 0, qkv, isa);
+  attention_run(qkv, 3 * attn_dim, batch, tokens, heads, d, 1.0f / std::sqrt(float(d)), heads_out, isa);
+  linear_run(*proj_w, rows, heads_out, attn_dim, xp, c, x1, isa);  // x1 = x + attn(...)
+  const float* ffn_in = x1;
+  if (ffn_norm_eps.has_value()) {
+    layer_norm_run(x1, normed, rows, c, nullptr, nullptr, float(*ffn_norm_eps), isa);
+    ffn_in = normed;
+  }
+  channel_idle_ffn_run(*ffn_w, rows, ffn_in, ffn_residual ? x1 : nullptr, out.data_ptr<float>(), isa);
+  return out;
+}
+
+}  // namespace
+}  // namespace ops
+}  // namespace vitfast
+
+TORCH_LIBRARY_IMPL(vitfast, CPU, m) { m.impl("vit_block", &vitfast::ops::vit_block_cpu); }
