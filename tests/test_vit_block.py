@@ -244,6 +244,27 @@ def test_block_keeps_the_six_ops_where_they_differ():
         torch.testing.assert_close(traced(x), expected)  # (traced LayerNorms run F.layer_norm: ulps apart)
 
 
+class _Double(nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+def test_parametrized_weight_keeps_the_six_ops():
+    """A parametrized weight lives outside the module's parameter dict: the block must read it through its
+    property (the six-op path), not run without it."""
+    block = _fused_model().blocks[0]
+    x = torch.randn(2, 5, block.dim)
+    with torch.no_grad():
+        before = block(x)
+        nn.utils.parametrize.register_parametrization(block.attn.qkv, "weight", _Double())
+        out, calls = _block_op_calls(lambda: block(x))
+    assert calls == 0 and not torch.equal(out, before)
+    with torch.no_grad():
+        nn.utils.parametrize.remove_parametrizations(block.attn.qkv, "weight", leave_parametrized=True)
+        assert _block_op_calls(lambda: block(x))[1] == 1
+        torch.testing.assert_close(block(x), out, atol=0, rtol=0)
+
+
 def test_qk_norm_block_keeps_the_six_ops():
     block = vitfast.nn.Block(48, num_heads=2, qk_norm=True, idle_ratio=0.75).eval()
     x = torch.randn(1, 5, 48)

@@ -5,12 +5,13 @@
 //             bool ffn_residual) -> Tensor                                   (schema: vitfast/ops.py)
 //   x1 = x + proj(attention(qkv(LN(x))));  out = channel_idle_ffn([LN](x1)) [+ x1]   (= reference.vit_block)
 //
-// Why one op: at batch 1 a DeiT-Ti block is ~2 ms of kernels, and running it as six ops from Python cost
-// ~70-120 µs more per block on the Zen 3 host (six dispatcher round trips with argument boxing, six output
-// allocations, the modules' Python; measured on a near-zero-FLOP 12-block model) — 4-5% of a DeiT-Ti forward,
-// the margin by which it trailed ONNX Runtime at batch 1, one thread.  Here the six steps call the ops' own
-// bodies (ops/cpu_ops.h) on one scratch buffer: same packed weights, same thread split, same kernels, so the
-// result has exactly the bits of the op-by-op path.
+// Why one op: a fixed cost per op call (dispatcher round trip with argument boxing, output allocation, the
+// modules' Python) that the kernels cannot win back.  On the Zen 3 host, one thread, interleaved: a 12-block
+// model of near-zero FLOPs (48 wide, 5 tokens) ran 0.97-1.11 ms per forward as six ops per block and 0.55-0.69 ms
+// as this op (~35 µs less per block); a DeiT-Ti block at batch 1 1.745 -> 1.662 ms (benchmarks/bench_vit_block.py),
+// a fused RePa-DeiT-Ti forward 2.7-3.1% faster.  The six steps call the ops' own bodies (ops/cpu_ops.h) on one
+// scratch buffer: same packed weights, same thread split, same kernels, so the result has exactly the bits of the
+// op-by-op path.
 //
 // - fp32 only (the op-by-op path rounds between ops in fp16/bf16; vitfast.nn.Block takes this op for fp32 only).
 // - Checks: the same as vitfast._validate.check_vit_block_args, same wording (ValueError).
