@@ -16,7 +16,6 @@ import torch.nn as nn
 
 import vitfast
 from vitfast import reference
-from vitfast.nn import fused
 from helpers import assert_thread_parity
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests

@@ -168,13 +168,11 @@ _lib.impl("attention", _attention_cuda, "CUDA")
 def _vit_block_composed(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out,
                         b_out, ffn_residual):
     """vit_block as its six ops (each on its own device impl; the same formula as reference.vit_block)."""
-    check_vit_block_args(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out,
-                         b_out, ffn_residual)
+    args = (x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
+            ffn_residual)
+    check_vit_block_args(*args)
     vf = torch.ops.vitfast
-    qkv = vf.linear(vf.layer_norm(x, None, None, norm1_eps), w_qkv, b_qkv)
-    x1 = vf.linear(vf.attention(qkv, num_heads), w_proj, b_proj, x)
-    y = vf.layer_norm(x1, None, None, ffn_norm_eps) if ffn_norm_eps is not None else x1
-    return vf.channel_idle_ffn(y, w_in, b_in, w_out, b_out, x1 if ffn_residual else None)
+    return reference.compose_vit_block((vf.layer_norm, vf.linear, vf.attention, vf.channel_idle_ffn), *args)
 
 
 # No launch to save on CUDA by merging (each op is one or two launches either way): the composition.
@@ -603,10 +601,7 @@ def vit_block(
         return _reference("vit_block", *args)
     check_tensor("x", x)  # before the dispatcher reads its device
     if torch.is_grad_enabled() and _autograd.any_requires_grad(args):
-        qkv = linear(layer_norm(x, None, None, norm1_eps), w_qkv, b_qkv)
-        x1 = linear(attention(qkv, num_heads), w_proj, b_proj, x)
-        y = layer_norm(x1, None, None, ffn_norm_eps) if ffn_norm_eps is not None else x1
-        return channel_idle_ffn(y, w_in, b_in, w_out, b_out, x1 if ffn_residual else None)
+        return reference.compose_vit_block((layer_norm, linear, attention, channel_idle_ffn), *args)
     return torch.ops.vitfast.vit_block(*args)
 
 

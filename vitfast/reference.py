@@ -108,12 +108,21 @@ def vit_block(
         out = channel_idle_ffn(LN(x1) if ffn_norm_eps is not None else x1, w_in, b_in, w_out, b_out,
                                residual = x1 if ffn_residual else None)
     """
-    check_vit_block_args(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out,
-                         b_out, ffn_residual)
-    qkv = linear(layer_norm(x, None, None, norm1_eps), w_qkv, b_qkv)
-    x1 = linear(attention(qkv, num_heads), w_proj, b_proj, x)
-    y = layer_norm(x1, None, None, ffn_norm_eps) if ffn_norm_eps is not None else x1
-    return channel_idle_ffn(y, w_in, b_in, w_out, b_out, x1 if ffn_residual else None)
+    args = (x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
+            ffn_residual)
+    check_vit_block_args(*args)
+    return compose_vit_block((layer_norm, linear, attention, channel_idle_ffn), *args)
+
+
+def compose_vit_block(fns, x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out,
+                      b_out, ffn_residual):
+    """`vit_block`'s formula on the given (layer_norm, linear, attention, channel_idle_ffn) functions: the
+    reference's, the ops' (`vitfast.ops`, with autograd) or the dispatcher's (`torch.ops.vitfast`, on CUDA)."""
+    layer_norm_fn, linear_fn, attention_fn, channel_idle_ffn_fn = fns
+    qkv = linear_fn(layer_norm_fn(x, None, None, norm1_eps), w_qkv, b_qkv)
+    x1 = linear_fn(attention_fn(qkv, num_heads), w_proj, b_proj, x)
+    y = layer_norm_fn(x1, None, None, ffn_norm_eps) if ffn_norm_eps is not None else x1
+    return channel_idle_ffn_fn(y, w_in, b_in, w_out, b_out, x1 if ffn_residual else None)
 
 
 def xwx_attention(
