@@ -16,6 +16,7 @@ import torch.nn as nn
 
 import vitfast
 from vitfast import reference
+from vitfast.nn.fused import _whole_block_args
 from helpers import assert_thread_parity
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
@@ -270,3 +271,18 @@ def test_qk_norm_block_keeps_the_six_ops():
     with torch.no_grad():
         out, calls = _block_op_calls(lambda: block(x))
     assert calls == 0 and out.shape == x.shape
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the op's CUDA impl is the six CUDA ops)")
+def test_cuda_impl_is_the_six_cuda_ops(tol):
+    """On a GPU the op is its six CUDA ops composed (each is one or two launches either way), bit for bit, and the
+    fused block keeps calling its modules there."""
+    args = make_args(96, 2, 50, 2, FFN_FORMS[1])
+    cuda = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+    out = op(*cuda)
+    assert out.device == cuda[0].device
+    torch.testing.assert_close(out, six_ops(*cuda), atol=0, rtol=0)
+    torch.testing.assert_close(out.cpu(), reference.vit_block(*args), atol=1e-4, rtol=1e-4)
+    block = _fused_model().blocks[0].cuda()
+    with torch.no_grad():
+        assert _whole_block_args(block, torch.randn(1, 5, block.dim, device="cuda")) is None
