@@ -16,6 +16,7 @@ import torch.nn as nn
 
 import vitfast
 from vitfast import reference
+from vitfast.nn import fused
 from vitfast.nn.fused import _whole_block_args
 from helpers import assert_thread_parity
 
@@ -33,18 +34,21 @@ FFN_FORMS = [
 ]
 
 
-def make_args(c, heads, tokens, batch, form, *, qkv_bias=True, proj_bias=True, eps=1e-6):
+def make_args(c, heads, tokens, batch, form, *, qkv_bias=True, proj_bias=True, head_dim=None):
+    """Arguments of vit_block.  The two norms get different eps (a swap must show), and head_dim may make the
+    attention width H·D differ from C (timm's explicit head_dim)."""
     _, active_mult, linear, norm, residual = form
     g = torch.Generator().manual_seed(c * 1000 + tokens)
 
     def w(*s, fan_in):
         return (torch.rand(*s, generator=g) * 2 - 1) / max(fan_in, 1) ** 0.5
 
+    a = heads * head_dim if head_dim else c
     active = int(active_mult * c)
     x = torch.randn(batch, tokens, c, generator=g)
     rows_in = active + (c if linear else 0)
-    return (x, eps, w(3 * c, c, fan_in=c), w(3 * c, fan_in=c) if qkv_bias else None, heads, w(c, c, fan_in=c),
-            w(c, fan_in=c) if proj_bias else None, eps if norm else None, w(rows_in, c, fan_in=c),
+    return (x, 1e-5, w(3 * a, c, fan_in=c), w(3 * a, fan_in=c) if qkv_bias else None, heads, w(c, a, fan_in=a),
+            w(c, fan_in=a) if proj_bias else None, 0.05 if norm else None, w(rows_in, c, fan_in=c),
             w(rows_in, fan_in=c), w(c, active, fan_in=active), w(c, fan_in=active), residual)
 
 
@@ -54,10 +58,11 @@ def six_ops(*args):
 
 
 @pytest.mark.parametrize("form", FFN_FORMS, ids=lambda f: f[0])
-@pytest.mark.parametrize("c, heads, tokens", [(192, 3, 197), (96, 2, 50), (40, 5, 7), (24, 1, 1)], ids=str)
+@pytest.mark.parametrize("c, heads, head_dim, tokens",
+                         [(192, 3, None, 197), (96, 2, None, 50), (40, 5, 12, 7), (24, 1, None, 1)], ids=str)
 @pytest.mark.parametrize("batch", [1, 2])
-def test_same_bits_as_the_six_ops(c, heads, tokens, batch, form, isa, tol, restore_threads):
-    args = make_args(c, heads, tokens, batch, form)
+def test_same_bits_as_the_six_ops(c, heads, head_dim, tokens, batch, form, isa, tol, restore_threads):
+    args = make_args(c, heads, tokens, batch, form, head_dim=head_dim)
     assert_thread_parity(op, reference.vit_block, args, tol)
     for threads in (1, 2):
         torch.set_num_threads(threads)
@@ -148,6 +153,27 @@ def test_an_ffn_that_changes_the_width_is_refused():
     for fn in (op, reference.vit_block):
         with pytest.raises(ValueError, match=r"w_out: expected shape \[24, A\] \(C = x.shape\[-1\] = 24: the block keeps"):
             fn(*args)
+
+
+@pytest.mark.parametrize("index, name", [(2, "w_qkv"), (3, "b_qkv"), (5, "w_proj"), (6, "b_proj"), (8, "w_in"),
+                                         (11, "b_out")])
+def test_non_finite_weights_are_named(index, name):
+    args = list(make_args(24, 2, 5, 2, FFN_FORMS[1]))
+    bad = args[index].clone()
+    bad.view(-1)[0] = float("nan")
+    args[index] = bad
+    with pytest.raises(ValueError, match=f"^{name}: expected finite values, got 1 non-finite"):
+        op(*args)
+
+
+def test_wrapper_checks_the_block_when_recording_gradients():
+    """With a gradient to record the wrapper runs the six ops, which alone would accept an FFN that changes the
+    width; the block's own check must still refuse it."""
+    args = list(make_args(24, 2, 5, 2, FFN_FORMS[2]))
+    args[10], args[11] = args[10][:-1], args[11][:-1]
+    args[0] = args[0].requires_grad_()
+    with pytest.raises(ValueError, match="w_out: expected shape"):
+        vitfast.ops.vit_block(*args)
 
 
 def test_a_missing_weight_is_named():
@@ -265,6 +291,42 @@ def test_parametrized_weight_keeps_the_six_ops():
         torch.testing.assert_close(block(x), out, atol=0, rtol=0)
 
 
+def test_patched_forward_keeps_the_six_ops():
+    """A forward patched on the instance (e.g. accelerate's hooks) or on the class must run."""
+    block = _fused_model().blocks[0]
+    x = torch.randn(2, 5, block.dim)
+    with torch.no_grad():
+        expected = block(x)
+        block.mlp.forward = lambda y: torch.zeros_like(y)
+        out, calls = _block_op_calls(lambda: block(x))
+        assert calls == 0 and torch.equal(out, torch.zeros_like(x))
+        del block.mlp.forward
+        assert _block_op_calls(lambda: block(x))[1] == 1
+        original = fused.Attention.forward
+        fused.Attention.forward = lambda self, y, attn_mask=None, is_causal=False, residual=None: residual
+        try:
+            out, calls = _block_op_calls(lambda: block(x))
+        finally:
+            fused.Attention.forward = original
+        assert calls == 0 and torch.equal(out, block.mlp(x))
+        torch.testing.assert_close(block(x), expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_norm_eps_reach_the_op(norm):
+    """Each norm's own eps (large ones, so that a swap or a default would show) reaches the op: same bits as the
+    six-op path."""
+    block = _fused_model(norm).blocks[0]
+    block.norm1.eps = 0.25
+    if block.mlp.norm is not None:
+        block.mlp.norm.eps = 0.5
+    x = torch.randn(2, 5, block.dim)
+    with torch.no_grad():
+        fast, calls = _block_op_calls(lambda: block(x))
+    assert calls == 1
+    torch.testing.assert_close(fast, block(x).detach(), atol=0, rtol=0)  # grad mode: the six ops
+
+
 def test_qk_norm_block_keeps_the_six_ops():
     block = vitfast.nn.Block(48, num_heads=2, qk_norm=True, idle_ratio=0.75).eval()
     x = torch.randn(1, 5, 48)
@@ -275,14 +337,14 @@ def test_qk_norm_block_keeps_the_six_ops():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the op's CUDA impl is the six CUDA ops)")
 def test_cuda_impl_is_the_six_cuda_ops(tol):
-    """On a GPU the op is its six CUDA ops composed (each is one or two launches either way), bit for bit, and the
-    fused block keeps calling its modules there."""
+    """On a GPU the op is its six CUDA ops composed (each is one or two launches either way): the reference's and
+    the CPU op's result; the fused block keeps calling its modules there."""
     args = make_args(96, 2, 50, 2, FFN_FORMS[1])
     cuda = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
     out = op(*cuda)
     assert out.device == cuda[0].device
-    torch.testing.assert_close(out, six_ops(*cuda), atol=0, rtol=0)
     torch.testing.assert_close(out.cpu(), reference.vit_block(*args), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.cpu(), op(*args), atol=1e-4, rtol=1e-4)
     block = _fused_model().blocks[0].cuda()
     with torch.no_grad():
         assert _whole_block_args(block, torch.randn(1, 5, block.dim, device="cuda")) is None

@@ -237,7 +237,7 @@ def check_vit_block_args(
         raise ValueError(f"b_qkv: expected shape [{width}], got {_fmt_shape(b_qkv)}")
     if b_proj is not None and tuple(b_proj.shape) != (c,):
         raise ValueError(f"b_proj: expected shape [{c}], got {_fmt_shape(b_proj)}")
-    if not isinstance(ffn_residual, bool):
+    if not isinstance(ffn_residual, (bool, int)):  # (the op schema's bool takes an int as its truth value)
         raise ValueError(f"ffn_residual: expected a bool, got {ffn_residual!r}")
     _, _, c_out = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, None)
     if c_out != c:

@@ -601,6 +601,7 @@ def vit_block(
         return _reference("vit_block", *args)
     check_tensor("x", x)  # before the dispatcher reads its device
     if torch.is_grad_enabled() and _autograd.any_requires_grad(args):
+        check_vit_block_args(*args)  # the block's own rules (fp32, its width), not only each op's
         return reference.compose_vit_block((layer_norm, linear, attention, channel_idle_ffn), *args)
     return torch.ops.vitfast.vit_block(*args)
 

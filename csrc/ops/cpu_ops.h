@@ -27,7 +27,10 @@ ChannelIdleFfnDims check_channel_idle_ffn_args(const at::Tensor& x, const at::Te
                                                const at::Tensor& residual);
 
 // Packed weights from the process-wide cache (ops/weight_cache.h): validated (finite) and packed on a miss.
-std::shared_ptr<const gemm::PackedB> packed_linear_weight(const at::Tensor& weight, const at::Tensor& bias);
+// weight_name / bias_name: how a non-finite value is reported (the block op names its own arguments).
+std::shared_ptr<const gemm::PackedB> packed_linear_weight(const at::Tensor& weight, const at::Tensor& bias,
+                                                          const char* weight_name = "weight",
+                                                          const char* bias_name = "bias");
 // w_in [A + L, C_in], w_out [C_out, A]: A, L and C_out are read from the shapes (checked by the caller).
 std::shared_ptr<const ChannelIdleFfnWeights> packed_channel_idle_ffn_weights(const at::Tensor& w_in,
                                                                              const at::Tensor& b_in,

@@ -92,11 +92,12 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const OptTe
 
 }  // namespace
 
-std::shared_ptr<const gemm::PackedB> packed_linear_weight(const at::Tensor& weight, const at::Tensor& bias) {
+std::shared_ptr<const gemm::PackedB> packed_linear_weight(const at::Tensor& weight, const at::Tensor& bias,
+                                                          const char* weight_name, const char* bias_name) {
   return cached_pack_as<gemm::PackedB>("linear", {weight, bias}, [&]() -> PackedEntry {
     // Once per weight version: refuse NaN/Inf (they would silently poison every output), then pack.
-    check_finite("weight", weight);
-    check_finite("bias", bias);
+    check_finite(weight_name, weight);
+    check_finite(bias_name, bias);
     const at::Tensor w = weight.to(at::kFloat).contiguous();
     const at::Tensor b = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
     auto packed = std::make_shared<gemm::PackedB>(gemm::PackedB::pack_linear(

@@ -82,8 +82,8 @@ at::Tensor vit_block_cpu(const at::Tensor& x, double norm1_eps, const at::Tensor
   const int64_t heads = num_heads, attn_dim = heads * d;
   if (rows == 0 || c == 0) return at::empty(x.sizes(), x.options());
 
-  const auto qkv_w = packed_linear_weight(w_qkv, b_qkv);
-  const auto proj_w = packed_linear_weight(w_proj, b_proj);
+  const auto qkv_w = packed_linear_weight(w_qkv, b_qkv, "w_qkv", "b_qkv");
+  const auto proj_w = packed_linear_weight(w_proj, b_proj, "w_proj", "b_proj");
   const auto ffn_w = packed_channel_idle_ffn_weights(w_in, b_in, w_out, b_out);
   const at::Tensor xc = x.contiguous();
   // One scratch for the intermediates: the normed rows (norm1's, later the FFN norm's: the first is dead once
