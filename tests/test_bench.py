@@ -9,7 +9,8 @@ import timm
 import torch
 
 import vitfast
-from vitfast.bench import DEFAULT_PROVIDERS, PROVIDERS, SCHEMA, format_report, parse_providers, run_bench
+from vitfast.bench import (DEFAULT_PROVIDERS, PROVIDERS, SCHEMA, _paired_speedups, _quantiles, format_report,
+                           parse_providers, run_bench)
 from vitfast.cli import main
 
 TINY = ["vit_tiny_patch16_224", "--img-size", "16", "--num-classes", "10",
@@ -43,6 +44,15 @@ def _check_consistent(report, providers, threads, batches):
         assert r["floor_ms"] == pytest.approx(expected_flops / (sgemm[(t, b)]["gflops"] * 1e9) * 1e3)
         assert r["pct_of_floor"] == pytest.approx(100 * r["floor_ms"] / r["median_ms"])
         assert r["speedup_vs_timm"] == pytest.approx(rows[("timm", t, b)]["median_ms"] / r["median_ms"])
+        assert len(r["round_ms"]) == report["repeats"]
+        assert r["median_ms"] == pytest.approx(_quantiles(r["round_ms"])[0])
+        if "ort-fused" in providers:  # per-round ratios against the ORT row of the same (threads, batch)
+            ort = rows[("ort-fused", t, b)]["round_ms"]
+            expected = _quantiles([o / v for o, v in zip(ort, r["round_ms"])])
+            assert r["paired_vs_ort_fused"] == pytest.approx(list(expected))
+            assert r["paired_vs_ort_fused"][1] <= r["paired_vs_ort_fused"][0] <= r["paired_vs_ort_fused"][2]
+        else:
+            assert r["paired_vs_ort_fused"] is None
     for s in report["sgemm"]:
         assert s["gflops"] > 0 and s["p10_gflops"] <= s["gflops"] <= s["p90_gflops"]
 
@@ -60,8 +70,11 @@ def test_cli_all_providers_json_png(tmp_path, capsys):
     for key in providers:  # one table row per provider and batch size
         assert sum(line.startswith(PROVIDERS[key][0] + "  ") for line in lines) == 2, key
     header = next(line for line in lines if line.startswith("provider"))
-    for column in ("median ms", "p10-p90 ms", "img/s", "GFLOP", "% floor", "vs timm eager"):
+    for column in ("median ms", "p10-p90 ms", "img/s", "GFLOP", "% floor", "vs timm eager", "vs ORT fused (paired)"):
         assert column in header
+    vitfast_row = next(line for line in lines if line.startswith(PROVIDERS["vitfast"][0] + "  "))
+    ort_row = next(line for line in lines if line.startswith(PROVIDERS["ort-fused"][0] + "  "))
+    assert vitfast_row.rstrip().endswith(")") and ort_row.rstrip().endswith("-")  # ORT is not compared with itself
     assert "sgemm (torch.mm 2048^3 fp32" in captured.out and "max |Δ| vs PyTorch" in captured.out
 
     report = json.loads(out_json.read_text())
@@ -234,3 +247,24 @@ def test_a_gated_models_flops_are_counted_on_the_timed_batches():
         assert row["gflop"] == pytest.approx(flops_of_input(fused, inputs[b]) / 1e9, rel=1e-9)
         assert report["fused_flops_by_batch"][str(b)] == flops_of_input(fused, inputs[b])
     assert report["fused_flops_by_batch"]["1"] != report["flops_per_image"]["fused"]  # the zeros image decides otherwise
+
+
+def test_paired_speedups_cancel_a_drift_that_the_ratio_of_medians_keeps():
+    """A host that slows down during the rounds: provider B is exactly 1.25x faster than A in every round, but the
+    rounds where B ran in the slow phase outnumber A's, so the ratio of medians is off and the paired one is not."""
+    drift = [1.0] * 6 + [1.6] * 5
+    a = [10.0 * d for d in drift]
+    b = [8.0 * d for d in drift]
+    b_shifted = [8.0 * d for d in [1.0] * 3 + [1.6] * 8]  # B's slow phase started earlier: unpaired lists
+    assert _paired_speedups(a, b) == pytest.approx((1.25, 1.25, 1.25))
+    assert _quantiles(a)[0] / _quantiles(b_shifted)[0] == pytest.approx(10.0 / 12.8)  # medians: B "slower"
+    with pytest.raises(ValueError, match=r"times: expected one time per round of the reference \(3\), got 2"):
+        _paired_speedups([1.0, 2.0, 3.0], [1.0, 2.0])
+
+
+def test_report_without_ort_has_no_paired_column():
+    baseline, fused = _tiny_pair()
+    report = run_bench(baseline, fused, threads=(1,), batch_sizes=(1,), providers=("timm", "vitfast"), repeats=2,
+                       warmup=1, log=lambda s: None)
+    _check_consistent(report, ["timm", "vitfast"], [1], [1])
+    assert "paired" not in format_report(report)

@@ -26,6 +26,11 @@ What is measured, per (threads, batch):
   and just after the rounds of that (threads, batch) (torch.mm of 2048x2048 fp32, median of those calls).
   "% floor" = floor / median latency = achieved GFLOP/s as a share of sgemm GFLOP/s.
 * speed-up: timm eager's median / the provider's median, both from the same rounds.
+* paired speed-up vs ORT fused (when ort-fused is timed): the median and p10-p90 of the per-round ratios
+  ORT fused time / provider time.  Both calls of a ratio ran in the same round, so a slow phase of the host
+  (this project's shared machines drift by 30% between minutes) scales both and cancels, where the ratio of two
+  medians keeps whatever drift fell unevenly on the two lists.  Above 1.00: faster than ONNX Runtime on the same
+  fused graph; the p10-p90 says whether 1.00 is inside the round-to-round spread.
 
 The ONNX exports are checked against their PyTorch source in ONNX Runtime (`vitfast.export.to_onnx`); their
 max |Δ| goes into the report.  Torch providers run under torch.set_num_threads(threads); ORT sessions use
@@ -78,6 +83,14 @@ def _quantiles(values: Sequence[float]) -> Tuple[float, float, float]:
         return values[0], values[0], values[0]
     q = statistics.quantiles(values, n=10, method="inclusive")
     return statistics.median(values), q[0], q[-1]
+
+
+def _paired_speedups(reference: Sequence[float], times: Sequence[float]) -> Tuple[float, float, float]:
+    """(median, p10, p90) of reference[r] / times[r] over the rounds r: both calls of a round ran back to back, so
+    load that slows a round slows both."""
+    if len(reference) != len(times) or not times:
+        raise ValueError(f"times: expected one time per round of the reference ({len(reference)}), got {len(times)}")
+    return _quantiles([a / b for a, b in zip(reference, times)])
 
 
 def _sync(device: torch.device) -> None:
@@ -362,6 +375,7 @@ def run_bench(
                     sgemm.append({"threads": t, "batch": b, "gflops": rate, "p10_gflops": rate_lo, "p90_gflops": rate_hi,
                                   "calls": len(rates), "n": SGEMM_N})
                     base = _quantiles(times["timm"])[0] if "timm" in times else None
+                    ort_fused = times.get("ort-fused")
                     summary = []
                     for p in active:
                         median, p10, p90 = _quantiles(times[p.key])
@@ -374,6 +388,10 @@ def run_bench(
                             "images_per_s": b / median, "gflop": flop / 1e9, "gflops_per_s": flop / median / 1e9,
                             "floor_ms": floor * 1e3, "pct_of_floor": 100 * floor / median,
                             "speedup_vs_timm": (base / median) if base else None, "repeats": len(times[p.key]),
+                            # [median, p10, p90] of ORT fused / this provider, per round (None without ort-fused)
+                            "paired_vs_ort_fused": (list(_paired_speedups(ort_fused, times[p.key]))
+                                                    if ort_fused is not None else None),
+                            "round_ms": [v * 1e3 for v in times[p.key]],  # in round order
                         })
                         summary.append(f"{p.key} {median * 1e3:.1f}")
                     log(f"bench: [{step}/{len(configs)}] threads {t}, batch {b}: median ms " + ", ".join(summary)
@@ -439,16 +457,25 @@ def format_report(report: Mapping[str, Any]) -> str:
     load = report.get("load_average") or {}
     if load.get("start") and load.get("end"):
         lines.append(f"load average (1 min) at start {load['start'][0]:.2f}, at end {load['end'][0]:.2f}")
+    paired = any(r.get("paired_vs_ort_fused") for r in report["results"])
+    if paired:
+        lines.append("vs ORT fused (paired): median and p10-p90 over the rounds of ORT fused time / this provider's "
+                     "time in the same round (> 1: faster than ONNX Runtime on the same fused graph)")
     rows = []
     for r in report["results"]:
-        rows.append([
+        row = [
             r["label"], str(r["threads"]), str(r["batch"]), f"{r['median_ms']:.2f}",
             f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}", f"{r['images_per_s']:.1f}", f"{r['gflop']:.3g}",
             f"{r['pct_of_floor']:.0f}%", f"{r['speedup_vs_timm']:.2f}x" if r["speedup_vs_timm"] else "-",
-        ])
+        ]
+        if paired:
+            vs_ort = r.get("paired_vs_ort_fused")
+            row.append(f"{vs_ort[0]:.3f}x ({vs_ort[1]:.2f}-{vs_ort[2]:.2f})"
+                       if vs_ort and r["provider"] != "ort-fused" else "-")
+        rows.append(row)
     lines.append("")
     lines.append(format_table(["provider", "threads", "batch", "median ms", "p10-p90 ms", "img/s", "GFLOP",
-                               "% floor", "vs timm eager"], rows))
+                               "% floor", "vs timm eager"] + (["vs ORT fused (paired)"] if paired else []), rows))
     for key, why in report.get("errors", {}).items():
         lines.append(f"FAILED: {PROVIDERS[key][0]}: {why}")
     return "\n".join(lines)
