@@ -109,9 +109,12 @@ def _xwx_attention_fake(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None
 # ---------------------------------------------------------------------------------------------- CUDA impls
 # Rows (tokens × batch) from which the Triton channel-idle kernel beats the cuBLAS composition in half precision.
 TRITON_FFN_MIN_ROWS = 8192
+# Model width (x's channels) from which it does: the narrowest width measured faster (DeiT-B; DeiT-S's 384 mostly lost).
+TRITON_FFN_MIN_WIDTH = 768
 
 
-def use_triton_channel_idle_ffn(dtype: torch.dtype, rows: int, policy: str = "auto") -> bool:
+def use_triton_channel_idle_ffn(dtype: torch.dtype, rows: int, policy: str = "auto", *,
+                                width: Optional[int] = None) -> bool:
     """The best available CUDA path for channel_idle_ffn ("use your own kernel where it beats the library").
 
     Measured on an H200 (torch 2.11, triton 3.6; benchmarks/cuda_report.py, medians, same run):
@@ -120,18 +123,22 @@ def use_triton_channel_idle_ffn(dtype: torch.dtype, rows: int, policy: str = "au
     - bf16, batch 1–8 (M ≤ 1576 rows): launch-bound, 0.33–0.45× → the composition.
     - bf16, batch 64 (M = 12608): DeiT-B 1.10× (θ 0.5) and 1.27× (θ 0.75), DeiT-S 0.96× / 0.50× → Triton
       only from TRITON_FFN_MIN_ROWS rows in fp16/bf16.
+    Two later runs at batch 64, bf16, θ 0.5 / 0.75: a second H200 session DeiT-B 1.14× / 1.22×, DeiT-S 1.28× / 1.39×;
+    an H100 (2026-11-27) DeiT-B 1.17× / 1.26×, DeiT-S 0.60× / 0.56×.  DeiT-B (width 768) won all six times, DeiT-S
+    (width 384) lost four of six (median 0.78×) → also only from TRITON_FFN_MIN_WIDTH channels, when `width` is given.
     `policy` "triton"/"torch" (VITFAST_CUDA_KERNELS) forces one path.
     """
     if policy == "triton":
         return True
     if policy == "torch":
         return False
-    return dtype in (torch.float16, torch.bfloat16) and rows >= TRITON_FFN_MIN_ROWS
+    return (dtype in (torch.float16, torch.bfloat16) and rows >= TRITON_FFN_MIN_ROWS
+            and (width is None or width >= TRITON_FFN_MIN_WIDTH))
 
 
 def _channel_idle_ffn_cuda(x, w_in, b_in, w_out, b_out=None, residual=None):
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
-    if not use_triton_channel_idle_ffn(x.dtype, rows, get_cuda_kernels()):
+    if not use_triton_channel_idle_ffn(x.dtype, rows, get_cuda_kernels(), width=x.shape[-1] if x.dim() else 0):
         return reference.channel_idle_ffn(x, w_in, b_in, w_out, b_out, residual)
     from .kernels.channel_idle_ffn import channel_idle_ffn_triton
 
