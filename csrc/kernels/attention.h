@@ -34,8 +34,8 @@
 
 namespace vitfast {
 
-// Query rows per chunk: a multiple of both register tiles (AVX2/NEON 6 rows, AVX-512 14 rows); chunks are
-// balanced, so 197 rows run as 5 chunks of 39-40.
+// Query rows per chunk: a multiple of both register tiles (AVX2/NEON 6 rows, AVX-512 14 rows); the last chunk
+// takes the remainder, so 197 rows run as 4 chunks of 42 and one of 29.
 constexpr int64_t kAttentionChunk = 42;
 
 // The task the calling thread runs after this one (qkv == nullptr: none): its Q rows, K and V (unless it is

@@ -332,12 +332,20 @@ void layer_norm_rows_avx2(const float* x, float* y, int64_t rows, int64_t c, con
     const float var = hsum8(_mm256_add_ps(s0, s1)) / float(c) - corr * corr;
     const __m256 rstd = _mm256_set1_ps(1.0f / __builtin_sqrtf((var < 0.0f ? 0.0f : var) + eps));
     mean = _mm256_set1_ps(mean1 + corr);
-    for (j = 0; j < c; j += 8) {
-      const __m256i m = j + 8 <= c ? _mm256_set1_epi32(-1) : tail;
-      __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + j, m), mean), rstd);
-      if (gamma != nullptr) v = _mm256_mul_ps(v, _mm256_maskload_ps(gamma + j, m));
-      if (beta != nullptr) v = _mm256_add_ps(v, _mm256_maskload_ps(beta + j, m));
-      _mm256_maskstore_ps(yr + j, m, v);
+    // Plain loads and stores in the body, masked ones for the tail only: a masked store (vmaskmovps) is slow on
+    // AMD Zen (microcoded, several cycles each), and masking every vector of the row made this pass take ~75%
+    // of the op (DeiT-Ti rows on Zen 3: 197 × 192 took ~50 µs).  Same arithmetic, so the same bits.
+    for (j = 0; j < body; j += 8) {
+      __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + j), mean), rstd);
+      if (gamma != nullptr) v = _mm256_mul_ps(v, _mm256_loadu_ps(gamma + j));
+      if (beta != nullptr) v = _mm256_add_ps(v, _mm256_loadu_ps(beta + j));
+      _mm256_storeu_ps(yr + j, v);
+    }
+    if (j < c) {
+      __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + j, tail), mean), rstd);
+      if (gamma != nullptr) v = _mm256_mul_ps(v, _mm256_maskload_ps(gamma + j, tail));
+      if (beta != nullptr) v = _mm256_add_ps(v, _mm256_maskload_ps(beta + j, tail));
+      _mm256_maskstore_ps(yr + j, tail, v);
     }
   }
 }
