@@ -146,6 +146,18 @@ def test_bad_arguments_are_named_alike_in_cpp_and_python(mutate, name):
     assert str(cpp.value).split(", got")[0] == str(py.value).split(", got")[0]
 
 
+def test_numpy_float_eps_is_taken_by_both_paths():
+    """The C++ schema's float takes a numpy float32 (not a Python float subclass); the Python check must too."""
+    import numpy as np
+
+    args = list(make_args(24, 2, 5, 2, FFN_FORMS[1]))
+    args[1], args[7] = np.float32(0.25), np.float32(0.5)  # exact in float32, so the same eps as the floats
+    plain = list(args)
+    plain[1], plain[7] = 0.25, 0.5
+    assert torch.equal(op(*args), op(*plain))
+    torch.testing.assert_close(reference.vit_block(*args), reference.vit_block(*plain), atol=0, rtol=0)
+
+
 def test_an_ffn_that_changes_the_width_is_refused():
     """θ = 0 (no linear path): any C_out passes the FFN's own check, but the block must keep its width C."""
     args = list(make_args(24, 2, 5, 2, FFN_FORMS[2]))
