@@ -21,6 +21,7 @@ import torch
 
 import vitfast
 from vitfast import reference
+from vitfast.bench import paired_speedups
 
 RESULTS: "OrderedDict[tuple, dict]" = OrderedDict()
 INTERLEAVED: "OrderedDict[tuple, dict]" = OrderedDict()
@@ -176,14 +177,14 @@ def run_interleaved(benchmark, fns: "dict[str, object]", args, case: tuple, thre
     base = times[names[0]]
     entry = {"rounds": len(base), "threads": threads, "flops": flops, "providers": {}}
     for name in names:
-        ratios = sorted(b / t for b, t in zip(base, times[name]))
+        ratio, ratio_p10, ratio_p90 = paired_speedups(base, times[name])
         median = statistics.median(times[name])
         entry["providers"][name] = {
             "median": median,
             "gflops": round(flops / median / 1e9, 2),
-            "ratio_median": round(statistics.median(ratios), 4),
-            "ratio_p10": round(ratios[int(0.1 * (len(ratios) - 1))], 4),
-            "ratio_p90": round(ratios[int(0.9 * (len(ratios) - 1))], 4),
+            "ratio_median": round(ratio, 4),
+            "ratio_p10": round(ratio_p10, 4),
+            "ratio_p90": round(ratio_p90, 4),
         }
     INTERLEAVED[case] = entry
     return entry

@@ -9,7 +9,7 @@ import timm
 import torch
 
 import vitfast
-from vitfast.bench import (DEFAULT_PROVIDERS, PROVIDERS, SCHEMA, _paired_speedups, _quantiles, format_report,
+from vitfast.bench import (DEFAULT_PROVIDERS, PROVIDERS, SCHEMA, paired_speedups, _quantiles, format_report,
                            parse_providers, run_bench)
 from vitfast.cli import main
 
@@ -249,17 +249,17 @@ def test_a_gated_models_flops_are_counted_on_the_timed_batches():
     assert report["fused_flops_by_batch"]["1"] != report["flops_per_image"]["fused"]  # the zeros image decides otherwise
 
 
-def test_paired_speedups_cancel_a_drift_that_the_ratio_of_medians_keeps():
+def testpaired_speedups_cancel_a_drift_that_the_ratio_of_medians_keeps():
     """A host that slows down during the rounds: provider B is exactly 1.25x faster than A in every round, but the
     rounds where B ran in the slow phase outnumber A's, so the ratio of medians is off and the paired one is not."""
     drift = [1.0] * 6 + [1.6] * 5
     a = [10.0 * d for d in drift]
     b = [8.0 * d for d in drift]
     b_shifted = [8.0 * d for d in [1.0] * 3 + [1.6] * 8]  # B's slow phase started earlier: unpaired lists
-    assert _paired_speedups(a, b) == pytest.approx((1.25, 1.25, 1.25))
+    assert paired_speedups(a, b) == pytest.approx((1.25, 1.25, 1.25))
     assert _quantiles(a)[0] / _quantiles(b_shifted)[0] == pytest.approx(10.0 / 12.8)  # medians: B "slower"
     with pytest.raises(ValueError, match=r"times: expected one time per round of the reference \(3\), got 2"):
-        _paired_speedups([1.0, 2.0, 3.0], [1.0, 2.0])
+        paired_speedups([1.0, 2.0, 3.0], [1.0, 2.0])
 
 
 def test_report_without_ort_has_no_paired_column():

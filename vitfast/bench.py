@@ -51,7 +51,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "SCHEMA", "run_bench", "format_report", "plot_report", "sgemm_gflops",
-           "parse_providers"]
+           "parse_providers", "paired_speedups"]
 
 SCHEMA = "vitfast.bench/1"
 # key -> (label, which model's FLOPs it runs)
@@ -85,7 +85,7 @@ def _quantiles(values: Sequence[float]) -> Tuple[float, float, float]:
     return statistics.median(values), q[0], q[-1]
 
 
-def _paired_speedups(reference: Sequence[float], times: Sequence[float]) -> Tuple[float, float, float]:
+def paired_speedups(reference: Sequence[float], times: Sequence[float]) -> Tuple[float, float, float]:
     """(median, p10, p90) of reference[r] / times[r] over the rounds r: both calls of a round ran back to back, so
     load that slows a round slows both."""
     if len(reference) != len(times) or not times:
@@ -389,7 +389,7 @@ def run_bench(
                             "floor_ms": floor * 1e3, "pct_of_floor": 100 * floor / median,
                             "speedup_vs_timm": (base / median) if base else None, "repeats": len(times[p.key]),
                             # [median, p10, p90] of ORT fused / this provider, per round (None without ort-fused)
-                            "paired_vs_ort_fused": (list(_paired_speedups(ort_fused, times[p.key]))
+                            "paired_vs_ort_fused": (list(paired_speedups(ort_fused, times[p.key]))
                                                     if ort_fused is not None else None),
                             "round_ms": [v * 1e3 for v in times[p.key]],  # in round order
                         })
