@@ -11,7 +11,6 @@ import numbers
 import operator
 from typing import Optional
 
-import numpy as np
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -216,8 +215,9 @@ def check_vit_block_args(
     for name, eps in (("norm1_eps", norm1_eps), ("ffn_norm_eps", ffn_norm_eps)):
         if eps is None and name == "ffn_norm_eps":
             continue
-        # numbers.Real, not (int, float): the C++ schema's float takes a numpy float32 too (it is not a float subclass)
-        if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+        # numbers.Real, not (int, float): the C++ schema's float takes a numpy float32 too (it is not a float subclass);
+        # a numpy bool is no numbers.Real, a Python bool is one (hence its own test)
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
             raise ValueError(f"{name}: expected a finite number >= 0, got {eps!r}")
     heads = as_integer(num_heads)
     if heads is None or heads < 1:
