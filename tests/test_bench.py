@@ -60,7 +60,7 @@ def _check_consistent(report, providers, threads, batches):
 def test_cli_all_providers_json_png(tmp_path, capsys):
     """The whole command on a tiny timm model with every provider, small repeats (~20 s, mostly torch.compile)."""
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
-    providers = list(PROVIDERS)  # the default five and the reference ops
+    providers = [k for k in PROVIDERS if not k.endswith("-graph")]  # the default five and the reference ops (CPU)
     argv = ["bench", *TINY, "--channel-idle", "0.75", "--threads", "1", "--batch-sizes", "1,2", "--repeats", "2",
             "--warmup", "1", "--providers", ",".join(providers), "--json", str(out_json), "--png", str(out_png)]
     assert main(argv) == 0
@@ -162,6 +162,8 @@ def test_default_providers_are_the_five_runtimes():
     (["bench", *TINY, "--png", "{tmp}/r.xyz"], "--png: expected a chart file name ending in one of"),
     (["bench", *TINY, "--warmup", "0"], "--warmup: expected a positive integer, got 0"),
     (["bench", *TINY, "--join-values"], "--join-values: only with --branches"),
+    (["bench", *TINY, "--providers", "timm,vitfast-graph"],
+     "--providers: the CUDA-graph providers need --device cuda, got timm,vitfast-graph with --device cpu"),
     (["bench", "deit_tiny_patch16"], "TARGET: expected a timm model name, got 'deit_tiny_patch16'; did you mean"),
 ])
 def test_bad_arguments(tmp_path, capsys, argv, message):
@@ -181,6 +183,19 @@ def test_run_bench_argument_errors():
         run_bench(baseline, fused, batch_sizes=[])
     with pytest.raises(ValueError, match="repeats: expected a positive int, got 0"):
         run_bench(baseline, fused, repeats=0)
+    with pytest.raises(ValueError, match=r"providers: the CUDA-graph providers need device cuda, got \['timm-graph'\] "
+                                         r"with device cpu"):
+        run_bench(baseline, fused, providers=["timm-graph"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cli_cuda_default_providers_include_the_graph_replays(tmp_path, capsys):
+    out_json = tmp_path / "r.json"
+    assert main(["bench", *TINY, "--channel-idle", "0.75", "--device", "cuda", "--batch-sizes", "1,2", "--repeats", "3",
+                 "--json", str(out_json)]) == 0
+    report = json.loads(out_json.read_text())
+    providers = ["timm", "compile", "vitfast", "timm-graph", "vitfast-graph"]
+    _check_consistent(report, providers, [torch.get_num_threads()], [1, 2])
 
 
 @pytest.mark.parametrize("method", ["channel_idle", "nondeep"])

@@ -6,6 +6,7 @@
     fused = vitfast.fuse(model)                                          # exact, smaller
     vitfast.save(fused, "fused.safetensors")
     model = vitfast.load("fused.safetensors").cuda()                    # forward -> torch.ops.vitfast.*
+    model = vitfast.cuda_graph(model)                                    # optional: replay CUDA graphs (batch 1)
 
 `import vitfast` is light: it registers the ops (and loads the prebuilt C++ extension); the model tools are
 imported on first use.
@@ -33,6 +34,10 @@ _LAZY = {
     "distill": ("vitfast.distill", None),
     "student": ("vitfast.student", None),
     "distributed": ("vitfast.distributed", None),
+    # GPU inference replayed from CUDA graphs (the module is cuda_graphs: a submodule named like the function
+    # would replace it as the package attribute once imported)
+    "cuda_graph": ("vitfast.cuda_graphs", "cuda_graph"),
+    "CudaGraphModule": ("vitfast.cuda_graphs", "CudaGraphModule"),
 }
 
 # Drop-in depthwise convolution: Σ_h head ranking and DSP gating (vitfast.head_selection).

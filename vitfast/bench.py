@@ -11,6 +11,8 @@ Providers (keys for `providers=` / `--providers`):
     ort-fused  ONNX Runtime running the fused model exported through the reference path (vitfast.export)
     vitfast    the fused model on vitfast's kernels
     reference  the fused model on vitfast.reference ops (eager PyTorch; shows what the kernels add)
+    timm-graph     timm eager replayed from CUDA graphs (CUDA only; vitfast.cuda_graph, one graph per batch size)
+    vitfast-graph  the fused model on vitfast's kernels, replayed from CUDA graphs (CUDA only)
 
 What is measured, per (threads, batch):
 * latency: every provider is warmed up (at least one untimed call: compiles, ORT's first run), then the
@@ -62,6 +64,8 @@ PROVIDERS: Dict[str, Tuple[str, str]] = {
     "ort-fused": ("ORT fused", "fused"),
     "vitfast": ("vitfast fused (kernels)", "fused"),
     "reference": ("vitfast fused (reference ops)", "fused"),
+    "timm-graph": ("timm eager, CUDA graph", "baseline"),
+    "vitfast-graph": ("vitfast fused, CUDA graph", "fused"),
 }
 DEFAULT_PROVIDERS = ("timm", "compile", "ort-timm", "ort-fused", "vitfast")
 SGEMM_N = 2048
@@ -178,6 +182,16 @@ class _Torch(_Provider):
             set_backend(previous)
 
 
+class _Graphed(_Torch):
+    """A torch provider replayed from CUDA graphs (vitfast.cuda_graphs): the warm-up call of each batch size
+    captures (under `backend`), the timed calls replay.  Launch overhead is what this removes at small batches."""
+
+    def __init__(self, key, label, flops_of, model: nn.Module, backend: Optional[str] = None) -> None:
+        from .cuda_graphs import CudaGraphModule
+
+        super().__init__(key, label, flops_of, CudaGraphModule(model), backend)
+
+
 class _Compiled(_Provider):
     """torch.compile of the baseline, compiled afresh per thread count: inductor's CPU code fixes its OpenMP
     thread count when it is generated."""
@@ -267,6 +281,8 @@ def run_bench(
         raise ValueError(f"repeats: expected a positive int, got {repeats!r}")
     if device.type != "cpu" and any(p.startswith("ort-") for p in providers):
         raise ValueError(f"providers: ONNX Runtime providers run on the CPU only, got {providers} with device {device}")
+    if device.type != "cuda" and any(p.endswith("-graph") for p in providers):
+        raise ValueError(f"providers: the CUDA-graph providers need device cuda, got {providers} with device {device}")
     shape = tuple(input_shape) if input_shape is not None else model_input_shape(baseline)
     baseline, fused = baseline.eval().to(device), fused.eval().to(device)
     if "timm" not in providers:
@@ -297,6 +313,10 @@ def run_bench(
                     built.append(_Torch(key, label, flops_of, fused, backend="auto"))
                 elif key == "reference":
                     built.append(_Torch(key, label, flops_of, fused, backend="reference"))
+                elif key == "timm-graph":
+                    built.append(_Graphed(key, label, flops_of, baseline))
+                elif key == "vitfast-graph":
+                    built.append(_Graphed(key, label, flops_of, fused, backend="auto"))
                 elif key == "compile":
                     built.append(_Compiled(key, label, flops_of, baseline))
                 else:

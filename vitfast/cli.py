@@ -988,8 +988,13 @@ def cmd_bench(args) -> int:
         if device.type != "cpu" and any(p.startswith("ort-") for p in providers):
             raise CLIError(f"--providers: ONNX Runtime providers run on the CPU only, got {','.join(providers)} "
                            f"with --device {args.device}")
+        if device.type != "cuda" and any(p.endswith("-graph") for p in providers):
+            raise CLIError(f"--providers: the CUDA-graph providers need --device cuda, got {','.join(providers)} "
+                           f"with --device {args.device}")
     else:
         providers = [p for p in DEFAULT_PROVIDERS if device.type == "cpu" or not p.startswith("ort-")]
+        if device.type == "cuda":  # launch overhead is most of batch 1 on a GPU: show both models without it
+            providers += ["timm-graph", "vitfast-graph"]
     torch.manual_seed(0)
     if os.path.exists(args.target):
         if not os.path.isfile(args.target):
@@ -1545,7 +1550,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("target", metavar="TARGET", help="a timm model name (with the recipe options), or a fused .safetensors")
     p.add_argument("--providers", type=_providers, default=None, metavar="P1,P2",
-                   help="runtimes to time [default: timm,compile,ort-timm,ort-fused,vitfast; without ort-* off the CPU]")
+                   help="runtimes to time [default: timm,compile,ort-timm,ort-fused,vitfast; without ort-* off the CPU; "
+                        "on CUDA also timm-graph,vitfast-graph (CUDA-graph replays)]")
     p.add_argument("--threads", type=_thread_list, default=None, metavar="T1,T2", help="CPU thread counts [default: torch's]")
     p.add_argument("--batch-sizes", type=_batch_list, default="1,8", metavar="B1,B2", help="batch sizes")
     p.add_argument("--repeats", type=_positive_int, default=10, help="timed calls per provider at each (threads, batch)")
