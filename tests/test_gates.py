@@ -136,6 +136,45 @@ def test_forced_open_equals_ungated_fused_block(block_and_input):
     assert torch.equal(gated(x), ungated(x))
 
 
+def test_open_gates_run_the_whole_block_op_with_the_sub_blocks_bits(block_and_input, monkeypatch):
+    # Both gates open on the CPU at inference: one vit_block call (as vitfast.nn.Block), bit-equal to the two
+    # sub-block calls it replaces.  One gate closed, grad mode on, or a pruned sub-block: the sub-block calls.
+    import vitfast.nn.usdc as usdc_mod
+    from vitfast.nn.fused import _whole_block_args
+
+    blk, x = block_and_input
+    gated = USDCBlock.from_block(blk, search=False, gate_kind="G1", tokens=17).to_fused()
+    randomise_gate(gated.gate)
+    taken = []
+
+    def recorded(block, inp):
+        args = _whole_block_args(block, inp)
+        taken.append(args is not None)
+        return args
+
+    monkeypatch.setattr(usdc_mod, "_whole_block_args", recorded)
+    set_gate_force(gated, "open")
+    with torch.no_grad():
+        whole = gated(x)
+    assert taken == [True]
+    monkeypatch.setattr(usdc_mod, "_whole_block_args", lambda block, inp: None)
+    with torch.no_grad():
+        assert torch.equal(whole, gated(x))
+    monkeypatch.setattr(usdc_mod, "_whole_block_args", recorded)
+    taken.clear()
+    set_gate_force(gated, ("open", "closed"))
+    with torch.no_grad():
+        gated(x)
+    assert taken == []
+    set_gate_force(gated, "open")
+    assert torch.equal(gated(x), whole) and taken == [False]  # grad mode on: the sub-block ops
+    taken.clear()
+    gated.mlp = None  # a pruned FFN sub-block
+    with torch.no_grad():
+        gated(x)
+    assert taken == [False]
+
+
 def test_forced_closed_skips_each_sub_block_exactly(block_and_input):
     blk, x = block_and_input
     gated = USDCBlock.from_block(blk, search=False, tokens=17).to_fused()

@@ -497,8 +497,9 @@ def _plain_norm_eps(norm: Optional[nn.Module]) -> Optional[float]:
     return float(norm.eps)
 
 
-def _whole_block_args(block: "Block", x: torch.Tensor) -> Optional[tuple]:
-    """The arguments of `torch.ops.vitfast.vit_block` when this forward may run the whole block as that one op
+def _whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
+    """The arguments of `torch.ops.vitfast.vit_block` when this forward may run the whole block (a `Block`, or a
+    USDC `GatedBlock` whose gates are both open) as that one op
     (csrc/ops/vit_block.cpp: the same kernels and bits as the six-op path, without its per-op Python and dispatch
     cost: ~35 µs per block on the Zen 3 host, 3% of a DeiT-Ti forward at batch 1), else None.
 
@@ -510,7 +511,7 @@ def _whole_block_args(block: "Block", x: torch.Tensor) -> Optional[tuple]:
     if torch.is_grad_enabled() or not x.is_cpu or x.dtype != torch.float32 or x.dim() != 3:
         return None
     modules = block._modules
-    attn, mlp = modules["attn"], modules["mlp"]
+    attn, mlp = modules.get("attn"), modules.get("mlp")  # (a pruned GatedBlock sub-block is None, maybe unregistered)
     if type(attn) is not Attention or type(mlp) is not FusedChannelIdleFFN:
         return None
     if (attn._forward_hooks or attn._forward_pre_hooks or mlp._forward_hooks or mlp._forward_pre_hooks

@@ -37,7 +37,7 @@ from timm.models.vision_transformer import Attention as TimmAttention
 from .. import ops
 from .._env import get_cuda_kernels
 from . import _timm
-from .fused import Attention, FusedChannelIdleFFN, _ConfigReader, _fold_attention, _layer_norm
+from .fused import Attention, FusedChannelIdleFFN, _ConfigReader, _fold_attention, _layer_norm, _whole_block_args
 from .gates import GATE_LEVELS, SEARCH_TAU, FusedBatchGate, GateNet, GateSearch, group_assignment, hard_gates
 from .registry import register_fused
 
@@ -400,6 +400,13 @@ class GatedBlock(nn.Module):
         decision = self.gate(x)
         if decision.device.type == "cpu" and not _compiling():
             run_attn, run_ffn = (bool(v) for v in decision.tolist())
+            if run_attn and run_ffn and attn_mask is None and not is_causal:
+                # Both sub-blocks open: the whole block as one op, as vitfast.nn.Block runs it (same kernels and
+                # bits as the two sub-block calls below; None when anything those calls would do differently is
+                # in play, e.g. a pruned sub-block, grad mode, hooks, fp16).
+                args = _whole_block_args(self, x)
+                if args is not None:
+                    return torch.ops.vitfast.vit_block(*args)
             if self.attn is not None and run_attn:
                 # The ungated fused Block's norm call (the LayerNorm kernel on CPU): an open gate gives its bits.
                 x = self.attn(_layer_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
