@@ -241,6 +241,17 @@ def test_cuda_graph_needs_cuda():
         vitfast.cuda_graph(_Affine().eval())
 
 
+def test_save_writes_the_wrapped_model(tmp_path):
+    model = vitfast.fuse(vitfast.convert.from_timm(_tiny_timm(), channel_idle=0.75).eval())
+    wrapper, _ = _wrap(model)
+    path = str(tmp_path / "m.safetensors")
+    vitfast.save(wrapper, path)
+    loaded = vitfast.load(path)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+
+
 def test_public_names():
     assert vitfast.cuda_graph is vitfast.cuda_graphs.cuda_graph
     assert vitfast.CudaGraphModule is CudaGraphModule

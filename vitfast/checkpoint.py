@@ -356,6 +356,10 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
         raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
     path = os.fspath(path)
     check_target(path)  # before the rebuild check: a bad path fails fast
+    from .cuda_graphs import CudaGraphModule
+
+    if isinstance(model, CudaGraphModule):  # vitfast.cuda_graph(model): the file holds the model, not the replays
+        model = model.module
 
     architecture = describe_timm(model)
     modules = _fused_configs(model)
