@@ -68,7 +68,8 @@ def _flatten_output(out: Any, where: str = "output") -> Tuple[List[torch.Tensor]
             for (_, build), n in zip(parts, sizes):
                 items.append(build(ts[start:start + n]))
                 start += n
-            return kind(items) if kind in (tuple, list) else kind(*items)  # a namedtuple takes positional fields
+            # a namedtuple takes its fields positionally; tuple, list and torch.return_types take one sequence
+            return kind(*items) if hasattr(kind, "_fields") else kind(items)
 
         return [t for p in parts for t in p[0]], rebuild
     if isinstance(out, dict):
