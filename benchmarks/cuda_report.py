@@ -2,7 +2,7 @@
 
 Run on a CUDA machine (benchmarks/gpu_check.sh calls it):
 
-    python benchmarks/cuda_report.py [--json PATH] [--no-ops] [--no-models]
+    python benchmarks/cuda_report.py [--json PATH] [--no-ops] [--no-models] [--model-dtypes float32,bfloat16]
 
 Op timings are medians of `triton.testing.do_bench` (CUDA events, L2 flushed between calls), fp32 with TF32
 off (the kernels then use ieee products, like the eager reference) and bf16.  Ratios are reference / Triton
@@ -75,16 +75,18 @@ def op_report(rows):
                       f"  (max err {err:.1e})")
 
 
-def model_report(report):
-    for model, recipe in (("deit_tiny_patch16_224", {}), ("deit_base_patch16_224", {})):
-        print(f"\n== {model} channel_idle=0.75, CUDA fp32 ==", flush=True)
-        from vitfast.cli import main as cli_main
+def model_report(report, dtypes=("float32",)):
+    from vitfast.cli import main as cli_main
 
-        # The CUDA-graph rows (vitfast.cuda_graph) take the launch overhead out of both models: at batch 1 that
-        # overhead is most of the eager time on a GPU.
-        code = cli_main(["bench", model, "--channel-idle", "0.75", "--device", "cuda", "--providers",
-                         "timm,vitfast,timm-graph,vitfast-graph", "--batch-sizes", "1,64", "--repeats", "20", "--quiet"])
-        report[model] = code
+    for dtype in dtypes:
+        for model in ("deit_tiny_patch16_224", "deit_base_patch16_224"):
+            print(f"\n== {model} channel_idle=0.75, CUDA {dtype} ==", flush=True)
+            # The CUDA-graph rows (vitfast.cuda_graph) take the launch overhead out of both models: at batch 1 that
+            # overhead is most of the eager time on a GPU.
+            code = cli_main(["bench", model, "--channel-idle", "0.75", "--device", "cuda", "--dtype", dtype,
+                             "--providers", "timm,vitfast,timm-graph,vitfast-graph", "--batch-sizes", "1,64",
+                             "--repeats", "20", "--quiet"])
+            report[(model, dtype)] = code
 
 
 def main(argv=None):
@@ -92,6 +94,8 @@ def main(argv=None):
     parser.add_argument("--json", help="write the op rows as JSON")
     parser.add_argument("--no-models", action="store_true", help="skip the end-to-end model timings")
     parser.add_argument("--no-ops", action="store_true", help="skip the op table (end-to-end model timings only)")
+    parser.add_argument("--model-dtypes", default="float32", metavar="D1,D2",
+                        help="dtypes of the end-to-end model timings, e.g. float32,bfloat16 [default: float32]")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("cuda_report.py needs a CUDA device")
@@ -105,7 +109,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     if not args.no_models:
-        model_report({})
+        model_report({}, dtypes=[d.strip() for d in args.model_dtypes.split(",") if d.strip()])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ build_ext
 run 200 t_cuda python3 -m pytest -q -rs -p no:cacheprovider -k "cuda or natively or mismatch or fine_tunes" \
   tests/test_layer_norm.py tests/test_batch_gate_triton.py tests/test_channel_idle_ffn_triton.py \
   tests/test_checkpoint.py tests/test_distributed.py tests/test_gates.py tests/test_patch_embed.py \
-  tests/test_xwx_attention_triton.py tests/test_gradients.py tests/test_vit_block.py
+  tests/test_xwx_attention_triton.py tests/test_gradients.py tests/test_vit_block.py tests/test_cuda_graphs.py \
+  tests/test_bench.py
 run 60 t_cpu_new_ops python3 -m pytest -q -p no:cacheprovider tests/test_layer_norm.py tests/test_attention.py \
   tests/test_vit_block.py
 run 220 report python3 benchmarks/cuda_report.py --json "$OUT/ops.json"

@@ -162,6 +162,7 @@ def test_default_providers_are_the_five_runtimes():
     (["bench", *TINY, "--png", "{tmp}/r.xyz"], "--png: expected a chart file name ending in one of"),
     (["bench", *TINY, "--warmup", "0"], "--warmup: expected a positive integer, got 0"),
     (["bench", *TINY, "--join-values"], "--join-values: only with --branches"),
+    (["bench", *TINY, "--dtype", "bfloat16"], "--dtype: bfloat16 needs --device cuda (CPU runs float32), got --device cpu"),
     (["bench", *TINY, "--providers", "timm,vitfast-graph"],
      "--providers: the CUDA-graph providers need --device cuda, got timm,vitfast-graph with --device cpu"),
     (["bench", "deit_tiny_patch16"], "TARGET: expected a timm model name, got 'deit_tiny_patch16'; did you mean"),
@@ -186,6 +187,10 @@ def test_run_bench_argument_errors():
     with pytest.raises(ValueError, match=r"providers: the CUDA-graph providers need device cuda, got \['timm-graph'\] "
                                          r"with device cpu"):
         run_bench(baseline, fused, providers=["timm-graph"])
+    with pytest.raises(ValueError, match=r"dtype: torch.bfloat16 timings need device cuda, got device cpu"):
+        run_bench(baseline, fused, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"dtype: expected one of \['float32', 'float16', 'bfloat16'\], got torch.int8"):
+        run_bench(baseline, fused, dtype=torch.int8)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -196,6 +201,19 @@ def test_cli_cuda_default_providers_include_the_graph_replays(tmp_path, capsys):
     report = json.loads(out_json.read_text())
     providers = ["timm", "compile", "vitfast", "timm-graph", "vitfast-graph"]
     _check_consistent(report, providers, [torch.get_num_threads()], [1, 2])
+    assert report["dtype"] == "float32"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cli_cuda_bfloat16(tmp_path, capsys):
+    out_json = tmp_path / "r.json"
+    assert main(["bench", *TINY, "--channel-idle", "0.75", "--device", "cuda", "--dtype", "bfloat16", "--batch-sizes",
+                 "1,2", "--repeats", "3", "--providers", "timm,vitfast,vitfast-graph", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "in bfloat16 on cuda" in out and "torch.mm 2048^3 bf16" in out
+    report = json.loads(out_json.read_text())
+    assert report["dtype"] == "bfloat16"
+    _check_consistent(report, ["timm", "vitfast", "vitfast-graph"], [torch.get_num_threads()], [1, 2])
 
 
 @pytest.mark.parametrize("method", ["channel_idle", "nondeep"])

@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-__all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "SCHEMA", "run_bench", "format_report", "plot_report", "sgemm_gflops",
+__all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "DTYPES", "SCHEMA", "run_bench", "format_report", "plot_report", "sgemm_gflops",
            "parse_providers", "paired_speedups"]
 
 SCHEMA = "vitfast.bench/1"
@@ -102,10 +102,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def sgemm_gflops(device: torch.device, calls: int = 3, n: int = SGEMM_N) -> List[float]:
-    """GFLOP/s of `calls` torch.mm calls on fp32 n×n at the current thread count (one untimed call first)."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+# dtypes the models can be timed in, and their short names in the report
+DTYPES: Dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def sgemm_gflops(device: torch.device, calls: int = 3, n: int = SGEMM_N, dtype: torch.dtype = torch.float32) -> List[float]:
+    """GFLOP/s of `calls` torch.mm calls on n×n matrices of `dtype` (fp32 by default) at the current thread count
+    (one untimed call first)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     torch.mm(a, b)
     rates = []
     for _ in range(calls):
@@ -250,6 +256,7 @@ def run_bench(
     repeats: int = 10,
     warmup: int = 2,
     device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
     workdir: Optional[str] = None,
     ort_spinning: bool = False,
     meta: Optional[Mapping[str, Any]] = None,
@@ -258,6 +265,8 @@ def run_bench(
     """Time every provider at every (threads, batch); returns the report (a JSON-ready dict, schema SCHEMA).
 
     baseline: the timm model (eval mode, random weights); fused: its fused vitfast model.
+    dtype: what both models and the inputs are converted to: float32, or on CUDA float16 / bfloat16 (the floor then
+        uses the torch.mm rate in that dtype).  ONNX Runtime providers run float32 only.
     workdir: where the ONNX files go (default: a temporary directory, removed afterwards).
     ort_spinning: let ONNX Runtime's intra-op workers spin after a run (its default).  Off here by default:
         in interleaved rounds the spinning workers hold the cores while the next provider runs (with 2 threads
@@ -283,6 +292,12 @@ def run_bench(
         raise ValueError(f"providers: ONNX Runtime providers run on the CPU only, got {providers} with device {device}")
     if device.type != "cuda" and any(p.endswith("-graph") for p in providers):
         raise ValueError(f"providers: the CUDA-graph providers need device cuda, got {providers} with device {device}")
+    if dtype not in _SHORT:
+        raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype}")
+    if dtype != torch.float32 and device.type != "cuda":
+        # torch's half-precision CPU matmuls without bf16/fp16 hardware are emulated (one 2048³ bf16 mm took 56 s on
+        # the Zen 3 host, fp32 0.23 s), and vitfast's CPU ops compute in fp32 anyway: no meaningful table there.
+        raise ValueError(f"dtype: {dtype} timings need device cuda, got device {device} (CPU runs float32)")
     shape = tuple(input_shape) if input_shape is not None else model_input_shape(baseline)
     baseline, fused = baseline.eval().to(device), fused.eval().to(device)
     if "timm" not in providers:
@@ -293,7 +308,8 @@ def run_bench(
         + (f"; load average at start {load_start[0]:.2f}" if load_start else ""))
 
     log("bench: counting FLOPs (FlopCounterMode, one image)")
-    flops = _flops(baseline, fused, shape)
+    flops = _flops(baseline, fused, shape)  # (counted in fp32: the count does not depend on the dtype)
+    baseline, fused = baseline.to(dtype), fused.to(dtype)
     errors: Dict[str, str] = {}
     exports: Dict[str, Any] = {}
     cleanup = None
@@ -338,7 +354,7 @@ def run_bench(
         configs = [(t, b) for t in threads for b in batch_sizes]
         previous_threads = torch.get_num_threads()
         torch.manual_seed(0)
-        inputs = {b: torch.randn(b, *shape, device=device) for b in batch_sizes}
+        inputs = {b: torch.randn(b, *shape, device=device).to(dtype) for b in batch_sizes}
         # A gated (USDC) model's work depends on its batch (the gates decide from the batch mean): its FLOPs are
         # counted on the very inputs timed, per batch size, not on one all-zeros image (65% off once).
         fused_batch_flops = None
@@ -380,7 +396,7 @@ def run_bench(
                         active = runnable
                         log(f"bench: [{step}/{len(configs)}] threads {t}, batch {b}: timing {len(active)} providers "
                             f"x {repeats} rounds")
-                        rates = sgemm_gflops(device)
+                        rates = sgemm_gflops(device, dtype=dtype)
                         times: Dict[str, List[float]] = {p.key: [] for p in active}
                         for r in range(repeats):
                             order = active[r % len(active):] + active[:r % len(active)]
@@ -390,7 +406,7 @@ def run_bench(
                                 p.call(x)
                                 _sync(device)
                                 times[p.key].append(time.perf_counter() - t0)
-                        rates += sgemm_gflops(device)
+                        rates += sgemm_gflops(device, dtype=dtype)
                     rate, rate_lo, rate_hi = _quantiles(rates)
                     sgemm.append({"threads": t, "batch": b, "gflops": rate, "p10_gflops": rate_lo, "p90_gflops": rate_hi,
                                   "calls": len(rates), "n": SGEMM_N})
@@ -430,6 +446,7 @@ def run_bench(
         **dict(meta or {}),
         "input_shape": list(shape),
         "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
         "machine": _machine(),
         "providers": {k: PROVIDERS[k][0] for k in providers},
         "threads": list(threads),
@@ -455,7 +472,8 @@ def format_report(report: Mapping[str, Any]) -> str:
 
     lines = []
     m = report["machine"]
-    lines.append(f"{report.get('title', 'vitfast bench')}: input {tuple(report['input_shape'])} on {report['device']} "
+    in_dtype = "" if report.get("dtype", "float32") == "float32" else f" in {report['dtype']}"
+    lines.append(f"{report.get('title', 'vitfast bench')}: input {tuple(report['input_shape'])}{in_dtype} on {report['device']} "
                  f"({m['cpu']}, {m['cores']} cores; vitfast CPU path {m['cpu_isa']})")
     if report.get("note"):
         lines.append(report["note"])
@@ -466,7 +484,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     by_threads: Dict[int, List[float]] = {}
     for s in report["sgemm"]:
         by_threads.setdefault(s["threads"], []).append(s["gflops"])
-    lines.append("sgemm (torch.mm 2048^3 fp32, measured around each row group): "
+    dtype = _SHORT[DTYPES[report.get("dtype", "float32")]]
+    lines.append(f"sgemm (torch.mm 2048^3 {dtype}, measured around each row group): "
                  + "; ".join(f"{t} thread(s) {min(v):.1f}-{max(v):.1f} GFLOP/s" for t, v in by_threads.items()))
     for key, e in report.get("exports", {}).items():
         lines.append(f"{PROVIDERS[key][0]}: {e['exporter']} exporter, opset {e['opset']}, max |Δ| vs PyTorch "

@@ -980,6 +980,8 @@ def cmd_bench(args) -> int:
     from vitfast.checkpoint import read_config
 
     device = _device(args.device)
+    if args.dtype != "float32" and device.type != "cuda":
+        raise CLIError(f"--dtype: {args.dtype} needs --device cuda (CPU runs float32), got --device {args.device}")
     json_path = _output_path(args.json, "--json") if args.json else None
     png_path = _chart_path(args.png) if args.png else None
     threads = args.threads or [torch.get_num_threads()]
@@ -1073,14 +1075,14 @@ def _skeleton_baseline(architecture: dict) -> "torch.nn.Module":
 def _bench_and_report(args, baseline, fused, device, threads, providers, json_path, png_path, *, title, recipe,
                       note) -> int:
     """Time `baseline` against `fused` (vitfast.bench.run_bench), print the table, write --json/--png."""
-    from vitfast.bench import format_report, plot_report, run_bench
+    from vitfast.bench import DTYPES, format_report, plot_report, run_bench
     from vitfast.export import model_input_shape
 
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     report = run_bench(
         baseline, fused, input_shape=model_input_shape(baseline), threads=threads, batch_sizes=args.batch_sizes,
-        providers=providers, repeats=args.repeats, warmup=args.warmup, device=device, ort_spinning=args.ort_spinning,
-        meta={"title": title, "target": args.target, "recipe": recipe, "note": note}, log=log,
+        providers=providers, repeats=args.repeats, warmup=args.warmup, device=device, dtype=DTYPES[args.dtype],
+        ort_spinning=args.ort_spinning, meta={"title": title, "target": args.target, "recipe": recipe, "note": note}, log=log,
     )
     print(format_report(report))
     if json_path:
@@ -1559,6 +1561,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="PATH", help="write the whole report as JSON")
     p.add_argument("--png", default=None, metavar="PATH", help="write a chart (speed-up and %% of floor per provider)")
     p.add_argument("--device", default="cpu", help="device for the torch providers (cpu, cuda, ...); CUDA calls are synchronised")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="dtype of both models and the inputs; float16/bfloat16 with --device cuda only (the floor "
+                        "then uses torch.mm in that dtype)")
     p.add_argument("--ort-spinning", action="store_true",
                    help="let ORT's intra-op workers spin after a run (ORT's default; off here because the spinning "
                         "workers hold the cores while the next provider of the interleaved round runs)")
