@@ -347,16 +347,46 @@ def test_qk_norm_block_keeps_the_six_ops():
     assert calls == 0 and out.shape == x.shape
 
 
+@pytest.mark.parametrize("form", FFN_FORMS, ids=lambda f: f[0])
+def test_cuda_eager_block_is_the_six_ops_formula_with_one_check(form):
+    """ops.vit_block_cuda_eager (what vitfast.nn.Block runs on CUDA at eager inference) calls the same torch
+    functions as the six ops' CUDA impls: on any device it gives the reference's bits, and it checks its arguments
+    as vit_block does."""
+    args = make_args(48, 2, 7, 2, form)
+    torch.testing.assert_close(vitfast.ops.vit_block_cuda_eager(*args), reference.vit_block(*args), atol=0, rtol=0)
+    bad = list(args)
+    bad[2] = bad[2][:, :-1]  # w_qkv one input column short
+    with pytest.raises(ValueError, match="w_qkv: expected shape"):
+        vitfast.ops.vit_block_cuda_eager(*bad)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the op's CUDA impl is the six CUDA ops)")
-def test_cuda_impl_is_the_six_cuda_ops(tol):
+def test_cuda_impl_is_the_six_cuda_ops(tol, monkeypatch):
     """On a GPU the op is its six CUDA ops composed (each is one or two launches either way): the reference's and
-    the CPU op's result; the fused block keeps calling its modules there."""
+    the CPU op's result.  The fused block runs the same calls without the per-op dispatch
+    (ops.vit_block_cuda_eager) at eager inference, with the bits of its six module calls; not under autocast
+    (the ops compute in fp32 there)."""
     args = make_args(96, 2, 50, 2, FFN_FORMS[1])
     cuda = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
     out = op(*cuda)
     assert out.device == cuda[0].device
     torch.testing.assert_close(out.cpu(), reference.vit_block(*args), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(out.cpu(), op(*args), atol=1e-4, rtol=1e-4)
-    block = _fused_model().blocks[0].cuda()
-    with torch.no_grad():
-        assert _whole_block_args(block, torch.randn(1, 5, block.dim, device="cuda")) is None
+    eager = vitfast.ops.vit_block_cuda_eager
+    calls = []
+    monkeypatch.setattr(vitfast.ops, "vit_block_cuda_eager", lambda *a: calls.append(1) or eager(*a))
+    for norm in ("batch", "layer"):
+        for dtype in (torch.float32, torch.bfloat16):
+            block = _fused_model(norm).blocks[0].cuda().to(dtype)
+            x = torch.randn(2, 5, block.dim, device="cuda", dtype=dtype)
+            calls.clear()
+            with torch.no_grad():
+                fast = block(x)
+                assert calls == [1]
+                with monkeypatch.context() as m:
+                    m.setattr(fused, "_whole_block_args", lambda b, inp: None)
+                    slow = block(x)
+                assert torch.equal(fast, slow), (norm, dtype)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    assert _whole_block_args(block, x) is None
+            assert _whole_block_args(block, x) is None  # grad mode on

@@ -41,11 +41,9 @@ __all__ = ["CudaGraphModule", "cuda_graph"]
 
 def _autocast_state(device_type: str) -> Tuple[bool, Optional[torch.dtype]]:
     """(enabled, dtype) of autocast for this device type, on torch >= 2.4 (where the per-device APIs exist)."""
-    try:
-        enabled = torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4: only the CUDA flag, without an argument
-        enabled = torch.is_autocast_enabled()
-    if not enabled:
+    from .ops import _autocast_enabled
+
+    if not _autocast_enabled(device_type):
         return False, None
     try:
         return True, torch.get_autocast_dtype(device_type)

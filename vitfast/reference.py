@@ -37,16 +37,42 @@ def channel_idle_ffn(
     `A = w_out.shape[1]`.  θ = 0 (vanilla FFN) is L = 0 with `b_out` = fc2's bias; θ = 1 is A = 0 (one linear).
     The LayerNorm variant passes its un-foldable shortcut as `residual`.
     """
-    active, linear, _ = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, residual)
+    check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, residual)
+    return channel_idle_ffn_unchecked(x, w_in, b_in, w_out, b_out, residual)
+
+
+# The formulas without their argument checks: what the checked functions here run, and what a caller that has
+# validated the arguments already runs (ops.vit_block_cuda_eager checks a whole block once, then runs these).
+def channel_idle_ffn_unchecked(x, w_in, b_in, w_out, b_out=None, residual=None):
+    active = w_out.shape[1]
     h = F.linear(x, w_in, b_in)
     z = F.linear(F.gelu(h[..., :active]), w_out)
-    if linear:
+    if w_in.shape[0] > active:
         z = z + h[..., active:]
     if b_out is not None:
         z = z + b_out
     if residual is not None:
         z = z + residual
     return z
+
+
+def linear_unchecked(x, weight, bias=None, residual=None):
+    y = F.linear(x, weight, bias)
+    if residual is not None:
+        y = y + residual
+    return y
+
+
+def layer_norm_unchecked(x, weight=None, bias=None, eps=1e-5):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def attention_unchecked(qkv, num_heads, scale=None):
+    batch, tokens, width = qkv.shape
+    head_dim = width // (3 * num_heads)
+    q, k, v = qkv.reshape(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    out = F.scaled_dot_product_attention(q, k, v, scale=scale)
+    return out.transpose(1, 2).reshape(batch, tokens, num_heads * head_dim)
 
 
 def linear(
@@ -60,18 +86,15 @@ def linear(
     The fused ViT block runs qkv, proj (residual = the block input: `x + attn(...)`) and the head on it.
     """
     check_linear_args(x, weight, bias, residual)
-    y = F.linear(x, weight, bias)
-    if residual is not None:
-        y = y + residual
-    return y
+    return linear_unchecked(x, weight, bias, residual)
 
 def layer_norm(
     x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-5
 ) -> torch.Tensor:
     """LayerNorm over the last dimension (the fused blocks' pre-norms, usually without an affine: it is folded
     into the next linear layer):  y = (x − mean) / √(var + eps) · weight + bias  (= F.layer_norm)."""
-    c = check_layer_norm_args(x, weight, bias, eps)
-    return F.layer_norm(x, (c,), weight, bias, eps)
+    check_layer_norm_args(x, weight, bias, eps)
+    return layer_norm_unchecked(x, weight, bias, eps)
 
 
 def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) -> torch.Tensor:
@@ -80,11 +103,8 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
         q, k, v = qkv [B, N, 3, H, D] split;  out_h = softmax(q_h k_hᵀ · scale) v_h   (scale default D^-1/2)
         returns [B, N, H·D] with head h in columns [h·D, (h+1)·D)  (= timm Attention before proj)
     """
-    heads, head_dim = check_attention_args(qkv, num_heads, scale)
-    batch, tokens, _ = qkv.shape
-    q, k, v = qkv.reshape(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    out = F.scaled_dot_product_attention(q, k, v, scale=scale)
-    return out.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
+    heads, _ = check_attention_args(qkv, num_heads, scale)
+    return attention_unchecked(qkv, heads, scale)
 
 
 def vit_block(

@@ -503,12 +503,22 @@ def _whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
     (csrc/ops/vit_block.cpp: the same kernels and bits as the six-op path, without its per-op Python and dispatch
     cost: ~35 µs per block on the Zen 3 host, 3% of a DeiT-Ti forward at batch 1), else None.
 
-    It may when nothing the six-op path would do differently is in play: inference (grad mode off), a CPU fp32
-    [B, N, C] input, the C++ kernels on the auto backend, no tracing (exported graphs keep the per-op calls), the
-    default attention (no qk_norm / scale_norm; masks are ruled out by the caller), the fused FFN, non-affine
-    LayerNorms, and no forward hooks that calling `attn` / `mlp` as modules would fire.
+    It may when nothing the six-op path would do differently is in play: inference (grad mode off), a [B, N, C]
+    input that is CPU fp32 (the C++ op) or CUDA without autocast (`ops.vit_block_cuda_eager`: the same torch calls
+    as the six ops' CUDA impls, with one check and no dispatch per op), the auto backend, no tracing (exported
+    graphs keep the per-op calls), the default attention (no qk_norm / scale_norm; masks are ruled out by the
+    caller), the fused FFN, non-affine LayerNorms, and no forward hooks that calling `attn` / `mlp` as modules
+    would fire.
     """
-    if torch.is_grad_enabled() or not x.is_cpu or x.dtype != torch.float32 or x.dim() != 3:
+    if torch.is_grad_enabled() or x.dim() != 3:
+        return None
+    if x.is_cpu:
+        if x.dtype != torch.float32:
+            return None
+    elif x.is_cuda:
+        if ops._autocast_enabled("cuda"):  # the ops cast to fp32 under autocast (their Autocast kernels)
+            return None
+    else:
         return None
     modules = block._modules
     attn, mlp = modules.get("attn"), modules.get("mlp")  # (a pruned GatedBlock sub-block is None, maybe unregistered)
@@ -540,7 +550,9 @@ def _whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
                    ffn["b_out"])
     except KeyError:
         return None
-    if tensors[0].dtype != torch.float32 or not ops.extension_loaded() or ops.get_backend() == "reference" or _tracing():
+    if ops.get_backend() == "reference" or _tracing() or tensors[0].dtype != x.dtype:
+        return None
+    if x.is_cpu and not ops.extension_loaded():
         return None
     w_qkv, b_qkv, w_proj, b_proj, w_in, b_in, w_out, b_out = tensors
     return (x, norm1_eps, w_qkv, b_qkv, attn.num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
@@ -653,7 +665,7 @@ class Block(nn.Module):
         if attn_mask is None and not is_causal:
             args = _whole_block_args(self, x)
             if args is not None:
-                return torch.ops.vitfast.vit_block(*args)
+                return torch.ops.vitfast.vit_block(*args) if x.is_cpu else ops.vit_block_cuda_eager(*args)
         x = self.attn(_layer_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)  # x + attn(...)
         return self.mlp(x)  # the FFN sub-block adds its own shortcut (explicitly, or folded into W̃)
 
