@@ -354,6 +354,13 @@ def test_cuda_eager_block_is_the_six_ops_formula_with_one_check(form):
     as vit_block does."""
     args = make_args(48, 2, 7, 2, form)
     torch.testing.assert_close(vitfast.ops.vit_block_cuda_eager(*args), reference.vit_block(*args), atol=0, rtol=0)
+    # (vit_block itself is fp32; this block also runs CUDA's bf16/fp16 models: the per-op references' bits there)
+    half = tuple(a.to(torch.bfloat16) if isinstance(a, torch.Tensor) else a for a in args)
+    per_op = reference.compose_vit_block((reference.layer_norm, reference.linear, reference.attention,
+                                          reference.channel_idle_ffn), *half)
+    torch.testing.assert_close(vitfast.ops.vit_block_cuda_eager(*half), per_op, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="x: expected dtype float32, float16 or bfloat16, got torch.float64"):
+        vitfast.ops.vit_block_cuda_eager(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
     bad = list(args)
     bad[2] = bad[2][:, :-1]  # w_qkv one input column short
     with pytest.raises(ValueError, match="w_qkv: expected shape"):

@@ -200,16 +200,22 @@ def check_vit_block_args(
     w_out: torch.Tensor,
     b_out: Optional[torch.Tensor],
     ffn_residual: bool,
+    *,
+    any_float: bool = False,
 ) -> tuple[int, int]:
     """Validate `vit_block` arguments (the fused ViT block as one op); return (H, D).
 
-    x [B, N, C] float32;  w_qkv [3·H·D, C], b_qkv [3·H·D];  w_proj [C, H·D], b_proj [C];  the FFN's tensors as
-    for `channel_idle_ffn` with C_in = C_out = C.  norm1_eps (and ffn_norm_eps unless None): finite, >= 0.
+    x [B, N, C] float32 (float16 / bfloat16 too with `any_float`: the CUDA eager block, ops.vit_block_cuda_eager);
+    w_qkv [3·H·D, C], b_qkv [3·H·D];  w_proj [C, H·D], b_proj [C];  the FFN's tensors as for `channel_idle_ffn`
+    with C_in = C_out = C.  norm1_eps (and ffn_norm_eps unless None): finite, >= 0.
     """
     check_tensor("x", x)
     if x.dim() != 3:
         raise ValueError(f"x: expected 3-D [B, N, C], got shape {_fmt_shape(x)}")
-    if x.dtype != torch.float32:
+    if any_float:
+        if x.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    elif x.dtype != torch.float32:
         raise ValueError(f"x: expected dtype torch.float32 (the block op runs in fp32), got {x.dtype}")
     c = x.shape[-1]
     for name, eps in (("norm1_eps", norm1_eps), ("ffn_norm_eps", ffn_norm_eps)):

@@ -211,7 +211,7 @@ def vit_block_cuda_eager(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, 
     tracing, no hooks)."""
     args = (x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
             ffn_residual)
-    check_vit_block_args(*args)
+    check_vit_block_args(*args, any_float=True)
     return reference.compose_vit_block(_CUDA_EAGER_FNS, *args)
 
 
