@@ -136,13 +136,19 @@ def use_triton_channel_idle_ffn(dtype: torch.dtype, rows: int, policy: str = "au
             and (width is None or width >= TRITON_FFN_MIN_WIDTH))
 
 
-def _channel_idle_ffn_cuda(x, w_in, b_in, w_out, b_out=None, residual=None):
-    rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
-    if not use_triton_channel_idle_ffn(x.dtype, rows, get_cuda_kernels(), width=x.shape[-1] if x.dim() else 0):
-        return reference.channel_idle_ffn(x, w_in, b_in, w_out, b_out, residual)
+def _channel_idle_ffn_cuda_unchecked(x, w_in, b_in, w_out, b_out=None, residual=None):
+    """The CUDA channel_idle_ffn for checked arguments: the Triton kernel or the cuBLAS composition, by the policy."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if not use_triton_channel_idle_ffn(x.dtype, rows, get_cuda_kernels(), width=x.shape[-1]):
+        return reference.channel_idle_ffn_unchecked(x, w_in, b_in, w_out, b_out, residual)
     from .kernels.channel_idle_ffn import channel_idle_ffn_triton
 
     return channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out, residual)
+
+
+def _channel_idle_ffn_cuda(x, w_in, b_in, w_out, b_out=None, residual=None):
+    check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, residual)
+    return _channel_idle_ffn_cuda_unchecked(x, w_in, b_in, w_out, b_out, residual)
 
 
 _lib.impl("channel_idle_ffn", _channel_idle_ffn_cuda, "CUDA")
@@ -184,16 +190,6 @@ def _vit_block_composed(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, f
 
 # No launch to save on CUDA by merging (each op is one or two launches either way): the composition.
 _lib.impl("vit_block", _vit_block_composed, "CUDA")
-
-
-def _channel_idle_ffn_cuda_unchecked(x, w_in, b_in, w_out, b_out=None, residual=None):
-    """`_channel_idle_ffn_cuda` for arguments already checked: the same policy and the same calls."""
-    rows = x.numel() // max(x.shape[-1], 1)
-    if not use_triton_channel_idle_ffn(x.dtype, rows, get_cuda_kernels(), width=x.shape[-1]):
-        return reference.channel_idle_ffn_unchecked(x, w_in, b_in, w_out, b_out, residual)
-    from .kernels.channel_idle_ffn import channel_idle_ffn_triton
-
-    return channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out, residual)
 
 
 _CUDA_EAGER_FNS = (reference.layer_norm_unchecked, reference.linear_unchecked, reference.attention_unchecked,
