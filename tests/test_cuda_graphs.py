@@ -40,7 +40,7 @@ class _StandInGraphs:
         self.captures += 1
         return fn, fn()
 
-    def replay(self, graph):
+    def replay(self, graph, device):
         self.replays += 1
         # The graph's outputs are fixed tensors: copy a fresh evaluation into them, as a replay writes in place.
         fresh = graph()
@@ -48,7 +48,8 @@ class _StandInGraphs:
         if outs is None:
             raise AssertionError("replay before the wrapper registered the outputs")
         for dst, src in zip(outs, _tensors(fresh)):
-            dst.copy_(src)
+            with torch.inference_mode(dst.is_inference()):  # a replay writes the memory, whatever the mode
+                dst.copy_(src)
 
 
 def _tensors(out):
@@ -128,6 +129,18 @@ def test_inputs_are_copied_not_captured_by_reference():
     y = torch.randn(2, 4)
     torch.testing.assert_close(wrapper(y), module.lin(y), rtol=0, atol=0)
     torch.testing.assert_close(first, module.lin(x0), rtol=0, atol=0)
+
+
+def test_first_call_under_inference_mode_then_outside():
+    # The graph's input buffers must not be inference tensors: a later call outside inference mode copies into them.
+    module = _Affine().eval()
+    wrapper, _ = _wrap(module)
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    with torch.inference_mode():
+        wrapper(x)
+    torch.testing.assert_close(wrapper(y), module.lin(y).detach(), rtol=0, atol=0)
+    with torch.inference_mode():
+        torch.testing.assert_close(wrapper(x), module.lin(x), rtol=0, atol=0)
 
 
 def test_least_recently_used_graph_is_dropped_past_max_graphs():

@@ -106,8 +106,9 @@ class _TorchGraphs:
             out = fn()
         return graph, out
 
-    def replay(self, graph: Any) -> None:
-        graph.replay()
+    def replay(self, graph: Any, device: torch.device) -> None:
+        with torch.cuda.device(device):  # the graph's device's current stream, also when another device is current
+            graph.replay()
 
 
 class _Captured:
@@ -198,14 +199,17 @@ class CudaGraphModule(nn.Module):
             self._captured.move_to_end(key)
             for static, x in zip(entry.inputs, inputs):
                 static.copy_(x)
-        self._backend.replay(entry.graph)
+        self._backend.replay(entry.graph, device)
         outputs = [t.clone() for t in entry.outputs] if self.clone_output else list(entry.outputs)
         return entry.rebuild(outputs)
 
     def _capture(self, inputs: Sequence[torch.Tensor], device: torch.device,
                  autocast: Tuple[bool, Optional[torch.dtype]]) -> _Captured:
         # The graph's input buffers hold this call's data, so the capture's own replay below answers this call.
-        static = [x.detach().clone(memory_format=torch.contiguous_format) for x in inputs]
+        # They are never inference tensors (a first call under torch.inference_mode would make them so), or a
+        # later call outside inference mode could not copy into them.
+        with torch.inference_mode(False):
+            static = [x.detach().clone(memory_format=torch.contiguous_format) for x in inputs]
         enabled, dtype = autocast
 
         def run() -> Any:
