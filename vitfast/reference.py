@@ -88,6 +88,7 @@ def linear(
     check_linear_args(x, weight, bias, residual)
     return linear_unchecked(x, weight, bias, residual)
 
+
 def layer_norm(
     x: torch.Tensor, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None, eps: float = 1e-5
 ) -> torch.Tensor:
