@@ -28,6 +28,7 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cputime_vs_ort import build  # noqa: E402  (the same baseline/fused/ONNX construction)
 
+from vitfast.bench import paired_speedups  # noqa: E402
 from vitfast.export import ort_session, reference_backend, to_onnx  # noqa: E402
 
 
@@ -35,11 +36,6 @@ def export_block(block: nn.Module, tokens: torch.Tensor, path: str) -> None:
     with torch.no_grad(), reference_backend():
         torch.onnx.export(block, (tokens,), path, opset_version=17, dynamo=False, input_names=["x"],
                           output_names=["y"])
-
-
-def percentile(values, q: float) -> float:
-    ordered = sorted(values)
-    return ordered[int(q * (len(ordered) - 1))]
 
 
 def measure(model_key: str, theta: float, rounds: int, workdir: str) -> None:
@@ -77,9 +73,8 @@ def measure(model_key: str, theta: float, rounds: int, workdir: str) -> None:
     print(f"{model_key}, batch 1, 1 thread, {rounds} rounds")
     print(f"  {'part':20s} {'ORT ms':>9s} {'vitfast ms':>11s}  ORT / vitfast, paired (p10-p90)")
     for part in sessions:
-        ratios = [a / b for a, b in zip(times[("ort", part)], times[("vitfast", part)])]
-        print(f"  {part:20s} {med[('ort', part)]:9.3f} {med[('vitfast', part)]:11.3f}  "
-              f"{statistics.median(ratios):.3f} ({percentile(ratios, 0.1):.3f}-{percentile(ratios, 0.9):.3f})")
+        ratio, p10, p90 = paired_speedups(times[("ort", part)], times[("vitfast", part)])
+        print(f"  {part:20s} {med[('ort', part)]:9.3f} {med[('vitfast', part)]:11.3f}  {ratio:.3f} ({p10:.3f}-{p90:.3f})")
     ort_blocks = med[("ort", "whole")] - med[("ort", "no blocks")]
     our_blocks = med[("vitfast", "whole")] - med[("vitfast", "no blocks")]
     print(f"  {'blocks (difference)':20s} {ort_blocks:9.3f} {our_blocks:11.3f}  {ort_blocks / our_blocks:.3f} "
