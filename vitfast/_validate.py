@@ -20,12 +20,6 @@ def _fmt_shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
-def check_nonnegative_weight(name: str, value) -> float:
-    """A loss weight / regulariser coefficient: a finite number >= 0 (NaN passed `< 0` checks and surfaced later as
-    a non-finite loss)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 def check_tensor(name: str, t) -> None:
@@ -255,11 +249,6 @@ def check_vit_block_args(
     return heads, attn_dim // heads
 
 
-def check_finite_parameter(name: str, t: torch.Tensor) -> None:
-    """Refuse NaN/Inf in a parameter that is about to be folded or loaded (e.g. a BatchNorm scale)."""
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-        bad = int((~torch.isfinite(t)).sum())
-        raise ValueError(f"{name}: expected finite values, got {bad} non-finite of {t.numel()}")
 
 
 def check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual) -> tuple[int, int, int, int]:

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ._validate import check_nonnegative_weight
+from ._checks import check_nonnegative_weight
 from .distill import check_teacher_input
 from .nn.nondeep import NonDeepAttention
 from .train import Trainer

@@ -262,7 +262,7 @@ def _check_method_options(*, branches, schedule, join_values, diversity_weight, 
     """A method's options without the method would be ignored (a silently different model): refuse them, as the
     CLI does.  Values are checked here under from_timm's own argument names (deeper code names its own)."""
     from .nn.gates import GATE_KINDS, GATE_LEVELS
-    from ._validate import check_nonnegative_weight
+    from ._checks import check_nonnegative_weight
     from .nn.nondeep import JOIN_SCHEDULES, JoinSchedule
 
     def refuse_unused(given, method):

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .._validate import check_finite_parameter
+from .._checks import check_finite_parameter
 
 __all__ = ["batchnorm_scale_shift", "layernorm_affine", "FoldedFFN", "fold_ffn"]
 

@@ -62,7 +62,7 @@ from timm.layers import LayerNorm as TimmLayerNorm
 from timm.layers import Mlp
 from timm.models.vision_transformer import Attention as TimmAttention
 
-from .._validate import check_finite_parameter, check_nonnegative_weight
+from .._checks import check_finite_parameter, check_nonnegative_weight
 from . import _timm
 from ._fold import batchnorm_scale_shift, fold_ffn
 from .channel_idle import FFN_NORMS, _tokens_batchnorm

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .._validate import check_finite_parameter
+from .._checks import check_finite_parameter
 from ._fold import FoldedFFN
 from .fused import FusedChannelIdleFFN, _ConfigReader, _layer_norm
 from .registry import register_fused
