@@ -232,7 +232,7 @@ def end_to_end_report(rounds=5, repeats=3, out=print):
     0, 2, ..., 10 all DW conv, eq. 11) and its ensembled form (eq. 13).  Prints the latency reductions of each
     replaced model against each baseline, the FLOP ratios, and which comparison meets the 17% target.
     Returns the numbers as a dict."""
-    from vitfast.demo import flops_per_image
+    from vitfast.measure import flops_per_image
 
     models = e2e_models()
     x = torch.randn(1, 3, 384, 384)

@@ -47,7 +47,7 @@ class _Models:
     def __init__(self, name: str, workdir) -> None:
         import timm
 
-        from vitfast.demo import flops_per_image
+        from vitfast.measure import flops_per_image
         from vitfast.export import reference_backend, to_onnx
 
         torch.manual_seed(0)

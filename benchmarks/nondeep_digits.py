@@ -6,7 +6,7 @@ plain ViT of the depth it fuses to, trained for the same steps?  Several seeds, 
 
 Per (seed, lr) it trains, with one thread, the same data order, augmentation, optimiser (AdamW, weight decay
 0.05, LR warm-up 10% then cosine), gradient clipping and step count:
-  * single:  a plain timm ViT of depth L/n (`vitfast.demo.DEMO_MODEL`: patch 8, width 96, 4 heads);
+  * single:  a plain timm ViT of depth L/n (`vitfast.demos.demo.DEMO_MODEL`: patch 8, width 96, 4 heads);
   * non-deep (one row per recipe): a depth-L ViT from the same seed converted with
     `vitfast.convert.from_timm(branches=n)` into L/n blocks of n branches, joined with the linear λ schedule,
     diversity α = 0.05, then fused (`vitfast.fuse`, exact) and evaluated fused.
@@ -51,7 +51,7 @@ def _key(run: Dict[str, Any]) -> str:
 
 def _joined_adamw(model, lr):
     """The "-lr" recipes (module doc): AdamW whose branch groups step with lr / (1 + (n-1)λ), wd × (1 + (n-1)λ)."""
-    from vitfast.nn.nondeep import NonDeepBlock
+    from vitfast.methods.nondeep.modules import NonDeepBlock
 
     blocks = [m for m in model.modules() if isinstance(m, NonDeepBlock)]
     branch_ids = {id(p) for b in blocks for p in b.parameters()}
@@ -89,10 +89,10 @@ def train_one(model_name: str, *, seed: int, lr: float, steps: int, branches: in
     import timm.models.vision_transformer as tvit
 
     import vitfast
-    from vitfast.data import digits_loaders
-    from vitfast.demo import DEMO_MODEL
-    from vitfast.nn.nondeep import JoinSchedule
-    from vitfast.train import Trainer
+    from vitfast.training.data import digits_loaders
+    from vitfast.demos.demo import DEMO_MODEL
+    from vitfast.methods.nondeep.modules import JoinSchedule
+    from vitfast.training.trainer import Trainer
 
     cfg = dict(DEMO_MODEL)
     cfg["depth"] = max(cfg["depth"], 2 * branches)

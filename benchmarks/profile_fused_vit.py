@@ -8,7 +8,7 @@ For each (model, batch, threads): median latency of timm eager, of the fused mod
 sub-block as it was before `vitfast.ops.linear`/`attention` existed ("fused-before": qkv/proj as nn.Linear =
 MKL addmm, permute + SDPA + transpose/reshape, a separate residual add; the FFN on channel_idle_ffn in both),
 all in the same run, the speed-ups, each one's FLOP count
-(`vitfast.demo.flops_per_image`, as `vitfast bench` counts them: matmuls and attention, the fused model
+(`vitfast.measure.flops_per_image`, as `vitfast bench` counts them: matmuls and attention, the fused model
 through its reference path), % of the floor
 (= FLOPs / measured torch.mm 2048³ rate at that thread count, measured in the same run), and the fused
 model's self-CPU-time share per op from torch.profiler.  Not a pytest suite: a report for the notes
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 import timm
 
 import vitfast
-import vitfast.nn.fused as fused_nn
-from vitfast.demo import flops_per_image
+import vitfast.nn.block as fused_nn
+from vitfast.measure import flops_per_image
 
 TIMM_NAMES = {"deit_tiny": "deit_tiny_patch16_224", "deit_small": "deit_small_patch16_224",
               "deit_base": "deit_base_patch16_224"}

@@ -222,9 +222,9 @@ def test_bench_on_a_file_times_the_model_it_was_made_from(tmp_path, capsys, meth
     of `vitfast bench FILE` timed that skeleton (1.78x "fewer FLOPs" where the truth was 1.26x, a non-deep file
     "0.82x fewer").  The timm model's description now travels from the conversion (through the train-time file)
     into the fused file, and bench builds its baseline from it."""
-    from vitfast.checkpoint import read_config
-    from vitfast.demo import flops_per_image
-    from vitfast.train import load_trainable, save_trainable
+    from vitfast.io.fused import read_config
+    from vitfast.measure import flops_per_image
+    from vitfast.io.trainable import load_trainable, save_trainable
 
     torch.manual_seed(0)
     source = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=48, depth=4, num_heads=3,
@@ -252,7 +252,7 @@ def test_bench_on_a_file_without_its_source_says_so(tmp_path, capsys):
     _, fused = _tiny_pair()
     delattr(fused, vitfast.arch.SOURCE_ATTR)  # what a file written before the record existed loads as
     vitfast.save(fused, tmp_path / "old.safetensors")
-    assert "source_architecture" not in vitfast.checkpoint.read_config(tmp_path / "old.safetensors")
+    assert "source_architecture" not in vitfast.io.read_config(tmp_path / "old.safetensors")
     assert main(["bench", str(tmp_path / "old.safetensors"), "--threads", "1", "--batch-sizes", "1", "--repeats", "1",
                  "--warmup", "1", "--providers", "timm,vitfast"]) == 0
     assert "does not record its source model" in capsys.readouterr().err
@@ -261,7 +261,7 @@ def test_bench_on_a_file_without_its_source_says_so(tmp_path, capsys):
 def test_a_gated_models_flops_are_counted_on_the_timed_batches():
     # USDC gates decide from the batch: counted on an all-zeros image, the gated model's GFLOP (and GFLOP/s, % of
     # the floor) described other decisions than the ones timed (65% over in the reviewer's case).
-    from vitfast.demo import flops_of_input
+    from vitfast.measure import flops_of_input
 
     torch.manual_seed(0)
     m = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32, depth=4).eval()

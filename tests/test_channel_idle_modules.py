@@ -9,17 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitfast
-from vitfast.nn import (
-    Block,
-    ChannelIdleMlp,
-    FusedChannelIdleFFN,
-    SwinBlock,
-    active_channels,
-    fused_kinds,
-    fused_module_from_config,
-    idle_ratios,
-    is_fused_module,
-)
+from vitfast.nn import Block, FusedChannelIdleFFN, SwinBlock, active_channels, fused_kinds, fused_module_from_config, is_fused_module
+from vitfast.methods.repavit import ChannelIdleMlp, idle_ratios
 
 from helpers import NORMS, THETAS, assert_close_scaled, randomize_norms
 

@@ -2,7 +2,7 @@
 
 Most tests use small fused modules registered here (real registered classes with a vitfast_config, so they go
 through the same code path as the library's own) because they can exercise what the library's modules do not
-(nested fused modules, tied weights, mixed dtypes); the last section runs the real ones (vitfast.nn.fused,
+(nested fused modules, tied weights, mixed dtypes); the last section runs the real ones (vitfast.nn.block,
 vitfast.convert + vitfast.fuse, an official-layout RePaViT state dict).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
 from vitfast.arch import build_timm, describe_timm
-from vitfast.checkpoint import FORMAT, VERSION, load, read_config, save
+from vitfast.io.fused import FORMAT, VERSION, load, read_config, save
 from vitfast.nn.registry import register_fused
 
 from helpers import official_repavit_state_dict
@@ -203,7 +203,7 @@ ARCH_CASES["repavit_no_patch_bias"] = _repavit_no_bias
 
 @pytest.mark.parametrize("case", sorted(ARCH_CASES))
 def test_describe_build_roundtrip(case):
-    from vitfast.checkpoint import _structure_mismatches
+    from vitfast.io.fused import _structure_mismatches
 
     model = _randomize(ARCH_CASES[case]())
     desc = describe_timm(model)
@@ -459,7 +459,7 @@ def test_load_leaves_a_float32_default_dtype_alone(saved, monkeypatch):
 def test_a_timm_that_cannot_build_on_meta_still_loads(saved, monkeypatch):
     """timm <= 1.0.20 calls linspace(..).item() in its constructors, which fails on the meta device: the meta probe
     raised a ValueError and load refused every file, even one save had just written."""
-    import vitfast.checkpoint as ckpt
+    import vitfast.io.fused as ckpt
 
     model, path = saved
     real = ckpt.build_timm
@@ -476,9 +476,9 @@ def test_a_timm_that_cannot_build_on_meta_still_loads(saved, monkeypatch):
 def test_load_messages_for_train_time_files_a_missing_config_and_no_gpu(saved, tmp_path):
     model, path = saved
     train_time = tmp_path / "t.safetensors"
-    vitfast.train.save_trainable(vitfast.convert.from_timm(tiny_vit(), channel_idle=0.5), train_time)
-    with pytest.raises(ValueError, match=r"a train-time model \(vitfast.save_trainable / `vitfast train`\), not a fused "
-                                         r"one; load it with vitfast.train.load_trainable, or fuse it first"):
+    vitfast.io.save_trainable(vitfast.convert.from_timm(tiny_vit(), channel_idle=0.5), train_time)
+    with pytest.raises(ValueError, match=r"a train-time model \(vitfast.io.save_trainable / `vitfast train`\), not a fused "
+                                         r"one; load it with vitfast.io.load_trainable, or fuse it first"):
         load(train_time)
     no_config = tmp_path / "nc.safetensors"
     _rewrite(path, no_config, metadata=lambda meta: meta.pop("config"))
@@ -839,7 +839,7 @@ def test_failing_write_is_atomic(saved, monkeypatch):
 
 
 def test_real_fused_vit_blocks_roundtrip(tmp_path):
-    from vitfast.nn.fused import Block
+    from vitfast.nn.block import Block
 
     model = _randomize(tiny_vit(init_values=1e-1, depth=2))
     model.blocks[0] = Block.from_timm(model.blocks[0])  # block 1 stays timm: mixed models must work too
@@ -851,7 +851,7 @@ def test_real_fused_vit_blocks_roundtrip(tmp_path):
 
 
 def test_real_fused_swin_blocks_roundtrip(tmp_path):
-    from vitfast.nn.fused import SwinBlock
+    from vitfast.nn.block import SwinBlock
 
     model = _randomize(tiny_swin())
     for stage in model.layers:

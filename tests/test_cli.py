@@ -252,7 +252,7 @@ def _tiny_timm():
 
 
 def test_convert_loads_local_pretrained_weights(tmp_path):
-    from vitfast.train import load_trainable
+    from vitfast.io.trainable import load_trainable
 
     torch.manual_seed(7)
     reference = _tiny_timm()
@@ -271,7 +271,7 @@ def test_convert_loads_local_pretrained_weights(tmp_path):
 
 def test_convert_repavit_then_verify(tmp_path, capsys):
     import vitfast
-    from vitfast.train import load_trainable
+    from vitfast.io.trainable import load_trainable
 
     sd = official_repavit_state_dict(patch=4, classes=10)
     path = tmp_path / "repavit.pth"
@@ -355,7 +355,7 @@ def test_val_data_needs_an_image_folder(tmp_path, capsys):
 
 def test_train_stopped_by_a_signal_is_not_status_zero(tmp_path, capsys, monkeypatch):
     """A SIGTERM'd run writes its checkpoint, then exits 130: `vitfast train ... && vitfast fuse ...` must stop."""
-    from vitfast.train import Trainer
+    from vitfast.training.trainer import Trainer
 
     fit = Trainer.fit
 
@@ -380,7 +380,7 @@ def test_train_stopped_by_a_signal_is_not_status_zero(tmp_path, capsys, monkeypa
 def test_resume_mid_run_with_another_grad_accum(tmp_path, capsys, monkeypatch, length):
     """--resume --grad-accum 2 was accepted but ignored (the stored settings won); with --epochs the resumed
     Trainer recounted the length from the new accumulation and refused its own checkpoint."""
-    from vitfast.train import Trainer
+    from vitfast.training.trainer import Trainer
 
     fit, seen = Trainer.fit, []
 
@@ -419,7 +419,7 @@ def test_verify_refuses_models_of_different_input_sizes(tmp_path, capsys):
 def test_train_a_timm_name_on_an_image_folder(tmp_path, capsys):
     from test_trainer import make_image_folder
 
-    from vitfast.train import load_trainable
+    from vitfast.io.trainable import load_trainable
 
     root = make_image_folder(tmp_path / "imgs", classes=("a", "b", "c"))
     argv = [a for a in TINY if a not in ("--num-classes", "10")]  # the class count comes from the folder

@@ -14,15 +14,8 @@ from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
 from vitfast.convert import from_timm
-from vitfast.nn import (
-    Block,
-    ChannelIdleBlock,
-    ChannelIdleMlp,
-    ChannelIdleSwinBlock,
-    FusedChannelIdleFFN,
-    SwinBlock,
-    idle_ratios,
-)
+from vitfast.nn import Block, FusedChannelIdleFFN, SwinBlock
+from vitfast.methods.repavit import ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock, idle_ratios
 
 from helpers import NORMS, THETAS, assert_close_scaled, randomize
 
@@ -143,7 +136,7 @@ def test_train_time_swin_files_keep_mlp_ratio_always_partition_and_no_drop_path(
     """ChannelIdleSwinBlock was matched by exact type only: mlp_ratio 3 and always_partition were written as the
     defaults (the file did not load, or loaded with other windows); and a Swin without drop-path was rebuilt with
     timm's default 0.1 (save_trainable refused it).  Also: remove_cls_token on a Swin names remove_cls_token."""
-    from vitfast.train import load_trainable, save_trainable
+    from vitfast.io.trainable import load_trainable, save_trainable
 
     for kwargs in (dict(mlp_ratio=3.0, drop_path_rate=0.0), dict(always_partition=True, window_size=7, img_size=36)):
         args = dict(img_size=32, patch_size=4, embed_dim=16, depths=(2, 2), num_heads=(2, 4), window_size=4,

@@ -6,7 +6,7 @@ import torch
 
 import vitfast
 from vitfast.cli import main
-from vitfast.demo import run_demo
+from vitfast.demos.demo import run_demo
 
 
 @pytest.fixture(autouse=True)
@@ -47,10 +47,10 @@ def test_demo_command_quick(tmp_path, capsys):
 
 
 def test_demo_exit_status_when_accuracy_differs(monkeypatch, tmp_path, capsys):
-    import vitfast.demo
+    import vitfast.demos.demo
 
     fake = {"accuracy_equal": False, "accuracy_train": 0.9, "accuracy_fused": 0.8}
-    monkeypatch.setattr(vitfast.demo, "run_demo", lambda **kw: fake)
+    monkeypatch.setattr(vitfast.demos.demo, "run_demo", lambda **kw: fake)
     assert main(["demo", "--quick", "--out", str(tmp_path)]) == 1
     assert "FAILED" in capsys.readouterr().out
 
@@ -61,7 +61,7 @@ def test_fused_flops_count_every_vitfast_op():
     # op FlopCounterMode cannot see would make the fused count smaller.
     from timm.models.vision_transformer import VisionTransformer
 
-    from vitfast.demo import flops_per_image
+    from vitfast.measure import flops_per_image
 
     timm_model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=10).eval()
     fused = vitfast.fuse(vitfast.convert.from_timm(timm_model, channel_idle=0.0, norm="layer").eval())

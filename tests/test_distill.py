@@ -1,21 +1,14 @@
-"""vitfast.distill: the losses of swin-distillation-compression (eq. 1, 4, MSE/KL) and DistillTrainer."""
+"""vitfast.methods.distill: the losses of swin-distillation-compression (eq. 1, 4, MSE/KL) and DistillTrainer."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from vitfast.data import digits_loaders
-from vitfast.distill import (
-    DistillTrainer,
-    harmonic_mean_loss,
-    hard_label_loss,
-    joint_loss,
-    kl_logits_loss,
-    linear_alpha,
-    mse_logits_loss,
-)
-from vitfast.train import Trainer
+from vitfast.training.data import digits_loaders
+from vitfast.methods.distill.trainer import DistillTrainer
+from vitfast.methods.distill.losses import harmonic_mean_loss, hard_label_loss, joint_loss, kl_logits_loss, linear_alpha, mse_logits_loss
+from vitfast.training.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vitfast.cli import main
-from vitfast.train import load_trainable, load_trainer_checkpoint
+from vitfast.io.trainable import load_trainable
+from vitfast.io.trainer_checkpoint import load_trainer_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from vitfast.data import SeededSampler, ShardSampler, digits_loaders
-from vitfast.train import Trainer, load_trainer_checkpoint
+from vitfast.training.data import SeededSampler, ShardSampler, digits_loaders
+from vitfast.training.trainer import Trainer
+from vitfast.io.trainer_checkpoint import load_trainer_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -189,7 +190,7 @@ def test_unequal_micro_batches_weigh_by_their_samples():
     weighed 1/A, the 2-sample tail as much as the 4 (the gradient was off by up to half its size)."""
     from timm.models.vision_transformer import VisionTransformer
 
-    from vitfast.train import Trainer
+    from vitfast.training.trainer import Trainer
 
     def ln_vit():
         torch.manual_seed(4)

@@ -1,6 +1,6 @@
 """Drop-in DW-conv models through the train-time file format and the command line.
 
-`vitfast.train.save_trainable` / `load_trainable` keep a DW-conv train-time model exactly (blockwise, mixed,
+`vitfast.io.save_trainable` / `load_trainable` keep a DW-conv train-time model exactly (blockwise, mixed,
 ensembled, cls kept or removed, composed with channel-idle FFNs: the same outputs after a reload), a Trainer
 checkpoint rebuilds it, and `vitfast select-heads` -> `convert --dwconv-*` -> `train` (a few steps on the
 digits) -> `fuse` gives a fused model equal to the trained train-time model in eval mode.  Few steps: these check
@@ -15,8 +15,9 @@ from test_dwconv_modules import CASES, images, vit
 
 import vitfast
 from vitfast.cli import main
-from vitfast.nn import DWConvAttention, DWConvBlock, FusedDWConvBlock
-from vitfast.train import build_trainable, describe_trainable, load_trainable, save_trainable
+from vitfast.methods.dwconv import DWConvAttention, DWConvBlock
+from vitfast.nn import FusedDWConvBlock
+from vitfast.io.trainable import build_trainable, describe_trainable, load_trainable, save_trainable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -116,7 +117,7 @@ def test_select_heads_convert_train_fuse(tmp_path, capsys):
     assert main(["select-heads", *TINY, "--num-classes", "10", "--num-samples", "16", "--batch-size", "8",
                  "-o", str(ranking), "--no-progress"]) == 0
     scores = json.loads(ranking.read_text())
-    lowest = vitfast.head_selection.HeadRanking.from_dict(scores).select_blocks(1)
+    lowest = vitfast.methods.dwconv.HeadRanking.from_dict(scores).select_blocks(1)
     capsys.readouterr()
 
     src = tmp_path / "dw.safetensors"

@@ -17,9 +17,12 @@ from helpers import assert_close_scaled, randomize
 from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
-from vitfast.head_selection import HeadRanking
-from vitfast.nn import DWConvAttention, DWConvBlock, FusedDWConvBlock, set_grid_size
-from vitfast.train import Trainer, param_groups
+from vitfast.io.head_ranking import HeadRanking
+from vitfast.methods.dwconv import DWConvAttention, DWConvBlock
+from vitfast.nn import set_grid_size
+from vitfast.nn import FusedDWConvBlock
+from vitfast.training.trainer import Trainer
+from vitfast.training.schedules import param_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -127,7 +130,7 @@ def test_kernel_init_is_gaussian_and_excluded_from_weight_decay():
 
 
 def test_finetune_through_the_trainer_learns_the_kernels_and_gamma():
-    from vitfast.data import digits_loaders
+    from vitfast.training.data import digits_loaders
 
     # depth 3: the last block's grid tokens never reach the cls-token classifier, so its kernels get no gradient.
     model = vit(img_size=16, patch=4, depth=3, num_classes=10)
@@ -181,7 +184,7 @@ def test_fuse_is_exact_and_round_trips_through_save_load(case, tmp_path):
     loaded = vitfast.load(path)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), fused(x), atol=0, rtol=0)
-    config = vitfast.checkpoint.read_config(path)
+    config = vitfast.io.read_config(path)
     kinds = {cfg["kind"] for cfg in config["modules"].values()}
     assert "dwconv_block" in kinds
     if case == "cls_removed":
@@ -249,7 +252,7 @@ def dynamic_model_in(stage, converted, tmp_path):
         vitfast.save(vitfast.fuse(converted), tmp_path / "f.safetensors")
         return vitfast.load(tmp_path / "f.safetensors")
     if stage == "resumed":
-        from vitfast.train import load_trainable, save_trainable
+        from vitfast.io.trainable import load_trainable, save_trainable
         save_trainable(converted, tmp_path / "t.safetensors")
         return load_trainable(tmp_path / "t.safetensors")[0].eval()
     return converted
@@ -416,13 +419,13 @@ def test_patch_dropout_and_bad_kernel_init_are_refused_by_name():
         vitfast.convert.from_timm(vit(patch_drop_rate=0.25), dwconv_blocks=[0])
     vitfast.convert.from_timm(vit(patch_drop_rate=0.25), remove_cls_token=True)  # no conv heads: allowed
     with pytest.raises(ValueError, match=r"model: depthwise-convolution heads need every patch"):
-        vitfast.head_selection.attach_dsp(vit(patch_drop_rate=0.25), 1)
+        vitfast.methods.dwconv.attach_dsp(vit(patch_drop_rate=0.25), 1)
     for bad in (float("nan"), -1.0, "0.1"):
         with pytest.raises(ValueError, match=r"kernel_init_std: expected None \(1/k\) or a finite number >= 0"):
             vitfast.convert.from_timm(vit(), dwconv_blocks=[0], dwconv_kernel_init_std=bad)
     for bad in (0, -1, 2.5):
         with pytest.raises(ValueError, match=r"batch_size: expected an int >= 1"):
-            vitfast.head_selection.attention_std_scores(vit(), torch.randn(2, 3, 32, 40), batch_size=bad)
+            vitfast.methods.dwconv.attention_std_scores(vit(), torch.randn(2, 3, 32, 40), batch_size=bad)
 
 
 def test_fused_block_config_is_validated():

@@ -12,14 +12,8 @@ import torch.nn as nn
 
 import vitfast
 from vitfast.cli import main
-from vitfast.export import (
-    STANDARD_DOMAINS,
-    ExportError,
-    ExportMismatchError,
-    check_standard_ops,
-    model_input_shape,
-    to_onnx,
-)
+from vitfast.export import (STANDARD_DOMAINS, ExportError, ExportMismatchError, check_standard_ops, model_input_shape,
+                            to_onnx)
 
 TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=10)
 
@@ -212,7 +206,7 @@ def test_cli_export_of_a_bf16_file(tmp_path, capsys):
     (["export", "{tmp}/junk.txt", "-o", "{tmp}/m.onnx"], "expected a vitfast file"),
 ])
 def test_cli_export_bad_arguments(tmp_path, capsys, argv, message):
-    from vitfast.train import save_trainable
+    from vitfast.io.trainable import save_trainable
 
     (tmp_path / "junk.txt").write_text("not a model")
     torch.manual_seed(0)

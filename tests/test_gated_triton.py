@@ -294,7 +294,7 @@ def _fused_gated_model(depth=2):
 def test_gated_block_device_path_runs_the_gated_kernels(force, monkeypatch, tol):
     """GatedBlock's device path (taken on CUDA and under torch.compile) with the ops routed to the Triton
     launchers: equals the CPU branch path for every decision, and calls only the gated sub-block ops."""
-    import vitfast.nn.usdc as usdc_mod
+    import vitfast.nn.gated as usdc_mod
 
     model = _fused_gated_model()
     vitfast.nn.set_gate_force(model, force)

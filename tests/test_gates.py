@@ -11,9 +11,10 @@ from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
 from vitfast import reference
-from vitfast.nn import Block, FusedBatchGate, GatedBlock, GateNet, GateSearch, USDCBlock, set_gate_force
-from vitfast.nn.gates import GATE_KINDS, group_features, group_ids, group_sizes, hard_gates
-from vitfast.nn.fused import _layer_norm
+from vitfast.nn import Block, FusedBatchGate, GatedBlock, set_gate_force
+from vitfast.methods.usdc import GateNet, GateSearch, USDCBlock
+from vitfast.methods.usdc.gates import GATE_KINDS, group_features, group_ids, group_sizes, hard_gates
+from vitfast.nn.block import _layer_norm
 
 from helpers import assert_close_scaled, randomize
 
@@ -139,8 +140,8 @@ def test_forced_open_equals_ungated_fused_block(block_and_input):
 def test_open_gates_run_the_whole_block_op_with_the_sub_blocks_bits(block_and_input, monkeypatch):
     # Both gates open on the CPU at inference: one vit_block call (as vitfast.nn.Block), bit-equal to the two
     # sub-block calls it replaces.  One gate closed, grad mode on, or a pruned sub-block: the sub-block calls.
-    import vitfast.nn.usdc as usdc_mod
-    from vitfast.nn.fused import _whole_block_args
+    import vitfast.nn.gated as usdc_mod
+    from vitfast.nn.block import _whole_block_args
 
     blk, x = block_and_input
     gated = USDCBlock.from_block(blk, search=False, gate_kind="G1", tokens=17).to_fused()
@@ -260,7 +261,7 @@ def test_pruning_every_head_or_channel_keeps_the_bias(sub_block):
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         expect = model(x)
-        assert_close_scaled(vitfast.usdc.prune(copy.deepcopy(model))(x), expect)
+        assert_close_scaled(vitfast.methods.usdc.prune(copy.deepcopy(model))(x), expect)
         assert_close_scaled(vitfast.fuse(model)(x), expect)
     pruned = block.pruned()
     if sub_block == "heads":
@@ -280,7 +281,7 @@ def test_block_level_pruning_removes_sub_blocks(block_and_input):
 
 
 def test_channel_idle_blocks_compose(block_and_input):
-    from vitfast.nn import ChannelIdleBlock
+    from vitfast.methods.repavit import ChannelIdleBlock
 
     blk, x = block_and_input
     ci = ChannelIdleBlock.from_timm(blk, idle_ratio=0.5, ffn_norm="layer").eval()
@@ -310,7 +311,7 @@ def test_convert_fuse_save_load_roundtrip(tmp_path):
     torch.testing.assert_close(fused(x), expect, atol=1e-5, rtol=1e-5)
     path = os.path.join(tmp_path, "gated.safetensors")
     vitfast.save(fused, path)
-    cfg = vitfast.checkpoint.read_config(path)
+    cfg = vitfast.io.read_config(path)
     b0, b2 = cfg["modules"]["blocks.0"], cfg["modules"]["blocks.2"]
     assert b0["kind"] == "gated_block" and b0["attn"]["num_heads"] == 3 and b2["mlp"] is None
     assert b0["gate"]["kind"] == "batch_gate"
@@ -342,7 +343,7 @@ def test_resource_loss_is_eq9_and_pulls_flops_down():
 
 
 def test_trainer_steps_prune_and_fuse():
-    from vitfast.train import Trainer
+    from vitfast.training.trainer import Trainer
 
     torch.manual_seed(0)
     model = vitfast.convert.from_timm(tiny_vit(depth=2), gates=True, flops_target=0.5)
@@ -354,12 +355,12 @@ def test_trainer_steps_prune_and_fuse():
     assert any(k.startswith("extra/") for k in metrics), metrics
     trainer.fit()
     assert not torch.equal(model.blocks[0].alpha_heads.detach(), before)
-    stage2 = vitfast.usdc.prune(model.eval())
+    stage2 = vitfast.methods.usdc.prune(model.eval())
     assert all(not b.static and isinstance(b.gate, GateNet) for b in stage2.blocks)
     x = torch.randn(4, 3, 16, 16)
     torch.testing.assert_close(stage2(x), model(x), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(vitfast.fuse(stage2)(x), model(x), atol=1e-5, rtol=1e-5)
-    rates = vitfast.usdc.gate_rates(stage2, [(x, None)])
+    rates = vitfast.methods.usdc.gate_rates(stage2, [(x, None)])
     assert len(rates) == 2 and all(0.0 <= r <= 1.0 for pair in rates for r in pair)
 
 
@@ -392,7 +393,7 @@ def test_cuda_gated_model_matches_cpu_and_survives_graph_capture(monkeypatch):
     # On CUDA every sub-block must go through the gated ops (kernels/gated.py: the kernels read the decision and
     # return early), never through compute-then-gate_select: count the calls while the graph is captured.
     # (fp32 takes gate_select under the default policy, ops.use_gated_cuda_kernels: force the gated kernels.)
-    import vitfast.nn.usdc as usdc_mod
+    import vitfast.nn.gated as usdc_mod
     from vitfast import _env
 
     monkeypatch.setattr(_env, "_cuda_kernels", "triton")
@@ -449,7 +450,7 @@ def _block_inputs(model, images):
 
 
 def test_study_batches_are_full_and_count_each_image_once():
-    from vitfast.usdc_recipe import full_batches
+    from vitfast.demos.usdc_study import full_batches
 
     for count, bs in ((360, 64), (360, 8), (360, 1), (5, 8), (64, 64)):
         batches = full_batches(count, bs)
@@ -496,7 +497,7 @@ def test_cli_convert_train_prune_fuse(tmp_path):
     assert main(["fuse", f"{d}/s2/model.safetensors", "-o", f"{d}/fused.safetensors"]) == 0
     fused = vitfast.load(f"{d}/fused.safetensors")
     assert all(isinstance(b, GatedBlock) for b in fused.blocks)
-    from vitfast.train import load_trainable
+    from vitfast.io.trainable import load_trainable
 
     stage2, _ = load_trainable(f"{d}/s2/model.safetensors")
     assert all(isinstance(b.gate, GateNet) and not b.static for b in stage2.blocks)
@@ -524,8 +525,8 @@ def test_usdc_training_keeps_the_source_regularisation(rates, monkeypatch):
     """USDC blocks once dropped drop-path and attention dropout: train-mode forwards were deterministic."""
     import json
 
-    import vitfast.nn.usdc as usdc_nn
-    from vitfast.train import build_trainable, describe_trainable
+    import vitfast.methods.usdc.modules as usdc_nn
+    from vitfast.io.trainable import build_trainable, describe_trainable
 
     monkeypatch.setattr(usdc_nn, "hard_gates", lambda logits, training, tau=5.0: torch.ones(logits.shape[:2]))
     torch.manual_seed(0)
@@ -546,7 +547,7 @@ def test_training_gates_are_one_draw_per_group(level, monkeypatch):
     """USDC sec. 3.2.2: "the gate values of each sample inside the same group are consistent" (appendix B: one
     gate per batch at the batch level).  Each sample once drew its own Gumbel noise on its group's mean logits, so
     an undecided gate opened for some samples of a group and closed for others."""
-    import vitfast.nn.usdc as usdc_nn
+    import vitfast.methods.usdc.modules as usdc_nn
 
     torch.manual_seed(0)
     block = USDCBlock.from_block(tiny_vit(depth=1).blocks[0], level=level, search=False, gate_kind="G0",

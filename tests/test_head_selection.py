@@ -15,15 +15,9 @@ from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
 from vitfast.cli import main as cli_main
-from vitfast.head_selection import (
-    DSPGate,
-    DSPGatedAttention,
-    HeadRanking,
-    attach_dsp,
-    attention_maps,
-    attention_std_scores,
-    gumbel_topk_relaxed,
-)
+from vitfast.methods.dwconv.dsp import DSPGate, DSPGatedAttention, attach_dsp, gumbel_topk_relaxed
+from vitfast.io.head_ranking import HeadRanking
+from vitfast.methods.dwconv.head_selection import attention_maps, attention_std_scores
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -142,14 +136,14 @@ def test_gumbel_topk_relaxation():
 
 
 def test_dsp_gate_anneals_to_1e3_through_the_trainer_and_learns():
-    from vitfast.data import digits_loaders
+    from vitfast.training.data import digits_loaders
 
     model = attach_dsp(vit(depth=3), 1)
     gate = model.dsp_gate
     assert float(gate.tau) == 1.0
     train, val = digits_loaders(img_size=16, batch_size=16)
     taus = []
-    trainer = vitfast.train.Trainer(model, train, val, total_steps=4, lr=1e-2, progress=False,
+    trainer = vitfast.training.Trainer(model, train, val, total_steps=4, lr=1e-2, progress=False,
                                               schedules=[lambda s, t: taus.append(float(gate.tau))])
     before = gate.logits.detach().clone()
     trainer.fit()
@@ -161,7 +155,7 @@ def test_dsp_gate_anneals_to_1e3_through_the_trainer_and_learns():
     model.eval()
     w = gate.weights()
     assert float(w.sum()) == 1.0 and int(w.argmax()) == gate.selection()[0]
-    no_decay = {id(p) for g in vitfast.train.param_groups(model, 0.05) if g["weight_decay"] == 0.0 for p in g["params"]}
+    no_decay = {id(p) for g in vitfast.training.param_groups(model, 0.05) if g["weight_decay"] == 0.0 for p in g["params"]}
     assert id(gate.logits) in no_decay
 
 
@@ -196,7 +190,7 @@ def test_dsp_per_head_gate_mixes_heads():
         attn = model.blocks[0].attn
         mixed = attn(x)
         # heads 0 and 2 replaced: a DWConvAttention with exactly those heads (same weights) gives the same output
-        from vitfast.nn.dwconv import DWConvAttention
+        from vitfast.methods.dwconv.modules import DWConvAttention
 
         ref = DWConvAttention.from_timm(attn.mhsa, [0, 2], (4, 4))
         full = attn.conv
@@ -212,7 +206,7 @@ def test_finalize_dsp_keeps_the_trained_convolutions(per_head, count, tmp_path):
     was no way to do it: save_trainable refused the wrappers, and from_timm(selection()) re-initialised the
     kernels (DSP-2S).  Also: selection() of a per-head gate is what from_timm takes ((block, head) pairs; it was
     flat indices), and the model deep-copies after a training forward (the gate kept a non-leaf draw)."""
-    from vitfast.head_selection import finalize_dsp
+    from vitfast.methods.dwconv.dsp import finalize_dsp
 
     model = attach_dsp(vit(depth=3), count, per_head=per_head).train()
     x = torch.randn(4, 3, 16, 16)
@@ -231,13 +225,13 @@ def test_finalize_dsp_keeps_the_trained_convolutions(per_head, count, tmp_path):
     final = finalize_dsp(model).eval()
     assert isinstance(model.blocks[0].attn, DSPGatedAttention) and hasattr(model, "dsp_gate")  # left as it was
     replaced = {u if isinstance(u, int) else u[0] for u in selection}
-    assert {i for i, b in enumerate(final.blocks) if isinstance(b, vitfast.nn.DWConvBlock)} == replaced
+    assert {i for i, b in enumerate(final.blocks) if isinstance(b, vitfast.methods.dwconv.DWConvBlock)} == replaced
     with torch.no_grad():
         expected = model(x)
         torch.testing.assert_close(final(x), expected, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(vitfast.fuse(final)(x), expected, atol=1e-5, rtol=1e-5)
-    path = vitfast.train.save_trainable(final, tmp_path / "dsp_e2e.safetensors")
-    loaded, _ = vitfast.train.load_trainable(path)
+    path = vitfast.io.save_trainable(final, tmp_path / "dsp_e2e.safetensors")
+    loaded, _ = vitfast.io.load_trainable(path)
     with torch.no_grad():
         torch.testing.assert_close(loaded.eval()(x), expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=r"model: expected a model prepared by attach_dsp"):
@@ -256,8 +250,8 @@ def test_dsp_per_head_refuses_another_resolution():
 
 
 def test_attach_dsp_refuses_before_changing_anything():
-    from vitfast.head_selection import attach_dsp
-    from vitfast.nn import DWConvAttention
+    from vitfast.methods.dwconv.dsp import attach_dsp
+    from vitfast.methods.dwconv import DWConvAttention
 
     model = vit()
     model.blocks[2].attn = DWConvAttention.from_timm(model.blocks[2].attn, [0], (4, 4))

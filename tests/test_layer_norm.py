@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import vitfast
 from vitfast import reference
-from vitfast.nn.fused import _layer_norm
+from vitfast.nn.block import _layer_norm
 from helpers import assert_low_precision_no_worse, assert_thread_parity
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests

@@ -74,7 +74,7 @@ def test_fuse_load_and_patch_timm_use_it(tmp_path, arch):
     assert heads and all(type(h) is PackedLinear for h in heads)
     path = tmp_path / "m.safetensors"
     vitfast.save(fused, path)
-    kinds = [m["kind"] for m in vitfast.checkpoint.read_config(path)["modules"].values()]
+    kinds = [m["kind"] for m in vitfast.io.read_config(path)["modules"].values()]
     assert kinds.count("packed_linear") == len(heads)
     loaded = vitfast.load(path)
     assert all(type(h) is PackedLinear for h in _heads(loaded))

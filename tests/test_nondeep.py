@@ -12,9 +12,10 @@ from timm.models.vision_transformer import VisionTransformer
 import vitfast
 from vitfast import reference
 from vitfast.convert import from_timm
-from vitfast.nn import JoinSchedule, NonDeepBlock, XWXBlock, join_lambda
-from vitfast.nn.nondeep import branch_diversity
-from vitfast.train import Trainer
+from vitfast.methods.nondeep import JoinSchedule, NonDeepBlock, join_lambda
+from vitfast.nn import XWXBlock
+from vitfast.methods.nondeep.modules import branch_diversity
+from vitfast.training.trainer import Trainer
 
 from helpers import assert_close_scaled, randomize
 
@@ -162,7 +163,7 @@ def test_checkpoint_round_trip(branches, tmp_path):
     fused = vitfast.fuse(_joined(from_timm(_vit(depth=6), branches=branches)))
     path = tmp_path / "nondeep.safetensors"
     vitfast.save(fused, path)
-    config = vitfast.checkpoint.read_config(path)
+    config = vitfast.io.read_config(path)
     assert config["architecture"]["kwargs"]["depth"] == 6 // branches  # a timm ViT of depth L/n, blocks replaced
     assert [b["kind"] for b in config["blocks"]] == ["xwx_block"] * (6 // branches)
     loaded = vitfast.load(path)
@@ -300,7 +301,7 @@ def test_conversion_errors():
 
 # ------------------------------------------------------------------------------------------------ distillation
 def test_teacher_maps_are_timm_attention():
-    from vitfast.attn_distill import teacher_attention_maps
+    from vitfast.methods.nondeep.attn_distill import teacher_attention_maps
 
     teacher = _vit(depth=2)
     maps = teacher_attention_maps(teacher, IMAGES)
@@ -320,7 +321,7 @@ def test_teacher_maps_are_timm_attention():
 
 
 def test_attention_distillation_loss_and_trainer():
-    from vitfast.attn_distill import AttentionDistillation, AttentionDistillTrainer, default_layer_map, teacher_attention_maps
+    from vitfast.methods.nondeep.attn_distill import AttentionDistillation, AttentionDistillTrainer, default_layer_map, teacher_attention_maps
 
     assert default_layer_map(6, 12) == [1, 3, 5, 7, 9, 11]
     assert default_layer_map(4, 12) == [2, 5, 8, 11]
@@ -358,7 +359,7 @@ def test_attention_distillation_loss_and_trainer():
 def test_attention_distillation_trainer_moves_the_teacher_to_its_device():
     # DistillTrainer moved its teacher; this trainer did not (a CUDA student then met a CPU teacher at step 1).
     # The meta device stands in for a GPU: the teacher must follow the trainer's device.
-    from vitfast.attn_distill import AttentionDistillation, AttentionDistillTrainer
+    from vitfast.methods.nondeep.attn_distill import AttentionDistillation, AttentionDistillTrainer
 
     student = from_timm(_vit(depth=4), branches=2)
     distill = AttentionDistillation(student, _vit(depth=4, seed=1))
@@ -398,7 +399,7 @@ def test_fused_forms_round_trip_and_match_train_time(score_form, join_values, tm
     assert all(b.attn.score_form == score_form for b in fused.blocks)
     path = tmp_path / "f.safetensors"
     vitfast.save(fused, path)
-    config = vitfast.checkpoint.read_config(path)
+    config = vitfast.io.read_config(path)
     assert [config["modules"][f"blocks.{i}"]["score_form"] for i in range(2)] == [score_form] * 2
     loaded = vitfast.load(path)
     with torch.no_grad():
@@ -433,7 +434,7 @@ def test_fused_block_calls_the_op(monkeypatch):
 def test_joined_scores_keep_the_variance_of_one_branch(branches):
     # eq. 5 with the rescale generalised to n branches: for i.i.d. score maps, S_b + λ Σ_{b'≠b} S_b' has variance
     # (1 + (n−1)λ²)σ², so dividing by √(1 + (n−1)λ²) keeps the softmax input at the λ = 0 scale at every λ.
-    from vitfast.nn.nondeep import _join, _rescale
+    from vitfast.methods.nondeep.modules import _join, _rescale
 
     scores = torch.randn(branches, 64, 4, 17, 17, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for lam in (0.0, 0.3, 0.7, 1.0):

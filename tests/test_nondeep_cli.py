@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from vitfast.cli import main
-from vitfast.nn.nondeep import NonDeepBlock
-from vitfast.train import load_trainable
+from vitfast.methods.nondeep.modules import NonDeepBlock
+from vitfast.io.trainable import load_trainable
 
 # L = 2 timm blocks -> 1 non-deep block of 2 branches.
 TINY = ["vit_tiny_patch16_224", "--img-size", "16",
@@ -123,7 +123,7 @@ def test_demo_nondeep_quick(tmp_path, capsys):
 
 def test_demo_nondeep_trains_apart_then_joins(tmp_path):
     # the paper's phases: λ = 0 (branches trained apart) for join_start of the steps, warm-up, adjustment at λ = 1
-    from vitfast.nondeep_demo import run_nondeep_comparison
+    from vitfast.demos.nondeep_demo import run_nondeep_comparison
 
     lines = []
     report = run_nondeep_comparison(quick=True, steps=12, join_start=0.5, join_fraction=1 / 3, progress=False,

@@ -117,7 +117,7 @@ def test_fuse_and_load_use_it(tmp_path):
         torch.testing.assert_close(fused(x), converted(x), rtol=1e-4, atol=1e-4)
     path = tmp_path / "fused.safetensors"
     vitfast.save(fused, path)
-    assert vitfast.checkpoint.read_config(path)["modules"]["patch_embed.proj"] == {
+    assert vitfast.io.read_config(path)["modules"]["patch_embed.proj"] == {
         "kind": "gemm_patch_projection", "in_channels": 3, "out_channels": 64, "patch_size": [8, 8], "bias": True}
     loaded = vitfast.load(path)
     assert type(loaded.patch_embed.proj) is GemmPatchProjection

@@ -13,8 +13,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitfast
-from vitfast.convert import REPAVIT_HEADS, from_repavit
-from vitfast.nn import ChannelIdleBlock, FusedChannelIdleFFN
+from vitfast.methods.repavit.convert import REPAVIT_HEADS, from_repavit
+from vitfast.methods.repavit import ChannelIdleBlock
+from vitfast.nn import FusedChannelIdleFFN
 
 from helpers import assert_close_scaled, randomize
 

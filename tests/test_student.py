@@ -1,8 +1,8 @@
-"""vitfast.student.make_student: Algorithm 1's student construction for Swin and ViT teachers."""
+"""vitfast.methods.distill.student.make_student: Algorithm 1's student construction for Swin and ViT teachers."""
 import pytest
 import torch
 
-from vitfast.student import make_student, student_cut
+from vitfast.methods.distill.student import make_student, student_cut
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""vitfast.train.Trainer and vitfast.data: learning, hooks, exact resume, LR schedule, checkpoints, data."""
+"""vitfast.training.Trainer and vitfast.training.data: learning, hooks, exact resume, LR schedule, checkpoints, data."""
 import math
 import os
 
@@ -7,15 +7,11 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
 
-from vitfast.data import DigitsDataset, SeededSampler, digits_arrays, digits_loaders
-from vitfast.train import (
-    Trainer,
-    load_trainable,
-    load_trainer_checkpoint,
-    param_groups,
-    save_trainable,
-    warmup_cosine,
-)
+from vitfast.training.data import DigitsDataset, SeededSampler, digits_arrays, digits_loaders
+from vitfast.training.trainer import Trainer
+from vitfast.io.trainable import load_trainable, save_trainable
+from vitfast.io.trainer_checkpoint import load_trainer_checkpoint
+from vitfast.training.schedules import param_groups, warmup_cosine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -420,7 +416,7 @@ def make_image_folder(root, classes=("cat", "dog"), per_class=6, size=20):
 
 
 def test_image_folder_loaders(tmp_path, monkeypatch):
-    from vitfast.data import image_folder_loaders
+    from vitfast.training.data import image_folder_loaders
 
     root = make_image_folder(tmp_path / "imgs")
     train, val = image_folder_loaders(root, img_size=16, batch_size=4, val_fraction=0.25, seed=0)
@@ -441,7 +437,7 @@ def test_image_folder_loaders(tmp_path, monkeypatch):
     # (height, width), as timm's img_size of a non-square model; the digits too
     train, val = image_folder_loaders(root, img_size=(12, 20), batch_size=4, val_fraction=0.25, seed=0)
     assert next(iter(train))[0].shape == (4, 3, 12, 20) and next(iter(val))[0].shape == (3, 3, 12, 20)
-    from vitfast.data import digits_loaders
+    from vitfast.training.data import digits_loaders
 
     train, val = digits_loaders(img_size=(16, 24), batch_size=4)
     assert next(iter(train))[0].shape == (4, 3, 16, 24) and next(iter(val))[0].shape[1:] == (3, 16, 24)
@@ -459,7 +455,7 @@ def test_described_model_keeps_its_dropout_and_drop_path(method):
     from timm.layers import DropPath
 
     import vitfast
-    from vitfast.train import build_trainable, describe_trainable
+    from vitfast.io.trainable import build_trainable, describe_trainable
 
     model = tiny_vit(depth=2, drop_rate=0.1, attn_drop_rate=0.15, proj_drop_rate=0.2, drop_path_rate=0.3)
     if method:

@@ -16,8 +16,8 @@ import torch.nn as nn
 
 import vitfast
 from vitfast import reference
-from vitfast.nn import fused
-from vitfast.nn.fused import _whole_block_args
+from vitfast.nn import block as fused
+from vitfast.nn.block import _whole_block_args
 from helpers import assert_thread_parity
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests

@@ -2,7 +2,7 @@
 
     import vitfast
     model = vitfast.convert.from_timm(timm_model, channel_idle=0.75)   # train-time model
-    ...train (vitfast.train.Trainer)...
+    ...train (vitfast.training.Trainer)...
     fused = vitfast.fuse(model)                                          # exact, smaller
     vitfast.save(fused, "fused.safetensors")
     model = vitfast.load("fused.safetensors").cuda()                    # forward -> torch.ops.vitfast.*
@@ -17,31 +17,32 @@ import importlib
 
 from . import ops, reference  # noqa: F401  (ops registers torch.ops.vitfast.*)
 from ._env import get_backend, get_cuda_kernels, set_backend, set_cuda_kernels  # noqa: F401
+from ._version import __version__  # noqa: F401
 
-__version__ = "0.1.0"
-
-# public name -> (module, attribute or None for the module itself)
+# public name -> (module, attribute or None for the module itself).  Older module names (train, usdc, distill,
+# student, head_selection, data, distributed) stay as names for the packages that now hold them.
 _LAZY = {
     "nn": ("vitfast.nn", None),
     "convert": ("vitfast.convert", None),
-    "train": ("vitfast.train", None),
-    "data": ("vitfast.data", None),
+    "methods": ("vitfast.methods", None),
+    "io": ("vitfast.io", None),
+    "training": ("vitfast.training", None),
+    "train": ("vitfast.training", None),
+    "data": ("vitfast.training.data", None),
+    "distributed": ("vitfast.training.distributed", None),
     "fuse": ("vitfast.fusion", "fuse"),
-    "save": ("vitfast.checkpoint", "save"),
-    "load": ("vitfast.checkpoint", "load"),
+    "save": ("vitfast.io.fused", "save"),
+    "load": ("vitfast.io.fused", "load"),
     "patch_timm": ("vitfast.patch", "patch_timm"),
-    "usdc": ("vitfast.usdc", None),
-    "distill": ("vitfast.distill", None),
-    "student": ("vitfast.student", None),
-    "distributed": ("vitfast.distributed", None),
+    "usdc": ("vitfast.methods.usdc", None),
+    "distill": ("vitfast.methods.distill", None),
+    "student": ("vitfast.methods.distill.student", None),
+    "head_selection": ("vitfast.methods.dwconv", None),
     # GPU inference replayed from CUDA graphs (the module is cuda_graphs: a submodule named like the function
     # would replace it as the package attribute once imported)
     "cuda_graph": ("vitfast.cuda_graphs", "cuda_graph"),
     "CudaGraphModule": ("vitfast.cuda_graphs", "CudaGraphModule"),
 }
-
-# Drop-in depthwise convolution: Σ_h head ranking and DSP gating (vitfast.head_selection).
-_LAZY["head_selection"] = ("vitfast.head_selection", None)
 
 __all__ = ["ops", "reference", "get_backend", "set_backend", "get_cuda_kernels", "set_cuda_kernels", "__version__", *_LAZY]
 

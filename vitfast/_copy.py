@@ -8,7 +8,7 @@ import torch.nn as nn
 
 def deepcopy_model(model: nn.Module) -> nn.Module:
     """`copy.deepcopy(model)`, with each parameter's own attributes (e.g. `p._no_weight_decay = True`, the
-    mark `vitfast.train.param_groups` reads) copied onto its copy: `nn.Parameter.__deepcopy__` builds a new
+    mark `vitfast.training.param_groups` reads) copied onto its copy: `nn.Parameter.__deepcopy__` builds a new
     Parameter from the data alone, so a conversion that copies the model silently lost such marks."""
     memo: dict = {}
     copied = copy.deepcopy(model, memo)

@@ -29,7 +29,7 @@ import functools
 import inspect
 import json
 import math
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -67,8 +67,7 @@ def _timm_classes() -> Dict[str, type]:
 
 
 def _norm_classes() -> Dict[str, type]:
-    from timm.layers import LayerNorm as TimmLayerNorm
-    from timm.layers import LayerNormFp32
+    from timm.layers import LayerNorm as TimmLayerNorm, LayerNormFp32
 
     return {"timm.LayerNorm": TimmLayerNorm, "timm.LayerNormFp32": LayerNormFp32, "torch.nn.LayerNorm": nn.LayerNorm}
 
@@ -117,16 +116,28 @@ def _first(root: nn.Module, cls: type) -> Optional[nn.Module]:
     return None
 
 
-def _channel_idle_swin_block_class() -> type:
-    from .nn.channel_idle import ChannelIdleSwinBlock
+# Train-time classes that stand where timm's Mlp / SwinTransformerBlock stand (a RePaViT FFN keeps the source width):
+# the description reads the skeleton's sizes from them.  This module sits below the methods, so a method registers its
+# classes here (vitfast.methods.repavit does at import) instead of being imported; a model holding one of them has
+# imported its method already.
+_STAND_INS: Dict[str, List[type]] = {"mlp": [], "swin_block": []}
 
-    return ChannelIdleSwinBlock
+
+def register_stand_in(role: str, cls: type) -> type:
+    """Declare `cls` a train-time stand-in for timm's "mlp" (Mlp) or "swin_block" (SwinTransformerBlock)."""
+    if role not in _STAND_INS:
+        raise ValueError(f"role: expected one of {tuple(_STAND_INS)}, got {role!r}")
+    if cls not in _STAND_INS[role]:
+        _STAND_INS[role].append(cls)
+    return cls
 
 
-def _channel_idle_mlp_class() -> type:
-    from .nn.channel_idle import ChannelIdleMlp
-
-    return ChannelIdleMlp
+def _first_stand_in(root: nn.Module, role: str) -> Optional[nn.Module]:
+    for cls in _STAND_INS[role]:
+        found = _first(root, cls)
+        if found is not None:
+            return found
+    return None
 
 
 def _describe_norm_module(module: nn.Module, name: str) -> Dict[str, Any]:
@@ -260,10 +271,10 @@ def _describe_vit(model: nn.Module) -> Dict[str, Any]:
         mlp_ratio = _mlp_ratio(mlp.fc1.out_features, mlp.fc1.in_features)
     elif attn_pool is not None and isinstance(getattr(attn_pool, "mlp", None), Mlp):
         mlp_ratio = _mlp_ratio(attn_pool.mlp.fc1.out_features, attn_pool.mlp.fc1.in_features)
-    elif _first(model.blocks, _channel_idle_mlp_class()) is not None:
+    elif _first_stand_in(model.blocks, "mlp") is not None:
         # A train-time RePaViT FFN keeps the source width: a skeleton with the default 4 could not take the
         # file's fc1 (train-time files of mlp_ratio != 4 models did not load)
-        cim = _first(model.blocks, _channel_idle_mlp_class())
+        cim = _first_stand_in(model.blocks, "mlp")
         mlp_ratio = _mlp_ratio(cim.hidden_features, cim.fc1.in_features)
     else:
         mlp_ratio = 4.0
@@ -333,8 +344,8 @@ def _describe_swin(model: nn.Module) -> Dict[str, Any]:
         # timm's block, or vitfast's train-time ChannelIdleSwinBlock (a subclass that keeps mlp_ratio and
         # always_partition): matched by exact type only, its mlp_ratio 3 and always_partition were written as the
         # defaults 4 and False, and the file did not load (or loaded with other windows)
-        block = _first(stage.blocks, SwinTransformerBlock) or _first(stage.blocks, _channel_idle_swin_block_class())
-        mlp = _first(stage.blocks, Mlp) or _first(stage.blocks, _channel_idle_mlp_class())
+        block = _first(stage.blocks, SwinTransformerBlock) or _first_stand_in(stage.blocks, "swin_block")
+        mlp = _first(stage.blocks, Mlp) or _first_stand_in(stage.blocks, "mlp")
         if attn is not None:
             heads.append(int(attn.num_heads))
             head_dim = attn.qkv.out_features // 3 // attn.num_heads

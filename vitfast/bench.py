@@ -124,19 +124,20 @@ def sgemm_gflops(device: torch.device, calls: int = 3, n: int = SGEMM_N, dtype: 
 
 
 def _has_gates(model: nn.Module) -> bool:
-    from .nn.usdc import GatedBlock
+    from .nn.gated import GatedBlock
 
     return any(isinstance(m, GatedBlock) for m in model.modules())
 
 
 def _flops(baseline: nn.Module, fused: nn.Module, shape: Sequence[int]) -> Dict[str, int]:
-    from .demo import flops_per_image
+    from .measure import flops_per_image
 
     return {"baseline": flops_per_image(baseline, shape), "fused": flops_per_image(fused, shape)}
 
 
 def _machine() -> Dict[str, Any]:
-    import vitfast
+    from . import ops
+    from ._version import __version__
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -144,14 +145,14 @@ def _machine() -> Dict[str, Any]:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "vitfast": vitfast.__version__}
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "vitfast": __version__}
     for name in ("timm", "onnx", "onnxruntime"):
         try:
             versions[name] = __import__(name).__version__
         except ImportError:
             versions[name] = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "cpu_isa": vitfast.ops.cpu_isa(),
-            "extension_loaded": vitfast.ops.extension_loaded(), "versions": versions}
+    return {"cpu": cpu, "cores": os.cpu_count(), "cpu_isa": ops.cpu_isa(),
+            "extension_loaded": ops.extension_loaded(), "versions": versions}
 
 
 class _Provider:
@@ -359,7 +360,7 @@ def run_bench(
         # counted on the very inputs timed, per batch size, not on one all-zeros image (65% off once).
         fused_batch_flops = None
         if _has_gates(fused):
-            from .demo import flops_of_input
+            from .measure import flops_of_input
 
             log("bench: the fused model is gated: counting its FLOPs on each timed batch")
             fused_batch_flops = {b: flops_of_input(fused, inputs[b]) for b in batch_sizes}
@@ -468,7 +469,7 @@ def run_bench(
 
 def format_report(report: Mapping[str, Any]) -> str:
     """One plain-text table (rows grouped by threads, then batch) with a header saying how it was measured."""
-    from .demo import format_table
+    from .measure import format_table
 
     lines = []
     m = report["machine"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 if TYPE_CHECKING:  # annotations only: the CLI imports torch lazily, so `--help` stays fast
     import torch
 
-from vitfast.dwconv_recipe import DWCONV_SETTINGS  # names of the DW-conv options (no torch import)
+from vitfast.methods.dwconv.recipe import DWCONV_SETTINGS  # names of the DW-conv options (no torch import)
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -216,11 +216,11 @@ def _read_state_dict(path: str, flag: str) -> Dict[str, "torch.Tensor"]:
 
 def _file_kind(path: str) -> str:
     """'trainable' | 'fused' | 'trainer' (a Trainer checkpoint) for a vitfast file; CLIError otherwise."""
-    from vitfast.train import TRAINABLE_FORMAT, read_safetensors_metadata
+    from vitfast.io.trainable import TRAINABLE_FORMAT, read_safetensors_metadata
 
     import zipfile
 
-    from vitfast.checkpoint import FORMAT as FUSED_FORMAT
+    from vitfast.io.fused import FORMAT as FUSED_FORMAT
 
     if zipfile.is_zipfile(path):  # torch.save's container: a Trainer checkpoint (read with weights_only)
         return "trainer"
@@ -242,7 +242,8 @@ def _file_kind(path: str) -> str:
 
 def _load_source(path: str, flag: str):
     """Train-time model from a `convert`/`train` .safetensors or a trainer checkpoint -> (model, recipe)."""
-    from vitfast.train import build_trainable, load_trainer_checkpoint, load_trainable
+    from vitfast.io.trainable import build_trainable, load_trainable
+    from vitfast.io.trainer_checkpoint import load_trainer_checkpoint
 
     kind = _file_kind(path)
     if kind == "fused":
@@ -262,7 +263,7 @@ def _load_source(path: str, flag: str):
 
 
 def _describe(model) -> str:
-    from vitfast.demo import count_parameters
+    from vitfast.measure import count_parameters
 
     blocks = []
     for name, module in model.named_modules():
@@ -272,7 +273,7 @@ def _describe(model) -> str:
     nondeep = _nondeep_blocks(model)
     if nondeep:
         ffn += f", non-deep: {len(nondeep)} blocks x {nondeep[0].num_branches} branches ({nondeep[0].schedule})"
-    from vitfast.dwconv_recipe import describe_dwconv_model
+    from vitfast.methods.dwconv.recipe import describe_dwconv_model
 
     ffn += describe_dwconv_model(model)
     return f"{type(model).__name__}, {count_parameters(model):,} parameters{ffn}"
@@ -302,7 +303,7 @@ def _set_threads(threads: Optional[int]) -> None:
 # ---------------------------------------------------------------------------------------------- convert
 def cmd_convert(args) -> int:
     import vitfast
-    from vitfast.train import save_trainable
+    from vitfast.io.trainable import save_trainable
 
     out = _output_path(args.output)
     _check_gate_options(args)
@@ -346,7 +347,7 @@ def cmd_convert(args) -> int:
             recipe.update(channel_idle=args.channel_idle, gates=True, flops_target=args.flops_target,
                           gate_level=args.gate_level, gate_kind=args.gate_kind)
         if _dwconv_given(args):
-            from vitfast.dwconv_recipe import dwconv_recipe
+            from vitfast.methods.dwconv.recipe import dwconv_recipe
 
             recipe.update(dwconv_recipe(vars(args)))
     save_trainable(model, out, recipe=recipe)
@@ -395,8 +396,10 @@ def _check_rgb_model(model, flag: str) -> None:
 def cmd_train(args) -> int:
     import torch
 
-    from vitfast.data import digits_loaders, image_folder_loaders
-    from vitfast.train import Trainer, build_trainable, describe_trainable, load_trainer_checkpoint, save_trainable
+    from vitfast.training.data import digits_loaders, image_folder_loaders
+    from vitfast.training.trainer import Trainer
+    from vitfast.io.trainable import build_trainable, describe_trainable, save_trainable
+    from vitfast.io.trainer_checkpoint import load_trainer_checkpoint
 
     _set_threads(args.threads)
     ctx = _train_process_group(args)
@@ -554,7 +557,7 @@ def cmd_train(args) -> int:
 
 def _train_source(args, settings):
     import vitfast
-    from vitfast.train import load_trainable
+    from vitfast.io.trainable import load_trainable
 
     source = args.source
     if os.path.exists(source):
@@ -624,7 +627,7 @@ def _nondeep_source(timm_model, settings, recipe):
 
 def _check_teacher_input(teacher, student, flag: str) -> None:
     """Before --out is created (the trainers check it too, later)."""
-    from vitfast.distill import check_teacher_input
+    from vitfast.methods.distill.trainer import check_teacher_input
 
     try:
         check_teacher_input(teacher, student, flag)
@@ -634,13 +637,14 @@ def _check_teacher_input(teacher, student, flag: str) -> None:
 
 def _distill_trainer(model, settings, ctx):
     """(Trainer class, its extra kwargs): attention-map distillation from --distill-teacher when given."""
-    from vitfast.train import Trainer, load_trainable
+    from vitfast.training.trainer import Trainer
+    from vitfast.io.trainable import load_trainable
 
     if settings.get("distill_teacher") is None:
         if settings.get("distill_weight") is not None:
             raise CLIError("--distill-weight: only applies with --distill-teacher, got no teacher")
         return Trainer, {}
-    from vitfast.attn_distill import AttentionDistillation, AttentionDistillTrainer
+    from vitfast.methods.nondeep.attn_distill import AttentionDistillation, AttentionDistillTrainer
 
     path = settings["distill_teacher"]
     if _file_kind(path) != "trainable":
@@ -708,7 +712,7 @@ def _add_scale_args(p) -> None:
     g.add_argument("--student-depths", type=_depth_list, default=None, metavar="D1,D2,..",
                    help="build the student from the Swin teacher with these stage depths, e.g. 2,2,2,2 (Swin-N)")
     g.add_argument("--student-cut", type=int, default=None, metavar="P1",
-                   help="blocks copied before the cut (ViT: p1; Swin: in the shallower stage) [default: vitfast.student]")
+                   help="blocks copied before the cut (ViT: p1; Swin: in the shallower stage) [default: vitfast.methods.distill.student]")
     g.add_argument("--student-init", choices=("copy", "random"), default=None,
                    help="copy the teacher's blocks before the cut (Algorithm 1), or random init (from scratch) [default: copy]")
     g = p.add_argument_group("scale (single process or torchrun --nproc_per_node N)")
@@ -723,7 +727,7 @@ def _add_scale_args(p) -> None:
 
 def _train_process_group(args):
     """Join torchrun's process group when there is one (WORLD_SIZE > 1); else the single-process context."""
-    from vitfast.distributed import DistContext, init_from_env
+    from vitfast.training.distributed import DistContext, init_from_env
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return DistContext(0, 0, 1, None, _device(args.device or "cpu"))
@@ -733,7 +737,7 @@ def _train_process_group(args):
 
 
 def _train_process_group_end(ctx) -> None:
-    from vitfast.distributed import cleanup
+    from vitfast.training.distributed import cleanup
 
     if ctx.world_size > 1:
         cleanup()
@@ -741,7 +745,7 @@ def _train_process_group_end(ctx) -> None:
 
 def _seed_model_init(seed: int) -> None:
     """--seed fixes the initial weights too, so every process (and a single-process rerun) builds the same model."""
-    from vitfast.train import seed_everything
+    from vitfast.training.rng import seed_everything
 
     seed_everything(seed)
 
@@ -753,7 +757,7 @@ def _builds_student(args) -> bool:
 def _distill_student(args, settings):
     """Algorithm 1, lines 2-3: the student built from --teacher (then converted like a timm name, if asked)."""
     import vitfast
-    from vitfast.student import make_student
+    from vitfast.methods.distill.student import make_student
 
     if settings.get("teacher") is None:
         raise CLIError("--student-depth/--student-depths: build the student from a teacher; give --teacher PATH")
@@ -795,8 +799,8 @@ def _data_shard(settings, ctx) -> Dict[str, int]:
 
 def _scale_trainer(settings, ctx, num_classes, model):
     """(Trainer class, its extra keyword arguments) for the distillation and scale settings."""
-    from vitfast.distill import DistillTrainer
-    from vitfast.train import Trainer
+    from vitfast.methods.distill.trainer import DistillTrainer
+    from vitfast.training.trainer import Trainer
 
     kwargs = {"grad_accum": settings["grad_accum"], "amp": settings["amp"], "device": ctx.device,
               "handle_signals": True}
@@ -846,7 +850,7 @@ def _scale_note(settings, ctx) -> str:
 
 # ---------------------------------------------------------------------------------------------- distill-demo
 def cmd_distill_demo(args) -> int:
-    from vitfast.distill_demo import format_distill_table, run_distill_demo, target_ordering_holds
+    from vitfast.demos.distill_demo import format_distill_table, run_distill_demo, target_ordering_holds
 
     _set_threads(args.threads)
     json_out = _output_path(args.json, "--json") if args.json else None  # checked before minutes of training
@@ -869,7 +873,7 @@ def cmd_fuse(args) -> int:
     import torch
 
     import vitfast
-    from vitfast.demo import count_parameters
+    from vitfast.measure import count_parameters
 
     out = _output_path(args.output)
     _not_the_input(out, args.source)
@@ -897,7 +901,7 @@ def cmd_verify(args) -> int:
     import torch
 
     import vitfast
-    from vitfast.data import digits_loaders
+    from vitfast.training.data import digits_loaders
 
     _set_threads(args.threads)
     device = _device(args.device)
@@ -977,7 +981,7 @@ def cmd_bench(args) -> int:
 
     import vitfast
     from vitfast.bench import DEFAULT_PROVIDERS
-    from vitfast.checkpoint import read_config
+    from vitfast.io.fused import read_config
 
     device = _device(args.device)
     if args.dtype != "float32" and device.type != "cuda":
@@ -1181,7 +1185,7 @@ def cmd_export(args) -> int:
 
 # ---------------------------------------------------------------------------------------------- demo
 def cmd_demo(args) -> int:
-    from vitfast.demo import run_demo
+    from vitfast.demos.demo import run_demo
 
     if args.nondeep:
         return _demo_nondeep(args)
@@ -1200,8 +1204,8 @@ def cmd_select_heads(args) -> int:
     """Σ_h of every attention head over N_s samples (one Welford pass), printed and saved as JSON."""
     import torch
 
-    from vitfast.data import digits_loaders, image_folder_loaders
-    from vitfast.head_selection import attention_std_scores
+    from vitfast.training.data import digits_loaders, image_folder_loaders
+    from vitfast.methods.dwconv.head_selection import attention_std_scores
 
     out = _output_path(args.output)
     _set_threads(args.threads)
@@ -1264,7 +1268,7 @@ def _add_select_heads_parser(sub) -> None:
 
 def _demo_nondeep(args) -> int:
     """`vitfast demo --nondeep`: the non-deep vs single-branch comparison on the digits (vitfast/nondeep_demo.py)."""
-    from vitfast.nondeep_demo import run_nondeep_comparison
+    from vitfast.demos.nondeep_demo import run_nondeep_comparison
 
     out = args.out if args.out != "vitfast-demo" else "vitfast-nondeep"
     try:
@@ -1347,14 +1351,14 @@ def _add_nondeep_args(p, *, train: bool) -> None:
 
 
 def _nondeep_blocks(model):
-    from vitfast.nn.nondeep import NonDeepBlock
+    from vitfast.methods.nondeep.modules import NonDeepBlock
 
     return [m for m in model.modules() if isinstance(m, NonDeepBlock)]
 
 
 def _apply_join_settings(model, settings, total_steps: int) -> None:
     """--join-* and --diversity-weight onto a non-deep model's blocks (refused for a model without branches)."""
-    from vitfast.nn.nondeep import JoinSchedule
+    from vitfast.methods.nondeep.modules import JoinSchedule
 
     given = [k for k in ("join_schedule", "join_start", "join_steps", "adjust_steps", "diversity_weight",
                          "distill_teacher") if settings.get(k) is not None]
@@ -1666,7 +1670,7 @@ def _ratio(text: str) -> float:
 
 
 def cmd_usdc(args) -> int:
-    from vitfast.usdc_recipe import run_usdc_study
+    from vitfast.demos.usdc_study import run_usdc_study
 
     steps = (args.pretrain_steps, args.stage1_steps, args.stage2_steps)
     if args.quick:
@@ -1710,19 +1714,19 @@ def _convert_usdc(args, timm_model):
 
 def _usdc_stage2(model, resume_state):
     import vitfast
-    from vitfast.usdc import usdc_blocks
+    from vitfast.methods.usdc.compression import usdc_blocks
 
     if resume_state is not None:
         raise CLIError("--usdc-prune: not used with --resume (the checkpoint's model is already pruned or not)")
     if not usdc_blocks(model):
         raise CLIError("--usdc-prune: SOURCE has no USDC blocks (convert with --gates first)")
-    pruned = vitfast.usdc.prune(model.eval()).train()
+    pruned = vitfast.methods.usdc.prune(model.eval()).train()
     print("USDC stage 2: pruned heads/channels/sub-blocks removed, best gate network kept per layer")
     return pruned
 
 
 def _usdc_optimizer(model, settings, arch_lr_scale):
-    from vitfast.usdc import arch_optimizer, usdc_blocks
+    from vitfast.methods.usdc.compression import arch_optimizer, usdc_blocks
 
     if not usdc_blocks(model):
         return "adamw"
@@ -1789,7 +1793,7 @@ def _add_usdc_parser(sub) -> None:
 
 # ---------------------------------------------------------------------------------------------- drop-in DW-conv heads
 def _dwconv_blocks_arg(text: str):
-    from vitfast.dwconv_recipe import parse_dwconv_blocks
+    from vitfast.methods.dwconv.recipe import parse_dwconv_blocks
 
     try:
         return parse_dwconv_blocks(text)
@@ -1798,7 +1802,7 @@ def _dwconv_blocks_arg(text: str):
 
 
 def _dwconv_heads_arg(text: str):
-    from vitfast.dwconv_recipe import parse_dwconv_heads
+    from vitfast.methods.dwconv.recipe import parse_dwconv_heads
 
     try:
         return parse_dwconv_heads(text)
@@ -1830,7 +1834,7 @@ def _add_dwconv_args(p) -> None:
 
 
 def _dwconv_given(args_or_settings) -> bool:
-    from vitfast.dwconv_recipe import check_dwconv_options, dwconv_request
+    from vitfast.methods.dwconv.recipe import check_dwconv_options, dwconv_request
 
     settings = args_or_settings if isinstance(args_or_settings, dict) else vars(args_or_settings)
     try:
@@ -1843,7 +1847,7 @@ def _dwconv_given(args_or_settings) -> bool:
 def _convert_dwconv(args, timm_model):
     """A timm ViT/DeiT with DW-conv heads; the FFNs: --channel-idle θ (with --norm), else timm's exactly (θ = 0,
     LayerNorm) so only the replaced heads change the function."""
-    from vitfast.dwconv_recipe import convert_dwconv
+    from vitfast.methods.dwconv.recipe import convert_dwconv
 
     settings = vars(args)
     if getattr(args, "gates", False):
@@ -1859,7 +1863,7 @@ def _convert_dwconv(args, timm_model):
 
 
 def _dwconv_source(timm_model, settings, recipe):
-    from vitfast.dwconv_recipe import convert_dwconv, dwconv_recipe
+    from vitfast.methods.dwconv.recipe import convert_dwconv, dwconv_recipe
 
     _ffn_flags_need_channel_idle(settings, "DW-conv alone keeps timm's FFNs")
     try:

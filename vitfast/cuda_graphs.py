@@ -25,13 +25,13 @@ Semantics (the same as capturing by hand with torch.cuda.graph):
   (the graphs share one memory pool, so that memory is not paid once per batch size).
 * A forward that synchronises with the host (`.item()`, `.tolist()`, data-dependent Python control flow) cannot
   be captured; the error says so.  vitfast's fused blocks do not, USDC's gates included (their decision stays
-  on the device: see vitfast.nn.usdc).
+  on the device: see vitfast.nn.gated).
 """
 from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn

@@ -47,7 +47,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from ._io import atomic_write
+from .io.atomic import atomic_write
 
 __all__ = ["to_onnx", "ExportReport", "ExportError", "ExportMismatchError", "model_input_shape",
            "check_standard_ops", "ort_session", "reference_backend", "STANDARD_DOMAINS", "EXPORTERS"]
@@ -173,7 +173,7 @@ def _check_output_path(path) -> str:
 
 def _gated_modules(model: nn.Module) -> List[str]:
     """Paths of the USDC gated blocks in `model` (their decisions are data-dependent control flow)."""
-    from .nn.usdc import GatedBlock
+    from .nn.gated import GatedBlock
 
     return [name or "model" for name, m in model.named_modules() if isinstance(m, GatedBlock)]
 

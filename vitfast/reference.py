@@ -11,8 +11,14 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._validate import check_attention_args, check_channel_idle_ffn_args, check_layer_norm_args, check_linear_args
-from ._validate import check_vit_block_args, check_xwx_attention_args
+from ._validate import (
+    check_attention_args,
+    check_channel_idle_ffn_args,
+    check_layer_norm_args,
+    check_linear_args,
+    check_vit_block_args,
+    check_xwx_attention_args,
+)
 from ._validate_dwconv import check_dwconv_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "vit_block", "xwx_attention", "batch_gate",
@@ -288,7 +294,7 @@ def batch_gate(
         d = h · w2ᵀ + b2                                    [2]  (skipped when w2 is None: then H = 2, d = h)
         out = (d > 0) as x.dtype                            1 = execute the sub-block, 0 = skip it
 
-    The gate network is given in its folded form (`vitfast.nn.gates`): an eval BatchNorm folded into the layer
+    The gate network is given in its folded form (`vitfast.methods.usdc.gates`): an eval BatchNorm folded into the layer
     before it, a LayerNorm's affine into the layer after it, the two softmax logits (execute, skip) of each gate
     subtracted into one row, so that argmax of a hard Gumbel-softmax without noise is `d > 0`.
     """

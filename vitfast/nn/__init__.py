@@ -1,67 +1,27 @@
-"""Modules: train-time (reference paths, autograd) and fused inference modules (call torch.ops.vitfast.*).
+"""Fused inference modules: what `vitfast.fuse` produces and `vitfast.load` rebuilds; they call torch.ops.vitfast.*.
 
-Train-time (RePaViT channel-idle FFN): `ChannelIdleMlp`, `ChannelIdleBlock` (ViT), `ChannelIdleSwinBlock`,
-`idle_ratios`.  Fused (registered, see `registry.py`): `FusedChannelIdleFFN` ("channel_idle_ffn"), `Block`
-("block", drop-in for timm's ViT Block), `SwinBlock` ("swin_block"), plus the timm-compatible `Attention`.
-Non-deep ViT (parallel branches, progressive joining): train-time `NonDeepBlock` (`NonDeepAttention`, `NonDeepMlp`,
-`JoinSchedule`), fused `XWXBlock` ("xwx_block").
-USDC (gates + static compression): decision networks `GateNet` (G0…G6), `GateSearch`, train-time `USDCBlock`,
-fused `FusedBatchGate` ("batch_gate") and `GatedBlock` ("gated_block").
-Patch embedding: `GemmPatchProjection` (timm's patch Conv2d run as one GEMM on CPU; `vitfast.fuse`/`load` use it).
-Classifier head: `PackedLinear` (timm's head nn.Linear on the packed-weight GEMM; `vitfast.fuse`/`load` use it).
-Every train-time module has `to_fused()`, which `vitfast.fuse` calls.
+Every class here is registered (`registry.py`) under the "kind" its checkpoint config names:
+`FusedChannelIdleFFN` ("channel_idle_ffn"), `Block` ("block", a drop-in for timm's ViT `Block`), `SwinBlock`
+("swin_block"), the timm-compatible `Attention`, `XWXBlock` ("xwx_block", non-deep ViTs), `FusedDWConvBlock`
+("dwconv_block", drop-in depthwise-convolution heads), `GatedBlock` ("gated_block") with `FusedBatchGate`
+("batch_gate", USDC), `GemmPatchProjection` (timm's patch Conv2d as one GEMM) and `PackedLinear` (the classifier
+head on the packed-weight GEMM).  Train-time modules live with their method in `vitfast.methods.<method>`; each
+has `to_fused()`, which `vitfast.fuse` calls.
 """
-from .registry import fused_kinds, fused_module_from_config, is_fused_module, register_fused  # noqa: F401
-from .fused import Attention, Block, FusedChannelIdleFFN, SwinBlock, active_channels  # noqa: F401
-from .xwx import XWXAttention, XWXBlock  # noqa: F401
-from .nondeep import JoinSchedule, NonDeepAttention, NonDeepBlock, NonDeepMlp, join_lambda  # noqa: F401
-from .channel_idle import (  # noqa: F401
-    ChannelIdleBlock,
-    ChannelIdleMlp,
-    ChannelIdleSwinBlock,
-    idle_ratios,
-)
-from .gates import FusedBatchGate, GateNet, GateSearch  # noqa: F401
-from .usdc import GatedBlock, USDCBlock, set_gate_force  # noqa: F401
-from .patch_embed import GemmPatchProjection, use_gemm_patch_projection  # noqa: F401
-from .linear_head import PackedLinear, use_gemm_stem_and_head, use_packed_linear_head  # noqa: F401
+from .block import Attention, Block, FusedChannelIdleFFN, SwinBlock, active_channels
+from .dwconv import FusedDWConvBlock, follow_patch_grid, set_grid_size
+from .gated import FusedBatchGate, GatedBlock, set_gate_force
+from .linear_head import PackedLinear, use_gemm_stem_and_head, use_packed_linear_head
+from .patch_embed import GemmPatchProjection, use_gemm_patch_projection
+from .registry import fused_kinds, fused_module_from_config, is_fused_module, register_fused
+from .xwx import FoldedXWXAttention, XWXAttention, XWXBlock
 
 __all__ = [
-    "GemmPatchProjection",
-    "use_gemm_patch_projection",
-    "PackedLinear",
-    "use_packed_linear_head",
+    "register_fused", "fused_kinds", "fused_module_from_config", "is_fused_module",
+    "FusedChannelIdleFFN", "Attention", "Block", "SwinBlock", "active_channels",
+    "XWXAttention", "XWXBlock", "FoldedXWXAttention",
+    "FusedDWConvBlock", "follow_patch_grid", "set_grid_size",
+    "FusedBatchGate", "GatedBlock", "set_gate_force",
+    "GemmPatchProjection", "use_gemm_patch_projection", "PackedLinear", "use_packed_linear_head",
     "use_gemm_stem_and_head",
-    "register_fused",
-    "fused_kinds",
-    "fused_module_from_config",
-    "is_fused_module",
-    "FusedChannelIdleFFN",
-    "Attention",
-    "Block",
-    "SwinBlock",
-    "active_channels",
-    "ChannelIdleMlp",
-    "ChannelIdleBlock",
-    "ChannelIdleSwinBlock",
-    "idle_ratios",
-    "XWXAttention",
-    "XWXBlock",
-    "JoinSchedule",
-    "NonDeepAttention",
-    "NonDeepBlock",
-    "NonDeepMlp",
-    "join_lambda",
-    "GateNet",
-    "GateSearch",
-    "FusedBatchGate",
-    "USDCBlock",
-    "GatedBlock",
-    "set_gate_force",
 ]
-
-# Drop-in depthwise convolution heads (dropin-depthwise-conv-attention): train-time `DWConvAttention`,
-# `DWConvBlock`; fused `FusedDWConvBlock` ("dwconv_block").
-from .dwconv import DWConvAttention, DWConvBlock, FusedDWConvBlock, follow_patch_grid, set_grid_size  # noqa: E402,F401
-
-__all__ += ["DWConvAttention", "DWConvBlock", "FusedDWConvBlock", "follow_patch_grid", "set_grid_size"]

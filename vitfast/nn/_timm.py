@@ -14,8 +14,7 @@ import torch
 import torch.nn as nn
 from timm.layers import Mlp
 from timm.models.swin_transformer import SwinTransformerBlock, WindowAttention
-from timm.models.vision_transformer import Attention as TimmAttention
-from timm.models.vision_transformer import Block as TimmBlock
+from timm.models.vision_transformer import Attention as TimmAttention, Block as TimmBlock
 
 __all__ = [
     "check_layernorm",

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .fused import _ConfigReader, _cpu_kernel_applies
+from .block import _ConfigReader, _cpu_kernel_applies
 from .patch_embed import use_gemm_patch_projection
 from .registry import register_fused
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .fused import _ConfigReader, _cpu_kernel_applies
+from .block import _ConfigReader, _cpu_kernel_applies
 from .registry import register_fused
 
 

@@ -12,7 +12,6 @@ value/output factors side by side, the exact collapse of unjoined values).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
@@ -20,9 +19,8 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .._checks import check_finite_parameter
 from ._fold import FoldedFFN
-from .fused import FusedChannelIdleFFN, _ConfigReader, _layer_norm
+from .block import FusedChannelIdleFFN, _ConfigReader, _layer_norm
 from .registry import register_fused
 
 __all__ = ["FoldedXWXAttention", "fold_nondeep_attention", "XWXAttention", "XWXBlock", "SCORE_FORMS"]
@@ -40,67 +38,6 @@ class FoldedXWXAttention:
     w_v: torch.Tensor
     w_o: torch.Tensor
     b_o: Optional[torch.Tensor]
-
-
-def fold_nondeep_attention(attn: nn.Module, name: str = "attn", score_form: str = "auto") -> FoldedXWXAttention:
-    """Collapse a `NonDeepAttention` at λ = 1 (see `vitfast.nn.nondeep` for the algebra), in float64.
-
-    With A_{b,h} = W^Q_{b,h}ᵀ, B_{b,h} = W^K_{b,h}ᵀ ([C, d]) and s = 1 / (√n √d_k) (the rescale at λ = 1):
-      W_h = s Σ_b A_{b,h} B_{b,h}ᵀ = [s A_{1,h} … s A_{n,h}] [B_{1,h} … B_{n,h}]ᵀ     (eq. 6: summed W_h)
-      key_bias_h = s Σ_b B_{b,h} b_{q,b,h}                          (the q-bias; the k-bias cancels in softmax)
-      values not joined: w_v[h] = [V_{1,h} … V_{n,h}], w_o[h] = [O_{1,h}; …; O_{n,h}]   (= Σ_b V_{b,h} O_{b,h})
-      values joined:     w_v[h] = Σ_b V_{b,h} / √n,  w_o[h] = Σ_b O_{b,h}                 (eq. 6-7)
-      b_o = Σ_b b_{proj,b} + Σ_h b_{v,h} w_o[h]   (b_v the value bias feeding w_o; softmax rows sum to 1)
-    """
-    if score_form not in ("auto",) + SCORE_FORMS:
-        raise ValueError(f"score_form: expected 'auto' or one of {SCORE_FORMS}, got {score_form!r}")
-    n, heads, d = attn.num_branches, attn.num_heads, attn.head_dim
-    dim = attn.branches[0].qkv.in_features
-    a_list, b_list, bq_list, v_list, bv_list, o_list = [], [], [], [], [], []
-    b_out = None
-    for b, br in enumerate(attn.branches):
-        where = f"{name}.branches.{b}"
-        for tensor_name, t in (("qkv.weight", br.qkv.weight), ("qkv.bias", br.qkv.bias),
-                               ("proj.weight", br.proj.weight), ("proj.bias", br.proj.bias)):
-            if t is not None:
-                check_finite_parameter(f"{where}.{tensor_name}", t)
-        w = br.qkv.weight.detach().double().reshape(3, heads, d, dim)
-        a_list.append(w[0].transpose(1, 2))  # [H, C, d]
-        b_list.append(w[1].transpose(1, 2))
-        v_list.append(w[2].transpose(1, 2))
-        if br.qkv.bias is not None:
-            bias = br.qkv.bias.detach().double().reshape(3, heads, d)
-            bq_list.append(bias[0])
-            bv_list.append(bias[2])
-        o_list.append(br.proj.weight.detach().double().t().reshape(heads, d, -1))  # [H, d, C]
-        if br.proj.bias is not None:
-            pb = br.proj.bias.detach().double()
-            b_out = pb if b_out is None else b_out + pb
-    s = 1.0 / (math.sqrt(n) * math.sqrt(d))
-    rank = n * d
-    if score_form == "auto":
-        score_form = "factored" if 2 * rank <= dim else "full"
-    if score_form == "factored":
-        w_q = s * torch.cat(a_list, dim=2)  # [H, C, n·d]
-        w_k = torch.cat(b_list, dim=2)
-    else:
-        w_q = s * sum(torch.einsum("hcd,hed->hce", a, bk) for a, bk in zip(a_list, b_list))  # [H, C, C]
-        w_k = None
-    key_bias = None
-    if bq_list:
-        key_bias = s * sum(torch.einsum("hcd,hd->hc", bk, bq) for bk, bq in zip(b_list, bq_list))
-    if attn.join_values:
-        w_v = sum(v_list) / math.sqrt(n)
-        w_o = sum(o_list)
-        b_v = sum(bv_list) / math.sqrt(n) if bv_list else None
-    else:
-        w_v = torch.cat(v_list, dim=2)  # [H, C, n·d]
-        w_o = torch.cat(o_list, dim=1)  # [H, n·d, C]
-        b_v = torch.cat(bv_list, dim=1) if bv_list else None
-    if b_v is not None:
-        pushed = torch.einsum("hd,hdc->c", b_v, w_o)
-        b_out = pushed if b_out is None else b_out + pushed
-    return FoldedXWXAttention(w_q=w_q, w_k=w_k, key_bias=key_bias, w_v=w_v, w_o=w_o, b_o=b_out)
 
 
 class XWXAttention(nn.Module):

@@ -1,0 +1,713 @@
+"""`vitfast.save` / `vitfast.load`: one `.safetensors` file per model, JSON config in its metadata, no pickle.
+
+File format ("vitfast.fused", version 1)
+-----------------------------------------
+A standard safetensors file.  Tensors: the model's `state_dict()`, each stored once (entries that are the very
+same tensor, e.g. tied weights, are stored under the first name and listed in `config["aliases"]`).
+Header metadata (safetensors allows only str -> str):
+
+    "format":  "vitfast.fused"
+    "version": "1"
+    "config":  JSON text of
+        {"format": "vitfast.fused", "version": 1,
+         "architecture": vitfast.arch.describe_timm(model),        # the timm skeleton to rebuild
+         "modules": {"blocks.3.mlp": {"kind": "channel_idle_ffn", ...}, ...},
+                     # every registered fused submodule (any depth): path -> its vitfast_config()
+         "aliases": {"name": "name it shares its tensor with", ...},
+         "blocks": [{"index": 0, "path": "blocks.0", "kind": "timm.Block" | "<fused kind>",
+                     "modules": {"mlp": "channel_idle_ffn"}, ("stage": s for Swin)}, ...],
+                     # informational summary, not needed to load
+         "dtype": "float32" | "float16" | "bfloat16" | "float64" | "mixed" | "none",
+                     # the floating-point dtype of every stored floating tensor, or "mixed"
+         "vitfast_version": "0.1.0"}
+
+Loading rebuilds the skeleton (`vitfast.arch.build_timm`), replaces each configured path, parents before
+children, with `fused_module_from_config(cfg)`, checks the file's tensors against the rebuilt model (names,
+shapes, dtypes: every mismatch is listed), copies them in, and returns the model in eval mode.
+
+Decisions
+---------
+* A model without fused modules is accepted: a distilled student (method 5) or a baseline teacher is a plain
+  timm model, and one file format for everything is simpler for users and for the CLI.
+* `save` first rebuilds the model from the config it is about to write (on the meta device, so without
+  allocating) and compares module types, forward-relevant attributes (eps, num_heads, window sizes, ...),
+  tensor names and shapes.  A model the file cannot reproduce (unfused train-time modules, a pruned block
+  that timm's constructor cannot express, an incomplete `vitfast_config`) is refused at save time, naming the
+  offending paths, instead of producing a file that fails or silently differs at load time.  Dropout,
+  DropPath and PatchDropout are treated as Identity: the file holds an inference model.
+* NaN/Inf: refused by default at save and at load (ValueError listing the tensors): a fused model with a
+  non-finite weight is almost always a training or folding bug, and a file is untrusted input.
+  `allow_nonfinite=True` turns both checks off (e.g. for -inf masks stored as buffers).
+* The write is atomic (vitfast.io.atomic.atomic_write): a temporary file in the target directory, fsync, then
+  `os.replace`; on any error the temporary file is removed and an existing file at `path` is left untouched.
+* No pickle: tensors come from safetensors, the config from JSON, and the architecture can name only a
+  closed set of timm classes, norms and activations (see vitfast.arch).  `torch.load` is never called.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..arch import build_timm, describe_timm, set_source_architecture, source_architecture
+from ..nn.registry import fused_module_from_config, is_fused_module
+from .atomic import atomic_write, check_target
+from .trainable import TRAINABLE_FORMAT
+
+__all__ = ["save", "load", "read_config", "FORMAT", "VERSION"]
+
+FORMAT = "vitfast.fused"
+VERSION = 1
+
+# safetensors limits the header to 100 MB; anything larger is corruption, not a model.
+_MAX_HEADER = 100 * 1024 * 1024
+_MAX_LISTED = 20  # mismatches listed in one error message; the count says how many there are in total
+# The real build allocates timm's whole skeleton before the fused modules replace parts of it, and config values
+# no stored tensor checks (num_classes under a packed head, in_chans, mlp_ratio, Swin's unsaved masks) size it:
+# a file whose skeleton needs more than this many times its own tensor bytes, plus the slack, is refused
+# before anything is allocated.  Real fused models stay far below (θ = 1 FFNs with every attention on
+# depthwise convolutions: ~4x).
+_MAX_SKELETON_RATIO = 16
+_SKELETON_SLACK_BYTES = 256 * 2**20
+_PATH_RE = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+
+_ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
+    if hasattr(torch, _attr):
+        _ST_DTYPES[_name] = getattr(torch, _attr)
+_DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+# Attributes that do not change what a loaded model computes in eval mode (training switches, init modes,
+# and the SDPA switch timm sets from the environment), so differences in them are not a save error.
+_IGNORED_ATTRS = frozenset({
+    "training", "grad_checkpointing", "distilled_training", "weight_init_mode", "fix_init", "fused_attn",
+    "inplace",
+})
+
+
+def _listing(items: List[str]) -> str:
+    shown = "; ".join(items[:_MAX_LISTED])
+    more = f"; ... and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else ""
+    return shown + more
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+# --------------------------------------------------------------------------------------------- rebuild
+
+
+def _fused_configs(model: nn.Module) -> Dict[str, dict]:
+    configs = {}
+    for name, module in model.named_modules():
+        if not is_fused_module(module):
+            continue
+        where = name  # never the root: describe_timm() accepted the model, so the root is a timm class
+        try:
+            cfg = module.vitfast_config()
+        except Exception as e:  # noqa: BLE001 - e.g. a fused block whose child was swapped for nn.Identity
+            raise ValueError(
+                f"model.{where}: this {type(module).__name__} cannot describe itself for the file "
+                f"({type(e).__name__}: {e}); was one of its submodules replaced?"
+            ) from e
+        if not isinstance(cfg, dict) or cfg.get("kind") != type(module).vitfast_kind:
+            raise ValueError(
+                f"model.{where}.vitfast_config(): expected a dict with 'kind': {type(module).vitfast_kind!r}, "
+                f"got {cfg!r:.200}"
+            )
+        try:
+            json.dumps(cfg, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"model.{where}.vitfast_config(): expected JSON-serialisable values, got {e}") from None
+        configs[name] = cfg
+    return configs
+
+
+def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
+    # Paths come from the file: accept only plain dotted names, and replace a child module or add a new name,
+    # never overwrite another attribute (a method, a tensor, a dunder).
+    if not _PATH_RE.fullmatch(path) or any(part.startswith("__") for part in path.split(".")):
+        raise ValueError(f"modules: expected a dotted submodule path such as 'blocks.0.mlp', got {path!r}")
+    parent_path, _, leaf = path.rpartition(".")
+    try:
+        parent = root.get_submodule(parent_path) if parent_path else root
+    except AttributeError:
+        raise ValueError(
+            f"modules[{path!r}]: the parent module {parent_path!r} does not exist in the rebuilt model"
+        ) from None
+    if leaf not in parent._modules and hasattr(parent, leaf):
+        raise ValueError(f"modules[{path!r}]: expected a submodule name, got {leaf!r}, an existing non-module attribute")
+    # A container's entries come from the architecture (depth), never from the file: a new index would be
+    # appended after the existing ones, in the file's key order (blocks.1 before blocks.0 ran them swapped).
+    if isinstance(parent, (nn.Sequential, nn.ModuleList)) and leaf not in parent._modules:
+        raise ValueError(
+            f"modules[{path!r}]: {parent_path or 'the model'} has {len(parent)} entries in the rebuilt model "
+            f"(from the architecture), got an entry for {leaf!r}"
+        )
+    setattr(parent, leaf, module)
+
+
+@contextlib.contextmanager
+def _float32_default():
+    """Build in float32 whatever torch.set_default_dtype says (restored after): the stored dtypes are applied
+    afterwards; a float64 default built float64 modules that the float32 file then 'did not match'.
+
+    The default dtype is process-wide, so it is only touched when it is not float32 already: a load in one
+    thread must not change what another thread's torch.zeros builds meanwhile."""
+    previous = torch.get_default_dtype()
+    if previous == torch.float32:
+        yield
+        return
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _rebuild(architecture: dict, modules: Dict[str, dict], device: Optional[str] = None) -> nn.Module:
+    with _float32_default():
+        return _rebuild_float32(architecture, modules, device)
+
+
+def _rebuild_float32(architecture: dict, modules: Dict[str, dict], device: Optional[str]) -> nn.Module:
+    model = build_timm(architecture, device=device)
+    # Parents before children: a fused block may itself contain fused modules that have their own entry.
+    for path in sorted(modules, key=lambda p: p.count(".")):
+        if device is not None:
+            with torch.device(device):
+                module = fused_module_from_config(modules[path])
+        else:
+            module = fused_module_from_config(modules[path])
+        _set_submodule(model, path, module)
+    return model
+
+
+def _droplike_types() -> Tuple[type, ...]:
+    from timm.layers import DropPath, PatchDropout
+
+    return (nn.Dropout, nn.Identity, DropPath, PatchDropout)
+
+
+def _simple(value: Any) -> bool:
+    import enum
+
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, enum.Enum)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(_simple(v) for v in value)
+    return False
+
+
+def _structure_mismatches(model: nn.Module, rebuilt: nn.Module) -> List[str]:
+    """What differs between `model` and the model its config rebuilds (empty list: identical)."""
+    droplike = _droplike_types()
+    out: List[str] = []
+    mods = dict(model.named_modules())
+    new = dict(rebuilt.named_modules())
+    for name, module in mods.items():
+        where = name or "<root>"
+        other = new.get(name)
+        if other is None:
+            out.append(f"{where}: {type(module).__qualname__} is not part of the rebuilt skeleton")
+            continue
+        if type(module) is not type(other):
+            if isinstance(module, droplike) and isinstance(other, droplike):
+                continue  # identical in eval mode
+            hint = ""
+            if type(module).__module__.startswith("vitfast"):
+                hint = " (unregistered vitfast module: fuse the model first, vitfast.fuse(model))"
+            out.append(
+                f"{where}: expected {type(other).__module__}.{type(other).__qualname__} (what the saved config "
+                f"rebuilds), got {type(module).__module__}.{type(module).__qualname__}{hint}"
+            )
+            continue
+        if isinstance(module, droplike):
+            continue
+        for attr, value in vars(module).items():
+            if attr.startswith("_") or attr in _IGNORED_ATTRS or not _simple(value):
+                continue
+            rebuilt_value = vars(other).get(attr, "<missing>")
+            if attr == "target_shift_size" and isinstance(value, (tuple, list)) and isinstance(rebuilt_value, (tuple, list)):
+                # timm leaves it stale after set_input_size and reads only whether it is non-zero (the next resize
+                # shifts by window // 2 then): a resized Swin was refused for a value that changes nothing
+                value, rebuilt_value = any(value), any(rebuilt_value)
+            if rebuilt_value != value:
+                out.append(f"{where}.{attr}: the rebuilt model has {rebuilt_value!r}, the model has {value!r}")
+    for name in new:
+        if name not in mods and not isinstance(new[name], droplike):
+            out.append(f"{name}: the rebuilt skeleton has a {type(new[name]).__qualname__} the model lacks")
+    sd, new_sd = model.state_dict(), rebuilt.state_dict()
+    for key, t in sd.items():
+        if key not in new_sd:
+            out.append(f"tensor {key}: not in the rebuilt model")
+        elif tuple(new_sd[key].shape) != tuple(t.shape):
+            out.append(
+                f"tensor {key}: the rebuilt model has shape {_shape(new_sd[key].shape)}, the model has {_shape(t.shape)}"
+            )
+    out.extend(f"tensor {key}: missing from the model" for key in new_sd if key not in sd)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- save
+
+
+def _dtype_summary(tensors: Dict[str, torch.Tensor]) -> str:
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if not dtypes:
+        return "none"
+    if len(dtypes) == 1 and next(iter(dtypes)) in _DTYPE_NAMES:
+        return _DTYPE_NAMES[next(iter(dtypes))]
+    return "mixed"
+
+
+def _nonfinite(tensors: Dict[str, torch.Tensor]) -> List[str]:
+    bad = []
+    for key, t in tensors.items():
+        if not (t.is_floating_point() and t.numel()):
+            continue
+        # Fast path, one reduction: NaN and Inf propagate through a sum, so a finite sum proves every element
+        # finite (several times cheaper than isfinite().all() on ViT-B).  A non-finite sum may also be an
+        # overflow of large finite values, so only then count exactly.
+        if bool(torch.isfinite(t.sum())):
+            continue
+        count = int((~torch.isfinite(t)).sum())
+        if count:
+            bad.append(f"{key} ({count} of {t.numel()})")
+    return bad
+
+
+def _dedup(state: Dict[str, torch.Tensor]) -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
+    """Tensors to write (each its own contiguous CPU storage) and {alias: stored name} for exact duplicates.
+
+    safetensors refuses tensors that share memory.  The same tensor under two names (tied weights) is stored
+    once; a tensor that merely overlaps another one's storage (a view) is copied, since its bytes are not
+    another entry's bytes.
+    """
+    tensors: Dict[str, torch.Tensor] = {}
+    aliases: Dict[str, str] = {}
+    seen_views: Dict[tuple, str] = {}
+    views_per_storage: Dict[tuple, set] = {}
+
+    def ids(t: torch.Tensor) -> Tuple[tuple, tuple]:
+        sid = (t.device.type, t.device.index, t.untyped_storage().data_ptr())
+        return sid, sid + (t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+    for key, t in state.items():
+        if t.device.type == "meta":
+            raise ValueError(f"model: tensor {key} is on the meta device (no data to save); materialise the model first")
+        if t.numel():
+            sid, view = ids(t)
+            views_per_storage.setdefault(sid, set()).add(view)
+    for key, t in state.items():
+        t = t.detach()
+        shared = False
+        if t.numel():
+            sid, view = ids(t)
+            if view in seen_views:
+                aliases[key] = seen_views[view]
+                continue
+            seen_views[view] = key
+            # Another distinct view of the same memory, or a slice of a larger storage: copy it out, so that
+            # safetensors sees one owner per storage and the file holds only this tensor's bytes.
+            whole = t.untyped_storage().nbytes() == t.numel() * t.element_size()
+            shared = len(views_per_storage[sid]) > 1 or not whole
+        t = t.to("cpu")
+        tensors[key] = t.clone(memory_format=torch.contiguous_format) if shared or not t.is_contiguous() else t
+    return tensors, aliases
+
+
+def _block_summary(model: nn.Module, modules: Dict[str, dict]) -> List[dict]:
+    containers: List[Tuple[str, nn.Module, Optional[int]]] = []
+    if hasattr(model, "layers") and isinstance(model.layers, nn.Sequential):  # Swin: stages of blocks
+        containers = [(f"layers.{s}.blocks", stage.blocks, s) for s, stage in enumerate(model.layers)]
+    elif hasattr(model, "blocks"):
+        containers = [("blocks", model.blocks, None)]
+    summary, index = [], 0
+    for prefix, blocks, stage in containers:
+        for j, block in enumerate(blocks):
+            path = f"{prefix}.{j}"
+            kind = type(block).vitfast_kind if is_fused_module(block) else f"timm.{type(block).__name__}"
+            inner = {p[len(path) + 1:]: cfg["kind"] for p, cfg in modules.items() if p.startswith(path + ".")}
+            entry = {"index": index, "path": path, "kind": kind, "modules": inner}
+            if stage is not None:
+                entry["stage"] = stage
+            summary.append(entry)
+            index += 1
+    return summary
+
+
+def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = False) -> None:
+    """Write `model` (a timm ViT/DeiT/Swin skeleton, fused or not) to one `.safetensors` file at `path`."""
+    from .._version import __version__
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
+    path = os.fspath(path)
+    check_target(path)  # before the rebuild check: a bad path fails fast
+    from ..cuda_graphs import CudaGraphModule
+
+    if isinstance(model, CudaGraphModule):  # vitfast.cuda_graph(model): the file holds the model, not the replays
+        model = model.module
+
+    architecture = describe_timm(model)
+    modules = _fused_configs(model)
+    _check_rebuildable(model, architecture, modules)
+    _check_fused_dtypes(model, modules)
+
+    state = model.state_dict()
+    tensors, aliases = _dedup(state)
+    if not allow_nonfinite:
+        bad = _nonfinite(tensors)
+        if bad:
+            raise ValueError(
+                f"model: expected finite weights, got NaN/Inf in {len(bad)} tensors: {_listing(bad)} "
+                f"(pass allow_nonfinite=True to save anyway)"
+            )
+    config = {
+        "format": FORMAT,
+        "version": VERSION,
+        "architecture": architecture,
+        "modules": modules,
+        "aliases": aliases,
+        "blocks": _block_summary(model, modules),
+        "dtype": _dtype_summary(tensors),
+        "vitfast_version": __version__,
+    }
+    if config["dtype"] == "mixed":
+        buffer_dtypes = _unsaved_buffer_dtypes(model, state)
+        if buffer_dtypes:  # optional key: files without it load as before
+            config["buffer_dtypes"] = buffer_dtypes
+    source = source_architecture(model)
+    if source is not None:  # optional: the timm model the file was made from (vitfast.arch.SOURCE_ATTR)
+        config["source_architecture"] = source
+    metadata = {"format": FORMAT, "version": str(VERSION), "config": json.dumps(config, allow_nan=False, sort_keys=True)}
+    from safetensors.torch import save_file
+
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def _check_fused_dtypes(model: nn.Module, modules: Dict[str, dict]) -> None:
+    # A plain timm skeleton runs in float64, vitfast's own fused modules do not: every vitfast op (kernels and
+    # reference) takes float32, float16 or bfloat16, so such a file would load into a model that cannot run.
+    # (Fused modules registered by others may compute in float64: their business.)
+    for path in modules:
+        if not type(model.get_submodule(path)).__module__.startswith("vitfast."):
+            continue
+        for name, t in (*model.get_submodule(path).named_parameters(), *model.get_submodule(path).named_buffers()):
+            if t.dtype == torch.float64:
+                raise ValueError(
+                    f"model.{path}.{name}: expected float32, float16 or bfloat16 in a fused module (what the "
+                    f"vitfast ops take), got torch.float64; call model.float() (or .half()/.bfloat16()) first"
+                )
+
+
+def _check_rebuildable(model: nn.Module, architecture: dict, modules: Dict[str, dict]) -> None:
+    try:
+        rebuilt = _rebuild(architecture, modules, device="meta")
+    except Exception:  # noqa: BLE001 - some fused constructors may compute on values; retry allocating
+        try:
+            rebuilt = _rebuild(architecture, modules)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"model: its saved config would not rebuild it ({type(e).__name__}: {e})") from e
+    problems = _structure_mismatches(model, rebuilt)
+    if problems:
+        raise ValueError(
+            f"model: the checkpoint config cannot reproduce this model ({len(problems)} differences): "
+            f"{_listing(problems)}"
+        )
+
+
+# --------------------------------------------------------------------------------------------- load
+
+
+def _read_header(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """Parse the safetensors header ourselves: precise messages for truncated/corrupt files, no data read."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path}: not a safetensors file (truncated: {size} bytes, the header length alone needs 8)")
+        n = int.from_bytes(head, "little")
+        if n > _MAX_HEADER:
+            raise ValueError(f"{path}: corrupt safetensors header (declared header length {n} bytes exceeds 100 MB)")
+        if 8 + n > size:
+            raise ValueError(f"{path}: truncated safetensors file (header needs {8 + n} bytes, file has {size})")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nesting bomb
+        raise ValueError(f"{path}: corrupt safetensors header (not valid JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: corrupt safetensors header (expected a JSON object, got {type(header).__name__})")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{path}: corrupt safetensors header (__metadata__ is not an object)")
+    data_len = size - 8 - n
+    for key, info in header.items():
+        def whole(v):  # a non-negative int (JSON true/false are ints to Python)
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+        if not (isinstance(info, dict) and isinstance(info.get("shape"), list) and isinstance(info.get("data_offsets"), list)
+                and len(info["data_offsets"]) == 2 and isinstance(info.get("dtype"), str)
+                and all(whole(v) for v in info["shape"]) and all(whole(v) for v in info["data_offsets"])):
+            raise ValueError(f"{path}: corrupt safetensors header (bad entry for tensor {key!r}: {info!r:.200})")
+        end = info["data_offsets"][1]
+        if end > data_len:
+            raise ValueError(
+                f"{path}: truncated safetensors file (tensor {key!r} ends at data byte {end}, the file holds {data_len})"
+            )
+    return header, metadata
+
+
+def _parse_config(path: str, metadata: Dict[str, str]) -> dict:
+    fmt = metadata.get("format")
+    if fmt == TRAINABLE_FORMAT:
+        raise ValueError(
+            f"{path}: a train-time model (vitfast.io.save_trainable / `vitfast train`), not a fused one; load it with "
+            f"vitfast.io.load_trainable, or fuse it first (vitfast.fuse, `vitfast fuse {path} -o FUSED`)"
+        )
+    if fmt != FORMAT:
+        raise ValueError(
+            f"{path}: not a vitfast checkpoint (metadata 'format' expected {FORMAT!r}, got {fmt!r}); "
+            f"write one with vitfast.save(model, path)"
+        )
+    version = metadata.get("version")
+    try:
+        version_num = int(version)
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: metadata 'version' expected an integer string, got {version!r}") from None
+    if version_num > VERSION:
+        raise ValueError(
+            f"{path}: checkpoint format version {version_num} is newer than this vitfast supports "
+            f"(version {VERSION}); upgrade vitfast to load it"
+        )
+    if version_num < 1:
+        raise ValueError(f"{path}: metadata 'version' expected 1..{VERSION}, got {version_num}")
+    raw_config = metadata.get("config")
+    if raw_config is None:
+        raise ValueError(f"{path}: metadata 'config' is missing (a vitfast file stores its JSON config there)")
+    if not isinstance(raw_config, str):  # safetensors metadata values are strings; the config is JSON text
+        raise ValueError(f"{path}: metadata 'config' expected a JSON string, got {type(raw_config).__name__}")
+    try:
+        config = json.loads(raw_config)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path}: metadata 'config' is not valid JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: metadata 'config' expected a JSON object, got {type(config).__name__}")
+    if config.get("format") != FORMAT or type(config.get("version")) is not int or config["version"] != version_num:
+        raise ValueError(
+            f"{path}: config format/version ({config.get('format')!r}, {config.get('version')!r}) disagree with "
+            f"the metadata ({fmt!r}, {version_num})"
+        )
+    for key, kind in (("architecture", dict), ("modules", dict)):
+        if not isinstance(config.get(key), kind):
+            raise ValueError(f"{path}: config[{key!r}] expected a JSON object, got {type(config.get(key)).__name__}")
+    dtype = config.get("dtype", "mixed")
+    if dtype not in ("none", "mixed", *_DTYPE_NAMES.values()):
+        raise ValueError(f"{path}: config['dtype'] expected one of {['none', 'mixed', *_DTYPE_NAMES.values()]}, "
+                         f"got {dtype!r:.100}")
+    buffer_dtypes = config.get("buffer_dtypes", {})
+    if not isinstance(buffer_dtypes, dict) or not all(
+            isinstance(k, str) and v in _DTYPE_NAMES.values() for k, v in buffer_dtypes.items()):
+        raise ValueError(f"{path}: config['buffer_dtypes'] expected an object of buffer name -> one of "
+                         f"{list(_DTYPE_NAMES.values())}, got {json.dumps(buffer_dtypes)[:100]}")
+    aliases = config.setdefault("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+        raise ValueError(f"{path}: config['aliases'] expected an object of name -> name")
+    if not all(isinstance(p, str) and isinstance(c, dict) for p, c in config["modules"].items()):
+        raise ValueError(f"{path}: config['modules'] expected an object of path -> fused module config")
+    return config
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    """The validated config of a vitfast checkpoint, without building the model or reading tensor data."""
+    path = _check_path(path)
+    _, metadata = _read_header(path)
+    return _parse_config(path, metadata)
+
+
+def _check_path(path) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}")
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"path: no such file {path!r}")
+    if not os.path.isfile(path):
+        raise ValueError(f"path: expected a file, got a directory or special file {path!r}")
+    return path
+
+
+def _check_tensors(path: str, header: dict, config: dict, expected: Dict[str, torch.Tensor]) -> None:
+    aliases = config["aliases"]
+    problems = []
+    stored = set(header)
+    for alias, target in aliases.items():
+        if alias not in expected:
+            problems.append(f"{alias}: listed as an alias, but the model has no such tensor")
+        elif alias in stored:
+            problems.append(f"{alias}: listed as an alias but also stored")
+        elif target not in stored:
+            problems.append(f"{alias}: alias of {target!r}, which is not stored")
+    uniform = config.get("dtype") if config.get("dtype") in ("float64", "float32", "float16", "bfloat16") else None
+    for key in sorted(set(expected) - stored - set(aliases)):
+        problems.append(f"missing tensor {key} (expected shape {_shape(expected[key].shape)})")
+    for key in sorted(stored - set(expected)):
+        problems.append(f"unexpected tensor {key}")
+    for key in sorted(stored & set(expected)):
+        info, want = header[key], expected[key]
+        if tuple(info["shape"]) != tuple(want.shape):
+            problems.append(f"tensor {key}: expected shape {_shape(want.shape)}, got {_shape(info['shape'])}")
+        dtype = _ST_DTYPES.get(info["dtype"])
+        if dtype is None or (dtype.is_floating_point and dtype not in _DTYPE_NAMES):  # float8: no kernel reads it
+            problems.append(f"tensor {key}: unsupported dtype {info['dtype']!r}")
+        elif want.is_floating_point() != dtype.is_floating_point or (not dtype.is_floating_point and dtype != want.dtype):
+            problems.append(f"tensor {key}: expected dtype {want.dtype}, got {dtype}")
+        elif uniform is not None and dtype.is_floating_point and dtype != want.dtype:
+            problems.append(f"tensor {key}: expected dtype {want.dtype} (config dtype {uniform}), got {dtype}")
+    for alias, target in aliases.items():
+        if alias in expected and target in header and tuple(header[target]["shape"]) != tuple(expected[alias].shape):
+            problems.append(f"tensor {alias} (alias of {target}): expected shape {_shape(expected[alias].shape)}, "
+                            f"got {_shape(header[target]['shape'])}")
+    if problems:
+        raise ValueError(f"{path}: tensors do not match the config ({len(problems)} problems): {_listing(problems)}")
+
+
+def _try_rebuild(path: str, config: dict, device: Optional[str] = None) -> Optional[nn.Module]:
+    try:
+        return _rebuild(config["architecture"], config["modules"], device=device)
+    except Exception as e:  # noqa: BLE001
+        if device == "meta":
+            # A constructor that computes on values (a fused module, or timm <= 1.0.20's `linspace(..).item()`
+            # for drop-path rates) cannot build on the meta device: the real build checks instead, and reports a
+            # config that is really wrong.  (A ValueError here once refused every file under such a timm.)
+            return None
+        if isinstance(e, ValueError):
+            raise ValueError(f"{path}: cannot rebuild the model from its config: {e}") from e
+        raise ValueError(f"{path}: cannot rebuild the model from its config ({type(e).__name__}: {e})") from e
+
+
+def _tensor_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def _check_skeleton_size(path: str, header: dict, config: dict, probe: Optional[nn.Module]) -> None:
+    """Refuse before the real build when the skeleton, or the final model with its unsaved (non-persistent)
+    buffers such as Swin's attention masks, needs far more memory than the file's tensors."""
+    try:
+        with _float32_default():
+            need = _tensor_bytes(build_timm(config["architecture"], device="meta"))
+    except Exception:  # noqa: BLE001 - the real build reports a config that does not build
+        need = 0
+    if probe is not None:
+        need = max(need, _tensor_bytes(probe))
+    stored = sum(info["data_offsets"][1] - info["data_offsets"][0] for info in header.values())
+    if need > _MAX_SKELETON_RATIO * stored + _SKELETON_SLACK_BYTES:
+        raise ValueError(
+            f"{path}: the architecture in the config needs {need / 2**20:.1f} MiB of tensors to build, more than "
+            f"{_MAX_SKELETON_RATIO}x the {stored / 2**20:.1f} MiB the file stores: a config value no stored tensor "
+            f"checks (num_classes, in_chans, mlp_ratio, img_size, ...) is wrong; architecture kwargs: "
+            f"{json.dumps(config['architecture'].get('kwargs'), sort_keys=True)[:300]}"
+        )
+
+
+def _unsaved_buffer_dtypes(model: nn.Module, state: Dict[str, torch.Tensor]) -> Dict[str, str]:
+    """dtype of every floating buffer the state dict leaves out (non-persistent: Swin's attention masks), for a
+    "mixed" file, whose one dtype cannot say it: a bf16 Swin with fp32 norms came back with fp32 masks, which its
+    bf16 attention then refused."""
+    return {name: _DTYPE_NAMES[b.dtype] for name, b in model.named_buffers()
+            if name not in state and b.is_floating_point() and b.dtype in _DTYPE_NAMES}
+
+
+def _with_dtype(model: nn.Module, config: dict) -> nn.Module:
+    uniform = config.get("dtype")
+    if uniform in ("float64", "float16", "bfloat16"):
+        # Like the saved model's own .to(dtype): also converts non-persistent floating buffers (Swin masks).
+        model.to(getattr(torch, uniform))
+    elif uniform == "mixed":
+        buffers = dict(model.named_buffers())
+        for name, dtype in config.get("buffer_dtypes", {}).items():
+            if name in buffers and buffers[name] is not None:
+                owner, _, leaf = name.rpartition(".")
+                module = model.get_submodule(owner) if owner else model
+                module._buffers[leaf] = buffers[name].to(getattr(torch, dtype))
+    return model
+
+
+def load(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, allow_nonfinite: bool = False, prepack: bool = True
+) -> nn.Module:
+    """Rebuild the model saved by `vitfast.save` at `path`, on `device`, in eval mode.
+
+    `prepack=True` packs the weights for the CPU kernels before returning (`vitfast.ops.prepack`), so the first
+    inference does no packing.
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():  # before building anything
+        raise ValueError(f"device: {str(device)!r} requested, but torch.cuda.is_available() is False here")
+    path = _check_path(path)
+    header, metadata = _read_header(path)
+    config = _parse_config(path, metadata)
+
+    # Check the tensors against a meta-device build first: a file whose config describes a much larger (or
+    # different) model than its tensors is reported before anything is allocated.
+    probe = _try_rebuild(path, config, device="meta")
+    if probe is not None:
+        _check_tensors(path, header, config, _with_dtype(probe, config).state_dict())
+    _check_skeleton_size(path, header, config, probe)
+    model = _with_dtype(_try_rebuild(path, config), config)
+    set_source_architecture(model, config.get("source_architecture"))  # kept if the model is saved again
+    from ..nn.dwconv import FusedDWConvBlock, follow_patch_grid
+
+    if any(isinstance(m, FusedDWConvBlock) for m in model.modules()):
+        follow_patch_grid(model)  # under dynamic_img_size, the grid of each input (see vitfast.nn.dwconv)
+    expected = model.state_dict(keep_vars=True)
+    if probe is None:
+        _check_tensors(path, header, config, expected)
+
+    from safetensors import safe_open
+
+    tensors: Dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type; name the file
+        raise ValueError(f"{path}: corrupt safetensors file ({type(e).__name__}: {e})") from None
+    if not allow_nonfinite:
+        bad = _nonfinite(tensors)
+        if bad:
+            raise ValueError(
+                f"{path}: expected finite weights, got NaN/Inf in {len(bad)} tensors: {_listing(bad)} "
+                f"(pass allow_nonfinite=True to load anyway)"
+            )
+    for alias, target in config["aliases"].items():
+        tensors[alias] = tensors[target]
+    with torch.no_grad():
+        for key, t in tensors.items():
+            target = expected[key]
+            if target.dtype != t.dtype:  # "mixed" files: keep each tensor's stored dtype
+                target.data = target.data.to(t.dtype)
+    model.load_state_dict(tensors, strict=True)
+    model.eval()
+    model = model.to(device)
+    if prepack:
+        from ..ops import prepack as prepack_weights
+
+        prepack_weights(model)
+    return model

@@ -1,0 +1,121 @@
+"""What a model costs, as `vitfast bench` and the demos report it: parameters, FLOPs per image (matmuls,
+convolutions and attention, counted by torch's FlopCounterMode with vitfast's ops on their reference), latency
+quantiles, and the plain-text table they are printed in."""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Dict, List, Mapping, Sequence
+
+import torch
+import torch.nn as nn
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameters (shared tensors once).  Buffers (BatchNorm running statistics) are not counted."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def _prod(shape) -> int:
+    return int(math.prod(shape))
+
+
+def _flop_formulas() -> Dict[Any, Any]:
+    """FLOP formulas FlopCounterMode lacks: the CPU flash-attention kernel behind SDPA (shapes in, count out)."""
+
+    def sdpa(q, k, v, *args, out_shape=None, **kwargs):
+        batch_heads, n_q, n_k = _prod(q[:-2]), q[-2], k[-2]
+        return 2 * batch_heads * n_q * n_k * q[-1] + 2 * batch_heads * n_q * n_k * v[-1]
+
+    formulas = {}
+    for name in ("_scaled_dot_product_flash_attention_for_cpu",):
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None:
+            formulas[op] = sdpa
+    return formulas
+
+
+@torch.no_grad()
+def flops_per_image(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """FLOPs of one forward pass on one image of `input_shape` (C, H, W): matmuls, convolutions, attention.
+
+    Elementwise work (norms, GELU, softmax) is not counted, in either model of a comparison.  Fused modules are
+    counted on `vitfast.reference` (the same products, as aten ops FlopCounterMode knows), so every vitfast op —
+    present or future — is counted without a formula of its own.
+    """
+    return flops_of_input(model, torch.zeros(1, *input_shape, device=next(model.parameters()).device))
+
+
+@torch.no_grad()
+def flops_of_input(model: nn.Module, x: torch.Tensor) -> int:
+    """FLOPs of one forward pass on the batch `x` (all of it), counted as `flops_per_image` does.  For a model whose
+    work depends on its input (USDC gates decide from the batch) this is the count for that batch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .export import reference_backend
+
+    was_training = model.training
+    model.eval()
+    try:
+        counter = FlopCounterMode(display=False, custom_mapping=_flop_formulas())
+        with counter, reference_backend():
+            model(x)
+    finally:
+        model.train(was_training)
+    return int(counter.get_total_flops())
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Plain-text table with aligned columns (first column left, the rest right)."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+
+
+@torch.inference_mode()
+def measure_latency(
+    models: Mapping[str, nn.Module], x: torch.Tensor, *, repeats: int = 20, warmup: int = 3
+) -> Dict[str, Dict[str, float]]:
+    """Latency of each model on `x` -> {name: {median_ms, p10_ms, p90_ms, images_per_s, repeats}}.
+
+    Calls are interleaved (model A, model B, A, B, ...) so that load from other processes slows every
+    model alike instead of biasing whichever ran during a busy moment.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats: expected >= 1, got {repeats}")
+    for model in models.values():
+        model.eval()
+        for _ in range(max(0, warmup)):
+            model(x)
+    times: Dict[str, List[float]] = {name: [] for name in models}
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    for _ in range(repeats):
+        for name, model in models.items():
+            sync()
+            start = time.perf_counter()
+            model(x)
+            sync()
+            times[name].append(time.perf_counter() - start)
+    out = {}
+    for name, ts in times.items():
+        ts = sorted(ts)
+        q = statistics.quantiles(ts, n=10, method="inclusive") if len(ts) > 1 else [ts[0]] * 9
+        median = statistics.median(ts)
+        out[name] = {
+            "median_ms": median * 1e3,
+            "p10_ms": q[0] * 1e3,
+            "p90_ms": q[-1] * 1e3,
+            "images_per_s": x.shape[0] / median,
+            "repeats": len(ts),
+        }
+    return out
