@@ -1,5 +1,5 @@
 """Non-deep ViT options (non-deep-vit-progressive-reparam) of `train` and `bench`: branches, progressive joining,
-the diversity regulariser and attention-map distillation."""
+the diversity regulariser and attention-map distillation.  vitfast.nn.nondeep (timm) is imported on use."""
 from __future__ import annotations
 
 import vitfast

@@ -1,4 +1,6 @@
-"""`vitfast bench`: latency of a timm model against its fused model on several runtimes (vitfast/bench.py)."""
+"""`vitfast bench`: latency of a timm model against its fused model on several runtimes (vitfast/bench.py).
+
+vitfast.checkpoint, vitfast.arch (timm) and matplotlib are imported when the command runs."""
 from __future__ import annotations
 
 import argparse
