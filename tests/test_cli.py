@@ -160,7 +160,7 @@ def test_bench_baseline_of_a_file_is_initialised(monkeypatch):
     import timm
 
     import vitfast.arch
-    from vitfast import cli
+    from vitfast.cli.bench import skeleton_baseline
 
     architecture = vitfast.arch.describe_timm(timm.create_model("vit_tiny_patch16_224", img_size=16, num_classes=10,
                                                                 depth=1, embed_dim=32, num_heads=2, patch_size=4))
@@ -175,7 +175,7 @@ def test_bench_baseline_of_a_file_is_initialised(monkeypatch):
         return model
 
     monkeypatch.setattr(vitfast.arch, "build_timm", poisoned)
-    baseline = cli._skeleton_baseline(architecture)
+    baseline = skeleton_baseline(architecture)
     assert not baseline.training
     assert all(torch.isfinite(t).all() for t in baseline.state_dict().values() if t.is_floating_point())
     with torch.no_grad():

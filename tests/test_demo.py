@@ -47,10 +47,10 @@ def test_demo_command_quick(tmp_path, capsys):
 
 
 def test_demo_exit_status_when_accuracy_differs(monkeypatch, tmp_path, capsys):
-    import vitfast.demos.demo
+    import vitfast.cli.demo
 
     fake = {"accuracy_equal": False, "accuracy_train": 0.9, "accuracy_fused": 0.8}
-    monkeypatch.setattr(vitfast.demos.demo, "run_demo", lambda **kw: fake)
+    monkeypatch.setattr(vitfast.cli.demo, "run_demo", lambda **kw: fake)  # where `vitfast demo` looks it up
     assert main(["demo", "--quick", "--out", str(tmp_path)]) == 1
     assert "FAILED" in capsys.readouterr().out
 

@@ -214,3 +214,14 @@ def test_the_check_can_fail():
     tree = ast.parse("def f():\n    from ..cli import main\n")
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
     assert _resolve("vitfast.nn.block", False, node) == "vitfast.cli"
+
+
+def test_cli_start_up_imports_no_model_code():
+    # `vitfast --help` and argument errors must stay fast: timm (and the model code importing it) loads only when a
+    # command needs it.
+    import subprocess
+    import sys
+
+    code = "import sys, vitfast.cli; print(sorted(m for m in ('timm', 'sklearn', 'torchvision') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"

@@ -1,7 +1,7 @@
-"""`python -m vitfast ...` is the `vitfast` command (see vitfast/cli.py)."""
+"""`python -m vitfast ...` is the `vitfast` command (see vitfast/cli/)."""
 import sys
 
-from .cli import main
+from vitfast.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,93 @@
+"""`vitfast verify`: a fused file against its train-time source, on the same inputs."""
+from __future__ import annotations
+
+import textwrap
+
+import torch
+
+import vitfast
+from vitfast.cli._common import EXIT_CHECK_FAILED
+from vitfast.cli._common import EXIT_OK
+from vitfast.cli._common import CLIError
+from vitfast.cli._common import Formatter
+from vitfast.cli._common import existing_file
+from vitfast.cli._common import nonneg_float
+from vitfast.cli._common import parse_device
+from vitfast.cli._common import positive_int
+from vitfast.cli._common import set_threads
+from vitfast.cli._models import check_rgb_model
+from vitfast.cli._models import file_kind
+from vitfast.cli._models import load_source
+from vitfast.cli._models import model_input
+from vitfast.cli._models import size_text
+from vitfast.training.data import digits_loaders
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "verify", formatter_class=Formatter, help="check a fused file against its train-time source",
+        description=textwrap.dedent("""\
+            Run the fused model (vitfast.load) and its train-time source (eval mode) on the same inputs and
+            compare logits: max |Δ|, normalised MSE, argmax agreement.  Passes when
+            max |Δ| <= atol + rtol * max |logit|; exit status 1 otherwise."""),
+        epilog="examples:\n  vitfast verify fused.safetensors --source run/model.safetensors\n"
+               "  vitfast verify fused.safetensors --source run/trainer.pt --inputs digits --atol 1e-5",
+    )
+    p.add_argument("fused", type=existing_file, metavar="FUSED", help="fused .safetensors (from `vitfast fuse`)")
+    p.add_argument("--source", type=existing_file, required=True, help="train-time .safetensors or trainer checkpoint it came from")
+    p.add_argument("--inputs", choices=("random", "digits"), default="random", help="random normal images, or the digits validation split")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="images per batch")
+    p.add_argument("--batches", type=positive_int, default=2, help="number of random batches (--inputs random)")
+    p.add_argument("--atol", type=nonneg_float, default=1e-4, help="absolute tolerance on logits")
+    p.add_argument("--rtol", type=nonneg_float, default=1e-4, help="tolerance relative to the largest |logit|")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads")
+    p.add_argument("--device", default="cpu", help="run both models on this device (cpu, cuda, cuda:1, ...)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    set_threads(args.threads)
+    device = parse_device(args.device)
+    if file_kind(args.fused) != "fused":
+        raise CLIError(f"FUSED: expected a fused .safetensors (from `vitfast fuse`), got {args.fused!r}")
+    fused = vitfast.load(args.fused).to(device)
+    source, _ = load_source(args.source, "--source")
+    source = source.to(device)
+    img_size, _ = model_input(source)
+    proj = getattr(getattr(source, "patch_embed", None), "proj", None)
+    in_chans = proj.in_channels if proj is not None else 3
+    fused_size, _ = model_input(fused)
+    if fused_size != img_size:  # once timm's AssertionError from the first forward
+        raise CLIError(f"FUSED/--source: expected models of one input size, got {size_text(fused_size)} (fused) "
+                       f"and {size_text(img_size)} (source)")
+    if args.inputs == "digits":
+        check_rgb_model(source, "--inputs digits")
+        _, loader = digits_loaders(img_size=img_size, batch_size=args.batch_size, eval_batch_size=args.batch_size)
+        batches = [x for x, _ in loader]
+    else:
+        g = torch.Generator().manual_seed(args.seed)
+        batches = [torch.randn(args.batch_size, in_chans, *img_size, generator=g) for _ in range(args.batches)]
+    max_abs, max_ref, agree, n, err2, ref2 = 0.0, 0.0, 0, 0, 0.0, 0.0
+    with torch.no_grad():
+        for x in batches:
+            x = x.to(device)
+            ref, out = source(x), fused(x)
+            if ref.shape != out.shape:
+                print(f"MISMATCH: output shapes differ: source {tuple(ref.shape)}, fused {tuple(out.shape)}")
+                return EXIT_CHECK_FAILED
+            max_abs = max(max_abs, float((ref - out).abs().max()))
+            max_ref = max(max_ref, float(ref.abs().max()))
+            err2 += float(((ref - out) ** 2).sum())
+            ref2 += float((ref ** 2).sum())
+            agree += int((ref.argmax(-1) == out.argmax(-1)).sum())
+            n += int(ref.shape[0])
+    bound = args.atol + args.rtol * max_ref
+    nmse = err2 / ref2 if ref2 > 0 else err2
+    finite = all(map(lambda v: v == v and abs(v) != float("inf"), (max_abs, max_ref)))
+    ok = finite and max_abs <= bound
+    print(f"inputs: {n} {args.inputs} images of {in_chans}x{img_size[0]}x{img_size[1]} on {device}")
+    print(f"max |Δlogits| = {max_abs:.3e} (tolerance {bound:.3e} = atol {args.atol:g} + rtol {args.rtol:g} x max|logit| {max_ref:.3g})")
+    print(f"normalised MSE = {nmse:.3e}; argmax agreement = {agree}/{n} ({agree / n:.2%})")
+    print("OK: the fused model matches its source" if ok else "MISMATCH: the fused model does not match its source")
+    return EXIT_OK if ok else EXIT_CHECK_FAILED
