@@ -20,19 +20,19 @@ namespace {
 #define VITFAST_AVX2_INLINE static inline __attribute__((always_inline))
 
 // Lane mask for the first n (0..8) lanes of a ymm, for partial tails.
-VITFAST_AVX2_INLINE __m256i lane_mask(int n) {
+static inline __m256i lane_mask(int n) {
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
 }
 
-VITFAST_AVX2_INLINE __m256 horner(__m256 x, const float* c, int n) {
+static inline __m256 horner(__m256 x, const float* c, int n) {
   __m256 r = _mm256_set1_ps(c[n - 1]);
   for (int i = n - 2; i >= 0; --i) r = _mm256_fmadd_ps(r, x, _mm256_set1_ps(c[i]));
   return r;
 }
 
 // Exact-form GELU: 0.5·x·(1 + erf(x/√2)), erf from the piecewise polynomials of erf_poly.h.
-VITFAST_AVX2_INLINE __m256 gelu8(__m256 x) {
+static inline __m256 gelu8(__m256 x) {
   const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   const __m256 z = _mm256_min_ps(_mm256_andnot_ps(sign_mask, _mm256_mul_ps(x, _mm256_set1_ps(gemm::kInvSqrt2))),
                                  _mm256_set1_ps(gemm::kErfMax));
@@ -47,7 +47,7 @@ VITFAST_AVX2_INLINE __m256 gelu8(__m256 x) {
 }
 
 // exp(x) for x <= 0 (softmax after max subtraction), Cephes' method (exp_poly.h); x < kExpMin gives 0.
-VITFAST_AVX2_INLINE __m256 exp8_nonpositive(__m256 x) {
+static inline __m256 exp8_nonpositive(__m256 x) {
   const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(gemm::kExpMin), _CMP_LT_OQ);
   // Bound first, x second: maxps returns its second operand when either is NaN, so a NaN score stays NaN
   // (and so does its row, as in torch) instead of becoming exp(gemm::kExpMin) ≈ 0, a silently dropped key.
@@ -62,14 +62,14 @@ VITFAST_AVX2_INLINE __m256 exp8_nonpositive(__m256 x) {
 }
 
 // Horizontal sum and maximum of the 8 lanes.
-VITFAST_AVX2_INLINE float hsum8(__m256 v) {
+static inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
 }
 
-VITFAST_AVX2_INLINE float hmax8(__m256 v) {
+static inline float hmax8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));

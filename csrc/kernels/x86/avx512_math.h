@@ -18,7 +18,7 @@ namespace {
 
 #define VITFAST_AVX512_INLINE static inline __attribute__((always_inline))
 
-VITFAST_AVX512_INLINE __m512 horner16(__m512 x, const float* c, int n) {
+static inline __m512 horner16(__m512 x, const float* c, int n) {
   __m512 r = _mm512_set1_ps(c[n - 1]);
   for (int i = n - 2; i >= 0; --i) r = _mm512_fmadd_ps(r, x, _mm512_set1_ps(c[i]));
   return r;
@@ -28,7 +28,7 @@ VITFAST_AVX512_INLINE __m512 horner16(__m512 x, const float* c, int n) {
 // operations as gelu8 in avx2_math.h, with mask registers instead of blends.  Each polynomial is evaluated
 // only when some lane needs it (most vectors of a ViT's hidden activations lie in one piece), which halves
 // the epilogue's arithmetic; lanes get exactly what the blend of both would give.
-VITFAST_AVX512_INLINE __m512 gelu16(__m512 x) {
+static inline __m512 gelu16(__m512 x) {
   const __m512 sign_mask = _mm512_set1_ps(-0.0f);
   const __m512 z = _mm512_min_ps(_mm512_andnot_ps(sign_mask, _mm512_mul_ps(x, _mm512_set1_ps(gemm::kInvSqrt2))),
                                  _mm512_set1_ps(gemm::kErfMax));
@@ -49,7 +49,7 @@ VITFAST_AVX512_INLINE __m512 gelu16(__m512 x) {
 
 // exp(x) for x <= 0 (softmax after max subtraction): the Cephes reduction of exp_poly.h, as exp8_nonpositive
 // in avx2_math.h, with 2^n applied by vscalefps; x < kExpMin gives 0.
-VITFAST_AVX512_INLINE __m512 exp16_nonpositive(__m512 x) {
+static inline __m512 exp16_nonpositive(__m512 x) {
   const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(gemm::kExpMin), _CMP_LT_OQ);
   x = _mm512_max_ps(_mm512_set1_ps(gemm::kExpMin), x);  // NaN stays NaN: see exp8_nonpositive in avx2_math.h
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(gemm::kLog2e)),
