@@ -121,7 +121,7 @@ void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t he
     // Whole chunks of kAttentionChunk rows, the remainder last: every chunk but the last is whole register tiles
     // (AVX2/NEON 6 rows, AVX-512 14), so a head has one partial tile instead of one per chunk.  Balanced chunks
     // (197 rows as 39-40 each) ran five partial tiles, of 3-4 rows, where a 3-row tile has too few accumulators to
-    // hide the FMA latency; whole chunks were 1.4-2.3% faster per head (N = 197 and 577, one thread, Zen 3).
+    // hide the FMA latency; whole chunks were 1.4-2.3% faster per head (N = 197 and 577, one thread).
     // A row's result does not depend on the chunking (each micro-kernel row reduces over k in the same order), so
     // the bits are the same either way.
     const int64_t r0 = q0 + c * kAttentionChunk, r1 = std::min(q1, r0 + kAttentionChunk), rows = r1 - r0;

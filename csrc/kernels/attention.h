@@ -20,10 +20,9 @@
 // sits on its own page and the hardware prefetchers do not follow it; packing K and V then cost ~2-3× what it
 // does hot (~15% of the head).  The caller names the next task it will run (`AttentionNext`) and its K, V, Q
 // rows and output columns are prefetched, a few lines after each pair of softmax rows, while this head computes.
-// Until 2026-11-26 GCC removed those prefetches as dead code (see prefetch_line in attention.cpp), so the earlier
-// "gain" measured here was noise.  Emitted, they make batch 8 on one thread 2-6% faster (two alternations of the
-// pytest-benchmark suite: DeiT-Ti 3.00 -> 2.83 ms, DeiT-S 6.35 -> 5.97, DeiT-B 12.22 -> 11.95); batch 1, whose
-// qkv is still in L2, is unchanged.
+// GCC removes plain prefetches as dead code, so they are volatile asm (see prefetch_line in attention.cpp;
+// tests/test_cpp_kernels.py checks they are emitted).  They make batch 8 on one thread 2-6% faster (DeiT-Ti to
+// DeiT-B, docs/performance.md); batch 1, whose qkv is still in L2, is unchanged.
 //
 // No threads here: the binding splits (image, head, query block) tasks between threads.
 #pragma once

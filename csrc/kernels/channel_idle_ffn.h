@@ -23,7 +23,7 @@
 
 namespace vitfast {
 
-// Cache/tiling parameters; the defaults were tuned on Zen 4 (32 KiB L1D, 1 MiB L2, 32 MiB L3).  Every token
+// Cache/tiling parameters; the defaults were tuned for a core with 32 KiB L1D, 1 MiB L2 and 32 MiB L3.  Every token
 // tile streams all the weights once (from L3: 7 MiB for DeiT-B), so bigger tiles mean fewer weight passes:
 // 198 rows (one ViT image, N = 197, in one pass) measured 2-8% faster than 96 at batch 1 and equal at batch 8.
 // The scratch is token_tile × A floats per thread (0.6 MiB for DeiT-B at θ = 0.75).  Tests shrink both so

@@ -30,9 +30,9 @@ namespace vitfast {
 struct DwconvAttentionTiling {
   // Tokens per band (rounded to whole grid rows, at least one).  48 = two rows of a 24×24 grid: the band's x
   // rows, V rows (+ halo) and U stay within L2 (≈ 1 MiB at D = C = 1024) while both GEMMs stream their packed
-  // weight.  Measured at 24×24, one thread (thread CPU time, loaded Zen 4), as a multiple of two whole-grid
-  // GEMMs: before the L1-aliasing fixes (band_ld, x_copy_ld in the .cpp) ViT-L was 0.88× at 48 vs 0.92-0.93× at
-  // 192 (AVX-512); after them 48 and 192 are within noise (0.84-0.86×), ViT-B (768) 1.04-1.06× either way.
+  // weight.  Measured at 24×24, one thread (thread CPU time), as a multiple of two whole-grid GEMMs: with the
+  // L1-aliasing fixes (band_ld, x_copy_ld in the .cpp) 48 and 192 are within noise (ViT-L 0.84-0.86×, ViT-B
+  // 1.04-1.06× either way; docs/performance.md), and 48 keeps the band in L2.
   int64_t token_tile = 48;
   int64_t kc = gemm::kDefaultKc;  // K block of both GEMMs
 };

@@ -1,5 +1,5 @@
-// The contract between dwconv_attention.cpp and the per-ISA depthwise-convolution rows (x86/dwconv_avx2.cpp,
-// x86/dwconv_avx512.cpp).  A plain header for the same reason as gemm_isa.h: PODs and declarations only, since
+// The contract between dwconv_attention.cpp and the per-ISA depthwise-convolution rows (dwconv_scalar.cpp,
+// x86/dwconv_avx2.cpp and x86/dwconv_avx512.cpp, the last two instantiating x86/dwconv_body.inc).  A plain header for the same reason as gemm_isa.h: PODs and declarations only, since
 // it is included by files compiled under `#pragma GCC target`.
 #pragma once
 

@@ -22,8 +22,8 @@
 namespace vitfast {
 namespace gemm {
 
-// K block of the cache blocking (see gemm_driver.h).  Measured on Zen 4 (32 KiB L1D, 1 MiB L2) at ViT
-// shapes: a B micro-panel of kc × kNr × 4 B = 64 KiB streamed from L2 (with the software prefetch) beats
+// K block of the cache blocking (see gemm_driver.h).  Measured on a core with 32 KiB L1D and 1 MiB L2 at ViT
+// shapes (docs/performance.md): a B micro-panel of kc × kNr × 4 B = 64 KiB streamed from L2 (with the software prefetch) beats
 // L1-sized blocks (kc = 256: -5..8%), because every extra K block re-reads and re-writes the C tile and
 // restarts the B stream.  So K <= 1024 runs unblocked, and a larger K (e.g. the second GEMM at θ = 0.5,
 // K = 1536 for DeiT-B, or ViT-L's 4096) is split into equal blocks of at most 1024.

@@ -1,10 +1,14 @@
-// The contract between the portable GEMM driver (gemm.cpp) and the per-ISA code (gemm_scalar.cpp,
-// x86/gemm_avx2.cpp, arm/gemm_neon.cpp).
+// The contract between the portable callers (gemm.cpp, layer_norm.cpp, attention) and the per-ISA code, one
+// file per ISA and role: gemm_<isa>.cpp (GEMM micro-kernels: gemm_scalar.cpp, x86/gemm_avx2.cpp,
+// x86/gemm_avx512.cpp, arm/gemm_neon.cpp) and vec_<isa>.cpp (GELU, row softmaxes, row LayerNorm: vec_scalar.cpp,
+// x86/vec_avx2.cpp, x86/vec_avx512.cpp, arm/vec_neon.cpp).
 //
 // A *plain* header on purpose: PODs and function declarations only, no STL and no inline functions with
 // external linkage.  It is included by files compiled with `#pragma GCC target("avx2,fma")`; an inline
 // function defined here would be emitted with AVX2 code in that translation unit, and the linker could
-// pick that copy for callers on a CPU without AVX2 (the ODR hazard).
+// pick that copy for callers on a CPU without AVX2 (the ODR hazard).  Code shared between ISA files
+// (x86/avx2_math.h, x86/avx512_math.h, the width-generic x86/*_body.inc, arm/neon_math.h, scalar_math.h) has
+// internal linkage only (anonymous namespaces), so every instantiation stays inside its own ISA's file.
 #pragma once
 
 #include <stdint.h>
@@ -77,8 +81,9 @@ void gelu_avx2(float* x, int64_t n);
 void softmax_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
 void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                            float* row_sum);
-// AVX-512 GEMM (x86/gemm_avx512.cpp: 14 × 32 tiles over pairs of the same 16-column panels) and row softmax.
-// The AVX-512 path reuses gelu_avx2 for the standalone GELU (every AVX-512 CPU has AVX2).
+// AVX-512 GEMM (x86/gemm_avx512.cpp: 14 × 32 tiles over pairs of the same 16-column panels), row softmaxes and
+// LayerNorm (x86/vec_avx512.cpp).  The AVX-512 path reuses gelu_avx2 for the standalone GELU (every AVX-512 CPU
+// has AVX2).
 void gemm_block_avx512(const GemmBlockArgs& args);
 void layer_norm_rows_avx512(const float* x, float* y, int64_t rows, int64_t c, const float* gamma,
                             const float* beta, float eps);

@@ -6,10 +6,9 @@
 //   x1 = x + proj(attention(qkv(LN(x))));  out = channel_idle_ffn([LN](x1)) [+ x1]   (= reference.vit_block)
 //
 // Why one op: a fixed cost per op call (dispatcher round trip with argument boxing, output allocation, the
-// modules' Python) that the kernels cannot win back.  On the Zen 3 host, one thread, interleaved: a 12-block
-// model of near-zero FLOPs (48 wide, 5 tokens) ran 0.97-1.11 ms per forward as six ops per block and 0.55-0.69 ms
-// as this op (~35 µs less per block); a DeiT-Ti block at batch 1 1.745 -> 1.662 ms (benchmarks/bench_vit_block.py),
-// a fused RePa-DeiT-Ti forward 2.7-3.1% faster.  The six steps call the ops' own bodies (ops/cpu_ops.h) on one
+// modules' Python) that the kernels cannot win back: one thread, interleaved, a 12-block model of near-zero FLOPs
+// (48 wide, 5 tokens) ran ~35 µs less per block as this op than as six ops, a DeiT-Ti block at batch 1 ~5% less
+// (benchmarks/bench_vit_block.py), a fused RePa-DeiT-Ti forward ~3% (docs/performance.md).  The six steps call the ops' own bodies (ops/cpu_ops.h) on one
 // scratch buffer: same packed weights, same thread split, same kernels, so the result has exactly the bits of the
 // op-by-op path.
 //

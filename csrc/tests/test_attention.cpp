@@ -188,8 +188,7 @@ void test_query_block_split(CpuIsa isa) {
     attention_head(qkv.data(), 3 * attn, tokens, heads, d, h, 12, 12, 0.2f, split.data(), attn, ws.data(), isa);
     attention_head(qkv.data(), 3 * attn, tokens, heads, d, h, 12, tokens, 0.2f, split.data(), attn, ws.data(), isa);
   }
-  for (size_t i = 0; i < whole.size(); ++i)
-    VT_CHECK(whole[i] == split[i], "[%s] query split differs at %zu", cpu_isa_name(isa), i);
+  check_same_bits(isa, whole, split, "query split");
   // Naming a next task (prefetched during this one, as the binding does) changes no bit.
   std::vector<float> hinted(size_t(tokens * attn));
   for (int64_t h = 0; h < heads; ++h) {
@@ -202,19 +201,11 @@ void test_query_block_split(CpuIsa isa) {
     attention_head(qkv.data(), 3 * attn, tokens, heads, d, h, 0, tokens, 0.2f, hinted.data(), attn, ws.data(), isa,
                    next);
   }
-  for (size_t i = 0; i < whole.size(); ++i)
-    VT_CHECK(whole[i] == hinted[i], "[%s] prefetch hint changed output %zu", cpu_isa_name(isa), i);
+  check_same_bits(isa, whole, hinted, "output with a prefetch hint");
 }
 
 }  // namespace
 
 int main() {
-  for (CpuIsa isa : forced_isas()) {
-    VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
-    test_softmax(active_cpu_isa());
-    test_softmax_exp_nan(active_cpu_isa());
-    test_attention(active_cpu_isa());
-    test_query_block_split(active_cpu_isa());
-  }
-  return finish("test_attention");
+  return run_on_every_isa("test_attention", test_softmax, test_softmax_exp_nan, test_attention, test_query_block_split);
 }

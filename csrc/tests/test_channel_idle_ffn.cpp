@@ -123,17 +123,9 @@ void test_zero_rows_and_split(CpuIsa isa) {
   channel_idle_ffn_rows(w, 0, x.data(), nullptr, split.data(), ws.data(), isa);  // no-op
   channel_idle_ffn_rows(w, 12, x.data(), nullptr, split.data(), ws.data(), isa);
   channel_idle_ffn_rows(w, s.rows - 12, x.data() + 12 * 20, nullptr, split.data() + 12 * 20, ws.data(), isa);
-  for (size_t i = 0; i < whole.size(); ++i)
-    VT_CHECK(whole[i] == split[i], "[%s] row split differs at %zu", cpu_isa_name(isa), i);
+  check_same_bits(isa, whole, split, "row split");
 }
 
 }  // namespace
 
-int main() {
-  for (CpuIsa isa : forced_isas()) {
-    VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
-    test_parity(active_cpu_isa());
-    test_zero_rows_and_split(active_cpu_isa());
-  }
-  return finish("test_channel_idle_ffn");
-}
+int main() { return run_on_every_isa("test_channel_idle_ffn", test_parity, test_zero_rows_and_split); }

@@ -143,17 +143,9 @@ void test_split_is_bit_identical(CpuIsa isa) {
                                                           24, 3, 20);
   const std::vector<float> whole = run(w, s, x, nullptr, 1, DwconvAttentionTiling(), isa);
   const std::vector<float> split = run(w, s, x, nullptr, 3, DwconvAttentionTiling(), isa);
-  for (size_t i = 0; i < whole.size(); ++i)
-    VT_CHECK(whole[i] == split[i], "[%s] row split differs at %zu", cpu_isa_name(isa), i);
+  check_same_bits(isa, whole, split, "row split");
 }
 
 }  // namespace
 
-int main() {
-  for (CpuIsa isa : forced_isas()) {
-    VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
-    test_parity(isa);
-    test_split_is_bit_identical(isa);
-  }
-  return finish("test_dwconv_attention");
-}
+int main() { return run_on_every_isa("test_dwconv_attention", test_parity, test_split_is_bit_identical); }

@@ -118,7 +118,7 @@ void test_gemm_panel_range(CpuIsa isa) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 32; j < n; ++j) VT_CHECK(split[i * n + j] == -1.0f, "panel range wrote column %lld", (long long)j);
   gemm::gemm_panels(m, a.data(), k, b, 2, b.panels(), split.data(), n, gemm::Epilogue(), isa);
-  for (size_t i = 0; i < whole.size(); ++i) VT_CHECK(whole[i] == split[i], "[%s] panel split differs at %zu", cpu_isa_name(isa), i);
+  check_same_bits(isa, whole, split, "panel split");
 }
 
 // The GELU *epilogue* of the micro-kernel (each path has its own, e.g. AVX-512's gelu16 is not gemm::gelu):
@@ -300,18 +300,7 @@ void test_aligned_floats() {
 
 int main() {
   test_aligned_floats();
-  const std::vector<CpuIsa> isas = forced_isas();
-  std::printf("ISA paths under test:");
-  for (CpuIsa isa : isas) std::printf(" %s", cpu_isa_name(isa));
-  std::printf("\n");
-  for (CpuIsa isa : isas) {
-    VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
-    test_gemm_parity(active_cpu_isa());
-    test_gemm_panel_range(active_cpu_isa());
-    test_gelu(active_cpu_isa());
-    test_gelu_epilogue(active_cpu_isa());
-    test_row_shares(active_cpu_isa());
-  }
   test_runtime_packing();  // ISA-independent (plain C++, SSE2 on x86-64)
-  return finish("test_gemm");
+  return run_on_every_isa("test_gemm", test_gemm_parity, test_gemm_panel_range, test_gelu, test_gelu_epilogue,
+                          test_row_shares);
 }

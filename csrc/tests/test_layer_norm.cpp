@@ -102,11 +102,4 @@ void test_outlier_first_value(CpuIsa isa) {
 
 }  // namespace
 
-int main() {
-  for (CpuIsa isa : forced_isas()) {
-    VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
-    test_parity(active_cpu_isa());
-    test_outlier_first_value(active_cpu_isa());
-  }
-  return finish("test_layer_norm");
-}
+int main() { return run_on_every_isa("test_layer_norm", test_parity, test_outlier_first_value); }

@@ -81,19 +81,10 @@ void test_row_and_panel_split(CpuIsa isa) {
   linear_rows(packed, rows - 12, x.data() + 12 * k, k, res.data() + 12 * n, n, by_rows.data() + 12 * n, n, isa);
   linear_rows(packed, rows, x.data(), k, res.data(), n, by_panels.data(), n, isa, 0, 2);
   linear_rows(packed, rows, x.data(), k, res.data(), n, by_panels.data(), n, isa, 2, packed.panels());
-  for (size_t i = 0; i < whole.size(); ++i) {
-    VT_CHECK(whole[i] == by_rows[i], "[%s] row split differs at %zu", cpu_isa_name(isa), i);
-    VT_CHECK(whole[i] == by_panels[i], "[%s] panel split differs at %zu", cpu_isa_name(isa), i);
-  }
+  check_same_bits(isa, whole, by_rows, "row split");
+  check_same_bits(isa, whole, by_panels, "panel split");
 }
 
 }  // namespace
 
-int main() {
-  for (CpuIsa isa : forced_isas()) {
-    VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
-    test_parity(active_cpu_isa());
-    test_row_and_panel_split(active_cpu_isa());
-  }
-  return finish("test_linear");
-}
+int main() { return run_on_every_isa("test_linear", test_parity, test_row_and_panel_split); }

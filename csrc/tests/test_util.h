@@ -55,6 +55,14 @@ inline std::vector<vitfast::CpuIsa> forced_isas() {
   return out;
 }
 
+// a and b hold the same bits: splitting the work (rows, panels, query blocks) or a hint must change nothing.
+inline void check_same_bits(vitfast::CpuIsa isa, const std::vector<float>& a, const std::vector<float>& b,
+                            const char* what) {
+  VT_CHECK(a.size() == b.size(), "[%s] %s: %zu vs %zu values", vitfast::cpu_isa_name(isa), what, a.size(), b.size());
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    VT_CHECK(a[i] == b[i], "[%s] %s differs at %zu", vitfast::cpu_isa_name(isa), what, i);
+}
+
 // Exact erf-GELU in double: the oracle for every path.
 inline double gelu_ref(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
 
@@ -65,6 +73,22 @@ inline int finish(const char* name) {
   }
   std::printf("%s: %d check(s) failed\n", name, failures());
   return 1;
+}
+
+// The body of a test's main(): every test function, in order, on every ISA path this CPU runs (forced_isas),
+// then the verdict.
+template <class... Tests>
+int run_on_every_isa(const char* name, Tests... tests) {
+  const std::vector<vitfast::CpuIsa> isas = forced_isas();
+  std::printf("ISA paths under test:");
+  for (vitfast::CpuIsa isa : isas) std::printf(" %s", vitfast::cpu_isa_name(isa));
+  std::printf("\n");
+  for (vitfast::CpuIsa isa : isas) {
+    VT_CHECK(vitfast::set_active_cpu_isa(isa) && vitfast::active_cpu_isa() == isa, "could not force %s",
+             vitfast::cpu_isa_name(isa));
+    (tests(vitfast::active_cpu_isa()), ...);
+  }
+  return finish(name);
 }
 
 }  // namespace vitfast_test

@@ -164,17 +164,9 @@ void test_query_split(CpuIsa isa) {
     xwx_attention_rows(w, c.tokens, proj.data(), ldp, keys.data(), q0, q1, a.res.data(), c.out_channels,
                        split.data(), c.out_channels, ws.data(), isa);
   }
-  for (size_t i = 0; i < whole.size(); ++i)
-    VT_CHECK(whole[i] == split[i], "[%s] xwx query split differs at %zu", cpu_isa_name(isa), i);
+  check_same_bits(isa, whole, split, "xwx query split");
 }
 
 }  // namespace
 
-int main() {
-  for (CpuIsa isa : forced_isas()) {
-    VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
-    test_parity(active_cpu_isa());
-    test_query_split(active_cpu_isa());
-  }
-  return finish("test_xwx_attention");
-}
+int main() { return run_on_every_isa("test_xwx_attention", test_parity, test_query_split); }
