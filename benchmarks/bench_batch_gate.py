@@ -4,12 +4,12 @@ Cases (medians, same run; ratios are what to read on a shared machine):
   gate/DeiT-S/b{1,8}/t1     providers: block (the ungated fused DeiT-S Block), cpp (torch.ops.vitfast.batch_gate
                             on CPU, G0 network, H = C/2), eager (vitfast.reference.batch_gate), compile
                             (torch.compile of the reference), triton (the op on CUDA; skipped without a GPU),
-                            gated_open (GatedBlock whose real gate decides "execute both": block + decision).
+                            gated_open (FusedGatedBlock whose real gate decides "execute both": block + decision).
   model/DeiT-S/b1/t1        providers: ungated (fused DeiT-S, 12 Blocks), gated_half (the same weights as
                             GatedBlocks whose gates — computed, not forced — close one sub-block per layer,
                             alternately MHSA and FFN: half of the sub-blocks).
   cuda-block/DeiT-S/b{1,64}/{fp32,fp16}   (CUDA only) providers: ungated (fused Block), gated_open /
-                            gated_closed (GatedBlock whose real gate opens / closes both sub-blocks: the gated
+                            gated_closed (FusedGatedBlock whose real gate opens / closes both sub-blocks: the gated
                             Triton kernels of kernels/gated.py, which return early when closed), select_open /
                             select_closed (the same with VITFAST_CUDA_KERNELS=torch: cuBLAS/SDPA sub-block, then
                             gate_select — the path before the gated kernels).  Each replayed as a CUDA graph.
@@ -189,7 +189,7 @@ def cuda_blocks(dtype, depth: int = 1, device: str = "cuda"):
 
 
 def with_cuda_kernels(policy: str, fn):
-    """fn run under VITFAST_CUDA_KERNELS=`policy` ("torch": the compute-then-gate_select path of GatedBlock)."""
+    """fn run under VITFAST_CUDA_KERNELS=`policy` ("torch": the compute-then-gate_select path of FusedGatedBlock)."""
     from vitfast._env import get_cuda_kernels, set_cuda_kernels
 
     def run(*args):
@@ -262,7 +262,7 @@ def cuda_report(rounds: int = 50, dtypes=("fp32", "fp16"), batches=(1, 8, 64)) -
         t_ref = median_seconds(reference.batch_gate, ga, 2 * rounds, "cuda")
         print(f"  batch_gate b{batch}: triton {t_tri * 1e6:.1f} us, reference {t_ref * 1e6:.1f} us "
               f"({t_ref / t_tri:.2f}x)")
-    print("  DeiT-S block (us); gated_* = GatedBlock on the gated kernels, select_* = VITFAST_CUDA_KERNELS=torch "
+    print("  DeiT-S block (us); gated_* = FusedGatedBlock on the gated kernels, select_* = VITFAST_CUDA_KERNELS=torch "
           "(cuBLAS/SDPA sub-block + gate_select)")
     print(f"  {'dtype':5} {'batch':>5} {'mode':6} " + " ".join(f"{p:>13}" for p in CUDA_PROVIDERS)
           + "  closed/ungated  open/ungated")
@@ -337,7 +337,7 @@ def cpu_report(args) -> None:
         t_cpp = median_seconds(torch.ops.vitfast.batch_gate, ga, args.rounds * 4)
         t_ref = median_seconds(reference.batch_gate, ga, args.rounds * 4)
         print(f"DeiT-S block b{batch}: block {t_block * 1e3:.3f} ms | batch_gate cpp {t_cpp * 1e6:.1f} us "
-              f"({100 * t_cpp / t_block:.2f}% of the block), eager {t_ref * 1e6:.1f} us | GatedBlock (gate open) "
+              f"({100 * t_cpp / t_block:.2f}% of the block), eager {t_ref * 1e6:.1f} us | FusedGatedBlock (gate open) "
               f"{t_open * 1e3:.3f} ms ({100 * (t_open / t_block - 1):+.2f}% vs block)")
     if not args.skip_model:
         timm12 = deit_small_timm()

@@ -2,7 +2,7 @@
 
 Providers, all on the same RePaViT block (θ = 0.75, BN variant: the FFN's norm and shortcut folded):
   cpp      torch.ops.vitfast.vit_block: one dispatch, the six steps in C++ on one scratch buffer
-  six_ops  the same kernels called op by op from Python (vitfast.ops._vit_block_composed: what vitfast.nn.Block
+  six_ops  the same kernels called op by op from Python (vitfast.ops._vit_block_composed: what vitfast.nn.FusedBlock
            ran before; without the modules' own Python, so the difference is a lower bound of what the block saves)
   eager    vitfast.reference.vit_block (F.layer_norm, F.linear, SDPA, F.gelu ...), the composition the tests trust
   compile  torch.compile of that reference

@@ -6,7 +6,7 @@
 source benchmarks/gpu_common.sh
 build_ext
 run 120 t_xwx python3 -m pytest -q -p no:cacheprovider tests/test_xwx_attention_triton.py
-# Cold Triton cache on an H100 (2026-11-27): 45 of the 54 dwconv tests in 80 s (19 s warm), so 130 s.
+# Cold Triton cache on a GPU: 45 of the 54 dwconv tests in 80 s (19 s warm), so 130 s.
 run 130 t_dwconv python3 -m pytest -q -p no:cacheprovider tests/test_dwconv_attention_triton.py
 run 80 t_gate python3 -m pytest -q -p no:cacheprovider tests/test_batch_gate_triton.py tests/test_gates.py -k "cuda or triton or graph"
 run 50 t_dist python3 -m pytest -q -p no:cacheprovider tests/test_distributed.py -k cuda

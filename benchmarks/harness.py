@@ -141,7 +141,7 @@ def run_interleaved(benchmark, fns: "dict[str, object]", args, case: tuple, thre
 
     Why: on a shared machine the clock and the neighbours' load drift over seconds.  Two benchmarks run one
     after the other (the parametrised tests above) see different machines, and their ratio moved 1.05-1.56x
-    between runs of the same build (channel_idle_ffn, DeiT-B, Zen 3); calls made milliseconds apart see the
+    between runs of the same build (channel_idle_ffn, DeiT-B, one AVX2 machine); calls made milliseconds apart see the
     same one.
     """
     names = list(fns)

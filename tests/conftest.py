@@ -83,7 +83,7 @@ def _supported_cpu_isas():
 
 def _platform_cpu_isas():
     """Every CPU code path vitfast has for this architecture, supported by this CPU or not: a path the CPU lacks
-    shows up as a skip with its reason, not as tests that silently vanish (a Zen 3 host runs no AVX-512 code, and
+    shows up as a skip with its reason, not as tests that silently vanish (a CPU without AVX-512 runs no AVX-512 code, and
     the count of collected tests alone did not say so)."""
     import platform
 

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import vitfast
-from vitfast.nn import Block, FusedChannelIdleFFN, SwinBlock, active_channels, fused_kinds, fused_module_from_config, is_fused_module
+from vitfast.nn import FusedBlock, FusedChannelIdleFFN, FusedSwinBlock, active_channels, fused_kinds, fused_module_from_config, is_fused_module
 from vitfast.methods.repavit import ChannelIdleMlp, idle_ratios
 
 from helpers import NORMS, THETAS, assert_close_scaled, randomize_norms
@@ -203,7 +203,7 @@ def _roundtrip(module: nn.Module) -> nn.Module:
 def test_registered_kinds():
     assert {"channel_idle_ffn", "block", "swin_block"} <= set(fused_kinds())
     assert FusedChannelIdleFFN.vitfast_kind == "channel_idle_ffn"
-    assert Block.vitfast_kind == "block" and SwinBlock.vitfast_kind == "swin_block"
+    assert FusedBlock.vitfast_kind == "block" and FusedSwinBlock.vitfast_kind == "swin_block"
 
 
 @pytest.mark.parametrize("norm", NORMS)
@@ -221,7 +221,7 @@ def test_block_and_swin_block_config_roundtrip():
     from timm.models.vision_transformer import Block as TimmBlock
 
     timm_block = TimmBlock(32, 4, qkv_bias=True, qk_norm=True, init_values=0.1).eval()
-    block = Block.from_timm(randomize_norms(timm_block))
+    block = FusedBlock.from_timm(randomize_norms(timm_block))
     x = torch.randn(2, 6, 32)
     rebuilt = _roundtrip(block)
     with torch.no_grad():
@@ -229,7 +229,7 @@ def test_block_and_swin_block_config_roundtrip():
     assert is_fused_module(rebuilt)
 
     swin = SwinTransformerBlock(32, (6, 6), num_heads=2, window_size=4, shift_size=2).eval()
-    fused_swin = SwinBlock.from_timm(randomize_norms(swin))
+    fused_swin = FusedSwinBlock.from_timm(randomize_norms(swin))
     rebuilt_swin = _roundtrip(fused_swin)
     x = torch.randn(2, 6, 6, 32)
     with torch.no_grad():
@@ -239,7 +239,7 @@ def test_block_and_swin_block_config_roundtrip():
 def test_config_kind_mismatch_is_refused():
     cfg = FusedChannelIdleFFN(8, 4, True).vitfast_config()
     with pytest.raises(ValueError, match=r"cfg\['kind'\]: expected 'block', got 'channel_idle_ffn'"):
-        Block.from_vitfast_config(cfg)
+        FusedBlock.from_vitfast_config(cfg)
 
 
 @pytest.mark.parametrize(
@@ -262,11 +262,11 @@ def test_corrupt_ffn_config_is_refused(edit, message):
 
 
 def test_corrupt_block_configs_are_refused():
-    cfg = Block(32, 4).vitfast_config()
+    cfg = FusedBlock(32, 4).vitfast_config()
     with pytest.raises(ValueError, match=r"cfg\['mlp'\]: expected an object, got list"):
         fused_module_from_config(dict(cfg, mlp=[1]))
     with pytest.raises(ValueError, match=r"cfg\['num_heads'\]: expected an int >= 1, got 0"):
         fused_module_from_config(dict(cfg, num_heads=0))
-    swin_cfg = SwinBlock(32, (4, 4), num_heads=2, window_size=4).vitfast_config()
+    swin_cfg = FusedSwinBlock(32, (4, 4), num_heads=2, window_size=4).vitfast_config()
     with pytest.raises(ValueError, match=r"cfg\['window_size'\]: expected two ints >= 1, got \[4\]"):
         fused_module_from_config(dict(swin_cfg, window_size=[4]))

@@ -752,7 +752,7 @@ def test_save_refuses_unregistered_module(tmp_path):
 
 
 def test_save_refuses_what_the_config_cannot_express(tmp_path):
-    # Block 2 pruned to one head by hand: no constructor argument says so; the file would load differently.
+    # FusedBlock 2 pruned to one head by hand: no constructor argument says so; the file would load differently.
     model = fused_vit()
     model.blocks[2].attn.num_heads = 1
     with pytest.raises(ValueError, match=r"blocks\.2\.attn\.num_heads: the rebuilt model has 2, the model has 1"):
@@ -839,10 +839,10 @@ def test_failing_write_is_atomic(saved, monkeypatch):
 
 
 def test_real_fused_vit_blocks_roundtrip(tmp_path):
-    from vitfast.nn.block import Block
+    from vitfast.nn.block import FusedBlock
 
     model = _randomize(tiny_vit(init_values=1e-1, depth=2))
-    model.blocks[0] = Block.from_timm(model.blocks[0])  # block 1 stays timm: mixed models must work too
+    model.blocks[0] = FusedBlock.from_timm(model.blocks[0])  # block 1 stays timm: mixed models must work too
     save(model, tmp_path / "m.safetensors")
     cfg = read_config(tmp_path / "m.safetensors")
     assert [b["kind"] for b in cfg["blocks"]] == ["block", "timm.Block"]
@@ -851,11 +851,11 @@ def test_real_fused_vit_blocks_roundtrip(tmp_path):
 
 
 def test_real_fused_swin_blocks_roundtrip(tmp_path):
-    from vitfast.nn.block import SwinBlock
+    from vitfast.nn.block import FusedSwinBlock
 
     model = _randomize(tiny_swin())
     for stage in model.layers:
-        stage.blocks[1] = SwinBlock.from_timm(stage.blocks[1])  # the shifted-window blocks
+        stage.blocks[1] = FusedSwinBlock.from_timm(stage.blocks[1])  # the shifted-window blocks
     save(model, tmp_path / "m.safetensors")
     assert [b["kind"] for b in read_config(tmp_path / "m.safetensors")["blocks"]] == [
         "timm.SwinTransformerBlock", "swin_block", "timm.SwinTransformerBlock", "swin_block"]

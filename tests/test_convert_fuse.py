@@ -14,7 +14,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
 from vitfast.convert import from_timm
-from vitfast.nn import Block, FusedChannelIdleFFN, SwinBlock
+from vitfast.nn import FusedBlock, FusedChannelIdleFFN, FusedSwinBlock
 from vitfast.methods.repavit import ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock, idle_ratios
 
 from helpers import NORMS, THETAS, assert_close_scaled, randomize
@@ -79,7 +79,7 @@ def test_vit_fused_equals_train_time(vit, theta, norm):
     fused = _check_fused_equals_train_time(model)
     assert type(fused) is VisionTransformer
     for block in fused.blocks:
-        assert type(block) is Block and isinstance(block.mlp, FusedChannelIdleFFN)
+        assert type(block) is FusedBlock and isinstance(block.mlp, FusedChannelIdleFFN)
         assert block.mlp.active_features == math.ceil(256 * (1 - theta))
 
 
@@ -89,7 +89,7 @@ def test_swin_fused_equals_train_time(swin, theta, norm):
     model = _calibrate_batchnorms(from_timm(swin, channel_idle=theta, norm=norm))
     fused = _check_fused_equals_train_time(model)
     blocks = [b for stage in fused.layers for b in stage.blocks]
-    assert all(type(b) is SwinBlock and isinstance(b, SwinTransformerBlock) for b in blocks)
+    assert all(type(b) is FusedSwinBlock and isinstance(b, SwinTransformerBlock) for b in blocks)
     assert any(any(b.shift_size) for b in blocks)  # the shifted-window path is exercised
 
 

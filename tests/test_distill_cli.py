@@ -161,7 +161,7 @@ def test_sigterm_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path, caps
 
 
 def test_combined_recipe_nondeep_channel_idle_student_fuses(tmp_path, capsys):
-    # issue 7's combined recipe: distil into a non-deep student (2 branches) with channel-idle FFNs, then fuse.
+    # The combined recipe: distil into a non-deep student (2 branches) with channel-idle FFNs, then fuse.
     teacher_run = tmp_path / "teacher4"
     kwargs = json.dumps({"depth": 4, "embed_dim": 32, "num_heads": 2, "patch_size": 4})
     assert main(["train", "vit_tiny_patch16_224", "--img-size", "16", "--model-kwargs", kwargs, "--steps", "2",

@@ -262,7 +262,7 @@ def test_torchscript_exporter_refuses_gates_in_one_line(tmp_path, capsys):
     vit = timm.models.vision_transformer.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1,
                                                            num_heads=2, num_classes=10).eval()
     fused = vitfast.fuse(vitfast.convert.from_timm(vit, gates=True, gate_search=False).eval())
-    with pytest.raises(ValueError, match=r"exporter: 'torchscript' cannot export USDC gates .*blocks.0 is a GatedBlock"):
+    with pytest.raises(ValueError, match=r"exporter: 'torchscript' cannot export USDC gates .*blocks.0 is a FusedGatedBlock"):
         to_onnx(fused, tmp_path / "g.onnx", exporter="torchscript")
     assert capsys.readouterr().out == "" and not (tmp_path / "g.onnx").exists()
 

@@ -292,7 +292,7 @@ def _fused_gated_model(depth=2):
 
 @pytest.mark.parametrize("force", ["open", "closed", ("closed", "open"), ("open", "closed")], ids=str)
 def test_gated_block_device_path_runs_the_gated_kernels(force, monkeypatch, tol):
-    """GatedBlock's device path (taken on CUDA and under torch.compile) with the ops routed to the Triton
+    """FusedGatedBlock's device path (taken on CUDA and under torch.compile) with the ops routed to the Triton
     launchers: equals the CPU branch path for every decision, and calls only the gated sub-block ops."""
     import vitfast.nn.gated as usdc_mod
 
@@ -311,7 +311,7 @@ def test_gated_block_device_path_runs_the_gated_kernels(force, monkeypatch, tol)
     monkeypatch.setattr(usdc_mod.ops, "gated_mhsa", route("mhsa", gated_mhsa_triton))
     monkeypatch.setattr(usdc_mod.ops, "gated_ffn", route("ffn", gated_ffn_triton))
     monkeypatch.setattr(usdc_mod.ops, "gate_select", lambda *a: pytest.fail("gate_select path taken"))
-    monkeypatch.setattr(usdc_mod, "_compiling", lambda: True)  # what torch.compile / a CUDA decision selects
+    monkeypatch.setattr(usdc_mod, "tracing", lambda: True)  # what torch.compile / a CUDA decision selects
     for blk, expect in zip(model.blocks, expected):
         got = blk(x)
         close(got.cpu(), expect, tol)

@@ -1,5 +1,5 @@
 """USDC modules and model tools: gate networks (G0…G6, fold into batch_gate), group-level augmentation, the
-train-time USDCBlock (gates + static compression), stage-2 pruning, fusion into GatedBlock, checkpoints, the
+train-time USDCBlock (gates + static compression), stage-2 pruning, fusion into FusedGatedBlock, checkpoints, the
 resource loss and the Trainer hooks."""
 import copy
 import json
@@ -11,10 +11,10 @@ from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
 from vitfast import reference
-from vitfast.nn import Block, FusedBatchGate, GatedBlock, set_gate_force
+from vitfast.nn import FusedBlock, FusedBatchGate, FusedGatedBlock, set_gate_force
 from vitfast.methods.usdc import GateNet, GateSearch, USDCBlock
 from vitfast.methods.usdc.gates import GATE_KINDS, group_features, group_ids, group_sizes, hard_gates
-from vitfast.nn.block import _layer_norm
+from vitfast.nn._base import apply_norm
 
 from helpers import assert_close_scaled, randomize
 
@@ -133,15 +133,15 @@ def test_forced_open_equals_ungated_fused_block(block_and_input):
     gated = USDCBlock.from_block(blk, search=False, gate_kind="G1", tokens=17).to_fused()
     randomise_gate(gated.gate)
     set_gate_force(gated, "open")
-    ungated = Block.from_timm(blk)
+    ungated = FusedBlock.from_timm(blk)
     assert torch.equal(gated(x), ungated(x))
 
 
 def test_open_gates_run_the_whole_block_op_with_the_sub_blocks_bits(block_and_input, monkeypatch):
-    # Both gates open on the CPU at inference: one vit_block call (as vitfast.nn.Block), bit-equal to the two
+    # Both gates open on the CPU at inference: one vit_block call (as vitfast.nn.FusedBlock), bit-equal to the two
     # sub-block calls it replaces.  One gate closed, grad mode on, or a pruned sub-block: the sub-block calls.
     import vitfast.nn.gated as usdc_mod
-    from vitfast.nn.block import _whole_block_args
+    from vitfast.nn.block import whole_block_args
 
     blk, x = block_and_input
     gated = USDCBlock.from_block(blk, search=False, gate_kind="G1", tokens=17).to_fused()
@@ -149,19 +149,19 @@ def test_open_gates_run_the_whole_block_op_with_the_sub_blocks_bits(block_and_in
     taken = []
 
     def recorded(block, inp):
-        args = _whole_block_args(block, inp)
+        args = whole_block_args(block, inp)
         taken.append(args is not None)
         return args
 
-    monkeypatch.setattr(usdc_mod, "_whole_block_args", recorded)
+    monkeypatch.setattr(usdc_mod, "whole_block_args", recorded)
     set_gate_force(gated, "open")
     with torch.no_grad():
         whole = gated(x)
     assert taken == [True]
-    monkeypatch.setattr(usdc_mod, "_whole_block_args", lambda block, inp: None)
+    monkeypatch.setattr(usdc_mod, "whole_block_args", lambda block, inp: None)
     with torch.no_grad():
         assert torch.equal(whole, gated(x))
-    monkeypatch.setattr(usdc_mod, "_whole_block_args", recorded)
+    monkeypatch.setattr(usdc_mod, "whole_block_args", recorded)
     taken.clear()
     set_gate_force(gated, ("open", "closed"))
     with torch.no_grad():
@@ -179,11 +179,11 @@ def test_open_gates_run_the_whole_block_op_with_the_sub_blocks_bits(block_and_in
 def test_forced_closed_skips_each_sub_block_exactly(block_and_input):
     blk, x = block_and_input
     gated = USDCBlock.from_block(blk, search=False, tokens=17).to_fused()
-    ungated = Block.from_timm(blk)
+    ungated = FusedBlock.from_timm(blk)
     set_gate_force(gated, "closed")
     assert torch.equal(gated(x), x)
     set_gate_force(gated, ("open", "closed"))  # FFN skipped: the MHSA sub-block alone
-    assert torch.equal(gated(x), ungated.attn(_layer_norm(ungated.norm1, x), residual=x))  # as Block.forward
+    assert torch.equal(gated(x), ungated.attn(apply_norm(ungated.norm1, x), residual=x))  # as FusedBlock.forward
     set_gate_force(gated, ("closed", "open"))  # MHSA skipped: the FFN sub-block on the input
     assert torch.equal(gated(x), ungated.mlp(x))
     with pytest.raises(ValueError, match="force"):
@@ -307,7 +307,7 @@ def test_convert_fuse_save_load_roundtrip(tmp_path):
     x = torch.randn(4, 3, 16, 16)
     expect = model(x)
     fused = vitfast.fuse(model)
-    assert not hasattr(fused, "usdc_resource") and all(isinstance(b, GatedBlock) for b in fused.blocks)
+    assert not hasattr(fused, "usdc_resource") and all(isinstance(b, FusedGatedBlock) for b in fused.blocks)
     torch.testing.assert_close(fused(x), expect, atol=1e-5, rtol=1e-5)
     path = os.path.join(tmp_path, "gated.safetensors")
     vitfast.save(fused, path)
@@ -473,7 +473,7 @@ def test_cli_usdc_quick(tmp_path, capsys):
     report = json.load(open(os.path.join(out, "usdc_report.json")))
     assert set(report["levels"]["group"]["acc"]) == {"1", "8"}
     fused = vitfast.load(os.path.join(out, "usdc_group.safetensors"))
-    assert all(isinstance(b, GatedBlock) for b in fused.blocks)
+    assert all(isinstance(b, FusedGatedBlock) for b in fused.blocks)
     assert main(["usdc", "--levels", "token"]) == 2
 
 
@@ -496,7 +496,7 @@ def test_cli_convert_train_prune_fuse(tmp_path):
                  "--out", f"{d}/s2", "--no-progress"]) == 0
     assert main(["fuse", f"{d}/s2/model.safetensors", "-o", f"{d}/fused.safetensors"]) == 0
     fused = vitfast.load(f"{d}/fused.safetensors")
-    assert all(isinstance(b, GatedBlock) for b in fused.blocks)
+    assert all(isinstance(b, FusedGatedBlock) for b in fused.blocks)
     from vitfast.io.trainable import load_trainable
 
     stage2, _ = load_trainable(f"{d}/s2/model.safetensors")

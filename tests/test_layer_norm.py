@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import vitfast
 from vitfast import reference
-from vitfast.nn.block import _layer_norm
+from vitfast.nn._base import apply_norm
 from helpers import assert_low_precision_no_worse, assert_thread_parity
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
@@ -102,7 +102,7 @@ def test_opcheck(affine):
 
 @pytest.mark.parametrize("affine", [False, True], ids=["plain", "affine"])
 def test_fused_blocks_norm_runs_the_kernel(affine, monkeypatch, tol):
-    """`_layer_norm` (every fused block's pre-norm) calls the op on CPU, with or without an affine, and gives
+    """`apply_norm` (every fused block's pre-norm) calls the op on CPU, with or without an affine, and gives
     nn.LayerNorm's result; a norm it does not handle (RMSNorm here) still runs as itself."""
     norm = nn.LayerNorm(96, eps=1e-6, elementwise_affine=affine)
     if affine:
@@ -115,11 +115,11 @@ def test_fused_blocks_norm_runs_the_kernel(affine, monkeypatch, tol):
     monkeypatch.setattr(vitfast.ops, "layer_norm", lambda *a: calls.append(a) or real(*a))
     atol, rtol = tol[torch.float32]
     with torch.no_grad():
-        torch.testing.assert_close(_layer_norm(norm, x), norm(x), atol=atol, rtol=rtol)
+        torch.testing.assert_close(apply_norm(norm, x), norm(x), atol=atol, rtol=rtol)
     assert len(calls) == 1
     rms = nn.RMSNorm(96) if hasattr(nn, "RMSNorm") else nn.GroupNorm(1, 197)
     with torch.no_grad():
-        torch.testing.assert_close(_layer_norm(rms, x), rms(x))
+        torch.testing.assert_close(apply_norm(rms, x), rms(x))
     assert len(calls) == 1
 
 
@@ -139,5 +139,5 @@ def test_cuda_dispatch_is_torchs_layer_norm(affine, dtype, monkeypatch):
     calls = []
     monkeypatch.setattr(vitfast.ops, "layer_norm", lambda *a: calls.append(a))
     with torch.no_grad():
-        torch.testing.assert_close(_layer_norm(norm, x), norm(x), atol=0, rtol=0)
+        torch.testing.assert_close(apply_norm(norm, x), norm(x), atol=0, rtol=0)
     assert calls == []

@@ -13,7 +13,7 @@ import vitfast
 from vitfast import reference
 from vitfast.convert import from_timm
 from vitfast.methods.nondeep import JoinSchedule, NonDeepBlock, join_lambda
-from vitfast.nn import XWXBlock
+from vitfast.nn import FusedXWXBlock
 from vitfast.methods.nondeep.modules import branch_diversity
 from vitfast.training.trainer import Trainer
 
@@ -56,7 +56,7 @@ def _randomize_batchnorms(model: nn.Module, seed: int = 3) -> nn.Module:
 
 def _check_fused(model: nn.Module, **fuse_kwargs) -> nn.Module:
     fused = vitfast.fuse(model)
-    assert all(isinstance(b, XWXBlock) for b in fused.blocks)
+    assert all(isinstance(b, FusedXWXBlock) for b in fused.blocks)
     assert not any(isinstance(m, NonDeepBlock) for m in fused.modules())
     with torch.no_grad():
         assert_close_scaled(fused.forward_features(IMAGES), model.forward_features(IMAGES))
@@ -167,7 +167,7 @@ def test_checkpoint_round_trip(branches, tmp_path):
     assert config["architecture"]["kwargs"]["depth"] == 6 // branches  # a timm ViT of depth L/n, blocks replaced
     assert [b["kind"] for b in config["blocks"]] == ["xwx_block"] * (6 // branches)
     loaded = vitfast.load(path)
-    assert isinstance(loaded.blocks[0], XWXBlock)
+    assert isinstance(loaded.blocks[0], FusedXWXBlock)
     with torch.no_grad():
         torch.testing.assert_close(loaded(IMAGES), fused(IMAGES), atol=0, rtol=0)
 
@@ -414,7 +414,7 @@ def test_fuse_refuses_an_option_no_module_takes():
 
 
 def test_fused_block_calls_the_op(monkeypatch):
-    """XWXAttention goes through vitfast.ops.xwx_attention (C++ on CPU, Triton on CUDA, reference on request)."""
+    """FusedXWXAttention goes through vitfast.ops.xwx_attention (C++ on CPU, Triton on CUDA, reference on request)."""
     fused = vitfast.fuse(_joined(from_timm(_vit(depth=4), branches=2)))
     calls = []
     original = vitfast.ops.xwx_attention

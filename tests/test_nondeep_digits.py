@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/nondeep_digits.py (issue 4 target (c): single vs non-deep on the digits, several seeds)."""
+"""Smoke test of benchmarks/nondeep_digits.py (single vs non-deep on the digits, several seeds)."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""`vitfast.patch_timm` and the fused `vitfast.nn.Block` as a drop-in for timm's ViT `Block`."""
+"""`vitfast.patch_timm` and the fused `vitfast.nn.FusedBlock` as a drop-in for timm's ViT `Block`."""
 import copy
 import gc
 import math
@@ -13,7 +13,7 @@ from timm.models.vision_transformer import Block as TimmBlock
 from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
-from vitfast.nn import Attention, Block, FusedChannelIdleFFN, GemmPatchProjection, SwinBlock
+from vitfast.nn import FusedAttention, FusedBlock, FusedChannelIdleFFN, GemmPatchProjection, FusedSwinBlock
 
 from helpers import assert_close_scaled, randomize
 
@@ -47,7 +47,7 @@ def test_patched_vit_outputs_identical(overrides):
         expected_features = model.forward_features(IMAGES)
     patched = vitfast.patch_timm(model)
     assert patched is model
-    assert all(type(b) is Block for b in model.blocks)
+    assert all(type(b) is FusedBlock for b in model.blocks)
     assert type(model.patch_embed.proj) is GemmPatchProjection
     with torch.no_grad():
         assert_close_scaled(model.forward_features(IMAGES), expected_features)
@@ -62,7 +62,7 @@ def test_patched_swin_outputs_identical():
     vitfast.patch_timm(model)
     assert type(model.patch_embed.proj) is GemmPatchProjection  # Swin's NHWC PatchEmbed reads the same view
     blocks = [b for stage in model.layers for b in stage.blocks]
-    assert all(type(b) is SwinBlock and isinstance(b, SwinTransformerBlock) for b in blocks)
+    assert all(type(b) is FusedSwinBlock and isinstance(b, SwinTransformerBlock) for b in blocks)
     with torch.no_grad():
         assert_close_scaled(model(IMAGES), expected)
 
@@ -113,7 +113,7 @@ def test_low_precision_weights_under_autocast_are_packed_once():
     from vitfast import _C, ops
 
     torch.manual_seed(0)
-    block = Block(64, 4).eval().bfloat16()
+    block = FusedBlock(64, 4).eval().bfloat16()
     x = torch.randn(2, 9, 64, dtype=torch.bfloat16)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         block(x)
@@ -155,7 +155,7 @@ def test_low_precision_weights_under_autocast_trace(mode):
     """The kept fp32 copy read the data pointer of fake tensors: torch.compile / torch.export of a bf16 model under
     autocast failed ("Cannot access data pointer of Tensor")."""
     torch.manual_seed(0)
-    block = Block(64, 4).eval().bfloat16()
+    block = FusedBlock(64, 4).eval().bfloat16()
     x = torch.randn(2, 9, 64, dtype=torch.bfloat16)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         eager = block(x)
@@ -213,7 +213,7 @@ def test_not_inplace_leaves_model_alone():
     patched = vitfast.patch_timm(model, inplace=False)
     assert patched is not model
     assert all(type(b) is TimmBlock for b in model.blocks)
-    assert all(type(b) is Block for b in patched.blocks)
+    assert all(type(b) is FusedBlock for b in patched.blocks)
     assert type(model.patch_embed.proj) is nn.Conv2d and type(patched.patch_embed.proj) is GemmPatchProjection
 
 
@@ -239,7 +239,7 @@ def test_unsupported_block_leaves_model_unchanged():
 
 def test_block_forward_signature_and_attention_mask():
     timm_block = randomize(TimmBlock(64, 4, qkv_bias=True))
-    fused = Block.from_timm(timm_block)
+    fused = FusedBlock.from_timm(timm_block)
     x = torch.randn(2, 9, 64)
     mask = torch.randn(9, 9)
     with torch.no_grad():
@@ -249,17 +249,17 @@ def test_block_forward_signature_and_attention_mask():
 
 def test_block_is_a_drop_in_for_timm_block():
     timm_params = inspect.signature(TimmBlock.__init__).parameters
-    ours = inspect.signature(Block.__init__).parameters
+    ours = inspect.signature(FusedBlock.__init__).parameters
     assert list(ours)[: len(timm_params)] == list(timm_params)  # same positional order, extras keyword-only
     # block_fn injection builds and runs a (randomly initialised) fused ViT
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10,
-                              block_fn=Block, init_values=1e-5).eval()
-    assert all(type(b) is Block for b in model.blocks)
+                              block_fn=FusedBlock, init_values=1e-5).eval()
+    assert all(type(b) is FusedBlock for b in model.blocks)
     with torch.no_grad():
         assert model(IMAGES).shape == (2, 10)
     block = model.blocks[0]
     assert [name for name, _ in block.named_children()] == ["norm1", "attn", "mlp"]
-    assert type(block.attn) is Attention and isinstance(block.mlp, FusedChannelIdleFFN)
+    assert type(block.attn) is FusedAttention and isinstance(block.mlp, FusedChannelIdleFFN)
     assert sorted(n for n, _ in block.attn.named_children()) == ["k_norm", "norm", "proj", "q_norm", "qkv"]
     # norm1's affine lives in qkv now, and LayerScale in proj / the FFN
     assert not block.norm1.elementwise_affine and block.mlp.residual
@@ -268,7 +268,7 @@ def test_block_is_a_drop_in_for_timm_block():
 def test_block_fn_with_timm_fix_init():
     # timm's fix_init=True divides block l's attn.proj and mlp.fc2 weights by sqrt(2 (l + 1)); for a θ = 0 fused
     # FFN fc2 is w_out, so the same seed gives exactly the timm-scaled weights.
-    kwargs = dict(img_size=32, patch_size=8, embed_dim=64, depth=3, num_heads=4, num_classes=10, block_fn=Block)
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=64, depth=3, num_heads=4, num_classes=10, block_fn=FusedBlock)
     torch.manual_seed(0)
     plain = VisionTransformer(**kwargs)
     torch.manual_seed(0)
@@ -278,20 +278,20 @@ def test_block_fn_with_timm_fix_init():
         torch.testing.assert_close(b.mlp.w_out, a.mlp.w_out / scale, rtol=0, atol=0)
         torch.testing.assert_close(b.attn.proj.weight, a.attn.proj.weight / scale, rtol=0, atol=0)
         torch.testing.assert_close(b.mlp.w_in, a.mlp.w_in, rtol=0, atol=0)
-    assert not hasattr(Block(64, 4, idle_ratio=0.75).mlp, "fc2")
+    assert not hasattr(FusedBlock(64, 4, idle_ratio=0.75).mlp, "fc2")
     with pytest.raises(AttributeError, match=r"fc2: a fused channel-idle FFN \(θ > 0\) has no separate fc2"):
-        VisionTransformer(fix_init=True, **{**kwargs, "block_fn": partial(Block, idle_ratio=0.75)})
+        VisionTransformer(fix_init=True, **{**kwargs, "block_fn": partial(FusedBlock, idle_ratio=0.75)})
 
 
 def test_block_constructor_builds_channel_idle_shapes():
-    block = Block(64, 4, idle_ratio=0.75, ffn_norm="batch")
+    block = FusedBlock(64, 4, idle_ratio=0.75, ffn_norm="batch")
     assert block.mlp.active_features == 64 and block.mlp.linear_path and not block.mlp.residual
     with pytest.raises(ValueError, match=r"scale_mlp_norm: expected False"):
-        Block(64, 4, scale_mlp_norm=True)
+        FusedBlock(64, 4, scale_mlp_norm=True)
     with pytest.raises(ValueError, match=r"act_layer: expected the exact GELU .* got SiLU"):
-        Block(64, 4, act_layer=nn.SiLU)
+        FusedBlock(64, 4, act_layer=nn.SiLU)
     with pytest.raises(ValueError, match=r"ffn_norm: expected 'layer' or 'batch', got 'group'"):
-        Block(64, 4, ffn_norm="group")
+        FusedBlock(64, 4, ffn_norm="group")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -308,7 +308,7 @@ def test_low_precision_error_no_worse_than_timms_own(dtype):
 
 
 def test_fused_block_exports_with_the_op():
-    block = Block.from_timm(randomize(TimmBlock(64, 4, qkv_bias=True)))
+    block = FusedBlock.from_timm(randomize(TimmBlock(64, 4, qkv_bias=True)))
     x = torch.randn(2, 9, 64)
     exported = torch.export.export(block, (x,), strict=False)  # torch 2.4 defaults to strict (dynamo), which cannot trace the autograd wrapper
     targets = [str(node.target) for node in exported.graph.nodes]

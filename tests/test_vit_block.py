@@ -1,4 +1,4 @@
-"""`torch.ops.vitfast.vit_block`: the fused ViT block as one op (csrc/ops/vit_block.cpp), and `vitfast.nn.Block`
+"""`torch.ops.vitfast.vit_block`: the fused ViT block as one op (csrc/ops/vit_block.cpp), and `vitfast.nn.FusedBlock`
 taking it at inference.
 
 The op must compute exactly what the six-op path computes (same kernels on the same thread split: the same bits),
@@ -17,7 +17,7 @@ import torch.nn as nn
 import vitfast
 from vitfast import reference
 from vitfast.nn import block as fused
-from vitfast.nn.block import _whole_block_args
+from vitfast.nn.block import whole_block_args
 from helpers import assert_thread_parity
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
@@ -314,12 +314,12 @@ def test_patched_forward_keeps_the_six_ops():
         assert calls == 0 and torch.equal(out, torch.zeros_like(x))
         del block.mlp.forward
         assert _block_op_calls(lambda: block(x))[1] == 1
-        original = fused.Attention.forward
-        fused.Attention.forward = lambda self, y, attn_mask=None, is_causal=False, residual=None: residual
+        original = fused.FusedAttention.forward
+        fused.FusedAttention.forward = lambda self, y, attn_mask=None, is_causal=False, residual=None: residual
         try:
             out, calls = _block_op_calls(lambda: block(x))
         finally:
-            fused.Attention.forward = original
+            fused.FusedAttention.forward = original
         assert calls == 0 and torch.equal(out, block.mlp(x))
         torch.testing.assert_close(block(x), expected, atol=0, rtol=0)
 
@@ -340,7 +340,7 @@ def test_norm_eps_reach_the_op(norm):
 
 
 def test_qk_norm_block_keeps_the_six_ops():
-    block = vitfast.nn.Block(48, num_heads=2, qk_norm=True, idle_ratio=0.75).eval()
+    block = vitfast.nn.FusedBlock(48, num_heads=2, qk_norm=True, idle_ratio=0.75).eval()
     x = torch.randn(1, 5, 48)
     with torch.no_grad():
         out, calls = _block_op_calls(lambda: block(x))
@@ -349,7 +349,7 @@ def test_qk_norm_block_keeps_the_six_ops():
 
 @pytest.mark.parametrize("form", FFN_FORMS, ids=lambda f: f[0])
 def test_cuda_eager_block_is_the_six_ops_formula_with_one_check(form):
-    """ops.vit_block_cuda_eager (what vitfast.nn.Block runs on CUDA at eager inference) calls the same torch
+    """ops.vit_block_cuda_eager (what vitfast.nn.FusedBlock runs on CUDA at eager inference) calls the same torch
     functions as the six ops' CUDA impls: on any device it gives the reference's bits, and it checks its arguments
     as vit_block does."""
     args = make_args(48, 2, 7, 2, form)
@@ -391,9 +391,9 @@ def test_cuda_impl_is_the_six_cuda_ops(tol, monkeypatch):
                 fast = block(x)
                 assert calls == [1]
                 with monkeypatch.context() as m:
-                    m.setattr(fused, "_whole_block_args", lambda b, inp: None)
+                    m.setattr(fused, "whole_block_args", lambda b, inp: None)
                     slow = block(x)
                 assert torch.equal(fast, slow), (norm, dtype)
                 with torch.autocast("cuda", dtype=torch.bfloat16):
-                    assert _whole_block_args(block, x) is None
-            assert _whole_block_args(block, x) is None  # grad mode on
+                    assert whole_block_args(block, x) is None
+            assert whole_block_args(block, x) is None  # grad mode on

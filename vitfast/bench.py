@@ -124,9 +124,9 @@ def sgemm_gflops(device: torch.device, calls: int = 3, n: int = SGEMM_N, dtype: 
 
 
 def _has_gates(model: nn.Module) -> bool:
-    from .nn.gated import GatedBlock
+    from .nn.gated import FusedGatedBlock
 
-    return any(isinstance(m, GatedBlock) for m in model.modules())
+    return any(isinstance(m, FusedGatedBlock) for m in model.modules())
 
 
 def _flops(baseline: nn.Module, fused: nn.Module, shape: Sequence[int]) -> Dict[str, int]:
@@ -297,7 +297,7 @@ def run_bench(
         raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype}")
     if dtype != torch.float32 and device.type != "cuda":
         # torch's half-precision CPU matmuls without bf16/fp16 hardware are emulated (one 2048³ bf16 mm took 56 s on
-        # the Zen 3 host, fp32 0.23 s), and vitfast's CPU ops compute in fp32 anyway: no meaningful table there.
+        # an AVX2-only CPU, fp32 0.23 s), and vitfast's CPU ops compute in fp32 anyway: no meaningful table there.
         raise ValueError(f"dtype: {dtype} timings need device cuda, got device {device} (CPU runs float32)")
     shape = tuple(input_shape) if input_shape is not None else model_input_shape(baseline)
     baseline, fused = baseline.eval().to(device), fused.eval().to(device)

@@ -4,8 +4,8 @@
     logits = model(images)        # first call per (shape, dtype, autocast): warm-up + capture; later calls: replay
 
 Why: a fused model at batch 1 is launch-bound on a GPU.  Each op is one kernel (or a few) issued from Python, and
-the host takes longer to issue them than the GPU takes to run them.  On an H100, fused DeiT-Ti/B ran at
-0.93× / 0.91× of timm eager at batch 1 while winning 1.37× / 1.53× at batch 64.  A CUDA graph issues the whole
+the host takes longer to issue them than the GPU takes to run them: eager, fused DeiT-Ti/B ran slower than timm eager
+at batch 1 while winning at batch 64 (docs/performance.md, the CUDA-graph table).  A CUDA graph issues the whole
 forward as one launch.
 
 Semantics (the same as capturing by hand with torch.cuda.graph):

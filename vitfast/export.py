@@ -173,9 +173,9 @@ def _check_output_path(path) -> str:
 
 def _gated_modules(model: nn.Module) -> List[str]:
     """Paths of the USDC gated blocks in `model` (their decisions are data-dependent control flow)."""
-    from .nn.gated import GatedBlock
+    from .nn.gated import FusedGatedBlock
 
-    return [name or "model" for name, m in model.named_modules() if isinstance(m, GatedBlock)]
+    return [name or "model" for name, m in model.named_modules() if isinstance(m, FusedGatedBlock)]
 
 
 def _has_torchscript_exporter() -> bool:
@@ -297,7 +297,7 @@ def to_onnx(
         # exporter after printing the whole TorchScript graph): refuse it here, in one line.
         if exporter == "torchscript":
             raise ValueError(f"exporter: 'torchscript' cannot export USDC gates (they decide per batch; {gated[0]} "
-                             f"is a GatedBlock): use exporter='dynamo' or 'auto'")
+                             f"is a FusedGatedBlock): use exporter='dynamo' or 'auto'")
         candidates.remove("torchscript")
         notes.append("torchscript exporter skipped: USDC gates decide per batch")
     result: Dict[str, ExportReport] = {}

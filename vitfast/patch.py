@@ -1,8 +1,8 @@
 """`vitfast.patch_timm(model)`: swap timm transformer blocks for vitfast's fused blocks, outputs unchanged.
 
-Every timm ViT `Block` becomes `vitfast.nn.Block.from_timm(block)` (norm affines and LayerScale folded,
+Every timm ViT `Block` becomes `vitfast.nn.FusedBlock.from_timm(block)` (norm affines and LayerScale folded,
 attention on scaled_dot_product_attention, FFN through `torch.ops.vitfast.channel_idle_ffn`), every
-`SwinTransformerBlock` becomes `vitfast.nn.SwinBlock.from_timm(block)`.  Other modules are untouched.
+`SwinTransformerBlock` becomes `vitfast.nn.FusedSwinBlock.from_timm(block)`.  Other modules are untouched.
 
 The fused blocks are inference modules (no dropout, no drop-path, LayerScale folded), so patching a model in
 training mode would silently change what it trains: it is refused — call `model.eval()` first.  All blocks are
@@ -31,7 +31,7 @@ def patch_timm(model: nn.Module, inplace: bool = True, *, prepack: bool = True) 
     from timm.models.swin_transformer import SwinTransformerBlock
     from timm.models.vision_transformer import Block as TimmBlock
 
-    from .nn.block import Block, SwinBlock
+    from .nn.block import FusedBlock, FusedSwinBlock
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -50,9 +50,9 @@ def patch_timm(model: nn.Module, inplace: bool = True, *, prepack: bool = True) 
             if not path:
                 continue
             if type(module) is TimmBlock:
-                fused = Block.from_timm(module, name=path)
+                fused = FusedBlock.from_timm(module, name=path)
             elif type(module) is SwinTransformerBlock:
-                fused = SwinBlock.from_timm(module, name=path)
+                fused = FusedSwinBlock.from_timm(module, name=path)
             else:
                 continue
             parent_path, _, child = path.rpartition(".")

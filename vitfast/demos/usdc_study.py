@@ -27,12 +27,12 @@ STUDY_MODEL = dict(img_size=32, patch_size=8, embed_dim=96, depth=4, num_heads=4
 
 
 def _sub_block_macs(model: nn.Module, tokens: int) -> List[List[float]]:
-    """[MHSA, FFN] multiply-adds per image of every GatedBlock (0 for a pruned sub-block)."""
-    from ..nn.gated import GatedBlock
+    """[MHSA, FFN] multiply-adds per image of every FusedGatedBlock (0 for a pruned sub-block)."""
+    from ..nn.gated import FusedGatedBlock
 
     out = []
     for block in model.modules():
-        if not isinstance(block, GatedBlock):
+        if not isinstance(block, FusedGatedBlock):
             continue
         attn = 0.0
         if block.attn is not None:
@@ -65,9 +65,9 @@ def accuracy_at_batch_sizes(model: nn.Module, dataset, batch_sizes: Sequence[int
     from torch.utils.data import DataLoader
 
     from ..methods.usdc.compression import _outer_macs
-    from ..nn.gated import GatedBlock
+    from ..nn.gated import FusedGatedBlock
 
-    blocks = [m for m in model.modules() if isinstance(m, GatedBlock)]
+    blocks = [m for m in model.modules() if isinstance(m, FusedGatedBlock)]
     macs = _sub_block_macs(model, tokens)
     other = _outer_macs(model, tokens)  # patch embedding + head: never gated
     model.eval()

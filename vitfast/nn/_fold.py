@@ -7,12 +7,13 @@ operations at run time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import torch
 import torch.nn as nn
 
 from .._checks import check_finite_parameter
+from . import _timm
 
 __all__ = ["batchnorm_scale_shift", "layernorm_affine", "FoldedFFN", "fold_ffn"]
 
@@ -182,3 +183,63 @@ def fold_ffn(
         norm_eps=norm_eps,
         residual=residual,
     )
+
+
+def fold_attention(norm1: nn.Module, attn: nn.Module, ls1: nn.Module, name: str) -> Dict[str, Any]:
+    """norm1's affine into qkv, ls1 into proj (both exact: LN(x)=γ⊙n+β feeds only qkv; ls1 scales proj's rows).
+
+    Returns the fused attention's constructor arguments and float64 tensors.
+    """
+    dim = attn.qkv.in_features
+    norm_eps = _timm.check_layernorm(norm1, f"{name}.norm1", dim)
+    gamma, beta = layernorm_affine(norm1, f"{name}.norm1")
+    w_qkv = attn.qkv.weight.detach().double()
+    b_qkv = attn.qkv.bias.detach().double() if attn.qkv.bias is not None else None
+    if beta is not None:
+        b_qkv = w_qkv @ beta + (b_qkv if b_qkv is not None else 0.0)
+    if gamma is not None:
+        w_qkv = w_qkv * gamma[None, :]
+    w_proj = attn.proj.weight.detach().double()
+    b_proj = attn.proj.bias.detach().double() if attn.proj.bias is not None else None
+    ls = _timm.layer_scale_gamma(ls1, f"{name}.ls1")
+    if ls is not None:
+        ls = ls.detach().double().reshape(-1)
+        w_proj = w_proj * ls[:, None]
+        if b_proj is not None:
+            b_proj = b_proj * ls
+    qk_norm = not isinstance(attn.q_norm, nn.Identity)
+    scale_norm = not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity)
+    return dict(
+        dim=dim,
+        num_heads=attn.num_heads,
+        head_dim=attn.head_dim,
+        qkv_bias=b_qkv is not None,
+        qk_norm=qk_norm,
+        qk_norm_eps=float(attn.q_norm.eps) if qk_norm else 1e-6,
+        scale_attn_norm=scale_norm,
+        scale_attn_norm_eps=float(attn.norm.eps) if scale_norm else 1e-6,
+        proj_bias=b_proj is not None,
+        norm_eps=norm_eps,
+        tensors={
+            "attn.qkv.weight": w_qkv,
+            "attn.qkv.bias": b_qkv,
+            "attn.proj.weight": w_proj,
+            "attn.proj.bias": b_proj,
+            **({"attn.q_norm." + k: v for k, v in affine_norm_state(attn.q_norm, w_qkv).items()} if qk_norm else {}),
+            **({"attn.k_norm." + k: v for k, v in affine_norm_state(attn.k_norm, w_qkv).items()} if qk_norm else {}),
+            **({"attn.norm." + k: v for k, v in affine_norm_state(attn.norm, w_qkv).items()} if scale_norm else {}),
+        },
+    )
+
+
+def affine_norm_state(norm: nn.Module, like: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """A LayerNorm's state as an affine one's: a missing weight is 1, a missing bias 0 (the same output, bit for
+    bit), so fused modules, whose norms always have both, take LayerNorm(bias=False) or (elementwise_affine=False)
+    sources (the strict state-dict load failed on them: "Missing key(s) ... q_norm.bias")."""
+    state = dict(norm.state_dict())
+    shape = tuple(norm.normalized_shape)
+    if "weight" not in state:
+        state["weight"] = torch.ones(shape, dtype=like.dtype, device=like.device)
+    if "bias" not in state:
+        state["bias"] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+    return state

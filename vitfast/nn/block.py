@@ -7,12 +7,12 @@ rename them or change the meaning of a config key.
 
 * `FusedChannelIdleFFN` — RePaViT eq. 6 through `vitfast.ops.channel_idle_ffn`, the whole FFN sub-block
   including its normalisation and shortcut (x ↦ x + FFN(norm(x))).
-* `Attention` — timm-compatible multi-head self-attention (same child names: qkv, q_norm, k_norm, norm, proj)
+* `FusedAttention` — timm-compatible multi-head self-attention (same child names: qkv, q_norm, k_norm, norm, proj)
   on `vitfast.ops.linear` (qkv, proj with the block's shortcut fused) and `vitfast.ops.attention` (heads read
   straight from the qkv output, no permute/copy); SDPA only for masks and qk-norm.
-* `Block` — drop-in for timm's ViT `Block` (same constructor arguments, forward `block(x) -> x` on [B, N, C]):
-  non-affine LayerNorm → Attention (norm1's affine folded into qkv, ls1 folded into proj), then the fused FFN.
-* `SwinBlock` — a timm `SwinTransformerBlock` (subclass: isinstance and the window machinery are timm's) whose
+* `FusedBlock` — drop-in for timm's ViT `Block` (same constructor arguments, forward `block(x) -> x` on [B, N, C]):
+  non-affine LayerNorm → FusedAttention (norm1's affine folded into qkv, ls1 folded into proj), then the fused FFN.
+* `FusedSwinBlock` — a timm `SwinTransformerBlock` (subclass: isinstance and the window machinery are timm's) whose
   FFN sub-block is a `FusedChannelIdleFFN`.
 
 Fused modules are inference modules: dropout, attention dropout and drop-path arguments are accepted for
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from functools import partial
 from types import SimpleNamespace
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
@@ -35,10 +35,11 @@ from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_h
 
 from .. import ops
 from . import _timm
-from ._fold import FoldedFFN, fold_ffn, layernorm_affine
+from ._base import ConfigReader, apply_norm, default_if_none, layernorm_eps, plain_norm_eps, tracing
+from ._fold import FoldedFFN, affine_norm_state, fold_attention, fold_ffn
 from .registry import register_fused
 
-__all__ = ["FusedChannelIdleFFN", "Attention", "Block", "SwinBlock", "active_channels"]
+__all__ = ["FusedChannelIdleFFN", "FusedAttention", "FusedBlock", "FusedSwinBlock", "active_channels"]
 
 
 def active_channels(hidden_features: int, idle_ratio: float) -> int:
@@ -49,60 +50,6 @@ def active_channels(hidden_features: int, idle_ratio: float) -> int:
     if not isinstance(idle_ratio, (int, float)) or isinstance(idle_ratio, bool) or not 0.0 <= idle_ratio <= 1.0:
         raise ValueError(f"idle_ratio: expected a number in [0, 1], got {idle_ratio!r}")
     return int(math.ceil(round(hidden_features * (1.0 - float(idle_ratio)), 9)))
-
-
-_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
-
-
-def _tracing() -> bool:
-    return torch.jit.is_tracing() or (_IS_COMPILING is not None and _IS_COMPILING())
-
-
-def _cpu_kernel_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether an nn layer turned fast (GemmPatchProjection, PackedLinear) may run x through the CPU kernels
-    instead of its own torch forward: not under tracing / torch.compile (exported graphs keep the standard op),
-    a CPU float input of the weight's dtype, the C++ extension loaded, and the auto backend (under
-    VITFAST_BACKEND=reference the layer is its own reference).  Autograd needs no check: `ops.*` differentiate
-    their reference."""
-    return (
-        not _tracing()  # first: under tracing the checks below would warn (tensor -> bool)
-        and x.is_cpu
-        and x.dtype == weight.dtype
-        and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        and ops.extension_loaded()
-        and ops.get_backend() != "reference"
-    )
-
-
-# LayerNorm modules whose forward is F.layer_norm over normalized_shape (timm's, unless its fast_norm is on).
-_PLAIN_LAYER_NORMS = (nn.LayerNorm, TimmLayerNorm)
-
-
-def _layer_norm(norm: Optional[nn.Module], x: torch.Tensor) -> torch.Tensor:
-    """`norm(x)` for the fused modules' LayerNorms (most without an affine: it was folded into the next linear).
-
-    On CPU an nn.LayerNorm over the last dimension runs `vitfast.ops.layer_norm` (kernels/layer_norm.h): torch's
-    CPU kernel took 20.0 µs at [1, 197, 192] with an affine and 38.9 µs without one (a slower path), the op
-    10.4 µs (one thread, measured together).  Traced / compiled graphs keep the plain module call.
-    """
-    if norm is None:
-        return x
-    # Called twice per block per forward: the checks read the parameter dict and x.is_cpu directly (each
-    # nn.Module attribute fallback or torch.device object costs ~0.3 µs, ~5% of a DeiT-Ti block's Python time).
-    params = norm._parameters
-    weight, bias = params.get("weight"), params.get("bias")
-    # (timm's LayerNorm keeps _fast_norm in its instance dict; getattr's miss on nn.LayerNorm raised and caught an
-    # AttributeError inside nn.Module.__getattr__: ~3 µs per call on the Zen 3 host.)
-    if (type(norm) not in _PLAIN_LAYER_NORMS or not x.is_cpu or len(norm.normalized_shape) != 1
-            or (weight is not None and weight.dtype != x.dtype) or norm.__dict__.get("_fast_norm", False)
-            or _tracing()):
-        return norm(x)
-    return ops.layer_norm(x, weight, bias, norm.eps)
-
-
-def _layernorm_eps(norm_layer, dim: int, name: str = "norm_layer") -> float:
-    """Instantiate `norm_layer(dim)` once to read its eps (timm passes classes or partials)."""
-    return _timm.check_layernorm(norm_layer(dim), name, dim)
 
 
 # ------------------------------------------------------------------------------------------ FFN
@@ -158,7 +105,7 @@ class FusedChannelIdleFFN(nn.Module):
         nn.init.zeros_(self.b_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _layer_norm(self.norm, x)
+        y = apply_norm(self.norm, x)
         return ops.channel_idle_ffn(
             y, self.w_in, self.b_in, self.w_out, self.b_out, x if self.residual else None
         )
@@ -257,7 +204,7 @@ class FusedChannelIdleFFN(nn.Module):
 
     @classmethod
     def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "FusedChannelIdleFFN":
-        read = _ConfigReader(
+        read = ConfigReader(
             cfg, "channel_idle_ffn", ("features", "active_features", "linear_path", "norm", "norm_eps", "residual")
         )
         norm = read.choice("norm", (None, "layer"))
@@ -280,88 +227,18 @@ class FusedChannelIdleFFN(nn.Module):
         )
 
 
-def _check_kind(cfg: Dict[str, Any], kind: str) -> None:
-    if not isinstance(cfg, dict) or cfg.get("kind") != kind:
-        got = cfg.get("kind") if isinstance(cfg, dict) else type(cfg).__name__
-        raise ValueError(f"cfg['kind']: expected {kind!r}, got {got!r}")
-
-
-def _default(value, default):
-    return default if value is None else value
-
-
-class _ConfigReader:
-    """Typed access to a (possibly untrusted, file-borne) config: every bad value is a ValueError naming the key.
-
-    Unknown keys are refused too: a config this code cannot fully interpret must not load as something else.
-    """
-
-    def __init__(self, cfg: Dict[str, Any], kind: str, keys: tuple) -> None:
-        _check_kind(cfg, kind)
-        unknown = sorted(set(cfg) - set(keys) - {"kind"})
-        if unknown:
-            raise ValueError(f"cfg: unexpected keys {unknown} for kind {kind!r}")
-        self.cfg = cfg
-
-    def _get(self, key: str):
-        if key not in self.cfg:
-            raise ValueError(f"cfg[{key!r}]: expected a value, not found")
-        return self.cfg[key]
-
-    def int(self, key: str, minimum: int = 1, optional: bool = False) -> Optional[int]:
-        if optional and key not in self.cfg:
-            return None
-        value = self._get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"cfg[{key!r}]: expected an int >= {minimum}, got {value!r}")
-        return value
-
-    def bool(self, key: str) -> bool:
-        value = self._get(key)
-        if not isinstance(value, bool):
-            raise ValueError(f"cfg[{key!r}]: expected true or false, got {value!r}")
-        return value
-
-    def eps(self, key: str, optional: bool = False) -> Optional[float]:
-        value = self._get(key) if not optional or key in self.cfg else None
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"cfg[{key!r}]: expected a finite number >= 0, got {value!r}")
-        return float(value)
-
-    def pair(self, key: str, minimum: int) -> tuple:
-        value = self._get(key)
-        if (not isinstance(value, (list, tuple)) or len(value) != 2
-                or any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in value)):
-            raise ValueError(f"cfg[{key!r}]: expected two ints >= {minimum}, got {value!r}")
-        return tuple(value)
-
-    def choice(self, key: str, choices: tuple):
-        value = self._get(key)
-        if value not in choices:
-            raise ValueError(f"cfg[{key!r}]: expected one of {choices}, got {value!r}")
-        return value
-
-    def dict(self, key: str) -> Dict[str, Any]:
-        value = self._get(key)
-        if not isinstance(value, dict):
-            raise ValueError(f"cfg[{key!r}]: expected an object, got {type(value).__name__}")
-        return value
-
-
 # ------------------------------------------------------------------------------------------ attention
-class Attention(nn.Module):
+class FusedAttention(nn.Module):
     """timm-compatible multi-head self-attention on the vitfast ops.
 
     qkv and proj run on `ops.linear` (packed weights; on CPU the C++ GEMM), the heads on `ops.attention`,
     which reads q/k/v straight from the qkv output and writes [B, N, H·D] in proj's layout (on CPU the C++
     kernel beat SDPA at every DeiT-Ti/S/B shape measured: see benchmarks/bench_attention.py).  An attention
     mask, `is_causal` or qk-norm take the SDPA path.  `residual` (keyword, not in timm's signature) is added
-    by proj's epilogue: `Block` passes its shortcut, so `x + attn(norm1(x))` costs no extra pass.
+    by proj's epilogue: `FusedBlock` passes its shortcut, so `x + attn(norm1(x))` costs no extra pass.
 
     Child names and qkv layout ([3, heads, head_dim] along the output rows) are timm's, so timm Attention state
-    dicts load unchanged.  Not registered on its own: it is part of `Block`.
+    dicts load unchanged.  Not registered on its own: it is part of `FusedBlock`.
     """
 
     def __init__(
@@ -424,90 +301,56 @@ class Attention(nn.Module):
         return True
 
 
-def _fold_attention(norm1: nn.Module, attn: nn.Module, ls1: nn.Module, name: str) -> Dict[str, Any]:
-    """norm1's affine into qkv, ls1 into proj (both exact: LN(x)=γ⊙n+β feeds only qkv; ls1 scales proj's rows).
+# The forwards the block op replaces, as defined here: a later patch of either makes FusedBlock call the modules.
+_ATTENTION_FORWARD = FusedAttention.forward
+_FFN_FORWARD = FusedChannelIdleFFN.forward
 
-    Returns the fused attention's constructor arguments and float64 tensors.
+
+class WholeBlockPlan(NamedTuple):
+    """Whether a block's structure lets it run as the one `torch.ops.vitfast.vit_block` call, decided once when the
+    block is built (by `vitfast.fuse`, `vitfast.load`, `vitfast.patch_timm`), not per forward.  The children it was
+    decided for are kept: a block whose children were replaced since plans again.
+
+    `runs_as_one_op` is False when the structure rules the op out: another attention or FFN class, qk_norm /
+    scale_norm, LayerNorms with an affine or a fast-norm path.  (The norms' eps are read at each call: they are
+    plain attributes a user may set.)
     """
-    dim = attn.qkv.in_features
-    norm_eps = _timm.check_layernorm(norm1, f"{name}.norm1", dim)
-    gamma, beta = layernorm_affine(norm1, f"{name}.norm1")
-    w_qkv = attn.qkv.weight.detach().double()
-    b_qkv = attn.qkv.bias.detach().double() if attn.qkv.bias is not None else None
-    if beta is not None:
-        b_qkv = w_qkv @ beta + (b_qkv if b_qkv is not None else 0.0)
-    if gamma is not None:
-        w_qkv = w_qkv * gamma[None, :]
-    w_proj = attn.proj.weight.detach().double()
-    b_proj = attn.proj.bias.detach().double() if attn.proj.bias is not None else None
-    ls = _timm.layer_scale_gamma(ls1, f"{name}.ls1")
-    if ls is not None:
-        ls = ls.detach().double().reshape(-1)
-        w_proj = w_proj * ls[:, None]
-        if b_proj is not None:
-            b_proj = b_proj * ls
-    qk_norm = not isinstance(attn.q_norm, nn.Identity)
-    scale_norm = not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity)
-    return dict(
-        dim=dim,
-        num_heads=attn.num_heads,
-        head_dim=attn.head_dim,
-        qkv_bias=b_qkv is not None,
-        qk_norm=qk_norm,
-        qk_norm_eps=float(attn.q_norm.eps) if qk_norm else 1e-6,
-        scale_attn_norm=scale_norm,
-        scale_attn_norm_eps=float(attn.norm.eps) if scale_norm else 1e-6,
-        proj_bias=b_proj is not None,
-        norm_eps=norm_eps,
-        tensors={
-            "attn.qkv.weight": w_qkv,
-            "attn.qkv.bias": b_qkv,
-            "attn.proj.weight": w_proj,
-            "attn.proj.bias": b_proj,
-            **({"attn.q_norm." + k: v for k, v in _affine_norm_state(attn.q_norm, w_qkv).items()} if qk_norm else {}),
-            **({"attn.k_norm." + k: v for k, v in _affine_norm_state(attn.k_norm, w_qkv).items()} if qk_norm else {}),
-            **({"attn.norm." + k: v for k, v in _affine_norm_state(attn.norm, w_qkv).items()} if scale_norm else {}),
-        },
-    )
+
+    children: tuple
+    runs_as_one_op: bool
 
 
-def _affine_norm_state(norm: nn.Module, like: torch.Tensor) -> Dict[str, torch.Tensor]:
-    """A LayerNorm's state as an affine one's: a missing weight is 1, a missing bias 0 (the same output, bit for
-    bit), so fused modules, whose norms always have both, take LayerNorm(bias=False) or (elementwise_affine=False)
-    sources (the strict state-dict load failed on them: "Missing key(s) ... q_norm.bias")."""
-    state = dict(norm.state_dict())
-    shape = tuple(norm.normalized_shape)
-    if "weight" not in state:
-        state["weight"] = torch.ones(shape, dtype=like.dtype, device=like.device)
-    if "bias" not in state:
-        state["bias"] = torch.zeros(shape, dtype=like.dtype, device=like.device)
-    return state
+def _children(block: nn.Module) -> tuple:
+    modules = block._modules
+    attn, mlp = modules.get("attn"), modules.get("mlp")  # (a pruned FusedGatedBlock sub-block is None, maybe unregistered)
+    attn_modules = attn._modules if isinstance(attn, nn.Module) else {}
+    mlp_modules = mlp._modules if isinstance(mlp, nn.Module) else {}
+    return (modules.get("norm1"), attn, mlp, attn_modules.get("q_norm"), attn_modules.get("norm"),
+            mlp_modules.get("norm"))
 
 
-# ------------------------------------------------------------------------------------------ ViT block
-def _plain_norm_eps(norm: Optional[nn.Module]) -> Optional[float]:
-    """eps of a LayerNorm without an affine that `_layer_norm` runs as `ops.layer_norm`; None for anything else."""
-    if (type(norm) not in _PLAIN_LAYER_NORMS or len(norm.normalized_shape) != 1
-            or norm.__dict__.get("_fast_norm", False)):
-        return None
-    params = norm._parameters
-    if params.get("weight") is not None or params.get("bias") is not None:
-        return None
-    return float(norm.eps)
+def plan_whole_block(block: nn.Module) -> WholeBlockPlan:
+    """Decide, from its structure alone, whether `block` (a `FusedBlock`, or a `FusedGatedBlock` whose gates are both open) may
+    run as `torch.ops.vitfast.vit_block` (csrc/ops/vit_block.cpp: the same kernels and bits as the six-op path,
+    without its per-op Python and dispatch cost, ~35 µs per block: docs/performance.md), and store the decision."""
+    children = _children(block)
+    norm1, attn, mlp, q_norm, scale_norm, ffn_norm = children
+    plan = WholeBlockPlan(children, type(attn) is FusedAttention and type(mlp) is FusedChannelIdleFFN
+                          and type(q_norm) is nn.Identity and type(scale_norm) is nn.Identity
+                          and plain_norm_eps(norm1) is not None
+                          and (ffn_norm is None or plain_norm_eps(ffn_norm) is not None))
+    block.__dict__["_whole_block_plan"] = plan  # not a module attribute: deepcopy maps its children along
+    return plan
 
 
-def _whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
-    """The arguments of `torch.ops.vitfast.vit_block` when this forward may run the whole block (a `Block`, or a
-    USDC `GatedBlock` whose gates are both open) as that one op
-    (csrc/ops/vit_block.cpp: the same kernels and bits as the six-op path, without its per-op Python and dispatch
-    cost: ~35 µs per block on the Zen 3 host, 3% of a DeiT-Ti forward at batch 1), else None.
+def whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
+    """The arguments of `torch.ops.vitfast.vit_block` for this forward of `block`, or None to run its sub-blocks.
 
-    It may when nothing the six-op path would do differently is in play: inference (grad mode off), a [B, N, C]
-    input that is CPU fp32 (the C++ op) or CUDA without autocast (`ops.vit_block_cuda_eager`: the same torch calls
-    as the six ops' CUDA impls, with one check and no dispatch per op), the auto backend, no tracing (exported
-    graphs keep the per-op calls), the default attention (no qk_norm / scale_norm; masks are ruled out by the
-    caller), the fused FFN, non-affine LayerNorms, and no forward hooks that calling `attn` / `mlp` as modules
-    would fire.
+    The structure was decided when the block was built (`plan_whole_block`); what can change between two forwards
+    is checked here: inference (grad mode off), a [B, N, C] input that is CPU fp32 (the C++ op) or CUDA without
+    autocast (`ops.vit_block_cuda_eager`: the same torch calls as the six ops' CUDA impls, with one check and no
+    dispatch per op), the auto backend, no tracing (exported graphs keep the per-op calls), the planned children
+    still in place, and no forward hooks or patched forwards that calling `attn` / `mlp` as modules would run.
     """
     if torch.is_grad_enabled() or x.dim() != 3:
         return None
@@ -519,62 +362,52 @@ def _whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
             return None
     else:
         return None
-    modules = block._modules
-    attn, mlp = modules.get("attn"), modules.get("mlp")  # (a pruned GatedBlock sub-block is None, maybe unregistered)
-    if type(attn) is not Attention or type(mlp) is not FusedChannelIdleFFN:
+    plan = block.__dict__.get("_whole_block_plan")
+    children = _children(block)
+    if plan is None or any(a is not b for a, b in zip(plan.children, children)):
+        plan = plan_whole_block(block)  # built without a plan, or children replaced since
+    if not plan.runs_as_one_op:
         return None
+    norm1, attn, mlp = children[:3]
     if (attn._forward_hooks or attn._forward_pre_hooks or mlp._forward_hooks or mlp._forward_pre_hooks
             or _global_forward_hooks or _global_forward_pre_hooks):
         return None
     # A forward patched on the instance (accelerate's add_hook_to_module does this) or on the class must run.
-    if ("forward" in attn.__dict__ or "forward" in mlp.__dict__ or Attention.forward is not _ATTENTION_FORWARD
+    if ("forward" in attn.__dict__ or "forward" in mlp.__dict__ or FusedAttention.forward is not _ATTENTION_FORWARD
             or FusedChannelIdleFFN.forward is not _FFN_FORWARD):
         return None
+    # Parameters straight from the dicts: each nn.Module attribute lookup costs ~2 µs, and this runs once per block
+    # per forward.  (A parametrized tensor is not in the dict, its property is: the six-op path reads it through that.)
     attn_modules = attn._modules
-    if type(attn_modules["q_norm"]) is not nn.Identity or type(attn_modules["norm"]) is not nn.Identity:
-        return None
-    norm1_eps = _plain_norm_eps(modules["norm1"])
-    if norm1_eps is None:
-        return None
-    ffn_norm = mlp._modules.get("norm")
-    ffn_norm_eps = _plain_norm_eps(ffn_norm) if ffn_norm is not None else None
-    if ffn_norm is not None and ffn_norm_eps is None:
-        return None
-    # Parameters straight from the dicts: each nn.Module attribute lookup costs ~2 µs on the Zen 3 host, and this
-    # runs once per block per forward.
-    # (A parametrized tensor is not in the dict, its property is: the six-op path reads it through that.)
     qkv, proj, ffn = attn_modules["qkv"]._parameters, attn_modules["proj"]._parameters, mlp._parameters
     try:
         tensors = (qkv["weight"], qkv["bias"], proj["weight"], proj["bias"], ffn["w_in"], ffn["b_in"], ffn["w_out"],
                    ffn["b_out"])
     except KeyError:
         return None
-    if ops.get_backend() == "reference" or _tracing() or tensors[0].dtype != x.dtype:
+    if ops.get_backend() == "reference" or tracing() or tensors[0].dtype != x.dtype:
         return None
     if x.is_cpu and not ops.extension_loaded():
         return None
     w_qkv, b_qkv, w_proj, b_proj, w_in, b_in, w_out, b_out = tensors
-    return (x, norm1_eps, w_qkv, b_qkv, attn.num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
+    ffn_norm = children[5]
+    ffn_norm_eps = float(ffn_norm.eps) if ffn_norm is not None else None
+    return (x, float(norm1.eps), w_qkv, b_qkv, attn.num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
             mlp.residual)
 
 
-# The forwards the block op replaces, as defined here: a later patch of either makes Block call the modules.
-_ATTENTION_FORWARD = Attention.forward
-_FFN_FORWARD = FusedChannelIdleFFN.forward
-
-
 @register_fused("block")
-class Block(nn.Module):
+class FusedBlock(nn.Module):
     """Fused drop-in for `timm.models.vision_transformer.Block`.
 
     Same constructor arguments and `forward(x, attn_mask=None, is_causal=False)`; children `norm1` (LayerNorm
-    without affine), `attn` (`Attention`) and `mlp` (`FusedChannelIdleFFN`, which owns the FFN's norm and
+    without affine), `attn` (`FusedAttention`) and `mlp` (`FusedChannelIdleFFN`, which owns the FFN's norm and
     shortcut).  Keyword-only extras choose the FFN shape: `idle_ratio` θ (default 0: a vanilla FFN),
     `ffn_norm` ("layer": LN variant with explicit residual; "batch": BN variant, norms and shortcut folded) or
     an explicit `active_features`.  `init_values`, dropout and drop-path arguments are accepted and ignored:
     LayerScale is folded into the projections, the rest are identities at inference.
 
-    Build one from trained weights with `Block.from_timm(timm_block)` or `vitfast.fuse(model)`.
+    Build one from trained weights with `FusedBlock.from_timm(timm_block)` or `vitfast.fuse(model)`.
     """
 
     def __init__(
@@ -609,16 +442,16 @@ class Block(nn.Module):
             raise ValueError("scale_mlp_norm: expected False (a LayerNorm inside the MLP cannot be fused), got True")
         if mlp_layer not in (None, Mlp):
             raise ValueError(f"mlp_layer: expected timm.layers.Mlp, got {getattr(mlp_layer, '__name__', mlp_layer)!r}")
-        if attn_layer not in (None, "", "attn", TimmAttention, Attention):
+        if attn_layer not in (None, "", "attn", TimmAttention, FusedAttention):
             raise ValueError(
                 f"attn_layer: expected timm Attention, got {getattr(attn_layer, '__name__', attn_layer)!r}"
             )
         _timm.check_gelu(act_layer(), "act_layer")
-        norm_eps = _layernorm_eps(norm_layer, dim)
+        norm_eps = layernorm_eps(norm_layer, dim)
         hidden = int(dim * mlp_ratio)
         active = active_features if active_features is not None else active_channels(hidden, idle_ratio)
         ffn = FusedChannelIdleFFN.for_structure(dim, hidden, active, ffn_norm, norm_eps, device=device, dtype=dtype)
-        head_eps = _layernorm_eps(norm_layer, head_dim or dim // num_heads) if qk_norm else norm_eps
+        head_eps = layernorm_eps(norm_layer, head_dim or dim // num_heads) if qk_norm else norm_eps
         self._build(
             dim=dim,
             num_heads=num_heads,
@@ -642,7 +475,7 @@ class Block(nn.Module):
         dd = {"device": device, "dtype": dtype}
         self.dim = dim
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, elementwise_affine=False)
-        self.attn = Attention(
+        self.attn = FusedAttention(
             dim,
             num_heads=num_heads,
             head_dim=head_dim,
@@ -657,21 +490,24 @@ class Block(nn.Module):
         if mlp.features != dim:
             raise ValueError(f"mlp: expected a FusedChannelIdleFFN over {dim} features, got {mlp.features}")
         self.mlp = mlp
+        plan_whole_block(self)
 
     def forward(
         self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
     ) -> torch.Tensor:
         if attn_mask is None and not is_causal:
-            args = _whole_block_args(self, x)
+            args = whole_block_args(self, x)
             if args is not None:
                 return torch.ops.vitfast.vit_block(*args) if x.is_cpu else ops.vit_block_cuda_eager(*args)
-        x = self.attn(_layer_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)  # x + attn(...)
+        x = self.attn(apply_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)  # x + attn(...)
         return self.mlp(x)  # the FFN sub-block adds its own shortcut (explicitly, or folded into W̃)
 
     # -------------------------------------------------------------------------------------- construction
     @classmethod
-    def _from_parts(cls, norm1: nn.Module, attn: nn.Module, ls1: nn.Module, mlp: FusedChannelIdleFFN, name: str):
-        folded = _fold_attention(norm1, attn, ls1, name)
+    def from_parts(cls, norm1: nn.Module, attn: nn.Module, ls1: nn.Module, mlp: FusedChannelIdleFFN, name: str):
+        """The fused block from a ViT block's attention parts (norm1's affine and ls1 folded, `fold_attention`) and an
+        already fused FFN: what `from_timm` and the train-time channel-idle blocks' `to_fused()` build."""
+        folded = fold_attention(norm1, attn, ls1, name)
         tensors = folded.pop("tensors")
         device, dtype = attn.qkv.weight.device, attn.qkv.weight.dtype
         block = cls.__new__(cls)
@@ -683,13 +519,13 @@ class Block(nn.Module):
         return block.eval()
 
     @classmethod
-    def from_timm(cls, block: nn.Module, name: str = "block") -> "Block":
+    def from_timm(cls, block: nn.Module, name: str = "block") -> "FusedBlock":
         """Fuse a vanilla timm ViT `Block` (eval-mode function): outputs equal the timm block's."""
         _timm.vit_block_spec(block, name)  # validates everything the folding relies on
         ffn = FusedChannelIdleFFN.from_timm_mlp(
             block.norm2, block.mlp, _timm.layer_scale_gamma(block.ls2, f"{name}.ls2"), name=f"{name}.mlp"
         )
-        return cls._from_parts(block.norm1, block.attn, block.ls1, ffn, name)
+        return cls.from_parts(block.norm1, block.attn, block.ls1, ffn, name)
 
     def vitfast_config(self) -> Dict[str, Any]:
         attn = self.attn
@@ -711,8 +547,8 @@ class Block(nn.Module):
         }
 
     @classmethod
-    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "Block":
-        read = _ConfigReader(cfg, "block", (
+    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "FusedBlock":
+        read = ConfigReader(cfg, "block", (
             "dim", "num_heads", "head_dim", "qkv_bias", "qk_norm", "qk_norm_eps", "scale_attn_norm",
             "scale_attn_norm_eps", "proj_bias", "norm_eps", "mlp",
         ))
@@ -725,9 +561,9 @@ class Block(nn.Module):
             head_dim=read.int("head_dim"),
             qkv_bias=read.bool("qkv_bias"),
             qk_norm=qk_norm,
-            qk_norm_eps=_default(read.eps("qk_norm_eps", optional=not qk_norm), 1e-6),
+            qk_norm_eps=default_if_none(read.eps("qk_norm_eps", optional=not qk_norm), 1e-6),
             scale_attn_norm=scale_norm,
-            scale_attn_norm_eps=_default(read.eps("scale_attn_norm_eps", optional=not scale_norm), 1e-6),
+            scale_attn_norm_eps=default_if_none(read.eps("scale_attn_norm_eps", optional=not scale_norm), 1e-6),
             proj_bias=read.bool("proj_bias"),
             norm_eps=read.eps("norm_eps"),
             mlp=FusedChannelIdleFFN.from_vitfast_config(read.dict("mlp"), device=device, dtype=dtype),
@@ -738,7 +574,7 @@ class Block(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ Swin block
-class _SwinChannelIdle:
+class SwinChannelIdle:
     """What the train-time and fused Swin blocks share (mixed in before timm's `SwinTransformerBlock`): timm's
     block without its norm2 and drop_path2, and a forward in which the FFN module `mlp` owns its norm and shortcut.
     """
@@ -753,17 +589,17 @@ class _SwinChannelIdle:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, height, width, channels = x.shape
-        x = x + self.drop_path1(self._attn(_layer_norm(self.norm1, x)))
+        x = x + self.drop_path1(self._attn(apply_norm(self.norm1, x)))
         x = self.mlp(x.reshape(batch, -1, channels))
         return x.reshape(batch, height, width, channels)
 
 
 @register_fused("swin_block")
-class SwinBlock(_SwinChannelIdle, SwinTransformerBlock):
+class FusedSwinBlock(SwinChannelIdle, SwinTransformerBlock):
     """Fused Swin block: timm's `SwinTransformerBlock` (windowed attention unchanged, norm1 kept — its affine
     cannot be folded because padded window tokens are zeros *after* the norm) with a `FusedChannelIdleFFN` as
     `mlp` replacing norm2 → Mlp → shortcut.  Same constructor arguments as timm's, plus the FFN shape
-    keywords of `Block`; `ffn_config` (used by checkpoint loading) gives the FFN's exact config instead.
+    keywords of `FusedBlock`; `ffn_config` (used by checkpoint loading) gives the FFN's exact config instead.
     """
 
     def __init__(
@@ -809,7 +645,8 @@ class SwinBlock(_SwinChannelIdle, SwinTransformerBlock):
             raise ValueError(f"ffn_config['features']: expected {dim}, got {self.mlp.features}")
 
     @classmethod
-    def _from_parts(cls, block: SwinTransformerBlock, mlp: FusedChannelIdleFFN, name: str) -> "SwinBlock":
+    def from_parts(cls, block: SwinTransformerBlock, mlp: FusedChannelIdleFFN, name: str) -> "FusedSwinBlock":
+        """The fused Swin block from a Swin block (timm's, or a train-time channel-idle one) and its fused FFN."""
         spec = _timm.swin_block_spec(block, name)
         weight = block.attn.qkv.weight
         fused = cls(
@@ -818,18 +655,18 @@ class SwinBlock(_SwinChannelIdle, SwinTransformerBlock):
             device=weight.device,
             dtype=weight.dtype,
         )
-        state = {"norm1." + k: v for k, v in _affine_norm_state(block.norm1, weight).items()}
+        state = {"norm1." + k: v for k, v in affine_norm_state(block.norm1, weight).items()}
         state.update({"attn." + k: v for k, v in block.attn.state_dict().items()})
         state.update({"mlp." + k: v for k, v in mlp.state_dict().items()})
         fused.load_state_dict(state, strict=True)
         return fused.eval()
 
     @classmethod
-    def from_timm(cls, block: SwinTransformerBlock, name: str = "block") -> "SwinBlock":
+    def from_timm(cls, block: SwinTransformerBlock, name: str = "block") -> "FusedSwinBlock":
         """Fuse a vanilla timm `SwinTransformerBlock`; outputs equal the timm block's (eval mode)."""
         _timm.swin_block_spec(block, name, require_mlp=True)
         ffn = FusedChannelIdleFFN.from_timm_mlp(block.norm2, block.mlp, name=f"{name}.mlp")
-        return cls._from_parts(block, ffn, name)
+        return cls.from_parts(block, ffn, name)
 
     def vitfast_config(self) -> Dict[str, Any]:
         spec = _timm.swin_block_spec(self, "block")
@@ -849,8 +686,8 @@ class SwinBlock(_SwinChannelIdle, SwinTransformerBlock):
         }
 
     @classmethod
-    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "SwinBlock":
-        read = _ConfigReader(cfg, "swin_block", (
+    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "FusedSwinBlock":
+        read = ConfigReader(cfg, "swin_block", (
             "dim", "input_resolution", "num_heads", "head_dim", "window_size", "shift_size", "always_partition",
             "dynamic_mask", "qkv_bias", "norm_eps", "mlp",
         ))

@@ -34,7 +34,8 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .block import FusedChannelIdleFFN, _ConfigReader, _layer_norm
+from ._base import ConfigReader, apply_norm
+from .block import FusedChannelIdleFFN
 from .registry import register_fused
 
 __all__ = ["DWConvAttention", "DWConvBlock", "FusedDWConvBlock", "set_grid_size", "follow_patch_grid", "dwconv_heads"]
@@ -138,7 +139,7 @@ class FusedDWConvBlock(nn.Module):
         if attn_mask is not None or is_causal:
             raise ValueError("attn_mask/is_causal: expected none (convolution heads have no mask), got a mask")
         check_token_count(x.shape[-2], self.prefix_tokens, self.grid_size)
-        xn = _layer_norm(self.norm1, x)  # the LayerNorm kernel on CPU, as in the other fused blocks
+        xn = apply_norm(self.norm1, x)  # the LayerNorm kernel on CPU, as in the other fused blocks
         shortcut = x
         if self.qkv is not None:
             heads = ops.attention(ops.linear(xn, self.qkv.weight, self.qkv.bias), self.attn_heads)
@@ -200,7 +201,7 @@ class FusedDWConvBlock(nn.Module):
 
     @classmethod
     def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "FusedDWConvBlock":
-        read = _ConfigReader(cfg, "dwconv_block", (
+        read = ConfigReader(cfg, "dwconv_block", (
             "dim", "attn_heads", "head_dim", "conv_width", "kernel_size", "grid_size", "qkv_bias", "value_bias",
             "proj_bias", "norm_eps", "mlp", "prefix_tokens",
         ))

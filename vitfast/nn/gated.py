@@ -1,4 +1,4 @@
-"""USDC in fused form: `GatedBlock` (a ViT block whose MHSA and FFN sub-blocks are skipped for the whole batch when
+"""USDC in fused form: `FusedGatedBlock` (a ViT block whose MHSA and FFN sub-blocks are skipped for the whole batch when
 their gate closes) and `FusedBatchGate` (the decision network as one `torch.ops.vitfast.batch_gate` call).
 
 The train-time side (gate networks, their search, `USDCBlock`, pruning) is `vitfast.methods.usdc`; its `to_fused()`
@@ -15,14 +15,16 @@ import torch.nn as nn
 
 from .. import ops
 from .._env import get_cuda_kernels
-from .block import Attention, FusedChannelIdleFFN, _ConfigReader, _fold_attention, _layer_norm, _whole_block_args
+from ._base import ConfigReader, apply_norm, tracing
+from ._fold import fold_attention
+from .block import FusedAttention, FusedChannelIdleFFN, plan_whole_block, whole_block_args
 from .registry import register_fused
 
-__all__ = ["GatedBlock", "FusedBatchGate", "set_gate_force", "fused_attention"]
+__all__ = ["FusedGatedBlock", "FusedBatchGate", "set_gate_force", "fused_attention"]
 
 
 
-def _attention_config(attn: Attention) -> Dict[str, Any]:
+def _attention_config(attn: FusedAttention) -> Dict[str, Any]:
     qk_norm = not isinstance(attn.q_norm, nn.Identity)
     scale_norm = not isinstance(attn.norm, nn.Identity)
     return {
@@ -33,15 +35,15 @@ def _attention_config(attn: Attention) -> Dict[str, Any]:
     }
 
 
-def _attention_from_config(dim: int, cfg: Dict[str, Any], dd) -> Attention:
-    return Attention(dim, num_heads=cfg["num_heads"], head_dim=cfg["head_dim"], qkv_bias=cfg["qkv_bias"],
+def _attention_from_config(dim: int, cfg: Dict[str, Any], dd) -> FusedAttention:
+    return FusedAttention(dim, num_heads=cfg["num_heads"], head_dim=cfg["head_dim"], qkv_bias=cfg["qkv_bias"],
                      qk_norm=cfg["qk_norm"], qk_norm_eps=cfg["qk_norm_eps"] or 1e-6, scale_norm=cfg["scale_norm"],
                      scale_norm_eps=cfg["scale_norm_eps"] or 1e-6, proj_bias=cfg["proj_bias"], **dd)
 
 
 @torch.no_grad()
 def fused_attention(norm1, attn, ls1, name):
-    folded = _fold_attention(norm1, attn, ls1, name)
+    folded = fold_attention(norm1, attn, ls1, name)
     tensors = folded.pop("tensors")
     device, dtype = attn.qkv.weight.device, attn.qkv.weight.dtype
     cfg = {"num_heads": folded["num_heads"], "head_dim": folded["head_dim"], "qkv_bias": folded["qkv_bias"],
@@ -56,7 +58,7 @@ def fused_attention(norm1, attn, ls1, name):
 
 # ---------------------------------------------------------------------------------------------- fused block
 @register_fused("gated_block")
-class GatedBlock(nn.Module):
+class FusedGatedBlock(nn.Module):
     """Fused USDC block: drop-in for a timm ViT `Block` (`block(x) -> x` on [B, N, C]).
 
     d = gate(x) ([2] on x's device, `ops.batch_gate`), then MHSA sub-block x + attn(norm1(x)) if d[0], FFN
@@ -79,7 +81,7 @@ class GatedBlock(nn.Module):
     """
 
     def __init__(self, dim: int, *, gate: FusedBatchGate, norm1: Optional[nn.Module] = None,
-                 attn: Optional[Attention] = None, mlp: Optional[FusedChannelIdleFFN] = None) -> None:
+                 attn: Optional[FusedAttention] = None, mlp: Optional[FusedChannelIdleFFN] = None) -> None:
         super().__init__()
         if (norm1 is None) != (attn is None):
             raise ValueError("norm1, attn: expected both or neither (a pruned MHSA sub-block has neither)")
@@ -88,22 +90,25 @@ class GatedBlock(nn.Module):
         self.norm1 = norm1
         self.attn = attn
         self.mlp = mlp
+        plan_whole_block(self)
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                 is_causal: bool = False) -> torch.Tensor:
         decision = self.gate(x)
-        if decision.device.type == "cpu" and not _compiling():
+        # Under torch.compile or a TorchScript trace no host-side decision: it would be baked into the graph (the ONNX
+        # export through the tracer froze every gate's trace-time decision: 19% off on other batches).
+        if decision.device.type == "cpu" and not tracing():
             run_attn, run_ffn = (bool(v) for v in decision.tolist())
             if run_attn and run_ffn and attn_mask is None and not is_causal:
-                # Both sub-blocks open: the whole block as one op, as vitfast.nn.Block runs it (same kernels and
+                # Both sub-blocks open: the whole block as one op, as vitfast.nn.FusedBlock runs it (same kernels and
                 # bits as the two sub-block calls below; None when anything those calls would do differently is
                 # in play, e.g. a pruned sub-block, grad mode, hooks, fp16).
-                args = _whole_block_args(self, x)
+                args = whole_block_args(self, x)
                 if args is not None:
                     return torch.ops.vitfast.vit_block(*args)
             if self.attn is not None and run_attn:
-                # The ungated fused Block's norm call (the LayerNorm kernel on CPU): an open gate gives its bits.
-                x = self.attn(_layer_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
+                # The ungated FusedBlock's norm call (the LayerNorm kernel on CPU): an open gate gives its bits.
+                x = self.attn(apply_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
             if self.mlp is not None and run_ffn:
                 x = self.mlp(x)
             return x
@@ -115,7 +120,7 @@ class GatedBlock(nn.Module):
             if gated_ops and self._gated_mhsa_supported(attn_mask, is_causal):
                 x = ops.gated_mhsa(decision, 0, x, *self.gated_mhsa_args())
             else:
-                y = self.attn(_layer_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
+                y = self.attn(apply_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
                 x = ops.gate_select(decision, 0, y, x)
         if self.mlp is not None:
             if gated_ops and isinstance(self.mlp, FusedChannelIdleFFN):
@@ -153,14 +158,14 @@ class GatedBlock(nn.Module):
         }
 
     @classmethod
-    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "GatedBlock":
-        read = _ConfigReader(cfg, "gated_block", ("dim", "norm_eps", "attn", "mlp", "gate"))
+    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "FusedGatedBlock":
+        read = ConfigReader(cfg, "gated_block", ("dim", "norm_eps", "attn", "mlp", "gate"))
         dim = read.int("dim")
         dd = {"device": device, "dtype": dtype}
         gate = FusedBatchGate.from_vitfast_config(read.dict("gate"), **dd)
         norm1 = attn = mlp = None
         if cfg.get("attn") is not None:
-            sub = _ConfigReader(dict(read.dict("attn"), kind="attn"), "attn", (
+            sub = ConfigReader(dict(read.dict("attn"), kind="attn"), "attn", (
                 "num_heads", "head_dim", "qkv_bias", "qk_norm", "qk_norm_eps", "scale_norm", "scale_norm_eps",
                 "proj_bias"))
             qk_norm, scale_norm = sub.bool("qk_norm"), sub.bool("scale_norm")
@@ -177,15 +182,6 @@ class GatedBlock(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, attn={'pruned' if self.attn is None else self.attn.num_heads}, " \
                f"mlp={'pruned' if self.mlp is None else self.mlp.active_features}"
-
-
-def _compiling() -> bool:
-    """torch.compile or a TorchScript trace: no host-side decision, which would be baked into the graph (the
-    ONNX export through the tracer froze every gate's trace-time decision: 19% off on other batches)."""
-    if torch.jit.is_tracing():
-        return True
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return bool(is_compiling()) if callable(is_compiling) else False
 
 
 def set_gate_force(model: nn.Module, force: Any) -> int:
@@ -266,9 +262,9 @@ class FusedBatchGate(nn.Module):
 
     @classmethod
     def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "FusedBatchGate":
-        from .block import _ConfigReader
+        from .block import ConfigReader
 
-        read = _ConfigReader(cfg, "batch_gate", ("dim", "hidden", "two_layers", "layer_norm", "act", "eps"))
+        read = ConfigReader(cfg, "batch_gate", ("dim", "hidden", "two_layers", "layer_norm", "act", "eps"))
         return cls(read.int("dim"), read.int("hidden"), read.bool("two_layers"), read.bool("layer_norm"),
                    read.choice("act", ("none", "relu", "gelu")), read.eps("eps"), device=device, dtype=dtype)
 

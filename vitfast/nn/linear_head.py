@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .block import _ConfigReader, _cpu_kernel_applies
+from ._base import ConfigReader, cpu_kernel_applies
 from .patch_embed import use_gemm_patch_projection
 from .registry import register_fused
 
@@ -31,12 +31,12 @@ class PackedLinear(nn.Linear):
 
     @classmethod
     def from_vitfast_config(cls, cfg: dict, *, device=None, dtype=None) -> "PackedLinear":
-        read = _ConfigReader(cfg, "packed_linear", ("in_features", "out_features", "bias"))
+        read = ConfigReader(cfg, "packed_linear", ("in_features", "out_features", "bias"))
         return cls(read.int("in_features"), read.int("out_features"), bias=read.bool("bias"), device=device,
                    dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _cpu_kernel_applies(x, self.weight):
+        if cpu_kernel_applies(x, self.weight):
             return ops.linear(x, self.weight, self.bias)
         return super().forward(x)
 

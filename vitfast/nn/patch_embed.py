@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from .block import _ConfigReader, _cpu_kernel_applies
+from ._base import ConfigReader, cpu_kernel_applies
 from .registry import register_fused
 
 
@@ -48,13 +48,13 @@ class GemmPatchProjection(nn.Conv2d):
 
     @classmethod
     def from_vitfast_config(cls, cfg: dict, *, device=None, dtype=None) -> "GemmPatchProjection":
-        read = _ConfigReader(cfg, "gemm_patch_projection", ("in_channels", "out_channels", "patch_size", "bias"))
+        read = ConfigReader(cfg, "gemm_patch_projection", ("in_channels", "out_channels", "patch_size", "bias"))
         return cls(read.int("in_channels"), read.int("out_channels"), read.pair("patch_size", 1),
                    bias=read.bool("bias"), device=device, dtype=dtype)
 
     def _gemm_applies(self, x: torch.Tensor) -> bool:
         return (
-            _cpu_kernel_applies(x, self.weight)
+            cpu_kernel_applies(x, self.weight)
             and x.dim() == 4
             and x.shape[1] == self.in_channels
             and x.shape[2] % self.kernel_size[0] == 0

@@ -1,6 +1,6 @@
 """Fused non-deep ViT block: what `NonDeepBlock.to_fused()` returns (non-deep-vit-progressive-reparam eq. 6-9).
 
-    XWXBlock(x) = mlp(x + xwx_attention(LN(x), w_q, w_k, key_bias, w_v, w_o, b_o))      LN non-affine
+    FusedXWXBlock(x) = mlp(x + xwx_attention(LN(x), w_q, w_k, key_bias, w_v, w_o, b_o))      LN non-affine
 
 `mlp` is a `FusedChannelIdleFFN` (LayerNorm variant with explicit residual, or the BatchNorm variant with norms
 and shortcut folded).  The attention's tensors are exactly the arguments of `vitfast.reference.xwx_attention`
@@ -20,10 +20,11 @@ import torch.nn as nn
 
 from .. import ops
 from ._fold import FoldedFFN
-from .block import FusedChannelIdleFFN, _ConfigReader, _layer_norm
+from ._base import ConfigReader, apply_norm
+from .block import FusedChannelIdleFFN
 from .registry import register_fused
 
-__all__ = ["FoldedXWXAttention", "fold_nondeep_attention", "XWXAttention", "XWXBlock", "SCORE_FORMS"]
+__all__ = ["FoldedXWXAttention", "FusedXWXAttention", "FusedXWXBlock", "SCORE_FORMS"]
 
 SCORE_FORMS = ("factored", "full")
 
@@ -40,10 +41,10 @@ class FoldedXWXAttention:
     b_o: Optional[torch.Tensor]
 
 
-class XWXAttention(nn.Module):
+class FusedXWXAttention(nn.Module):
     """Collapsed non-deep attention: forward(y, residual=None) = ops.xwx_attention(y, ...) (module doc).
 
-    Not registered on its own: it is part of `XWXBlock`, whose config carries its shape.
+    Not registered on its own: it is part of `FusedXWXBlock`, whose config carries its shape.
     """
 
     def __init__(
@@ -107,10 +108,10 @@ class XWXAttention(nn.Module):
 
 
 @register_fused("xwx_block")
-class XWXBlock(nn.Module):
+class FusedXWXBlock(nn.Module):
     """Fused non-deep block, drop-in for a timm ViT `Block`: x ↦ mlp(x + attn(norm1(x))) on [B, N, C].
 
-    Children: `norm1` (LayerNorm without affine), `attn` (`XWXAttention`), `mlp` (`FusedChannelIdleFFN`, owns
+    Children: `norm1` (LayerNorm without affine), `attn` (`FusedXWXAttention`), `mlp` (`FusedChannelIdleFFN`, owns
     its norm and shortcut).  Build with `NonDeepBlock.to_fused()` / `vitfast.fuse(model)`; the kind
     "xwx_block" and its config keys are stored in checkpoint files: never rename them.
     """
@@ -136,20 +137,20 @@ class XWXBlock(nn.Module):
             raise ValueError(f"mlp: expected a FusedChannelIdleFFN over {dim} features, got {got}")
         self.dim = dim
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, elementwise_affine=False)
-        self.attn = XWXAttention(dim, num_heads, score_form, score_rank, value_dim, key_bias=key_bias,
+        self.attn = FusedXWXAttention(dim, num_heads, score_form, score_rank, value_dim, key_bias=key_bias,
                                  out_bias=out_bias, device=device, dtype=dtype)
         self.mlp = mlp
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise ValueError("attn_mask/is_causal: expected none (the xwx block attends over all tokens), got a mask")
-        x = self.attn(_layer_norm(self.norm1, x), residual=x)  # the LayerNorm kernel on CPU
+        x = self.attn(apply_norm(self.norm1, x), residual=x)  # the LayerNorm kernel on CPU
         return self.mlp(x)  # the FFN sub-block adds its own shortcut
 
     @classmethod
     def from_folded(
         cls, attention: FoldedXWXAttention, ffn: FoldedFFN, *, norm_eps: float, device=None, dtype=None
-    ) -> "XWXBlock":
+    ) -> "FusedXWXBlock":
         """Build from float64 folded tensors, cast once to `dtype`."""
         heads, dim, rank = attention.w_q.shape
         block = cls(
@@ -188,8 +189,8 @@ class XWXBlock(nn.Module):
         }
 
     @classmethod
-    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "XWXBlock":
-        read = _ConfigReader(cfg, "xwx_block", (
+    def from_vitfast_config(cls, cfg: Dict[str, Any], *, device=None, dtype=None) -> "FusedXWXBlock":
+        read = ConfigReader(cfg, "xwx_block", (
             "dim", "num_heads", "score_form", "score_rank", "value_dim", "key_bias", "out_bias", "norm_eps", "mlp",
         ))
         return cls(

@@ -8,4 +8,15 @@ from .rng import seed_everything
 from .schedules import param_groups, warmup_cosine
 from .trainer import AMP_DTYPES, Callback, Trainer
 
-__all__ = ["Trainer", "Callback", "AMP_DTYPES", "param_groups", "warmup_cosine", "seed_everything"]
+__all__ = ["Trainer", "Callback", "AMP_DTYPES", "param_groups", "warmup_cosine", "seed_everything", "data", "distributed"]
+
+
+def __getattr__(name):
+    # `vitfast.training.data` / `.distributed` on first use: the data loaders import torchvision.
+    if name in ("data", "distributed"):
+        import importlib
+
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,7 @@ arXiv 2511.19718): L/n blocks of n parallel branches whose attention scores join
 1.
 
 Train-time `NonDeepBlock` (`NonDeepAttention`, `NonDeepMlp`, `JoinSchedule`: modules.py), conversion from timm
-(convert.py), the collapse at λ = 1 into `vitfast.nn.XWXBlock` (fold.py), attention-map distillation from a
+(convert.py), the collapse at λ = 1 into `vitfast.nn.FusedXWXBlock` (fold.py), attention-map distillation from a
 teacher (attn_distill.py).  Its entry in the train-time file is part of `vitfast.io.trainable`.
 """
 from .attn_distill import (

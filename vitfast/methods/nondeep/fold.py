@@ -1,7 +1,7 @@
 """The collapse of a non-deep block at λ = 1 into the fused XWXᵀ form (eq. 6-9), computed in float64.
 
 `fold_nondeep_attention` gives the per-head W_h (factored or full), key bias, value and output factors that
-`vitfast.nn.XWXBlock` runs through `torch.ops.vitfast.xwx_attention`; `fold_nondeep_mlp` sums the branch FFNs into
+`vitfast.nn.FusedXWXBlock` runs through `torch.ops.vitfast.xwx_attention`; `fold_nondeep_mlp` sums the branch FFNs into
 one channel-idle FFN.
 """
 from __future__ import annotations

@@ -47,7 +47,7 @@ of the squared cosine similarity of the branch outputs (per token, over channels
 mean over the block's attention and FFN, and `extra_loss_weight` carries α (the Trainer adds weight × value;
 `vitfast.convert.from_timm` sets α / number of blocks so the total is α × the mean over all sub-blocks).
 
-`vitfast.fuse` calls `NonDeepBlock.to_fused()` → `vitfast.nn.xwx.XWXBlock` (λ must be 1).
+`vitfast.fuse` calls `NonDeepBlock.to_fused()` → `vitfast.nn.xwx.FusedXWXBlock` (λ must be 1).
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ from timm.models.vision_transformer import Attention as TimmAttention
 from ..._checks import check_finite_parameter, check_nonnegative_weight
 from ...nn import _timm
 from ...nn.block import active_channels
-from ...nn.xwx import XWXBlock
+from ...nn.xwx import FusedXWXBlock
 from ..repavit.modules import FFN_NORMS, tokens_batchnorm
 from .fold import fold_nondeep_attention, fold_nondeep_mlp
 
@@ -579,7 +579,7 @@ class NonDeepBlock(nn.Module):
 
     # -------------------------------------------------------------------------------------- collapse
     def to_fused(self, name: str = "block", score_form: str = "auto") -> nn.Module:
-        """The exact single-branch block at λ = 1 (eq. 6-9, module doc): `vitfast.nn.xwx.XWXBlock`.
+        """The exact single-branch block at λ = 1 (eq. 6-9, module doc): `vitfast.nn.xwx.FusedXWXBlock`.
 
         score_form: "factored" stores W_h = U_h V_hᵀ from the branch factors (rank n·d_h), "full" stores the C×C
         matrix W_h = Σ_b W_{b,h}; "auto" takes "factored" when n·d_h ≤ C/2 (cheaper there), else "full".
@@ -592,7 +592,7 @@ class NonDeepBlock(nn.Module):
         attention = fold_nondeep_attention(self.attn, name=f"{name}.attn", score_form=score_form)
         ffn = fold_nondeep_mlp(self.mlp, f"{name}.mlp")
         weight = self.attn.branches[0].qkv.weight
-        return XWXBlock.from_folded(attention, ffn, norm_eps=float(self.norm1.eps), device=weight.device, dtype=weight.dtype)
+        return FusedXWXBlock.from_folded(attention, ffn, norm_eps=float(self.norm1.eps), device=weight.device, dtype=weight.dtype)
 
 
 def _copy_linear(linear: nn.Linear, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:

@@ -25,7 +25,7 @@ from ..._copy import deepcopy_model
 from ...arch import register_stand_in
 from ...nn import _timm
 from ...nn._fold import fold_ffn
-from ...nn.block import Block, FusedChannelIdleFFN, SwinBlock, _SwinChannelIdle, active_channels
+from ...nn.block import FusedBlock, FusedChannelIdleFFN, FusedSwinBlock, SwinChannelIdle, active_channels
 
 __all__ = ["idle_ratios", "ChannelIdleMlp", "ChannelIdleBlock", "ChannelIdleSwinBlock", "FFN_NORMS", "HEURISTICS"]
 
@@ -335,12 +335,12 @@ class ChannelIdleBlock(nn.Module):
         new.train(block.training)
         return new
 
-    def to_fused(self, name: str = "block") -> Block:
-        """The exact fused `vitfast.nn.Block` (eval-mode function)."""
-        return Block._from_parts(self.norm1, self.attn, self.ls1, self.mlp.to_fused(f"{name}.mlp"), name)
+    def to_fused(self, name: str = "block") -> FusedBlock:
+        """The exact fused `vitfast.nn.FusedBlock` (eval-mode function)."""
+        return FusedBlock.from_parts(self.norm1, self.attn, self.ls1, self.mlp.to_fused(f"{name}.mlp"), name)
 
 
-class ChannelIdleSwinBlock(_SwinChannelIdle, SwinTransformerBlock):
+class ChannelIdleSwinBlock(SwinChannelIdle, SwinTransformerBlock):
     """Train-time Swin block with a channel-idle FFN: timm's `SwinTransformerBlock` (subclass, so isinstance,
     window shifting, masks and `set_input_size` are timm's) whose norm2 → Mlp → shortcut became `mlp`, a
     `ChannelIdleMlp`.  Constructor: timm's arguments plus `idle_ratio`, `ffn_norm`, `active_features`.
@@ -420,9 +420,9 @@ class ChannelIdleSwinBlock(_SwinChannelIdle, SwinTransformerBlock):
         new.train(block.training)
         return new
 
-    def to_fused(self, name: str = "block") -> SwinBlock:
-        """The exact fused `vitfast.nn.SwinBlock` (eval-mode function)."""
-        return SwinBlock._from_parts(self, self.mlp.to_fused(f"{name}.mlp"), name)
+    def to_fused(self, name: str = "block") -> FusedSwinBlock:
+        """The exact fused `vitfast.nn.FusedSwinBlock` (eval-mode function)."""
+        return FusedSwinBlock.from_parts(self, self.mlp.to_fused(f"{name}.mlp"), name)
 
 
 register_stand_in("mlp", ChannelIdleMlp)

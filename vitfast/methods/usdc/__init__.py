@@ -4,7 +4,7 @@ channels and blocks under a FLOPs resource loss.
 
 Gate networks and their search (gates.py), the train-time `USDCBlock` (modules.py), conversion, pruning, the
 resource loss and the method's entry in the train-time file (compression.py).  The fused form is
-`vitfast.nn.GatedBlock` with `vitfast.nn.FusedBatchGate`.
+`vitfast.nn.FusedGatedBlock` with `vitfast.nn.FusedBatchGate`.
 """
 from .compression import (
                           RESOURCE_GAMMA,

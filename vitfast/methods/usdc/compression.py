@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from ..._copy import deepcopy_model
-from ...nn.gated import GatedBlock, set_gate_force
+from ...nn.gated import FusedGatedBlock, set_gate_force
 from .gates import GATE_KINDS, GATE_LEVELS
 from .modules import USDCBlock
 
@@ -164,10 +164,10 @@ def prune(model: nn.Module) -> nn.Module:
 @torch.no_grad()
 def gate_rates(model: nn.Module, loader: Iterable, max_batches: Optional[int] = None) -> List[List[float]]:
     """Fraction of batches in which each layer executed [MHSA, FFN] (the R of the paper's Fig. 5), eval mode.
-    Works on train-time (USDCBlock) and fused (GatedBlock) models."""
+    Works on train-time (USDCBlock) and fused (FusedGatedBlock) models."""
     gates = []
     for m in model.modules():
-        if isinstance(m, (USDCBlock, GatedBlock)):
+        if isinstance(m, (USDCBlock, FusedGatedBlock)):
             gates.append(m)
     counts = torch.zeros(len(gates), 2)
     seen = 0

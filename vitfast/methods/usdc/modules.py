@@ -1,4 +1,4 @@
-"""USDC blocks: the train-time gated + statically prunable ViT block, and its fused inference counterpart (`vitfast.nn.GatedBlock`).
+"""USDC blocks: the train-time gated + statically prunable ViT block, and its fused inference counterpart (`vitfast.nn.FusedGatedBlock`).
 
 Train-time `USDCBlock` (usdc-static-dynamic-compression eq. 5 and 8, sec. 3.3):
 
@@ -18,7 +18,7 @@ and is the identity for a pruned one (α^a_0 = 0) — the two hard states the pr
 In eval mode everything is hard: one gate per batch (the batch mean of the pooled features, what
 `torch.ops.vitfast.batch_gate` computes), a structure is pruned iff α_{·,0} < α_{·,1}.  `pruned()` removes the
 pruned heads, channels and sub-blocks physically and keeps the best searched gate network (stage 2, sec. 3.4);
-`to_fused()` gives the `GatedBlock`.  Both are exact: same eval-mode outputs.
+`to_fused()` gives the `FusedGatedBlock`.  Both are exact: same eval-mode outputs.
 
 Composition: a RePaViT `ChannelIdleBlock` can be gated too (its FFN module owns norm and shortcut; gates and
 block-level pruning apply to it, channel pruning does not, since its channels are folded differently).
@@ -36,7 +36,7 @@ from timm.models.vision_transformer import Attention as TimmAttention
 
 from ...nn import _timm
 from ...nn.block import FusedChannelIdleFFN
-from ...nn.gated import FusedBatchGate, GatedBlock, fused_attention
+from ...nn.gated import FusedBatchGate, FusedGatedBlock, fused_attention
 from .gates import GATE_LEVELS, SEARCH_TAU, GateNet, GateSearch, group_assignment, hard_gates
 
 
@@ -182,7 +182,7 @@ class USDCBlock(nn.Module):
         return self.ls2(mlp.drop2(mlp.fc2(mlp.norm(h))))
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
-        """timm's Block signature: `attn_mask` / `is_causal` go to the attention (SDPA), as in timm and GatedBlock."""
+        """timm's Block signature: `attn_mask` / `is_causal` go to the attention (SDPA), as in timm and FusedGatedBlock."""
         g = self.gates(x)
         a, f = _keep(self.alpha_attn, self.training), _keep(self.alpha_ffn, self.training)
         heads, channels = _keep(self.alpha_heads, self.training), _keep(self.alpha_channels, self.training)
@@ -246,7 +246,7 @@ class USDCBlock(nn.Module):
         new.orig_heads, new.orig_hidden = self.orig_heads, self.orig_hidden
         return new.train(self.training)
 
-    def to_fused(self, name: str = "block") -> "GatedBlock":
+    def to_fused(self, name: str = "block") -> "FusedGatedBlock":
         block = self.pruned() if (self.static or isinstance(self.gate, GateSearch)) else self
         gate = FusedBatchGate.from_gate_net(block.gate.eval())
         norm1 = attn = mlp = None
@@ -258,7 +258,7 @@ class USDCBlock(nn.Module):
             else:
                 mlp = FusedChannelIdleFFN.from_timm_mlp(
                     block.norm2, block.mlp, _timm.layer_scale_gamma(block.ls2, f"{name}.ls2"), name=f"{name}.mlp")
-        return GatedBlock(self.dim, gate=gate, norm1=norm1, attn=attn, mlp=mlp).eval()
+        return FusedGatedBlock(self.dim, gate=gate, norm1=norm1, attn=attn, mlp=mlp).eval()
 
 
 def _prune_heads(attn: nn.Module, idx: torch.Tensor) -> nn.Module:
