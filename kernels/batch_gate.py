@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vitfast._validate_gate import check_batch_gate_args, check_gate_select_args
+from vitfast.ops.batch_gate import check_batch_gate_args, check_gate_select_args
 from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device
 
 __all__ = ["batch_gate_triton", "batch_gate_logits_triton", "gate_select_triton"]

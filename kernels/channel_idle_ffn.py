@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vitfast._validate import check_channel_idle_ffn_args
+from vitfast.ops.channel_idle_ffn import check_channel_idle_ffn_args
 from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, rows, tuned_configs
 
 __all__ = ["channel_idle_ffn_triton"]

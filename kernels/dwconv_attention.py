@@ -39,7 +39,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from vitfast._validate_dwconv import check_dwconv_attention_args
+from vitfast.ops.dwconv_attention import check_dwconv_attention_args
 from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device
 
 __all__ = ["dwconv_attention_triton"]

@@ -38,7 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from vitfast._validate_gate import check_gated_ffn_args, check_gated_mhsa_args, check_gate_select_args
+from vitfast.ops.batch_gate import check_gate_select_args
+from vitfast.ops.gated import check_gated_ffn_args, check_gated_mhsa_args
 from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, rows, triton_version
 from vitfast.kernels.channel_idle_ffn import _input_precision, _load_tile_f32, _matmul_tile, _tile_ids, _to_dtype
 
@@ -354,7 +355,7 @@ def gated_attention_triton(gate: torch.Tensor, index: int, qkv: torch.Tensor, nu
                            scale: Optional[float] = None, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`vitfast.reference.attention(qkv, num_heads, scale)` ([B, N, H·D]) if gate[index] != 0; when closed
     `out` is returned unwritten."""
-    from vitfast._validate import check_attention_args
+    from vitfast.ops.attention import check_attention_args
 
     heads, head_dim = check_attention_args(qkv, num_heads, scale)
     gate = _check_gate(gate, index, qkv)

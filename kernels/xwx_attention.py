@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vitfast._validate import check_xwx_attention_args
+from vitfast.ops.xwx_attention import check_xwx_attention_args
 from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, tuned_configs
 
 __all__ = ["xwx_attention_triton"]

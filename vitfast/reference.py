@@ -11,9 +11,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._validate import check_attention_args, check_channel_idle_ffn_args, check_layer_norm_args, check_linear_args
-from ._validate import check_vit_block_args, check_xwx_attention_args
-from ._validate_dwconv import check_dwconv_attention_args
+from .ops.attention import check_attention_args
+from .ops.batch_gate import check_batch_gate_args, check_gate_select_args
+from .ops.channel_idle_ffn import check_channel_idle_ffn_args
+from .ops.dwconv_attention import check_dwconv_attention_args
+from .ops.gated import check_gated_ffn_args, check_gated_mhsa_args
+from .ops.layer_norm import check_layer_norm_args
+from .ops.linear import check_linear_args
+from .ops.vit_block import check_vit_block_args
+from .ops.xwx_attention import check_xwx_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "vit_block", "xwx_attention", "batch_gate",
            "batch_gate_logits", "gate_select"]
@@ -42,7 +48,7 @@ def channel_idle_ffn(
 
 
 # The formulas without their argument checks: what the checked functions here run, and what a caller that has
-# validated the arguments already runs (ops.vit_block_cuda_eager checks a whole block once, then runs these).
+# validated the arguments already runs (vitfast.ops.vit_block_cuda_eager checks a whole block once, then runs these).
 def channel_idle_ffn_unchecked(x, w_in, b_in, w_out, b_out=None, residual=None):
     active = w_out.shape[1]
     h = F.linear(x, w_in, b_in)
@@ -252,8 +258,6 @@ def batch_gate_logits(
     eps: float = 1e-5,
 ) -> torch.Tensor:
     """The two gate logits d = (execute − skip) of a batch, in float32 ([2]); `batch_gate` thresholds them."""
-    from ._validate_gate import check_batch_gate_args
-
     check_batch_gate_args(x, w1, b1, w2, b2, layer_norm, act, eps)
     # Token mean-pool then batch mean (USDC batch-level gate): every sample has N tokens, so this is the mean of
     # all B·N token vectors.  float32 whatever the input dtype: the result is thresholded, keep it stable.
@@ -297,8 +301,6 @@ def batch_gate(
 
 def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: torch.Tensor) -> torch.Tensor:
     """`taken` where gate[index] != 0 else `skipped` — read on the device, never synchronised to the host."""
-    from ._validate_gate import check_gate_select_args
-
     check_gate_select_args(gate, index, taken, skipped)
     return torch.where(gate[index] != 0, taken, skipped)
 
@@ -325,8 +327,6 @@ def gated_mhsa(
 
     The oracle computes the sub-block and selects on the device (`gate_select`); the kernels skip it instead.
     """
-    from ._validate_gate import check_gated_mhsa_args
-
     check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
     y = F.layer_norm(x, (x.shape[-1],), eps=norm_eps) if norm_eps is not None else x
     out = linear(attention(linear(y, w_qkv, b_qkv), num_heads), w_proj, b_proj, x)
@@ -349,8 +349,6 @@ def gated_ffn(
         out = channel_idle_ffn(LN(x) or x, w_in, b_in, w_out, b_out, x if residual else None)   if gate[index] != 0
         out = x                                                                                otherwise
     """
-    from ._validate_gate import check_gated_ffn_args
-
     check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
     y = F.layer_norm(x, (x.shape[-1],), eps=norm_eps) if norm_eps is not None else x
     out = channel_idle_ffn(y, w_in, b_in, w_out, b_out, x if residual else None)
