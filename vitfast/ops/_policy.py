@@ -2,18 +2,17 @@
 `use_triton_*` rule compares against.  "Use your own kernel where it beats the library": the numbers are the
 measured speed-ups in `docs/performance.md#cuda-policy` (kernel ÷ composition, medians; >1 = the kernel wins).
 
-| op                | measured (GPUs, versions and scripts: see docs/performance.md)           | rule                      |
-|-------------------|--------------------------------------------------------------------------|---------------------------|
-| channel_idle_ffn  | fp32: 0.40–0.57× (ieee tl.dot on CUDA cores) everywhere.                 | fp16/bf16 only,           |
-|                   | bf16 batch 1–8 (≤ 1576 rows): 0.33–0.45× (launch-bound).                 | rows ≥ TRITON_FFN_MIN_ROWS|
-|                   | bf16 batch 64 (12608 rows), θ 0.5 / 0.75, three runs: DeiT-B (C 768)      | and width ≥               |
-|                   | 1.10–1.27×, won all six; DeiT-S (C 384) lost four of six (median 0.78×). | TRITON_FFN_MIN_WIDTH      |
-| xwx_attention     | fp32: 0.14–0.48×.  fp16 DeiT-Ti (C 192): 1.25–1.54×;                     | fp16/bf16 and             |
-|                   | fp16 DeiT-S (C 384): 0.86–1.25×, no consistent win.                      | C ≤ TRITON_XWX_MAX_WIDTH  |
-| dwconv_attention  | fp32, 24×24 tokens, batch 1/8: 0.15–0.58× everywhere.                    | never (the composition)   |
-| gated_mhsa/ffn    | DeiT-S, half the sub-blocks closed, vs ungated (lower is better):        | fp16/bf16: gated kernels, |
-|                   | fp32 gated kernels 166% / 116% (b8 / b64), gate_select 118% / 108%;      | fp32: compute +           |
-|                   | fp16 gated kernels 157% / 112%, gate_select 192% / 144%.                 | gate_select               |
+Measured (GPUs, library versions and scripts: docs/performance.md), and the rule taken:
+- channel_idle_ffn: fp32 0.40–0.57× everywhere (the ieee tl.dot runs on CUDA cores); bf16 at batch 1–8
+  (≤ 1576 rows) 0.33–0.45× (launch-bound); bf16 at batch 64 (12608 rows), θ 0.5 / 0.75, three runs: DeiT-B
+  (C 768) 1.10–1.27×, won all six, DeiT-S (C 384) lost four of six (median 0.78×)
+  → Triton in fp16/bf16 from TRITON_FFN_MIN_ROWS rows and TRITON_FFN_MIN_WIDTH channels.
+- xwx_attention: fp32 0.14–0.48×; fp16 DeiT-Ti (C 192) 1.25–1.54×; fp16 DeiT-S (C 384) 0.86–1.25×, no
+  consistent win → Triton in fp16/bf16 up to TRITON_XWX_MAX_WIDTH channels.
+- dwconv_attention: fp32, 24×24 tokens, batch 1/8: 0.15–0.58× everywhere → always the composition.
+- gated_mhsa / gated_ffn (DeiT-S, half the sub-blocks closed; time relative to the ungated model, lower is better):
+  fp32 gated kernels 166% / 116% (batch 8 / 64), compute + gate_select 118% / 108%; fp16 gated kernels
+  157% / 112%, gate_select 192% / 144% → the gated kernels in fp16/bf16, gate_select in fp32.
 
 `VITFAST_CUDA_KERNELS` (`vitfast._env.get_cuda_kernels`) "triton" / "torch" forces one path over every rule.
 """

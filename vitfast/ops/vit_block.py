@@ -88,9 +88,9 @@ def vit_block_cuda_eager(*args):
     (LayerNorm, qkv, attention, proj + residual, LayerNorm, FFN), so the same kernels and bits as the op-by-op path,
     with one argument check for the block instead of one `torch.ops` dispatch into a Python impl plus one check per
     op.  That host time is what a launch-bound GPU waits on: op by op, a fused DeiT-B forward in bf16 at batch 64
-    took 7.96 ms against 4.60 ms of GPU work (its CUDA-graph replay; docs/performance.md).  Callers make sure that nothing the op-by-op
-    path does differently is in play (`nn.fused._whole_block_args`: no grad, no autocast, no tracing, no hooks).
-    Takes `vit_block`'s arguments."""
+    took 7.96 ms against 4.60 ms of GPU work (its CUDA-graph replay; docs/performance.md).  Callers make sure
+    that nothing the op-by-op path does differently is in play (`nn.fused._whole_block_args`: no grad, no
+    autocast, no tracing, no hooks).  Takes `vit_block`'s arguments."""
     check_vit_block_args(*args, any_float=True)
     fns = (reference.layer_norm_unchecked, reference.linear_unchecked, reference.attention_unchecked,
            channel_idle_ffn_cuda_unchecked)
