@@ -23,7 +23,6 @@ GELU(h) would be rounded to the input dtype before the dot anyway; (c) it halves
 intermediate.  Accumulation is fp32 throughout and every epilogue runs in fp32 with one cast at the store.
 """
 import contextlib
-from typing import Optional
 
 import torch
 import triton
@@ -146,14 +145,7 @@ def _grid(m: int, n: int):
     return lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
 
-def channel_idle_ffn_triton(
-    x: torch.Tensor,
-    w_in: torch.Tensor,
-    b_in: Optional[torch.Tensor],
-    w_out: torch.Tensor,
-    b_out: Optional[torch.Tensor] = None,
-    residual: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+def channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out=None, residual=None) -> torch.Tensor:
     """`vitfast.reference.channel_idle_ffn` on the Triton kernels (CUDA tensors, or CPU under the interpreter)."""
     active, linear, c_out = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, residual)
     check_device(x)

@@ -266,19 +266,8 @@ def _plan(batch: int, hw: int, halo: int, device: torch.device, path: Optional[s
     return path, block_m, halo_rows
 
 
-def dwconv_attention_triton(
-    x: torch.Tensor,
-    w_v: torch.Tensor,
-    b_v: Optional[torch.Tensor],
-    kernel: torch.Tensor,
-    w_o: torch.Tensor,
-    b_o: Optional[torch.Tensor],
-    grid_h: int,
-    grid_w: int,
-    residual: Optional[torch.Tensor] = None,
-    *,
-    path: Optional[str] = None,
-) -> torch.Tensor:
+def dwconv_attention_triton(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual=None, *,
+                            path: Optional[str] = None) -> torch.Tensor:
     """`vitfast.reference.dwconv_attention` on the Triton kernels (CUDA tensors, or CPU under the interpreter).
 
     `path`: "fused" or "split" (see `_plan`); None chooses by the number of programs the grid gives."""

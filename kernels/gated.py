@@ -26,8 +26,9 @@ chosen by size instead (`_gemm_config`), mirroring the first candidates of kerne
 
 The GEMM core, tile ordering and the interpreter-only bf16 handling are the channel-idle FFN kernel's
 (kernels/_common.py: `matmul_tile`, `tile_ids`, `to_dtype`): accumulation in fp32, one cast at the store.  The
-attention is flash style (online softmax in fp32, no [N, N] matrix), reading q/k/v straight from the packed qkv rows (timm's layout
-[3, H, D] along the features) and writing [B, N, H·D] in proj's layout, like `vitfast.reference.attention`.
+attention is flash style (online softmax in fp32, no [N, N] matrix), reading q/k/v straight from the packed qkv
+rows (timm's layout [3, H, D] along the features) and writing [B, N, H·D] in proj's layout, like
+`vitfast.reference.attention`.
 """
 
 import contextlib

@@ -23,7 +23,6 @@ key's R_h and V_h), best done once by cuBLAS; recomputing them per query tile wo
 N / BLOCK_M.
 """
 import contextlib
-from typing import Optional
 
 import torch
 import triton
@@ -170,16 +169,7 @@ def _dot_width(n: int) -> int:
     return max(16, triton.next_power_of_2(int(n)))
 
 
-def xwx_attention_triton(
-    x: torch.Tensor,
-    w_q: torch.Tensor,
-    w_k: Optional[torch.Tensor],
-    key_bias: Optional[torch.Tensor],
-    w_v: torch.Tensor,
-    w_o: torch.Tensor,
-    b_o: Optional[torch.Tensor] = None,
-    residual: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+def xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None) -> torch.Tensor:
     """`vitfast.reference.xwx_attention` on the Triton kernel (CUDA tensors, or CPU under the interpreter)."""
     heads, rank, value_dim, c_out = check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
     check_device(x)

@@ -114,21 +114,8 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
     return attention_unchecked(qkv, heads, scale)
 
 
-def vit_block(
-    x: torch.Tensor,
-    norm1_eps: float,
-    w_qkv: torch.Tensor,
-    b_qkv: Optional[torch.Tensor],
-    num_heads: int,
-    w_proj: torch.Tensor,
-    b_proj: Optional[torch.Tensor],
-    ffn_norm_eps: Optional[float],
-    w_in: torch.Tensor,
-    b_in: Optional[torch.Tensor],
-    w_out: torch.Tensor,
-    b_out: Optional[torch.Tensor],
-    ffn_residual: bool,
-) -> torch.Tensor:
+def vit_block(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
+              ffn_residual) -> torch.Tensor:
     """The fused ViT block (`vitfast.nn.Block` with its default attention) as one function:
 
         x1  = x + linear(attention(linear(LN(x), w_qkv, b_qkv), num_heads), w_proj, b_proj)   LN non-affine
@@ -274,16 +261,7 @@ def batch_gate_logits(
     return h
 
 
-def batch_gate(
-    x: torch.Tensor,
-    w1: torch.Tensor,
-    b1: Optional[torch.Tensor],
-    w2: Optional[torch.Tensor] = None,
-    b2: Optional[torch.Tensor] = None,
-    layer_norm: bool = False,
-    act: str = "none",
-    eps: float = 1e-5,
-) -> torch.Tensor:
+def batch_gate(x, w1, b1, w2=None, b2=None, layer_norm=False, act="none", eps=1e-5) -> torch.Tensor:
     """USDC batch-level gate decision (USDC eq. 5 at inference): one decision per batch for [MHSA, FFN].
 
         f = mean over the B·N tokens of x [B, N, C]        (token mean-pool, then batch mean)
@@ -308,17 +286,7 @@ def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: to
 __all__ += ["gated_mhsa", "gated_ffn"]
 
 
-def gated_mhsa(
-    gate: torch.Tensor,
-    index: int,
-    x: torch.Tensor,
-    norm_eps: Optional[float],
-    w_qkv: torch.Tensor,
-    b_qkv: Optional[torch.Tensor],
-    num_heads: int,
-    w_proj: torch.Tensor,
-    b_proj: Optional[torch.Tensor],
-) -> torch.Tensor:
+def gated_mhsa(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) -> torch.Tensor:
     """A gated fused MHSA sub-block (USDC eq. 5): the sub-block if gate[index] != 0, else the identity.
 
         y   = LayerNorm(x) without affine (skipped when norm_eps is None; the affine is folded into w_qkv)
@@ -333,17 +301,7 @@ def gated_mhsa(
     return gate_select(gate, index, out, x)
 
 
-def gated_ffn(
-    gate: torch.Tensor,
-    index: int,
-    x: torch.Tensor,
-    norm_eps: Optional[float],
-    w_in: torch.Tensor,
-    b_in: Optional[torch.Tensor],
-    w_out: torch.Tensor,
-    b_out: Optional[torch.Tensor],
-    residual: bool,
-) -> torch.Tensor:
+def gated_ffn(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual) -> torch.Tensor:
     """A gated fused FFN sub-block (USDC eq. 5; RePaViT channel-idle layout, θ = 0 is timm's Mlp):
 
         out = channel_idle_ffn(LN(x) or x, w_in, b_in, w_out, b_out, x if residual else None)   if gate[index] != 0

@@ -81,15 +81,22 @@ def _norm(x, norm_eps):
     return torch.ops.vitfast.layer_norm(x, None, None, norm_eps) if norm_eps is not None else x
 
 
-def _gated_mhsa_fake(*args):
-    check_gated_mhsa_args(*args)
-    return args[2].new_empty(args[2].shape)
+def _fake(check):
+    def fake(*args):
+        check(*args)
+        x = args[2]
+        return x.new_empty(x.shape)
+
+    return fake
 
 
-def _gated_mhsa_cuda(*args):
-    from ..kernels.gated import gated_mhsa_triton
+def _cuda(name):
+    def cuda(*args):
+        from ..kernels import gated
 
-    return gated_mhsa_triton(*args)
+        return getattr(gated, f"{name}_triton")(*args)
+
+    return cuda
 
 
 def _gated_mhsa_cpu(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj):
@@ -98,6 +105,13 @@ def _gated_mhsa_cpu(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b
         return x.clone()  # an op's output never aliases its input
     qkv = torch.ops.vitfast.linear(_norm(x, norm_eps), w_qkv, b_qkv)
     return torch.ops.vitfast.linear(torch.ops.vitfast.attention(qkv, num_heads), w_proj, b_proj, x)
+
+
+def _gated_ffn_cpu(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual):
+    check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
+    if not bool(gate[index] != 0):
+        return x.clone()
+    return torch.ops.vitfast.channel_idle_ffn(_norm(x, norm_eps), w_in, b_in, w_out, b_out, x if residual else None)
 
 
 def _gated_entry(name):
@@ -117,34 +131,14 @@ def _gated_entry(name):
 gated_mhsa = define_op(
     "gated_mhsa(Tensor gate, int index, Tensor x, float? norm_eps, Tensor w_qkv, Tensor? b_qkv, int num_heads, "
     "Tensor w_proj, Tensor? b_proj) -> Tensor",
-    fake=_gated_mhsa_fake, cuda=_gated_mhsa_cuda, cpu=_gated_mhsa_cpu, entry=_gated_entry("gated_mhsa"),
+    fake=_fake(check_gated_mhsa_args), cuda=_cuda("gated_mhsa"), cpu=_gated_mhsa_cpu, entry=_gated_entry("gated_mhsa"),
     doc="`torch.ops.vitfast.gated_mhsa`: x + proj(attention(qkv(LN(x)))) if gate[index] != 0 else x, decided on the\n"
         "    device (see `vitfast.reference.gated_mhsa`), or the reference when VITFAST_BACKEND=reference.",
 )
-
-
-def _gated_ffn_fake(*args):
-    check_gated_ffn_args(*args)
-    return args[2].new_empty(args[2].shape)
-
-
-def _gated_ffn_cuda(*args):
-    from ..kernels.gated import gated_ffn_triton
-
-    return gated_ffn_triton(*args)
-
-
-def _gated_ffn_cpu(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual):
-    check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
-    if not bool(gate[index] != 0):
-        return x.clone()
-    return torch.ops.vitfast.channel_idle_ffn(_norm(x, norm_eps), w_in, b_in, w_out, b_out, x if residual else None)
-
-
 gated_ffn = define_op(
     "gated_ffn(Tensor gate, int index, Tensor x, float? norm_eps, Tensor w_in, Tensor? b_in, Tensor w_out, "
     "Tensor? b_out, bool residual) -> Tensor",
-    fake=_gated_ffn_fake, cuda=_gated_ffn_cuda, cpu=_gated_ffn_cpu, entry=_gated_entry("gated_ffn"),
+    fake=_fake(check_gated_ffn_args), cuda=_cuda("gated_ffn"), cpu=_gated_ffn_cpu, entry=_gated_entry("gated_ffn"),
     doc="`torch.ops.vitfast.gated_ffn`: channel_idle_ffn(LN(x), …, x if residual) if gate[index] != 0 else x, decided\n"
         "    on the device (see `vitfast.reference.gated_ffn`), or the reference when VITFAST_BACKEND=reference.",
 )
