@@ -1,11 +1,13 @@
-"""What every Triton kernel module shares: the interpreter flag, the autotune candidate list, the device check.
+"""What the Triton kernel modules share: the interpreter flag, the autotune candidate list, the device check, and the
+tile helpers of more than one kernel (GEMM tile and its grouped ordering, the epilogue's one cast, the matmul
+precision that mirrors torch's TF32 switch).
 
 `tuned_configs(candidates, interpreter=...)` returns what `@triton.autotune(configs=...)` gets:
 - under the Triton interpreter (CPU): the one `interpreter` config — autotuning would only time numpy;
 - with `VITFAST_TRITON_AUTOTUNE=0`: the first candidate alone.  Autotuning compiles every candidate for every
   new key; the native GPU parity suites run hundreds of shapes, and with ~9 candidates each they spent minutes
-  compiling configs whose speed they never look at (measured: 7% of the channel-idle suite in 300 s on an
-  H200).  Tests set it; a deployment leaves it on;
+  compiling configs whose speed they never look at (measured: 7% of the channel-idle suite in 300 s).
+  Tests set it; a deployment leaves it on;
 - otherwise every candidate.
 Read once at import, like TRITON_INTERPRET (which must be set before triton is imported).
 """
@@ -15,14 +17,16 @@ import os
 import re
 
 import torch
+import triton
+import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# 1/√2 for the erf GELU; a constexpr because @jit code may only read constexpr globals.
+SQRT1_2 = tl.constexpr(0.7071067811865476)
 
 
 def triton_version() -> tuple:
     """(major, minor) of the installed triton (3.0 ships with torch 2.4, 3.6 with 2.11, 3.8 with 2.14)."""
-    import triton
-
     # The leading digits of each piece: '3.1rc1' is (3, 1), '3.8.0+git12ab' is (3, 8).
     return tuple(int(re.match(r"\d*", piece).group() or 0) for piece in triton.__version__.split(".")[:2])
 
@@ -65,3 +69,84 @@ def rows(t: torch.Tensor, width: int) -> torch.Tensor:
     for size in t.shape[:-1]:
         m *= size
     return t.reshape(m, width)
+
+
+def input_precision(dtype: torch.dtype) -> str:
+    # Mirror torch: an fp32 matmul may use TF32 only when torch.backends.cuda.matmul.allow_tf32 is on
+    # (torch.set_float32_matmul_precision("high") turns it on).  For fp16/bf16 operands the setting is moot.
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+# ---------------------------------------------------------------------------------------------- GEMM tile code
+@triton.jit
+def tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M row-tiles share each weight column-tile while it is in L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * num_n
+    first_m = (pid // in_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_size
+    pid_n = (pid % in_group) // group_size
+    return pid_m, pid_n
+
+
+@triton.jit
+def matmul_tile(
+    a_ptr, w_ptr, M, N, K,
+    stride_am, stride_ak, stride_wn, stride_wk,
+    pid_m, pid_n,
+    INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """fp32 tile [BLOCK_M, BLOCK_N] of a[M, K] · w[N, K]ᵀ (w in nn.Linear layout, any strides)."""
+    # int64 before multiplying by strides: M·stride overflows int32 for large batches (ViT-L, B·N·4C).
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Wrap out-of-range rows/cols onto valid ones so the loads in the K loop need only a K mask; the
+    # wrapped rows/cols are discarded by the store mask.
+    rows = rows % M
+    cols = cols % N
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + rk[None, :] * stride_ak
+    w_ptrs = w_ptr + rk[:, None] * stride_wk + cols[None, :] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        acc = tl.dot(operand(a, INTERPRET_BF16), operand(w, INTERPRET_BF16), acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit
+def to_dtype(acc, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
+    """The one cast at the end of an epilogue: fp32 -> storage dtype, round to nearest even."""
+    if INTERPRET_BF16:
+        # The interpreter's fp32 -> bf16 cast truncates (its fp_trunc path ignores the RTNE mode that the GPU
+        # cvt.rn.bf16.f32 applies), doubling the rounding error.  Round to nearest even on the bits first so
+        # the truncating cast is exact; NaN is left alone (the carry would turn it into a denormal).
+        bits = acc.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        acc = tl.where(acc != acc, acc, bits.to(tl.float32, bitcast=True))
+    return acc.to(dtype)
+
+
+@triton.jit
+def load_tile_f32(ptr, rows, cols, stride_m, stride_n, mask):
+    return tl.load(ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def operand(t, INTERPRET_BF16: tl.constexpr):
+    """A tl.dot operand as loaded: under the interpreter with bf16 only, widened to fp32 (its tl.dot would multiply
+    the uint16 bit patterns, triton issue #11584; bf16 products are exact in fp32, so this is the GPU computation up
+    to summation order)."""
+    if INTERPRET_BF16:
+        return t.to(tl.float32)
+    return t

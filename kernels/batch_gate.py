@@ -30,13 +30,12 @@ import torch
 import triton
 import triton.language as tl
 
-from vitfast._validate_gate import check_batch_gate_args, check_gate_select_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device
+from vitfast.ops.batch_gate import check_batch_gate_args, check_gate_select_args
+from vitfast.kernels._common import INTERPRET as _INTERPRET, SQRT1_2, check_device
 
 __all__ = ["batch_gate_triton", "batch_gate_logits_triton", "gate_select_triton"]
 
 _ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
-_SQRT1_2 = tl.constexpr(0.7071067811865476)
 
 
 @triton.jit
@@ -91,7 +90,7 @@ def _gate_head_kernel(
     if ACT == 1:
         h = tl.maximum(h, 0.0)
     elif ACT == 2:
-        h = 0.5 * h * (1.0 + tl.math.erf(h * _SQRT1_2))
+        h = 0.5 * h * (1.0 + tl.math.erf(h * SQRT1_2))
     if TWO_LAYERS:
         w_exec = tl.load(w2_ptr + hid, mask=hid_mask, other=0.0).to(tl.float32)
         w_ffn = tl.load(w2_ptr + H + hid, mask=hid_mask, other=0.0).to(tl.float32)

@@ -23,18 +23,17 @@ GELU(h) would be rounded to the input dtype before the dot anyway; (c) it halves
 intermediate.  Accumulation is fp32 throughout and every epilogue runs in fp32 with one cast at the store.
 """
 import contextlib
-from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from vitfast._validate import check_channel_idle_ffn_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, rows, tuned_configs
+from vitfast.ops.channel_idle_ffn import check_channel_idle_ffn_args
+from vitfast.kernels._common import INTERPRET as _INTERPRET, SQRT1_2, check_device, input_precision
+from vitfast.kernels._common import load_tile_f32, matmul_tile, rows, tile_ids, to_dtype, tuned_configs
 
 __all__ = ["channel_idle_ffn_triton"]
 
-_SQRT1_2 = tl.constexpr(0.7071067811865476)  # constexpr: @jit code may only read constexpr globals
 
 
 # ---------------------------------------------------------------------------------------------- autotune configs
@@ -73,76 +72,6 @@ def _m_bucket(m: int) -> int:
     return triton.next_power_of_2(max(int(m), 1))
 
 
-# ---------------------------------------------------------------------------------------------- shared tile code
-@triton.jit
-def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Grouped ordering: GROUP_M row-tiles share each weight column-tile while it is in L2."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * num_n
-    first_m = (pid // in_group) * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
-    return pid_m, pid_n
-
-
-@triton.jit
-def _matmul_tile(
-    a_ptr, w_ptr, M, N, K,
-    stride_am, stride_ak, stride_wn, stride_wk,
-    pid_m, pid_n,
-    INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """fp32 tile [BLOCK_M, BLOCK_N] of a[M, K] · w[N, K]ᵀ (w in nn.Linear layout, any strides)."""
-    # int64 before multiplying by strides: M·stride overflows int32 for large batches (ViT-L, B·N·4C).
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    # Wrap out-of-range rows/cols onto valid ones so the loads in the K loop need only a K mask; the
-    # wrapped rows/cols are discarded by the store mask.
-    rows = rows % M
-    cols = cols % N
-    rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows[:, None] * stride_am + rk[None, :] * stride_ak
-    w_ptrs = w_ptr + rk[:, None] * stride_wk + cols[None, :] * stride_wn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-        w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        if INTERPRET_BF16:
-            # Triton interpreter + bf16 only (never on a GPU): the interpreter stores bf16 as uint16 and its
-            # tl.dot multiplies the bit patterns (the interpreter does not support bf16 arithmetic; triton
-            # issue #11584).  bf16·bf16 products are exact in fp32 and the GPU MMA accumulates them in fp32,
-            # so this is the GPU computation up to summation order.
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        w_ptrs += BLOCK_K * stride_wk
-    return acc
-
-
-@triton.jit
-def _to_dtype(acc, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
-    """The one cast at the end of an epilogue: fp32 -> storage dtype, round to nearest even."""
-    if INTERPRET_BF16:
-        # The interpreter's fp32 -> bf16 cast truncates (its fp_trunc path ignores the RTNE mode that the GPU
-        # cvt.rn.bf16.f32 applies), doubling the rounding error.  Round to nearest even on the bits first so
-        # the truncating cast is exact; NaN is left alone (the carry would turn it into a denormal).
-        bits = acc.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        acc = tl.where(acc != acc, acc, bits.to(tl.float32, bitcast=True))
-    return acc.to(dtype)
-
-
-@triton.jit
-def _load_tile_f32(ptr, rows, cols, stride_m, stride_n, mask):
-    return tl.load(ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0).to(tl.float32)
-
-
 # ---------------------------------------------------------------------------------------------- kernel 1
 @triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"])
 @triton.jit
@@ -155,8 +84,8 @@ def _channel_idle_ffn_in_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """hid = [GELU(h[:, :A]) | h[:, A:]],  h = x · wᵀ + b.  When A = 0 this is the whole op (HAS_B_OUT/HAS_RES)."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = _matmul_tile(
+    pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = matmul_tile(
         x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n,
         INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
     )
@@ -168,13 +97,13 @@ def _channel_idle_ffn_in_kernel(
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     # Split GELU: only tiles that reach into the active columns pay for erf.
     if pid_n * BLOCK_N < A:
-        gelu = 0.5 * acc * (1.0 + tl.math.erf(acc * _SQRT1_2))
+        gelu = 0.5 * acc * (1.0 + tl.math.erf(acc * SQRT1_2))
         acc = tl.where(cols[None, :] < A, gelu, acc)
     if HAS_B_OUT:
         acc += tl.load(b_out_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_RES:
-        acc += _load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
-    hid = _to_dtype(acc, hid_ptr.dtype.element_ty, INTERPRET_BF16)
+        acc += load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
+    hid = to_dtype(acc, hid_ptr.dtype.element_ty, INTERPRET_BF16)
     tl.store(hid_ptr + rows[:, None] * stride_hm + cols[None, :] * stride_hn, hid, mask=mask)
 
 
@@ -190,8 +119,8 @@ def _channel_idle_ffn_out_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """out = g · wᵀ (+ lin) (+ b) (+ res), with g = GELU(h[:, :A]) and lin = h[:, A:] read from kernel 1's buffer."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = _matmul_tile(
+    pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = matmul_tile(
         g_ptr, w_ptr, M, N, K, stride_gm, stride_gk, stride_wn, stride_wk, pid_m, pid_n,
         INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
     )
@@ -200,38 +129,23 @@ def _channel_idle_ffn_out_kernel(
     col_ok = cols < N
     mask = (rows[:, None] < M) & col_ok[None, :]
     if HAS_LINEAR:
-        acc += _load_tile_f32(lin_ptr, rows, cols, stride_lm, stride_ln, mask)
+        acc += load_tile_f32(lin_ptr, rows, cols, stride_lm, stride_ln, mask)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_RES:
-        acc += _load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
-    out = _to_dtype(acc, out_ptr.dtype.element_ty, INTERPRET_BF16)
+        acc += load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
+    out = to_dtype(acc, out_ptr.dtype.element_ty, INTERPRET_BF16)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on, out, mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------- launcher
-def _input_precision(dtype: torch.dtype) -> str:
-    # Mirror torch: an fp32 matmul may use TF32 only when torch.backends.cuda.matmul.allow_tf32 is on
-    # (torch.set_float32_matmul_precision("high") turns it on).  For fp16/bf16 operands the setting is moot.
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"
-
-
 def _grid(m: int, n: int):
     # Sizes from the launcher, not from `meta`: older interpreters (triton 3.6) hand the grid function the
     # kernel arguments already converted to interpreter tensors.
     return lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
 
-def channel_idle_ffn_triton(
-    x: torch.Tensor,
-    w_in: torch.Tensor,
-    b_in: Optional[torch.Tensor],
-    w_out: torch.Tensor,
-    b_out: Optional[torch.Tensor] = None,
-    residual: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+def channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out=None, residual=None) -> torch.Tensor:
     """`vitfast.reference.channel_idle_ffn` on the Triton kernels (CUDA tensors, or CPU under the interpreter)."""
     active, linear, c_out = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, residual)
     check_device(x)
@@ -255,7 +169,7 @@ def channel_idle_ffn_triton(
     # Biases are tiny; contiguous copies keep the kernels to a unit-stride 1-D load.
     b_in_c = b_in.contiguous() if b_in is not None else None
     b_out_c = b_out.contiguous() if b_out is not None else None
-    precision = _input_precision(x.dtype)
+    precision = input_precision(x.dtype)
     interpret_bf16 = _INTERPRET and x.dtype == torch.bfloat16
     m_bucket = _m_bucket(m)
     n_hid = active + linear

@@ -39,21 +39,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from vitfast._validate_dwconv import check_dwconv_attention_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device
+from vitfast.ops.dwconv_attention import check_dwconv_attention_args
+from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, input_precision, to_dtype
 
 __all__ = ["dwconv_attention_triton"]
-
-
-
-@triton.jit
-def _to_dtype(acc, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
-    """fp32 -> storage dtype, round to nearest even (see kernels/channel_idle_ffn.py for the interpreter's bf16)."""
-    if INTERPRET_BF16:
-        bits = acc.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        acc = tl.where(acc != acc, acc, bits.to(tl.float32, bitcast=True))
-    return acc.to(dtype)
 
 
 @triton.jit
@@ -89,7 +78,7 @@ def _value_rows(
     acc = tl.where(valid[:, None], acc, 0.0)
     rows = row_off + tl.arange(0, NROWS)
     tl.store(sv_tile + rows[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :],
-             _to_dtype(acc, sv_tile.dtype.element_ty, INTERPRET_BF16))
+             to_dtype(acc, sv_tile.dtype.element_ty, INTERPRET_BF16))
 
 
 @triton.jit
@@ -166,7 +155,7 @@ def _project_tile(
         acc += tl.load(res_img + tok[:, None] * stride_rn + ncols[None, :] * stride_rc, mask=mask,
                        other=0.0).to(tl.float32)
     tl.store(out_img + tok[:, None] * stride_on + ncols[None, :] * stride_oc,
-             _to_dtype(acc, out_img.dtype.element_ty, INTERPRET_BF16), mask=mask)
+             to_dtype(acc, out_img.dtype.element_ty, INTERPRET_BF16), mask=mask)
 
 
 @triton.jit
@@ -197,7 +186,7 @@ def _dwconv_attention_kernel(
                         HAS_BV, KSIZE, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, HALO_ROWS, BLOCK_D, BLOCK_K)
         # 3. U chunk into the program's strip (read back by the output GEMM below).
         dcols = d0 + dl
-        tl.store(su_tile + m[:, None] * D + dcols[None, :], _to_dtype(u, su_tile.dtype.element_ty, INTERPRET_BF16),
+        tl.store(su_tile + m[:, None] * D + dcols[None, :], to_dtype(u, su_tile.dtype.element_ty, INTERPRET_BF16),
                  mask=(dcols < D)[None, :])
     tl.debug_barrier()  # the U strip is complete before the GEMM reads it
     for n0 in range(0, C_OUT, BLOCK_N):
@@ -229,7 +218,7 @@ def _dwconv_values_kernel(
     t = t0 + tl.arange(0, BLOCK_M)
     dcols = d0 + tl.arange(0, BLOCK_D)
     tl.store(u_ptr + img * stride_ub + t[:, None].to(tl.int64) * stride_un + dcols[None, :] * stride_ud,
-             _to_dtype(u, u_ptr.dtype.element_ty, INTERPRET_BF16), mask=(t < HW)[:, None] & (dcols < D)[None, :])
+             to_dtype(u, u_ptr.dtype.element_ty, INTERPRET_BF16), mask=(t < HW)[:, None] & (dcols < D)[None, :])
 
 
 @triton.jit
@@ -252,13 +241,6 @@ def _dwconv_project_kernel(
 
 
 # ---------------------------------------------------------------------------------------------- launcher
-def _input_precision(dtype: torch.dtype) -> str:
-    # As torch: TF32 for an fp32 matmul only when torch.backends.cuda.matmul.allow_tf32 is on.
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"
-
-
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
@@ -284,19 +266,8 @@ def _plan(batch: int, hw: int, halo: int, device: torch.device, path: Optional[s
     return path, block_m, halo_rows
 
 
-def dwconv_attention_triton(
-    x: torch.Tensor,
-    w_v: torch.Tensor,
-    b_v: Optional[torch.Tensor],
-    kernel: torch.Tensor,
-    w_o: torch.Tensor,
-    b_o: Optional[torch.Tensor],
-    grid_h: int,
-    grid_w: int,
-    residual: Optional[torch.Tensor] = None,
-    *,
-    path: Optional[str] = None,
-) -> torch.Tensor:
+def dwconv_attention_triton(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual=None, *,
+                            path: Optional[str] = None) -> torch.Tensor:
     """`vitfast.reference.dwconv_attention` on the Triton kernels (CUDA tensors, or CPU under the interpreter).
 
     `path`: "fused" or "split" (see `_plan`); None chooses by the number of programs the grid gives."""
@@ -338,7 +309,7 @@ def dwconv_attention_triton(
     bo = b_o.contiguous() if b_o is not None else None
     dummy = out  # stands in for absent optional pointers; never dereferenced (constexpr flags)
     res = residual if residual is not None else dummy
-    precision = _input_precision(x.dtype)
+    precision = input_precision(x.dtype)
     interpret_bf16 = _INTERPRET and x.dtype == torch.bfloat16
     with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
         if path == "fused":

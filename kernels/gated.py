@@ -1,4 +1,4 @@
-"""Gated Triton kernels: the USDC fused block's sub-blocks on CUDA, skipped on the device (issue 6).
+"""Gated Triton kernels: the USDC fused block's sub-blocks on CUDA, skipped on the device.
 
 USDC (usdc-static-dynamic-compression eq. 5) skips a whole MHSA or FFN sub-block when its gate is closed; at
 inference the gate is one decision per batch (`batch_gate`, a [2] tensor on the GPU).  Reading it on the host
@@ -25,9 +25,10 @@ with a closed gate every candidate would "finish" in a few microseconds and the 
 chosen by size instead (`_gemm_config`), mirroring the first candidates of kernels/channel_idle_ffn.py.
 
 The GEMM core, tile ordering and the interpreter-only bf16 handling are the channel-idle FFN kernel's
-(`_matmul_tile`, `_tile_ids`, `_to_dtype`): accumulation in fp32, one cast at the store.  The attention is flash
-style (online softmax in fp32, no [N, N] matrix), reading q/k/v straight from the packed qkv rows (timm's layout
-[3, H, D] along the features) and writing [B, N, H·D] in proj's layout, like `vitfast.reference.attention`.
+(kernels/_common.py: `matmul_tile`, `tile_ids`, `to_dtype`): accumulation in fp32, one cast at the store.  The
+attention is flash style (online softmax in fp32, no [N, N] matrix), reading q/k/v straight from the packed qkv
+rows (timm's layout [3, H, D] along the features) and writing [B, N, H·D] in proj's layout, like
+`vitfast.reference.attention`.
 """
 
 import contextlib
@@ -38,9 +39,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vitfast._validate_gate import check_gated_ffn_args, check_gated_mhsa_args, check_gate_select_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, rows, triton_version
-from vitfast.kernels.channel_idle_ffn import _input_precision, _load_tile_f32, _matmul_tile, _tile_ids, _to_dtype
+from vitfast.ops.batch_gate import check_gate_select_args
+from vitfast.ops.gated import check_gated_ffn_args, check_gated_mhsa_args
+from vitfast.kernels._common import INTERPRET as _INTERPRET, SQRT1_2, check_device, input_precision, load_tile_f32
+from vitfast.kernels._common import matmul_tile, operand, rows, tile_ids, to_dtype, triton_version
 
 __all__ = [
     "gated_layernorm_triton",
@@ -50,7 +52,6 @@ __all__ = [
     "gated_ffn_triton",
 ]
 
-_SQRT1_2 = tl.constexpr(0.7071067811865476)
 
 
 @triton.jit
@@ -59,15 +60,6 @@ def _gate_closed(gate_ptr, gate_index):
     gate's own dtype, as the reference's `gate != 0`: a float64 gate of 1e-300 is open, though it rounds to 0 in
     fp32."""
     return tl.load(gate_ptr + gate_index) == 0
-
-
-@triton.jit
-def _operand(t, INTERPRET_BF16: tl.constexpr):
-    # Interpreter + bf16 only: its tl.dot would multiply the uint16 bit patterns (triton issue #11584); bf16
-    # products are exact in fp32, so widening first is the GPU computation up to summation order.
-    if INTERPRET_BF16:
-        return t.to(tl.float32)
-    return t
 
 
 # ---------------------------------------------------------------------------------------------- LayerNorm
@@ -95,7 +87,7 @@ def _gated_layernorm_kernel(
     if HAS_B:
         y = y + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :],
-             _to_dtype(y, out_ptr.dtype.element_ty, INTERPRET_BF16), mask=mask)
+             to_dtype(y, out_ptr.dtype.element_ty, INTERPRET_BF16), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------------- linear
@@ -112,7 +104,7 @@ def _gated_linear_kernel(
 ):
     """Open:   out = GELU_{cols < GELU_N}(x · wᵀ + b) + b2 + add + res   (each term optional).
     Closed: out = skip when given (the last kernel of a sub-block), else nothing is read or written."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -122,7 +114,7 @@ def _gated_linear_kernel(
             tile = tl.load(skip_ptr + rows[:, None] * stride_sm + cols[None, :] * stride_sn, mask=mask)
             tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on, tile, mask=mask)
         return
-    acc = _matmul_tile(
+    acc = matmul_tile(
         x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n,
         INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
     )
@@ -130,15 +122,15 @@ def _gated_linear_kernel(
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     # Split GELU (RePaViT): only tiles that reach into the first GELU_N columns pay for erf.
     if pid_n * BLOCK_N < GELU_N:
-        gelu = 0.5 * acc * (1.0 + tl.math.erf(acc * _SQRT1_2))
+        gelu = 0.5 * acc * (1.0 + tl.math.erf(acc * SQRT1_2))
         acc = tl.where(cols[None, :] < GELU_N, gelu, acc)
     if HAS_BIAS2:
         acc += tl.load(b2_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_ADD:
-        acc += _load_tile_f32(add_ptr, rows, cols, stride_am, stride_an, mask)
+        acc += load_tile_f32(add_ptr, rows, cols, stride_am, stride_an, mask)
     if HAS_RES:
-        acc += _load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
-    out = _to_dtype(acc, out_ptr.dtype.element_ty, INTERPRET_BF16)
+        acc += load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
+    out = to_dtype(acc, out_ptr.dtype.element_ty, INTERPRET_BF16)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on, out, mask=mask)
 
 
@@ -169,7 +161,7 @@ def _gated_attention_kernel(
     k_cols = ((H + h) * D + offs_d) * s_qc
     v_cols = ((2 * H + h) * D + offs_d) * s_qc
     q = tl.load(base + rows[:, None] * s_qn + q_cols[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    q = _operand(q, INTERPRET_BF16)
+    q = operand(q, INTERPRET_BF16)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -177,7 +169,7 @@ def _gated_attention_kernel(
         keys = n0 + offs_n
         key_ok = keys < N
         k = tl.load(base + keys[None, :] * s_qn + k_cols[:, None], mask=d_ok[:, None] & key_ok[None, :], other=0.0)
-        s = tl.dot(q, _operand(k, INTERPRET_BF16), input_precision=INPUT_PRECISION) * scale
+        s = tl.dot(q, operand(k, INTERPRET_BF16), input_precision=INPUT_PRECISION) * scale
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # A row whose keys so far are all -inf (scores that overflowed) has m_new = -inf: exp(-inf - -inf) is NaN,
@@ -188,13 +180,13 @@ def _gated_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(base + keys[:, None] * s_qn + v_cols[None, :], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
         # p in v's dtype for the second product (tensor cores in fp16/bf16), as flash attention does.
-        pv = _operand(_to_dtype(p, qkv_ptr.dtype.element_ty, INTERPRET_BF16), INTERPRET_BF16)
-        acc = tl.dot(pv, _operand(v, INTERPRET_BF16), acc * alpha[:, None], input_precision=INPUT_PRECISION)
+        pv = operand(to_dtype(p, qkv_ptr.dtype.element_ty, INTERPRET_BF16), INTERPRET_BF16)
+        acc = tl.dot(pv, operand(v, INTERPRET_BF16), acc * alpha[:, None], input_precision=INPUT_PRECISION)
         m_i = m_new
     # Rows past N loaded zero queries: their scores are finite, l > 0, and they are never stored.
     out = acc / l_i[:, None]
     tl.store(out_ptr + b * s_ob + rows[:, None] * s_on + ((h * D + offs_d) * s_oc)[None, :],
-             _to_dtype(out, out_ptr.dtype.element_ty, INTERPRET_BF16), mask=row_ok[:, None] & d_ok[None, :])
+             to_dtype(out, out_ptr.dtype.element_ty, INTERPRET_BF16), mask=row_ok[:, None] & d_ok[None, :])
 
 
 # ---------------------------------------------------------------------------------------------- launchers
@@ -206,7 +198,7 @@ def _gemm_config(m: int, n: int):
     """
     if _INTERPRET:
         return 32, 64, 32, 4, 1
-    if m * n >= 128 * 128 * 132:  # at least one full wave of 128×128 tiles on an H100/H200
+    if m * n >= 128 * 128 * 132:  # at least one full wave of 128×128 tiles on a 132-SM GPU
         return 128, 128, 64, 8, 3
     return 64, 64, 64, 4, 4
 
@@ -344,7 +336,7 @@ def gated_linear_triton(gate: torch.Tensor, index: int, x: torch.Tensor, weight:
             *strides(x2), *strides(weight), *strides(add2), *strides(res2), *strides(skip2), *strides(out2),
             HAS_BIAS=bias_c is not None, HAS_BIAS2=bias2_c is not None, HAS_ADD=add2 is not None,
             HAS_RES=res2 is not None, HAS_SKIP=skip2 is not None,
-            INPUT_PRECISION=_input_precision(x.dtype), INTERPRET_BF16=_INTERPRET and x.dtype == torch.bfloat16,
+            INPUT_PRECISION=input_precision(x.dtype), INTERPRET_BF16=_INTERPRET and x.dtype == torch.bfloat16,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, num_warps=warps, num_stages=stages,
         )
     return out
@@ -354,7 +346,7 @@ def gated_attention_triton(gate: torch.Tensor, index: int, qkv: torch.Tensor, nu
                            scale: Optional[float] = None, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`vitfast.reference.attention(qkv, num_heads, scale)` ([B, N, H·D]) if gate[index] != 0; when closed
     `out` is returned unwritten."""
-    from vitfast._validate import check_attention_args
+    from vitfast.ops.attention import check_attention_args
 
     heads, head_dim = check_attention_args(qkv, num_heads, scale)
     gate = _check_gate(gate, index, qkv)
@@ -377,7 +369,7 @@ def gated_attention_triton(gate: torch.Tensor, index: int, qkv: torch.Tensor, nu
     with _device_ctx(qkv):
         _gated_attention_kernel[grid](
             gate, int(index), qkv, out, tokens, heads, head_dim, scale, *qkv.stride(), *out.stride(),
-            INPUT_PRECISION=_input_precision(qkv.dtype), INTERPRET_BF16=_INTERPRET and qkv.dtype == torch.bfloat16,
+            INPUT_PRECISION=input_precision(qkv.dtype), INTERPRET_BF16=_INTERPRET and qkv.dtype == torch.bfloat16,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=2,
         )
     return out

@@ -23,14 +23,13 @@ key's R_h and V_h), best done once by cuBLAS; recomputing them per query tile wo
 N / BLOCK_M.
 """
 import contextlib
-from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from vitfast._validate import check_xwx_attention_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, tuned_configs
+from vitfast.ops.xwx_attention import check_xwx_attention_args
+from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, input_precision, operand, tuned_configs
 
 __all__ = ["xwx_attention_triton"]
 
@@ -58,22 +57,13 @@ def _configs():
 
 @triton.jit
 def _round_to(t, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
-    """fp32 -> operand dtype of the next tl.dot, round to nearest even (see channel_idle_ffn._to_dtype: the
+    """fp32 -> operand dtype of the next tl.dot, round to nearest even (see kernels/_common.py to_dtype: the
     interpreter's bf16 cast truncates, so round the bits first; it then multiplies in fp32, like the GPU MMA)."""
     if INTERPRET_BF16:
         bits = t.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         return tl.where(t != t, t, bits.to(tl.float32, bitcast=True))
     return t.to(dtype)
-
-
-@triton.jit
-def _operand(t, INTERPRET_BF16: tl.constexpr):
-    # Interpreter + bf16 only: tl.dot would multiply the uint16 bit patterns (triton issue #11584); bf16
-    # products are exact in fp32, so widening first is the GPU computation up to summation order.
-    if INTERPRET_BF16:
-        return t.to(tl.float32)
-    return t
 
 
 @triton.autotune(configs=_configs(), key=["N_BUCKET", "R", "D", "C_OUT"])
@@ -133,7 +123,7 @@ def _xwx_attention_kernel(
                              mask=row_ok[:, None] & r_ok[None, :], other=0.0)
                 rk = tl.load(r_base + rr[:, None] * s_rr + keys[None, :] * s_rn,
                              mask=r_ok[:, None] & key_ok[None, :], other=0.0)
-                s = tl.dot(_operand(lq, INTERPRET_BF16), _operand(rk, INTERPRET_BF16), s,
+                s = tl.dot(operand(lq, INTERPRET_BF16), operand(rk, INTERPRET_BF16), s,
                            input_precision=INPUT_PRECISION)
             if HAS_KB:
                 s += tl.load(kb_ptr + b * s_kbb + keys * s_kbn + h * s_kbh, mask=key_ok, other=0.0).to(tl.float32)[None, :]
@@ -148,13 +138,13 @@ def _xwx_attention_kernel(
             v = tl.load(v_base + keys[:, None] * s_vn + offs_d[None, :] * s_vd,
                         mask=key_ok[:, None] & d_ok[None, :], other=0.0)
             pv = _round_to(p, v_ptr.dtype.element_ty, INTERPRET_BF16)
-            acc = tl.dot(_operand(pv, INTERPRET_BF16), _operand(v, INTERPRET_BF16), acc * alpha[:, None],
+            acc = tl.dot(operand(pv, INTERPRET_BF16), operand(v, INTERPRET_BF16), acc * alpha[:, None],
                          input_precision=INPUT_PRECISION)
             m_i = m_new
         # Rows past N are never stored (divided by 1); a real row whose every score is -inf has l = 0 and gets
         # 0/0 = NaN, as softmax gives in the reference.
         head = acc / tl.where(row_ok, l_i, 1.0)[:, None]
-        head = _operand(_round_to(head, wo_ptr.dtype.element_ty, INTERPRET_BF16), INTERPRET_BF16)
+        head = operand(_round_to(head, wo_ptr.dtype.element_ty, INTERPRET_BF16), INTERPRET_BF16)
         for c0 in range(0, C_OUT, BLOCK_C):
             cols = c0 + offs_c
             c_ok = cols < C_OUT
@@ -163,15 +153,8 @@ def _xwx_attention_kernel(
             o_ptrs = out_ptr + b * s_ob + rows[:, None] * s_on + cols[None, :] * s_oc
             mask = row_ok[:, None] & c_ok[None, :]
             partial = tl.load(o_ptrs, mask=mask, other=0.0)
-            partial = tl.dot(head, _operand(wo, INTERPRET_BF16), partial, input_precision=INPUT_PRECISION)
+            partial = tl.dot(head, operand(wo, INTERPRET_BF16), partial, input_precision=INPUT_PRECISION)
             tl.store(o_ptrs, partial, mask=mask)
-
-
-def _input_precision(dtype: torch.dtype) -> str:
-    # Mirror torch: an fp32 matmul may use TF32 only when torch.backends.cuda.matmul.allow_tf32 is on.
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"
 
 
 # Widest value slice one program keeps in its accumulator (BLOCK_M × BLOCK_D fp32 in registers; an uncapped
@@ -186,16 +169,7 @@ def _dot_width(n: int) -> int:
     return max(16, triton.next_power_of_2(int(n)))
 
 
-def xwx_attention_triton(
-    x: torch.Tensor,
-    w_q: torch.Tensor,
-    w_k: Optional[torch.Tensor],
-    key_bias: Optional[torch.Tensor],
-    w_v: torch.Tensor,
-    w_o: torch.Tensor,
-    b_o: Optional[torch.Tensor] = None,
-    residual: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+def xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None) -> torch.Tensor:
     """`vitfast.reference.xwx_attention` on the Triton kernel (CUDA tensors, or CPU under the interpreter)."""
     heads, rank, value_dim, c_out = check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
     check_device(x)
@@ -228,7 +202,7 @@ def xwx_attention_triton(
             *left.stride(), *right.stride(), *strides(kb, 3), *v.stride(), *w_o_slice.stride(),
             *strides(res, 3), *out.stride(),
             HAS_KB=kb is not None, HAS_BO=bias is not None, HAS_RES=res is not None,
-            INPUT_PRECISION=_input_precision(x.dtype), INTERPRET_BF16=interpret_bf16,
+            INPUT_PRECISION=input_precision(x.dtype), INTERPRET_BF16=interpret_bf16,
             BLOCK_R=min(64, _dot_width(rank)), BLOCK_D=_dot_width(v.shape[-1]),
         )
 

@@ -6,6 +6,7 @@ idle ratio θ: A = (1 - θ)·4C active channels, L = C linear ones (θ > 0) or n
 
 `python tests/test_channel_idle_ffn_triton.py` on a GPU machine prints a small benchmark (see the bottom).
 """
+import importlib
 import os
 
 import pytest
@@ -184,9 +185,9 @@ def test_input_precision_follows_torch_tf32_flag():
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
-        assert cif._input_precision(torch.float32) == "ieee"
+        assert cif.input_precision(torch.float32) == "ieee"
         torch.backends.cuda.matmul.allow_tf32 = True
-        assert cif._input_precision(torch.float32) == "tf32"
+        assert cif.input_precision(torch.float32) == "tf32"
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
 
@@ -287,7 +288,7 @@ def test_cuda_path_policy():
 def test_cuda_dispatch_asks_the_policy_with_the_models_width(monkeypatch):
     """The CUDA impl passes x's rows and channels to the policy (run here on CPU tensors: the policy's answer is
     forced to "composition", which is the reference on any device)."""
-    from vitfast import ops
+    ops = importlib.import_module("vitfast.ops.channel_idle_ffn")  # the op's module (vitfast.ops.<op> is its entry)
 
     asked = []
     monkeypatch.setattr(ops, "use_triton_channel_idle_ffn",

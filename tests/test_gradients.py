@@ -1,4 +1,4 @@
-"""Backprop through the fused ops (vitfast/_autograd.py): the functional API runs the kernel forward and the
+"""Backprop through the fused ops (vitfast/ops/_autograd.py): the functional API runs the kernel forward and the
 reference's gradient, so a fused model can be fine-tuned and no fused weight gets a silent None gradient."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Optimizer steps reach the packed-weight cache (vitfast/_optimizer_versions.py).
+"""Optimizer steps reach the packed-weight cache (vitfast/ops/_optimizer_versions.py).
 
 The C++ ops repack a weight when its autograd version counter moves.  torch's fused optimizers (`fused=True`)
 and optimizers that write through `p.data` do not move it: before the step hook, every call after the first
@@ -10,7 +10,8 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
-from vitfast import _env, _optimizer_versions, ops
+from vitfast import _env, ops
+from vitfast.ops import _optimizer_versions
 
 from helpers import assert_close_scaled, randomize
 

@@ -53,7 +53,7 @@ def make_args(c, heads, tokens, batch, form, *, qkv_bias=True, proj_bias=True, h
 
 
 def six_ops(*args):
-    """The op-by-op path the block took before (vitfast/ops.py `_vit_block_composed`)."""
+    """The op-by-op path the block took before (vitfast/ops/vit_block.py `_vit_block_composed`)."""
     return vitfast.ops._vit_block_composed(*args)
 
 

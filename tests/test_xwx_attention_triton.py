@@ -154,9 +154,9 @@ def test_input_precision_follows_torch_tf32_flag():
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
-        assert xk._input_precision(torch.float32) == "ieee"
+        assert xk.input_precision(torch.float32) == "ieee"
         torch.backends.cuda.matmul.allow_tf32 = True
-        assert xk._input_precision(torch.float32) == "tf32"
+        assert xk.input_precision(torch.float32) == "tf32"
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
 

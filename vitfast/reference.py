@@ -11,15 +11,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._validate import (
-    check_attention_args,
-    check_channel_idle_ffn_args,
-    check_layer_norm_args,
-    check_linear_args,
-    check_vit_block_args,
-    check_xwx_attention_args,
-)
-from ._validate_dwconv import check_dwconv_attention_args
+from .ops.attention import check_attention_args
+from .ops.batch_gate import check_batch_gate_args, check_gate_select_args
+from .ops.channel_idle_ffn import check_channel_idle_ffn_args
+from .ops.dwconv_attention import check_dwconv_attention_args
+from .ops.gated import check_gated_ffn_args, check_gated_mhsa_args
+from .ops.layer_norm import check_layer_norm_args
+from .ops.linear import check_linear_args
+from .ops.vit_block import check_vit_block_args
+from .ops.xwx_attention import check_xwx_attention_args
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "vit_block", "xwx_attention", "batch_gate",
            "batch_gate_logits", "gate_select"]
@@ -48,7 +48,7 @@ def channel_idle_ffn(
 
 
 # The formulas without their argument checks: what the checked functions here run, and what a caller that has
-# validated the arguments already runs (ops.vit_block_cuda_eager checks a whole block once, then runs these).
+# validated the arguments already runs (vitfast.ops.vit_block_cuda_eager checks a whole block once, then runs these).
 def channel_idle_ffn_unchecked(x, w_in, b_in, w_out, b_out=None, residual=None):
     active = w_out.shape[1]
     h = F.linear(x, w_in, b_in)
@@ -114,22 +114,9 @@ def attention(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) 
     return attention_unchecked(qkv, heads, scale)
 
 
-def vit_block(
-    x: torch.Tensor,
-    norm1_eps: float,
-    w_qkv: torch.Tensor,
-    b_qkv: Optional[torch.Tensor],
-    num_heads: int,
-    w_proj: torch.Tensor,
-    b_proj: Optional[torch.Tensor],
-    ffn_norm_eps: Optional[float],
-    w_in: torch.Tensor,
-    b_in: Optional[torch.Tensor],
-    w_out: torch.Tensor,
-    b_out: Optional[torch.Tensor],
-    ffn_residual: bool,
-) -> torch.Tensor:
-    """The fused ViT block (`vitfast.nn.Block` with its default attention) as one function:
+def vit_block(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
+              ffn_residual) -> torch.Tensor:
+    """The fused ViT block (`vitfast.nn.FusedBlock` with its default attention) as one function:
 
         x1  = x + linear(attention(linear(LN(x), w_qkv, b_qkv), num_heads), w_proj, b_proj)   LN non-affine
         out = channel_idle_ffn(LN(x1) if ffn_norm_eps is not None else x1, w_in, b_in, w_out, b_out,
@@ -258,8 +245,6 @@ def batch_gate_logits(
     eps: float = 1e-5,
 ) -> torch.Tensor:
     """The two gate logits d = (execute − skip) of a batch, in float32 ([2]); `batch_gate` thresholds them."""
-    from ._validate_gate import check_batch_gate_args
-
     check_batch_gate_args(x, w1, b1, w2, b2, layer_norm, act, eps)
     # Token mean-pool then batch mean (USDC batch-level gate): every sample has N tokens, so this is the mean of
     # all B·N token vectors.  float32 whatever the input dtype: the result is thresholded, keep it stable.
@@ -276,16 +261,7 @@ def batch_gate_logits(
     return h
 
 
-def batch_gate(
-    x: torch.Tensor,
-    w1: torch.Tensor,
-    b1: Optional[torch.Tensor],
-    w2: Optional[torch.Tensor] = None,
-    b2: Optional[torch.Tensor] = None,
-    layer_norm: bool = False,
-    act: str = "none",
-    eps: float = 1e-5,
-) -> torch.Tensor:
+def batch_gate(x, w1, b1, w2=None, b2=None, layer_norm=False, act="none", eps=1e-5) -> torch.Tensor:
     """USDC batch-level gate decision (USDC eq. 5 at inference): one decision per batch for [MHSA, FFN].
 
         f = mean over the B·N tokens of x [B, N, C]        (token mean-pool, then batch mean)
@@ -294,7 +270,7 @@ def batch_gate(
         d = h · w2ᵀ + b2                                    [2]  (skipped when w2 is None: then H = 2, d = h)
         out = (d > 0) as x.dtype                            1 = execute the sub-block, 0 = skip it
 
-    The gate network is given in its folded form (`vitfast.methods.usdc.gates`): an eval BatchNorm folded into the layer
+    The gate network is given in its folded form (`vitfast.nn.gates`): an eval BatchNorm folded into the layer
     before it, a LayerNorm's affine into the layer after it, the two softmax logits (execute, skip) of each gate
     subtracted into one row, so that argmax of a hard Gumbel-softmax without noise is `d > 0`.
     """
@@ -303,8 +279,6 @@ def batch_gate(
 
 def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: torch.Tensor) -> torch.Tensor:
     """`taken` where gate[index] != 0 else `skipped` — read on the device, never synchronised to the host."""
-    from ._validate_gate import check_gate_select_args
-
     check_gate_select_args(gate, index, taken, skipped)
     return torch.where(gate[index] != 0, taken, skipped)
 
@@ -312,17 +286,7 @@ def gate_select(gate: torch.Tensor, index: int, taken: torch.Tensor, skipped: to
 __all__ += ["gated_mhsa", "gated_ffn"]
 
 
-def gated_mhsa(
-    gate: torch.Tensor,
-    index: int,
-    x: torch.Tensor,
-    norm_eps: Optional[float],
-    w_qkv: torch.Tensor,
-    b_qkv: Optional[torch.Tensor],
-    num_heads: int,
-    w_proj: torch.Tensor,
-    b_proj: Optional[torch.Tensor],
-) -> torch.Tensor:
+def gated_mhsa(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) -> torch.Tensor:
     """A gated fused MHSA sub-block (USDC eq. 5): the sub-block if gate[index] != 0, else the identity.
 
         y   = LayerNorm(x) without affine (skipped when norm_eps is None; the affine is folded into w_qkv)
@@ -331,32 +295,18 @@ def gated_mhsa(
 
     The oracle computes the sub-block and selects on the device (`gate_select`); the kernels skip it instead.
     """
-    from ._validate_gate import check_gated_mhsa_args
-
     check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
     y = F.layer_norm(x, (x.shape[-1],), eps=norm_eps) if norm_eps is not None else x
     out = linear(attention(linear(y, w_qkv, b_qkv), num_heads), w_proj, b_proj, x)
     return gate_select(gate, index, out, x)
 
 
-def gated_ffn(
-    gate: torch.Tensor,
-    index: int,
-    x: torch.Tensor,
-    norm_eps: Optional[float],
-    w_in: torch.Tensor,
-    b_in: Optional[torch.Tensor],
-    w_out: torch.Tensor,
-    b_out: Optional[torch.Tensor],
-    residual: bool,
-) -> torch.Tensor:
+def gated_ffn(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual) -> torch.Tensor:
     """A gated fused FFN sub-block (USDC eq. 5; RePaViT channel-idle layout, θ = 0 is timm's Mlp):
 
         out = channel_idle_ffn(LN(x) or x, w_in, b_in, w_out, b_out, x if residual else None)   if gate[index] != 0
         out = x                                                                                otherwise
     """
-    from ._validate_gate import check_gated_ffn_args
-
     check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
     y = F.layer_norm(x, (x.shape[-1],), eps=norm_eps) if norm_eps is not None else x
     out = channel_idle_ffn(y, w_in, b_in, w_out, b_out, x if residual else None)

@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from . import reference
+from .. import reference
 
 
 def any_requires_grad(args: Sequence) -> bool:
@@ -27,9 +27,10 @@ def any_requires_grad(args: Sequence) -> bool:
     return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
-# Arguments the autocast rule (fp32 inputs, vitfast/ops.py) leaves in their own dtype: the gate of the gated ops,
-# a decision compared in its own dtype (a float64 1e-300 is open; cast to fp32 it read as closed).
-AUTOCAST_KEEP = {"gate_select": (0,), "gated_mhsa": (0,), "gated_ffn": (0,)}
+# Arguments the autocast rule (fp32 inputs, vitfast/ops/_autocast.py) leaves in their own dtype: an op's `gate`, a
+# decision compared in its own dtype (a float64 1e-300 is open; cast to fp32 it read as closed).  Op name -> the
+# gate's position, filled from the schemas by _spec.define_op.
+AUTOCAST_KEEP: dict = {}
 
 
 def autocast_args(name: str, args: Sequence, device: str, cast: Callable) -> list:
@@ -94,5 +95,5 @@ def with_reference_gradient(name: str, fast: Callable, args: Sequence,
                             autocast_device: Optional[str] = None) -> torch.Tensor:
     """`fast(*args)`, recorded for autograd with the gradient of `vitfast.reference.<name>` (see the module doc).
     `autocast_device`: the call runs inside an autocast region of that device type, whose rule (fp32 inputs, see
-    vitfast.ops) the backward's reference follows too."""
+    vitfast/ops/_autocast.py) the backward's reference follows too."""
     return _ReferenceGradient.apply(name, fast, autocast_device, *args)

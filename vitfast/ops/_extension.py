@@ -1,0 +1,111 @@
+"""The C++ CPU kernels (`vitfast._C`): loading them, their fallback, their packed-weight cache.
+
+CPU impl = the C++ kernels, registered from C++ (TORCH_LIBRARY_IMPL(vitfast, CPU) in csrc/ops/*.cpp) when the
+extension loads.  If it is missing we say so once and register the reference as the CPU impl instead; an op the
+C++ side has no kernel for runs its reference on CPU too.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+
+from .. import reference
+from .._env import get_backend
+from . import _optimizer_versions
+from ._autocast import _fp32_weights
+from ._spec import LIB, SCHEMAS
+
+_EXTENSION_ERROR: Optional[BaseException] = None
+try:
+    from .. import _C  # noqa: F401  (registers the CPU kernels with the dispatcher)
+except ImportError as exc:  # pragma: no cover - exercised only on a broken install
+    _C = None
+    _EXTENSION_ERROR = exc
+    warnings.warn(
+        f"vitfast: the C++ extension vitfast._C did not load ({exc}); CPU ops fall back to "
+        "vitfast.reference (correct but slow). Rebuild with `pip install --no-build-isolation -e .`.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+_REFERENCE_CPU_FALLBACKS = []
+for _name in SCHEMAS:
+    # An op without a C++ CPU kernel (extension missing, or op not ported yet) runs its reference on CPU.
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"vitfast::{_name}", "CPU"):
+        LIB.impl(_name, getattr(reference, _name), "CPU")
+        _REFERENCE_CPU_FALLBACKS.append(_name)
+
+
+# Optimizer steps must reach the packed-weight cache's version check (vitfast/ops/_optimizer_versions.py).
+_optimizer_versions.install()
+
+
+def clear_weight_cache() -> None:
+    """Drop every packed weight the CPU ops keep (csrc/ops/weight_cache.h); each is repacked on its next use.
+
+    Needed only after writes the cache cannot see: it recognises a changed weight by its autograd version
+    counter, which in-place ops on the tensor, `load_state_dict` and optimizer steps (fused ones included, see
+    vitfast/ops/_optimizer_versions.py) bump, but writes through `w.data`, numpy views or raw pointers do not (nor
+    swapping `.data` with another tensor and back, as some EMA code does).  Also drops the fp32 copies that
+    low-precision parameters keep under autocast.
+    """
+    _fp32_weights.clear()
+    if _C is not None:
+        _C._weight_cache_clear()
+
+
+def extension_loaded() -> bool:
+    """True when the C++ CPU kernels are registered (False: CPU falls back to the reference)."""
+    return _C is not None
+
+
+def cpu_isa() -> str:
+    """The CPU code path the C++ kernels chose at run time: 'avx512', 'avx2', 'neon' or 'scalar'."""
+    if _C is None:
+        return "reference"
+    return _C.cpu_isa()
+
+
+def prepack(module: torch.nn.Module) -> int:
+    """Pack the CPU kernels' weights of every fused submodule of `module` now, so the first inference packs none.
+
+    The C++ ops keep each weight packed (transposed into 16-column panels, NaN/Inf-checked) in a process-wide
+    cache keyed on the weight tensors and their version counters (csrc/ops/weight_cache.h).  Without this the
+    first forward pays that cost (about one batch-1 forward's worth of memory traffic); `vitfast.fuse`,
+    `vitfast.load` and `vitfast.patch_timm` call it for you.  Each submodule with a `vitfast_prepack()` method
+    runs its ops once on a one-row zero input — the same op, the same weight tensors, so the same cache
+    entries the real forward hits.  Weights changed later (in place, `.to(...)`, `load_state_dict`) are
+    repacked on their next use, as before.
+
+    Returns the number of submodules prepacked: 0 under VITFAST_BACKEND=reference, without the C++
+    extension, or when the weights are not on the CPU (the CUDA kernels read weights as they are).  Modules
+    whose weights the kernels refuse (float64, NaN/Inf) are skipped with one RuntimeWarning naming them.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
+    if get_backend() == "reference" or _C is None:
+        return 0
+    count, refused = 0, []
+    with torch.no_grad():
+        for name, sub in module.named_modules():
+            hook = getattr(sub, "vitfast_prepack", None)
+            if not callable(hook):
+                continue
+            try:
+                count += bool(hook())
+            except ValueError as e:  # the kernel's own argument check: float64 or non-finite weights
+                refused.append(f"{name or type(sub).__name__} ({e})")
+    if refused:
+        # Not an error here: vitfast.load(allow_nonfinite=True) and float64 files must still load (to inspect,
+        # or to run under VITFAST_BACKEND=reference); a CPU-kernel forward of these modules raises the same error.
+        more = f"; ... and {len(refused) - 3} more" if len(refused) > 3 else ""
+        warnings.warn(
+            f"vitfast.ops.prepack: {len(refused)} modules not packed, the CPU kernels refuse their weights: "
+            f"{'; '.join(refused[:3])}{more}. Their kernel forward raises the same error; "
+            "VITFAST_BACKEND=reference runs them.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return count

@@ -1,0 +1,95 @@
+"""`torch.ops.vitfast.channel_idle_ffn`: the fused RePaViT FFN (see `vitfast.reference.channel_idle_ffn`).
+
+CPU: csrc/ops/channel_idle_ffn.cpp.  CUDA: the Triton kernel (kernels/channel_idle_ffn.py) where it beats the cuBLAS
+composition (`use_triton_channel_idle_ffn`), else that composition.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import reference
+from .._env import get_cuda_kernels
+from ._check import check_float_x, check_like_x, check_shape, check_tensor, fmt_shape
+from ._policy import HALF_DTYPES, TRITON_FFN_MIN_ROWS, TRITON_FFN_MIN_WIDTH, forced
+from ._spec import define_op
+
+
+def check_channel_idle_ffn_args(x: torch.Tensor, w_in: torch.Tensor, b_in: Optional[torch.Tensor],
+                                w_out: torch.Tensor, b_out: Optional[torch.Tensor],
+                                residual: Optional[torch.Tensor]) -> tuple[int, int, int]:
+    """Validate `channel_idle_ffn` arguments; return (active A, linear L, C_out).
+
+    Layout (nn.Linear convention, weights are [out_features, in_features]):
+      x [..., C_in];  w_in [A + L, C_in] with the A active rows first;  b_in [A + L];
+      w_out [C_out, A];  b_out [C_out];  residual [..., C_out] like x;  L is 0 or C_out.
+    A = L = 0 without b_out is degenerate but well-defined (the output is zero, plus residual): allowed.
+    """
+    check_float_x(x, "C_in")
+    check_tensor("w_in", w_in)
+    check_tensor("w_out", w_out)
+    if w_in.dim() != 2:
+        raise ValueError(f"w_in: expected 2-D [A + L, C_in], got shape {fmt_shape(w_in)}")
+    if w_out.dim() != 2:
+        raise ValueError(f"w_out: expected 2-D [C_out, A], got shape {fmt_shape(w_out)}")
+    c_in = x.shape[-1]
+    if w_in.shape[1] != c_in:
+        raise ValueError(
+            f"w_in: expected shape [A + L, {c_in}] (C_in = x.shape[-1] = {c_in}), got {fmt_shape(w_in)}"
+        )
+    c_out, active = w_out.shape
+    if active > w_in.shape[0]:
+        raise ValueError(
+            f"w_out: expected at most w_in.shape[0] = {w_in.shape[0]} active columns, got shape {fmt_shape(w_out)}"
+        )
+    linear = w_in.shape[0] - active
+    if linear not in (0, c_out):
+        raise ValueError(
+            f"w_in: expected {active} (no linear path) or {active + c_out} (A + C_out) rows "
+            f"for w_out of shape {fmt_shape(w_out)}, got {w_in.shape[0]}"
+        )
+    check_like_x(x, (("w_in", w_in), ("b_in", b_in), ("w_out", w_out), ("b_out", b_out), ("residual", residual)))
+    check_shape("b_in", b_in, (w_in.shape[0],))
+    check_shape("b_out", b_out, (c_out,))
+    check_shape("residual", residual, tuple(x.shape[:-1]) + (c_out,))
+    return active, linear, c_out
+
+
+def use_triton_channel_idle_ffn(dtype: torch.dtype, rows: int, policy: str = "auto", *,
+                                width: Optional[int] = None) -> bool:
+    """The best measured CUDA path for channel_idle_ffn (table: vitfast/ops/_policy.py,
+    docs/performance.md#cuda-policy): the Triton kernel in fp16/bf16 from TRITON_FFN_MIN_ROWS rows and, when
+    `width` is given, from TRITON_FFN_MIN_WIDTH channels; the cuBLAS composition otherwise (fp32's ieee tl.dot runs
+    on CUDA cores; small batches are launch-bound).  `policy` "triton"/"torch" (VITFAST_CUDA_KERNELS) forces one."""
+    if (choice := forced(policy)) is not None:
+        return choice
+    return dtype in HALF_DTYPES and rows >= TRITON_FFN_MIN_ROWS and (width is None or width >= TRITON_FFN_MIN_WIDTH)
+
+
+def channel_idle_ffn_cuda_unchecked(x, w_in, b_in, w_out, b_out=None, residual=None):
+    """The CUDA channel_idle_ffn for checked arguments: the Triton kernel or the cuBLAS composition, by the policy."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if not use_triton_channel_idle_ffn(x.dtype, rows, get_cuda_kernels(), width=x.shape[-1]):
+        return reference.channel_idle_ffn_unchecked(x, w_in, b_in, w_out, b_out, residual)
+    from ..kernels.channel_idle_ffn import channel_idle_ffn_triton
+
+    return channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out, residual)
+
+
+def _channel_idle_ffn_cuda(*args):
+    check_channel_idle_ffn_args(*args)
+    return channel_idle_ffn_cuda_unchecked(*args)
+
+
+def _channel_idle_ffn_fake(x, w_in, b_in, w_out, b_out, residual):
+    _, _, c_out = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, residual)
+    return x.new_empty(tuple(x.shape[:-1]) + (c_out,))
+
+
+channel_idle_ffn = define_op(
+    "channel_idle_ffn(Tensor x, Tensor w_in, Tensor? b_in, Tensor w_out, Tensor? b_out=None, Tensor? residual=None)"
+    " -> Tensor",
+    fake=_channel_idle_ffn_fake, cuda=_channel_idle_ffn_cuda,
+    doc="`torch.ops.vitfast.channel_idle_ffn`, or the reference when VITFAST_BACKEND=reference.",
+)
