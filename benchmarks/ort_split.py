@@ -8,9 +8,10 @@ the whole fused model in ORT and in vitfast, the same model with its blocks remo
 tokens, final norm, head) in both, and one block alone (block 5, exported on its own) in both.  Every ONNX graph
 is exported through vitfast's reference path (`vitfast.export`), as `vitfast bench`'s "ORT fused" provider is.
 It prints latency medians and, per part, the median over the rounds of ORT time ÷ vitfast time in the same round
-(> 1: vitfast faster), with p10–p90.  "blocks (difference)" is whole minus no-blocks, from the medians.  On the
-shared 2-core host, whole-model paired ratios of two runs moments apart differed by up to 6%; compare parts of
-one run.  Not a pytest suite: a report for the notes.
+(> 1: vitfast faster), with p10–p90.  "blocks (difference)" is whole minus no-blocks, from the medians.  On a
+shared 2-core machine, whole-model paired ratios of two runs moments apart differed by up to 6%; compare parts of
+one run.  Not a pytest suite: a report.  `--record NAME` also writes the table into
+benchmarks/results/<date>-<machine>.json (see results_file.py), from which docs/performance.md's table is made.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cputime_vs_ort import build  # noqa: E402  (the same baseline/fused/ONNX construction)
+from results_file import command_line, record  # noqa: E402
 
 from vitfast.bench import paired_speedups  # noqa: E402
 from vitfast.export import ort_session, reference_backend, to_onnx  # noqa: E402
@@ -79,6 +81,12 @@ def measure(model_key: str, theta: float, rounds: int, workdir: str) -> None:
     our_blocks = med[("vitfast", "whole")] - med[("vitfast", "no blocks")]
     print(f"  {'blocks (difference)':20s} {ort_blocks:9.3f} {our_blocks:11.3f}  {ort_blocks / our_blocks:.3f} "
           "(from the medians)", flush=True)
+    whole = paired_speedups(times[("ort", "whole")], times[("vitfast", "whole")])
+    rest = paired_speedups(times[("ort", "no blocks")], times[("vitfast", "no blocks")])[0]
+    one = paired_speedups(times[("ort", "one block")], times[("vitfast", "one block")])[0]
+    return {"model": model_key, "whole": round(whole[0], 3), "whole_p10": round(whole[1], 2),
+            "whole_p90": round(whole[2], 2), "blocks": round(ort_blocks / our_blocks, 3), "one_block": round(one, 3),
+            "rest": round(rest, 3)}
 
 
 def main() -> None:
@@ -86,13 +94,29 @@ def main() -> None:
     parser.add_argument("--models", default="deit_tiny,deit_small,deit_base")
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--theta", type=float, default=0.75)
+    parser.add_argument("--record", metavar="NAME", help="also write the table NAME into benchmarks/results/")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds: expected a positive int, got {args.rounds}")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="vitfast-ort-split-") as workdir:
-        for model_key in args.models.split(","):
-            measure(model_key.strip(), args.theta, args.rounds, workdir)
+        rows = [measure(model_key.strip(), args.theta, args.rounds, workdir) for model_key in args.models.split(",")]
+    if args.record:
+        print(record(args.record, {
+            "title": "ONNX Runtime against vitfast, split into the blocks and the rest of the model",
+            "script": "benchmarks/ort_split.py", "command": command_line(),
+            "conditions": f"batch 1, one thread, θ = {args.theta}; paired ORT ÷ vitfast medians over {args.rounds} "
+                          "interleaved rounds (above 1 vitfast is faster); 'rest' = patch embedding, tokens, final "
+                          "norm, head; 'blocks' = whole − rest, from the medians",
+            "columns": [
+                {"label": "model", "fmt": "{model}"},
+                {"label": "whole model (p10–p90)", "fmt": "{whole:.3f} ({whole_p10:.2f}–{whole_p90:.2f})"},
+                {"label": "blocks", "fmt": "{blocks:.3f}"},
+                {"label": "one block alone", "fmt": "{one_block:.3f}"},
+                {"label": "rest", "fmt": "{rest:.3f}"},
+            ],
+            "rows": rows,
+        }))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 // The Python module `vitfast._C`.  Importing it loads this shared object, which registers the CPU kernels
-// (TORCH_LIBRARY_IMPL blocks in csrc/ops/*.cpp) with the dispatcher; the schemas live in vitfast/ops.py.
+// (TORCH_LIBRARY_IMPL blocks in csrc/ops/*.cpp) with the dispatcher; the schemas live in vitfast/ops/<op>.py.
 #include <torch/extension.h>
 
 #include <cstdlib>

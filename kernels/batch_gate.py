@@ -29,9 +29,9 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
-
-from vitfast.ops.batch_gate import check_batch_gate_args, check_gate_select_args
 from vitfast.kernels._common import INTERPRET as _INTERPRET, SQRT1_2, check_device
+
+from vitfast.reference.batch_gate import check_batch_gate_args, check_gate_select_args
 
 __all__ = ["batch_gate_triton", "batch_gate_logits_triton", "gate_select_triton"]
 

@@ -27,10 +27,20 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
+from vitfast.kernels._common import (
+    INTERPRET as _INTERPRET,
+    SQRT1_2,
+    check_device,
+    input_precision,
+    load_tile_f32,
+    matmul_tile,
+    rows,
+    tile_ids,
+    to_dtype,
+    tuned_configs,
+)
 
-from vitfast.ops.channel_idle_ffn import check_channel_idle_ffn_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET, SQRT1_2, check_device, input_precision
-from vitfast.kernels._common import load_tile_f32, matmul_tile, rows, tile_ids, to_dtype, tuned_configs
+from vitfast.reference.channel_idle_ffn import check_channel_idle_ffn_args
 
 __all__ = ["channel_idle_ffn_triton"]
 

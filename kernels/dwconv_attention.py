@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-
-from vitfast.ops.dwconv_attention import check_dwconv_attention_args
 from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, input_precision, to_dtype
+
+from vitfast.reference.dwconv_attention import check_dwconv_attention_args
 
 __all__ = ["dwconv_attention_triton"]
 

@@ -38,11 +38,22 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from vitfast.kernels._common import (
+    INTERPRET as _INTERPRET,
+    SQRT1_2,
+    check_device,
+    input_precision,
+    load_tile_f32,
+    matmul_tile,
+    operand,
+    rows,
+    tile_ids,
+    to_dtype,
+    triton_version,
+)
 
-from vitfast.ops.batch_gate import check_gate_select_args
-from vitfast.ops.gated import check_gated_ffn_args, check_gated_mhsa_args
-from vitfast.kernels._common import INTERPRET as _INTERPRET, SQRT1_2, check_device, input_precision, load_tile_f32
-from vitfast.kernels._common import matmul_tile, operand, rows, tile_ids, to_dtype, triton_version
+from vitfast.reference.batch_gate import check_gate_select_args
+from vitfast.reference.gated import check_gated_ffn_args, check_gated_mhsa_args
 
 __all__ = [
     "gated_layernorm_triton",
@@ -346,7 +357,7 @@ def gated_attention_triton(gate: torch.Tensor, index: int, qkv: torch.Tensor, nu
                            scale: Optional[float] = None, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`vitfast.reference.attention(qkv, num_heads, scale)` ([B, N, H·D]) if gate[index] != 0; when closed
     `out` is returned unwritten."""
-    from vitfast.ops.attention import check_attention_args
+    from vitfast.reference.attention import check_attention_args
 
     heads, head_dim = check_attention_args(qkv, num_heads, scale)
     gate = _check_gate(gate, index, qkv)

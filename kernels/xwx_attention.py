@@ -27,9 +27,9 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
-
-from vitfast.ops.xwx_attention import check_xwx_attention_args
 from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, input_precision, operand, tuned_configs
+
+from vitfast.reference.xwx_attention import check_xwx_attention_args
 
 __all__ = ["xwx_attention_triton"]
 

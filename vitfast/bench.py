@@ -135,7 +135,8 @@ def _flops(baseline: nn.Module, fused: nn.Module, shape: Sequence[int]) -> Dict[
     return {"baseline": flops_per_image(baseline, shape), "fused": flops_per_image(fused, shape)}
 
 
-def _machine() -> Dict[str, Any]:
+def machine_info() -> Dict[str, Any]:
+    """The CPU (model name, cores, the CPU path vitfast runs) and the software versions, as reports record them."""
     from . import ops
     from ._version import __version__
 
@@ -448,7 +449,7 @@ def run_bench(
         "input_shape": list(shape),
         "device": str(device),
         "dtype": str(dtype).replace("torch.", ""),
-        "machine": _machine(),
+        "machine": machine_info(),
         "providers": {k: PROVIDERS[k][0] for k in providers},
         "threads": list(threads),
         "batch_sizes": list(batch_sizes),

@@ -1,10 +1,10 @@
 // torch binding of multi-head self-attention from packed qkv: `torch.ops.vitfast.attention` on CPU.
 //
-//   attention(Tensor qkv, int num_heads, float? scale=None) -> Tensor          (schema: vitfast/ops.py)
+//   attention(Tensor qkv, int num_heads, float? scale=None) -> Tensor          (schema: vitfast/ops/attention.py)
 //   qkv [B, N, 3·H·D] (timm's qkv Linear output, q | k | v, heads inside each)  ->  [B, N, H·D]
 //   = softmax(Q_h K_hᵀ · scale) V_h per head (scale defaults to D^-1/2), heads side by side: what proj reads.
 //
-// - Checks: the same as vitfast/_validate.check_attention_args, same wording (ValueError).
+// - Checks: the same as vitfast.reference.attention.check_attention_args, same wording (ValueError).
 // - qkv is read in place (any row stride with unit inner stride); the output is written once, already in
 //   proj's layout: no permute, transpose or copy on either side (see kernels/attention.h).
 // - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
@@ -30,7 +30,7 @@ namespace vitfast {
 namespace ops {
 namespace {
 
-// Mirror of vitfast._validate.check_attention_args (same order, same messages).  Returns the head dim.
+// Mirror of vitfast.reference.attention.check_attention_args (same order, same messages).  Returns the head dim.
 int64_t check_args(const at::Tensor& qkv, int64_t num_heads, const std::optional<double>& scale) {
   check_required({{"qkv", &qkv}});
   TORCH_CHECK_VALUE(qkv.dim() == 3, "qkv: expected 3-D [B, N, 3·H·D], got shape ", fmt_shape(qkv.sizes()));

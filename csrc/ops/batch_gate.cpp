@@ -1,9 +1,9 @@
 // torch binding of the USDC batch gate: `torch.ops.vitfast.batch_gate` on CPU.
 //
 //   batch_gate(Tensor x, Tensor w1, Tensor? b1, Tensor? w2=None, Tensor? b2=None, bool layer_norm=False,
-//              str act='none', float eps=1e-05) -> Tensor                     (schema: vitfast/ops.py)
+//              str act='none', float eps=1e-05) -> Tensor                     (schema: vitfast/ops/batch_gate.py)
 //
-// - Checks: the same as vitfast/_validate_gate.py, same wording (ValueError via TORCH_CHECK_VALUE).
+// - Checks: the same as vitfast/reference/batch_gate.py, same wording (ValueError via TORCH_CHECK_VALUE).
 // - fp16/bf16 inputs are converted to fp32 (the reference pools in fp32 too); the decision is returned in x's dtype.
 // - One thread: the whole op is one streaming pass over x plus a matrix-vector product of the gate network, far
 //   below a block's cost (benchmarks/bench_batch_gate.py), and thread start-up would cost more than it saves.
@@ -31,7 +31,7 @@ GateAct parse_act(const std::string& act) {
   return GateAct::kNone;
 }
 
-// Mirror of vitfast._validate_gate.check_batch_gate_args (same order, same messages); returns H.
+// Mirror of vitfast.reference.batch_gate.check_batch_gate_args (same order, same messages); returns H.
 int64_t check_args(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                    const at::Tensor& b2, bool layer_norm, GateAct act, double eps) {
   check_required({{"x", &x}, {"w1", &w1}});

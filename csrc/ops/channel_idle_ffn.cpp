@@ -1,9 +1,9 @@
 // torch binding of the channel-idle FFN: `torch.ops.vitfast.channel_idle_ffn` on CPU.
 //
 //   channel_idle_ffn(Tensor x, Tensor w_in, Tensor? b_in, Tensor w_out, Tensor? b_out=None,
-//                    Tensor? residual=None) -> Tensor              (schema: vitfast/ops.py)
+//                    Tensor? residual=None) -> Tensor              (schema: vitfast/ops/channel_idle_ffn.py)
 //
-// - Checks: the same as vitfast/_validate.py, same wording (ValueError for bad values, via
+// - Checks: the same as vitfast/reference/channel_idle_ffn.py, same wording (ValueError for bad values, via
 //   TORCH_CHECK_VALUE).  Non-contiguous inputs are accepted (copied to contiguous).  Weights and biases
 //   must be finite (checked once per weight version, together with the packing).
 // - Weights are packed once per version and kept in the process-wide cache (ops/weight_cache.h).
@@ -72,7 +72,7 @@ at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, con
 
 }  // namespace
 
-// Mirror of vitfast._validate.check_channel_idle_ffn_args (same order, same messages).
+// Mirror of vitfast.reference.channel_idle_ffn.check_channel_idle_ffn_args (same order, same messages).
 ChannelIdleFfnDims check_channel_idle_ffn_args(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& b_in,
                                                const at::Tensor& w_out, const at::Tensor& b_out,
                                                const at::Tensor& residual) {

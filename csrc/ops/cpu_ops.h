@@ -18,7 +18,7 @@
 namespace vitfast {
 namespace ops {
 
-// channel_idle_ffn's argument check (ValueError / TypeError worded like vitfast._validate): A, L and C_out.
+// channel_idle_ffn's argument check (ValueError / TypeError worded like vitfast.reference.channel_idle_ffn): A, L and C_out.
 struct ChannelIdleFfnDims {
   int64_t active, linear, c_out;
 };

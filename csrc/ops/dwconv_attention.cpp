@@ -1,9 +1,9 @@
 // torch binding of the drop-in depthwise-convolution heads: `torch.ops.vitfast.dwconv_attention` on CPU.
 //
 //   dwconv_attention(Tensor x, Tensor w_v, Tensor? b_v, Tensor kernel, Tensor w_o, Tensor? b_o, int grid_h,
-//                    int grid_w, Tensor? residual=None) -> Tensor                      (schema: vitfast/ops.py)
+//                    int grid_w, Tensor? residual=None) -> Tensor                      (schema: vitfast/ops/dwconv_attention.py)
 //
-// - Checks: the same as vitfast/_validate_dwconv.py, same wording (ValueError).  Non-contiguous inputs are
+// - Checks: the same as vitfast/reference/dwconv_attention.py, same wording (ValueError).  Non-contiguous inputs are
 //   copied to contiguous.  Weights must be finite (checked once per weight version, with the packing).
 // - Weights packed once per version in the process-wide cache (ops/weight_cache.h).
 // - fp16/bf16: converted to fp32, computed in fp32, rounded once at the end (like the other CPU ops).
@@ -32,7 +32,7 @@ struct Dims {
   int64_t prefix, width, ksize, c_out;
 };
 
-// Mirror of vitfast._validate_dwconv.check_dwconv_attention_args (same order, same messages).
+// Mirror of vitfast.reference.dwconv_attention.check_dwconv_attention_args (same order, same messages).
 Dims check_args(const at::Tensor& x, const at::Tensor& w_v, const at::Tensor& b_v, const at::Tensor& kernel,
                 const at::Tensor& w_o, const at::Tensor& b_o, int64_t grid_h, int64_t grid_w,
                 const at::Tensor& residual) {

@@ -1,9 +1,9 @@
 // torch binding of the row LayerNorm: `torch.ops.vitfast.layer_norm` on CPU.
 //
-//   layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor   (schema: vitfast/ops.py)
+//   layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor   (schema: vitfast/ops/layer_norm.py)
 //   over the last dimension, = F.layer_norm(x, (C,), weight, bias, eps)
 //
-// - Checks: the same as vitfast/_validate.check_layer_norm_args, same wording (ValueError).
+// - Checks: the same as vitfast.reference.layer_norm.check_layer_norm_args, same wording (ValueError).
 // - fp16/bf16: converted to fp32, normalised in fp32, rounded once at the end (as torch's CPU kernel does).
 // - Threads: blocks of rows with at::parallel_for (a grain of ≥ 16 K floats, so a DeiT-Ti batch-1 norm of
 //   197 × 192 floats stays on one thread: splitting 8 µs of work costs more than it saves).
@@ -26,7 +26,7 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
-// Mirror of vitfast._validate.check_layer_norm_args (same order, same messages).
+// Mirror of vitfast.reference.layer_norm.check_layer_norm_args (same order, same messages).
 void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
   check_required({{"x", &x}});
   TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected at least 1 dimension [..., C], got a 0-d tensor");

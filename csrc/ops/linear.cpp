@@ -1,9 +1,9 @@
 // torch binding of the dense linear layer: `torch.ops.vitfast.linear` on CPU.
 //
-//   linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor   (schema: vitfast/ops.py)
+//   linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor   (schema: vitfast/ops/linear.py)
 //   out = x · weightᵀ + bias + residual
 //
-// - Checks: the same as vitfast/_validate.check_linear_args, same wording (ValueError).
+// - Checks: the same as vitfast.reference.linear.check_linear_args, same wording (ValueError).
 // - The weight (with its bias) is packed once per version and kept in the process-wide cache
 //   (ops/weight_cache.h); weight and bias must be finite (checked at pack time).
 // - No copy of x or residual when their rows are uniformly strided with a unit inner stride (contiguous
@@ -32,7 +32,7 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
-// Mirror of vitfast._validate.check_linear_args (same order, same messages).  Returns N (out_features).
+// Mirror of vitfast.reference.linear.check_linear_args (same order, same messages).  Returns N (out_features).
 int64_t check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                    const at::Tensor& residual) {
   check_required({{"x", &x}, {"weight", &weight}});

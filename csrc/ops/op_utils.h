@@ -1,4 +1,4 @@
-// Helpers shared by the torch bindings: argument messages worded like vitfast/_validate.py (name the
+// Helpers shared by the torch bindings: argument messages worded like the Python checks (vitfast/reference/_check.py and vitfast/reference/<op>.py) (name the
 // argument, the expected and the given, with Python's spelling of dtypes and shapes).
 #pragma once
 
@@ -13,7 +13,7 @@
 namespace vitfast {
 namespace ops {
 
-// "[2, 197, 384]", as _validate._fmt_shape prints it.
+// "[2, 197, 384]", as vitfast.reference._check.fmt_shape prints it.
 inline std::string fmt_shape(at::IntArrayRef sizes) {
   std::ostringstream s;
   s << "[";
@@ -60,14 +60,14 @@ inline std::string exact_product(int64_t a, int64_t b) {
 }
 
 // A required Tensor argument passed as None arrives as an undefined tensor: say so (its dim() / dtype would
-// otherwise produce "got shape [0]" or "got torch.UNKNOWN_SCALAR").  Same wording as vitfast._validate.check_tensor.
+// otherwise produce "got shape [0]" or "got torch.UNKNOWN_SCALAR").  Same wording as vitfast.reference._check.check_tensor.
 inline void check_required(std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors) {
   for (const auto& nt : tensors) TORCH_CHECK_TYPE(nt.second->defined(), nt.first, ": expected a Tensor, got None");
 }
 
 inline bool is_float_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
-// Refuse NaN/Inf in a weight, as _validate.check_finite_parameter words it.  Callers run it once per weight
+// Refuse NaN/Inf in a weight, as vitfast._checks.check_finite_parameter words it.  Callers run it once per weight
 // version (see weight_cache.h), not per call.
 inline void check_finite(const char* name, const at::Tensor& t) {
   if (!t.defined() || t.numel() == 0) return;
@@ -106,7 +106,7 @@ inline void check_residual_shape(const at::Tensor& residual, const at::Tensor& x
                     fmt_shape(residual.sizes()));
 }
 
-// Beyond _validate.py (the Python reference accepts any layout): the kernels read dense memory.
+// Beyond the Python checks (the reference accepts any layout): the kernels read dense memory.
 inline void check_dense(std::initializer_list<NamedTensor> tensors) {
   for (const auto& [name, t] : tensors) {
     if (t->defined())

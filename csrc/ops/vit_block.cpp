@@ -2,7 +2,7 @@
 //
 //   vit_block(Tensor x, float norm1_eps, Tensor w_qkv, Tensor? b_qkv, int num_heads, Tensor w_proj,
 //             Tensor? b_proj, float? ffn_norm_eps, Tensor w_in, Tensor? b_in, Tensor w_out, Tensor? b_out,
-//             bool ffn_residual) -> Tensor                                   (schema: vitfast/ops.py)
+//             bool ffn_residual) -> Tensor                                   (schema: vitfast/ops/vit_block.py)
 //   x1 = x + proj(attention(qkv(LN(x))));  out = channel_idle_ffn([LN](x1)) [+ x1]   (= reference.vit_block)
 //
 // Why one op: a fixed cost per op call (dispatcher round trip with argument boxing, output allocation, the
@@ -13,7 +13,7 @@
 // op-by-op path.
 //
 // - fp32 only (the op-by-op path rounds between ops in fp16/bf16; vitfast.nn.Block takes this op for fp32 only).
-// - Checks: the same as vitfast._validate.check_vit_block_args, same wording (ValueError).
+// - Checks: the same as vitfast.reference.vit_block.check_vit_block_args, same wording (ValueError).
 // - Inference only: no autograd formula (vitfast.ops.vit_block runs the six ops when a gradient is needed).
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -35,7 +35,7 @@ void check_eps(const char* name, double eps) {
   TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, name, ": expected a finite number >= 0, got ", eps);
 }
 
-// Mirror of vitfast._validate.check_vit_block_args (same order, same messages).  Returns the head dim.
+// Mirror of vitfast.reference.vit_block.check_vit_block_args (same order, same messages).  Returns the head dim.
 int64_t check_args(const at::Tensor& x, double norm1_eps, const at::Tensor& w_qkv, const at::Tensor& b_qkv,
                    int64_t num_heads, const at::Tensor& w_proj, const at::Tensor& b_proj,
                    const std::optional<double>& ffn_norm_eps, const at::Tensor& w_in, const at::Tensor& b_in,

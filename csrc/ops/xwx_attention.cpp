@@ -1,10 +1,10 @@
 // torch binding of collapsed non-deep attention: `torch.ops.vitfast.xwx_attention` on CPU.
 //
 //   xwx_attention(Tensor x, Tensor w_q, Tensor? w_k, Tensor? key_bias, Tensor w_v, Tensor w_o,
-//                 Tensor? b_o=None, Tensor? residual=None) -> Tensor                 (schema: vitfast/ops.py)
+//                 Tensor? b_o=None, Tensor? residual=None) -> Tensor                 (schema: vitfast/ops/xwx_attention.py)
 //   out = residual + b_o + Σ_h softmax(x W_h xᵀ + key bias) · (x w_v[h]) · w_o[h]     (kernels/xwx_attention.h)
 //
-// - Checks: the same as vitfast/_validate.check_xwx_attention_args, same wording (ValueError).
+// - Checks: the same as vitfast.reference.xwx_attention.check_xwx_attention_args, same wording (ValueError).
 // - The weights are packed once per version into one projection weight and per-head output blocks, kept in the
 //   process-wide cache (ops/weight_cache.h); they must be finite (checked at pack time).
 // - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
@@ -30,7 +30,7 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
-// Mirror of vitfast._validate.check_xwx_attention_args (same order, same messages).
+// Mirror of vitfast.reference.xwx_attention.check_xwx_attention_args (same order, same messages).
 XwxShape check_args(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_k, const at::Tensor& key_bias,
                     const at::Tensor& w_v, const at::Tensor& w_o, const at::Tensor& b_o, const at::Tensor& residual) {
   check_required({{"x", &x}, {"w_q", &w_q}, {"w_v", &w_v}, {"w_o", &w_o}});

@@ -1,9 +1,10 @@
 """The `torch.ops.vitfast` namespace: one module per op, each built from one spec (`_spec.define_op`).
 
-Each op module holds the op's schema, argument check (`check_<op>_args`, shared by the reference, the fake impl
-and the Triton launchers), fake impl, CUDA impl and CUDA policy, and its Python entry `vitfast.ops.<op>`:
-linear, layer_norm, attention, channel_idle_ffn, vit_block, xwx_attention, dwconv_attention, batch_gate
-(batch_gate + gate_select), gated (gated_mhsa + gated_ffn).
+Each op module holds the op's schema, the use of its argument check (`check_<op>_args`, defined with the op's
+reference formula in `vitfast/reference/<op>.py`, where the Triton launchers below the ops find it too), fake impl,
+CUDA impl and CUDA policy, and its Python entry `vitfast.ops.<op>`: linear, layer_norm, attention,
+channel_idle_ffn, vit_block, xwx_attention, dwconv_attention, batch_gate (batch_gate + gate_select), gated
+(gated_mhsa + gated_ffn).
 
 CPU impl   = the C++ kernels in `vitfast._C` (`_extension.py`; the reference where there is none).
 CUDA impl  = the Triton launchers in `vitfast.kernels` (imported lazily: `import vitfast` never needs a GPU) where
@@ -15,23 +16,21 @@ Fake impl  = shape/dtype propagation so `torch.compile(fullgraph=True)` and `tor
 """
 from __future__ import annotations
 
-# The reference first: it imports the op modules' checks, and the op modules call back into it only at run time.
-from .. import reference  # noqa: I001
+from .. import reference
 from .._env import get_backend, get_cuda_kernels
 from ._autocast import _fp32_weights, autocast_enabled as _autocast_enabled
-from ._check import check_tensor
 from ._policy import TRITON_FFN_MIN_ROWS, TRITON_FFN_MIN_WIDTH, TRITON_XWX_MAX_WIDTH
 from ._spec import SCHEMAS
-from .attention import attention, check_attention_args
-from .batch_gate import batch_gate, check_batch_gate_args, check_gate_select_args, gate_select
-from .channel_idle_ffn import channel_idle_ffn, check_channel_idle_ffn_args, use_triton_channel_idle_ffn
+from .attention import attention
+from .batch_gate import batch_gate, gate_select
+from .channel_idle_ffn import channel_idle_ffn, use_triton_channel_idle_ffn
 from .channel_idle_ffn import _channel_idle_ffn_cuda
-from .dwconv_attention import check_dwconv_attention_args, dwconv_attention, use_triton_dwconv_attention
-from .gated import check_gated_ffn_args, check_gated_mhsa_args, gated_ffn, gated_mhsa, use_gated_cuda_kernels
-from .layer_norm import check_layer_norm_args, layer_norm
-from .linear import check_linear_args, linear
-from .vit_block import _vit_block_composed, check_vit_block_args, vit_block, vit_block_cuda_eager
-from .xwx_attention import _xwx_attention_cuda, check_xwx_attention_args, use_triton_xwx_attention, xwx_attention
+from .dwconv_attention import dwconv_attention, use_triton_dwconv_attention
+from .gated import gated_ffn, gated_mhsa, use_gated_cuda_kernels
+from .layer_norm import layer_norm
+from .linear import linear
+from .vit_block import _vit_block_composed, vit_block, vit_block_cuda_eager
+from .xwx_attention import _xwx_attention_cuda, use_triton_xwx_attention, xwx_attention
 from ._extension import _C, _REFERENCE_CPU_FALLBACKS, clear_weight_cache, cpu_isa, extension_loaded, prepack
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa",

@@ -5,36 +5,11 @@ flash attention on GPU).
 """
 from __future__ import annotations
 
-import math
-from typing import Optional
-
-import torch
-
 from .. import reference
 from .._env import get_backend
-from ._check import check_float_dtype, check_num_heads, check_tensor, fmt_shape
+from ..reference._check import check_tensor
+from ..reference.attention import check_attention_args
 from ._spec import call_reference, define_op, run
-
-
-def check_attention_args(qkv: torch.Tensor, num_heads: int, scale: Optional[float]) -> tuple[int, int]:
-    """Validate `attention` arguments; return (H, D).
-
-    qkv [B, N, 3·H·D]: timm's qkv Linear output (q | k | v along the last dimension, H heads of D in each).
-    """
-    check_tensor("qkv", qkv)
-    if qkv.dim() != 3:
-        raise ValueError(f"qkv: expected 3-D [B, N, 3·H·D], got shape {fmt_shape(qkv)}")
-    check_float_dtype("qkv", qkv)
-    num_heads = check_num_heads(num_heads)
-    width = qkv.shape[-1]
-    if width <= 0 or width % (3 * num_heads):
-        raise ValueError(
-            f"qkv: expected last dimension a positive multiple of 3·num_heads = {3 * num_heads}, "
-            f"got shape {fmt_shape(qkv)}"
-        )
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite number, got {scale}")
-    return num_heads, width // (3 * num_heads)
 
 
 def _attention_fake(qkv, num_heads, scale):

@@ -11,49 +11,9 @@ import torch
 
 from .. import reference
 from .._env import get_cuda_kernels
-from ._check import check_float_x, check_like_x, check_shape, check_tensor, fmt_shape
+from ..reference.channel_idle_ffn import check_channel_idle_ffn_args
 from ._policy import HALF_DTYPES, TRITON_FFN_MIN_ROWS, TRITON_FFN_MIN_WIDTH, forced
 from ._spec import define_op
-
-
-def check_channel_idle_ffn_args(x: torch.Tensor, w_in: torch.Tensor, b_in: Optional[torch.Tensor],
-                                w_out: torch.Tensor, b_out: Optional[torch.Tensor],
-                                residual: Optional[torch.Tensor]) -> tuple[int, int, int]:
-    """Validate `channel_idle_ffn` arguments; return (active A, linear L, C_out).
-
-    Layout (nn.Linear convention, weights are [out_features, in_features]):
-      x [..., C_in];  w_in [A + L, C_in] with the A active rows first;  b_in [A + L];
-      w_out [C_out, A];  b_out [C_out];  residual [..., C_out] like x;  L is 0 or C_out.
-    A = L = 0 without b_out is degenerate but well-defined (the output is zero, plus residual): allowed.
-    """
-    check_float_x(x, "C_in")
-    check_tensor("w_in", w_in)
-    check_tensor("w_out", w_out)
-    if w_in.dim() != 2:
-        raise ValueError(f"w_in: expected 2-D [A + L, C_in], got shape {fmt_shape(w_in)}")
-    if w_out.dim() != 2:
-        raise ValueError(f"w_out: expected 2-D [C_out, A], got shape {fmt_shape(w_out)}")
-    c_in = x.shape[-1]
-    if w_in.shape[1] != c_in:
-        raise ValueError(
-            f"w_in: expected shape [A + L, {c_in}] (C_in = x.shape[-1] = {c_in}), got {fmt_shape(w_in)}"
-        )
-    c_out, active = w_out.shape
-    if active > w_in.shape[0]:
-        raise ValueError(
-            f"w_out: expected at most w_in.shape[0] = {w_in.shape[0]} active columns, got shape {fmt_shape(w_out)}"
-        )
-    linear = w_in.shape[0] - active
-    if linear not in (0, c_out):
-        raise ValueError(
-            f"w_in: expected {active} (no linear path) or {active + c_out} (A + C_out) rows "
-            f"for w_out of shape {fmt_shape(w_out)}, got {w_in.shape[0]}"
-        )
-    check_like_x(x, (("w_in", w_in), ("b_in", b_in), ("w_out", w_out), ("b_out", b_out), ("residual", residual)))
-    check_shape("b_in", b_in, (w_in.shape[0],))
-    check_shape("b_out", b_out, (c_out,))
-    check_shape("residual", residual, tuple(x.shape[:-1]) + (c_out,))
-    return active, linear, c_out
 
 
 def use_triton_channel_idle_ffn(dtype: torch.dtype, rows: int, policy: str = "auto", *,

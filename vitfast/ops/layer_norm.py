@@ -4,30 +4,9 @@ CPU: csrc/ops/layer_norm.cpp.  CUDA: no Triton kernel, torch's fused CUDA LayerN
 """
 from __future__ import annotations
 
-import math
-from typing import Optional
-
-import torch
-
 from .. import reference
-from ._check import check_float_x, check_like_x, check_shape
+from ..reference.layer_norm import check_layer_norm_args
 from ._spec import define_op
-
-
-def check_layer_norm_args(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                          eps: float) -> int:
-    """Validate `layer_norm` arguments; return C (the normalised last dimension).
-
-    x [..., C];  weight [C], bias [C] (optional, the affine);  eps >= 0 and finite.
-    """
-    check_float_x(x, "C")
-    c = x.shape[-1]
-    check_like_x(x, (("weight", weight), ("bias", bias)))
-    check_shape("weight", weight, (c,))
-    check_shape("bias", bias, (c,))
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps}")
-    return c
 
 
 def _layer_norm_fake(x, weight, bias, eps):

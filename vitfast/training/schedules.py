@@ -1,11 +1,14 @@
 """The LR schedule (linear warm-up, then cosine) and the weight-decay parameter groups of the Trainer.
 
-Hand-written rather than `timm.scheduler.CosineLRScheduler`: the schedule is a `LambdaLR` whose lambda holds plain
-numbers, so the scheduler's state dict is plain values (weights_only checkpoints) and a resumed run takes exactly the
-same LR at every step; timm's scheduler is stepped per epoch or by update count with its own state, which would change
-the checkpoint format and the per-step values the exact-resume tests pin.  `param_groups` follows timm's
-`create_optimizer_v2` convention (no decay for 1-D parameters and `no_weight_decay()` names) and extends it with
-the `_no_weight_decay` marks the methods put on λ, gate logits and kernels.
+Kept rather than replaced by timm's parts, because exact resume and existing runs depend on them:
+* `timm.scheduler.CosineLRScheduler` warms up from `warmup_lr_init` (t · (lr − init) / warmup_t: step 0 at init),
+  where this schedule starts at lr / warmup_steps so the first step is not wasted; every existing recipe would
+  train on other LR values.  The schedule here is a `LambdaLR` whose lambda holds plain numbers, so its state dict
+  is plain values (the weights_only trainer checkpoint).
+* `timm.optim.param_groups_weight_decay` lists the no-decay group first, `param_groups` the decay group first:
+  optimizer state is stored by group index, so switching would resume every existing trainer checkpoint into the
+  wrong groups.  It also knows name patterns only, not the `_no_weight_decay` marks the methods put on λ, gate
+  logits and kernels.  The rules are timm's otherwise (1-D parameters and `no_weight_decay()` names).
 """
 from __future__ import annotations
 

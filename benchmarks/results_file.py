@@ -1,0 +1,141 @@
+"""Write measured tables into `benchmarks/results/<date>-<machine>.json`, the data the docs' tables are made from.
+
+A results file (schema "vitfast.results/1", rendered by `make_tables.py`) holds the date, the machine, the software
+versions and named tables; each table records the script and command that measured it, the conditions, its columns
+(a label and a format string over the row's fields) and its rows.  The benchmark scripts call `record(...)` (e.g.
+`ort_split.py --record`); a `vitfast bench --json` report becomes a table with
+
+    python benchmarks/results_file.py REPORT.json --table NAME [--title TEXT] [--conditions TEXT]
+
+Recording a table of the same name again on the same day and machine replaces it; other tables stay.  Files are
+written atomically (temporary file, fsync, rename), so an interrupted run leaves the previous file intact.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import sys
+from typing import Any, Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+SCHEMA = "vitfast.results/1"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def machine(device: str = "cpu") -> Dict[str, str]:
+    """{"id", "description"} of this machine: the GPU's name on CUDA, else the CPU model and vitfast's CPU path."""
+    import torch
+
+    from vitfast.bench import machine_info
+
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device))
+        return {"id": _slug(name), "description": f"{name}, torch {torch.__version__}"}
+    info = machine_info()
+    words = _slug(info["cpu"]).split("-")[:3]
+    return {"id": "-".join(words + [info["cpu_isa"]]),
+            "description": f"{info['cpu']}, {info['cores']} cores, CPU path {info['cpu_isa']}"}
+
+
+def software() -> Dict[str, str]:
+    from vitfast.bench import machine_info
+
+    versions = {k: v for k, v in machine_info()["versions"].items() if v is not None}
+    try:
+        import triton
+
+        versions["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return versions
+
+
+def record(name: str, table: Dict[str, Any], *, device: str = "cpu", directory: str = RESULTS,
+           date: Optional[str] = None) -> str:
+    """Put `table` (title, script, command, conditions, columns, rows) under `name` in today's file for this
+    machine; returns the file's path."""
+    missing = [k for k in ("title", "script", "command", "columns", "rows") if k not in table]
+    if missing:
+        raise ValueError(f"table: expected the keys {missing}, not found")
+    if not re.fullmatch(r"[a-z0-9_]+", name):
+        raise ValueError(f"name: expected lower-case letters, digits and _, got {name!r}")
+    from vitfast.io.atomic import atomic_write
+
+    date = date or datetime.date.today().isoformat()
+    box = machine(device)
+    path = os.path.join(directory, f"{date}-{box['id']}.json")
+    data: Dict[str, Any] = {"schema": SCHEMA, "date": date, "machine": box, "software": software(), "tables": {}}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"{path}: expected schema {SCHEMA!r}, got {data.get('schema')!r}")
+    data["tables"][name] = table
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    atomic_write(path, write)
+    return path
+
+
+def from_bench_report(report: Dict[str, Any], *, title: str, conditions: str = "",
+                      command: str = "vitfast bench ...") -> Dict[str, Any]:
+    """A `vitfast bench --json` report as a results table: one row per (provider, threads, batch), with the median
+    latency, its p10-p90, the speed-up over the baseline and, where measured, the paired ratio to ORT."""
+    rows: List[Dict[str, Any]] = []
+    for r in report["results"]:
+        row = {"provider": r["provider"], "threads": r["threads"], "batch": r["batch"],
+               "median_ms": round(r["median_ms"], 3), "p10_ms": round(r["p10_ms"], 3), "p90_ms": round(r["p90_ms"], 3)}
+        paired = r.get("paired_vs_ort_fused")
+        row["vs_ort"] = "–" if not paired else f"{paired[0]:.3f}× ({paired[1]:.2f}–{paired[2]:.2f})"
+        rows.append(row)
+    return {
+        "title": title,
+        "script": "vitfast bench",
+        "command": command,
+        "conditions": conditions or f"{report.get('repeats')} interleaved rounds; input {report.get('input_shape')}",
+        "columns": [
+            {"label": "provider", "fmt": "{provider}"},
+            {"label": "threads", "fmt": "{threads}"},
+            {"label": "batch", "fmt": "{batch}"},
+            {"label": "median ms", "fmt": "{median_ms}"},
+            {"label": "p10–p90 ms", "fmt": "{p10_ms}–{p90_ms}"},
+            {"label": "ORT fused ÷ provider, paired", "fmt": "{vs_ort}"},
+        ],
+        "rows": rows,
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("report", help="a `vitfast bench --json` report")
+    parser.add_argument("--table", required=True, help="the table's name in the results file (e.g. cpu_grid_deit_b)")
+    parser.add_argument("--title", default="vitfast bench")
+    parser.add_argument("--conditions", default="")
+    parser.add_argument("--command", default="vitfast bench ...", help="the command that wrote the report")
+    args = parser.parse_args(argv)
+    with open(args.report, encoding="utf-8") as f:
+        report = json.load(f)
+    table = from_bench_report(report, title=args.title, conditions=args.conditions, command=args.command)
+    print(record(args.table, table, device=str(report.get("device", "cpu"))))
+    return 0
+
+
+def command_line() -> str:
+    """The command that is running, for a table's "command" field."""
+    return " ".join(shlex.quote(a) for a in ["python"] + sys.argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""benchmarks/results_file.py: benchmark scripts write their tables as data that make_tables.py renders."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import make_tables  # noqa: E402
+import results_file  # noqa: E402
+
+
+def _report():
+    # the shape `vitfast bench --json` writes (vitfast/bench.py run_bench), two providers, one configuration
+    return {"device": "cpu", "repeats": 3, "input_shape": [3, 32, 32], "results": [
+        {"provider": "ort-fused", "threads": 1, "batch": 1, "median_ms": 2.5, "p10_ms": 2.4, "p90_ms": 2.7},
+        {"provider": "vitfast", "threads": 1, "batch": 1, "median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.2,
+         "paired_vs_ort_fused": [1.25, 1.2, 1.3]},
+    ]}
+
+
+def test_a_bench_report_becomes_a_rendered_table(tmp_path):
+    table = results_file.from_bench_report(_report(), title="tiny", command="vitfast bench tiny")
+    path = results_file.record("tiny_grid", table, directory=str(tmp_path), date="2026-01-02")
+    data = json.loads(open(path, encoding="utf-8").read())
+    assert data["schema"] == make_tables.SCHEMA and data["date"] == "2026-01-02"
+    assert os.path.basename(path) == f"2026-01-02-{data['machine']['id']}.json"
+    rendered = make_tables.render(f"2026-01-02-{data['machine']['id']}/tiny_grid", make_tables.load_results(str(tmp_path)))
+    assert "| vitfast | 1 | 1 | 2.0 | 1.9–2.2 | 1.250× (1.20–1.30) |" in rendered
+    assert "| ort-fused | 1 | 1 | 2.5 | 2.4–2.7 | – |" in rendered
+
+
+def test_recording_again_replaces_one_table_and_keeps_the_others(tmp_path):
+    table = results_file.from_bench_report(_report(), title="a")
+    results_file.record("a", table, directory=str(tmp_path), date="2026-01-02")
+    path = results_file.record("b", dict(table, title="b"), directory=str(tmp_path), date="2026-01-02")
+    results_file.record("a", dict(table, title="a2"), directory=str(tmp_path), date="2026-01-02")
+    tables = json.loads(open(path, encoding="utf-8").read())["tables"]
+    assert sorted(tables) == ["a", "b"] and tables["a"]["title"] == "a2"
+
+
+@pytest.mark.parametrize("name, table, match", [
+    ("Bad Name", {"title": "", "script": "", "command": "", "columns": [], "rows": []}, "name: expected lower-case"),
+    ("ok", {"title": "t"}, r"table: expected the keys \['script', 'command', 'columns', 'rows'\]"),
+])
+def test_bad_tables_are_refused_before_writing(tmp_path, name, table, match):
+    with pytest.raises(ValueError, match=match):
+        results_file.record(name, table, directory=str(tmp_path))
+    assert os.listdir(tmp_path) == []
