@@ -851,7 +851,7 @@ def test_real_fused_vit_blocks_roundtrip(tmp_path):
 
 
 def test_real_fused_swin_blocks_roundtrip(tmp_path):
-    from vitfast.nn.block import FusedSwinBlock
+    from vitfast.nn.swin import FusedSwinBlock
 
     model = _randomize(tiny_swin())
     for stage in model.layers:

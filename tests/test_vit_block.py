@@ -25,7 +25,7 @@ if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not 
 
 op = torch.ops.vitfast.vit_block
 
-# (name, active A, linear path, FFN norm, FFN residual): the forms a fused FFN takes (vitfast/nn/fused.py).
+# (name, active A, linear path, FFN norm, FFN residual): the forms a fused FFN takes (vitfast/nn/ffn.py).
 FFN_FORMS = [
     ("bn_variant", 1.0, True, False, False),   # θ > 0, BN variant: norms and shortcut folded into the linear rows
     ("ln_variant", 1.0, True, True, True),     # LN variant: its own non-affine norm, explicit shortcut

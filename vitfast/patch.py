@@ -31,7 +31,9 @@ def patch_timm(model: nn.Module, inplace: bool = True, *, prepack: bool = True) 
     from timm.models.swin_transformer import SwinTransformerBlock
     from timm.models.vision_transformer import Block as TimmBlock
 
-    from .nn.block import FusedBlock, FusedSwinBlock
+    from .nn.block import FusedBlock
+
+    from .nn.swin import FusedSwinBlock
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")

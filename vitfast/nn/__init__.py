@@ -9,7 +9,9 @@ two kernel-backed stand-ins for plain timm layers are named by what they run: `G
 Conv2d as one GEMM) and `PackedLinear` (the classifier head on the packed-weight GEMM).  Train-time modules live
 with their method in `vitfast.methods.<method>`; each has `to_fused()`, which `vitfast.fuse` calls.
 """
-from .block import FusedAttention, FusedBlock, FusedChannelIdleFFN, FusedSwinBlock, active_channels
+from .block import FusedAttention, FusedBlock
+from .ffn import FusedChannelIdleFFN, active_channels
+from .swin import FusedSwinBlock
 from .dwconv import FusedDWConvBlock, follow_patch_grid, set_grid_size
 from .gated import FusedBatchGate, FusedGatedBlock, set_gate_force
 from .linear_head import PackedLinear, use_gemm_stem_and_head, use_packed_linear_head

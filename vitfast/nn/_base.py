@@ -13,7 +13,6 @@ from timm.layers import LayerNorm as TimmLayerNorm
 from .. import ops
 from . import _timm
 
-
 _IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
 
 

@@ -35,7 +35,7 @@ import torch.nn as nn
 
 from .. import ops
 from ._base import ConfigReader, apply_norm
-from .block import FusedChannelIdleFFN
+from .ffn import FusedChannelIdleFFN
 from .registry import register_fused
 
 __all__ = ["DWConvAttention", "DWConvBlock", "FusedDWConvBlock", "set_grid_size", "follow_patch_grid", "dwconv_heads"]

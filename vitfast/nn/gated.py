@@ -17,7 +17,8 @@ from .. import ops
 from .._env import get_cuda_kernels
 from ._base import ConfigReader, apply_norm, tracing
 from ._fold import fold_attention
-from .block import FusedAttention, FusedChannelIdleFFN, plan_whole_block, whole_block_args
+from .block import FusedAttention, plan_whole_block, whole_block_args
+from .ffn import FusedChannelIdleFFN
 from .registry import register_fused
 
 __all__ = ["FusedGatedBlock", "FusedBatchGate", "set_gate_force", "fused_attention"]

@@ -19,9 +19,9 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from ._fold import FoldedFFN
 from ._base import ConfigReader, apply_norm
-from .block import FusedChannelIdleFFN
+from ._fold import FoldedFFN
+from .ffn import FusedChannelIdleFFN
 from .registry import register_fused
 
 __all__ = ["FoldedXWXAttention", "FusedXWXAttention", "FusedXWXBlock", "SCORE_FORMS"]

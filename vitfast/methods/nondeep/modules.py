@@ -62,7 +62,7 @@ from timm.models.vision_transformer import Attention as TimmAttention
 
 from ..._checks import check_finite_parameter, check_nonnegative_weight
 from ...nn import _timm
-from ...nn.block import active_channels
+from ...nn.ffn import active_channels
 from ...nn.xwx import FusedXWXBlock
 from ..repavit.modules import FFN_NORMS, tokens_batchnorm
 from .fold import fold_nondeep_attention, fold_nondeep_mlp

@@ -25,7 +25,9 @@ from ..._copy import deepcopy_model
 from ...arch import register_stand_in
 from ...nn import _timm
 from ...nn._fold import fold_ffn
-from ...nn.block import FusedBlock, FusedChannelIdleFFN, FusedSwinBlock, SwinChannelIdle, active_channels
+from ...nn.block import FusedBlock
+from ...nn.ffn import FusedChannelIdleFFN, active_channels
+from ...nn.swin import FusedSwinBlock, SwinChannelIdle
 
 __all__ = ["idle_ratios", "ChannelIdleMlp", "ChannelIdleBlock", "ChannelIdleSwinBlock", "FFN_NORMS", "HEURISTICS"]
 

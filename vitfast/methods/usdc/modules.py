@@ -35,7 +35,7 @@ from timm.layers import Mlp
 from timm.models.vision_transformer import Attention as TimmAttention
 
 from ...nn import _timm
-from ...nn.block import FusedChannelIdleFFN
+from ...nn.ffn import FusedChannelIdleFFN
 from ...nn.gated import FusedBatchGate, FusedGatedBlock, fused_attention
 from .gates import GATE_LEVELS, SEARCH_TAU, GateNet, GateSearch, group_assignment, hard_gates
 
