@@ -91,7 +91,7 @@ def train_one(model_name: str, *, seed: int, lr: float, steps: int, branches: in
     import vitfast
     from vitfast.training.data import digits_loaders
     from vitfast.demos.demo import DEMO_MODEL
-    from vitfast.methods.nondeep.modules import JoinSchedule
+    from vitfast.methods.nondeep.schedule import JoinSchedule
     from vitfast.training.trainer import Trainer
 
     cfg = dict(DEMO_MODEL)

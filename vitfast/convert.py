@@ -168,7 +168,7 @@ def _check_method_options(*, branches, schedule, join_values, diversity_weight, 
     """A method's options without the method would be ignored (a silently different model): refuse them, as the
     CLI does.  Values are checked here under from_timm's own argument names (deeper code names its own)."""
     from ._checks import check_nonnegative_weight
-    from .methods.nondeep.modules import JOIN_SCHEDULES, JoinSchedule
+    from .methods.nondeep.schedule import JOIN_SCHEDULES, JoinSchedule
     from .methods.usdc.gates import GATE_KINDS, GATE_LEVELS
 
     def refuse_unused(given, method):

@@ -53,7 +53,7 @@ def add_nondeep_args(p, *, train: bool) -> None:
 
 def apply_join_settings(model, settings, total_steps: int) -> None:
     """--join-* and --diversity-weight onto a non-deep model's blocks (refused for a model without branches)."""
-    from vitfast.methods.nondeep.modules import JoinSchedule
+    from vitfast.methods.nondeep.schedule import JoinSchedule
 
     given = [k for k in ("join_schedule", "join_start", "join_steps", "adjust_steps", "diversity_weight",
                          "distill_teacher") if settings.get(k) is not None]

@@ -49,7 +49,7 @@ def run_nondeep_comparison(
     import vitfast
 
     from ..io.trainable import save_trainable
-    from ..methods.nondeep.modules import JoinSchedule
+    from ..methods.nondeep.schedule import JoinSchedule
     from ..training.data import digits_loaders
     from ..training.trainer import Trainer
 

@@ -353,7 +353,7 @@ def _describe_nondeep(model: nn.Module) -> Dict[str, Any]:
 def _build_nondeep(desc: Dict[str, Any], device) -> nn.Module:
     from ..arch import build_timm
     from ..convert import from_timm
-    from ..methods.nondeep.modules import JoinSchedule
+    from ..methods.nondeep.schedule import JoinSchedule
 
     nd = desc["nondeep"]
     sched = nd["schedule"]
