@@ -13,7 +13,7 @@ import os
 import platform
 import sys
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -63,7 +63,8 @@ setup(
     name="vitfast",
     version="0.1.0",
     description="Structurally reparameterized Vision Transformers on fused CPU (C++) and GPU (Triton) kernels",
-    packages=["vitfast", "vitfast.nn", "vitfast.kernels"],
+    # every subpackage (ops, reference, nn, methods.*, io, training, cli, demos), plus the Triton kernels
+    packages=find_packages(include=["vitfast", "vitfast.*"]) + ["vitfast.kernels"],
     package_dir={"vitfast": "vitfast", "vitfast.kernels": "kernels"},
     python_requires=">=3.9",
     install_requires=[

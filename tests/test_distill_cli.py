@@ -176,3 +176,11 @@ def test_combined_recipe_nondeep_channel_idle_student_fuses(tmp_path, capsys):
     fused = str(tmp_path / "fused.safetensors")
     assert main(["fuse", str(run / "model.safetensors"), "-o", fused]) == 0
     assert main(["verify", fused, "--source", str(run / "model.safetensors")]) == 0
+
+
+@pytest.mark.parametrize("flag, value", [("--student-depths", "2,2,"), ("--alpha-schedule", "0,,0.5"),
+                                         ("--harmonic", ",13,1")])
+def test_number_lists_keep_every_position(flag, value, capsys):
+    # An empty item is an error, not a skipped one: "0,,0.5" is not the pair (0, 0.5).
+    assert main(["train", "model.safetensors", flag, value]) == 2
+    assert f"argument {flag}: expected" in capsys.readouterr().err

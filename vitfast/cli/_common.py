@@ -68,13 +68,15 @@ def json_object(text: str) -> Dict[str, Any]:
     return value
 
 
-def comma_list(cast: Callable[[str], Any], expected: str,
-               valid: Callable[[List[Any]], bool] = lambda values: True) -> Callable[[str], List[Any]]:
-    """An argparse type for a comma-separated list: each non-empty item `cast`, the whole list passing `valid`, else
-    "expected EXPECTED, got 'TEXT'" (one message for every failure, so it says what a good value looks like)."""
+def comma_list(cast: Callable[[str], Any], expected: str, valid: Callable[[List[Any]], bool] = lambda values: True,
+               *, skip_empty: bool = True) -> Callable[[str], List[Any]]:
+    """An argparse type for a comma-separated list: each item `cast` (empty items skipped, or with
+    `skip_empty=False` refused: a number pair or stage depths must not lose a position), the whole list passing
+    `valid`, else "expected EXPECTED, got 'TEXT'" (one message for every failure, so it says what a good value
+    looks like)."""
     def parse(text: str) -> List[Any]:
         try:
-            values = [cast(v) for v in text.split(",") if v.strip()]
+            values = [cast(v) for v in text.split(",") if v.strip() or not skip_empty]
         except ValueError:
             values = []
         if not values or not valid(values):

@@ -36,9 +36,11 @@ SCALE_DEFAULTS = {"grad_accum": 1, "amp": None}
 
 
 _alpha_pair = comma_list(float, "two numbers in [0, 1] such as 0,0.5",
-                         lambda v: len(v) == 2 and all(0.0 <= x <= 1.0 for x in v))
-_weight_pair = comma_list(float, "two numbers > 0 (w_d,w_s) such as 13,1", lambda v: len(v) == 2 and all(x > 0 for x in v))
-_depth_list = comma_list(int, "comma-separated positive stage depths such as 2,2,2,2", lambda v: all(x >= 1 for x in v))
+                         lambda v: len(v) == 2 and all(0.0 <= x <= 1.0 for x in v), skip_empty=False)
+_weight_pair = comma_list(float, "two numbers > 0 (w_d,w_s) such as 13,1", lambda v: len(v) == 2 and all(x > 0 for x in v),
+                          skip_empty=False)
+_depth_list = comma_list(int, "comma-separated positive stage depths such as 2,2,2,2", lambda v: all(x >= 1 for x in v),
+                         skip_empty=False)
 
 
 def add_scale_args(p) -> None:
