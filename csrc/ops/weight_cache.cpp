@@ -7,7 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <string_view>
+#include <memory>
 #include <unordered_map>
 
 namespace vitfast {
@@ -56,8 +56,18 @@ struct TensorRef {
   bool stale() const { return defined && (storage->expired() || counter.current_version() != version); }
 };
 
+// Op names, interned: one immortal string per name (a handful of ops), so an index key can point at its op's name
+// without depending on any entry's lifetime.  Called with the cache mutex held.
+const std::string* intern_op(const char* op) {
+  static std::vector<std::unique_ptr<const std::string>>* names = new std::vector<std::unique_ptr<const std::string>>();
+  for (const auto& name : *names)
+    if (*name == op) return name.get();
+  names->push_back(std::make_unique<const std::string>(op));
+  return names->back().get();
+}
+
 struct Entry {
-  std::string op;
+  const std::string* op;  // interned
   std::vector<TensorRef> refs;
   PackedEntry value;
 };
@@ -68,14 +78,18 @@ struct Entry {
 // the 7 MiB of weights streamed since their last visit had evicted from cache — measured at 0.3% of a DeiT-B
 // forward in `cached_pack` alone.  Several entries may share a key (stale versions of one weight until the
 // next miss drops them; ops called with the same first weight), so each key holds a short bucket.
+//
+// The key owns nothing that an entry owns: the op is an interned name (immortal), the data pointer only a number.
+// (It once pointed into the first entry's own string: erasing that entry while others stayed in its bucket left
+// the map's key dangling, a use-after-free at the next lookup.)
 struct Key {
-  std::string_view op;  // points into the Entry's own std::string (list nodes never move)
+  const std::string* op;  // interned: equal names are the same pointer
   const void* data;
   bool operator==(const Key& o) const { return data == o.data && op == o.op; }
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
-    return std::hash<std::string_view>()(k.op) ^ (std::hash<const void*>()(k.data) * 0x9E3779B97F4A7C15ull);
+    return std::hash<const void*>()(k.op) ^ (std::hash<const void*>()(k.data) * 0x9E3779B97F4A7C15ull);
   }
 };
 struct Cache {
@@ -87,7 +101,7 @@ struct Cache {
 
 Key key_of(const Entry& e) { return Key{e.op, e.refs.empty() ? nullptr : e.refs[0].data}; }
 
-Key key_of(const char* op, const std::vector<at::Tensor>& weights) {
+Key key_of(const std::string* op, const std::vector<at::Tensor>& weights) {
   const void* data = weights.empty() || !weights[0].defined() ? nullptr : weights[0].data_ptr();
   return Key{op, data};
 }
@@ -140,9 +154,11 @@ std::shared_ptr<const void> cached_pack(const char* op, const std::vector<at::Te
     }
     return pack().packed;
   }
+  const std::string* name;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
-    auto found = c.index.find(key_of(op, weights));
+    name = intern_op(op);
+    auto found = c.index.find(key_of(name, weights));
     if (found != c.index.end()) {
       for (auto it : found->second) {
         if (it->refs.size() != weights.size()) continue;
@@ -155,15 +171,23 @@ std::shared_ptr<const void> cached_pack(const char* op, const std::vector<at::Te
       }
     }
   }
-  // Miss: validate and pack outside the lock (it may take milliseconds and may throw).
-  PackedEntry value = pack();
+  // Miss: validate and pack outside the lock (it may take milliseconds and may throw).  The weights' identities and
+  // versions are taken *before* packing: an in-place update racing with `pack` then leaves an entry whose version
+  // is already behind the tensor's (never served again), and one that finished before `pack` read the data is in
+  // it.  (Taken after packing, a write between the two made old data look current: served until a clear.)
   Entry entry;
-  entry.op = op;
+  entry.op = name;
   for (const at::Tensor& t : weights) entry.refs.push_back(TensorRef::of(t));
+  PackedEntry value = pack();
   entry.value = value;
 
   std::lock_guard<std::mutex> lock(c.mutex);
   ++c.stats.misses;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i].defined() && weights[i]._version() != entry.refs[i].version) {
+      return value.packed;  // written while packing: this call gets what it packed, nothing is kept
+    }
+  }
   for (auto it = c.lru.begin(); it != c.lru.end();) {
     bool stale = false;
     for (const TensorRef& r : it->refs) stale = stale || r.stale();

@@ -23,6 +23,13 @@
 //
 // Entries that can never hit again (storage freed, or weight modified since) are dropped at the next miss;
 // at most kCapacity entries are kept (least recently used evicted).
+//
+// Threads.  Lookups, packs, inserts, evictions and clears may run from any number of threads at once (one mutex
+// around the index; packing runs outside it).  A weight written in place while another thread runs an op on it: a
+// call that overlaps the write may compute with the old, the new or a mix of the values (as any op reading a
+// tensor that another thread writes); every call that *starts after the write has returned* computes with the new
+// values, because a weight's version is read before it is packed and checked again before the pack is kept (a
+// pack that raced with a write is used once and dropped).  tests/test_weight_cache.py stresses this.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -50,8 +57,8 @@ struct PackedEntry {
 };
 
 // Returns the packed object for exactly these tensors (undefined = absent optional), calling `pack` (which
-// validates and packs) on a miss.  `op` separates ops that share weights.  Thread-safe; `pack` runs outside
-// the lock.
+// validates and packs) on a miss.  `op` separates ops that share weights.  Thread-safe (see above); `pack` runs
+// outside the lock.
 std::shared_ptr<const void> cached_pack(const char* op, const std::vector<at::Tensor>& weights,
                                         const std::function<PackedEntry()>& pack);
 
