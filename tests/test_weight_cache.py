@@ -1,6 +1,10 @@
 """The packed-weight cache (csrc/ops/weight_cache.cpp) under the sequences and the threads that once broke it.
 
 Each scenario runs in a subprocess: a memory error there is a failed test with its output, not a crashed suite.
+Without a sanitizer they check results and survival; with the extension built under AddressSanitizer (CFLAGS and
+LDFLAGS -fsanitize=address, run with LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0) the
+first one reported the heap-use-after-free of the old index keys, and passes since.  (Under that preload a C++
+exception stops ASan itself, "real___cxa_throw != 0", so scenarios that provoke a ValueError need a normal build.)
 """
 from __future__ import annotations
 
@@ -61,8 +65,11 @@ def test_concurrent_in_place_updates_are_never_served_stale():
             stop = threading.Event()
             def reader():
                 while not stop.is_set():
-                    torch.ops.vitfast.linear(x, w, None)
-                    torch.ops.vitfast.channel_idle_ffn(x, w_in, None, w_out)
+                    try:
+                        torch.ops.vitfast.linear(x, w, None)
+                        torch.ops.vitfast.channel_idle_ffn(x, w_in, None, w_out)
+                    except ValueError as exc:  # torch's in-place kernels pass through non-finite values (contract)
+                        assert "expected finite values" in str(exc), exc
             threads = [threading.Thread(target=reader) for _ in range(2)]
             for t in threads:
                 t.start()
