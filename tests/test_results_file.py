@@ -27,7 +27,8 @@ def test_a_bench_report_becomes_a_rendered_table(tmp_path):
     data = json.loads(open(path, encoding="utf-8").read())
     assert data["schema"] == make_tables.SCHEMA and data["date"] == "2026-01-02"
     assert os.path.basename(path) == f"2026-01-02-{data['machine']['id']}.json"
-    rendered = make_tables.render(f"2026-01-02-{data['machine']['id']}/tiny_grid", make_tables.load_results(str(tmp_path)))
+    name = f"2026-01-02-{data['machine']['id']}/tiny_grid"
+    rendered = make_tables.render(name, make_tables.load_results(str(tmp_path)))
     assert "| vitfast | 1 | 1 | 2.0 | 1.9–2.2 | 1.250× (1.20–1.30) |" in rendered
     assert "| ort-fused | 1 | 1 | 2.5 | 2.4–2.7 | – |" in rendered
 

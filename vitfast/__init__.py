@@ -13,9 +13,8 @@ imported on first use.
 """
 from __future__ import annotations
 
-import importlib
-
 from . import ops, reference  # noqa: F401  (ops registers torch.ops.vitfast.*)
+from ._lazy import lazy_attributes
 from ._env import get_backend, get_cuda_kernels, set_backend, set_cuda_kernels  # noqa: F401
 from ._version import __version__  # noqa: F401
 
@@ -47,11 +46,4 @@ _LAZY = {
 __all__ = ["ops", "reference", "get_backend", "set_backend", "get_cuda_kernels", "set_cuda_kernels", "__version__", *_LAZY]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        module_name, attr = _LAZY[name]
-        module = importlib.import_module(module_name)
-        value = module if attr is None else getattr(module, attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vitfast' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -11,7 +11,7 @@ lower layers (training, methods) use them without importing the model formats ab
 """
 from __future__ import annotations
 
-import importlib
+from .._lazy import lazy_attributes
 
 _LAZY = {
     "save": ("fused", "save"), "load": ("fused", "load"), "read_config": ("fused", "read_config"),
@@ -27,10 +27,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, {name: (f".{module}", attr) for name, (module, attr) in _LAZY.items()})

@@ -10,15 +10,8 @@ in the train-time file format.
 A method imports only the public names of another (a DW-conv or USDC model is built on RePaViT blocks); what
 every method shares sits below, in `vitfast.nn` (fused blocks) and `vitfast.training`.
 """
-import importlib
+from .._lazy import lazy_attributes
 
 __all__ = ["repavit", "nondeep", "dwconv", "usdc", "distill"]
-
-
-def __getattr__(name):
-    # `vitfast.methods.usdc.prune(...)` works without importing the method first, as vitfast's own lazy names do.
-    if name in __all__:
-        module = importlib.import_module(f"{__name__}.{name}")
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# `vitfast.methods.usdc.prune(...)` works without importing the method first, as vitfast's own lazy names do.
+__getattr__ = lazy_attributes(__name__, {name: (f".{name}", None) for name in __all__})

@@ -4,19 +4,14 @@ state (rng.py), data-parallel helpers (distributed.py) and the data loaders (dat
 Nothing here knows a method: methods plug in through the Trainer's hooks (`set_step`, `extra_loss`, callbacks,
 `compute_loss` overrides), so method trainers (`vitfast.methods.distill.DistillTrainer`, ...) sit above it.
 """
+from .._lazy import lazy_attributes
 from .rng import seed_everything
 from .schedules import param_groups, warmup_cosine
 from .trainer import AMP_DTYPES, Callback, Trainer
 
-__all__ = ["Trainer", "Callback", "AMP_DTYPES", "param_groups", "warmup_cosine", "seed_everything", "data", "distributed"]
+__all__ = ["Trainer", "Callback", "AMP_DTYPES", "param_groups", "warmup_cosine", "seed_everything", "data",
+           "distributed"]
 
 
-def __getattr__(name):
-    # `vitfast.training.data` / `.distributed` on first use: the data loaders import torchvision.
-    if name in ("data", "distributed"):
-        import importlib
-
-        module = importlib.import_module(f"{__name__}.{name}")
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# `vitfast.training.data` / `.distributed` on first use: the data loaders import torchvision.
+__getattr__ = lazy_attributes(__name__, {"data": (".data", None), "distributed": (".distributed", None)})
