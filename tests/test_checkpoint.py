@@ -203,13 +203,13 @@ ARCH_CASES["repavit_no_patch_bias"] = _repavit_no_bias
 
 @pytest.mark.parametrize("case", sorted(ARCH_CASES))
 def test_describe_build_roundtrip(case):
-    from vitfast.io.fused import _structure_mismatches
+    from vitfast.io._rebuild import structure_mismatches
 
     model = _randomize(ARCH_CASES[case]())
     desc = describe_timm(model)
     desc = json.loads(json.dumps(desc))  # what a file gives back: lists, no tuples
     rebuilt = build_timm(desc).eval()
-    assert _structure_mismatches(model, rebuilt) == []
+    assert structure_mismatches(model, rebuilt) == []
     rebuilt.load_state_dict(model.state_dict(), strict=True)
     x = _img()
     with torch.no_grad():

@@ -1,6 +1,7 @@
 """Every file format vitfast reads or writes, and the atomic writer under all of them.
 
-    fused.py               the fused model: one .safetensors, JSON config in its metadata (`vitfast.save/load`)
+    fused.py               the fused model: one .safetensors, JSON config in its metadata (`vitfast.save/load`);
+                           `_rebuild.py` rebuilds a model from that config (load) and compares (save)
     trainable.py           the train-time model (`save_trainable` / `load_trainable`), methods' entries included
     trainer_checkpoint.py  the Trainer's resumable state (torch zip, read with weights_only=True)
     head_ranking.py        Σ_h head scores for drop-in DW-conv heads (JSON)

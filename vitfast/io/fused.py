@@ -45,17 +45,16 @@ Decisions
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from ..arch import build_timm, describe_timm, set_source_architecture, source_architecture
-from ..nn.registry import fused_module_from_config, is_fused_module
+from ..nn.registry import is_fused_module
+from ._rebuild import float32_default, fused_configs, rebuild, shape_text, structure_mismatches
 from .atomic import atomic_write, check_target
 from .trainable import TRAINABLE_FORMAT
 
@@ -74,7 +73,6 @@ _MAX_LISTED = 20  # mismatches listed in one error message; the count says how m
 # depthwise convolutions: ~4x).
 _MAX_SKELETON_RATIO = 16
 _SKELETON_SLACK_BYTES = 256 * 2**20
-_PATH_RE = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 
 _ST_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -86,177 +84,11 @@ for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
         _ST_DTYPES[_name] = getattr(torch, _attr)
 _DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
-# Attributes that do not change what a loaded model computes in eval mode (training switches, init modes,
-# and the SDPA switch timm sets from the environment), so differences in them are not a save error.
-_IGNORED_ATTRS = frozenset({
-    "training", "grad_checkpointing", "distilled_training", "weight_init_mode", "fix_init", "fused_attn",
-    "inplace",
-})
-
 
 def _listing(items: List[str]) -> str:
     shown = "; ".join(items[:_MAX_LISTED])
     more = f"; ... and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else ""
     return shown + more
-
-
-def _shape(shape) -> str:
-    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
-
-
-# --------------------------------------------------------------------------------------------- rebuild
-
-
-def _fused_configs(model: nn.Module) -> Dict[str, dict]:
-    configs = {}
-    for name, module in model.named_modules():
-        if not is_fused_module(module):
-            continue
-        where = name  # never the root: describe_timm() accepted the model, so the root is a timm class
-        try:
-            cfg = module.vitfast_config()
-        except Exception as e:  # noqa: BLE001 - e.g. a fused block whose child was swapped for nn.Identity
-            raise ValueError(
-                f"model.{where}: this {type(module).__name__} cannot describe itself for the file "
-                f"({type(e).__name__}: {e}); was one of its submodules replaced?"
-            ) from e
-        if not isinstance(cfg, dict) or cfg.get("kind") != type(module).vitfast_kind:
-            raise ValueError(
-                f"model.{where}.vitfast_config(): expected a dict with 'kind': {type(module).vitfast_kind!r}, "
-                f"got {cfg!r:.200}"
-            )
-        try:
-            json.dumps(cfg, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"model.{where}.vitfast_config(): expected JSON-serialisable values, got {e}") from None
-        configs[name] = cfg
-    return configs
-
-
-def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
-    # Paths come from the file: accept only plain dotted names, and replace a child module or add a new name,
-    # never overwrite another attribute (a method, a tensor, a dunder).
-    if not _PATH_RE.fullmatch(path) or any(part.startswith("__") for part in path.split(".")):
-        raise ValueError(f"modules: expected a dotted submodule path such as 'blocks.0.mlp', got {path!r}")
-    parent_path, _, leaf = path.rpartition(".")
-    try:
-        parent = root.get_submodule(parent_path) if parent_path else root
-    except AttributeError:
-        raise ValueError(
-            f"modules[{path!r}]: the parent module {parent_path!r} does not exist in the rebuilt model"
-        ) from None
-    if leaf not in parent._modules and hasattr(parent, leaf):
-        raise ValueError(f"modules[{path!r}]: expected a submodule name, got {leaf!r}, an existing non-module attribute")
-    # A container's entries come from the architecture (depth), never from the file: a new index would be
-    # appended after the existing ones, in the file's key order (blocks.1 before blocks.0 ran them swapped).
-    if isinstance(parent, (nn.Sequential, nn.ModuleList)) and leaf not in parent._modules:
-        raise ValueError(
-            f"modules[{path!r}]: {parent_path or 'the model'} has {len(parent)} entries in the rebuilt model "
-            f"(from the architecture), got an entry for {leaf!r}"
-        )
-    setattr(parent, leaf, module)
-
-
-@contextlib.contextmanager
-def _float32_default():
-    """Build in float32 whatever torch.set_default_dtype says (restored after): the stored dtypes are applied
-    afterwards; a float64 default built float64 modules that the float32 file then 'did not match'.
-
-    The default dtype is process-wide, so it is only touched when it is not float32 already: a load in one
-    thread must not change what another thread's torch.zeros builds meanwhile."""
-    previous = torch.get_default_dtype()
-    if previous == torch.float32:
-        yield
-        return
-    torch.set_default_dtype(torch.float32)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def _rebuild(architecture: dict, modules: Dict[str, dict], device: Optional[str] = None) -> nn.Module:
-    with _float32_default():
-        return _rebuild_float32(architecture, modules, device)
-
-
-def _rebuild_float32(architecture: dict, modules: Dict[str, dict], device: Optional[str]) -> nn.Module:
-    model = build_timm(architecture, device=device)
-    # Parents before children: a fused block may itself contain fused modules that have their own entry.
-    for path in sorted(modules, key=lambda p: p.count(".")):
-        if device is not None:
-            with torch.device(device):
-                module = fused_module_from_config(modules[path])
-        else:
-            module = fused_module_from_config(modules[path])
-        _set_submodule(model, path, module)
-    return model
-
-
-def _droplike_types() -> Tuple[type, ...]:
-    from timm.layers import DropPath, PatchDropout
-
-    return (nn.Dropout, nn.Identity, DropPath, PatchDropout)
-
-
-def _simple(value: Any) -> bool:
-    import enum
-
-    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, enum.Enum)):
-        return True
-    if isinstance(value, (tuple, list)):
-        return all(_simple(v) for v in value)
-    return False
-
-
-def _structure_mismatches(model: nn.Module, rebuilt: nn.Module) -> List[str]:
-    """What differs between `model` and the model its config rebuilds (empty list: identical)."""
-    droplike = _droplike_types()
-    out: List[str] = []
-    mods = dict(model.named_modules())
-    new = dict(rebuilt.named_modules())
-    for name, module in mods.items():
-        where = name or "<root>"
-        other = new.get(name)
-        if other is None:
-            out.append(f"{where}: {type(module).__qualname__} is not part of the rebuilt skeleton")
-            continue
-        if type(module) is not type(other):
-            if isinstance(module, droplike) and isinstance(other, droplike):
-                continue  # identical in eval mode
-            hint = ""
-            if type(module).__module__.startswith("vitfast"):
-                hint = " (unregistered vitfast module: fuse the model first, vitfast.fuse(model))"
-            out.append(
-                f"{where}: expected {type(other).__module__}.{type(other).__qualname__} (what the saved config "
-                f"rebuilds), got {type(module).__module__}.{type(module).__qualname__}{hint}"
-            )
-            continue
-        if isinstance(module, droplike):
-            continue
-        for attr, value in vars(module).items():
-            if attr.startswith("_") or attr in _IGNORED_ATTRS or not _simple(value):
-                continue
-            rebuilt_value = vars(other).get(attr, "<missing>")
-            if attr == "target_shift_size" and isinstance(value, (tuple, list)) and isinstance(rebuilt_value, (tuple, list)):
-                # timm leaves it stale after set_input_size and reads only whether it is non-zero (the next resize
-                # shifts by window // 2 then): a resized Swin was refused for a value that changes nothing
-                value, rebuilt_value = any(value), any(rebuilt_value)
-            if rebuilt_value != value:
-                out.append(f"{where}.{attr}: the rebuilt model has {rebuilt_value!r}, the model has {value!r}")
-    for name in new:
-        if name not in mods and not isinstance(new[name], droplike):
-            out.append(f"{name}: the rebuilt skeleton has a {type(new[name]).__qualname__} the model lacks")
-    sd, new_sd = model.state_dict(), rebuilt.state_dict()
-    for key, t in sd.items():
-        if key not in new_sd:
-            out.append(f"tensor {key}: not in the rebuilt model")
-        elif tuple(new_sd[key].shape) != tuple(t.shape):
-            out.append(
-                f"tensor {key}: the rebuilt model has shape {_shape(new_sd[key].shape)}, the model has {_shape(t.shape)}"
-            )
-    out.extend(f"tensor {key}: missing from the model" for key in new_sd if key not in sd)
-    return out
 
 
 # --------------------------------------------------------------------------------------------- save
@@ -363,7 +195,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
         model = model.module
 
     architecture = describe_timm(model)
-    modules = _fused_configs(model)
+    modules = fused_configs(model)
     _check_rebuildable(model, architecture, modules)
     _check_fused_dtypes(model, modules)
 
@@ -416,13 +248,13 @@ def _check_fused_dtypes(model: nn.Module, modules: Dict[str, dict]) -> None:
 
 def _check_rebuildable(model: nn.Module, architecture: dict, modules: Dict[str, dict]) -> None:
     try:
-        rebuilt = _rebuild(architecture, modules, device="meta")
+        rebuilt = rebuild(architecture, modules, device="meta")
     except Exception:  # noqa: BLE001 - some fused constructors may compute on values; retry allocating
         try:
-            rebuilt = _rebuild(architecture, modules)
+            rebuilt = rebuild(architecture, modules)
         except Exception as e:  # noqa: BLE001
             raise ValueError(f"model: its saved config would not rebuild it ({type(e).__name__}: {e})") from e
-    problems = _structure_mismatches(model, rebuilt)
+    problems = structure_mismatches(model, rebuilt)
     if problems:
         raise ValueError(
             f"model: the checkpoint config cannot reproduce this model ({len(problems)} differences): "
@@ -563,13 +395,13 @@ def _check_tensors(path: str, header: dict, config: dict, expected: Dict[str, to
             problems.append(f"{alias}: alias of {target!r}, which is not stored")
     uniform = config.get("dtype") if config.get("dtype") in ("float64", "float32", "float16", "bfloat16") else None
     for key in sorted(set(expected) - stored - set(aliases)):
-        problems.append(f"missing tensor {key} (expected shape {_shape(expected[key].shape)})")
+        problems.append(f"missing tensor {key} (expected shape {shape_text(expected[key].shape)})")
     for key in sorted(stored - set(expected)):
         problems.append(f"unexpected tensor {key}")
     for key in sorted(stored & set(expected)):
         info, want = header[key], expected[key]
         if tuple(info["shape"]) != tuple(want.shape):
-            problems.append(f"tensor {key}: expected shape {_shape(want.shape)}, got {_shape(info['shape'])}")
+            problems.append(f"tensor {key}: expected shape {shape_text(want.shape)}, got {shape_text(info['shape'])}")
         dtype = _ST_DTYPES.get(info["dtype"])
         if dtype is None or (dtype.is_floating_point and dtype not in _DTYPE_NAMES):  # float8: no kernel reads it
             problems.append(f"tensor {key}: unsupported dtype {info['dtype']!r}")
@@ -579,15 +411,15 @@ def _check_tensors(path: str, header: dict, config: dict, expected: Dict[str, to
             problems.append(f"tensor {key}: expected dtype {want.dtype} (config dtype {uniform}), got {dtype}")
     for alias, target in aliases.items():
         if alias in expected and target in header and tuple(header[target]["shape"]) != tuple(expected[alias].shape):
-            problems.append(f"tensor {alias} (alias of {target}): expected shape {_shape(expected[alias].shape)}, "
-                            f"got {_shape(header[target]['shape'])}")
+            problems.append(f"tensor {alias} (alias of {target}): expected shape {shape_text(expected[alias].shape)}, "
+                            f"got {shape_text(header[target]['shape'])}")
     if problems:
         raise ValueError(f"{path}: tensors do not match the config ({len(problems)} problems): {_listing(problems)}")
 
 
 def _try_rebuild(path: str, config: dict, device: Optional[str] = None) -> Optional[nn.Module]:
     try:
-        return _rebuild(config["architecture"], config["modules"], device=device)
+        return rebuild(config["architecture"], config["modules"], device=device)
     except Exception as e:  # noqa: BLE001
         if device == "meta":
             # A constructor that computes on values (a fused module, or timm <= 1.0.20's `linspace(..).item()`
@@ -607,7 +439,7 @@ def _check_skeleton_size(path: str, header: dict, config: dict, probe: Optional[
     """Refuse before the real build when the skeleton, or the final model with its unsaved (non-persistent)
     buffers such as Swin's attention masks, needs far more memory than the file's tensors."""
     try:
-        with _float32_default():
+        with float32_default():
             need = _tensor_bytes(build_timm(config["architecture"], device="meta"))
     except Exception:  # noqa: BLE001 - the real build reports a config that does not build
         need = 0
