@@ -23,6 +23,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
 from vitfast.arch import build_timm, describe_timm
+from vitfast.io import _checksum
 from vitfast.io.fused import FORMAT, VERSION, load, read_config, save
 from vitfast.nn.registry import register_fused
 
@@ -140,8 +141,11 @@ def _assert_same_model(a: nn.Module, b: nn.Module, x: torch.Tensor) -> None:
         assert torch.equal(a(x), b(x))
 
 
-def _rewrite(src, dst, *, metadata=None, config=None, tensors=None):
-    """Copy a checkpoint, changing its metadata, its config or its tensors (a tampered/odd file)."""
+def _rewrite(src, dst, *, metadata=None, config=None, tensors=None, resign=True):
+    """Copy a checkpoint, changing its metadata, its config or its tensors (a tampered/odd file).
+
+    `resign=True` recomputes the checksum record after the config and tensor changes (before `metadata`), so the
+    file reaches the checks behind it, as a deliberately edited file would; False leaves the record stale."""
     with safe_open(str(src), framework="pt") as f:
         meta = dict(f.metadata())
         data = {k: f.get_tensor(k) for k in f.keys()}
@@ -149,10 +153,12 @@ def _rewrite(src, dst, *, metadata=None, config=None, tensors=None):
         cfg = json.loads(meta["config"])
         config(cfg)
         meta["config"] = json.dumps(cfg)
-    if metadata is not None:
-        metadata(meta)
     if tensors is not None:
         tensors(data)
+    if resign and "checksum" in meta:
+        meta["checksum"] = _checksum.record(data, meta["config"])
+    if metadata is not None:
+        metadata(meta)
     save_file(data, str(dst), metadata=meta)
     return dst
 
@@ -593,16 +599,35 @@ def test_float8_tensor_is_refused(saved, tmp_path):
         load(bad)
 
 
-@pytest.mark.parametrize("kwargs", [{"mlp_ratio": 1e5}, {"num_classes": 10**7}], ids=["mlp_ratio", "num_classes"])
-def test_config_values_no_tensor_checks_cannot_make_the_build_huge(tmp_path, kwargs):
+@pytest.mark.parametrize("kwargs, match", [
+    ({"mlp_ratio": 1e5}, r"config architecture\.kwargs\.mlp_ratio: expected a finite number in \(0\.0, 64\.0\], got 100000\.0"),
+    ({"num_classes": 10**7}, r"config architecture\.kwargs\.num_classes: expected 5 \(rows of the stored head\.weight\)"),
+], ids=["mlp_ratio", "num_classes"])
+def test_config_values_no_tensor_checks_cannot_make_the_build_huge(tmp_path, kwargs, match):
     """The real build allocates timm's skeleton before the fused blocks and head replace parts of it, so values
-    only the replaced parts use are checked by no stored tensor: refused before any allocation (these need
-    1.6 and 1.2 GB; larger values once failed inside the allocator, ~10⁸-sized ones were allocated)."""
+    only the replaced parts use are checked by no stored tensor of those parts: refused before any allocation
+    (these need 1.6 and 1.2 GB; larger values once failed inside the allocator, ~10⁸-sized ones were allocated)."""
     convert, fuse = _convert_and_fuse()
     path = tmp_path / "m.safetensors"
     save(fuse(convert.from_timm(_randomize(tiny_vit()), channel_idle=0.75).eval()), path)
     bad = _rewrite(path, tmp_path / "big.safetensors", config=lambda c: c["architecture"]["kwargs"].update(kwargs))
-    with pytest.raises(ValueError, match=r"needs .* MiB of tensors to build, more than 16x the .* MiB the file stores"):
+    with pytest.raises(ValueError, match=match):
+        load(bad)
+
+
+def test_a_skeleton_much_larger_than_the_file_is_refused_before_allocating(tmp_path, monkeypatch):
+    """The last guard, for values within their ranges that only the replaced parts use (mlp_ratio under fused
+    FFNs): the skeleton's tensor bytes against the file's (slack 0 and ratio 2, so a tiny model shows it)."""
+    import vitfast.io.fused as ckpt
+
+    convert, fuse = _convert_and_fuse()
+    path = tmp_path / "m.safetensors"
+    save(fuse(convert.from_timm(_randomize(tiny_vit()), channel_idle=0.75).eval()), path)
+    bad = _rewrite(path, tmp_path / "big.safetensors", config=lambda c: c["architecture"]["kwargs"].update(mlp_ratio=60))
+    monkeypatch.setattr(ckpt, "_SKELETON_SLACK_BYTES", 0)
+    monkeypatch.setattr(ckpt, "_MAX_SKELETON_RATIO", 2)
+    load(path)  # the file as saved stays within the ratio
+    with pytest.raises(ValueError, match=r"needs .* MiB of tensors to build, more than 2x the .* MiB the file stores"):
         load(bad)
 
 
@@ -705,10 +730,11 @@ def test_wrong_dtype_tensor(saved, tmp_path):
 
 
 def test_config_and_tensors_disagree(saved, tmp_path):
-    # A config edited to a deeper model: the tensors of the extra block are reported missing.
+    # A config edited to a deeper model: refused before timm builds the blocks the file has no tensors for.
     _, path = saved
     bad = _rewrite(path, tmp_path / "b.safetensors", config=lambda c: c["architecture"]["kwargs"].update(depth=4))
-    with pytest.raises(ValueError, match=r"missing tensor blocks\.3\."):
+    with pytest.raises(ValueError, match=r"config architecture\.kwargs\.depth: expected 3 \(the blocks the file "
+                                         r"stores tensors for\), got 4"):
         load(bad)
 
 

@@ -54,6 +54,8 @@ import torch.nn as nn
 
 from ..arch import build_timm, describe_timm, set_source_architecture, source_architecture
 from ..nn.registry import is_fused_module
+from . import _checksum
+from ._bounds import check_before_build, check_widths
 from ._rebuild import float32_default, fused_configs, rebuild, shape_text, structure_mismatches
 from .atomic import atomic_write, check_target
 from .trainable import TRAINABLE_FORMAT
@@ -226,6 +228,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
     if source is not None:  # optional: the timm model the file was made from (vitfast.arch.SOURCE_ATTR)
         config["source_architecture"] = source
     metadata = {"format": FORMAT, "version": str(VERSION), "config": json.dumps(config, allow_nan=False, sort_keys=True)}
+    metadata[_checksum.KEY] = _checksum.record(tensors, metadata["config"])
     from safetensors.torch import save_file
 
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
@@ -280,7 +283,8 @@ def _read_header(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nesting bomb
+    # ValueError: UnicodeDecodeError, JSONDecodeError, an int of more than 4300 digits; RecursionError: a nesting bomb
+    except (ValueError, RecursionError) as e:
         raise ValueError(f"{path}: corrupt safetensors header (not valid JSON: {e})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: corrupt safetensors header (expected a JSON object, got {type(header).__name__})")
@@ -335,7 +339,7 @@ def _parse_config(path: str, metadata: Dict[str, str]) -> dict:
         raise ValueError(f"{path}: metadata 'config' expected a JSON string, got {type(raw_config).__name__}")
     try:
         config = json.loads(raw_config)
-    except (json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, an int of > 4300 digits; a nesting bomb
         raise ValueError(f"{path}: metadata 'config' is not valid JSON ({type(e).__name__}: {e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path}: metadata 'config' expected a JSON object, got {type(config).__name__}")
@@ -364,11 +368,16 @@ def _parse_config(path: str, metadata: Dict[str, str]) -> dict:
     return config
 
 
-def read_config(path: str | os.PathLike) -> dict:
-    """The validated config of a vitfast checkpoint, without building the model or reading tensor data."""
+def read_config(path: str | os.PathLike, *, verify: bool = True) -> dict:
+    """The validated config of a vitfast checkpoint, without building the model or reading tensor data.
+
+    `verify=True` checks the config text against the file's checksum record (see `load`)."""
     path = _check_path(path)
-    _, metadata = _read_header(path)
-    return _parse_config(path, metadata)
+    header, metadata = _read_header(path)
+    config = _parse_config(path, metadata)
+    if verify:
+        _checksum.verify_config(path, _checksum.parse(path, metadata, set(header)), metadata["config"])
+    return config
 
 
 def _check_path(path) -> str:
@@ -479,12 +488,16 @@ def _with_dtype(model: nn.Module, config: dict) -> nn.Module:
 
 
 def load(
-    path: str | os.PathLike, device: str | torch.device = "cpu", *, allow_nonfinite: bool = False, prepack: bool = True
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, allow_nonfinite: bool = False, prepack: bool = True,
+    verify: bool = True,
 ) -> nn.Module:
     """Rebuild the model saved by `vitfast.save` at `path`, on `device`, in eval mode.
 
     `prepack=True` packs the weights for the CPU kernels before returning (`vitfast.ops.prepack`), so the first
-    inference does no packing.
+    inference does no packing.  `verify=True` checks the config text and every tensor's bytes against the CRC-32
+    record `save` wrote (vitfast.io._checksum; a file without one loads with a warning); `verify=False` skips it.
+    Every config value is checked against the file's tensors before anything is built (vitfast.io._bounds), so
+    the work and memory of a load stay proportional to the file.
     """
     try:
         device = torch.device(device)
@@ -492,15 +505,21 @@ def load(
         raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():  # before building anything
         raise ValueError(f"device: {str(device)!r} requested, but torch.cuda.is_available() is False here")
+    if not isinstance(verify, bool):
+        raise TypeError(f"verify: expected True or False, got {verify!r}")
     path = _check_path(path)
     header, metadata = _read_header(path)
     config = _parse_config(path, metadata)
+    record = _checksum.parse(path, metadata, set(header)) if verify else None
+    _checksum.verify_config(path, record, metadata["config"])  # a corrupt config is named as such, first
+    check_before_build(path, config, header)
 
     # Check the tensors against a meta-device build first: a file whose config describes a much larger (or
     # different) model than its tensors is reported before anything is allocated.
     probe = _try_rebuild(path, config, device="meta")
     if probe is not None:
         _check_tensors(path, header, config, _with_dtype(probe, config).state_dict())
+    check_widths(path, config, header)
     _check_skeleton_size(path, header, config, probe)
     model = _with_dtype(_try_rebuild(path, config), config)
     set_source_architecture(model, config.get("source_architecture"))  # kept if the model is saved again
@@ -521,6 +540,7 @@ def load(
                 tensors[key] = f.get_tensor(key)
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type; name the file
         raise ValueError(f"{path}: corrupt safetensors file ({type(e).__name__}: {e})") from None
+    _checksum.verify_tensors(path, record, tensors)
     if not allow_nonfinite:
         bad = _nonfinite(tensors)
         if bad:

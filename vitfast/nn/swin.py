@@ -135,13 +135,18 @@ class FusedSwinBlock(SwinChannelIdle, SwinTransformerBlock):
             "dim", "input_resolution", "num_heads", "head_dim", "window_size", "shift_size", "always_partition",
             "dynamic_mask", "qkv_bias", "norm_eps", "mlp",
         ))
+        window, shift = read.pair("window_size", 1), read.pair("shift_size", 0)
+        if any(s >= w for s, w in zip(shift, window)):
+            # timm keeps any shift it is given when the resolution exceeds the window, and torch.roll wraps it:
+            # a corrupt shift of 10^9 loaded and computed another model.  A cyclic shift is below the window.
+            raise ValueError(f"cfg['shift_size']: expected values below the window size {list(window)}, got {list(shift)}")
         return cls(
             dim=read.int("dim"),
             input_resolution=read.pair("input_resolution", 1),
             num_heads=read.int("num_heads"),
             head_dim=read.int("head_dim"),
-            window_size=read.pair("window_size", 1),
-            shift_size=read.pair("shift_size", 0),
+            window_size=window,
+            shift_size=shift,
             always_partition=read.bool("always_partition"),
             dynamic_mask=read.bool("dynamic_mask"),
             qkv_bias=read.bool("qkv_bias"),
