@@ -31,31 +31,26 @@
 // call then refuses with "expected finite values"); every call that *starts after the write has returned* uses the new
 // values, because a weight's version is read before it is packed and checked again before the pack is kept (a
 // pack that raced with a write is used once and dropped).  tests/test_weight_cache.py stresses this.
+//
+// The index, LRU order, sweep and locking are the torch-free csrc/cache/pack_cache.h, unit-tested under ASan/UBSan
+// and TSan in the CTest tree (csrc/tests/test_pack_cache.cpp); this file adds the tensor identity.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <cstddef>
-#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
 
+#include "cache/pack_cache.h"
+
 namespace vitfast {
 namespace ops {
 
-struct WeightCacheStats {
-  int64_t entries = 0;
-  int64_t bytes = 0;   // packed bytes held
-  int64_t hits = 0;
-  int64_t misses = 0;  // packs (including uncacheable inference-tensor calls)
-};
-
+// misses: packs, including uncacheable inference-tensor calls.
+using WeightCacheStats = cache::PackCacheStats;
 // A packed object and the bytes it holds (for stats).
-struct PackedEntry {
-  std::shared_ptr<const void> packed;
-  size_t bytes = 0;
-};
+using PackedEntry = cache::PackedEntry;
 
 // Returns the packed object for exactly these tensors (undefined = absent optional), calling `pack` (which
 // validates and packs) on a miss.  `op` separates ops that share weights.  Thread-safe (see above); `pack` runs
