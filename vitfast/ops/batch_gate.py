@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from .._env import get_backend
-from ..reference._check import number
 from ..reference.batch_gate import check_batch_gate_args, check_gate_select_args
 from ._spec import call_reference, define_op
 
@@ -30,13 +29,13 @@ def _batch_gate_entry(args):
     if get_backend() == "reference":
         return call_reference("batch_gate", args)
     with torch.no_grad():  # a 0/1 decision: no gradient, as for a comparison (and no autograd recording)
-        return torch.ops.vitfast.batch_gate(*args[:-1], number("eps", args[-1]))
+        return torch.ops.vitfast.batch_gate(*args)
 
 
 batch_gate = define_op(
     "batch_gate(Tensor x, Tensor w1, Tensor? b1, Tensor? w2=None, Tensor? b2=None, bool layer_norm=False, "
     "str act='none', float eps=1e-05) -> Tensor",
-    fake=_batch_gate_fake, cuda=_batch_gate_cuda, entry=_batch_gate_entry,
+    check=check_batch_gate_args, fake=_batch_gate_fake, cuda=_batch_gate_cuda, entry=_batch_gate_entry,
     doc="`torch.ops.vitfast.batch_gate` (USDC batch-level decision [MHSA, FFN], 1 = execute), or the reference\n"
         "    when VITFAST_BACKEND=reference.",
 )
@@ -55,6 +54,6 @@ def _gate_select_cuda(*args):
 
 gate_select = define_op(
     "gate_select(Tensor gate, int index, Tensor taken, Tensor skipped) -> Tensor",
-    fake=_gate_select_fake, cuda=_gate_select_cuda,
+    check=check_gate_select_args, fake=_gate_select_fake, cuda=_gate_select_cuda,
     doc="`torch.ops.vitfast.gate_select`: taken if gate[index] != 0 else skipped, decided on the device.",
 )
