@@ -1,6 +1,7 @@
 """Edge cases of every op's arguments, table-driven: `vitfast.ops.<op>` accepts and refuses what
 `vitfast.reference.<op>` does, with the same message; the impls behind the dispatcher (C++ CPU, fake/meta) say the
-same for the values the dispatcher hands them unchanged.
+same for the values the dispatcher hands them unchanged; `gate_select`'s autograd formula; the Python impls record
+no autograd of their own (opcheck with inputs that require grad).
 
 Scalars the dispatcher converts before any impl runs (None or 2 for a `bool`, True or np.float32(2.0) for an `int`,
 a one-element tensor for a `float`) reach no impl as given: only the Python entry can refuse them, and it must
@@ -214,3 +215,81 @@ def test_gated_norm_eps_follows_the_layer_norm_rule():
         with pytest.raises(ValueError, match=r"^norm_eps: expected None \(no LayerNorm\) or a finite number >= 0, "
                                              r"got inf$"):
             getattr(vitfast.ops, name)(*_with(name, "norm_eps", float("inf")))
+
+
+# --------------------------------------------------------------------------------------------- gate_select grad
+def _select_inputs(dtype=torch.float32):
+    return (torch.randn(2, 5, dtype=dtype, requires_grad=True), torch.randn(2, 5, dtype=dtype, requires_grad=True))
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["open", "closed"])
+def test_gate_select_opcheck_with_grad_inputs(index):
+    gate = torch.tensor([1.0, 0.0])
+    torch.library.opcheck(torch.ops.vitfast.gate_select.default, (gate, index, *_select_inputs()))
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["open", "closed"])
+def test_gate_select_gradcheck_float64(index):
+    gate = torch.tensor([1.0, 0.0], dtype=torch.float64)
+
+    def select(taken, skipped):
+        return torch.ops.vitfast.gate_select(gate, index, taken, skipped)
+
+    inputs = _select_inputs(torch.float64)
+    assert torch.autograd.gradcheck(select, inputs)
+    assert torch.autograd.gradgradcheck(select, inputs)
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["open", "closed"])
+@pytest.mark.parametrize("entry", ["op", "functional"])
+def test_gate_select_gradient_is_the_references(index, entry):
+    gate = torch.tensor([1.0, 0.0], requires_grad=True)  # a decision: no gradient, as through the comparison
+    taken, skipped = _select_inputs()
+    grad_out = torch.randn(2, 5)
+    select = torch.ops.vitfast.gate_select if entry == "op" else vitfast.ops.gate_select
+    got = torch.autograd.grad(select(gate, index, taken, skipped), [gate, taken, skipped], grad_out,
+                              allow_unused=True)
+    expected = torch.autograd.grad(reference.gate_select(gate, index, taken, skipped), [gate, taken, skipped],
+                                   grad_out, allow_unused=True)
+    assert got[0] is None and expected[0] is None
+    for g, e in zip(got[1:], expected[1:]):
+        torch.testing.assert_close(g, e, atol=0, rtol=0)
+
+
+def test_gate_select_gradient_under_autocast_reaches_low_precision_leaves():
+    """The autocast rule casts taken/skipped to fp32 before the op (the gate keeps its dtype): the gradient flows
+    back through that cast to bf16 leaves."""
+    gate = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    taken, skipped = (t.detach().bfloat16().requires_grad_() for t in _select_inputs())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = vitfast.ops.gate_select(gate, 0, taken, skipped)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    assert taken.grad.dtype == torch.bfloat16
+    assert torch.equal(taken.grad.float(), torch.zeros(2, 5)) and torch.equal(skipped.grad.float(), torch.ones(2, 5))
+
+
+def test_gate_select_gradient_keeps_the_forward_decision():
+    """The decision read at the forward routes the gradient, even when the gate buffer is refilled in place before
+    the backward (a replayed CUDA graph refills it every batch)."""
+    gate = torch.tensor([1.0, 0.0])
+    taken, skipped = _select_inputs()
+    out = torch.ops.vitfast.gate_select(gate, 0, taken, skipped)
+    gate.zero_()
+    out.sum().backward()
+    assert torch.equal(taken.grad, torch.ones(2, 5)) and torch.equal(skipped.grad, torch.zeros(2, 5))
+
+
+# ------------------------------------------------------------------------------- the Python impls and autograd
+@pytest.mark.filterwarnings("ignore:.*an autograd kernel was not registered")  # opcheck backprops through the op
+@pytest.mark.parametrize("index", [0, 1], ids=["open", "closed"])
+@pytest.mark.parametrize("name", ["gated_mhsa", "gated_ffn"])
+def test_gated_ops_opcheck_with_grad_inputs(name, index):
+    """A closed gate's copy of x recorded CloneBackward inside the CPU impl (an open one recorded nothing): opcheck's
+    autograd-registration test failed.  The Python impls now run below autograd, as the C++ ones do."""
+    args = _good_args(name)
+    args[0] = torch.tensor([1.0, 0.0])
+    args[1] = index
+    args = [a.requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() and i > 0 else a
+            for i, a in enumerate(args)]
+    torch.library.opcheck(getattr(torch.ops.vitfast, name).default, tuple(args))

@@ -14,6 +14,11 @@ reference refuses.  The Python entry therefore runs the op's argument check (`ch
 first whenever a scalar is not of its plain Python type, and when the dispatcher itself refuses an argument ("Expected
 a value of type ..."), it raises the reference's message for it instead: the entry accepts and refuses what the
 reference does, with its words.  Direct `torch.ops.vitfast.<op>` calls keep the dispatcher's conversion.
+
+The Python impls run below autograd, as the C++ ones do: an impl that recorded its torch calls for autograd gave
+direct `torch.ops` calls a gradient on some paths (a closed gate's copy, the reference at the CPU key) and none on
+others, and failed opcheck's autograd-registration test.  Autograd belongs to the Autograd key: the entry's
+reference gradient (`_autograd.py`), or an op's own formula (`gate_select`).
 """
 from __future__ import annotations
 
@@ -69,6 +74,16 @@ def standard_entry(name: str) -> Callable:
         return run(name, args)
 
     return entry
+
+
+def below_autograd(fn: Callable) -> Callable:
+    """A Python impl for a backend key, run with the autograd keys excluded (as the dispatcher's own autograd
+    kernels redispatch): its torch calls record nothing, the Autograd key decides about gradients (module doc)."""
+    def kernel(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return fn(*args)
+
+    return kernel
 
 
 def _with_defaults(fn: Callable, defaults: tuple) -> Callable:
@@ -130,9 +145,9 @@ def define_op(schema: str, *, check: Callable, fake: Callable, cuda: Callable, d
     defaults = tuple(a.default_value if a.has_default_value() else None for a in arguments)
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
     register_fake(f"vitfast::{name}")(_with_defaults(fake, defaults))
-    LIB.impl(name, _with_defaults(cuda, defaults), "CUDA")
+    LIB.impl(name, below_autograd(_with_defaults(cuda, defaults)), "CUDA")
     if cpu is not None:
-        LIB.impl(name, _with_defaults(cpu, defaults), "CPU")
+        LIB.impl(name, below_autograd(_with_defaults(cpu, defaults)), "CPU")
     _autograd.AUTOCAST_KEEP[name] = tuple(i for i, a in enumerate(arguments) if a.name == "gate")
     for device in ("cpu", "cuda"):
         register_autocast_fp32(LIB, name, device)
