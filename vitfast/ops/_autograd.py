@@ -10,7 +10,9 @@ Applied by the functional API (`vitfast.ops.*`, which every fused module calls) 
 grad mode on and some tensor argument requiring grad.  Inference (`torch.no_grad()`, `torch.inference_mode()`,
 or weights without requires_grad) calls the op directly: one `torch.is_grad_enabled()` check per call.  (An
 autograd kernel registered on the op itself ran Python on every call, no_grad included: 2.6 -> 6.0 µs per
-`linear` call on a tiny input, measured.)  Direct `torch.ops.vitfast.*` calls stay inference-only.
+`linear` call on a tiny input, measured.)  Direct `torch.ops.vitfast.*` calls stay inference-only, except
+`gate_select`, whose formula is registered on the op (vitfast/ops/batch_gate.py): a select has an exact gradient
+without the reference, and its CPU and CUDA impls run Python anyway.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from .. import reference
 from .._env import get_backend
 from . import _optimizer_versions
 from ._autocast import _fp32_weights
-from ._spec import LIB, SCHEMAS
+from ._spec import LIB, SCHEMAS, below_autograd
 
 _EXTENSION_ERROR: Optional[BaseException] = None
 try:
@@ -34,7 +34,7 @@ _REFERENCE_CPU_FALLBACKS = []
 for _name in SCHEMAS:
     # An op without a C++ CPU kernel (extension missing, or op not ported yet) runs its reference on CPU.
     if not torch._C._dispatch_has_kernel_for_dispatch_key(f"vitfast::{_name}", "CPU"):
-        LIB.impl(_name, getattr(reference, _name), "CPU")
+        LIB.impl(_name, below_autograd(getattr(reference, _name)), "CPU")
         _REFERENCE_CPU_FALLBACKS.append(_name)
 
 

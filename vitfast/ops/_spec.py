@@ -7,6 +7,18 @@ The schema string is the one place an op's argument list is written.  From it `d
 - completes the trailing defaults the dispatcher leaves out, so impls take every argument positionally;
 - builds the Python entry `vitfast.ops.<op>` with the schema's signature: the reference under
   VITFAST_BACKEND=reference, else the op, recorded for autograd with the reference's gradient when needed.
+
+Scalar arguments: the dispatcher converts them before any impl sees them, and generously (pybind11: None, 2 or 0.5
+become a `bool`, True or np.float32(2.0) an `int`, a one-element tensor a `float`), so no impl can refuse what the
+reference refuses.  The Python entry therefore runs the op's argument check (`check_<op>_args`, the reference's)
+first whenever a scalar is not of its plain Python type, and when the dispatcher itself refuses an argument ("Expected
+a value of type ..."), it raises the reference's message for it instead: the entry accepts and refuses what the
+reference does, with its words.  Direct `torch.ops.vitfast.<op>` calls keep the dispatcher's conversion.
+
+The Python impls run below autograd, as the C++ ones do: an impl that recorded its torch calls for autograd gave
+direct `torch.ops` calls a gradient on some paths (a closed gate's copy, the reference at the CPU key) and none on
+others, and failed opcheck's autograd-registration test.  Autograd belongs to the Autograd key: the entry's
+reference gradient (`_autograd.py`), or an op's own formula (`gate_select`).
 """
 from __future__ import annotations
 
@@ -64,6 +76,16 @@ def standard_entry(name: str) -> Callable:
     return entry
 
 
+def below_autograd(fn: Callable) -> Callable:
+    """A Python impl for a backend key, run with the autograd keys excluded (as the dispatcher's own autograd
+    kernels redispatch): its torch calls record nothing, the Autograd key decides about gradients (module doc)."""
+    def kernel(*args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return fn(*args)
+
+    return kernel
+
+
 def _with_defaults(fn: Callable, defaults: tuple) -> Callable:
     """`fn` called with every argument: the dispatcher passes a Python kernel only those up to the last one given."""
     count = len(defaults)
@@ -74,22 +96,48 @@ def _with_defaults(fn: Callable, defaults: tuple) -> Callable:
     return kernel
 
 
-def _python_entry(name: str, arguments, body: Callable, doc: str) -> Callable:
+# Per schema scalar type, the test that a value is its plain Python type (the dispatcher passes it on unchanged).
+# An int for a float goes through the check: it is converted, and an int beyond float range is refused.
+_PLAIN_SCALAR = {"bool": "type({0}) is bool", "int": "type({0}) is int", "float": "type({0}) is float",
+                 "Optional[float]": "({0} is None or type({0}) is float)", "str": "type({0}) is str"}
+
+
+def _refused_by_dispatcher(error: RuntimeError, check: Callable, args: tuple) -> None:
+    """When the dispatcher refused an argument's type, raise the reference's message for it instead of
+    "vitfast::op() Expected a value of type 'Tensor' for argument 'w_in' but instead found type 'list'. ..."."""
+    if "Expected a value of type" not in str(error):
+        return
+    try:
+        check(*args)
+    except (TypeError, ValueError) as named:
+        raise named from None
+
+
+def _python_entry(name: str, arguments, body: Callable, check: Callable, doc: str) -> Callable:
     """`def <name>(<the schema's arguments and defaults>): return body((<arguments>,))`, written out as source (as
-    dataclasses write __init__) so a call costs one frame, keyword calls work and help() shows the signature."""
+    dataclasses write __init__) so a call costs one frame, keyword calls work and help() shows the signature.
+    Before it, `check(<arguments>)` when a scalar argument is not of its plain type; around it, the reference's
+    message when the dispatcher refuses an argument (module doc)."""
     params = ", ".join(f"{a.name}={a.default_value!r}" if a.has_default_value() else a.name for a in arguments)
-    namespace = {"body": body}
-    exec(f"def {name}({params}):\n    return body(({''.join(a.name + ', ' for a in arguments)}))\n", namespace)
+    names = "".join(a.name + ", " for a in arguments)
+    plain = [_PLAIN_SCALAR[str(a.type)].format(a.name) for a in arguments if str(a.type) in _PLAIN_SCALAR]
+    guard = f"    if not ({' and '.join(plain)}):\n        check({names})\n" if plain else ""
+    namespace = {"body": body, "check": check, "refused": _refused_by_dispatcher}
+    exec(f"def {name}({params}):\n{guard}"
+         f"    try:\n        return body(({names}))\n"
+         f"    except RuntimeError as error:\n        refused(error, check, ({names}))\n        raise\n", namespace)
     fn = namespace[name]
     fn.__module__, fn.__doc__ = "vitfast.ops", doc
     fn.__annotations__ = {**{a.name: _PY_TYPES[str(a.type)] for a in arguments}, "return": torch.Tensor}
     return fn
 
 
-def define_op(schema: str, *, fake: Callable, cuda: Callable, doc: str, cpu: Optional[Callable] = None,
-              entry: Optional[Callable] = None) -> Callable:
+def define_op(schema: str, *, check: Callable, fake: Callable, cuda: Callable, doc: str,
+              cpu: Optional[Callable] = None, entry: Optional[Callable] = None) -> Callable:
     """Define `torch.ops.vitfast.<op>` from `schema` with its impls (each taking every argument positionally);
-    return the Python entry, whose body is `entry(args)` (default: `standard_entry`)."""
+    return the Python entry, whose body is `entry(args)` (default: `standard_entry`).  `check`: the op's argument
+    check (`check_<op>_args`, taking every argument positionally), which the entry runs for scalars the dispatcher
+    would convert (module doc)."""
     name = schema.split("(", 1)[0]
     LIB.define(schema)
     SCHEMAS[name] = schema
@@ -97,10 +145,10 @@ def define_op(schema: str, *, fake: Callable, cuda: Callable, doc: str, cpu: Opt
     defaults = tuple(a.default_value if a.has_default_value() else None for a in arguments)
     register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
     register_fake(f"vitfast::{name}")(_with_defaults(fake, defaults))
-    LIB.impl(name, _with_defaults(cuda, defaults), "CUDA")
+    LIB.impl(name, below_autograd(_with_defaults(cuda, defaults)), "CUDA")
     if cpu is not None:
-        LIB.impl(name, _with_defaults(cpu, defaults), "CPU")
+        LIB.impl(name, below_autograd(_with_defaults(cpu, defaults)), "CPU")
     _autograd.AUTOCAST_KEEP[name] = tuple(i for i, a in enumerate(arguments) if a.name == "gate")
     for device in ("cpu", "cuda"):
         register_autocast_fp32(LIB, name, device)
-    return _python_entry(name, arguments, entry or standard_entry(name), doc)
+    return _python_entry(name, arguments, entry or standard_entry(name), check, doc)

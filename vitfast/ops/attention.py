@@ -30,7 +30,7 @@ def _attention_entry(args):
 
 attention = define_op(
     "attention(Tensor qkv, int num_heads, float? scale=None) -> Tensor",
-    fake=_attention_fake, cuda=_attention_cuda, entry=_attention_entry,
+    check=check_attention_args, fake=_attention_fake, cuda=_attention_cuda, entry=_attention_entry,
     doc="`torch.ops.vitfast.attention` (heads of packed qkv → [B, N, H·D]), or the reference when\n"
         "    VITFAST_BACKEND=reference.",
 )

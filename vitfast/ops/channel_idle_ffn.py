@@ -50,6 +50,6 @@ def _channel_idle_ffn_fake(x, w_in, b_in, w_out, b_out, residual):
 channel_idle_ffn = define_op(
     "channel_idle_ffn(Tensor x, Tensor w_in, Tensor? b_in, Tensor w_out, Tensor? b_out=None, Tensor? residual=None)"
     " -> Tensor",
-    fake=_channel_idle_ffn_fake, cuda=_channel_idle_ffn_cuda,
+    check=check_channel_idle_ffn_args, fake=_channel_idle_ffn_fake, cuda=_channel_idle_ffn_cuda,
     doc="`torch.ops.vitfast.channel_idle_ffn`, or the reference when VITFAST_BACKEND=reference.",
 )

@@ -36,7 +36,7 @@ def _dwconv_attention_fake(*args):
 dwconv_attention = define_op(
     "dwconv_attention(Tensor x, Tensor w_v, Tensor? b_v, Tensor kernel, Tensor w_o, Tensor? b_o, int grid_h, "
     "int grid_w, Tensor? residual=None) -> Tensor",
-    fake=_dwconv_attention_fake, cuda=_dwconv_attention_cuda,
+    check=check_dwconv_attention_args, fake=_dwconv_attention_fake, cuda=_dwconv_attention_cuda,
     doc="`torch.ops.vitfast.dwconv_attention` (drop-in depthwise-conv heads, see\n"
         "    `vitfast.reference.dwconv_attention`), or the reference when VITFAST_BACKEND=reference.",
 )

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..reference._check import number
 from ..reference.gated import check_gated_ffn_args, check_gated_mhsa_args
 from ._policy import HALF_DTYPES, forced
-from ._spec import define_op, standard_entry
+from ._spec import define_op
 
 
 def use_gated_cuda_kernels(dtype: torch.dtype, policy: str = "auto") -> bool:
@@ -68,31 +67,17 @@ def _gated_ffn_cpu(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
     return torch.ops.vitfast.channel_idle_ffn(_norm(x, norm_eps), w_in, b_in, w_out, b_out, x if residual else None)
 
 
-def _gated_entry(name):
-    """The standard entry once norm_eps is a float (or None) and, for gated_ffn, residual a bool."""
-    standard = standard_entry(name)
-
-    def entry(args):
-        gate, index, x, norm_eps, *rest = args
-        eps = number("norm_eps", norm_eps) if norm_eps is not None else None
-        if name == "gated_ffn":
-            rest[-1] = bool(rest[-1])
-        return standard((gate, index, x, eps, *rest))
-
-    return entry
-
-
 gated_mhsa = define_op(
     "gated_mhsa(Tensor gate, int index, Tensor x, float? norm_eps, Tensor w_qkv, Tensor? b_qkv, int num_heads, "
     "Tensor w_proj, Tensor? b_proj) -> Tensor",
-    fake=_fake(check_gated_mhsa_args), cuda=_cuda("gated_mhsa"), cpu=_gated_mhsa_cpu, entry=_gated_entry("gated_mhsa"),
+    check=check_gated_mhsa_args, fake=_fake(check_gated_mhsa_args), cuda=_cuda("gated_mhsa"), cpu=_gated_mhsa_cpu,
     doc="`torch.ops.vitfast.gated_mhsa`: x + proj(attention(qkv(LN(x)))) if gate[index] != 0 else x, decided on the\n"
         "    device (see `vitfast.reference.gated_mhsa`), or the reference when VITFAST_BACKEND=reference.",
 )
 gated_ffn = define_op(
     "gated_ffn(Tensor gate, int index, Tensor x, float? norm_eps, Tensor w_in, Tensor? b_in, Tensor w_out, "
     "Tensor? b_out, bool residual) -> Tensor",
-    fake=_fake(check_gated_ffn_args), cuda=_cuda("gated_ffn"), cpu=_gated_ffn_cpu, entry=_gated_entry("gated_ffn"),
+    check=check_gated_ffn_args, fake=_fake(check_gated_ffn_args), cuda=_cuda("gated_ffn"), cpu=_gated_ffn_cpu,
     doc="`torch.ops.vitfast.gated_ffn`: channel_idle_ffn(LN(x), …, x if residual) if gate[index] != 0 else x, decided\n"
         "    on the device (see `vitfast.reference.gated_ffn`), or the reference when VITFAST_BACKEND=reference.",
 )

@@ -20,7 +20,7 @@ def _layer_norm_cuda(*args):
 
 layer_norm = define_op(
     "layer_norm(Tensor x, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> Tensor",
-    fake=_layer_norm_fake, cuda=_layer_norm_cuda,
+    check=check_layer_norm_args, fake=_layer_norm_fake, cuda=_layer_norm_cuda,
     doc="`torch.ops.vitfast.layer_norm` (over the last dimension, = F.layer_norm), or the reference when\n"
         "    VITFAST_BACKEND=reference.",
 )

@@ -21,6 +21,6 @@ def _linear_cuda(*args):
 
 linear = define_op(
     "linear(Tensor x, Tensor weight, Tensor? bias=None, Tensor? residual=None) -> Tensor",
-    fake=_linear_fake, cuda=_linear_cuda,
+    check=check_linear_args, fake=_linear_fake, cuda=_linear_cuda,
     doc="`torch.ops.vitfast.linear` (x · weightᵀ + bias + residual), or the reference when VITFAST_BACKEND=reference.",
 )

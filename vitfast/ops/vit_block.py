@@ -60,7 +60,7 @@ vit_block = define_op(
     "vit_block(Tensor x, float norm1_eps, Tensor w_qkv, Tensor? b_qkv, int num_heads, Tensor w_proj, "
     "Tensor? b_proj, float? ffn_norm_eps, Tensor w_in, Tensor? b_in, Tensor w_out, Tensor? b_out, "
     "bool ffn_residual) -> Tensor",
-    fake=_vit_block_fake, cuda=_vit_block_composed, entry=_vit_block_entry,
+    check=check_vit_block_args, fake=_vit_block_fake, cuda=_vit_block_composed, entry=_vit_block_entry,
     doc="`torch.ops.vitfast.vit_block` (the fused ViT block as one op, see reference.vit_block), or the reference\n"
         "    when VITFAST_BACKEND=reference.  When autograd must record the call it runs as its six ops, each with\n"
         "    its reference gradient (a block op's gradient would be that composition's anyway).",

@@ -42,7 +42,7 @@ def _xwx_attention_fake(*args):
 xwx_attention = define_op(
     "xwx_attention(Tensor x, Tensor w_q, Tensor? w_k, Tensor? key_bias, Tensor w_v, Tensor w_o, "
     "Tensor? b_o=None, Tensor? residual=None) -> Tensor",
-    fake=_xwx_attention_fake, cuda=_xwx_attention_cuda,
+    check=check_xwx_attention_args, fake=_xwx_attention_fake, cuda=_xwx_attention_cuda,
     doc="`torch.ops.vitfast.xwx_attention` (collapsed non-deep attention, see `vitfast.reference.xwx_attention`),\n"
         "    or the reference when VITFAST_BACKEND=reference.",
 )

@@ -6,6 +6,8 @@ names the argument, what was expected and what was given.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 from typing import Optional
 
@@ -72,8 +74,9 @@ def check_shape(name: str, t: Optional[torch.Tensor], shape: tuple) -> None:
 
 def as_integer(value) -> Optional[int]:
     """`value` as an int when it is an integer, Python's or numpy's (the C++ ops' int64 arguments take both, so the
-    reference must too), else None: a bool, a float or anything else."""
-    if isinstance(value, bool):
+    reference must too), else None: a bool, a float, a tensor (the dispatcher would read a one-element tensor with a
+    host synchronisation, which the ops never make) or anything else."""
+    if isinstance(value, (bool, torch.Tensor)):
         return None
     try:
         return operator.index(value)
@@ -88,13 +91,38 @@ def check_num_heads(num_heads) -> int:
     return heads
 
 
+def as_real(value) -> float | None:
+    """`value` as a float when it is a real number, Python's or numpy's (the C++ ops' float arguments take both, so
+    the reference must too), else None: a bool, a tensor (as for `as_integer`), None, anything else, or an int beyond
+    float range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def is_positive_number(value) -> bool:
-    """A Python int or float > 0 (a bool is no number here)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    """A real number > 0 (`as_real`: a bool is no number here)."""
+    real = as_real(value)
+    return real is not None and real > 0
 
 
-def number(name: str, value) -> float:
-    """A float argument converted only after it is checked: float('small') or float(None) named nothing."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}: expected a number, got {value!r}")
-    return float(value)
+def is_finite_number(value) -> bool:
+    """A finite real number (`as_real`)."""
+    real = as_real(value)
+    return real is not None and math.isfinite(real)
+
+
+def is_finite_non_negative(value) -> bool:
+    """A finite real number >= 0 (`as_real`): a LayerNorm eps."""
+    return is_finite_number(value) and as_real(value) >= 0
+
+
+def check_bool(name: str, value) -> None:
+    """A bool argument is a bool.  The op schema's `bool` takes anything with a truth value (None as False, 2 or
+    0.5 as True), which says nothing of what the caller meant; `vitfast.ops.<op>` refuses those as the reference
+    does (vitfast/ops/_spec.py)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: expected a bool, got {value!r}")

@@ -2,13 +2,12 @@
 straight from a packed qkv [B, N, 3·H·D] (no permute copies), written in the output projection's [B, N, H·D] layout."""
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from ._check import check_float_dtype, check_num_heads, check_tensor, fmt_shape
+from ._check import check_float_dtype, check_num_heads, check_tensor, fmt_shape, is_finite_number
 
 
 def check_attention_args(qkv: torch.Tensor, num_heads: int, scale: Optional[float]) -> tuple[int, int]:
@@ -27,8 +26,8 @@ def check_attention_args(qkv: torch.Tensor, num_heads: int, scale: Optional[floa
             f"qkv: expected last dimension a positive multiple of 3·num_heads = {3 * num_heads}, "
             f"got shape {fmt_shape(qkv)}"
         )
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite number, got {scale}")
+    if scale is not None and not is_finite_number(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale!r}")
     return num_heads, width // (3 * num_heads)
 
 

@@ -8,7 +8,16 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._check import as_integer, check_like_x, check_tensor, check_tokens, describe, fmt_shape, is_positive_number
+from ._check import (
+    as_integer,
+    check_bool,
+    check_like_x,
+    check_tensor,
+    check_tokens,
+    describe,
+    fmt_shape,
+    is_positive_number,
+)
 
 
 def check_batch_gate_args(x, w1, b1, w2, b2, layer_norm, act, eps) -> int:
@@ -31,6 +40,7 @@ def check_batch_gate_args(x, w1, b1, w2, b2, layer_norm, act, eps) -> int:
     hidden = w1.shape[0]
     if hidden == 0:  # an empty hidden layer: the C++ kernel took an empty w2 for "no second layer"
         raise ValueError(f"w1: expected at least one hidden unit, shape [H >= 1, {channels}], got {fmt_shape(w1)}")
+    check_bool("layer_norm", layer_norm)
     if act not in GATE_ACTS:
         raise ValueError(f"act: expected one of {GATE_ACTS}, got {act!r}")
     if not is_positive_number(eps):

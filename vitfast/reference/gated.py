@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._check import as_integer, check_tokens, describe, fmt_shape, is_positive_number
+from ._check import as_integer, check_bool, check_tokens, describe, fmt_shape, is_finite_non_negative
 from .attention import attention
 from .batch_gate import check_gate_select_args, gate_select
 from .channel_idle_ffn import channel_idle_ffn, check_channel_idle_ffn_args
@@ -15,13 +15,16 @@ from .linear import check_linear_args, linear
 def _check_block_input(gate, index, x, norm_eps) -> None:
     check_tokens(x)
     check_gate_select_args(gate, index, x, x)
-    if norm_eps is not None and not is_positive_number(norm_eps):
-        raise ValueError(f"norm_eps: expected None (no LayerNorm) or a number > 0, got {norm_eps!r}")
+    # The rule of the ungated block's pre-norm (layer_norm's eps, vit_block's norm eps): the CPU impl runs that
+    # LayerNorm op, and a gate forced open gives that block's bits.
+    if norm_eps is not None and not is_finite_non_negative(norm_eps):
+        raise ValueError(f"norm_eps: expected None (no LayerNorm) or a finite number >= 0, got {norm_eps!r}")
 
 
 def check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) -> int:
-    """`gated_mhsa` arguments: gate [G] and index as in `gate_select`; x [B, N, C]; w_qkv [3·H·D, C] (timm's
-    [3, H, D] row layout), b_qkv [3·H·D]; w_proj [C, H·D], b_proj [C].  Returns the head dim D."""
+    """`gated_mhsa` arguments: gate [G] and index as in `gate_select`; x [B, N, C]; norm_eps None or a finite number
+    >= 0; w_qkv [3·H·D, C] (timm's [3, H, D] row layout), b_qkv [3·H·D]; w_proj [C, H·D], b_proj [C].  Returns the
+    head dim D."""
     _check_block_input(gate, index, x, norm_eps)
     width = check_linear_args(x, w_qkv, b_qkv, None)
     heads = as_integer(num_heads)
@@ -31,6 +34,8 @@ def check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_p
     c, attn_dim = x.shape[-1], width // 3
     if not isinstance(w_proj, torch.Tensor) or tuple(w_proj.shape) != (c, attn_dim):
         raise ValueError(f"w_proj: expected shape [{c}, {attn_dim}] (C, H·D), got {describe(w_proj)}")
+    if b_proj is not None and not isinstance(b_proj, torch.Tensor):  # (check_like_x's words)
+        raise ValueError(f"b_proj: expected a Tensor or None, got {type(b_proj).__name__}")
     if b_proj is not None and tuple(b_proj.shape) != (c,):
         raise ValueError(f"b_proj: expected shape [{c}], got {fmt_shape(b_proj)}")
     for name, t in (("w_proj", w_proj), ("b_proj", b_proj)):
@@ -42,11 +47,11 @@ def check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_p
 
 def check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual) -> tuple:
     """`gated_ffn` arguments: gate/index as in `gate_select`; x [B, N, C]; the `channel_idle_ffn` weights with
-    C_out = C (a skipped sub-block returns x, so the sub-block must keep the width); `residual` a bool.
+    C_out = C (a skipped sub-block returns x, so the sub-block must keep the width); `residual` a bool;
+    norm_eps None or a finite number >= 0.
     Returns (A, L): active (GELU) and linear hidden columns."""
     _check_block_input(gate, index, x, norm_eps)
-    if not isinstance(residual, bool):
-        raise ValueError(f"residual: expected a bool, got {residual!r}")
+    check_bool("residual", residual)
     active, linear, c_out = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, x if residual else None)
     if c_out != x.shape[-1]:
         raise ValueError(f"w_out: expected {x.shape[-1]} output features (C = x.shape[-1]: a skipped sub-block "

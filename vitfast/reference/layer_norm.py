@@ -2,13 +2,12 @@
 (affine optional): the fused blocks' pre-norms."""
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from ._check import check_float_x, check_like_x, check_shape
+from ._check import check_float_x, check_like_x, check_shape, is_finite_non_negative
 
 
 def check_layer_norm_args(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
@@ -22,8 +21,8 @@ def check_layer_norm_args(x: torch.Tensor, weight: Optional[torch.Tensor], bias:
     check_like_x(x, (("weight", weight), ("bias", bias)))
     check_shape("weight", weight, (c,))
     check_shape("bias", bias, (c,))
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps}")
+    if not is_finite_non_negative(eps):
+        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
     return c
 
 

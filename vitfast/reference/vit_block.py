@@ -2,12 +2,18 @@
 → qkv → attention → proj + x → [LN] → channel-idle FFN [+ shortcut]."""
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
-from ._check import check_float_dtype, check_like_x, check_num_heads, check_shape, check_tensor, fmt_shape
+from ._check import (
+    check_bool,
+    check_float_dtype,
+    check_like_x,
+    check_num_heads,
+    check_shape,
+    check_tensor,
+    fmt_shape,
+    is_finite_non_negative,
+)
 from .attention import attention
 from .channel_idle_ffn import channel_idle_ffn, check_channel_idle_ffn_args
 from .layer_norm import layer_norm
@@ -33,9 +39,7 @@ def check_vit_block_args(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, 
     for name, eps in (("norm1_eps", norm1_eps), ("ffn_norm_eps", ffn_norm_eps)):
         if eps is None and name == "ffn_norm_eps":
             continue
-        # numbers.Real, not (int, float): the C++ schema's float takes a numpy float32 too (it is not a float subclass);
-        # a numpy bool is no numbers.Real, a Python bool is one (hence its own test)
-        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (math.isfinite(eps) and eps >= 0):
+        if not is_finite_non_negative(eps):  # a numpy float32 too, as the C++ schema's float takes it
             raise ValueError(f"{name}: expected a finite number >= 0, got {eps!r}")
     heads = check_num_heads(num_heads)
     check_tensor("w_qkv", w_qkv)
@@ -54,8 +58,7 @@ def check_vit_block_args(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, 
     check_like_x(x, (("w_qkv", w_qkv), ("b_qkv", b_qkv), ("w_proj", w_proj), ("b_proj", b_proj)))
     check_shape("b_qkv", b_qkv, (width,))
     check_shape("b_proj", b_proj, (c,))
-    if not isinstance(ffn_residual, (bool, int)):  # (the op schema's bool takes an int as its truth value)
-        raise ValueError(f"ffn_residual: expected a bool, got {ffn_residual!r}")
+    check_bool("ffn_residual", ffn_residual)
     _, _, c_out = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, None)
     if c_out != c:
         raise ValueError(f"w_out: expected shape [{c}, A] (C = x.shape[-1] = {c}: the block keeps its width), "
