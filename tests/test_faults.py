@@ -277,7 +277,7 @@ def test_out_directory_created_by_a_failing_command_is_removed(tmp_path, models,
 
 # ---------------------------------------------------------------------------------------------- killed writers
 _KILLED_WRITER = r"""
-import sys, time, torch
+import os, sys, time, torch
 import vitfast.io.trainer_checkpoint as tc
 write, calls = tc._Sink.write, []
 def stalling(self, data):
@@ -285,6 +285,9 @@ def stalling(self, data):
     calls.append(n)
     if len(calls) == 3:  # mid-save: the header and some records are out, the rest never comes
         self.f.flush()
+        # and a file of the writer's own next to it, as safetensors' save_file makes (.tmpXXXXXX, renamed at the end)
+        with open(os.path.join(os.path.dirname(self.f.name), ".tmpAbC123"), "wb") as f:
+            f.write(b"a writer's own temporary")
         print("mid-save", flush=True)
         time.sleep(600)
     return n
@@ -297,12 +300,13 @@ import fcntl, os, sys, time
 from vitfast.io.atomic import atomic_write
 path, locked_by_live = sys.argv[1], sys.argv[2]
 def write(tmp):
-    # like safetensors' save_file: the temporary is replaced by another file (so its lock stays behind)
+    # like safetensors' save_file: the temporary file is replaced by another one
     with open(tmp + ".new", "wb") as f:
         f.write(b"a live writer's bytes")
     os.replace(tmp + ".new", tmp)
     # a temporary whose name holds no live pid (another pid namespace, another NFS client), locked by a live writer
-    fd = os.open(locked_by_live, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    os.mkdir(locked_by_live)
+    fd = os.open(locked_by_live, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     print(tmp, flush=True)
     time.sleep(600)
@@ -327,7 +331,7 @@ def test_killed_writer_temp_is_removed_by_the_next_save_and_nothing_else(tmp_pat
     save_trainer_checkpoint({"format": "vitfast-trainer", "version": 1, "step": 1}, path)
     dead_pid = 99_999_999  # above any pid_max: no process has it
     locked_by_live = tmp_path / f".trainer.pt.{dead_pid}.{'a' * 32}.tmp"
-    old_unlocked, fresh_unlocked = (tmp_path / f".trainer.pt.{c * 32}.tmp" for c in "bc")  # writers before the lock
+    old_unlocked, fresh_unlocked = (tmp_path / f".trainer.pt.{c * 32}.tmp" for c in "bc")  # vitfast before the lock
     old_unlocked.write_bytes(b"x")
     os.utime(old_unlocked, (time.time() - UNLOCKED_TEMP_AGE_S - 60,) * 2)
     fresh_unlocked.write_bytes(b"x")
@@ -341,15 +345,16 @@ def test_killed_writer_temp_is_removed_by_the_next_save_and_nothing_else(tmp_pat
         live_tmp = Path(_wait_line(live))
         killed = _start(_KILLED_WRITER, str(path))
         assert _wait_line(killed) == "mid-save"
-        killed_tmp = [p for p in tmp_path.iterdir() if p.name.startswith(f".trainer.pt.{killed.pid}.")]
         os.kill(killed.pid, signal.SIGKILL)
         killed.wait()
-        assert len(killed_tmp) == 1 and killed_tmp[0].stat().st_size > 0  # what a SIGKILL leaves behind
+        left = [p for p in tmp_path.iterdir() if p.name.startswith(f".trainer.pt.{killed.pid}.")]
+        assert len(left) == 1 and sorted(os.listdir(left[0])) == [".tmpAbC123", "trainer.pt"]  # what SIGKILL leaves
+        assert (left[0] / "trainer.pt").stat().st_size > 0
 
         save_trainer_checkpoint({"format": "vitfast-trainer", "version": 1, "step": 2}, path)
         assert load_trainer_checkpoint(path)["step"] == 2
-        assert not killed_tmp[0].exists() and not old_unlocked.exists()
-        assert sorted(tmp_path.iterdir()) == sorted([path, live_tmp, locked_by_live, fresh_unlocked, *others])
+        assert not left[0].exists() and not old_unlocked.exists()
+        assert sorted(tmp_path.iterdir()) == sorted([path, live_tmp.parent, locked_by_live, fresh_unlocked, *others])
         assert live_tmp.read_bytes() == b"a live writer's bytes"
     finally:
         for proc in (live, killed):

@@ -555,9 +555,7 @@ def plot_report(report: Mapping[str, Any], path: str) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(report.get("title", "vitfast bench"), fontsize=11)
     fig.tight_layout()
-    # the format from `path`: the temporary file's name ends in .tmp, which matplotlib would not recognise
-    ext = os.path.splitext(path)[1].lstrip(".").lower() or "png"
-    try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format=ext))
+    try:  # the temporary file has the name of `path` (in a private directory): the format follows it as before
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
     finally:
         plt.close(fig)
