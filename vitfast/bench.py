@@ -52,6 +52,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from .io.atomic import atomic_write
+
 __all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "DTYPES", "SCHEMA", "run_bench", "format_report", "plot_report", "sgemm_gflops",
            "parse_providers", "paired_speedups"]
 
@@ -553,5 +555,7 @@ def plot_report(report: Mapping[str, Any], path: str) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(report.get("title", "vitfast bench"), fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:  # the temporary file has the name of `path` (in a private directory): the format follows it as before
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
+    finally:
+        plt.close(fig)

@@ -15,7 +15,8 @@ How it works
    its output is compared with the model's own forward on the backend it normally uses (the C++ kernels
    on CPU).  max |Δ| must stay within `atol + rtol * max|output|`, else `ExportMismatchError` (the report
    is attached) and nothing is written at `path`.
-3. The file is written atomically: a temporary name in the target directory, `os.replace` after the check.
+3. The file is written atomically: a temporary name in the target directory, `os.replace` after the check.  A
+   full disk or a read-only directory raises an OSError naming `path` (not an ExportError: no exporter is to blame).
 
 Exporter choice (`exporter="auto"`)
 -----------------------------------
@@ -47,7 +48,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .io.atomic import atomic_write
+from .io.atomic import atomic_write, os_error_of
 
 __all__ = ["to_onnx", "ExportReport", "ExportError", "ExportMismatchError", "model_input_shape",
            "check_standard_ops", "ort_session", "reference_backend", "STANDARD_DOMAINS", "EXPORTERS"]
@@ -221,6 +222,20 @@ def _export_dynamo(model, x, path, opset, dynamic_batch) -> None:
     program.save(path)
 
 
+def _file_system_error(exc: BaseException, path: str) -> Optional[OSError]:
+    """The OSError (full disk, read-only, permission) writing `path` behind an exporter's exception: the exception
+    itself or one it was raised from (the exporters wrap what they call).  An error about another file (one an
+    exporter failed to read) is the exporter's own failure."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        found = os_error_of(exc)
+        if found is not None:
+            return found if found.filename in (None, path) else None
+        exc = exc.__cause__
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- to_onnx
 def to_onnx(
     model: nn.Module,
@@ -317,6 +332,11 @@ def to_onnx(
             except ExportError:
                 raise
             except Exception as exc:  # an exporter's own failure: try the next one, keep the reason
+                disk = _file_system_error(exc, tmp)
+                if disk is not None:  # the disk's failure, not the exporter's: the next one would fail too
+                    if disk is exc:
+                        raise
+                    raise disk from exc
                 notes.append(f"{name} exporter failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 if len(candidates) == 1 or name == candidates[-1]:
                     raise ExportError(f"model: could not be exported to ONNX ({'; '.join(notes)})") from exc

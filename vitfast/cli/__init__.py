@@ -3,8 +3,10 @@ select-heads, usdc, distill-demo.
 
 Every subcommand explains itself with `vitfast <command> --help`.  Errors in what was asked for (a missing
 file, θ outside [0, 1], an unknown timm model, ...) end with one line on stderr naming the argument, what was
-expected and what was given, and exit status 2; a failed check (`verify`, `demo`) exits with 1.  Set
-VITFAST_DEBUG=1 to see the Python traceback of an error instead.
+expected and what was given, and exit status 2; a failed check (`verify`, `demo`) exits with 1.  An error of the
+system (a full disk, a read-only or missing directory, no permission) ends with one line `vitfast COMMAND: error:
+PATH: REASON` and exit status 1; what was at PATH is left as it was and no temporary file stays behind
+(vitfast.io.atomic).  Set VITFAST_DEBUG=1 to see the Python traceback of an error instead.
 
 One module per subcommand, each with `add_parser(subparsers)` (its options, `func=run` as the default) and
 `run(args)` (the command; returns the exit status).  Options several commands share live in the `_*_args`
@@ -31,10 +33,17 @@ from vitfast.cli import verify
 from vitfast.cli._common import EXIT_CHECK_FAILED
 from vitfast.cli._common import EXIT_INTERRUPTED
 from vitfast.cli._common import EXIT_OK
+from vitfast.cli._common import EXIT_SYSTEM_ERROR
 from vitfast.cli._common import EXIT_USAGE
 from vitfast.cli._common import CLIError
 from vitfast.cli._common import Formatter
 from vitfast.cli._common import Parser
+from vitfast.cli._common import forget_created_dirs
+from vitfast.cli._common import os_error_line
+from vitfast.cli._common import remove_created_dirs
+
+# OSErrors without an errno that vitfast's own checks raise about the request (any other is the system's)
+_REQUEST_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError, IsADirectoryError)
 
 # in the order `vitfast --help` lists them
 COMMANDS = (convert, train, fuse, verify, bench, export, demo, select_heads, usdc, distill_demo)
@@ -65,8 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run(args) -> int:
+    """The command; output directories it created are removed again when it fails and leaves them empty."""
+    forget_created_dirs()
+    try:
+        return int(args.func(args) or 0)
+    except BaseException:
+        remove_created_dirs()
+        raise
+    finally:
+        forget_created_dirs()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point (`vitfast`, `python -m vitfast`); returns the exit status (0 ok, 1 check failed, 2 bad request)."""
+    """Entry point (`vitfast`, `python -m vitfast`); returns the exit status (0 ok, 1 check failed or the system
+    refused, 2 bad request)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -74,7 +96,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     debug = os.environ.get("VITFAST_DEBUG", "") not in ("", "0")
     try:
-        return int(args.func(args) or 0)
+        return _run(args)
     except KeyboardInterrupt:
         print(f"vitfast {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -89,10 +111,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (OSError, ValueError):
             pass
         return EXIT_OK
-    except (CLIError, ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
-            IsADirectoryError) as exc:
-        # Errors in what was asked for (vitfast's own checks raise these with the argument named).
+    except (CLIError, ValueError, TypeError, OSError) as exc:
         if debug:
             raise
+        if isinstance(exc, OSError) and exc.errno is not None:
+            # The system refused (a full disk, a read-only file system): the request itself may be fine.
+            print(f"vitfast {args.command}: error: {os_error_line(exc)}", file=sys.stderr)
+            return EXIT_SYSTEM_ERROR
+        # Errors in what was asked for: vitfast's own checks raise these (FileNotFoundError, IsADirectoryError, ...
+        # without an errno) with the argument named.
         print(f"vitfast {args.command}: error: {exc}", file=sys.stderr)
+        if isinstance(exc, OSError) and not isinstance(exc, _REQUEST_ERRORS):  # a library's OSError("...")
+            return EXIT_SYSTEM_ERROR
         return EXIT_USAGE

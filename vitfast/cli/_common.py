@@ -10,6 +10,9 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# The system refused (full disk, read-only, permission): like a failed check, the command did not do its job; the
+# request itself was fine, so not the 2 of a bad request.
+EXIT_SYSTEM_ERROR = 1
 
 
 class CLIError(Exception):
@@ -96,14 +99,39 @@ thread_list = positive_ints("1,2")
 
 
 # ---------------------------------------------------------------------------------------------- outputs
+# Directories `output_dir` created during the current command, deepest first: `main` removes those still empty
+# when the command fails (a full disk once left an empty run/ behind).
+_created_dirs: List[str] = []
+
+
 def output_dir(path: str, flag: str = "--out", *, create: bool = True) -> str:
     """A directory for outputs, created if missing (a file there once raised FileExistsError's traceback).
     `create=False` only checks: a run that fails its later checks must not leave an empty directory behind."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise CLIError(f"{flag}: expected a directory (created if missing), got the file {path!r}")
     if create:
+        missing, p = [], os.path.abspath(path)
+        while not os.path.lexists(p) and os.path.dirname(p) != p:
+            missing.append(p)
+            p = os.path.dirname(p)
+        _created_dirs[:0] = missing  # before: a makedirs failing half-way leaves its parents
         os.makedirs(path, exist_ok=True)
     return path
+
+
+def remove_created_dirs() -> None:
+    """Remove the directories this command created that are still empty (after a failure: nothing left behind)."""
+    for path in _created_dirs:
+        try:
+            os.rmdir(path)
+        except OSError:  # not empty (a checkpoint was written before the failure), or already gone
+            pass
+    _created_dirs.clear()
+
+
+def forget_created_dirs() -> None:
+    """A new command starts (or one ended well): the directories created so far are its outputs, to keep."""
+    _created_dirs.clear()
 
 
 def output_path(path: str, flag: str = "-o/--output") -> str:
@@ -120,6 +148,14 @@ def not_the_input(out: str, source: str, flag: str = "-o/--output", what: str = 
     fused one; export: the fused model by ONNX)."""
     if os.path.exists(out) and os.path.exists(source) and os.path.samefile(out, source):
         raise CLIError(f"{flag}: expected another path than {what} {source!r} (writing would replace it)")
+
+
+def os_error_line(exc: OSError) -> str:
+    """"PATH: REASON" for an error of the system ("run/trainer.pt: No space left on device"): the file first, as
+    shells and compilers say it, and the reason without Python's "[Errno 28]"."""
+    reason = exc.strerror or str(exc)
+    names = [n for n in (exc.filename, exc.filename2) if n is not None]
+    return ": ".join([*(os.fsdecode(n) if isinstance(n, bytes) else str(n) for n in names), reason])
 
 
 # ---------------------------------------------------------------------------------------------- runtime

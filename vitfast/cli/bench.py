@@ -34,6 +34,7 @@ from vitfast.cli._models import nondeep_blocks
 from vitfast.cli._nondeep_args import add_nondeep_args
 from vitfast.cli._recipe_args import add_recipe_args
 from vitfast.export import model_input_shape
+from vitfast.io.atomic import atomic_write_text
 
 
 def add_parser(sub) -> None:
@@ -197,8 +198,7 @@ def _bench_and_report(args, baseline, fused, device, threads, providers, json_pa
     )
     print(format_report(report))
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=2)
+        atomic_write_text(json_path, json.dumps(report, indent=2))
         print(f"wrote {json_path}")
     if png_path:
         plot_report(report, png_path)

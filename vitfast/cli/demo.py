@@ -8,6 +8,7 @@ from vitfast.cli._common import EXIT_CHECK_FAILED
 from vitfast.cli._common import EXIT_OK
 from vitfast.cli._common import CLIError
 from vitfast.cli._common import Formatter
+from vitfast.cli._common import output_dir
 from vitfast.cli._common import positive_float
 from vitfast.cli._common import positive_int
 from vitfast.demos.demo import run_demo
@@ -47,6 +48,7 @@ def run(args) -> int:
         return _demo_nondeep(args)
     if args.branches is not None or args.join_schedule is not None or args.lr is not None:
         raise CLIError("--branches/--join-schedule/--lr: only used with --nondeep")
+    output_dir(args.out)
     report = run_demo(steps=args.steps, threads=args.threads, out_dir=args.out, quick=args.quick, seed=args.seed,
                       progress=not args.no_progress, repeats=args.repeats)
     if not report["accuracy_equal"]:
@@ -57,7 +59,7 @@ def run(args) -> int:
 
 def _demo_nondeep(args) -> int:
     """`vitfast demo --nondeep`: the non-deep vs single-branch comparison on the digits (vitfast/nondeep_demo.py)."""
-    out = args.out if args.out != "vitfast-demo" else "vitfast-nondeep"
+    out = output_dir(args.out if args.out != "vitfast-demo" else "vitfast-nondeep")
     try:
         report = run_nondeep_comparison(
             branches=args.branches or 2, steps=args.steps, schedule=args.join_schedule or "linear", threads=args.threads,

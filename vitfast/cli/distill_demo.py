@@ -11,6 +11,7 @@ from vitfast.cli._common import Formatter
 from vitfast.cli._common import output_path
 from vitfast.cli._common import positive_int
 from vitfast.cli._common import set_threads
+from vitfast.io.atomic import atomic_write_text
 
 
 def add_parser(sub) -> None:
@@ -51,7 +52,6 @@ def run(args) -> int:
     print(f"Table IX ordering (scratch < scratch+KD < copied): {'holds' if holds else 'does NOT hold'}; "
           f"copied+KD vs copied (row 4, reported only): {acc[3]:.4f} vs {acc[2]:.4f}")
     if json_out:
-        with open(json_out, "w") as f:
-            json.dump(report, f, indent=2)
+        atomic_write_text(json_out, json.dumps(report, indent=2))
         print(f"wrote {json_out}")
     return EXIT_CHECK_FAILED if (args.check and not holds) else EXIT_OK

@@ -14,6 +14,7 @@ from vitfast.cli._common import output_dir
 from vitfast.cli._common import positive_int
 from vitfast.cli._usdc_args import ratio
 from vitfast.demos.usdc_study import run_usdc_study
+from vitfast.io.atomic import atomic_write_text
 
 
 _level_list = comma_list(str.strip, "comma-separated levels among group,batch,sample",
@@ -61,7 +62,6 @@ def run(args) -> int:
         progress=not args.no_progress, out_dir=args.out, model_cfg=cfg,
     )
     path = os.path.join(args.out, "usdc_report.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1, default=str)
+    atomic_write_text(path, json.dumps(report, indent=1, default=str))
     print(f"wrote {path} and the fused models usdc_<level>.safetensors in {args.out}")
     return EXIT_OK

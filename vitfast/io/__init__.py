@@ -5,7 +5,7 @@
     trainable.py           the train-time model (`save_trainable` / `load_trainable`), methods' entries included
     trainer_checkpoint.py  the Trainer's resumable state (torch zip, read with weights_only=True)
     head_ranking.py        Σ_h head scores for drop-in DW-conv heads (JSON)
-    atomic.py              temporary file, fsync, rename: nothing is ever written half-way
+    atomic.py              temporary file, fsync, rename: nothing is ever written half-way, nothing left behind
 
 Names are resolved on first use: `atomic`, `head_ranking` and `trainer_checkpoint` import no model code, so the
 lower layers (training, methods) use them without importing the model formats above them.
@@ -22,8 +22,9 @@ _LAZY = {
     "read_safetensors_metadata": ("trainable", "read_safetensors_metadata"),
     "TRAINABLE_FORMAT": ("trainable", "TRAINABLE_FORMAT"),
     "load_trainer_checkpoint": ("trainer_checkpoint", "load_trainer_checkpoint"),
+    "save_trainer_checkpoint": ("trainer_checkpoint", "save_trainer_checkpoint"),
     "HeadRanking": ("head_ranking", "HeadRanking"),
-    "atomic_write": ("atomic", "atomic_write"),
+    "atomic_write": ("atomic", "atomic_write"), "atomic_write_text": ("atomic", "atomic_write_text"),
 }
 __all__ = list(_LAZY)
 

@@ -1,11 +1,14 @@
-"""The Trainer checkpoint: a torch zip of state dicts, tensors and plain values only, read with
-`torch.load(..., weights_only=True)` (no arbitrary objects are unpickled) and checked for its format and version."""
+"""The Trainer checkpoint: a torch zip of state dicts, tensors and plain values only, written atomically and read
+with `torch.load(..., weights_only=True)` (no arbitrary objects are unpickled) and checked for its format and
+version."""
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Union
+from typing import Any, Dict, Optional, Union
 
 import torch
+
+from .atomic import atomic_write
 
 CHECKPOINT_FORMAT = "vitfast-trainer"
 
@@ -30,3 +33,42 @@ def load_trainer_checkpoint(path: Union[str, os.PathLike]) -> Dict[str, Any]:
             f"checkpoint: expected version {CHECKPOINT_VERSION} in {path!r}, got {state.get('version')!r}"
         )
     return state
+
+
+def save_trainer_checkpoint(state: Dict[str, Any], path: Union[str, os.PathLike]) -> str:
+    """Write `state` (from `Trainer.state_dict`) to `path` atomically; a full disk or a read-only directory raises
+    an OSError naming `path`, and the previous file stays as it was."""
+    path = os.fspath(path)
+    atomic_write(path, lambda tmp: _torch_save(state, tmp))
+    return path
+
+
+class _Sink:
+    """The file torch.save writes to, keeping the OSError of a failed write.  torch's zip writer turns it into
+    "[enforce fail at inline_container.cc:...] unexpected pos N vs M" (a RuntimeError naming neither the file nor
+    the reason), whether it writes to a path or to a Python file."""
+
+    def __init__(self, f):
+        self.f = f
+        self.error: Optional[OSError] = None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _torch_save(obj: Any, path: str) -> None:
+    with open(path, "wb") as f:
+        sink = _Sink(f)
+        try:
+            torch.save(obj, sink)
+        except RuntimeError as exc:
+            if sink.error is not None:
+                raise sink.error from exc
+            raise

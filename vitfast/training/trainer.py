@@ -62,8 +62,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-from ..io.atomic import atomic_write
-from ..io.trainer_checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_trainer_checkpoint
+from ..io.trainer_checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    load_trainer_checkpoint,
+    save_trainer_checkpoint,
+)
 from . import distributed as _dist
 from .data import _mix
 from .rng import _rng_state, _set_rng_state, seed_everything
@@ -716,7 +720,7 @@ class Trainer:
         state = self.state_dict(extra)
         if _is_main_process():
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            atomic_write(path, lambda tmp: torch.save(state, tmp))
+            save_trainer_checkpoint(state, path)
         _dist.barrier()  # nobody goes on (or reads it to resume) before it is complete
         self._last_saved_step = self.step
         return path
