@@ -152,12 +152,22 @@ def test_default_providers_are_the_five_runtimes():
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["bench", *TINY, "--json", "{tmp}/missing/r.json"], "{tmp}/missing/r.json: No such file or directory (the directory"),
+    (["bench", *TINY, "--png", "{tmp}"], "{tmp}: Is a directory (--png expects a file path)"),
+])
+def test_unwritable_output_paths(tmp_path, capsys, argv, message):
+    """Refused before the benchmark runs, as file-system errors (status 1), naming the path and the flag."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message.replace("{tmp}", str(tmp_path)) in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, message", [
     (["bench", *TINY, "--providers", "timm,tvm"], "--providers: expected a comma-separated subset of timm,compile"),
     (["bench", *TINY, "--threads", "0"], "--threads: expected comma-separated positive integers such as 1,2, got '0'"),
     (["bench", *TINY, "--threads", "1,x"], "--threads: expected comma-separated positive integers such as 1,2, got '1,x'"),
     (["bench", *TINY, "--batch-sizes", "0"], "--batch-sizes: expected comma-separated positive integers"),
-    (["bench", *TINY, "--json", "{tmp}/missing/r.json"], "--json: expected a path in an existing directory"),
-    (["bench", *TINY, "--png", "{tmp}"], "--png: expected a file path, got"),
     # checked before the benchmark runs (an unknown format once failed after it, naming no option)
     (["bench", *TINY, "--png", "{tmp}/r.xyz"], "--png: expected a chart file name ending in one of"),
     (["bench", *TINY, "--warmup", "0"], "--warmup: expected a positive integer, got 0"),

@@ -201,11 +201,21 @@ def test_entry_point_subprocess(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_an_output_in_a_missing_directory_is_a_file_system_error(tmp_path, capsys):
+    """Like a read-only or full disk (the request may be fine, the file system cannot take it): `PATH: REASON`,
+    status 1, before any work."""
+    out = tmp_path / "missing_dir" / "x.safetensors"
+    assert main(["convert", *TINY, "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"vitfast convert: error: {out}: No such file or directory (the directory ") and \
+        err.count("\n") == 1, err
+    assert "-o/--output expects a path in an existing directory" in err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["fuse", "no/such/file.safetensors", "-o", "x.safetensors"], "expected an existing file, got 'no/such/file.safetensors'"),
     (["convert", "vit_tiny_patch16_224", "--channel-idle", "-0.1", "-o", "x.safetensors"], "expected a number in [0, 1], got -0.1"),
     (["convert", "vit_tiny_patch16_22", "-o", "{tmp}/x.safetensors"], "did you mean vit_tiny_patch16_224"),
-    (["convert", *TINY, "-o", "{tmp}/missing_dir/x.safetensors"], "-o/--output: expected a path in an existing directory"),
     (["convert", "-o", "{tmp}/x.safetensors"], "MODEL: expected a timm model name"),
     (["convert", *TINY, "--model-kwargs", "[1]", "-o", "{tmp}/x.safetensors"], "expected a JSON object"),
     (["train", "--steps", "0"], "expected a positive integer, got 0"),

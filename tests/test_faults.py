@@ -238,19 +238,21 @@ def test_not_writable(not_writable, models, i):
 
 # ---------------------------------------------------------------------------------------------- missing dir, a dir
 def test_missing_directory_and_a_directory_as_the_output(tmp_path, models):
-    """Both are refused before any work, as errors in the request (status 2), naming the flag and the path; an
-    --out directory is created with its parents, and removed again when the command fails."""
+    """Both are refused before any work as file-system errors, `PATH: REASON` with the flag named, status 1 (like
+    a read-only or full disk); an --out directory is created with its parents, and removed again when the command
+    fails."""
     for i, (name, make, target) in enumerate(WRITERS):
         if target.count("/"):  # --out DIR: created if missing
             continue
         d = tmp_path / str(i)
         status, err = _run(make(d / "missing", models))
-        assert status == 2 and "Traceback" not in err and err.count("\n") == 1, err
-        assert err.startswith(f"vitfast {name}: error: "), err
-        assert f"expected a path in an existing directory, got {str(d / 'missing' / target)!r}" in err, err
+        assert status == 1 and "Traceback" not in err and err.count("\n") == 1, err
+        assert err.startswith(f"vitfast {name}: error: {d / 'missing' / target}: No such file or directory "
+                              f"(the directory {d / 'missing'} does not exist; "), err
         (d / target).mkdir(parents=True)  # the output path is a directory
         status, err = _run(make(d, models))
-        assert status == 2 and "Traceback" not in err and "(a directory)" in err and err.count("\n") == 1, err
+        assert status == 1 and "Traceback" not in err and err.count("\n") == 1, err
+        assert err.startswith(f"vitfast {name}: error: {d / target}: Is a directory ("), err
         assert _listing(d) == [target]
     # --out whose parents cannot be created: the one that failed is named, nothing of it stays
     blocker = tmp_path / "blocker" / "file"

@@ -121,6 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # Errors in what was asked for: vitfast's own checks raise these (FileNotFoundError, IsADirectoryError, ...
         # without an errno) with the argument named.
         print(f"vitfast {args.command}: error: {exc}", file=sys.stderr)
+        if isinstance(exc, CLIError):
+            return getattr(exc, "status", EXIT_USAGE)
         if isinstance(exc, OSError) and not isinstance(exc, _REQUEST_ERRORS):  # a library's OSError("...")
             return EXIT_SYSTEM_ERROR
         return EXIT_USAGE

@@ -19,6 +19,13 @@ class CLIError(Exception):
     """An error in the user's request: printed as one line, exit status 2."""
 
 
+class OutputPathError(CLIError):
+    """An output path the file system cannot take as it stands (its directory is missing, it is a directory): the
+    same class of fault as a read-only or full disk, so the same form, `PATH: REASON`, and exit status 1."""
+
+    status = EXIT_SYSTEM_ERROR
+
+
 # ---------------------------------------------------------------------------------------------- argument types
 def checked(text: str, convert: Callable[[str], Any], expected: str, ok: Callable[[Any], bool]) -> Any:
     """`convert(text)` if it parses and passes `ok` (NaN fails every range), else "expected ..., got TEXT"."""
@@ -137,9 +144,10 @@ def forget_created_dirs() -> None:
 def output_path(path: str, flag: str = "-o/--output") -> str:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise CLIError(f"{flag}: expected a path in an existing directory, got {path!r} ({directory} does not exist)")
+        raise OutputPathError(f"{path}: No such file or directory (the directory {directory} does not exist; {flag} "
+                              f"expects a path in an existing directory)")
     if os.path.isdir(path):
-        raise CLIError(f"{flag}: expected a file path, got {path!r} (a directory)")
+        raise OutputPathError(f"{path}: Is a directory ({flag} expects a file path)")
     return path
 
 
