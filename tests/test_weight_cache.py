@@ -56,7 +56,8 @@ def test_concurrent_in_place_updates_are_never_served_stale():
         import threading, torch, vitfast
         from vitfast import reference
         torch.manual_seed(0)
-        stale = crashes = 0
+        stale = 0
+        errors = []
         trials = 40
         for trial in range(trials):
             w = torch.randn(64, 32)
@@ -64,12 +65,14 @@ def test_concurrent_in_place_updates_are_never_served_stale():
             x = torch.randn(4, 32)
             stop = threading.Event()
             def reader():
-                while not stop.is_set():
-                    try:
+                # No refusal either: the NaN/Inf scan reads each element once (at::isfinite's x == x read a weight
+                # being overwritten twice and refused finite values as NaN, 1 call in ~25).
+                try:
+                    while not stop.is_set():
                         torch.ops.vitfast.linear(x, w, None)
                         torch.ops.vitfast.channel_idle_ffn(x, w_in, None, w_out)
-                    except ValueError as exc:  # torch's in-place kernels pass through non-finite values (contract)
-                        assert "expected finite values" in str(exc), exc
+                except Exception as exc:
+                    errors.append(repr(exc)[:200])
             threads = [threading.Thread(target=reader) for _ in range(2)]
             for t in threads:
                 t.start()
@@ -84,9 +87,9 @@ def test_concurrent_in_place_updates_are_never_served_stale():
             if not (torch.allclose(got, reference.linear(x, w), rtol=1e-4, atol=1e-4)
                     and torch.allclose(ffn, reference.channel_idle_ffn(x, w_in, None, w_out), rtol=1e-4, atol=1e-4)):
                 stale += 1
-        print("stale", stale, "of", trials)
+        print("stale", stale, "of", trials, "errors", errors[:3])
     """)
-    assert out.strip() == "stale 0 of 40"
+    assert out.strip() == "stale 0 of 40 errors []"
 
 
 def test_serving_threads_survive_load_state_dict():

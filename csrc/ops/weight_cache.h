@@ -27,8 +27,9 @@
 // Threads.  Lookups, packs, inserts, evictions and clears may run from any number of threads at once (one mutex
 // around the index; packing runs outside it).  A weight written in place while another thread runs an op on it: a
 // call that overlaps the write may compute with the old, the new or a mix of the values (as any op reading a
-// tensor that another thread writes; torch's own CPU `mul_` was seen to pass through non-finite values, which such a
-// call then refuses with "expected finite values"); every call that *starts after the write has returned* uses the new
+// tensor that another thread writes), and its NaN/Inf scan reads each element once (op_utils.h count_nonfinite), so
+// finite values being overwritten with finite values are never refused; every call that *starts after the write has
+// returned* uses the new
 // values, because a weight's version is read before it is packed and checked again before the pack is kept (a
 // pack that raced with a write is used once and dropped).  tests/test_weight_cache.py stresses this.
 //
