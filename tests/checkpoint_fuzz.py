@@ -4,6 +4,7 @@ Each mutant is classified:
   clean error   a ValueError/TypeError naming the file (what vitfast.load promises for any bad file)
   equal load    loaded, and the model's output equals the original's bit for bit
   loaded as declared   (re-signed config mutants only) loaded a model that differs as its edited config says
+                (other outputs, or other inputs: a forward of the original input may then fail)
   unclean error any other exception, or one that does not name the file
   silent wrong  loaded with other outputs from a file whose checksum record was *not* recomputed
   hang          no answer within the per-case timeout
@@ -63,10 +64,13 @@ for line in sys.stdin:
         time.sleep(3600)
     try:
         model = vitfast.load(case["path"], verify=case["verify"], prepack=False)
-        with torch.no_grad():
-            out = model(x)
-        kind = "equal load" if out.shape == expected.shape and torch.equal(out, expected) else "loaded differently"
-        message = ""
+        try:
+            with torch.no_grad():
+                out = model(x)
+            same = out.shape == expected.shape and torch.equal(out, expected)
+            kind, message = ("equal load" if same else "loaded differently"), ""
+        except Exception as e:  # a model that loaded but takes other inputs (a re-signed img_size, say)
+            kind, message = "loaded differently", f"forward: {type(e).__name__}: {e}"
     except (ValueError, TypeError) as e:
         message = str(e)
         kind = "clean error" if case["path"] in message and "\n" not in message.strip() else "unclean error"

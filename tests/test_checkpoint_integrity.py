@@ -4,6 +4,7 @@ import json
 import time
 import warnings
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ def bases(tmp_path_factory):
 
 def _read(path):
     with safe_open(path, framework="pt") as f:
-        return dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+        return dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
 
 
 def _write(path, meta, tensors):
@@ -57,7 +58,7 @@ def test_save_records_a_crc32_of_the_config_and_of_every_tensor(bases):
 
 
 def test_a_flipped_data_bit_is_refused_by_tensor_name_and_verify_false_loads_it(bases, tmp_path):
-    data = bytearray(open(bases["vit"], "rb").read())
+    data = bytearray(Path(bases["vit"]).read_bytes())
     header_len = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + header_len])
     start = header["head.weight"]["data_offsets"][0]
@@ -133,8 +134,8 @@ BOMBS = {
     "patch_size 0": ("vit", lambda c: c["architecture"]["kwargs"].update(patch_size=[0, 0]),
                      r"kwargs\.patch_size: expected an int or \[h, w\] with values in \[1, 32768\]"),
     "patch_size vs tensor": ("vit", lambda c: c["architecture"]["kwargs"].update(patch_size=[4, 4], img_size=[16, 16]),
-                             r"kwargs \(embed_dim, in_chans, patch_size\): expected the stored "
-                             r"patch_embed\.proj\.weight shape \[32, 3, 8, 8\]"),
+                             (r"kwargs \(embed_dim, in_chans, patch_size\): expected the stored "
+                              r"patch_embed\.proj\.weight shape \[32, 3, 8, 8\]")),
     "swin shift 10^9": ("swin", lambda c: next(m for m in c["modules"].values() if m["kind"] == "swin_block"
                                                and any(m["shift_size"]))["shift_size"].__setitem__(0, 10**9),
                         r"expected an int of magnitude|shift_size'\]: expected values below the window size"),
@@ -177,4 +178,37 @@ def test_config_bombs_are_refused_by_field_before_building(bases, tmp_path, name
     with pytest.raises(ValueError, match=r"bomb\.safetensors: .*(" + match + ")"):
         vitfast.load(path)
     # The depth-10^5 file once ran 280+ s at 5.5 GB: now the checks come before any module is built.
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_when_timm_cannot_build_on_meta_the_fused_modules_are_still_checked_before_the_real_build(
+        bases, tmp_path, monkeypatch):
+    """A fused Swin block declaring dim 16000 in a file storing 16 was built for real (minutes, GBs) once the meta
+    probe failed; the fused modules are vitfast's, so they are built and compared on meta even then."""
+    import vitfast.io.fused as ckpt
+
+    real = ckpt.build_timm
+
+    def no_meta(architecture, device=None):  # what timm <= 1.0.20 did on the meta device
+        if device == "meta":
+            raise ValueError("Tensor.item() cannot be called on meta tensors")
+        return real(architecture, device=device)
+
+    monkeypatch.setattr(ckpt, "build_timm", no_meta)
+    monkeypatch.setattr("vitfast.io._rebuild.build_timm", no_meta)
+    x = torch.randn(1, 3, 32, 32)
+    monkeypatch.undo()
+    expected = _output(vitfast.load(bases["swin"]), x)
+    monkeypatch.setattr(ckpt, "build_timm", no_meta)
+    monkeypatch.setattr("vitfast.io._rebuild.build_timm", no_meta)
+    assert torch.equal(_output(vitfast.load(bases["swin"]), x), expected)  # an intact file loads through the fallback
+
+    def wide(config):
+        block = next(c for c in config["modules"].values() if c["kind"] == "swin_block")
+        block["mlp"]["features"] = block["dim"] = 16000
+
+    bad = _edit_config(bases["swin"], tmp_path / "wide.safetensors", wide, resign=True)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"wide\.safetensors: tensors do not match the config .*expected shape \[16000"):
+        vitfast.load(bad)
     assert time.perf_counter() - t0 < 2.0

@@ -21,9 +21,13 @@ Header metadata (safetensors allows only str -> str):
                      # the floating-point dtype of every stored floating tensor, or "mixed"
          "vitfast_version": "0.1.0"}
 
-Loading rebuilds the skeleton (`vitfast.arch.build_timm`), replaces each configured path, parents before
-children, with `fused_module_from_config(cfg)`, checks the file's tensors against the rebuilt model (names,
-shapes, dtypes: every mismatch is listed), copies them in, and returns the model in eval mode.
+"checksum" (optional, vitfast.io._checksum): JSON text of the CRC-32 of the config text and of every tensor.
+
+Loading verifies the checksums, checks every config value against its range and the file's tensors before building
+anything (vitfast.io._bounds), rebuilds the skeleton on the meta device (`vitfast.arch.build_timm`), replaces each
+configured path, parents before children, with `fused_module_from_config(cfg)`, checks the file's tensors against
+the rebuilt model (names, shapes, dtypes: every mismatch is listed), then builds it for real, copies the tensors in,
+and returns the model in eval mode.
 
 Decisions
 ---------
@@ -53,7 +57,7 @@ import torch
 import torch.nn as nn
 
 from ..arch import build_timm, describe_timm, set_source_architecture, source_architecture
-from ..nn.registry import is_fused_module
+from ..nn.registry import fused_module_from_config, is_fused_module
 from . import _checksum
 from ._bounds import check_before_build, check_widths
 from ._rebuild import float32_default, fused_configs, rebuild, shape_text, structure_mismatches
@@ -426,14 +430,49 @@ def _check_tensors(path: str, header: dict, config: dict, expected: Dict[str, to
         raise ValueError(f"{path}: tensors do not match the config ({len(problems)} problems): {_listing(problems)}")
 
 
+def _check_fused_modules_on_meta(path: str, header: dict, config: dict) -> None:
+    """When the timm skeleton cannot build on the meta device, the fused modules still must (their constructors are
+    vitfast's), and their tensors are compared with the file's before the real build allocates them: a fused
+    Swin block declaring dim 16000 in a file storing 16 was once built for real (minutes) before being refused."""
+    modules = config["modules"]
+    problems: List[str] = []
+    for where in sorted(modules, key=lambda p: p.count(".")):
+        try:
+            with float32_default(), torch.device("meta"):
+                module = fused_module_from_config(modules[where])
+        except Exception as e:  # noqa: BLE001 - a config that does not build: the file's fault, named
+            raise ValueError(f"{path}: cannot rebuild the model from its config: modules[{where!r}]: {e}") from e
+        nested = [p for p in modules if p.startswith(where + ".")]  # replaced by their own entries, checked there
+        for name, t in module.state_dict().items():
+            key = f"{where}.{name}"
+            if any(key.startswith(n + ".") for n in nested) or key in config["aliases"]:
+                continue
+            if key not in header:
+                problems.append(f"missing tensor {key} (expected shape {shape_text(t.shape)})")
+            elif tuple(header[key]["shape"]) != tuple(t.shape):
+                problems.append(f"tensor {key}: expected shape {shape_text(t.shape)}, got "
+                                f"{shape_text(header[key]['shape'])}")
+    if problems:
+        raise ValueError(f"{path}: tensors do not match the config ({len(problems)} problems): {_listing(problems)}")
+
+
+def _skeleton_builds_on_meta(config: dict) -> bool:
+    try:
+        with float32_default():
+            build_timm(config["architecture"], device="meta")
+        return True
+    except Exception:  # noqa: BLE001 - only whether it builds matters here
+        return False
+
+
 def _try_rebuild(path: str, config: dict, device: Optional[str] = None) -> Optional[nn.Module]:
     try:
         return rebuild(config["architecture"], config["modules"], device=device)
     except Exception as e:  # noqa: BLE001
-        if device == "meta":
-            # A constructor that computes on values (a fused module, or timm <= 1.0.20's `linspace(..).item()`
-            # for drop-path rates) cannot build on the meta device: the real build checks instead, and reports a
-            # config that is really wrong.  (A ValueError here once refused every file under such a timm.)
+        if device == "meta" and not _skeleton_builds_on_meta(config):
+            # A timm constructor that computes on values (timm <= 1.0.20's `linspace(..).item()` for drop-path
+            # rates) cannot build on the meta device: the real build checks the skeleton instead (a ValueError
+            # here once refused every file under such a timm).  The caller checks the fused modules on meta.
             return None
         if isinstance(e, ValueError):
             raise ValueError(f"{path}: cannot rebuild the model from its config: {e}") from e
@@ -519,6 +558,8 @@ def load(
     probe = _try_rebuild(path, config, device="meta")
     if probe is not None:
         _check_tensors(path, header, config, _with_dtype(probe, config).state_dict())
+    else:
+        _check_fused_modules_on_meta(path, header, config)
     check_widths(path, config, header)
     _check_skeleton_size(path, header, config, probe)
     model = _with_dtype(_try_rebuild(path, config), config)
