@@ -1,10 +1,10 @@
 """The packed-weight cache (csrc/ops/weight_cache.cpp) under the sequences and the threads that once broke it.
 
 Each scenario runs in a subprocess: a memory error there is a failed test with its output, not a crashed suite.
-Without a sanitizer they check results and survival; with the extension built under AddressSanitizer (CFLAGS and
-LDFLAGS -fsanitize=address, run with LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0) the
-first one reported the heap-use-after-free of the old index keys, and passes since.  (Under that preload a C++
-exception stops ASan itself, "real___cxa_throw != 0", so scenarios that provoke a ValueError need a normal build.)
+They check results and survival through the real extension; the cache's index, LRU order, sweep and locking (the
+torch-free csrc/cache/pack_cache.h) are also unit-tested under ASan+UBSan and TSan in the CTest tree
+(csrc/tests/test_pack_cache.cpp, run by tests/test_sanitizers.py), where the old index keys' heap-use-after-free
+is reported when reintroduced.
 """
 from __future__ import annotations
 
