@@ -140,12 +140,18 @@ def _is_patch_conv(conv: nn.Module) -> bool:
     )
 
 
+def patch_projection(model: nn.Module):
+    """`model.patch_embed.proj` (timm ViT/Swin) when it is a plain non-overlapping patch Conv2d, else None."""
+    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
+    return proj if proj is not None and _is_patch_conv(proj) else None
+
+
 def use_gemm_patch_projection(model: nn.Module) -> bool:
     """Turn `model.patch_embed.proj` (timm ViT/Swin) into a `GemmPatchProjection` in place when it is a plain
     non-overlapping patch Conv2d.  The parameters, hooks and state-dict keys stay the same objects (the class
     adds no state).  Returns whether it did."""
-    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
-    if proj is None or not _is_patch_conv(proj):
+    proj = patch_projection(model)
+    if proj is None:
         return False
     proj.__class__ = GemmPatchProjection
     return True
