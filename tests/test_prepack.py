@@ -225,3 +225,23 @@ def test_inference_tensor_warning_only_for_inference_tensor_weights():
     assert second, out[-2000:]
     assert "inference tensor" not in first
     assert "a weight is an inference tensor" in second
+
+
+def test_low_precision_projection_under_autocast_packs_once():
+    """Under CPU autocast the op runs in fp32: the flattened bf16 weight (a view, no parameter, so not the one fp32
+    copy the autocast rule keeps per parameter) was cast, so packed, on every call.  Both layouts now pack once."""
+    conv = torch.nn.Conv2d(3, 16, 8, 8)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # the fp32 conv of the bf16-rounded inputs and parameters: what the fp32 op computes
+        conv.weight.copy_(conv.weight.bfloat16().float())
+        conv.bias.copy_(conv.bias.bfloat16().float())
+        expected = conv(x.bfloat16().float())
+    proj = vitfast.nn.GemmPatchProjection(3, 16, 8).eval()
+    proj.load_state_dict(conv.state_dict())
+    proj = proj.bfloat16()
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        proj = proj.to(memory_format=memory_format)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert _misses_per_forward(proj, x.bfloat16(), 3, torch.no_grad) == [1, 0, 0]
+            with torch.no_grad():
+                torch.testing.assert_close(proj(x.bfloat16()), expected, rtol=1e-5, atol=1e-5)

@@ -21,7 +21,7 @@ for NCHW input, a channels_last one — `model.to(memory_format=torch.channels_l
 otherwise one re-ordered copy is kept per weight version, so the packed-weight cache packs it once.  Re-ordering on
 every call instead made a new tensor each time, repacked on every call (DeiT-Ti's projection 374 µs instead of 263,
 one thread, batch 1), and under torch.inference_mode the copy was an inference tensor, so the op warned that the
-*weights* were.
+*weights* were.  Under CPU autocast a low-precision weight's fp32 matrix is kept the same way.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
+from ..ops._autocast import autocast_enabled
 from ..ops._extension import weight_cache_generation
 from ._base import ConfigReader, cpu_kernel_applies
 from .registry import register_fused
@@ -86,23 +87,25 @@ class GemmPatchProjection(nn.Conv2d):
             and x.shape[3] % self.kernel_size[1] == 0
         )
 
-    def _weight_matrix(self, order: str) -> torch.Tensor:
-        """The weight as the [C_out, C_in·p·q] matrix whose columns run in `order`: a view when the weight is stored
-        that way, else the kept copy (see the module doc)."""
+    def _weight_matrix(self, order: str, dtype: torch.dtype) -> torch.Tensor:
+        """The weight as the [C_out, C_in·p·q] matrix of `dtype` whose columns run in `order`: a view when the
+        weight is stored that way, else the kept copy (see the module doc)."""
         w = self.weight
         ordered = w if order == _CHW else w.permute(0, 2, 3, 1)
-        if ordered.is_contiguous():
+        if ordered.is_contiguous() and w.dtype == dtype:
             return ordered.reshape(self.out_channels, -1)  # a view: the cache keys on the weight's own storage
         if w.is_inference() or (torch.is_grad_enabled() and w.requires_grad):
             # An inference tensor has no version to key a kept copy on (the op then warns that the weight is one,
-            # which is the cause); a training step must differentiate through the copy.
+            # which is the cause); a training step must differentiate through the copy (and the op's autocast
+            # rule casts it).
             return ordered.reshape(self.out_channels, -1)
-        key, identity = id(w), (_identity(w), order)
+        key, identity = id(w), (_identity(w), order, dtype)
         entry = _reordered.get(key)
         if entry is not None and entry[0]() is w and entry[1] == identity:
             return entry[2]
         with torch.inference_mode(False):  # under inference_mode the copy would be an inference tensor: never cached
-            matrix = ordered.detach().reshape(self.out_channels, -1)
+            matrix = ordered.detach().to(dtype=dtype, memory_format=torch.contiguous_format)
+        matrix = matrix.reshape(self.out_channels, -1)
         _reordered[key] = (weakref.ref(w, lambda _, key=key: _reordered.pop(key, None)), identity, matrix)
         return matrix
 
@@ -117,7 +120,10 @@ class GemmPatchProjection(nn.Conv2d):
         grid = x.reshape(batch, channels, rows, p, cols, q)
         grid = grid.permute(0, 2, 4, 1, 3, 5) if order == _CHW else grid.permute(0, 2, 4, 3, 5, 1)
         patches = grid.reshape(batch, rows * cols, channels * p * q)
-        tokens = ops.linear(patches, self._weight_matrix(order), self.bias)
+        # Under CPU autocast the op runs in fp32 (ops/_autocast.py): a low-precision weight's fp32 matrix is kept
+        # too, as the rule keeps a parameter's (the flattened view is no parameter: it was cast, so packed, per call).
+        dtype = torch.float32 if autocast_enabled("cpu") else self.weight.dtype
+        tokens = ops.linear(patches, self._weight_matrix(order, dtype), self.bias)
         return tokens.transpose(1, 2).reshape(batch, self.out_channels, rows, cols)
 
     def vitfast_prepack(self) -> bool:
@@ -125,7 +131,7 @@ class GemmPatchProjection(nn.Conv2d):
         input (the usual one); False when not on CPU."""
         if not self.weight.is_cpu or not ops.extension_loaded():
             return False
-        w = self._weight_matrix(_CHW)
+        w = self._weight_matrix(_CHW, self.weight.dtype)
         ops.linear(w.new_zeros(1, w.shape[1]), w, self.bias)
         return True
 
