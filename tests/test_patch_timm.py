@@ -229,6 +229,86 @@ def test_refuses_models_without_blocks():
         vitfast.patch_timm(nn.Sequential(nn.Linear(4, 4)).eval())
 
 
+def _kinds(model):
+    return [type(b).__name__ for b in model.blocks] + [type(model.patch_embed.proj).__name__, type(model.head).__name__]
+
+
+def test_second_call_is_a_no_op_and_says_so(tmp_path):
+    """A second call raised 'found none' (no timm block left); now it replaces nothing and its report says so."""
+    model = _deit_tiny_like()
+    with torch.no_grad():
+        expected = model(IMAGES)
+    report = vitfast.patch_timm(model, return_report=True)
+    assert report.model is model and report
+    assert report.replaced == ("patch_embed.proj", "blocks.0", "blocks.1", "head")
+    children = list(model.modules())
+    again = vitfast.patch_timm(model, return_report=True)
+    assert again.model is model and not again and again.replaced == ()
+    assert list(model.modules()) == children  # the same module objects: nothing swapped
+    assert vitfast.patch_timm(model) is model  # the plain call still returns the model
+    copied = vitfast.patch_timm(model, inplace=False, return_report=True)
+    assert copied.model is not model and copied.replaced == ()
+    with torch.no_grad():
+        assert_close_scaled(model(IMAGES), expected)
+    # a loaded fused model is already patched too
+    path = tmp_path / "m.safetensors"
+    vitfast.save(model, path)
+    loaded = vitfast.load(path)
+    assert vitfast.patch_timm(loaded, return_report=True).replaced == ()
+
+
+@pytest.mark.parametrize("switch,kinds", [
+    ("blocks", ["Block", "Block", "GemmPatchProjection", "PackedLinear"]),
+    ("patch_embed", ["FusedBlock", "FusedBlock", "Conv2d", "PackedLinear"]),
+    ("head", ["FusedBlock", "FusedBlock", "GemmPatchProjection", "Linear"]),
+])
+def test_part_switches(switch, kinds):
+    model = _deit_tiny_like()
+    with torch.no_grad():
+        expected = model(IMAGES)
+    report = vitfast.patch_timm(model, return_report=True, **{switch: False})
+    assert _kinds(model) == kinds
+    left_out = {"blocks": ("blocks.0", "blocks.1"), "patch_embed": ("patch_embed.proj",), "head": ("head",)}[switch]
+    assert set(report.replaced) == {"patch_embed.proj", "blocks.0", "blocks.1", "head"} - set(left_out)
+    with torch.no_grad():
+        assert_close_scaled(model(IMAGES), expected)
+    # the part left out is patched by a later call, and only it
+    assert vitfast.patch_timm(model, return_report=True).replaced == left_out
+    assert _kinds(model) == ["FusedBlock", "FusedBlock", "GemmPatchProjection", "PackedLinear"]
+
+
+def test_stem_and_head_only_patch_a_training_model():
+    # only the fused blocks are inference modules: the GEMM stem and packed head train as their torch layers do
+    model = _deit_tiny_like().train()
+    vitfast.patch_timm(model, blocks=False)
+    assert _kinds(model) == ["Block", "Block", "GemmPatchProjection", "PackedLinear"]
+
+
+def test_filter_fn_picks_modules():
+    model = _deit_tiny_like(depth=3)
+    with torch.no_grad():
+        expected = model(IMAGES)
+    asked = []
+
+    def keep_middle_block_and_head(module, path):
+        asked.append((path, type(module).__name__))
+        return path not in ("blocks.1", "head")
+
+    report = vitfast.patch_timm(model, filter_fn=keep_middle_block_and_head, return_report=True)
+    assert asked == [("blocks.0", "Block"), ("blocks.1", "Block"), ("blocks.2", "Block"),
+                     ("patch_embed.proj", "Conv2d"), ("head", "Linear")]
+    assert report.replaced == ("patch_embed.proj", "blocks.0", "blocks.2")
+    assert _kinds(model) == ["FusedBlock", "Block", "FusedBlock", "GemmPatchProjection", "Linear"]
+    with torch.no_grad():
+        assert_close_scaled(model(IMAGES), expected)
+    # a later call is asked only about what is still timm's
+    asked.clear()
+    assert vitfast.patch_timm(model, filter_fn=keep_middle_block_and_head, return_report=True).replaced == ()
+    assert asked == [("blocks.1", "Block"), ("head", "Linear")]
+    with pytest.raises(TypeError, match="filter_fn: expected a callable"):
+        vitfast.patch_timm(model, filter_fn="blocks")
+
+
 def test_unsupported_block_leaves_model_unchanged():
     model = _deit_tiny_like(depth=3)
     model.blocks[2].mlp.act = nn.GELU(approximate="tanh")

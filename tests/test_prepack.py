@@ -128,3 +128,120 @@ def test_fuse_prepacks_every_method(recipe):
     out = _forward_packs_nothing(fused)
     with torch.no_grad():
         torch.testing.assert_close(out, train.eval()(IMAGES), atol=1e-4, rtol=1e-4)
+
+
+def _misses_per_forward(model, x, calls, mode=torch.inference_mode):
+    counts = []
+    with mode():
+        for _ in range(calls):
+            before = _stats()["misses"]
+            model(x)
+            counts.append(_stats()["misses"] - before)
+    return counts
+
+
+@pytest.mark.parametrize("mode", [torch.inference_mode, torch.no_grad], ids=["inference_mode", "no_grad"])
+def test_channels_last_model_repacks_once(tmp_path, mode):
+    """`model.to(memory_format=torch.channels_last)` makes the patch-projection weight channels_last; flattening it
+    for the GEMM copied it on every call: a new tensor each time, repacked on every call (under inference_mode the
+    copy was an inference tensor, and the op warned that the *weights* were).  Now the layout change repacks once,
+    for each input layout."""
+    model = _vit()
+    vitfast.patch_timm(model)
+    path = tmp_path / "m.safetensors"
+    vitfast.save(model, path)
+    loaded = vitfast.load(path)
+    with torch.no_grad():
+        expected = loaded(IMAGES)
+    loaded = loaded.to(memory_format=torch.channels_last)
+    assert not loaded.patch_embed.proj.weight.is_contiguous()
+    assert _misses_per_forward(loaded, IMAGES, 3, mode) == [1, 0, 0]  # the re-ordered weight: packed once, kept
+    nhwc = IMAGES.contiguous(memory_format=torch.channels_last)
+    assert _misses_per_forward(loaded, nhwc, 3, mode) == [1, 0, 0]  # a channels_last input reads the weight as is
+    with mode():
+        torch.testing.assert_close(loaded(IMAGES), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loaded(nhwc), expected, rtol=1e-5, atol=1e-5)
+    # the kept copy follows the weight: an in-place update, and a write through .data after clear_weight_cache()
+    proj = loaded.patch_embed.proj
+    with torch.no_grad():
+        proj.weight.mul_(2)
+        doubled = loaded(IMAGES)
+        assert not torch.equal(doubled, expected)
+        torch.testing.assert_close(loaded(nhwc), doubled, rtol=1e-5, atol=1e-5)
+        proj.weight.data.mul_(0.5)
+        vitfast.ops.clear_weight_cache()
+        torch.testing.assert_close(loaded(IMAGES), expected, rtol=1e-5, atol=1e-5)
+    # back to contiguous: the weight is read as is again
+    loaded = loaded.to(memory_format=torch.contiguous_format)
+    assert _misses_per_forward(loaded, IMAGES, 2, mode) == [1, 0]
+
+
+def test_channels_last_projection_trains():
+    """With gradients on, the re-ordered weight is made per call (differentiable): the same gradients as the conv."""
+    conv = torch.nn.Conv2d(3, 16, 8, 8)
+    reference = torch.nn.Conv2d(3, 16, 8, 8).to(memory_format=torch.channels_last)
+    reference.load_state_dict(conv.state_dict())
+    proj = vitfast.nn.GemmPatchProjection(3, 16, 8).to(memory_format=torch.channels_last)
+    proj.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 3, 16, 16)
+    upstream = torch.randn(2, 16, 2, 2)
+    got = torch.autograd.grad(proj(x), [proj.weight, proj.bias], upstream)
+    want = torch.autograd.grad(reference(x), [reference.weight, reference.bias], upstream)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+_INFERENCE_TENSOR_WARNING = r"""
+import torch
+import vitfast
+from timm.models.vision_transformer import VisionTransformer
+torch.manual_seed(0)
+model = vitfast.patch_timm(VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=1, num_heads=2,
+                                             num_classes=10).eval())
+x = torch.randn(1, 3, 32, 32)
+channels_last = model.to(memory_format=torch.channels_last)
+with torch.inference_mode():
+    channels_last(x)
+print("converted outside inference_mode: done", flush=True)
+with torch.inference_mode():
+    model.to(memory_format=torch.contiguous_format)  # the new weight is an inference tensor
+    model(x)
+print("converted under inference_mode: done", flush=True)
+"""
+
+
+def test_inference_tensor_warning_only_for_inference_tensor_weights():
+    """The op's one-time warning says a weight is an inference tensor: it must not fire for a channels_last model
+    converted outside inference_mode (it did: the per-call copy was one), and must for a weight that really is one."""
+    import subprocess
+    import sys
+
+    # one stream: the warning (stderr, unbuffered) lands between the flushed prints that bracket its cause
+    proc = subprocess.run([sys.executable, "-c", _INFERENCE_TENSOR_WARNING], check=False, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-2000:]
+    first, _, second = out.partition("converted outside inference_mode: done")
+    assert second, out[-2000:]
+    assert "inference tensor" not in first
+    assert "a weight is an inference tensor" in second
+
+
+def test_low_precision_projection_under_autocast_packs_once():
+    """Under CPU autocast the op runs in fp32: the flattened bf16 weight (a view, no parameter, so not the one fp32
+    copy the autocast rule keeps per parameter) was cast, so packed, on every call.  Both layouts now pack once."""
+    conv = torch.nn.Conv2d(3, 16, 8, 8)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # the fp32 conv of the bf16-rounded inputs and parameters: what the fp32 op computes
+        conv.weight.copy_(conv.weight.bfloat16().float())
+        conv.bias.copy_(conv.bias.bfloat16().float())
+        expected = conv(x.bfloat16().float())
+    proj = vitfast.nn.GemmPatchProjection(3, 16, 8).eval()
+    proj.load_state_dict(conv.state_dict())
+    proj = proj.bfloat16()
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        proj = proj.to(memory_format=memory_format)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert _misses_per_forward(proj, x.bfloat16(), 3, torch.no_grad) == [1, 0, 0]
+            with torch.no_grad():
+                torch.testing.assert_close(proj(x.bfloat16()), expected, rtol=1e-5, atol=1e-5)

@@ -48,18 +48,23 @@ class PackedLinear(nn.Linear):
         return True
 
 
+def head_layers(model: nn.Module) -> list:
+    """The plain `nn.Linear` classifier heads of a timm ViT / distilled DeiT / Swin (`head`, `head_dist`,
+    `head.fc`), as (path, layer) pairs."""
+    head = getattr(model, "head", None)
+    candidates = [("head", head), ("head_dist", getattr(model, "head_dist", None)),
+                  ("head.fc", getattr(head, "fc", None))]
+    return [(path, layer) for path, layer in candidates if type(layer) is nn.Linear]
+
+
 def use_packed_linear_head(model: nn.Module) -> int:
     """Turn the classifier heads of a timm ViT / distilled DeiT / Swin (`head`, `head_dist`, `head.fc`) into
     `PackedLinear` in place where they are plain `nn.Linear`; the parameters and keys stay the same objects.
     Returns how many it turned."""
-    candidates = [getattr(model, "head", None), getattr(model, "head_dist", None),
-                  getattr(getattr(model, "head", None), "fc", None)]
-    count = 0
-    for layer in candidates:
-        if type(layer) is nn.Linear:
-            layer.__class__ = PackedLinear
-            count += 1
-    return count
+    layers = head_layers(model)
+    for _, layer in layers:
+        layer.__class__ = PackedLinear
+    return len(layers)
 
 
 def use_gemm_stem_and_head(model: nn.Module) -> None:

@@ -13,15 +13,41 @@ kind, "gemm_patch_projection", to the config of `patch_embed.proj`): its forward
 tensor back without a copy (with gradients too: `ops.linear` differentiates its reference).  Anything else —
 another device, tracing / torch.compile / ONNX export (standard ops there), VITFAST_BACKEND=reference, an input
 not divisible into whole patches — runs the Conv2d itself.
+
+Memory formats.  The GEMM's columns follow the input's layout: (channel, row, column) for an NCHW image, (row,
+column, channel) for a channels_last one (gathering NCHW pixels in that order took 180 µs instead of 36 at 224²,
+DeiT's 16×16 patches).  The weight matrix is a view of the conv weight when its layout matches (a contiguous weight
+for NCHW input, a channels_last one — `model.to(memory_format=torch.channels_last)` — for channels_last input);
+otherwise one re-ordered copy is kept per weight version, so the packed-weight cache packs it once.  Re-ordering on
+every call instead made a new tensor each time, repacked on every call (DeiT-Ti's projection 374 µs instead of 263,
+one thread, batch 1), and under torch.inference_mode the copy was an inference tensor, so the op warned that the
+*weights* were.  Under CPU autocast a low-precision weight's fp32 matrix is kept the same way.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn as nn
 
 from .. import ops
+from ..ops._autocast import autocast_enabled
+from ..ops._extension import weight_cache_generation
 from ._base import ConfigReader, cpu_kernel_applies
 from .registry import register_fused
+
+# The GEMM's column order: each patch as the conv weight's (channel, row, column), or as (row, column, channel).
+_CHW, _HWC = "chw", "hwc"
+
+# id(weight) -> (weakref to it, (its identity, order) at copy time, its [C_out, C_in·p·q] matrix in that order): the
+# kept copies of weights stored in the other layout than the input's (see the module doc).
+_reordered: dict = {}
+
+
+def _identity(w: torch.Tensor) -> tuple:
+    # The version sees in-place updates, the data pointer and strides `w.data = new` (`module.to(memory_format=..)`);
+    # writes through `.data` in place are not seen: clear_weight_cache() drops the copies (the generation).
+    return w._version, w.data_ptr(), w.dtype, tuple(w.shape), tuple(w.stride()), weight_cache_generation()
 
 
 @register_fused("gemm_patch_projection")
@@ -61,27 +87,53 @@ class GemmPatchProjection(nn.Conv2d):
             and x.shape[3] % self.kernel_size[1] == 0
         )
 
+    def _weight_matrix(self, order: str, dtype: torch.dtype) -> torch.Tensor:
+        """The weight as the [C_out, C_in·p·q] matrix of `dtype` whose columns run in `order`: a view when the
+        weight is stored that way, else the kept copy (see the module doc)."""
+        w = self.weight
+        ordered = w if order == _CHW else w.permute(0, 2, 3, 1)
+        if ordered.is_contiguous() and w.dtype == dtype:
+            return ordered.reshape(self.out_channels, -1)  # a view: the cache keys on the weight's own storage
+        if w.is_inference() or (torch.is_grad_enabled() and w.requires_grad):
+            # An inference tensor has no version to key a kept copy on (the op then warns that the weight is one,
+            # which is the cause); a training step must differentiate through the copy (and the op's autocast
+            # rule casts it).
+            return ordered.reshape(self.out_channels, -1)
+        key, identity = id(w), (_identity(w), order, dtype)
+        entry = _reordered.get(key)
+        if entry is not None and entry[0]() is w and entry[1] == identity:
+            return entry[2]
+        with torch.inference_mode(False):  # under inference_mode the copy would be an inference tensor: never cached
+            matrix = ordered.detach().to(dtype=dtype, memory_format=torch.contiguous_format)
+        matrix = matrix.reshape(self.out_channels, -1)
+        _reordered[key] = (weakref.ref(w, lambda _, key=key: _reordered.pop(key, None)), identity, matrix)
+        return matrix
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._gemm_applies(x):
             return super().forward(x)
         batch, channels, height, width = x.shape
         p, q = self.kernel_size
         rows, cols = height // p, width // q
-        # One copy: [B, C, H, W] -> [B, rows·cols, C·p·q], each patch in the conv weight's (c, i, j) order.
-        patches = x.reshape(batch, channels, rows, p, cols, q).permute(0, 2, 4, 1, 3, 5).reshape(
-            batch, rows * cols, channels * p * q
-        )
-        tokens = ops.linear(patches, self.weight.reshape(self.out_channels, -1), self.bias)
+        # One copy: [B, C, H, W] -> [B, rows·cols, C·p·q], each patch in the order the input's layout reads fastest.
+        order = _HWC if channels > 1 and x.is_contiguous(memory_format=torch.channels_last) else _CHW
+        grid = x.reshape(batch, channels, rows, p, cols, q)
+        grid = grid.permute(0, 2, 4, 1, 3, 5) if order == _CHW else grid.permute(0, 2, 4, 3, 5, 1)
+        patches = grid.reshape(batch, rows * cols, channels * p * q)
+        # Under CPU autocast the op runs in fp32 (ops/_autocast.py): a low-precision weight's fp32 matrix is kept
+        # too, as the rule keeps a parameter's (the flattened view is no parameter: it was cast, so packed, per call).
+        dtype = torch.float32 if autocast_enabled("cpu") else self.weight.dtype
+        tokens = ops.linear(patches, self._weight_matrix(order, dtype), self.bias)
         return tokens.transpose(1, 2).reshape(batch, self.out_channels, rows, cols)
 
     def vitfast_prepack(self) -> bool:
-        """Pack the flattened weight for the CPU GEMM now (see `vitfast.ops.prepack`); False when not on CPU."""
+        """Pack the weight matrix for the CPU GEMM now (see `vitfast.ops.prepack`), in the column order of NCHW
+        input (the usual one); False when not on CPU."""
         if not self.weight.is_cpu or not ops.extension_loaded():
             return False
-        w = self.weight.reshape(self.out_channels, -1)
+        w = self._weight_matrix(_CHW, self.weight.dtype)
         ops.linear(w.new_zeros(1, w.shape[1]), w, self.bias)
         return True
-
 
 def _is_patch_conv(conv: nn.Module) -> bool:
     return (
@@ -94,12 +146,18 @@ def _is_patch_conv(conv: nn.Module) -> bool:
     )
 
 
+def patch_projection(model: nn.Module):
+    """`model.patch_embed.proj` (timm ViT/Swin) when it is a plain non-overlapping patch Conv2d, else None."""
+    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
+    return proj if proj is not None and _is_patch_conv(proj) else None
+
+
 def use_gemm_patch_projection(model: nn.Module) -> bool:
     """Turn `model.patch_embed.proj` (timm ViT/Swin) into a `GemmPatchProjection` in place when it is a plain
     non-overlapping patch Conv2d.  The parameters, hooks and state-dict keys stay the same objects (the class
     adds no state).  Returns whether it did."""
-    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
-    if proj is None or not _is_patch_conv(proj):
+    proj = patch_projection(model)
+    if proj is None:
         return False
     proj.__class__ = GemmPatchProjection
     return True

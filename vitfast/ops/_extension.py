@@ -41,6 +41,15 @@ for _name in SCHEMAS:
 # Optimizer steps must reach the packed-weight cache's version check (vitfast/ops/_optimizer_versions.py).
 _optimizer_versions.install()
 
+# How many times clear_weight_cache() ran.  Copies that a module derives from a weight and keeps (the patch
+# projection's re-ordered weight) put it in their key, so a clear drops them with the packed weights.
+_clears = 0
+
+
+def weight_cache_generation() -> int:
+    """Changes at every clear_weight_cache(): a copy kept from a weight is stale once it differs."""
+    return _clears
+
 
 def clear_weight_cache() -> None:
     """Drop every packed weight the CPU ops keep (csrc/ops/weight_cache.h); each is repacked on its next use.
@@ -49,8 +58,10 @@ def clear_weight_cache() -> None:
     counter, which in-place ops on the tensor, `load_state_dict` and optimizer steps (fused ones included, see
     vitfast/ops/_optimizer_versions.py) bump, but writes through `w.data`, numpy views or raw pointers do not (nor
     swapping `.data` with another tensor and back, as some EMA code does).  Also drops the fp32 copies that
-    low-precision parameters keep under autocast.
+    low-precision parameters keep under autocast, and the re-ordered weights of patch projections.
     """
+    global _clears
+    _clears += 1
     _fp32_weights.clear()
     if _C is not None:
         _C._weight_cache_clear()
