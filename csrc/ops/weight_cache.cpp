@@ -75,9 +75,10 @@ std::shared_ptr<const void> cached_pack(const char* op, const std::vector<at::Te
                                         const std::function<PackedEntry()>& pack) {
   if (!cacheable(weights)) {
     TORCH_WARN_ONCE(
-        "vitfast.", op, ": a weight is an inference tensor (created under torch.inference_mode), which has no "
-        "version counter, so its packed form cannot be cached safely; it is re-packed on every call. Create "
-        "or load the weights outside torch.inference_mode for full speed.");
+        "vitfast.", op, ": a weight is an inference tensor (created, loaded, copied or converted with .to(...) "
+        "under torch.inference_mode, or made by an op inside the forward), which has no version counter, so its "
+        "packed form cannot be cached safely; it is re-packed on every call. Create, load and convert the "
+        "weights outside torch.inference_mode for full speed.");
     the_cache().count_miss();
     return pack().packed;
   }
