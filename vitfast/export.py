@@ -40,6 +40,7 @@ same speed (38 vs 41 ms, batch 1, one thread, one noisy run; the TorchScript gra
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -51,12 +52,39 @@ import torch.nn as nn
 from .io.atomic import atomic_write, os_error_of
 
 __all__ = ["to_onnx", "ExportReport", "ExportError", "ExportMismatchError", "model_input_shape",
-           "check_standard_ops", "ort_session", "reference_backend", "STANDARD_DOMAINS", "EXPORTERS"]
+           "check_standard_ops", "ort_session", "reference_backend", "STANDARD_DOMAINS", "EXPORTERS",
+           "MissingExportPackagesError", "require_export_packages"]
 
 # Operator domains of the ONNX standard (the empty string is "ai.onnx").
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
 EXPORTERS = ("auto", "torchscript", "dynamo")
 DEFAULT_OPSET = {"torchscript": 17, "dynamo": 18}  # 17: first opset with LayerNormalization
+
+
+# The optional packages export needs (the `export` extra): onnx (checker, load), onnxruntime (the check),
+# onnxscript (torch's dynamo=True exporter, and "auto"'s fallback).
+EXPORT_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
+MISSING_PACKAGES_MESSAGE = "vitfast export needs onnx, onnxruntime and onnxscript: pip install 'vitfast[export]'"
+
+
+class MissingExportPackagesError(ImportError):
+    """An optional package of the `export` extra is not installed (one line naming the extra)."""
+
+
+def require_export_packages() -> None:
+    """MissingExportPackagesError unless onnx, onnxruntime and onnxscript are installed.  Looked up, not imported
+    (onnxscript alone takes ~1.5 s to import): a missing one surfaced as a raw ModuleNotFoundError traceback from
+    deep inside an export."""
+    missing = [name for name in EXPORT_PACKAGES if _find_spec(name) is None]
+    if missing:
+        raise MissingExportPackagesError(f"{MISSING_PACKAGES_MESSAGE} (missing: {', '.join(missing)})")
+
+
+def _find_spec(name: str):
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a broken entry in sys.modules (no __spec__): not usable either
+        return None
 
 
 class ExportError(RuntimeError):
@@ -259,10 +287,12 @@ def to_onnx(
     check: run the export in ONNX Runtime against the model's own forward (kernels) and raise
         `ExportMismatchError` if max |Δ| > atol + rtol * max|output|.  Without it, only `onnx.checker` runs
         and max_abs_diff is NaN.
-    Raises ValueError/TypeError for bad arguments (naming them), ExportError when no standard-op graph results.
+    Raises ValueError/TypeError for bad arguments (naming them), ExportError when no standard-op graph results,
+    MissingExportPackagesError (an ImportError) when onnx, onnxruntime or onnxscript is not installed.
     """
     import time
 
+    require_export_packages()
     import onnx
 
     t0 = time.perf_counter()

@@ -10,6 +10,7 @@ import torch
 import vitfast
 from vitfast.cli._common import EXIT_CHECK_FAILED
 from vitfast.cli._common import EXIT_OK
+from vitfast.cli._common import EXIT_SYSTEM_ERROR
 from vitfast.cli._common import CLIError
 from vitfast.cli._common import Formatter
 from vitfast.cli._common import existing_file
@@ -20,6 +21,8 @@ from vitfast.cli._common import positive_int
 from vitfast.cli._models import file_kind
 from vitfast.export import ExportError
 from vitfast.export import ExportMismatchError
+from vitfast.export import MissingExportPackagesError
+from vitfast.export import require_export_packages
 from vitfast.export import to_onnx
 
 
@@ -62,6 +65,11 @@ def _export_batch(text: str):
 
 
 def run(args) -> int:
+    try:  # before loading the model: the request is fine, this environment cannot carry it out
+        require_export_packages()
+    except MissingExportPackagesError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_SYSTEM_ERROR
     out = output_path(args.output)
     not_the_input(out, args.fused, what="FUSED")
     if file_kind(args.fused) != "fused":
