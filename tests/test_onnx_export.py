@@ -127,7 +127,8 @@ def test_torch_onnx_export_of_a_fused_model_runs_in_onnx_runtime(tmp_path, tol, 
 
 @pytest.mark.parametrize(("kind", "exporter"), [
     ("channel_idle", "torchscript"), pytest.param("channel_idle", "dynamo", marks=needs_dynamo_exporter),
-    ("swin", "torchscript"), pytest.param("swin", "dynamo", marks=[needs_dynamo_exporter, pytest.mark.slow])])
+    ("swin", "torchscript"), pytest.param("swin", "dynamo", marks=[needs_dynamo_exporter, pytest.mark.slow]),
+    ("gated", "torchscript")])
 def test_the_graph_is_the_one_to_onnx_writes(tmp_path, fused, kind, exporter):
     model = fused(kind)
     ours = export(model, tmp_path / "plain.onnx", exporter, opset=DEFAULT_OPSET[exporter])

@@ -200,13 +200,6 @@ def _check_output_path(path) -> str:
     return path
 
 
-def _gated_modules(model: nn.Module) -> List[str]:
-    """Paths of the USDC gated blocks in `model` (their decisions are data-dependent control flow)."""
-    from .nn.gated import FusedGatedBlock
-
-    return [name or "model" for name, m in model.named_modules() if isinstance(m, FusedGatedBlock)]
-
-
 def _has_torchscript_exporter() -> bool:
     try:  # torch >= 2.9 keeps it under _internal; earlier versions in torch.onnx.utils
         import torch.onnx.utils  # noqa: F401
@@ -336,15 +329,9 @@ def to_onnx(
     candidates = [exporter] if exporter != "auto" else (
         ["torchscript", "dynamo"] if _has_torchscript_exporter() else ["dynamo"])
     notes: List[str] = []
-    gated = _gated_modules(model)
-    if gated and "torchscript" in candidates:
-        # A trace keeps one batch's gate decisions (or, on the device-side gate path, fails deep inside the
-        # exporter after printing the whole TorchScript graph): refuse it here, in one line.
-        if exporter == "torchscript":
-            raise ValueError(f"exporter: 'torchscript' cannot export USDC gates (they decide per batch; {gated[0]} "
-                             f"is a FusedGatedBlock): use exporter='dynamo' or 'auto'")
-        candidates.remove("torchscript")
-        notes.append("torchscript exporter skipped: USDC gates decide per batch")
+    # USDC gated models export with either exporter: under an export the gates' ops run their reference, which
+    # selects on the device (Where), so the graph decides per batch (the TorchScript trace once froze the
+    # trace-time decisions of a host-side branch, and then failed on the LayerNorm width with a dynamic batch).
     result: Dict[str, ExportReport] = {}
 
     def write(tmp: str) -> None:

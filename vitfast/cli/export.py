@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
             an error).  The file is then run in ONNX Runtime against vitfast's own output (its kernels) at two
             batch sizes; if max |Δ| > atol + rtol x max|output| nothing is written and the exit status is 1.
             Exporter: "auto" uses torch's TorchScript exporter where torch has it (torch 2.4 and later) and the
-            torch.export-based one (dynamo=True) otherwise, when the TorchScript export fails, and for USDC gated
-            models (their gates decide per batch, which a trace cannot keep)."""),
+            torch.export-based one (dynamo=True) otherwise and when the TorchScript export fails.  USDC gated models
+            export with both: the graph decides per batch, as the model does."""),
         epilog="examples:\n  vitfast export fused.safetensors -o model.onnx\n"
                "  vitfast export fused.safetensors -o model_b8.onnx --batch 8 --opset 18 --exporter dynamo",
     )
