@@ -10,6 +10,9 @@ How it works
    then run plain PyTorch ops (F.linear, F.gelu, scaled_dot_product_attention, ...), which every exporter
    maps to standard ONNX operators.  No `vitfast::*` custom op reaches the graph; this is checked, and a
    node in any non-standard domain is an error (`ExportError`), not a file that only vitfast could run.
+   A plain `torch.onnx.export(model, ...)` of a fused model gives the same graph, with either exporter: while
+   torch's "ONNX export in progress" flag is set (`vitfast.ops.onnx_exporting`), the ops' entries run their
+   reference.
 2. The exported file is checked before it is put in place: `onnx.checker`, then ONNX Runtime (CPU) runs it on
    random images at two batch sizes (1 and 3 for a dynamic batch axis, so the axis is really exercised) and
    its output is compared with the model's own forward on the backend it normally uses (the C++ kernels
@@ -17,6 +20,9 @@ How it works
    is attached) and nothing is written at `path`.
 3. The file is written atomically: a temporary name in the target directory, `os.replace` after the check.  A
    full disk or a read-only directory raises an OSError naming `path` (not an ExportError: no exporter is to blame).
+
+onnx, onnxruntime and onnxscript are optional (`pip install 'vitfast[export]'`); without one, `to_onnx` raises
+`MissingExportPackagesError` (an ImportError) with one line naming the extra, and `vitfast export` prints it.
 
 Exporter choice (`exporter="auto"`)
 -----------------------------------
