@@ -25,6 +25,7 @@ _LAZY = {
     "convert": ("vitfast.convert", None),
     "methods": ("vitfast.methods", None),
     "io": ("vitfast.io", None),
+    "export": ("vitfast.export", None),  # ONNX export (onnx, onnxruntime, onnxscript: the `export` extra)
     "training": ("vitfast.training", None),
     "train": ("vitfast.training", None),
     "data": ("vitfast.training.data", None),

@@ -10,6 +10,9 @@ How it works
    then run plain PyTorch ops (F.linear, F.gelu, scaled_dot_product_attention, ...), which every exporter
    maps to standard ONNX operators.  No `vitfast::*` custom op reaches the graph; this is checked, and a
    node in any non-standard domain is an error (`ExportError`), not a file that only vitfast could run.
+   A plain `torch.onnx.export(model, ...)` of a fused model gives the same graph, with either exporter: while
+   torch's "ONNX export in progress" flag is set (`vitfast.ops.onnx_exporting`), the ops' entries run their
+   reference.
 2. The exported file is checked before it is put in place: `onnx.checker`, then ONNX Runtime (CPU) runs it on
    random images at two batch sizes (1 and 3 for a dynamic batch axis, so the axis is really exercised) and
    its output is compared with the model's own forward on the backend it normally uses (the C++ kernels
@@ -17,6 +20,9 @@ How it works
    is attached) and nothing is written at `path`.
 3. The file is written atomically: a temporary name in the target directory, `os.replace` after the check.  A
    full disk or a read-only directory raises an OSError naming `path` (not an ExportError: no exporter is to blame).
+
+onnx, onnxruntime and onnxscript are optional (`pip install 'vitfast[export]'`); without one, `to_onnx` raises
+`MissingExportPackagesError` (an ImportError) with one line naming the extra, and `vitfast export` prints it.
 
 Exporter choice (`exporter="auto"`)
 -----------------------------------
@@ -40,6 +46,7 @@ same speed (38 vs 41 ms, batch 1, one thread, one noisy run; the TorchScript gra
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -51,12 +58,39 @@ import torch.nn as nn
 from .io.atomic import atomic_write, os_error_of
 
 __all__ = ["to_onnx", "ExportReport", "ExportError", "ExportMismatchError", "model_input_shape",
-           "check_standard_ops", "ort_session", "reference_backend", "STANDARD_DOMAINS", "EXPORTERS"]
+           "check_standard_ops", "ort_session", "reference_backend", "STANDARD_DOMAINS", "EXPORTERS",
+           "MissingExportPackagesError", "require_export_packages"]
 
 # Operator domains of the ONNX standard (the empty string is "ai.onnx").
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
 EXPORTERS = ("auto", "torchscript", "dynamo")
 DEFAULT_OPSET = {"torchscript": 17, "dynamo": 18}  # 17: first opset with LayerNormalization
+
+
+# The optional packages export needs (the `export` extra): onnx (checker, load), onnxruntime (the check),
+# onnxscript (torch's dynamo=True exporter, and "auto"'s fallback).
+EXPORT_PACKAGES = ("onnx", "onnxruntime", "onnxscript")
+MISSING_PACKAGES_MESSAGE = "vitfast export needs onnx, onnxruntime and onnxscript: pip install 'vitfast[export]'"
+
+
+class MissingExportPackagesError(ImportError):
+    """An optional package of the `export` extra is not installed (one line naming the extra)."""
+
+
+def require_export_packages() -> None:
+    """MissingExportPackagesError unless onnx, onnxruntime and onnxscript are installed.  Looked up, not imported
+    (onnxscript alone takes ~1.5 s to import): a missing one surfaced as a raw ModuleNotFoundError traceback from
+    deep inside an export."""
+    missing = [name for name in EXPORT_PACKAGES if _find_spec(name) is None]
+    if missing:
+        raise MissingExportPackagesError(f"{MISSING_PACKAGES_MESSAGE} (missing: {', '.join(missing)})")
+
+
+def _find_spec(name: str):
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a broken entry in sys.modules (no __spec__): not usable either
+        return None
 
 
 class ExportError(RuntimeError):
@@ -172,13 +206,6 @@ def _check_output_path(path) -> str:
     return path
 
 
-def _gated_modules(model: nn.Module) -> List[str]:
-    """Paths of the USDC gated blocks in `model` (their decisions are data-dependent control flow)."""
-    from .nn.gated import FusedGatedBlock
-
-    return [name or "model" for name, m in model.named_modules() if isinstance(m, FusedGatedBlock)]
-
-
 def _has_torchscript_exporter() -> bool:
     try:  # torch >= 2.9 keeps it under _internal; earlier versions in torch.onnx.utils
         import torch.onnx.utils  # noqa: F401
@@ -259,10 +286,12 @@ def to_onnx(
     check: run the export in ONNX Runtime against the model's own forward (kernels) and raise
         `ExportMismatchError` if max |Δ| > atol + rtol * max|output|.  Without it, only `onnx.checker` runs
         and max_abs_diff is NaN.
-    Raises ValueError/TypeError for bad arguments (naming them), ExportError when no standard-op graph results.
+    Raises ValueError/TypeError for bad arguments (naming them), ExportError when no standard-op graph results,
+    MissingExportPackagesError (an ImportError) when onnx, onnxruntime or onnxscript is not installed.
     """
     import time
 
+    require_export_packages()
     import onnx
 
     t0 = time.perf_counter()
@@ -306,15 +335,9 @@ def to_onnx(
     candidates = [exporter] if exporter != "auto" else (
         ["torchscript", "dynamo"] if _has_torchscript_exporter() else ["dynamo"])
     notes: List[str] = []
-    gated = _gated_modules(model)
-    if gated and "torchscript" in candidates:
-        # A trace keeps one batch's gate decisions (or, on the device-side gate path, fails deep inside the
-        # exporter after printing the whole TorchScript graph): refuse it here, in one line.
-        if exporter == "torchscript":
-            raise ValueError(f"exporter: 'torchscript' cannot export USDC gates (they decide per batch; {gated[0]} "
-                             f"is a FusedGatedBlock): use exporter='dynamo' or 'auto'")
-        candidates.remove("torchscript")
-        notes.append("torchscript exporter skipped: USDC gates decide per batch")
+    # USDC gated models export with either exporter: under an export the gates' ops run their reference, which
+    # selects on the device (Where), so the graph decides per batch (the TorchScript trace once froze the
+    # trace-time decisions of a host-side branch, and then failed on the LayerNorm width with a dynamic batch).
     result: Dict[str, ExportReport] = {}
 
     def write(tmp: str) -> None:

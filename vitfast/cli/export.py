@@ -10,6 +10,7 @@ import torch
 import vitfast
 from vitfast.cli._common import EXIT_CHECK_FAILED
 from vitfast.cli._common import EXIT_OK
+from vitfast.cli._common import EXIT_SYSTEM_ERROR
 from vitfast.cli._common import CLIError
 from vitfast.cli._common import Formatter
 from vitfast.cli._common import existing_file
@@ -20,6 +21,8 @@ from vitfast.cli._common import positive_int
 from vitfast.cli._models import file_kind
 from vitfast.export import ExportError
 from vitfast.export import ExportMismatchError
+from vitfast.export import MissingExportPackagesError
+from vitfast.export import require_export_packages
 from vitfast.export import to_onnx
 
 
@@ -32,8 +35,8 @@ def add_parser(sub) -> None:
             an error).  The file is then run in ONNX Runtime against vitfast's own output (its kernels) at two
             batch sizes; if max |Δ| > atol + rtol x max|output| nothing is written and the exit status is 1.
             Exporter: "auto" uses torch's TorchScript exporter where torch has it (torch 2.4 and later) and the
-            torch.export-based one (dynamo=True) otherwise, when the TorchScript export fails, and for USDC gated
-            models (their gates decide per batch, which a trace cannot keep)."""),
+            torch.export-based one (dynamo=True) otherwise and when the TorchScript export fails.  USDC gated models
+            export with both: the graph decides per batch, as the model does."""),
         epilog="examples:\n  vitfast export fused.safetensors -o model.onnx\n"
                "  vitfast export fused.safetensors -o model_b8.onnx --batch 8 --opset 18 --exporter dynamo",
     )
@@ -62,6 +65,11 @@ def _export_batch(text: str):
 
 
 def run(args) -> int:
+    try:  # before loading the model: the request is fine, this environment cannot carry it out
+        require_export_packages()
+    except MissingExportPackagesError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_SYSTEM_ERROR
     out = output_path(args.output)
     not_the_input(out, args.fused, what="FUSED")
     if file_kind(args.fused) != "fused":

@@ -17,7 +17,10 @@ _IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None) 
 
 
 def tracing() -> bool:
-    return torch.jit.is_tracing() or (_IS_COMPILING is not None and _IS_COMPILING())
+    """Whether a graph is being recorded (TorchScript trace, torch.compile / torch.export, either ONNX exporter):
+    the modules then keep the standard ops and host-side decisions stay out of the graph."""
+    return (torch.jit.is_tracing() or (_IS_COMPILING is not None and _IS_COMPILING())
+            or ops.onnx_exporting())
 
 
 def cpu_kernel_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -22,6 +22,7 @@ reference gradient (`_autograd.py`), or an op's own formula (`gate_select`).
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable, Optional
 
 import torch
@@ -66,10 +67,48 @@ def run(name: str, args) -> torch.Tensor:
     return op(*args)
 
 
+_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)  # torch >= 2.3
+
+
+def _onnx_export_flag() -> Callable[[], bool] | None:
+    """A reader of torch's "ONNX export in progress" flags, once torch.onnx is imported (None before).
+
+    The TorchScript exporter's flag is read only outside torch.compile / torch.export: that exporter never runs
+    under dynamo, and dynamo refuses to trace the flag's getter (fullgraph=True failed on it)."""
+    if "torch.onnx" not in sys.modules:
+        return None
+    try:  # torch >= 2.9: the two flags torch.onnx.is_in_onnx_export reads, read directly (it costs ~0.9 µs a call)
+        from torch.onnx._internal.exporter import _flags
+        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+    except ImportError:  # other layouts: the public function (which covers only the TorchScript exporter there)
+        return lambda: not _IS_COMPILING() and torch.onnx.is_in_onnx_export()
+    return lambda: _flags._is_onnx_exporting or (not _IS_COMPILING() and GLOBALS.in_onnx_export)
+
+
+_export_flag: Callable[[], bool] | None = None
+
+
+def onnx_exporting() -> bool:
+    """Whether `torch.onnx.export` is tracing, with either exporter (TorchScript, or dynamo=True where torch's flag
+    covers it, as in torch 2.14; older versions were not run).  The ops then run their reference (plain torch ops, which both exporters map to
+    standard ONNX operators): a `vitfast::*` node had no ONNX translation, so exporting a fused model failed."""
+    global _export_flag
+    if _export_flag is None:
+        _export_flag = _onnx_export_flag()
+        if _export_flag is None:  # torch imports torch.onnx lazily: no export has begun before it is imported
+            return False
+    return _export_flag()
+
+
+def use_reference() -> bool:
+    """Whether the ops' entries run the reference: VITFAST_BACKEND=reference, or an ONNX export in progress."""
+    return get_backend() == "reference" or onnx_exporting()
+
+
 def standard_entry(name: str) -> Callable:
     """The Python entry's body for most ops: the reference or the op (see `run`)."""
     def entry(args):
-        if get_backend() == "reference":
+        if use_reference():
             return call_reference(name, args)
         return run(name, args)
 

@@ -6,10 +6,9 @@ flash attention on GPU).
 from __future__ import annotations
 
 from .. import reference
-from .._env import get_backend
 from ..reference._check import check_tensor
 from ..reference.attention import check_attention_args
-from ._spec import call_reference, define_op, run
+from ._spec import call_reference, define_op, run, use_reference
 
 
 def _attention_fake(qkv, num_heads, scale):
@@ -22,7 +21,7 @@ def _attention_cuda(*args):
 
 
 def _attention_entry(args):
-    if get_backend() == "reference":
+    if use_reference():
         return call_reference("attention", args)
     check_tensor("qkv", args[0])  # its only tensor: with None the dispatcher has nothing to dispatch on
     return run("attention", args)

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .._env import get_backend
 from ..reference.batch_gate import check_batch_gate_args, check_gate_select_args
-from ._spec import call_reference, define_op
+from ._spec import call_reference, define_op, use_reference
 
 
 def _batch_gate_fake(*args):
@@ -30,7 +29,7 @@ def _batch_gate_cuda(*args):
 
 
 def _batch_gate_entry(args):
-    if get_backend() == "reference":
+    if use_reference():
         return call_reference("batch_gate", args)
     with torch.no_grad():  # a 0/1 decision: no gradient, as for a comparison (and no autograd recording)
         return torch.ops.vitfast.batch_gate(*args)
@@ -72,7 +71,7 @@ def _gate_select_backward(ctx, grad):
 
 
 def _gate_select_entry(args):
-    if get_backend() == "reference":
+    if use_reference():
         return call_reference("gate_select", args)
     return torch.ops.vitfast.gate_select(*args)  # recorded for autograd by the op's own formula
 

@@ -8,10 +8,12 @@ stays valid.  CPU = read the flag (no device to wait for) and run the C++ ops or
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from .. import reference
 from ..reference.gated import check_gated_ffn_args, check_gated_mhsa_args
 from ._policy import HALF_DTYPES, forced
-from ._spec import define_op
+from ._spec import define_op, onnx_exporting, standard_entry
 
 
 def use_gated_cuda_kernels(dtype: torch.dtype, policy: str = "auto") -> bool:
@@ -67,10 +69,44 @@ def _gated_ffn_cpu(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
     return torch.ops.vitfast.channel_idle_ffn(_norm(x, norm_eps), w_in, b_in, w_out, b_out, x if residual else None)
 
 
+def _traced_norm(x, norm_eps, width):
+    # The LayerNorm width read from a weight: the reference's (x.shape[-1],) is a traced size in a TorchScript trace,
+    # which its ONNX exporter refuses with a dynamic batch axis ("Failed to export ... because it is not constant").
+    return F.layer_norm(x, (width,), eps=norm_eps) if norm_eps is not None else x
+
+
+def _gated_mhsa_traced(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj):
+    check_gated_mhsa_args(gate, index, x, norm_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj)
+    y = _traced_norm(x, norm_eps, w_qkv.shape[1])
+    out = reference.linear(reference.attention(reference.linear(y, w_qkv, b_qkv), num_heads), w_proj, b_proj, x)
+    return reference.gate_select(gate, index, out, x)
+
+
+def _gated_ffn_traced(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual):
+    check_gated_ffn_args(gate, index, x, norm_eps, w_in, b_in, w_out, b_out, residual)
+    y = _traced_norm(x, norm_eps, w_in.shape[1])
+    out = reference.channel_idle_ffn(y, w_in, b_in, w_out, b_out, x if residual else None)
+    return reference.gate_select(gate, index, out, x)
+
+
+def _entry(name, traced):
+    """The standard entry, except in the TorchScript ONNX exporter's trace (on either backend): there the
+    reference's composition with the LayerNorm width taken from the weight (`_traced_norm`)."""
+    standard = standard_entry(name)
+
+    def entry(args):
+        if torch.jit.is_tracing() and onnx_exporting():
+            return traced(*args)
+        return standard(args)
+
+    return entry
+
+
 gated_mhsa = define_op(
     "gated_mhsa(Tensor gate, int index, Tensor x, float? norm_eps, Tensor w_qkv, Tensor? b_qkv, int num_heads, "
     "Tensor w_proj, Tensor? b_proj) -> Tensor",
     check=check_gated_mhsa_args, fake=_fake(check_gated_mhsa_args), cuda=_cuda("gated_mhsa"), cpu=_gated_mhsa_cpu,
+    entry=_entry("gated_mhsa", _gated_mhsa_traced),
     doc="`torch.ops.vitfast.gated_mhsa`: x + proj(attention(qkv(LN(x)))) if gate[index] != 0 else x, decided on the\n"
         "    device (see `vitfast.reference.gated_mhsa`), or the reference when VITFAST_BACKEND=reference.",
 )
@@ -78,6 +114,7 @@ gated_ffn = define_op(
     "gated_ffn(Tensor gate, int index, Tensor x, float? norm_eps, Tensor w_in, Tensor? b_in, Tensor w_out, "
     "Tensor? b_out, bool residual) -> Tensor",
     check=check_gated_ffn_args, fake=_fake(check_gated_ffn_args), cuda=_cuda("gated_ffn"), cpu=_gated_ffn_cpu,
+    entry=_entry("gated_ffn", _gated_ffn_traced),
     doc="`torch.ops.vitfast.gated_ffn`: channel_idle_ffn(LN(x), …, x if residual) if gate[index] != 0 else x, decided\n"
         "    on the device (see `vitfast.reference.gated_ffn`), or the reference when VITFAST_BACKEND=reference.",
 )

@@ -9,11 +9,10 @@ from __future__ import annotations
 import torch
 
 from .. import reference
-from .._env import get_backend
 from ..reference._check import check_tensor
 from ..reference.vit_block import check_vit_block_args
 from . import _autograd
-from ._spec import call_reference, define_op
+from ._spec import call_reference, define_op, use_reference
 from .attention import attention
 from .channel_idle_ffn import channel_idle_ffn, channel_idle_ffn_cuda_unchecked
 from .layer_norm import layer_norm
@@ -47,7 +46,7 @@ def vit_block_cuda_eager(*args):
 
 
 def _vit_block_entry(args):
-    if get_backend() == "reference":
+    if use_reference():
         return call_reference("vit_block", args)
     check_tensor("x", args[0])  # before the dispatcher reads its device
     if torch.is_grad_enabled() and _autograd.any_requires_grad(args):
