@@ -84,7 +84,7 @@ def build_timm_model(name: str, *, pretrained: Optional[bool] = False, checkpoin
     if not prefixed and not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `vitfast convert --list-models` lists them"
-        raise CLIError(f"{flag}: expected a timm model name (or hf-hub:REPO), got {name!r}{hint}")
+        raise CLIError(f"{flag}: expected a timm model name, got {name!r}{hint}")
     kwargs = dict(model_kwargs or {})
     for flag_name, key, value in (("--img-size", "img_size", img_size), (num_classes_from, "num_classes", num_classes)):
         if value is None:
