@@ -187,7 +187,7 @@ def _convert(model, channel_idle, norm, heuristic, *, spread, calibration_images
              dwconv_kernel_init_std, remove_cls_token, gates, flops_target, gate_level, gate_search,
              gate_kind) -> nn.Module:
     """from_timm on a built timm model: check the options, then the method's conversion."""
-    blocks = model_blocks(model)  # type check first, before copying anything
+    model_blocks(model)  # type check first, before copying anything
     _check_method_options(
         branches=branches, schedule=schedule, join_values=join_values, diversity_weight=diversity_weight,
         gates=gates, gate_level=gate_level, gate_search=gate_search, gate_kind=gate_kind,
