@@ -29,7 +29,8 @@ def vitfast_script() -> str:
 
 @pytest.mark.parametrize("command, expected", [
     ([], ["convert", "train", "fuse", "verify", "bench", "demo", "examples:"]),
-    (["convert"], ["--channel-idle", "--norm", "--heuristic", "--repavit", "--pretrained", "nothing is downloaded"]),
+    (["convert"], ["--channel-idle", "--norm", "--heuristic", "--repavit", "--pretrained", "--checkpoint",
+                   "nothing is downloaded", "--list-models"]),
     (["train"], ["--steps", "--epochs", "--lr", "--batch-size", "--resume", "--out", "--channel-idle", "digits"]),
     (["fuse"], ["SOURCE", "--output", "exactly"]),
     (["verify"], ["--source", "--inputs", "--atol", "exit status 1"]),
@@ -270,7 +271,7 @@ def test_convert_loads_local_pretrained_weights(tmp_path):
     torch.save(reference.state_dict(), weights)
     out = tmp_path / "c.safetensors"
     # norm=layer with θ=0 is the timm model itself, so the pretrained function must survive exactly
-    assert main(["convert", *TINY, "--pretrained", str(weights), "--norm", "layer", "--channel-idle", "0",
+    assert main(["convert", *TINY, "--checkpoint", str(weights), "--norm", "layer", "--channel-idle", "0",
                  "-o", str(out)]) == 0
     converted, recipe = load_trainable(out)
     assert recipe["pretrained"] == "w.pth" and recipe["channel_idle"] == 0.0
@@ -311,8 +312,10 @@ def test_pretrained_weights_of_another_head_size_are_adapted_offline(tmp_path, c
 
     save_file(_tiny_timm().state_dict(), str(weights))
     argv = [a if a != "10" else "5" for a in TINY]  # ask for 5 classes: the 10-class head cannot load as is
+    # `--pretrained PATH`, the older spelling of --checkpoint PATH, still loads the file (with a note)
     assert main(["convert", *argv, "--pretrained", str(weights), "-o", str(tmp_path / "c.safetensors")]) == 0
-    assert "adapted by timm" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "adapted by timm" in captured.out and "is now `--checkpoint PATH`" in captured.err
 
 
 def test_pretrained_weights_that_do_not_fit_are_refused(tmp_path, capsys):
@@ -327,9 +330,9 @@ def test_pretrained_weights_that_do_not_fit_are_refused(tmp_path, capsys):
     save_file({k: v for k, v in _tiny_timm().state_dict().items() if not k.startswith("blocks.0.mlp")}, str(partial))
     for path, names in ((unrelated, "patch_embed.proj.weight"), (partial, "blocks.0.mlp.fc1.weight")):
         out = tmp_path / "c.safetensors"
-        assert main(["convert", *argv, "--pretrained", str(path), "-o", str(out)]) == 2
+        assert main(["convert", *argv, "--checkpoint", str(path), "-o", str(out)]) == 2
         err = capsys.readouterr().err
-        assert "--pretrained:" in err and "were not in it" in err and names in err, err
+        assert "--checkpoint:" in err and "were not in it" in err and names in err, err
         assert not out.exists()
 
 

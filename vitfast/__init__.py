@@ -34,6 +34,7 @@ _LAZY = {
     "save": ("vitfast.io.fused", "save"),
     "load": ("vitfast.io.fused", "load"),
     "patch_timm": ("vitfast.patch", "patch_timm"),
+    "list_models": ("vitfast.models", "list_models"),
     "usdc": ("vitfast.methods.usdc", None),
     "distill": ("vitfast.methods.distill", None),
     "student": ("vitfast.methods.distill.student", None),

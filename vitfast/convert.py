@@ -24,28 +24,57 @@ from .methods.repavit import REPAVIT_HEADS, default_idle_ratio, from_repavit, mo
 if TYPE_CHECKING:
     from .methods.nondeep import JoinSchedule
 
-__all__ = ["from_timm", "from_repavit", "REPAVIT_HEADS"]
+__all__ = ["from_timm", "create_timm_model", "from_repavit", "REPAVIT_HEADS"]
 __all__ += ["remove_prefix_tokens", "default_idle_ratio"]
 
 
-def _remembers_source(fn):
-    """from_timm's result carries the description of the timm model it came from (vitfast.arch.SOURCE_ATTR)."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(model, *args, **kwargs):
-        from .arch import remember_source
-
-        converted = fn(model, *args, **kwargs)
-        remember_source(converted, model)
-        return converted
-
-    return wrapper
+_TIMM_PREFIXES = ("hf-hub:", "local-dir:")  # names timm resolves itself (a Hub repository, a local directory)
 
 
-@_remembers_source
+def create_timm_model(name: str, pretrained: bool = False, **timm_kwargs) -> nn.Module:
+    """`timm.create_model(name, pretrained=pretrained, **timm_kwargs)` with one-line errors: an unknown name says
+    so (with the closest names), and weights or a Hub config that cannot be fetched (no network) raise a
+    ConnectionError naming the model and the ways to give local weights."""
+    import difflib
+
+    import timm
+
+    if not isinstance(name, str):
+        raise TypeError(f"model: expected a timm model name or a timm model, got {type(name).__name__}")
+    if not name.startswith(_TIMM_PREFIXES) and not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; vitfast.list_models() lists the supported ones"
+        raise ValueError(f"model: expected a timm model name, got {name!r}{hint}")
+    try:
+        return timm.create_model(name, pretrained=pretrained, **timm_kwargs)
+    except OSError as exc:
+        # huggingface_hub's LocalEntryNotFoundError, requests' ConnectionError, ... are all OSErrors; a local
+        # file named in timm_kwargs that is missing is one too, and keeps its own message.
+        if isinstance(exc, FileNotFoundError) and exc.filename is not None:
+            raise
+        what = "its config from the Hugging Face Hub" if name.startswith("hf-hub:") else "its pretrained weights"
+        raise ConnectionError(
+            f"model: timm could not fetch {what} for {name!r} (no network or Hugging Face Hub access: "
+            f"{type(exc).__name__}); give local weights with checkpoint_path=PATH or "
+            f"pretrained_cfg_overlay=dict(file=PATH)"
+        ) from exc
+
+
+def _timm_model(model, pretrained: bool, timm_kwargs: dict) -> nn.Module:
+    """The timm model `from_timm` converts: `model` itself, or the one its name builds."""
+    if isinstance(model, str):
+        return create_timm_model(model, pretrained=pretrained, **timm_kwargs)
+    if pretrained is not False:
+        raise TypeError(f"pretrained: only used with a timm model name, got a built model (pretrained={pretrained!r})")
+    if timm_kwargs:
+        # with a name they would go to timm.create_model; with a built model they can only be misspelt options
+        raise TypeError(f"from_timm() got unexpected keyword arguments {', '.join(sorted(timm_kwargs))} (with a built "
+                        f"model; keyword arguments that are not from_timm's own go to timm.create_model with a name)")
+    return model
+
+
 def from_timm(
-    model: nn.Module,
+    model: Union[str, nn.Module],
     channel_idle: Union[float, Sequence[float], None] = None,
     norm: Optional[str] = None,
     heuristic: str = "static",
@@ -68,8 +97,19 @@ def from_timm(
     gate_level: str = "group",
     gate_search: bool = True,
     gate_kind: str = "G0",
+    pretrained: bool = False,
+    **timm_kwargs,
 ) -> nn.Module:
-    """Train-time RePaViT model from a timm ViT/DeiT (incl. distilled) or Swin model.
+    """Train-time RePaViT model from a timm ViT/DeiT (incl. distilled) or Swin model, or from its timm name.
+
+    model: a timm model (it is copied, never modified), or a timm model name ("deit_tiny_patch16_224",
+        "hf-hub:timm/...") built with `timm.create_model(model, pretrained=pretrained, **timm_kwargs)`; timm_kwargs
+        are the keyword arguments that are not from_timm's own (img_size, num_classes, checkpoint_path,
+        pretrained_cfg_overlay, ...).  `vitfast.list_models()` lists the names each method supports.  Without
+        network, pretrained=True or an hf-hub: name raises a one-line ConnectionError; give local weights with
+        checkpoint_path=PATH (or pretrained_cfg_overlay=dict(file=PATH)).
+
+        model = vitfast.convert.from_timm("deit_tiny_patch16_224", img_size=32, num_classes=10, channel_idle=0.75)
 
     channel_idle: the idle ratio θ (fraction of FFN hidden channels without GELU), or one ratio per block (depth
         order; for Swin, over all stages).  Default: the paper's θ = 1 − 1/ρ for MLP ratio ρ (μ = 1: as many
@@ -126,7 +166,28 @@ def from_timm(
     `gate_search` over G0…G6 or a fixed `gate_kind`), and with `flops_target` (f_t, a FLOPs ratio) static
     keep/prune logits plus the resource loss γ(F − f_t)², γ = 100.  Composes with `channel_idle`.
     """
-    blocks = model_blocks(model)  # type check first, before copying anything
+    from .arch import remember_source
+
+    source = _timm_model(model, pretrained, timm_kwargs)
+    converted = _convert(
+        source, channel_idle, norm, heuristic, spread=spread, calibration_images=calibration_images,
+        branches=branches, schedule=schedule, join_values=join_values, diversity_weight=diversity_weight,
+        dwconv_blocks=dwconv_blocks, dwconv_heads=dwconv_heads, ranking=ranking, dwconv_kernel_size=dwconv_kernel_size,
+        dwconv_ensemble=dwconv_ensemble, dwconv_kernel_init_std=dwconv_kernel_init_std,
+        remove_cls_token=remove_cls_token, gates=gates, flops_target=flops_target, gate_level=gate_level,
+        gate_search=gate_search, gate_kind=gate_kind,
+    )
+    # the result carries the description of the timm model it came from (vitfast.arch.SOURCE_ATTR)
+    remember_source(converted, source)
+    return converted
+
+
+def _convert(model, channel_idle, norm, heuristic, *, spread, calibration_images, branches, schedule, join_values,
+             diversity_weight, dwconv_blocks, dwconv_heads, ranking, dwconv_kernel_size, dwconv_ensemble,
+             dwconv_kernel_init_std, remove_cls_token, gates, flops_target, gate_level, gate_search,
+             gate_kind) -> nn.Module:
+    """from_timm on a built timm model: check the options, then the method's conversion."""
+    model_blocks(model)  # type check first, before copying anything
     _check_method_options(
         branches=branches, schedule=schedule, join_values=join_values, diversity_weight=diversity_weight,
         gates=gates, gate_level=gate_level, gate_search=gate_search, gate_kind=gate_kind,

@@ -49,6 +49,16 @@ _REQUEST_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, Permi
 COMMANDS = (convert, train, fuse, verify, bench, export, demo, select_heads, usdc, distill_demo)
 
 
+def _version() -> str:
+    """vitfast's version and the torch (and CUDA) it runs on: what a bug report needs first."""
+    import torch
+
+    from vitfast._version import __version__
+
+    cuda = f", CUDA {torch.version.cuda}" if torch.version.cuda else ""
+    return f"vitfast {__version__} (torch {torch.__version__}{cuda})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="vitfast",
@@ -67,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
               vitfast verify fused.safetensors --source run/model.safetensors --inputs digits
               vitfast bench fused.safetensors --batch-sizes 1,64"""),
     )
+    parser.add_argument("--version", action="version", version=_version(), help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for command in COMMANDS:

@@ -8,13 +8,16 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import sys
 import zipfile
 from typing import Dict, Optional
 
 import torch
 from safetensors.torch import load_file
 
+from vitfast.cli._common import EXIT_SYSTEM_ERROR
 from vitfast.cli._common import CLIError
+from vitfast.cli._common import existing_file
 from vitfast.measure import count_parameters
 from vitfast.cli._dwconv_args import describe_dwconv_model
 from vitfast.io.trainable import TRAINABLE_FORMAT
@@ -31,17 +34,56 @@ def _same_size(value):
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
-def build_timm_model(name: str, *, pretrained: Optional[str], img_size, num_classes, model_kwargs,
-                     flag: str = "MODEL", num_classes_from: str = "--num-classes") -> torch.nn.Module:
-    """A timm model by name, random init unless `pretrained` names a local weights file (never downloads).
-    `num_classes_from`: where `num_classes` came from, for the message when --model-kwargs says otherwise."""
+# model names timm resolves itself: a Hugging Face Hub repository, a local directory with a config
+_TIMM_PREFIXES = ("hf-hub:", "local-dir:")
+
+
+def add_weights_args(p, subject: str = "MODEL") -> None:
+    """--pretrained (timm's switch: timm's own weights) and --checkpoint PATH (local weights, nothing downloaded)."""
+    p.add_argument("--pretrained", nargs="?", const=True, default=False, metavar="PATH",
+                   help=f"timm's pretrained weights for {subject} (timm downloads them: needs network or the Hugging "
+                        f"Face cache); `--pretrained PATH` is the older spelling of --checkpoint PATH")
+    p.add_argument("--checkpoint", type=existing_file, default=None, metavar="PATH",
+                   help=f"local weights for {subject} (.safetensors, or a torch state dict loaded with weights_only); "
+                        f"nothing is downloaded")
+
+
+def weights_args(args, model_attr: str) -> None:
+    """Settle --pretrained/--checkpoint on `args`: args.pretrained a bool, args.checkpoint a path or None."""
+    value = args.pretrained
+    if isinstance(value, str):
+        if getattr(args, model_attr, None) is None and not os.path.exists(value):
+            # `--pretrained deit_tiny_patch16_224`: the switch came before the model name and took it as its value
+            setattr(args, model_attr, value)
+            value = True
+        else:
+            if not os.path.isfile(value):
+                raise CLIError(f"--pretrained: a switch (timm's weights); local weights are --checkpoint PATH, got "
+                               f"{value!r} (no such file)")
+            if args.checkpoint is not None:
+                raise CLIError("--pretrained PATH, --checkpoint PATH: the same option spelt twice, got both")
+            print("note: `--pretrained PATH` is now `--checkpoint PATH` (`--pretrained` alone asks timm for its "
+                  "weights)", file=sys.stderr)
+            args.checkpoint, value = value, False
+    if value and args.checkpoint is not None:
+        raise CLIError("--pretrained, --checkpoint: timm's weights or local ones, got both")
+    args.pretrained = bool(value)
+
+
+def build_timm_model(name: str, *, pretrained: Optional[bool] = False, checkpoint: Optional[str] = None, img_size,
+                     num_classes, model_kwargs, flag: str = "MODEL",
+                     num_classes_from: str = "--num-classes") -> torch.nn.Module:
+    """A timm model by name: random init, timm's weights with `pretrained` (timm downloads them), or the local
+    weights file `checkpoint` (never downloads).  `num_classes_from`: where `num_classes` came from, for the
+    message when --model-kwargs says otherwise."""
     import timm
 
-    if flag != "MODEL" and (os.sep in name or name.endswith((".safetensors", ".pt", ".pth"))):
+    prefixed = name.startswith(_TIMM_PREFIXES)
+    if flag != "MODEL" and not prefixed and (os.sep in name or name.endswith((".safetensors", ".pt", ".pth"))):
         raise CLIError(f"{flag}: expected an existing file or a timm model name, got {name!r} (no such file)")
-    if not timm.is_model(name):
+    if not prefixed and not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else "; list them with `python -c 'import timm; print(timm.list_models())'`"
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `vitfast convert --list-models` lists them"
         raise CLIError(f"{flag}: expected a timm model name, got {name!r}{hint}")
     kwargs = dict(model_kwargs or {})
     for flag_name, key, value in (("--img-size", "img_size", img_size), (num_classes_from, "num_classes", num_classes)):
@@ -51,13 +93,20 @@ def build_timm_model(name: str, *, pretrained: Optional[str], img_size, num_clas
             once = "; give it once" if flag_name.startswith("--") and " " not in flag_name else ""
             raise CLIError(f"{flag_name}: {value!r} disagrees with {key}={kwargs[key]!r} in --model-kwargs{once}")
         kwargs[key] = value
+    from vitfast.convert import create_timm_model
+
     try:
-        model = timm.create_model(name, pretrained=False, **kwargs)
+        model = create_timm_model(name, pretrained=bool(pretrained), **kwargs)
+    except ConnectionError as exc:  # no network: the system's fault, status 1, said in the CLI's terms
+        reason = str(exc).partition(": ")[2].partition("; give")[0]
+        error = CLIError(f"{'--pretrained' if pretrained else flag}: {reason}; local weights: --checkpoint PATH")
+        error.status = EXIT_SYSTEM_ERROR
+        raise error from exc
     except (TypeError, ValueError, AssertionError) as exc:
         raise CLIError(f"--model-kwargs/--img-size/--num-classes: timm {name} rejected {kwargs} ({exc})") from exc
-    if pretrained is None:
+    if checkpoint is None:
         return model
-    state = read_state_dict(pretrained, "--pretrained")
+    state = read_state_dict(checkpoint, "--checkpoint")
     try:  # weights made for exactly this shape: load them as they are
         model.load_state_dict(state, strict=True)
         return model
@@ -78,7 +127,7 @@ def build_timm_model(name: str, *, pretrained: Optional[str], img_size, num_clas
         try:
             model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
         except (RuntimeError, KeyError, ValueError) as exc:
-            raise CLIError(f"--pretrained: {pretrained!r} does not fit timm {name} with {kwargs} "
+            raise CLIError(f"--checkpoint: {checkpoint!r} does not fit timm {name} with {kwargs} "
                            f"({str(exc).splitlines()[0]})") from exc
     classifier = model.pretrained_cfg.get("classifier") or ()
     classifier = (classifier,) if isinstance(classifier, str) else tuple(classifier)
@@ -86,10 +135,10 @@ def build_timm_model(name: str, *, pretrained: Optional[str], img_size, num_clas
                 if t.dim() >= 2 and not any(k == c or k.startswith(c + ".") for c in classifier)
                 and torch.equal(t, fresh[k])]
     if unloaded:
-        raise CLIError(f"--pretrained: {pretrained!r} does not fit timm {name} with {kwargs}: {len(unloaded)} weight "
+        raise CLIError(f"--checkpoint: {checkpoint!r} does not fit timm {name} with {kwargs}: {len(unloaded)} weight "
                        f"tensors were not in it ({', '.join(unloaded[:4])}{', ...' if len(unloaded) > 4 else ''}); "
                        f"loading it as is: {strict_error}")
-    print(f"note: --pretrained weights adapted by timm to {kwargs or 'the default shape'} "
+    print(f"note: --checkpoint weights adapted by timm to {kwargs or 'the default shape'} "
           f"(they did not load as they are: {strict_error})")
     return model
 

@@ -14,9 +14,11 @@ from vitfast.cli._common import positive_int
 from vitfast.cli._dwconv_args import add_dwconv_args
 from vitfast.cli._dwconv_args import dwconv_convert
 from vitfast.cli._dwconv_args import dwconv_given
+from vitfast.cli._models import add_weights_args
 from vitfast.cli._models import build_timm_model
 from vitfast.cli._models import describe
 from vitfast.cli._models import read_state_dict
+from vitfast.cli._models import weights_args
 from vitfast.cli._recipe_args import add_recipe_args
 from vitfast.cli._usdc_args import add_gate_args
 from vitfast.cli._usdc_args import check_gate_options
@@ -31,18 +33,24 @@ def add_parser(sub) -> None:
         description=textwrap.dedent("""\
             Build a timm ViT/DeiT/Swin and turn its FFNs into RePaViT channel-idle FFNs (a train-time model that
             `vitfast fuse` later collapses exactly), or rebuild one from an official RePaViT state dict.
-            Weights are random unless --pretrained names a local file: nothing is downloaded.
+            Weights are random unless --checkpoint names a local file (nothing is downloaded) or --pretrained asks
+            timm for its own (downloaded: needs network).  MODEL may be an hf-hub:REPO name; --list-models shows
+            the timm names each method converts.
             Writes a train-time .safetensors (JSON description inside, no pickle)."""),
         epilog=textwrap.dedent("""\
             examples:
               vitfast convert vit_tiny_patch16_224 --img-size 32 --num-classes 10 -o vit.safetensors
-              vitfast convert deit_small_patch16_224 --pretrained deit_small.pth --channel-idle 0.5 --norm layer -o ds.safetensors
-              vitfast convert --repavit repavit_deit_base.pth -o repa_base.safetensors"""),
+              vitfast convert deit_small_patch16_224 --checkpoint deit_small.pth --channel-idle 0.5 --norm layer -o ds.safetensors
+              vitfast convert hf-hub:timm/deit_tiny_patch16_224.fb_in1k --pretrained -o tiny.safetensors
+              vitfast convert --repavit repavit_deit_base.pth -o repa_base.safetensors
+              vitfast convert --list-models 'deit*'"""),
     )
-    p.add_argument("model", nargs="?", metavar="MODEL", help="timm model name, e.g. deit_tiny_patch16_224")
-    p.add_argument("-o", "--output", required=True, help="output .safetensors path (train-time model)")
-    p.add_argument("--pretrained", type=existing_file, default=None, metavar="PATH",
-                   help="local weights for MODEL (.safetensors, or a torch state dict loaded with weights_only)")
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="timm model name, e.g. deit_tiny_patch16_224, or hf-hub:REPO")
+    p.add_argument("-o", "--output", default=None, help="output .safetensors path (train-time model; required)")
+    add_weights_args(p)
+    p.add_argument("--list-models", nargs="?", const="*", default=None, metavar="PATTERN",
+                   help="list the timm names each method converts (those matching PATTERN, e.g. 'deit*') and exit")
     p.add_argument("--repavit", type=existing_file, default=None, metavar="PATH",
                    help="official RePaViT ViT/DeiT state dict to convert instead of MODEL")
     p.add_argument("--num-heads", type=positive_int, default=None, help="--repavit only: heads (default: from the width)")
@@ -52,7 +60,22 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def list_models(pattern: str) -> int:
+    """The names per method (`vitfast.list_models`), one method a paragraph."""
+    found = vitfast.list_models(pattern)
+    for method, names in found.items():
+        print(f"{method} ({len(names)}): {' '.join(names) if names else '-'}")
+    return EXIT_OK
+
+
 def run(args) -> int:
+    if args.list_models is not None:
+        if args.model is not None or args.output is not None:
+            raise CLIError("--list-models: lists and exits; drop MODEL/-o")
+        return list_models(args.list_models)
+    if args.output is None:
+        raise CLIError("-o/--output: required (the train-time .safetensors to write)")
+    weights_args(args, "model")
     out = output_path(args.output)
     check_gate_options(args)
     if args.repavit is not None:
@@ -60,8 +83,9 @@ def run(args) -> int:
             raise CLIError("--gates: only for timm ViT/DeiT names (MODEL), not --repavit")
         if dwconv_given(args):
             raise CLIError("--dwconv-blocks/--dwconv-heads: only for timm ViT/DeiT names (MODEL), not --repavit")
-        if args.model is not None or args.pretrained is not None or args.model_kwargs:
-            raise CLIError("--repavit: builds the model from the RePaViT state dict alone; drop MODEL/--pretrained/--model-kwargs")
+        if args.model is not None or args.pretrained or args.checkpoint is not None or args.model_kwargs:
+            raise CLIError("--repavit: builds the model from the RePaViT state dict alone; drop "
+                           "MODEL/--pretrained/--checkpoint/--model-kwargs")
         if args.norm != "batch" or args.heuristic != "static":
             raise CLIError("--repavit: official RePaViT models use norm=batch and one θ (heuristic=static)")
         state = read_state_dict(args.repavit, "--repavit")
@@ -76,7 +100,8 @@ def run(args) -> int:
         if args.num_heads is not None:
             raise CLIError("--num-heads: only used with --repavit (timm names fix their head count)")
         timm_model = build_timm_model(
-            args.model, pretrained=args.pretrained, img_size=args.img_size, num_classes=args.num_classes,
+            args.model, pretrained=args.pretrained, checkpoint=args.checkpoint, img_size=args.img_size,
+            num_classes=args.num_classes,
             model_kwargs=args.model_kwargs,
         )
         theta = vitfast.convert.default_idle_ratio(timm_model) if args.channel_idle is None else args.channel_idle
@@ -87,7 +112,9 @@ def run(args) -> int:
         else:
             model = vitfast.convert.from_timm(timm_model, channel_idle=theta, norm=args.norm, heuristic=args.heuristic)
         recipe = {
-            "source": "timm", "model": args.model, "pretrained": os.path.basename(args.pretrained) if args.pretrained else None,
+            # where the weights came from: the local file's name, "timm" for timm's own, None for random ones
+            "source": "timm", "model": args.model,
+            "pretrained": os.path.basename(args.checkpoint) if args.checkpoint else "timm" if args.pretrained else None,
             "img_size": args.img_size, "num_classes": args.num_classes, "model_kwargs": args.model_kwargs or {},
             "channel_idle": theta, "norm": args.norm, "heuristic": args.heuristic,
         }

@@ -10,15 +10,16 @@ import torch
 from vitfast.cli._common import EXIT_OK
 from vitfast.cli._common import CLIError
 from vitfast.cli._common import Formatter
-from vitfast.cli._common import existing_file
 from vitfast.cli._common import json_object
 from vitfast.cli._common import output_path
 from vitfast.cli._common import positive_int
 from vitfast.cli._common import set_threads
+from vitfast.cli._models import add_weights_args
 from vitfast.cli._models import build_timm_model
 from vitfast.cli._models import check_rgb_model
 from vitfast.cli._models import load_source
 from vitfast.cli._models import model_input
+from vitfast.cli._models import weights_args
 from vitfast.training.data import digits_loaders
 from vitfast.training.data import image_folder_loaders
 
@@ -35,12 +36,12 @@ def add_parser(sub) -> None:
             vitfast.convert.from_timm(..., dwconv_blocks=k / dwconv_heads=p, ranking=PATH)."""),
         epilog=textwrap.dedent("""\
             examples:
-              vitfast select-heads deit_tiny_patch16_224 --img-size 32 --pretrained deit_tiny.pth -o ranking.json
+              vitfast select-heads deit_tiny_patch16_224 --img-size 32 --checkpoint deit_tiny.pth -o ranking.json
               vitfast select-heads run/model.safetensors --data /data/imagenet/train --num-samples 1000 -o ranking.json"""),
     )
     p.add_argument("source", metavar="SOURCE", help="timm model name, or a train-time .safetensors / trainer checkpoint")
     p.add_argument("-o", "--output", required=True, help="output ranking .json path")
-    p.add_argument("--pretrained", type=existing_file, default=None, metavar="PATH", help="local weights for a timm SOURCE")
+    add_weights_args(p, "a timm SOURCE")
     p.add_argument("--img-size", type=positive_int, default=None, help="input resolution for a timm SOURCE")
     p.add_argument("--num-classes", type=positive_int, default=None, help="classifier outputs for a timm SOURCE")
     p.add_argument("--model-kwargs", type=json_object, default=None, metavar="JSON", help="more timm constructor arguments")
@@ -60,11 +61,16 @@ def run(args) -> int:
 
     out = output_path(args.output)
     set_threads(args.threads)
+    weights_args(args, "source")
     if os.path.isfile(args.source):
+        if args.pretrained or args.checkpoint is not None:
+            raise CLIError("--pretrained/--checkpoint: only for a timm SOURCE name, got the file "
+                           f"{args.source!r} (it holds its weights)")
         model, _ = load_source(args.source, "SOURCE")
     else:
-        model = build_timm_model(args.source, pretrained=args.pretrained, img_size=args.img_size,
-                                 num_classes=args.num_classes, model_kwargs=args.model_kwargs, flag="SOURCE")
+        model = build_timm_model(args.source, pretrained=args.pretrained, checkpoint=args.checkpoint,
+                                 img_size=args.img_size, num_classes=args.num_classes, model_kwargs=args.model_kwargs,
+                                 flag="SOURCE")
     img_size, _ = model_input(model)
     data = args.data or "digits"
     check_rgb_model(model, "--data")

@@ -62,6 +62,7 @@ from . import _checksum
 from ._bounds import check_before_build, check_widths
 from ._rebuild import float32_default, fused_configs, rebuild, shape_text, structure_mismatches
 from .atomic import atomic_write, check_target
+from ._sniff import foreign_file
 from .trainable import TRAINABLE_FORMAT
 
 __all__ = ["save", "load", "read_config", "FORMAT", "VERSION"]
@@ -273,7 +274,18 @@ def _check_rebuildable(model: nn.Module, architecture: dict, modules: Dict[str, 
 
 
 def _read_header(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """Parse the safetensors header ourselves: precise messages for truncated/corrupt files, no data read."""
+    """Parse the safetensors header ourselves: precise messages for truncated/corrupt files, no data read.  A file
+    of another kind (a trainer checkpoint, a torch zip or pickle) is named as such, not as a corrupt header."""
+    try:
+        return _parse_header(path)
+    except ValueError:
+        what = foreign_file(path)
+        if what is None:
+            raise
+        raise ValueError(what) from None
+
+
+def _parse_header(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -527,10 +539,12 @@ def _with_dtype(model: nn.Module, config: dict) -> nn.Module:
 
 
 def load(
-    path: str | os.PathLike, device: str | torch.device = "cpu", *, allow_nonfinite: bool = False, prepack: bool = True,
-    verify: bool = True,
+    path: str | os.PathLike, device: str | torch.device | None = None, *, allow_nonfinite: bool = False,
+    prepack: bool = True, verify: bool = True, map_location: str | torch.device | None = None,
 ) -> nn.Module:
-    """Rebuild the model saved by `vitfast.save` at `path`, on `device`, in eval mode.
+    """Rebuild the model saved by `vitfast.save` at `path`, on `device` (default "cpu"), in eval mode.
+
+    `map_location` is another name for `device`, torch.load's (a device only: no mapping function or dict).
 
     `prepack=True` packs the weights for the CPU kernels before returning (`vitfast.ops.prepack`), so the first
     inference does no packing.  `verify=True` checks the config text and every tensor's bytes against the CRC-32
@@ -538,12 +552,20 @@ def load(
     Every config value is checked against the file's tensors before anything is built (vitfast.io._bounds), so
     the work and memory of a load stay proportional to the file.
     """
+    flag = "device"
+    if map_location is not None:
+        if device is not None and str(device) != str(map_location):
+            raise ValueError(f"map_location: another name for device, got both: device={str(device)!r}, "
+                             f"map_location={str(map_location)!r}")
+        device, flag = map_location, "map_location"
+    if device is None:
+        device = "cpu"
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}") from None
+        raise ValueError(f"{flag}: expected a torch device such as 'cpu' or 'cuda:0', got {device!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():  # before building anything
-        raise ValueError(f"device: {str(device)!r} requested, but torch.cuda.is_available() is False here")
+        raise ValueError(f"{flag}: {str(device)!r} requested, but torch.cuda.is_available() is False here")
     if not isinstance(verify, bool):
         raise TypeError(f"verify: expected True or False, got {verify!r}")
     path = _check_path(path)

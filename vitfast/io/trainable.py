@@ -275,6 +275,11 @@ def read_safetensors_metadata(path: Union[str, os.PathLike]) -> Dict[str, str]:
         with safe_open(path, framework="pt") as f:
             return dict(f.metadata() or {})
     except Exception as exc:  # safetensors raises its own error type for truncated/corrupt headers
+        from ._sniff import foreign_file
+
+        what = foreign_file(path)  # a torch file: say what it is and what opens it, not "unreadable"
+        if what is not None:
+            raise ValueError(what) from exc
         raise ValueError(f"path: {path!r} is not a readable .safetensors file ({exc})") from exc
 
 

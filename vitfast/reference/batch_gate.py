@@ -119,9 +119,9 @@ def batch_gate(x, w1, b1, w2=None, b2=None, layer_norm=False, act="none", eps=1e
         d = h · w2ᵀ + b2                                    [2]  (skipped when w2 is None: then H = 2, d = h)
         out = (d > 0) as x.dtype                            1 = execute the sub-block, 0 = skip it
 
-    The gate network is given in its folded form (`vitfast.nn.gates`): an eval BatchNorm folded into the layer
-    before it, a LayerNorm's affine into the layer after it, the two softmax logits (execute, skip) of each gate
-    subtracted into one row, so that argmax of a hard Gumbel-softmax without noise is `d > 0`.
+    The gate network is given in its folded form (`vitfast.nn.gated.FusedBatchGate`): an eval BatchNorm folded into
+    the layer before it, a LayerNorm's affine into the layer after it, the two softmax logits (execute, skip) of each
+    gate subtracted into one row, so that argmax of a hard Gumbel-softmax without noise is `d > 0`.
     """
     return (batch_gate_logits(x, w1, b1, w2, b2, layer_norm, act, eps) > 0).to(x.dtype)
 

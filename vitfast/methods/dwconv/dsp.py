@@ -207,7 +207,7 @@ def finalize_dsp(model: nn.Module) -> nn.Module:
     dwconv_heads=)` builds them, then take the trained weights of their gated branch: a whole block its conv
     module (values, kernels, output projection); a single head its values and kernels (the per-head mix projects
     every head through the MhSA's output projection, which the block keeps).  So the result computes exactly what
-    the gated model computes in eval mode; `vitfast.save_trainable`, `vitfast.fuse` and further training take it.
+    the gated model computes in eval mode; `vitfast.io.save_trainable`, `vitfast.fuse` and further training take it.
     DSP-2S instead re-initialises the kernels: `from_timm(source, dwconv_blocks=gate.selection())` and retrain.
     `model` itself is left as it was.
     """
