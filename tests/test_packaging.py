@@ -16,16 +16,15 @@ import textwrap
 
 import pytest
 
-try:
-    import tomllib
-except ImportError:  # Python < 3.11
-    tomllib = pytest.importorskip("tomli")
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def pyproject():
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        tomllib = pytest.importorskip("tomli")
     with open(ROOT / "pyproject.toml", "rb") as f:
         return tomllib.load(f)
 
@@ -70,6 +69,8 @@ def test_dependencies_never_pin_torch(pyproject):
 
 def test_imported_third_party_modules_are_declared(pyproject):
     """Every top-level import of the package is a dependency, an extra, or the standard library."""
+    if not hasattr(sys, "stdlib_module_names"):
+        pytest.skip("sys.stdlib_module_names: Python >= 3.10")
     project = pyproject["project"]
     declared = _requirement_names(project["dependencies"])
     for extra in project["optional-dependencies"].values():
