@@ -1,7 +1,11 @@
 """Build vitfast: the Python package, `vitfast.kernels` (Triton, from top-level `kernels/`) and the CPU
-extension `vitfast._C` (C++ from `csrc/`).
+extension `vitfast._C` (C++ from `csrc/`).  The metadata (name, version, dependencies, extras) is in
+pyproject.toml; this file only says what to compile and how.
 
-Install torch first, then `pip install --no-build-isolation -e .` (an isolated build would pull a second torch).
+Install torch first, then `pip install --no-build-isolation .` (`-e .` for development): the extension is compiled
+against that torch.  Wheels get no debug info (0.7 MB instead of 28 MB); editable builds keep it for gdb.  Next to
+the extension the build writes vitfast/ops/_torch_build.py, the torch it was compiled against, which
+vitfast/ops/_extension.py compares with the running torch before loading it.
 
 CPU code paths: the scalar path is always compiled; on x86-64 the AVX2/FMA files enable those ISAs per
 function (`#pragma GCC target` inside the file) and are chosen at run time with cpuid + XGETBV, so the
@@ -15,7 +19,13 @@ import sys
 
 from setuptools import find_packages, setup
 
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+try:
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+except ImportError:
+    # pip's default isolated build environment has no torch: one line saying what to run, not a traceback.
+    sys.exit("vitfast: install torch first, then build with `pip install --no-build-isolation .` (the C++ extension "
+             "is compiled against the installed torch; an isolated build environment has none)")
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -59,28 +69,43 @@ ext_modules = [
     )
 ]
 
+
+def _torch_build_record() -> str:
+    return (
+        '"""The torch vitfast._C was compiled against (written by setup.py; vitfast/ops/_extension.py reads it)."""\n'
+        f"TORCH_VERSION = {str(torch.__version__)!r}\n"
+        f"CXX11_ABI = {bool(torch._C._GLIBCXX_USE_CXX11_ABI)!r}\n"
+    )
+
+
+class BuildExt(BuildExtension.with_options(use_ninja=True)):
+    """torch's BuildExtension, plus: no debug info in wheels, and the torch-version record next to the extension."""
+
+    in_source_tree = False
+
+    def build_extensions(self):
+        if not self.in_source_tree:
+            # -g comes from Python's own CFLAGS; debug info is 97% of the file and useless to a wheel's user.
+            for ext in self.extensions:
+                ext.extra_compile_args = list(ext.extra_compile_args) + ["-g0"]
+                ext.extra_link_args = list(ext.extra_link_args) + ["-Wl,--strip-debug"]
+        super().build_extensions()
+
+    def run(self):
+        # Editable installs (-e: editable_mode sets inplace) put _C.so into vitfast/; setuptools clears `inplace`
+        # while it compiles, so read it here.
+        self.in_source_tree = bool(self.inplace)
+        super().run()
+        package_dir = os.path.join(ROOT if self.in_source_tree else self.build_lib, "vitfast")
+        with open(os.path.join(package_dir, "ops", "_torch_build.py"), "w") as f:
+            f.write(_torch_build_record())
+
+
 setup(
-    name="vitfast",
-    version="0.1.0",
-    description="Structurally reparameterized Vision Transformers on fused CPU (C++) and GPU (Triton) kernels",
     # every subpackage (ops, reference, nn, methods.*, io, training, cli, demos), plus the Triton kernels
     packages=find_packages(include=["vitfast", "vitfast.*"]) + ["vitfast.kernels"],
     package_dir={"vitfast": "vitfast", "vitfast.kernels": "kernels"},
-    python_requires=">=3.9",
-    install_requires=[
-        "torch>=2.4",
-        "numpy",
-        "timm>=1.0.29",  # checked: 1.0.29 and 1.0.31; 1.0.20 lacks device= in LayerScale, 1.0.15 timm.layers.attention
-        "safetensors>=0.4",
-        "tqdm",
-        "scikit-learn",
-    ],
-    extras_require={
-        "test": ["pytest", "pytest-benchmark"],
-        "bench": ["onnx", "onnxruntime", "onnxscript", "matplotlib"],
-    },
     ext_modules=ext_modules,
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    entry_points={"console_scripts": ["vitfast=vitfast.cli:main"]},
+    cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )

@@ -41,7 +41,7 @@ if ! "$VPY" -c "import torch, torchvision" >/dev/null 2>&1; then
 fi
 
 STAMP=.venv/.vitfast-requirements
-REQ_HASH=$(cat requirements.txt setup.py | sha256sum | cut -d' ' -f1)
+REQ_HASH=$(cat requirements.txt pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$REQ_HASH" ]; then
   log "installing Python dependencies"
   "$VPY" -m pip install -q -r requirements.txt
@@ -49,7 +49,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$REQ_HASH" ]; then
 fi
 
 # ---- build vitfast (C++ extension) in place; rebuild only when csrc/ changed
-SRC_HASH=$( (find csrc -type f | sort | xargs cat; cat setup.py) | sha256sum | cut -d' ' -f1)
+SRC_HASH=$( (find csrc -type f | sort | xargs cat; cat setup.py pyproject.toml) | sha256sum | cut -d' ' -f1)
 BUILD_STAMP=.venv/.vitfast-build
 if [ ! -f "$BUILD_STAMP" ] || [ "$(cat "$BUILD_STAMP")" != "$SRC_HASH" ] \
    || ! "$VPY" -c "import vitfast, sys; sys.exit(0 if vitfast.ops.extension_loaded() else 1)" >/dev/null 2>&1; then

@@ -1,11 +1,13 @@
 """The C++ CPU kernels (`vitfast._C`): loading them, their fallback, their packed-weight cache.
 
 CPU impl = the C++ kernels, registered from C++ (TORCH_LIBRARY_IMPL(vitfast, CPU) in csrc/ops/*.cpp) when the
-extension loads.  If it is missing we say so once and register the reference as the CPU impl instead; an op the
-C++ side has no kernel for runs its reference on CPU too.
+extension loads.  If it is missing, or was compiled against another torch than the running one, we say so once
+and register the reference as the CPU impl instead; an op the C++ side has no kernel for runs its reference on CPU
+too.
 """
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Optional
 
@@ -17,15 +19,46 @@ from . import _optimizer_versions
 from ._autocast import _fp32_weights
 from ._spec import LIB, SCHEMAS, below_autograd
 
+
+def _major_minor(version: str) -> str:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return match.group(0) if match else version
+
+
+def _torch_mismatch() -> Optional[str]:
+    """Why the built extension must not be loaded into this torch, or None.
+
+    libtorch has no stable C++ ABI across minor releases: an extension compiled against 2.14 and loaded into 2.13
+    fails on a missing symbol at best, and at worst resolves every symbol and then crashes on a changed class
+    layout.  So compare before dlopen, with the record setup.py wrote next to the extension (absent: a build
+    that predates the record, loaded as before).
+    """
+    try:
+        from . import _torch_build
+    except ImportError:
+        return None
+    built, running = _major_minor(_torch_build.TORCH_VERSION), _major_minor(str(torch.__version__))
+    if built != running:
+        return f"it was built for torch {built}, this is torch {running}"
+    if bool(_torch_build.CXX11_ABI) != bool(torch._C._GLIBCXX_USE_CXX11_ABI):
+        return f"it was built with _GLIBCXX_USE_CXX11_ABI={int(_torch_build.CXX11_ABI)}, this torch uses the other ABI"
+    return None
+
+
 _EXTENSION_ERROR: Optional[BaseException] = None
+_mismatch = _torch_mismatch()
 try:
+    if _mismatch is not None:
+        raise ImportError(_mismatch)
     from .. import _C  # noqa: F401  (registers the CPU kernels with the dispatcher)
-except ImportError as exc:  # pragma: no cover - exercised only on a broken install
+except ImportError as exc:
     _C = None
     _EXTENSION_ERROR = exc
+    # One line, once: the package still works (reference on CPU, Triton on CUDA), only slower on CPU.
     warnings.warn(
-        f"vitfast: the C++ extension vitfast._C did not load ({exc}); CPU ops fall back to "
-        "vitfast.reference (correct but slow). Rebuild with `pip install --no-build-isolation -e .`.",
+        f"vitfast: the C++ extension vitfast._C {'was not loaded' if _mismatch else 'did not load'} ({exc}); "
+        "CPU ops fall back to vitfast.reference (correct but slow). Rebuild it against this torch, in vitfast's "
+        "source tree: `pip install --no-build-isolation --force-reinstall --no-deps .` (or `-e .`).",
         RuntimeWarning,
         stacklevel=2,
     )
