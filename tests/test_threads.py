@@ -1,6 +1,8 @@
-"""Threads and OpenMP's wait policy: `threads=` / `--threads` set torch's count; `import vitfast` before torch makes
-idle OpenMP workers sleep (OMP_WAIT_POLICY=PASSIVE) unless the user chose a policy or a spin count; after torch it
-cannot, and says so once when more than one thread is asked for.  The policy is per process: subprocesses."""
+"""Threads and OpenMP's wait policy: `threads=` / `--threads` set torch's count; the `vitfast` commands that train
+make idle OpenMP workers sleep (OMP_WAIT_POLICY=PASSIVE, set at `import vitfast`, before torch) unless the user
+chose a policy or a spin count; a plain `import vitfast` (inference) leaves OpenMP's default; a Trainer asked for
+more than one thread with spinning workers says once how to start the process.  The policy is per process, read
+when torch loads: subprocesses."""
 import json
 import os
 import subprocess
@@ -23,7 +25,7 @@ def python(code: str, **env: str) -> dict:
     environ = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     environ["PYTHONPATH"] = ROOT + os.pathsep + environ.get("PYTHONPATH", "")
     environ.update(env)
-    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -32,24 +34,41 @@ REPORT = ("import json, os, vitfast._threads as t; print(json.dumps({'env': os.e
           "'policy': t.wait_policy(), 'spin': t.workers_spin()}))")
 
 
-def test_import_vitfast_first_makes_waiting_passive():
-    got = python("import vitfast, torch; " + REPORT)
+TRAIN_ARGV = "import sys; sys.argv = {!r}\n"
+
+
+@pytest.mark.parametrize("argv", [["vitfast", "train", "x.safetensors"], ["/venv/bin/vitfast", "demo", "--quick"],
+                                  ["-m", "usdc"], ["-m", "distill-demo", "--threads", "2"]])
+def test_the_commands_that_train_make_waiting_passive(argv):
+    got = python(TRAIN_ARGV.format(argv) + "import vitfast, torch; " + REPORT)
     assert got == {"env": "PASSIVE", "policy": "PASSIVE (set by vitfast)", "spin": False}
+
+
+@pytest.mark.parametrize("argv", [["-c"], ["vitfast", "bench", "--threads", "1,2"], ["vitfast", "--help"],
+                                  ["-m", "verify"], ["myscript.py", "train"]])
+def test_inference_keeps_openmps_default(argv):
+    got = python(TRAIN_ARGV.format(argv) + "import vitfast; " + REPORT)
+    assert got == {"env": None, "policy": "default", "spin": True}
 
 
 @pytest.mark.parametrize("policy", ["ACTIVE", "passive", ""])
 def test_a_policy_the_user_set_is_kept(policy):
-    got = python("import vitfast; " + REPORT, OMP_WAIT_POLICY=policy)
+    got = python(TRAIN_ARGV.format(["vitfast", "train"]) + "import vitfast; " + REPORT, OMP_WAIT_POLICY=policy)
     assert got["env"] == policy and "vitfast" not in got["policy"]
     assert got["spin"] == (policy.upper() != "PASSIVE")
 
 
 def test_a_spin_count_the_user_set_is_a_choice_too():
-    got = python("import vitfast; " + REPORT, GOMP_SPINCOUNT="0")
+    got = python(TRAIN_ARGV.format(["vitfast", "train"]) + "import vitfast; " + REPORT, GOMP_SPINCOUNT="0")
     assert got["env"] is None and got["spin"] is False and "GOMP_SPINCOUNT=0" in got["policy"]
 
 
-def test_after_torch_nothing_is_set_and_more_than_one_thread_warns_once():
+def test_after_torch_nothing_is_set():
+    got = python(TRAIN_ARGV.format(["vitfast", "train"]) + "import torch, vitfast; " + REPORT)
+    assert got["env"] is None and got["spin"] is True
+
+
+def test_a_trainer_on_more_than_one_spinning_thread_warns_once():
     got = python(
         "import warnings, torch, vitfast, json, os\n"
         "with warnings.catch_warnings(record=True) as w:\n"
@@ -86,7 +105,7 @@ def test_passive_workers_really_sleep():
             "def cpu():\n    r = resource.getrusage(resource.RUSAGE_SELF)\n    return r.ru_utime + r.ru_stime\n"
             "c, t = cpu(), time.perf_counter()\nfor _ in range(200):\n    (x * 1.0001).exp_()\n    time.sleep(0.002)\n"
             "print(json.dumps({'ratio': (cpu() - c) / (time.perf_counter() - t)}))")
-    assert python("import vitfast, torch\n" + loop)["ratio"] < 0.3
+    assert python(TRAIN_ARGV.format(["vitfast", "train"]) + "import vitfast, torch\n" + loop)["ratio"] < 0.3
 
 
 def test_trainer_threads_sets_and_checks():
@@ -122,11 +141,23 @@ def test_cli_threads_sets_torch_threads(tmp_path, capsys):
         torch.set_num_threads(old)
 
 
-def test_the_command_line_makes_waiting_passive():
-    got = python("import sys, json, os\nsys.argv = ['vitfast', '--help']\n"
-                 "from vitfast.cli import main\nmain(['--help'])\n"
-                 "print(json.dumps({'env': os.environ.get('OMP_WAIT_POLICY')}))")
-    assert got["env"] == "PASSIVE"
+@pytest.mark.parametrize("entry", ["console script", "python -m vitfast"])
+def test_the_real_entry_points_see_their_command(entry, tmp_path):
+    """`vitfast train --help` / `python -m vitfast train --help` as a user runs them; a sitecustomize reports the
+    variable at exit."""
+    script = os.path.join(os.path.dirname(sys.executable), "vitfast")
+    if entry == "console script" and not os.path.exists(script):
+        pytest.skip("the `vitfast` console script is not installed next to this interpreter")
+    (tmp_path / "sitecustomize.py").write_text(
+        "import atexit, os, sys\natexit.register(lambda: sys.stderr.write("
+        "'POLICY=%s\\n' % os.environ.get('OMP_WAIT_POLICY')))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), ROOT, env.get("PYTHONPATH", "")])
+    start = [script] if entry == "console script" else [sys.executable, "-m", "vitfast"]
+    for command, expected in (("train", "PASSIVE"), ("bench", "None")):
+        out = subprocess.run([*start, command, "--help"], env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert out.returncode == 0, out.stderr
+        assert f"POLICY={expected}" in out.stderr.splitlines(), out.stderr
 
 
 def test_set_threads_none_leaves_torch_alone():

@@ -13,7 +13,8 @@ imported on first use.
 """
 from __future__ import annotations
 
-# First, before anything imports torch: libgomp reads OMP_WAIT_POLICY once, when torch loads it (vitfast._threads)
+# First, before anything imports torch: libgomp reads OMP_WAIT_POLICY once, when torch loads it, and the
+# `vitfast` commands that train want it passive (vitfast._threads)
 from ._threads import default_wait_policy
 
 default_wait_policy()

@@ -181,17 +181,17 @@ def parse_device(name: str) -> torch.device:
     return device
 
 
-THREADS_HELP = ("CPU threads (torch.set_num_threads) [default: torch's, one per core]; OpenMP waits passively "
-                "unless OMP_WAIT_POLICY is set (docs/performance.md#threads)")
+THREADS_HELP = ("CPU threads (torch.set_num_threads) [default: torch's, one per core]; idle OpenMP threads sleep "
+                "(OMP_WAIT_POLICY=PASSIVE) unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set")
 
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
-    """The one `--threads N` of every command that computes (bench takes a list instead)."""
+    """The one `--threads N` of the commands that train (vitfast._threads.TRAINING_COMMANDS)."""
     p.add_argument("--threads", type=positive_int, default=None, metavar="N", help=THREADS_HELP)
 
 
 def set_threads(threads: Optional[int]) -> None:
-    # `vitfast` imports vitfast before torch, so OMP_WAIT_POLICY is already PASSIVE unless the user chose
+    # the wait policy was chosen at `import vitfast`, from the command (vitfast._threads.TRAINING_COMMANDS)
     _threads.set_threads(threads, name="--threads")
 
 

@@ -131,8 +131,8 @@ class Trainer:
         find_unused_parameters: passed to DistributedDataParallel (parameters some steps do not use).
         handle_signals: SIGTERM/SIGINT stop `fit` after the current step with a checkpoint (module doc).
         threads: CPU threads, `torch.set_num_threads(threads)` at construction (None: leave torch's count).  On
-            cores shared with other processes, more than one thread needs OpenMP's passive waiting, which
-            `import vitfast` sets when it comes before `import torch` (warned once otherwise; vitfast._threads).
+            cores shared with other processes more than one thread needs OpenMP's passive waiting, which only the
+            environment at start can give (`OMP_WAIT_POLICY=PASSIVE`; warned once otherwise; vitfast._threads).
     """
 
     def __init__(
@@ -189,7 +189,7 @@ class Trainer:
             raise ValueError(f"train_loader: expected at least grad_accum = {grad_accum} batches per epoch (one "
                              f"optimizer step), got {batches}")
         self.total_steps = self._resolve_total_steps(total_steps, epochs, train_loader, grad_accum)
-        set_threads(threads)
+        set_threads(threads, training=True)
         if not lr > 0:
             raise ValueError(f"lr: expected > 0, got {lr!r}")
         if weight_decay < 0:
