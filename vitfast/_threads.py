@@ -4,11 +4,12 @@ torch runs its CPU ops on an OpenMP team (GNU libgomp on Linux).  Between two pa
 workers spin: for about 3 ms by default, for minutes with `OMP_WAIT_POLICY=ACTIVE`, not at all with `PASSIVE`
 (they sleep on a futex).  On cores shared with other processes the spinning takes time slices those processes
 need, and a team whose worker was pre-empted waits for it at every region: 12 steps of the README's tour model at
-2 threads took 17-37 s on a loaded 2-core machine (> 90 s with a competing process), 2.2-4.8 s with `PASSIVE`.
-For inference on quiet cores the spinning pays: 2 threads, batch 1, a fused DeiT-Ti took 4.4 ms (ACTIVE) and
-4.7 ms (default) against 7.2 ms (PASSIVE) — the sleeping worker wakes late for each of the forward's many short
-regions.  Hence passive waiting for training only: the `vitfast` commands that train (TRAINING_COMMANDS) set it;
-`import vitfast` for inference leaves OpenMP's default (docs/performance.md#threads has the tables).
+2 threads took 17-37 s on a loaded 2-core machine (> 90 s beside a competing process), 2.2-4.8 s with `PASSIVE`.
+On quiet cores passive waiting costs: those 12 steps took 2.0 s against 1.2 s, and a fused DeiT-Ti forward at
+2 threads, batch 1, 7.2 ms against 4.4-4.7 ms (a sleeping worker wakes late for each of the many short regions).
+Training takes that trade (a 1.7x cost against stalls of minutes): the `vitfast` commands that train
+(TRAINING_COMMANDS) set `PASSIVE`.  Inference does not: `import vitfast` alone leaves OpenMP's default
+(docs/performance.md#threads has the tables).
 
 libgomp reads its environment once, when the library is loaded, which is when torch is imported: setting
 `os.environ` later changes nothing (measured: after `import torch`, a 2-thread loop spun at 1.0 CPU-second per
