@@ -13,7 +13,13 @@ imported on first use.
 """
 from __future__ import annotations
 
-from . import ops, reference  # noqa: F401  (ops registers torch.ops.vitfast.*)
+# First, before anything imports torch: libgomp reads OMP_WAIT_POLICY once, when torch loads it, and the
+# `vitfast` commands that train want it passive (vitfast._threads)
+from ._threads import default_wait_policy
+
+default_wait_policy()
+
+from . import ops, reference  # noqa: F401,E402  (ops registers torch.ops.vitfast.*)
 from ._lazy import lazy_attributes
 from ._env import get_backend, get_cuda_kernels, set_backend, set_cuda_kernels  # noqa: F401
 from ._version import __version__  # noqa: F401

@@ -9,6 +9,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from vitfast import _threads
+
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # The system refused (full disk, read-only, permission): like a failed check, the command did not do its job; the
 # request itself was fine, so not the 2 of a bad request.
@@ -179,9 +181,18 @@ def parse_device(name: str) -> torch.device:
     return device
 
 
+THREADS_HELP = ("CPU threads (torch.set_num_threads) [default: torch's, one per core]; idle OpenMP threads sleep "
+                "(OMP_WAIT_POLICY=PASSIVE) unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set")
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    """The one `--threads N` of the commands that train (vitfast._threads.TRAINING_COMMANDS)."""
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N", help=THREADS_HELP)
+
+
 def set_threads(threads: Optional[int]) -> None:
-    if threads is not None:
-        torch.set_num_threads(threads)
+    # the wait policy was chosen at `import vitfast`, from the command (vitfast._threads.TRAINING_COMMANDS)
+    _threads.set_threads(threads, name="--threads")
 
 
 # ---------------------------------------------------------------------------------------------- parser

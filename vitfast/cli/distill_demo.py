@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+from vitfast.cli._common import add_threads_arg
 from vitfast.cli._common import EXIT_CHECK_FAILED
 from vitfast.cli._common import EXIT_OK
 from vitfast.cli._common import Formatter
@@ -29,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--teacher-steps", type=positive_int, default=None, help="teacher training steps [default: 600]")
     p.add_argument("--student-steps", type=positive_int, default=None, help="steps per student [default: 600]")
     p.add_argument("--seed", type=int, default=0, help="seed for data split, init and training")
-    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: torch's)")
+    add_threads_arg(p)
     p.add_argument("--quick", action="store_true", help="tiny models and few steps (a smoke test)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the numbers as JSON")
     p.add_argument("--check", action="store_true", help="exit status 1 if scratch < scratch+KD < copied does not hold")

@@ -10,6 +10,7 @@ import textwrap
 import torch
 
 import vitfast
+from vitfast.cli._common import add_threads_arg
 from vitfast.cli._common import EXIT_INTERRUPTED
 from vitfast.cli._common import EXIT_OK
 from vitfast.cli._common import CLIError
@@ -102,7 +103,7 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint-every", type=positive_int, default=None, help="save OUT/trainer.pt every N steps [default: at the end]")
     p.add_argument("--resume", type=existing_file, default=None, metavar="CHECKPOINT", help="continue from OUT/trainer.pt")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory [default with --resume: the checkpoint's]")
-    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (torch.set_num_threads)")
+    add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_recipe_args(p, convert=False)
     add_usdc_train_args(p)

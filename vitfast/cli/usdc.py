@@ -6,6 +6,7 @@ import json
 import os
 import textwrap
 
+from vitfast.cli._common import add_threads_arg
 from vitfast.cli._common import EXIT_OK
 from vitfast.cli._common import Formatter
 from vitfast.cli._common import batch_list
@@ -39,7 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--pretrain-steps", type=positive_int, default=None, help="baseline steps [800; --quick: 60]")
     p.add_argument("--stage1-steps", type=positive_int, default=None, help="search + static steps [400; --quick: 40]")
     p.add_argument("--stage2-steps", type=positive_int, default=None, help="fine-tune steps [300; --quick: 30]")
-    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: torch's)")
+    add_threads_arg(p)
     p.add_argument("--seed", type=int, default=0, help="seed for data split, init and training")
     p.add_argument("--out", default="vitfast-usdc", metavar="DIR", help="where the report and fused models go")
     p.add_argument("--quick", action="store_true", help="tiny model and few steps (a smoke test)")

@@ -62,6 +62,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
+from .._threads import set_threads
 from ..io.trainer_checkpoint import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
@@ -129,6 +130,9 @@ class Trainer:
         sync_batchnorm: under DDP, BatchNorm statistics over the global batch during `fit` (default True).
         find_unused_parameters: passed to DistributedDataParallel (parameters some steps do not use).
         handle_signals: SIGTERM/SIGINT stop `fit` after the current step with a checkpoint (module doc).
+        threads: CPU threads, `torch.set_num_threads(threads)` at construction (None: leave torch's count).  On
+            cores shared with other processes more than one thread needs OpenMP's passive waiting, which only the
+            environment at start can give (`OMP_WAIT_POLICY=PASSIVE`; warned once otherwise; vitfast._threads).
     """
 
     def __init__(
@@ -167,6 +171,7 @@ class Trainer:
         sync_batchnorm: bool = True,
         find_unused_parameters: bool = False,
         handle_signals: bool = False,
+        threads: Optional[int] = None,
     ):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -184,6 +189,7 @@ class Trainer:
             raise ValueError(f"train_loader: expected at least grad_accum = {grad_accum} batches per epoch (one "
                              f"optimizer step), got {batches}")
         self.total_steps = self._resolve_total_steps(total_steps, epochs, train_loader, grad_accum)
+        set_threads(threads, training=True)
         if not lr > 0:
             raise ValueError(f"lr: expected > 0, got {lr!r}")
         if weight_decay < 0:
