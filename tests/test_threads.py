@@ -16,6 +16,7 @@ import vitfast
 from vitfast import _threads
 from vitfast.cli import build_parser, main
 from vitfast.cli._common import THREADS_HELP
+from vitfast.cli._common import THREADS_HELP_TIMED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,7 +38,7 @@ REPORT = ("import json, os, vitfast._threads as t; print(json.dumps({'env': os.e
 TRAIN_ARGV = "import sys; sys.argv = {!r}\n"
 
 
-@pytest.mark.parametrize("argv", [["vitfast", "train", "x.safetensors"], ["/venv/bin/vitfast", "demo", "--quick"],
+@pytest.mark.parametrize("argv", [["vitfast", "train", "x.safetensors"], ["/venv/bin/vitfast", "usdc", "--quick"],
                                   ["-m", "usdc"], ["-m", "distill-demo", "--threads", "2"]])
 def test_the_commands_that_train_make_waiting_passive(argv):
     got = python(TRAIN_ARGV.format(argv) + "import vitfast, torch; " + REPORT)
@@ -45,7 +46,7 @@ def test_the_commands_that_train_make_waiting_passive(argv):
 
 
 @pytest.mark.parametrize("argv", [["-c"], ["vitfast", "bench", "--threads", "1,2"], ["vitfast", "--help"],
-                                  ["-m", "verify"], ["myscript.py", "train"]])
+                                  ["-m", "verify"], ["myscript.py", "train"], ["vitfast", "demo"]])  # demo times inference
 def test_inference_keeps_openmps_default(argv):
     got = python(TRAIN_ARGV.format(argv) + "import vitfast; " + REPORT)
     assert got == {"env": None, "policy": "default", "spin": True}
@@ -125,7 +126,7 @@ def test_trainer_threads_sets_and_checks():
 def test_cli_commands_share_the_threads_option(command, capsys):
     action = next(a for a in build_parser()._subparsers._group_actions[0].choices[command]._actions
                   if "--threads" in a.option_strings)
-    assert action.help == THREADS_HELP
+    assert action.help == (THREADS_HELP_TIMED if command == "demo" else THREADS_HELP)
     assert main([command, "--threads", "0"]) == 2
     assert "--threads: expected a positive integer, got 0" in capsys.readouterr().err
 

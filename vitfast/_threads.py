@@ -8,7 +8,7 @@ need, and a team whose worker was pre-empted waits for it at every region: 12 st
 On quiet cores passive waiting costs: those 12 steps took 2.0 s against 1.2 s, and a fused DeiT-Ti forward at
 2 threads, batch 1, 7.2 ms against 4.4-4.7 ms (a sleeping worker wakes late for each of the many short regions).
 Training takes that trade (a 1.7x cost against stalls of minutes): the `vitfast` commands that train
-(TRAINING_COMMANDS) set `PASSIVE`.  Inference does not: `import vitfast` alone leaves OpenMP's default
+(TRAINING_COMMANDS; not `demo`, which reports inference latency) set `PASSIVE`.  Inference does not: `import vitfast` alone leaves OpenMP's default
 (docs/performance.md#threads has the tables).
 
 libgomp reads its environment once, when the library is loaded, which is when torch is imported: setting
@@ -35,8 +35,10 @@ _set_by_vitfast = False
 _warned = False
 
 
-# `vitfast` subcommands whose time is training: passive waiting helps them on shared cores (module doc).
-TRAINING_COMMANDS = ("train", "demo", "usdc", "distill-demo")
+# `vitfast` subcommands whose time is training: passive waiting helps them on shared cores (module doc).  Not `demo`:
+# it reports inference latency, which passive waiting made worse on quiet cores (its fused batch-1 forward 0.94 ms
+# against 0.16 ms with spinning workers, and its speed-up over the train-time model 2.4x against 4.2x).
+TRAINING_COMMANDS = ("train", "usdc", "distill-demo")
 
 
 def _runs_training_command(argv: Sequence[str]) -> bool:

@@ -183,11 +183,16 @@ def parse_device(name: str) -> torch.device:
 
 THREADS_HELP = ("CPU threads (torch.set_num_threads) [default: torch's, one per core]; idle OpenMP threads sleep "
                 "(OMP_WAIT_POLICY=PASSIVE) unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set")
+# `demo` times inference too, so it keeps OpenMP's default wait policy (vitfast._threads.TRAINING_COMMANDS).
+THREADS_HELP_TIMED = ("CPU threads (torch.set_num_threads) [default: torch's, one per core]; OpenMP's default wait "
+                      "policy (on shared cores start with OMP_WAIT_POLICY=PASSIVE)")
 
 
-def add_threads_arg(p: argparse.ArgumentParser) -> None:
-    """The one `--threads N` of the commands that train (vitfast._threads.TRAINING_COMMANDS)."""
-    p.add_argument("--threads", type=positive_int, default=None, metavar="N", help=THREADS_HELP)
+def add_threads_arg(p: argparse.ArgumentParser, *, passive: bool = True) -> None:
+    """The one `--threads N` of the commands that train; `passive=False` for one that also times inference and so
+    keeps OpenMP's default wait policy (vitfast._threads.TRAINING_COMMANDS)."""
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help=THREADS_HELP if passive else THREADS_HELP_TIMED)
 
 
 def set_threads(threads: Optional[int]) -> None:

@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
         epilog="examples:\n  vitfast demo\n  vitfast demo --threads 1 --steps 400 --out /tmp/demo\n  vitfast demo --quick",
     )
     p.add_argument("--steps", type=positive_int, default=None, help="training steps [default: 800, --quick: 300]")
-    add_threads_arg(p)
+    add_threads_arg(p, passive=False)  # it reports latency: OpenMP's default policy
     p.add_argument("--out", default="vitfast-demo", metavar="DIR", help="where the .safetensors files go")
     p.add_argument("--quick", action="store_true", help="tiny model and few steps (an end-to-end smoke test)")
     p.add_argument("--repeats", type=positive_int, default=None, help="latency repeats [default: 30, --quick: 5]")
