@@ -104,6 +104,9 @@ def test_run_bench_two_thread_counts_and_timm_always_included():
     assert any("[2/2] threads 2, batch 3" in line for line in lines)
     text = format_report(report)
     assert text.count("vitfast fused (kernels)") == 2 and "1 thread(s)" in text and "2 thread(s)" in text
+    # the wait policy changes multi-thread latency several-fold: every report names it
+    assert report["machine"]["omp_wait_policy"].split(" ")[0] in ("default", "PASSIVE", "ACTIVE")
+    assert f"OpenMP wait policy {report['machine']['omp_wait_policy']})" in text.splitlines()[0]
 
 
 def test_run_bench_restores_threads_and_backend():

@@ -154,8 +154,12 @@ def machine_info() -> Dict[str, Any]:
             versions[name] = __import__(name).__version__
         except ImportError:
             versions[name] = None
+    from ._threads import wait_policy
+
+    # The OpenMP wait policy changes multi-thread latency by 1.5x on quiet cores and 10x on busy ones
+    # (docs/performance.md#threads): a figure without it cannot be compared.
     return {"cpu": cpu, "cores": os.cpu_count(), "cpu_isa": ops.cpu_isa(),
-            "extension_loaded": ops.extension_loaded(), "versions": versions}
+            "extension_loaded": ops.extension_loaded(), "omp_wait_policy": wait_policy(), "versions": versions}
 
 
 class _Provider:
@@ -478,7 +482,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     m = report["machine"]
     in_dtype = "" if report.get("dtype", "float32") == "float32" else f" in {report['dtype']}"
     lines.append(f"{report.get('title', 'vitfast bench')}: input {tuple(report['input_shape'])}{in_dtype} on {report['device']} "
-                 f"({m['cpu']}, {m['cores']} cores; vitfast CPU path {m['cpu_isa']})")
+                 f"({m['cpu']}, {m['cores']} cores; vitfast CPU path {m['cpu_isa']}"
+                 + (f"; OpenMP wait policy {m['omp_wait_policy']})" if "omp_wait_policy" in m else ")"))
     if report.get("note"):
         lines.append(report["note"])
     fl = report["flops_per_image"]
