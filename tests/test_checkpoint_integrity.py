@@ -212,3 +212,35 @@ def test_when_timm_cannot_build_on_meta_the_fused_modules_are_still_checked_befo
     with pytest.raises(ValueError, match=r"wide\.safetensors: tensors do not match the config .*expected shape \[16000"):
         vitfast.load(bad)
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_train_time_files_are_bounded_by_the_file_too(tmp_path):
+    """`load_trainable` builds the train-time model from its description: a depth or a width the file's tensors do not
+    bear out is refused before the real build, naming the file and the field."""
+    import timm
+
+    from vitfast.io.trainable import load_trainable, save_trainable
+
+    torch.manual_seed(0)
+    vit = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=5).eval()
+    path = tmp_path / "train.safetensors"
+    save_trainable(vitfast.convert.from_timm(vit, channel_idle=0.75), path)
+    model, _ = load_trainable(path)  # intact: loads as before
+    meta, tensors = _read(str(path))
+
+    def edited(name, change):
+        desc = json.loads(meta["config"])
+        change(desc)
+        return _write(tmp_path / name, dict(meta, config=json.dumps(desc)), tensors)
+
+    deep = edited("deep.safetensors", lambda d: d["architecture"]["kwargs"].update(depth=10**6))
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"deep\.safetensors: config architecture\.kwargs\.depth: expected 3 \(the "
+                                         r"blocks the file stores tensors for\), got 1000000"):
+        load_trainable(deep)
+    wide = edited("wide.safetensors", lambda d: d["architecture"]["kwargs"].update(embed_dim=4096, num_heads=1))
+    with pytest.raises(ValueError, match=r"wide\.safetensors'? do not match the model it describes .*expected shape "
+                                         r"\[4096, 4096\], got \[32, 32\]"):
+        load_trainable(wide)
+    assert time.perf_counter() - t0 < 3.0

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -60,9 +60,9 @@ from ..arch import build_timm, describe_timm, set_source_architecture, source_ar
 from ..nn.registry import fused_module_from_config, is_fused_module
 from . import _checksum
 from ._bounds import check_before_build, check_widths
+from ._header import read_header as _read_header
 from ._rebuild import float32_default, fused_configs, rebuild, shape_text, structure_mismatches
 from .atomic import atomic_write, check_target
-from ._sniff import foreign_file
 from .trainable import TRAINABLE_FORMAT
 
 __all__ = ["save", "load", "read_config", "FORMAT", "VERSION"]
@@ -70,8 +70,6 @@ __all__ = ["save", "load", "read_config", "FORMAT", "VERSION"]
 FORMAT = "vitfast.fused"
 VERSION = 1
 
-# safetensors limits the header to 100 MB; anything larger is corruption, not a model.
-_MAX_HEADER = 100 * 1024 * 1024
 _MAX_LISTED = 20  # mismatches listed in one error message; the count says how many there are in total
 # The real build allocates timm's whole skeleton before the fused modules replace parts of it, and config values
 # no stored tensor checks (num_classes under a packed head, in_chans, mlp_ratio, Swin's unsaved masks) size it:
@@ -271,57 +269,6 @@ def _check_rebuildable(model: nn.Module, architecture: dict, modules: Dict[str, 
 
 
 # --------------------------------------------------------------------------------------------- load
-
-
-def _read_header(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    """Parse the safetensors header ourselves: precise messages for truncated/corrupt files, no data read.  A file
-    of another kind (a trainer checkpoint, a torch zip or pickle) is named as such, not as a corrupt header."""
-    try:
-        return _parse_header(path)
-    except ValueError:
-        what = foreign_file(path)
-        if what is None:
-            raise
-        raise ValueError(what) from None
-
-
-def _parse_header(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ValueError(f"{path}: not a safetensors file (truncated: {size} bytes, the header length alone needs 8)")
-        n = int.from_bytes(head, "little")
-        if n > _MAX_HEADER:
-            raise ValueError(f"{path}: corrupt safetensors header (declared header length {n} bytes exceeds 100 MB)")
-        if 8 + n > size:
-            raise ValueError(f"{path}: truncated safetensors file (header needs {8 + n} bytes, file has {size})")
-        raw = f.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    # ValueError: UnicodeDecodeError, JSONDecodeError, an int of more than 4300 digits; RecursionError: a nesting bomb
-    except (ValueError, RecursionError) as e:
-        raise ValueError(f"{path}: corrupt safetensors header (not valid JSON: {e})") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: corrupt safetensors header (expected a JSON object, got {type(header).__name__})")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict):
-        raise ValueError(f"{path}: corrupt safetensors header (__metadata__ is not an object)")
-    data_len = size - 8 - n
-    for key, info in header.items():
-        def whole(v):  # a non-negative int (JSON true/false are ints to Python)
-            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-        if not (isinstance(info, dict) and isinstance(info.get("shape"), list) and isinstance(info.get("data_offsets"), list)
-                and len(info["data_offsets"]) == 2 and isinstance(info.get("dtype"), str)
-                and all(whole(v) for v in info["shape"]) and all(whole(v) for v in info["data_offsets"])):
-            raise ValueError(f"{path}: corrupt safetensors header (bad entry for tensor {key!r}: {info!r:.200})")
-        end = info["data_offsets"][1]
-        if end > data_len:
-            raise ValueError(
-                f"{path}: truncated safetensors file (tensor {key!r} ends at data byte {end}, the file holds {data_len})"
-            )
-    return header, metadata
 
 
 def _parse_config(path: str, metadata: Dict[str, str]) -> dict:

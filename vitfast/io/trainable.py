@@ -283,6 +283,35 @@ def read_safetensors_metadata(path: Union[str, os.PathLike]) -> Dict[str, str]:
         raise ValueError(f"path: {path!r} is not a readable .safetensors file ({exc})") from exc
 
 
+def _check_bounded_by_file(path: str, desc: Any) -> None:
+    """What `vitfast.load` does for fused files (vitfast.io._bounds), before the real build: the architecture's
+    counts and ranges against the file, then a meta-device build whose tensor shapes must match the stored ones.
+    A 100 KB file declaring depth=10^5 would otherwise build for minutes at gigabytes before load_model refused it.
+    (Tensors safetensors' save_model deduplicated are absent from the file: only stored names are compared.)"""
+    from ._bounds import check_before_build
+    from ._rebuild import shape_text
+    from ._header import read_header
+
+    header, _ = read_header(path)
+    if not isinstance(desc, dict):
+        raise ValueError(f"path: {path!r} has a 'config' metadata entry that is not a JSON object")
+    architecture = desc.get("architecture")
+    if not desc.get("nondeep") and isinstance(architecture, dict):
+        check_before_build(path, {"architecture": architecture, "modules": {}, "aliases": {}}, header)
+    try:
+        probe = build_trainable(desc, device="meta")  # save_trainable refuses what does not build on meta
+    except Exception as exc:  # noqa: BLE001 - a description that does not build is the file's fault, named
+        raise ValueError(f"path: {path!r} describes a model that cannot be rebuilt ({type(exc).__name__}: {exc})") from exc
+    expected = probe.state_dict()
+    problems = [f"unexpected tensor {k}" for k in sorted(set(header) - set(expected))]
+    problems += [f"tensor {k}: expected shape {shape_text(expected[k].shape)}, got {shape_text(header[k]['shape'])}"
+                 for k in sorted(set(header) & set(expected)) if list(header[k]["shape"]) != list(expected[k].shape)]
+    if problems:
+        shown = "; ".join(problems[:20]) + (f"; ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        raise ValueError(f"path: the tensors in {path!r} do not match the model it describes ({len(problems)} "
+                         f"problems): {shown}")
+
+
 def load_trainable(path: Union[str, os.PathLike]) -> Tuple[nn.Module, Dict[str, Any]]:
     """Read a `save_trainable` file -> (model in eval mode, recipe)."""
     import json
@@ -298,8 +327,9 @@ def load_trainable(path: Union[str, os.PathLike]) -> Tuple[nn.Module, Dict[str, 
     try:
         desc = json.loads(meta["config"])
         recipe = json.loads(meta.get("recipe") or "{}")
-    except (KeyError, json.JSONDecodeError) as exc:
+    except (KeyError, ValueError, RecursionError) as exc:  # JSONDecodeError, > 4300-digit ints; nesting bombs
         raise ValueError(f"path: {path!r} has a missing or corrupt 'config' metadata entry ({exc})") from exc
+    _check_bounded_by_file(path, desc)
     model = build_trainable(desc)
     try:
         load_model(model, path, strict=True)
