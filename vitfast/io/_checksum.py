@@ -19,9 +19,10 @@ from typing import Dict, Optional
 
 import torch
 
+from ._rebuild import listing
+
 KEY = "checksum"
 ALGORITHM = "crc32"
-_MAX_LISTED = 20
 
 
 def _crc(data) -> str:
@@ -80,7 +81,6 @@ def verify_tensors(path: str, rec: Optional[dict], tensors: Dict[str, torch.Tens
         return
     bad = [name for name, t in tensors.items() if tensor_crc(t) != rec["tensors"][name]]
     if bad:
-        shown = "; ".join(sorted(bad)[:_MAX_LISTED]) + (f"; ... and {len(bad) - _MAX_LISTED} more"
-                                                         if len(bad) > _MAX_LISTED else "")
+        shown = listing(sorted(bad))
         raise ValueError(f"{path}: checksum mismatch in {len(bad)} tensors: {shown}: the file is corrupt "
                          f"(pass verify=False to load it anyway)")

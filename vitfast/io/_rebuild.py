@@ -181,3 +181,24 @@ _IGNORED_ATTRS = frozenset({
 
 def shape_text(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+MAX_LISTED = 20  # problems listed in one error message; the count says how many there are in total
+
+
+def listing(items: List[str]) -> str:
+    """The first MAX_LISTED items joined for a one-line message, and how many more there are."""
+    more = f"; ... and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
+    return "; ".join(items[:MAX_LISTED]) + more
+
+
+def shape_problems(header: Dict[str, dict], expected: Dict[str, torch.Tensor], *, missing: bool) -> List[str]:
+    """What differs between a file's tensor entries (safetensors header) and the tensors a (meta-device) model
+    expects: unexpected names, other shapes, and with `missing=True` names the file lacks."""
+    problems = [f"unexpected tensor {k}" for k in sorted(set(header) - set(expected))]
+    if missing:
+        problems += [f"missing tensor {k} (expected shape {shape_text(expected[k].shape)})"
+                     for k in sorted(set(expected) - set(header))]
+    problems += [f"tensor {k}: expected shape {shape_text(expected[k].shape)}, got {shape_text(header[k]['shape'])}"
+                 for k in sorted(set(header) & set(expected)) if list(header[k]["shape"]) != list(expected[k].shape)]
+    return problems

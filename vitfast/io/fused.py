@@ -61,7 +61,7 @@ from ..nn.registry import fused_module_from_config, is_fused_module
 from . import _checksum
 from ._bounds import check_before_build, check_widths
 from ._header import read_header as _read_header
-from ._rebuild import float32_default, fused_configs, rebuild, shape_text, structure_mismatches
+from ._rebuild import float32_default, fused_configs, listing, rebuild, shape_problems, shape_text, structure_mismatches
 from .atomic import atomic_write, check_target
 from .trainable import TRAINABLE_FORMAT
 
@@ -70,7 +70,6 @@ __all__ = ["save", "load", "read_config", "FORMAT", "VERSION"]
 FORMAT = "vitfast.fused"
 VERSION = 1
 
-_MAX_LISTED = 20  # mismatches listed in one error message; the count says how many there are in total
 # The real build allocates timm's whole skeleton before the fused modules replace parts of it, and config values
 # no stored tensor checks (num_classes under a packed head, in_chans, mlp_ratio, Swin's unsaved masks) size it:
 # a file whose skeleton needs more than this many times its own tensor bytes, plus the slack, is refused
@@ -88,12 +87,6 @@ for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
     if hasattr(torch, _attr):
         _ST_DTYPES[_name] = getattr(torch, _attr)
 _DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
-def _listing(items: List[str]) -> str:
-    shown = "; ".join(items[:_MAX_LISTED])
-    more = f"; ... and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else ""
-    return shown + more
 
 
 # --------------------------------------------------------------------------------------------- save
@@ -210,7 +203,7 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
         bad = _nonfinite(tensors)
         if bad:
             raise ValueError(
-                f"model: expected finite weights, got NaN/Inf in {len(bad)} tensors: {_listing(bad)} "
+                f"model: expected finite weights, got NaN/Inf in {len(bad)} tensors: {listing(bad)} "
                 f"(pass allow_nonfinite=True to save anyway)"
             )
     config = {
@@ -264,7 +257,7 @@ def _check_rebuildable(model: nn.Module, architecture: dict, modules: Dict[str, 
     if problems:
         raise ValueError(
             f"model: the checkpoint config cannot reproduce this model ({len(problems)} differences): "
-            f"{_listing(problems)}"
+            f"{listing(problems)}"
         )
 
 
@@ -386,7 +379,7 @@ def _check_tensors(path: str, header: dict, config: dict, expected: Dict[str, to
             problems.append(f"tensor {alias} (alias of {target}): expected shape {shape_text(expected[alias].shape)}, "
                             f"got {shape_text(header[target]['shape'])}")
     if problems:
-        raise ValueError(f"{path}: tensors do not match the config ({len(problems)} problems): {_listing(problems)}")
+        raise ValueError(f"{path}: tensors do not match the config ({len(problems)} problems): {listing(problems)}")
 
 
 def _check_fused_modules_on_meta(path: str, header: dict, config: dict) -> None:
@@ -402,17 +395,13 @@ def _check_fused_modules_on_meta(path: str, header: dict, config: dict) -> None:
         except Exception as e:  # noqa: BLE001 - a config that does not build: the file's fault, named
             raise ValueError(f"{path}: cannot rebuild the model from its config: modules[{where!r}]: {e}") from e
         nested = [p for p in modules if p.startswith(where + ".")]  # replaced by their own entries, checked there
-        for name, t in module.state_dict().items():
-            key = f"{where}.{name}"
-            if any(key.startswith(n + ".") for n in nested) or key in config["aliases"]:
-                continue
-            if key not in header:
-                problems.append(f"missing tensor {key} (expected shape {shape_text(t.shape)})")
-            elif tuple(header[key]["shape"]) != tuple(t.shape):
-                problems.append(f"tensor {key}: expected shape {shape_text(t.shape)}, got "
-                                f"{shape_text(header[key]['shape'])}")
+        expected = {f"{where}.{name}": t for name, t in module.state_dict().items()}
+        expected = {k: t for k, t in expected.items()
+                    if k not in config["aliases"] and not any(k.startswith(n + ".") for n in nested)}
+        own = {k: v for k, v in header.items() if k in expected}  # the rest of the file is the skeleton's
+        problems += shape_problems(own, expected, missing=True)
     if problems:
-        raise ValueError(f"{path}: tensors do not match the config ({len(problems)} problems): {_listing(problems)}")
+        raise ValueError(f"{path}: tensors do not match the config ({len(problems)} problems): {listing(problems)}")
 
 
 def _skeleton_builds_on_meta(config: dict) -> bool:
@@ -555,7 +544,7 @@ def load(
         bad = _nonfinite(tensors)
         if bad:
             raise ValueError(
-                f"{path}: expected finite weights, got NaN/Inf in {len(bad)} tensors: {_listing(bad)} "
+                f"{path}: expected finite weights, got NaN/Inf in {len(bad)} tensors: {listing(bad)} "
                 f"(pass allow_nonfinite=True to load anyway)"
             )
     for alias, target in config["aliases"].items():

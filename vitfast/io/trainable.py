@@ -289,8 +289,8 @@ def _check_bounded_by_file(path: str, desc: Any) -> None:
     A 100 KB file declaring depth=10^5 would otherwise build for minutes at gigabytes before load_model refused it.
     (Tensors safetensors' save_model deduplicated are absent from the file: only stored names are compared.)"""
     from ._bounds import check_before_build
-    from ._rebuild import shape_text
     from ._header import read_header
+    from ._rebuild import listing, shape_problems
 
     header, _ = read_header(path)
     if not isinstance(desc, dict):
@@ -301,15 +301,12 @@ def _check_bounded_by_file(path: str, desc: Any) -> None:
     try:
         probe = build_trainable(desc, device="meta")  # save_trainable refuses what does not build on meta
     except Exception as exc:  # noqa: BLE001 - a description that does not build is the file's fault, named
-        raise ValueError(f"path: {path!r} describes a model that cannot be rebuilt ({type(exc).__name__}: {exc})") from exc
-    expected = probe.state_dict()
-    problems = [f"unexpected tensor {k}" for k in sorted(set(header) - set(expected))]
-    problems += [f"tensor {k}: expected shape {shape_text(expected[k].shape)}, got {shape_text(header[k]['shape'])}"
-                 for k in sorted(set(header) & set(expected)) if list(header[k]["shape"]) != list(expected[k].shape)]
+        raise ValueError(f"path: {path!r} describes a model that cannot be rebuilt ({type(exc).__name__}: "
+                         f"{exc})") from exc
+    problems = shape_problems(header, probe.state_dict(), missing=False)
     if problems:
-        shown = "; ".join(problems[:20]) + (f"; ... and {len(problems) - 20} more" if len(problems) > 20 else "")
         raise ValueError(f"path: the tensors in {path!r} do not match the model it describes ({len(problems)} "
-                         f"problems): {shown}")
+                         f"problems): {listing(problems)}")
 
 
 def load_trainable(path: Union[str, os.PathLike]) -> Tuple[nn.Module, Dict[str, Any]]:

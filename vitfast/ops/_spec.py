@@ -90,8 +90,9 @@ _export_flag: Callable[[], bool] | None = None
 
 def onnx_exporting() -> bool:
     """Whether `torch.onnx.export` is tracing, with either exporter (TorchScript, or dynamo=True where torch's flag
-    covers it, as in torch 2.14; older versions were not run).  The ops then run their reference (plain torch ops, which both exporters map to
-    standard ONNX operators): a `vitfast::*` node had no ONNX translation, so exporting a fused model failed."""
+    covers it, as in torch 2.14; older versions were not run).  The ops then run their reference (plain torch ops,
+    which both exporters map to standard ONNX operators): a `vitfast::*` node had no ONNX translation, so exporting
+    a fused model failed."""
     global _export_flag
     if _export_flag is None:
         _export_flag = _onnx_export_flag()
