@@ -8,6 +8,9 @@
 #include <cpuid.h>
 #define VITFAST_X86 1
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 
 namespace vitfast {
 namespace {
@@ -42,6 +45,37 @@ bool x86_has_avx512() {
   return (xcr0_lo & 0xE6u) == 0xE6u;
 }
 #endif
+
+// The extensions the hardware and OS have (before VITFAST_CPU_EXT and the test hook), bit i = CpuExt i.
+unsigned hardware_extensions() {
+  unsigned bits = 0;
+#ifdef VITFAST_X86
+  if (x86_has_avx512()) {
+    unsigned eax, ebx, ecx, edx;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    const unsigned max_subleaf = eax;
+    if (ecx & (1u << 11)) bits |= 1u << int(CpuExt::kAvx512Vnni);
+    if (max_subleaf >= 1) {
+      __cpuid_count(7, 1, eax, ebx, ecx, edx);
+      if (eax & (1u << 5)) bits |= 1u << int(CpuExt::kAvx512Bf16);
+    }
+  }
+#endif
+#if defined(__aarch64__) && defined(__linux__)
+  const unsigned long hwcap = getauxval(AT_HWCAP), hwcap2 = getauxval(AT_HWCAP2);
+  if (hwcap & (1ul << 20)) bits |= 1u << int(CpuExt::kNeonDotProd);  // HWCAP_ASIMDDP
+  if (hwcap2 & (1ul << 14)) bits |= 1u << int(CpuExt::kNeonBf16);    // HWCAP2_BF16
+#endif
+  return bits;
+}
+
+std::atomic<unsigned>& extension_slot() {
+  static std::atomic<unsigned> slot{[] {
+    const char* env = std::getenv("VITFAST_CPU_EXT");
+    return (env != nullptr && std::strcmp(env, "none") == 0) ? 0u : hardware_extensions();
+  }()};
+  return slot;
+}
 
 CpuIsa best_supported() {
 #ifdef VITFAST_X86
@@ -99,6 +133,25 @@ bool set_active_cpu_isa(CpuIsa isa) {
   if (!cpu_supports(isa)) return false;
   active_slot().store(static_cast<int>(isa), std::memory_order_relaxed);
   return true;
+}
+
+bool cpu_has(CpuExt ext) { return (extension_slot().load(std::memory_order_relaxed) >> int(ext)) & 1u; }
+
+bool set_cpu_ext_enabled(CpuExt ext, bool enabled) {
+  const unsigned bit = 1u << int(ext);
+  if (!(hardware_extensions() & bit)) return false;
+  if (enabled) extension_slot().fetch_or(bit, std::memory_order_relaxed);
+  else extension_slot().fetch_and(~bit, std::memory_order_relaxed);
+  return true;
+}
+
+const char* cpu_ext_name(CpuExt ext) {
+  switch (ext) {
+    case CpuExt::kAvx512Vnni: return "avx512_vnni";
+    case CpuExt::kAvx512Bf16: return "avx512_bf16";
+    case CpuExt::kNeonDotProd: return "neon_dotprod";
+    default: return "neon_bf16";
+  }
 }
 
 const char* cpu_isa_name(CpuIsa isa) {
