@@ -40,6 +40,8 @@ _LAZY = {
     "save": ("vitfast.io.fused", "save"),
     "load": ("vitfast.io.fused", "load"),
     "patch_timm": ("vitfast.patch", "patch_timm"),
+    "quantize": ("vitfast.quant", "quantize"),  # int8 / bf16 copies of a fused model (vitfast.quant)
+    "quant": ("vitfast.quant", None),
     "list_models": ("vitfast.models", "list_models"),
     "usdc": ("vitfast.methods.usdc", None),
     "distill": ("vitfast.methods.distill", None),

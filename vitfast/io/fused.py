@@ -58,6 +58,7 @@ import torch.nn as nn
 
 from ..arch import build_timm, describe_timm, set_source_architecture, source_architecture
 from ..nn.registry import fused_module_from_config, is_fused_module
+from ..quant import structure as quant_structure
 from . import _checksum
 from ._bounds import check_before_build, check_widths
 from ._header import read_header as _read_header
@@ -194,7 +195,8 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
 
     architecture = describe_timm(model)
     modules = fused_configs(model)
-    _check_rebuildable(model, architecture, modules)
+    quantization = quant_structure.quant_config(model)
+    _check_rebuildable(model, architecture, modules, quantization)
     _check_fused_dtypes(model, modules)
 
     state = model.state_dict()
@@ -216,6 +218,8 @@ def save(model: nn.Module, path: str | os.PathLike, *, allow_nonfinite: bool = F
         "dtype": _dtype_summary(tensors),
         "vitfast_version": __version__,
     }
+    if quantization is not None:  # optional key: the int8 layers put back over the fp32 structure at load
+        config[quant_structure.KEY] = quantization
     if config["dtype"] == "mixed":
         buffer_dtypes = _unsaved_buffer_dtypes(model, state)
         if buffer_dtypes:  # optional key: files without it load as before
@@ -245,14 +249,22 @@ def _check_fused_dtypes(model: nn.Module, modules: Dict[str, dict]) -> None:
                 )
 
 
-def _check_rebuildable(model: nn.Module, architecture: dict, modules: Dict[str, dict]) -> None:
+def _check_rebuildable(model: nn.Module, architecture: dict, modules: Dict[str, dict],
+                       quantization: Optional[dict] = None) -> None:
     try:
         rebuilt = rebuild(architecture, modules, device="meta")
+        device = "meta"
     except Exception:  # noqa: BLE001 - some fused constructors may compute on values; retry allocating
         try:
             rebuilt = rebuild(architecture, modules)
+            device = None
         except Exception as e:  # noqa: BLE001
             raise ValueError(f"model: its saved config would not rebuild it ({type(e).__name__}: {e})") from e
+    if quantization is not None:
+        try:
+            quant_structure.apply(rebuilt, quantization, device=device)
+        except ValueError as e:
+            raise ValueError(f"model: its int8 layers would not be put back ({e})") from e
     problems = structure_mismatches(model, rebuilt)
     if problems:
         raise ValueError(
@@ -311,6 +323,11 @@ def _parse_config(path: str, metadata: Dict[str, str]) -> dict:
     if dtype not in ("none", "mixed", *_DTYPE_NAMES.values()):
         raise ValueError(f"{path}: config['dtype'] expected one of {['none', 'mixed', *_DTYPE_NAMES.values()]}, "
                          f"got {dtype!r:.100}")
+    if quant_structure.KEY in config:
+        try:
+            quant_structure.check_record(config[quant_structure.KEY])
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
     buffer_dtypes = config.get("buffer_dtypes", {})
     if not isinstance(buffer_dtypes, dict) or not all(
             isinstance(k, str) and v in _DTYPE_NAMES.values() for k, v in buffer_dtypes.items()):
@@ -394,6 +411,11 @@ def _check_fused_modules_on_meta(path: str, header: dict, config: dict) -> None:
                 module = fused_module_from_config(modules[where])
         except Exception as e:  # noqa: BLE001 - a config that does not build: the file's fault, named
             raise ValueError(f"{path}: cannot rebuild the model from its config: modules[{where!r}]: {e}") from e
+        if quant_structure.KEY in config:  # the int8 layers inside it
+            try:
+                quant_structure.apply(module, config[quant_structure.KEY], device="meta", prefix=where)
+            except ValueError as e:
+                raise ValueError(f"{path}: cannot rebuild the model from its config: {e}") from e
         nested = [p for p in modules if p.startswith(where + ".")]  # replaced by their own entries, checked there
         expected = {f"{where}.{name}": t for name, t in module.state_dict().items()}
         expected = {k: t for k, t in expected.items()
@@ -415,7 +437,7 @@ def _skeleton_builds_on_meta(config: dict) -> bool:
 
 def _try_rebuild(path: str, config: dict, device: Optional[str] = None) -> Optional[nn.Module]:
     try:
-        return rebuild(config["architecture"], config["modules"], device=device)
+        model = rebuild(config["architecture"], config["modules"], device=device)
     except Exception as e:  # noqa: BLE001
         if device == "meta" and not _skeleton_builds_on_meta(config):
             # A timm constructor that computes on values (timm <= 1.0.20's `linspace(..).item()` for drop-path
@@ -425,6 +447,12 @@ def _try_rebuild(path: str, config: dict, device: Optional[str] = None) -> Optio
         if isinstance(e, ValueError):
             raise ValueError(f"{path}: cannot rebuild the model from its config: {e}") from e
         raise ValueError(f"{path}: cannot rebuild the model from its config ({type(e).__name__}: {e})") from e
+    if quant_structure.KEY in config:
+        try:
+            quant_structure.apply(model, config[quant_structure.KEY], device=device)
+        except ValueError as e:
+            raise ValueError(f"{path}: cannot rebuild the model from its config: {e}") from e
+    return model
 
 
 def _tensor_bytes(model: nn.Module) -> int:

@@ -84,7 +84,8 @@ class FusedAttention(nn.Module):
         residual: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         qkv_layer, proj_layer, norm = self.qkv, self.proj, self.norm
-        qkv = ops.linear(x, qkv_layer.weight, qkv_layer.bias)
+        # An int8 model's layers (vitfast.nn.int8.Int8Linear, put in by vitfast.quantize) run themselves.
+        qkv = ops.linear(x, qkv_layer.weight, qkv_layer.bias) if isinstance(qkv_layer, nn.Linear) else qkv_layer(x)
         if attn_mask is None and not is_causal and type(self.q_norm) is nn.Identity:
             x = ops.attention(qkv, self.num_heads)
         else:
@@ -95,11 +96,13 @@ class FusedAttention(nn.Module):
             x = x.transpose(1, 2).reshape(batch, tokens, self.attn_dim)
         if type(norm) is not nn.Identity:  # scale_norm; the Identity's module call alone is ~1.5 µs per block
             x = norm(x)
+        if not isinstance(proj_layer, nn.Linear):
+            return proj_layer(x, residual)
         return ops.linear(x, proj_layer.weight, proj_layer.bias, residual)
 
     def vitfast_prepack(self) -> bool:
         """Pack qkv's and proj's weights for the CPU kernel now (see `vitfast.ops.prepack`)."""
-        if self.qkv.weight.device.type != "cpu":
+        if not isinstance(self.qkv, nn.Linear) or not isinstance(self.proj, nn.Linear) or self.qkv.weight.device.type != "cpu":
             return False
         for layer in (self.qkv, self.proj):
             ops.linear(layer.weight.new_zeros(1, layer.in_features), layer.weight, layer.bias)
@@ -141,6 +144,7 @@ def plan_whole_block(block: nn.Module) -> WholeBlockPlan:
     children = _children(block)
     norm1, attn, mlp, q_norm, scale_norm, ffn_norm = children
     plan = WholeBlockPlan(children, type(attn) is FusedAttention and type(mlp) is FusedChannelIdleFFN
+                          and isinstance(attn.qkv, nn.Linear) and isinstance(attn.proj, nn.Linear)
                           and type(q_norm) is nn.Identity and type(scale_norm) is nn.Identity
                           and plain_norm_eps(norm1) is not None
                           and (ffn_norm is None or plain_norm_eps(ffn_norm) is not None))

@@ -133,6 +133,7 @@ class FusedGatedBlock(nn.Module):
     def _gated_mhsa_supported(self, attn_mask, is_causal) -> bool:
         attn = self.attn
         return (attn_mask is None and not is_causal and isinstance(attn.q_norm, nn.Identity)
+                and isinstance(attn.qkv, nn.Linear) and isinstance(attn.proj, nn.Linear)  # not an int8 model's layers
                 and isinstance(attn.norm, nn.Identity) and type(self.norm1) is nn.LayerNorm
                 and self.norm1.weight is None)
 

@@ -25,14 +25,16 @@ from .attention import attention
 from .batch_gate import batch_gate, gate_select
 from .channel_idle_ffn import channel_idle_ffn, use_triton_channel_idle_ffn
 from .channel_idle_ffn import _channel_idle_ffn_cuda
+from .channel_idle_ffn_int8 import channel_idle_ffn_int8
 from .dwconv_attention import dwconv_attention, use_triton_dwconv_attention
 from .gated import gated_ffn, gated_mhsa, use_gated_cuda_kernels
 from .layer_norm import layer_norm
 from .linear import linear
+from .linear_int8 import linear_int8
 from .vit_block import _vit_block_composed, vit_block, vit_block_cuda_eager
 from .xwx_attention import _xwx_attention_cuda, use_triton_xwx_attention, xwx_attention
 from ._extension import _C, _REFERENCE_CPU_FALLBACKS, clear_weight_cache, cpu_isa, extension_loaded, prepack
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa",
            "batch_gate", "gate_select", "prepack", "clear_weight_cache", "vit_block", "dwconv_attention",
-           "gated_mhsa", "gated_ffn", "onnx_exporting"]
+           "gated_mhsa", "gated_ffn", "onnx_exporting", "linear_int8", "channel_idle_ffn_int8"]

@@ -11,12 +11,15 @@ from .attention import attention, attention_unchecked, check_attention_args
 from .batch_gate import (GATE_ACTS, batch_gate, batch_gate_logits, check_batch_gate_args, check_gate_select_args,
                          gate_select)
 from .channel_idle_ffn import channel_idle_ffn, channel_idle_ffn_unchecked, check_channel_idle_ffn_args
+from .channel_idle_ffn_int8 import channel_idle_ffn_int8, check_channel_idle_ffn_int8_args
 from .dwconv_attention import check_dwconv_attention_args, dwconv_attention
 from .gated import check_gated_ffn_args, check_gated_mhsa_args, gated_ffn, gated_mhsa
 from .layer_norm import check_layer_norm_args, layer_norm, layer_norm_unchecked
 from .linear import check_linear_args, linear, linear_unchecked
+from .linear_int8 import check_linear_int8_args, linear_int8
 from .vit_block import check_vit_block_args, compose_vit_block, vit_block
 from .xwx_attention import check_xwx_attention_args, xwx_attention
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "vit_block", "xwx_attention", "dwconv_attention",
-           "batch_gate", "batch_gate_logits", "gate_select", "gated_mhsa", "gated_ffn"]
+           "batch_gate", "batch_gate_logits", "gate_select", "gated_mhsa", "gated_ffn", "linear_int8",
+           "channel_idle_ffn_int8"]

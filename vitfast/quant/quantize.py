@@ -1,0 +1,244 @@
+"""`vitfast.quantize`: a fused model → an int8 (or bf16) copy.
+
+int8 (the default): every GEMM of the fused blocks' FFNs (`FusedChannelIdleFFN`, in every block kind) and of the
+fused / Swin attentions (qkv, proj) gets symmetric per-output-channel int8 weights and int8 activations, per token
+computed at run time (`activations="dynamic"`, needs no data) or one scale per tensor from calibration images
+(`"static"`).  LayerNorm, softmax, GELU, the residual adds and the attention's score/value products stay fp32; so do
+the patch embedding and the head (first and last layers: the usual practice, they are ~1% of the FLOPs), and the
+non-deep XWX and DW-conv attentions (their ops have no int8 form): `describe(model)` lists what stays fp32.
+
+Reparameterization-aware options, each measured by the caller (`vitfast verify`, the demo, benchmarks):
+* `smooth=α` (0 < α < 1; True = 0.5): SmoothQuant's per-channel migration (arXiv 2211.10438), s_j = max|X_j|^α /
+  max|W_j|^(1−α): activation channels with outliers (a folded BatchNorm or LayerScale widens them) are divided by
+  s_j inside the quantizer, the weight's input channel multiplied.  Needs calibration.
+* `skip=`: layers kept in fp32.  A list of module paths or fnmatch patterns ("blocks.11.*"), or a float error budget:
+  every layer whose own relative output error on the calibration images exceeds it stays fp32.
+The per-layer errors on the calibration images (when given) are kept in `model.vitfast_quantization["layers"]`.
+"""
+from __future__ import annotations
+
+import copy
+import fnmatch
+import math
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import torch
+import torch.nn as nn
+
+from ..nn.block import FusedAttention
+from ..nn.ffn import FusedChannelIdleFFN
+from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear
+from . import calibrate
+from .structure import _replan_blocks, set_submodule
+
+DTYPES = ("int8", "bf16")
+ACTIVATIONS = ("dynamic", "static")
+DEFAULT_ALPHA = 0.5
+# Calibration batches read at most (a DataLoader over a whole dataset is cut here).
+MAX_CALIBRATION_BATCHES = 64
+
+
+def quantizable_layers(model: nn.Module) -> Dict[str, str]:
+    """path -> "linear" | "ffn" for every layer `quantize` turns into int8."""
+    try:
+        from timm.models.swin_transformer import WindowAttention
+    except ImportError:  # pragma: no cover - timm is a dependency
+        WindowAttention = ()
+    layers: Dict[str, str] = {}
+    for name, m in model.named_modules():
+        if type(m) is FusedChannelIdleFFN:
+            layers[name] = "ffn"
+        elif type(m) is FusedAttention or (WindowAttention and isinstance(m, WindowAttention)):
+            for child in ("qkv", "proj"):
+                if type(getattr(m, child, None)) is nn.Linear:
+                    layers[f"{name}.{child}"] = "linear"
+    return layers
+
+
+def fp32_kinds(model: nn.Module) -> List[str]:
+    """What computes in fp32 in an int8 model besides the norms, softmax, GELU and adds (for `describe`)."""
+    from ..nn.dwconv import FusedDWConvBlock
+    from ..nn.xwx import FusedXWXAttention
+
+    kept = []
+    counts = {"XWX attention (non-deep)": sum(isinstance(m, FusedXWXAttention) for m in model.modules()),
+              "DW-conv attention": sum(isinstance(m, FusedDWConvBlock) for m in model.modules())}
+    for what, n in counts.items():
+        if n:
+            kept.append(f"{n} × {what}")
+    return kept
+
+
+def _smooth_scale(act_max: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    """1/s with s_j = max|X_j|^α / max|W_j|^(1−α) over input channel j (clamped away from 0 and ∞)."""
+    w_max = weight.detach().float().abs().amax(dim=0).clamp(min=1e-5)
+    a_max = act_max.float().clamp(min=1e-5)
+    s = (a_max.pow(alpha) / w_max.pow(1.0 - alpha)).clamp(min=1e-5, max=1e5)
+    return (1.0 / s).float()
+
+
+def _check_args(model, calibration, dtype, activations, per_token, smooth, skip) -> Optional[float]:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module (a fused model), got {type(model).__name__}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {DTYPES}, got {dtype!r}")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations: expected one of {ACTIVATIONS}, got {activations!r}")
+    if per_token not in (True, False):
+        raise ValueError(f"per_token: expected True or False, got {per_token!r}")
+    if activations == "dynamic" and not per_token:
+        raise ValueError("per_token: expected True with activations='dynamic' (the kernels take one scale per token; "
+                         "a per-tensor scale is activations='static'), got False")
+    if activations == "static" and per_token:
+        raise ValueError("per_token: expected False with activations='static' (one calibrated scale per tensor), "
+                         "got True")
+    alpha = None
+    if smooth is True:
+        alpha = DEFAULT_ALPHA
+    elif smooth not in (None, False):
+        if isinstance(smooth, bool) or not isinstance(smooth, (int, float)) or not 0.0 < float(smooth) < 1.0:
+            raise ValueError(f"smooth: expected None, True or a migration strength α in (0, 1), got {smooth!r}")
+        alpha = float(smooth)
+    if skip is not None and not isinstance(skip, (float, int, str, list, tuple)) or isinstance(skip, bool):
+        raise ValueError(f"skip: expected None, a list of module paths/patterns or an error budget (float > 0), "
+                         f"got {skip!r}")
+    if isinstance(skip, (int, float)) and not (math.isfinite(skip) and skip > 0):
+        raise ValueError(f"skip: expected an error budget > 0 (a relative output error such as 0.05), got {skip!r}")
+    needs = [what for what, on in (("activations='static'", activations == "static"), ("smooth", alpha is not None),
+                                   ("an error budget skip=", isinstance(skip, (int, float)))) if on]
+    if dtype == "int8" and needs and calibration is None:
+        raise ValueError(f"calibration: {', '.join(needs)} needs calibration images (a tensor [B, C, H, W] or a "
+                         f"DataLoader), got None")
+    return alpha
+
+
+def _skipped(layers: Dict[str, str], skip) -> List[str]:
+    if skip is None or isinstance(skip, (int, float)):
+        return []
+    patterns = [skip] if isinstance(skip, str) else list(skip)
+    for p in patterns:
+        if not isinstance(p, str):
+            raise ValueError(f"skip: expected module paths or patterns (str), got {p!r}")
+    return [path for path in layers if any(fnmatch.fnmatchcase(path, p) for p in patterns)]
+
+
+def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[float], static: bool) -> nn.Module:
+    if kind == "linear":
+        stats = recorder.stats if recorder is not None else None
+        sm = _smooth_scale(stats.channel, module.weight, alpha) if alpha is not None else None
+        act = 0.0
+        if static:
+            # the static scale is of the smoothed activation: x · smooth
+            m = (stats.channel * sm).max() if sm is not None else torch.tensor(stats.tensor)
+            act = float(m) / 127.0
+        return Int8Linear.from_linear(module, smooth=sm, act_scale=act if act > 0 else 0.0)
+    stats_in = recorder.stats_in if recorder is not None else None
+    stats_out = recorder.stats_out if recorder is not None else None
+    a = module.active_features
+    sm_in = _smooth_scale(stats_in.channel, module.w_in, alpha) if alpha is not None else None
+    sm_out = (_smooth_scale(stats_out.channel, module.w_out, alpha) if alpha is not None and a > 0
+              and stats_out.channel is not None else None)
+    act_in = act_out = 0.0
+    if static:
+        act_in = float((stats_in.channel * sm_in).max() if sm_in is not None else stats_in.tensor) / 127.0
+        if a > 0 and stats_out.channel is not None:
+            act_out = float((stats_out.channel * sm_out).max() if sm_out is not None else stats_out.tensor) / 127.0
+    return Int8ChannelIdleFFN.from_ffn(module, smooth_in=sm_in, smooth_out=sm_out, act_scale_in=act_in,
+                                       act_scale_out=act_out)
+
+
+def quantize(
+    model: nn.Module,
+    calibration: Any = None,
+    *,
+    dtype: str = "int8",
+    activations: str = "dynamic",
+    per_token: Optional[bool] = None,
+    smooth: Union[None, bool, float] = None,
+    skip: Union[None, float, str, Sequence[str]] = None,
+    progress: bool = False,
+) -> nn.Module:
+    """A low-precision copy of the fused `model` (the model itself is not changed); see the module doc.
+
+    calibration: images [B, C, H, W], or an iterable (DataLoader) of image tensors or (images, labels) pairs (at most
+    64 batches are read); needed for activations="static", smooth and an error-budget skip, optional otherwise (then
+    it measures each layer's error for the report).  `per_token` defaults to True for dynamic, False for static.
+    """
+    if per_token is None:
+        per_token = activations == "dynamic"
+    alpha = _check_args(model, calibration, dtype, activations, per_token, smooth, skip)
+    if dtype == "bf16":
+        out = copy.deepcopy(model).to(torch.bfloat16).eval()
+        out.vitfast_quantization = {"dtype": "bf16"}
+        return out
+    out = copy.deepcopy(model).eval()
+    layers = quantizable_layers(out)
+    if not layers:
+        raise ValueError("model: expected a fused model with FFNs or attentions to quantize (vitfast.fuse(model) "
+                         "first), found none")
+    static = activations == "static"
+    kept = set(_skipped(layers, skip))
+    stats: Dict[str, Any] = {}
+    errors: Dict[str, float] = {}
+    if calibration is not None:
+        def pass_one(recorders):
+            calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
+                                what="calibration statistics")
+            stats.update(recorders)
+
+        calibrate.with_recorders(out, layers, pass_one)
+
+        def pass_two(recorders):
+            for path, rec in recorders.items():
+                module = rec.linear if layers[path] == "linear" else rec.ffn
+                rec.candidate = _build(path, layers[path], module, stats[path], alpha, static)
+            calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
+                                what="per-layer int8 error")
+            errors.update({path: rec.error.relative for path, rec in recorders.items()})
+
+        calibrate.with_recorders(out, layers, pass_two)
+        if isinstance(skip, (int, float)):
+            kept |= {path for path, e in errors.items() if e > float(skip)}
+    for path, kind in layers.items():
+        if path in kept:
+            continue
+        module = out.get_submodule(path)
+        set_submodule(out, path, _build(path, kind, module, stats.get(path), alpha, static))
+    out.vitfast_quantization = {
+        "dtype": "int8", "activations": activations, "smooth": alpha, "fp32": sorted(kept),
+        "layers": [{"path": p, "kind": layers[p], "relative_error": errors.get(p), "int8": p not in kept}
+                   for p in layers],
+    }
+    _replan_blocks(out)
+    return out
+
+
+def describe(model: nn.Module) -> str:
+    """One paragraph: what of `model` is int8 / bf16 and what stays fp32, and the worst layer's error if measured."""
+    from ..nn.int8 import is_int8_module
+
+    record = getattr(model, "vitfast_quantization", None) or {}
+    if record.get("dtype") == "bf16":
+        return "bf16 model (weights and activations bf16; norms, softmax and GELU computed in fp32)"
+    int8 = [(n, m) for n, m in model.named_modules() if is_int8_module(m)]
+    if not int8:
+        return "fp32 model (no int8 layers)"
+    n_lin = sum(isinstance(m, Int8Linear) for _, m in int8)
+    n_ffn = sum(isinstance(m, Int8ChannelIdleFFN) for _, m in int8)
+    static = any(getattr(m, "act_scale", 0.0) > 0 or getattr(m, "act_scale_in", 0.0) > 0 for _, m in int8)
+    parts = [f"int8: {n_ffn} channel-idle FFNs (2 GEMMs each), {n_lin} attention linears (qkv/proj); activations "
+             f"{'static per tensor' if static else 'dynamic per token'}"]
+    if record.get("smooth"):
+        parts.append(f"SmoothQuant α = {record['smooth']:g}")
+    fp32 = ["norms, softmax, GELU, residual adds", "attention score/value products", "patch embedding", "head"]
+    fp32 += fp32_kinds(model)
+    if record.get("fp32"):
+        fp32.append(f"{len(record['fp32'])} skipped layers ({', '.join(record['fp32'][:4])}"
+                    f"{', ...' if len(record['fp32']) > 4 else ''})")
+    parts.append("fp32: " + "; ".join(fp32))
+    measured = [layer for layer in record.get("layers", []) if layer.get("relative_error") is not None]
+    if measured:
+        worst = max(measured, key=lambda layer: layer["relative_error"])
+        parts.append(f"worst layer on the calibration images: {worst['path']} ({worst['kind']}), relative output error "
+                     f"{worst['relative_error']:.2%}{'' if worst['int8'] else ' (kept fp32)'}")
+    return ". ".join(parts)

@@ -1,0 +1,100 @@
+"""Which layers of a model are int8, as JSON (the "quantization" entry of a vitfast.fused file), and putting them back.
+
+    {"dtype": "int8", "activations": "dynamic" | "static",
+     "modules": {"blocks.0.attn.qkv": {"kind": "int8_linear", ...}, "blocks.0.mlp": {"kind": "int8_channel_idle_ffn",
+                 ...}, ...},                     # path -> Int8Linear / Int8ChannelIdleFFN .quant_config()
+     "fp32": ["blocks.11.mlp", ...]}            # quantizable layers kept in fp32 (skip=), informational
+
+`vitfast.load` rebuilds the fp32 structure from the file's fused configs, then `apply` swaps these paths for empty
+int8 modules (on the meta device first, so the file's tensors are compared with the result before anything real is
+allocated), then loads the tensors.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch.nn as nn
+
+from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear, int8_module_from_config, is_int8_module
+
+KEY = "quantization"
+_MAX_INT = 2**31 - 1
+
+
+def quant_config(model: nn.Module) -> Optional[Dict[str, Any]]:
+    """The model's quantization record, or None for a model without int8 modules."""
+    modules = {name: m.quant_config() for name, m in model.named_modules() if is_int8_module(m)}
+    if not modules:
+        return None
+    static = any(cfg.get("act_scale", 0.0) > 0 or cfg.get("act_scale_in", 0.0) > 0 for cfg in modules.values())
+    record = getattr(model, "vitfast_quantization", None) or {}
+    return {"dtype": "int8", "activations": "static" if static else "dynamic", "modules": modules,
+            "fp32": list(record.get("fp32", []))}
+
+
+def _check_ints(path: str, value: Any) -> None:
+    """Every int in a (file-borne) config is at most 2³¹ − 1, before anything is sized from it."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_ints(f"{path}[{k!r}]", v)
+    elif isinstance(value, int) and not isinstance(value, bool) and value > _MAX_INT:
+        raise ValueError(f"{path}: expected an int <= {_MAX_INT}, got {value}")
+
+
+def check_record(record: Any) -> None:
+    if not isinstance(record, dict) or record.get("dtype") != "int8" or not isinstance(record.get("modules"), dict):
+        raise ValueError(f"config[{KEY!r}]: expected an object with 'dtype': 'int8' and 'modules', got {record!r:.200}")
+
+
+def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Module:
+    """Swap the int8 modules `record` names into `model` (in place; returns it).  Every error is a ValueError that
+    names the config entry.  `prefix`: `model` is the submodule at that path (only the entries below it apply)."""
+    check_record(record)
+    for full_path, cfg in record["modules"].items():
+        if prefix and not full_path.startswith(prefix + "."):
+            continue
+        path = full_path[len(prefix) + 1:] if prefix else full_path
+        where = f"config[{KEY!r}]['modules'][{full_path!r}]"
+        _check_ints(where, cfg)
+        try:
+            target = model.get_submodule(path)
+        except AttributeError:
+            raise ValueError(f"{where}: no module {path!r} in the rebuilt model") from None
+        expected = {"int8_linear": nn.Linear, "int8_channel_idle_ffn": None}.get(cfg.get("kind") if isinstance(cfg, dict)
+                                                                               else None, False)
+        if expected is False:
+            raise ValueError(f"{where}['kind']: expected 'int8_linear' or 'int8_channel_idle_ffn', got {cfg!r:.200}")
+        try:
+            module = int8_module_from_config(cfg, device=device)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        if isinstance(module, Int8Linear):
+            if type(target) is not nn.Linear or (target.in_features, target.out_features) != (
+                    module.in_features, module.out_features):
+                raise ValueError(f"{where}: expected to replace an nn.Linear({module.in_features}, "
+                                 f"{module.out_features}), found {type(target).__name__} at {path!r}")
+        elif isinstance(module, Int8ChannelIdleFFN):
+            if not hasattr(target, "vitfast_config") or target.vitfast_config() != module.vitfast_config():
+                raise ValueError(f"{where}['ffn']: expected the config of the FFN at {path!r}, got another")
+        set_submodule(model, path, module)
+    if not prefix:
+        model.vitfast_quantization = {"dtype": "int8", "activations": record.get("activations"),
+                                      "fp32": [p for p in record.get("fp32", []) if isinstance(p, str)]}
+    _replan_blocks(model)
+    return model
+
+
+def set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:
+    owner, _, leaf = path.rpartition(".")
+    parent = model.get_submodule(owner) if owner else model
+    setattr(parent, leaf, module)
+
+
+def _replan_blocks(model: nn.Module) -> None:
+    """Blocks decide once whether they run as one whole-block op (vitfast.nn.block.plan_whole_block): decide again."""
+    from ..nn.block import FusedBlock, plan_whole_block
+    from ..nn.gated import FusedGatedBlock
+
+    for m in model.modules():
+        if isinstance(m, (FusedBlock, FusedGatedBlock)):
+            plan_whole_block(m)

@@ -1,0 +1,62 @@
+"""Symmetric int8 quantization shared by the int8 ops' references (`linear_int8`, `channel_idle_ffn_int8`).
+
+The definitions are the C++ core's (csrc/kernels/gemm_int8.h), written once in torch:
+
+    activations, per row (dynamic):  amax = max|x|,  inv = 127 / amax (fp32),  q = clamp(rne(x · inv), −127, 127),
+                                      s = amax / 127;  an all-zero row: s = 0, q = 0;  a row with NaN/±Inf: s = NaN,
+                                      q = 0 (its output row is NaN, as in fp32)
+    activations, per tensor (static): inv = 1 / act_scale (fp32), q = clamp(rne(x · inv), −127, 127), s = act_scale
+    weights, per output channel:      amax_j = max_k |W[j, k]|, s_j = amax_j / 127, q = clamp(rne(W · (127 / amax_j)))
+    product:                          y[r, j] = fp32(Σ_k q_x[r, k] · q_w[j, k]) · (s_x[r] · s_w[j])
+
+rne = round half to even (torch.round).  The integer sums are exact (|Σ| ≤ K · 127² < 2²⁴ up to K = 1040, and fp32
+still holds every such sum's nearest value beyond it, as the kernels' int32 → fp32 conversion does).  −128 is never
+produced: the AVX2 kernel's sign trick and the VNNI kernel's u8 offset rely on |q| ≤ 127 (gemm_int8.h).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+QMAX = 127.0
+
+
+def quantize_rows(x: torch.Tensor, col_scale: Optional[torch.Tensor] = None,
+                  act_scale: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [..., K], s fp32 [...]) of x's rows, each multiplied by `col_scale` [K] first when given; per row
+    (act_scale = 0) or with one static scale (act_scale > 0)."""
+    x = x.float()
+    if col_scale is not None:
+        x = x * col_scale.float()
+    if act_scale > 0.0:
+        inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(act_scale, dtype=torch.float32)
+        q = torch.round(x * inv).clamp_(-QMAX, QMAX)
+        s = torch.full(x.shape[:-1], float(torch.tensor(act_scale, dtype=torch.float32)), dtype=torch.float32)
+        bad = ~torch.isfinite(x).all(dim=-1)
+    else:
+        amax = x.abs().amax(dim=-1) if x.shape[-1] > 0 else x.new_zeros(x.shape[:-1])
+        bad = ~torch.isfinite(amax)
+        inv = torch.where(amax > 0, QMAX / amax, torch.zeros_like(amax))
+        q = torch.round(x * inv.unsqueeze(-1)).clamp_(-QMAX, QMAX)
+        s = amax / QMAX
+    q = torch.where(bad.unsqueeze(-1), torch.zeros_like(q), q)
+    s = torch.where(bad, torch.full_like(s, float("nan")), s)
+    return q.to(torch.int8), s
+
+
+def quantize_weight(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(q int8 [N, K], s fp32 [N]): symmetric per-output-channel int8 of an nn.Linear weight [N, K] (an all-zero row
+    gets scale 0)."""
+    w = w.detach().float()
+    amax = w.abs().amax(dim=1)
+    inv = torch.where(amax > 0, QMAX / amax, torch.zeros_like(amax))
+    q = torch.round(w * inv.unsqueeze(1)).clamp_(-QMAX, QMAX).to(torch.int8)
+    return q, amax / QMAX
+
+
+def int8_matmul(q: torch.Tensor, s: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """fp32(Σ_k q[..., k] · qw[j, k]) · (s[...] · sw[j]): exact integer sums (float64 holds them), one fp32 rounding
+    each, the scales multiplied first, as the kernels' epilogue does."""
+    acc = torch.matmul(q.double(), qw.double().t()).float()
+    return acc * (s.unsqueeze(-1) * sw)
