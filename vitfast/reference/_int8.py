@@ -7,7 +7,8 @@ The definitions are the C++ core's (csrc/kernels/gemm_int8.h), written once in t
                                       q = 0 (its output row is NaN, as in fp32)
     activations, per tensor (static): inv = 1 / act_scale (fp32), q = clamp(rne(x · inv), −127, 127), s = act_scale
     weights, per output channel:      amax_j = max_k |W[j, k]|, s_j = amax_j / 127, q = clamp(rne(W · (127 / amax_j)))
-    product:                          y[r, j] = fp32(Σ_k q_x[r, k] · q_w[j, k]) · (s_x[r] · s_w[j])
+    product:                          y[r, j] = fma(fp32(Σ_k q_x[r, k] · q_w[j, k]) · s_x[r], s_w[j], 0 or the
+                                      output it accumulates onto)
 
 rne = round half to even (torch.round).  The integer sums are exact (|Σ| ≤ K · 127² < 2²⁴ up to K = 1040, and fp32
 still holds every such sum's nearest value beyond it, as the kernels' int32 → fp32 conversion does).  −128 is never
@@ -55,8 +56,15 @@ def quantize_weight(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return q, amax / QMAX
 
 
-def int8_matmul(q: torch.Tensor, s: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
-    """fp32(Σ_k q[..., k] · qw[j, k]) · (s[...] · sw[j]): exact integer sums (float64 holds them), one fp32 rounding
-    each, the scales multiplied first, as the kernels' epilogue does."""
+def int8_matmul(q: torch.Tensor, s: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor,
+                accumulate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fma(fp32(Σ_k q[..., k] · qw[j, k]) · s[...], sw[j], accumulate or 0), the kernels' epilogue (gemm_int8_isa.h):
+    the exact integer sums (float64 holds them) rounded once to fp32, times the row scale in fp32, then one fused
+    multiply-add with the channel scale onto what the output already holds (the FFN's linear path).  The fma is
+    evaluated in float64 (the fp32 product is exact there) and rounded once more: it can differ from a true fma only
+    where the float64 sum itself rounds, ~2⁻²⁹ of a unit in the last place apart."""
     acc = torch.matmul(q.double(), qw.double().t()).float()
-    return acc * (s.unsqueeze(-1) * sw)
+    t = (acc * s.unsqueeze(-1)).double() * sw.double()
+    if accumulate is not None:
+        t = t + accumulate.double()
+    return t.float()

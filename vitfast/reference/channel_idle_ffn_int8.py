@@ -71,15 +71,15 @@ def channel_idle_ffn_int8_unchecked(x, qw_in, s_in, b_in, qw_out, s_out, b_out=N
         h = int8_matmul(q, s, qw_in[:active], s_in[:active])
         act = F.gelu(h + b_in32[:active] if b_in32 is not None else h)
         q2, s2 = quantize_rows(act, smooth_out, act_scale_out)
-        z = int8_matmul(q2, s2, qw_out, s_out)
-        if out is None:
+        if out is not None:  # accumulated onto the linear path in the output (one fused multiply-add)
+            out = int8_matmul(q2, s2, qw_out, s_out, accumulate=out)
+        else:
+            z = int8_matmul(q2, s2, qw_out, s_out)
             if b_out is not None:
                 z = z + b_out.float()
             if residual is not None:
                 z = z + residual.float()
             out = z
-        else:
-            out = z + out
     if out is None:  # A = L = 0: b_out + residual
         out = x.new_zeros(tuple(x.shape[:-1]) + (c_out,), dtype=torch.float32)
         if b_out is not None:

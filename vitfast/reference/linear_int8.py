@@ -1,7 +1,7 @@
 """`vitfast.reference.linear_int8` and its argument check `check_linear_int8_args`: the dense layer with int8 weights
 and int8 activations (per token, or one static scale), dequantised in the epilogue:
 
-    y = fp32(Σ_k q_x[r, k] · q_w[j, k]) · (s_x[r] · s_w[j]) + bias[j] + residual[r, j]
+    y = fp32(Σ_k q_x[r, k] · q_w[j, k]) · s_x[r] · s_w[j] + bias[j] + residual[r, j]   (each step rounded to fp32)
 
 with (q_x, s_x) = quantize_rows(x · smooth) (vitfast/reference/_int8.py: the definitions the C++ core shares).
 `smooth` [K] is a SmoothQuant migration's 1/s (arXiv 2211.10438): the weight was multiplied by s per input channel
