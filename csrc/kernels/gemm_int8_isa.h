@@ -17,8 +17,11 @@ namespace gemm8 {
 // `w_scale`, `bias` and `addend` is column 0 of panel 0.
 //
 // Epilogue, in this order and in fp32 in every kernel (so kernels differ only by the GELU polynomial):
-//   v = (float(dot) · sa[r]) · sw[j]  ->  + C if accumulate  ->  + bias  ->  GELU(erf) if gelu  ->  + addend
+//   v = fma(float(dot) · sa[r], sw[j], accumulate ? C : 0)  ->  + bias  ->  GELU(erf) if gelu  ->  + addend
 // where dot is the exact int32 Σ qa·qw (the VNNI kernel computes Σ qa·(qw + 128) and subtracts 128·rowsum[r]).
+// The fused multiply-add is written out because compilers contract a product followed by an addition into one
+// (GCC's C++ default is -ffp-contract=fast; aarch64 has a scalar fmadd): spelled as fma, every kernel, the
+// scalar one on any target included, rounds the same way, and the C++ test can demand identical bits.
 struct Int8BlockArgs {
   int64_t m;   // rows of A and C
   int64_t n;   // valid columns (the last panel may be partial: columns >= n are never stored unless c_padded)

@@ -33,9 +33,7 @@ void gemm_int8_block_scalar(const Int8BlockArgs& g) {
       float* ci = g.c + r * g.ldc + col;
       const float s = g.sa[r];
       for (int j = 0; j < n_store; ++j) {
-        float v = float(acc[j]) * s;
-        v = v * g.w_scale[col + j];
-        if (g.accumulate) v += ci[j];
+        float v = std::fma(float(acc[j]) * s, g.w_scale[col + j], g.accumulate ? ci[j] : 0.0f);
         if (g.bias != nullptr) v += g.bias[col + j];
         if (g.gelu) v = gemm::gelu1(v);
         if (g.addend != nullptr) v += g.addend[r * g.ld_addend + col + j];

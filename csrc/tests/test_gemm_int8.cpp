@@ -110,10 +110,9 @@ bool check_gemm8(Int8Kernel kern, std::mt19937& rng, int64_t m, int64_t n, int64
       int64_t dot = 0;
       for (int64_t p = 0; p < k; ++p) dot += int64_t(av[i * k + p]) * wv[j * k + p];
       if (!cs.gelu) {
-        // The kernels' own fp32 order: ((float(dot) · sa) · sw) (+ C) (+ bias) (+ addend), bit for bit.
-        float v = float(dot) * sa[i];
-        v = v * sw[j];
-        if (cs.accumulate) v += c0[i * n + j];
+        // The kernels' own fp32 order: fma(float(dot) · sa, sw, C or 0) (+ bias) (+ addend), bit for bit.
+        const float p = float(dot) * sa[i];
+        float v = std::fma(p, sw[j], cs.accumulate ? c0[i * n + j] : 0.0f);
         if (cs.bias) v += bias[j];
         if (cs.addend) v += addend[i * n + j];
         if (!(got == v)) ++mismatches;

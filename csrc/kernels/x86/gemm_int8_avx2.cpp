@@ -55,8 +55,8 @@ static inline void store_row(__m256i acc0, __m256i acc1, float sa, const Epi& e,
     const __m256i m = lane_mask(lanes);
     __m256 v = _mm256_cvtepi32_ps(h == 0 ? acc0 : acc1);
     v = _mm256_mul_ps(v, s);
-    v = _mm256_mul_ps(v, _mm256_loadu_ps(e.w_scale + 8 * h));
-    if (e.load_c) v = _mm256_add_ps(v, _mm256_maskload_ps(ci + 8 * h, m));
+    v = _mm256_fmadd_ps(v, _mm256_loadu_ps(e.w_scale + 8 * h),
+                        e.load_c ? _mm256_maskload_ps(ci + 8 * h, m) : _mm256_setzero_ps());
     if (e.bias != nullptr) v = _mm256_add_ps(v, _mm256_loadu_ps(e.bias + 8 * h));
     if (e.gelu) v = gelu8(v);
     if (e.addend != nullptr) v = _mm256_add_ps(v, _mm256_maskload_ps(e.addend + row * e.ld_addend + 8 * h, m));

@@ -66,8 +66,8 @@ static inline __m512 epilogue16(__m512i acc, int32_t rowsum, float sa, const Epi
   const __mmask16 m = e.mask[q];
   __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(rowsum * 128)));
   v = _mm512_mul_ps(v, _mm512_set1_ps(sa));
-  v = _mm512_mul_ps(v, _mm512_loadu_ps(e.w_scale + 16 * q));
-  if (e.load_c) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, ci + 16 * q));
+  v = _mm512_fmadd_ps(v, _mm512_loadu_ps(e.w_scale + 16 * q),
+                      e.load_c ? _mm512_maskz_loadu_ps(m, ci + 16 * q) : _mm512_setzero_ps());
   if (e.bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(e.bias + 16 * q));
   if (e.gelu) v = gelu16(v);
   if (e.addend != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, e.addend + row * e.ld_addend + 16 * q));
