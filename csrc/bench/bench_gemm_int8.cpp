@@ -1,0 +1,402 @@
+// Int8 GEMM core against the machine and against the fp32 core, on one core:
+//   (a) peaks from register-only loops of independent instructions: `vpdpbusd` zmm (AVX-512 VNNI),
+//       vpmaddubsw + vpmaddwd + vpaddd ymm chains (the AVX2 int8 kernel's arithmetic), fp32 FMA zmm and ymm;
+//   (b) gemm_int8 (quantized activations in, fp32 out, plain epilogue) at DeiT-S/B shapes, every kernel this CPU
+//       runs, with quantize_rows of the activations timed beside it;
+//   (c) the fp32 gemm of the same shapes with the AVX-512 and AVX2 paths.
+// Times are the thread's CPU time (see now()).  Each figure is the median over interleaved rounds (every variant of a shape once per round), so a busy
+// neighbour on a shared machine slows all variants alike.  GOPS counts 2 operations per multiply-add.
+//
+//   bench_gemm_int8 [--rounds N] [--scalar] [--json]
+//
+// Not a CTest test (it measures, it does not check); benchmarks/int8_gemm_peak.py builds and runs it.
+#include <algorithm>
+#include <ctime>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu_features.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_int8.h"
+
+
+using namespace vitfast;
+using gemm8::Int8Kernel;
+using gemm8::padded_k;
+using gemm8::quantize_rows;
+
+namespace {
+
+// Seconds of CPU time of the calling thread: on a shared machine (more runnable threads than cores) wall time
+// counts the slices the scheduler gave to others; measured with wall time the 20 ms GEMM timings ran at ~45% of a
+// peak taken from 0.5 ms loops, which are rarely preempted.  CPU time is what the core spent on this work.
+double now() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+#if defined(__x86_64__)
+// Register-only loops in inline asm (in C++ GCC spilled an array of 16 accumulators to the stack every iteration,
+// halving the figure): N independent accumulators, more than latency × throughput of each instruction (vpdpbusd
+// and FMA: 4-5 cycles latency, up to 2 per cycle), so the loop runs at the issue rate.  The loop counter's
+// dec/jnz is one fused op per 16 instructions.
+__attribute__((target("avx512f,avx512vnni"))) double peak_vnni_gops(int64_t iters) {
+  const int32_t one = 0x01010101;
+  int64_t n = iters;
+  const double t0 = now();
+  asm volatile(
+        "vpbroadcastd %1, %%zmm16\n\t"
+        "vpbroadcastd %1, %%zmm17\n\t"
+        "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
+        "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"
+        "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"
+        "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"
+        "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"
+        "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"
+        "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"
+        "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"
+        "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"
+        "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"
+        "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"
+        "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"
+        "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
+        "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
+        "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"
+        "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
+        "1:\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm0\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm1\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm2\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm3\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm4\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm5\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm6\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm7\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm8\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm9\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm10\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm11\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm12\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm13\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm14\n\t"
+        "vpdpbusd %%zmm17, %%zmm16, %%zmm15\n\t"
+        "dec %0\n\t"
+        "jnz 1b\n\t"
+        : "+r"(n)
+        : "m"(one)
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+  return 2.0 * double(iters) * 16 * 64 / (now() - t0) * 1e-9;  // 64 MACs per vpdpbusd zmm
+}
+
+// The AVX2 kernel's arithmetic per 32 MACs: vpmaddubsw (u8·s8 pairs -> s16), vpmaddwd by ones (-> s32), vpaddd;
+// four independent chains (12 instructions) per iteration, temporaries ymm4-11.
+double peak_avx2_int8_gops(int64_t iters) {
+  const int32_t one = 0x01010101, ones16 = 0x00010001;
+  int64_t n = iters;
+  const double t0 = now();
+  asm volatile(
+        "vpbroadcastd %1, %%ymm13\n\t"
+        "vpbroadcastd %1, %%ymm14\n\t"
+        "vpbroadcastd %2, %%ymm15\n\t"
+        "vpxor %%ymm0, %%ymm0, %%ymm0\n\t"
+        "vpxor %%ymm1, %%ymm1, %%ymm1\n\t"
+        "vpxor %%ymm2, %%ymm2, %%ymm2\n\t"
+        "vpxor %%ymm3, %%ymm3, %%ymm3\n\t"
+        "1:\n\t"
+        "vpmaddubsw %%ymm14, %%ymm13, %%ymm4\n\t"
+        "vpmaddubsw %%ymm14, %%ymm13, %%ymm5\n\t"
+        "vpmaddubsw %%ymm14, %%ymm13, %%ymm6\n\t"
+        "vpmaddubsw %%ymm14, %%ymm13, %%ymm7\n\t"
+        "vpmaddwd %%ymm15, %%ymm4, %%ymm8\n\t"
+        "vpmaddwd %%ymm15, %%ymm5, %%ymm9\n\t"
+        "vpmaddwd %%ymm15, %%ymm6, %%ymm10\n\t"
+        "vpmaddwd %%ymm15, %%ymm7, %%ymm11\n\t"
+        "vpaddd %%ymm8, %%ymm0, %%ymm0\n\t"
+        "vpaddd %%ymm9, %%ymm1, %%ymm1\n\t"
+        "vpaddd %%ymm10, %%ymm2, %%ymm2\n\t"
+        "vpaddd %%ymm11, %%ymm3, %%ymm3\n\t"
+        "dec %0\n\t"
+        "jnz 1b\n\t"
+        : "+r"(n)
+        : "m"(one), "m"(ones16)
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+  return 2.0 * double(iters) * 4 * 32 / (now() - t0) * 1e-9;
+}
+
+__attribute__((target("avx512f"))) double peak_fma512_gflops(int64_t iters) {
+  const float a = 0.999f, b = 1e-3f;
+  int64_t n = iters;
+  const double t0 = now();
+  asm volatile(
+        "vbroadcastss %1, %%zmm16\n\t"
+        "vbroadcastss %2, %%zmm17\n\t"
+        "vmovaps %%zmm17, %%zmm0\n\t"
+        "vmovaps %%zmm17, %%zmm1\n\t"
+        "vmovaps %%zmm17, %%zmm2\n\t"
+        "vmovaps %%zmm17, %%zmm3\n\t"
+        "vmovaps %%zmm17, %%zmm4\n\t"
+        "vmovaps %%zmm17, %%zmm5\n\t"
+        "vmovaps %%zmm17, %%zmm6\n\t"
+        "vmovaps %%zmm17, %%zmm7\n\t"
+        "vmovaps %%zmm17, %%zmm8\n\t"
+        "vmovaps %%zmm17, %%zmm9\n\t"
+        "vmovaps %%zmm17, %%zmm10\n\t"
+        "vmovaps %%zmm17, %%zmm11\n\t"
+        "vmovaps %%zmm17, %%zmm12\n\t"
+        "vmovaps %%zmm17, %%zmm13\n\t"
+        "vmovaps %%zmm17, %%zmm14\n\t"
+        "vmovaps %%zmm17, %%zmm15\n\t"
+        "1:\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm0\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm1\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm2\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm3\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm4\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm5\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm6\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm7\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm8\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm9\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm10\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm11\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm12\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm13\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm14\n\t"
+        "vfmadd213ps %%zmm17, %%zmm16, %%zmm15\n\t"
+        "dec %0\n\t"
+        "jnz 1b\n\t"
+        : "+r"(n)
+        : "m"(a), "m"(b)
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+  return 2.0 * double(iters) * 16 * 16 / (now() - t0) * 1e-9;
+}
+
+double peak_fma256_gflops(int64_t iters) {
+  const float a = 0.999f, b = 1e-3f;
+  int64_t n = iters;
+  const double t0 = now();
+  asm volatile(
+        "vbroadcastss %1, %%ymm14\n\t"
+        "vbroadcastss %2, %%ymm15\n\t"
+        "vmovaps %%ymm15, %%ymm0\n\t"
+        "vmovaps %%ymm15, %%ymm1\n\t"
+        "vmovaps %%ymm15, %%ymm2\n\t"
+        "vmovaps %%ymm15, %%ymm3\n\t"
+        "vmovaps %%ymm15, %%ymm4\n\t"
+        "vmovaps %%ymm15, %%ymm5\n\t"
+        "vmovaps %%ymm15, %%ymm6\n\t"
+        "vmovaps %%ymm15, %%ymm7\n\t"
+        "vmovaps %%ymm15, %%ymm8\n\t"
+        "vmovaps %%ymm15, %%ymm9\n\t"
+        "vmovaps %%ymm15, %%ymm10\n\t"
+        "vmovaps %%ymm15, %%ymm11\n\t"
+        "1:\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm0\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm1\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm2\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm3\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm4\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm5\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm6\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm7\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm8\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm9\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm10\n\t"
+        "vfmadd213ps %%ymm15, %%ymm14, %%ymm11\n\t"
+        "dec %0\n\t"
+        "jnz 1b\n\t"
+        : "+r"(n)
+        : "m"(a), "m"(b)
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+  return 2.0 * double(iters) * 12 * 8 / (now() - t0) * 1e-9;
+}
+#endif
+
+struct Shape {
+  const char* name;
+  int64_t m, k, n;
+};
+
+struct Variant {
+  std::string name;   // "int8 avx512_vnni", "fp32 avx512", ...
+  std::string peak;   // which peak its % refers to
+  std::function<void()> run;
+  std::vector<double> seconds;  // per call, one per round
+  int reps = 1;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 7;
+  bool with_scalar = false, json = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--scalar")) with_scalar = true;
+    else if (!std::strcmp(argv[i], "--json")) json = true;
+  }
+
+  // (a) Peaks.  Measured inside every round of every shape (below), beside the kernels, so that a figure and the
+  // peak it is divided by come from the same minutes of a shared machine; the peak reported is the median of all.
+  struct Peak {
+    const char* name;
+    double (*fn)(int64_t);
+    int64_t iters;
+    std::vector<double> all, shape;
+    double gops;  // median of `shape` while a shape runs, of `all` at the end
+  };
+  std::vector<Peak> peaks;
+#if defined(__x86_64__)
+  // ~1-2 ms per measurement.
+  if (cpu_has(CpuExt::kAvx512Vnni)) peaks.push_back({"int8 vpdpbusd zmm", peak_vnni_gops, 200000, {}, {}, 0.0});
+  if (cpu_supports(CpuIsa::kAvx2))
+    peaks.push_back({"int8 vpmaddubsw+vpmaddwd+vpaddd ymm", peak_avx2_int8_gops, 400000, {}, {}, 0.0});
+  if (cpu_supports(CpuIsa::kAvx512)) peaks.push_back({"fp32 fma zmm", peak_fma512_gflops, 200000, {}, {}, 0.0});
+  if (cpu_supports(CpuIsa::kAvx2)) peaks.push_back({"fp32 fma ymm", peak_fma256_gflops, 200000, {}, {}, 0.0});
+  for (Peak& p : peaks) p.fn(p.iters);  // warm-up (clock ramp)
+#endif
+  auto peak_of = [&](const std::string& name) {
+    for (const Peak& p : peaks)
+      if (name == p.name) return p.gops;
+    return 0.0;
+  };
+
+  // (b), (c): shapes (m tokens × k in × n out).
+  const Shape shapes[] = {
+      {"in-cache 197x256x256", 197, 256, 256},  {"DeiT-S qkv", 197, 384, 1152}, {"DeiT-S proj", 197, 384, 384},
+      {"DeiT-S fc1", 197, 384, 1536},           {"DeiT-S fc2", 197, 1536, 384}, {"DeiT-B qkv", 197, 768, 2304},
+      {"DeiT-B proj", 197, 768, 768},           {"DeiT-B fc1", 197, 768, 3072}, {"DeiT-B fc2", 197, 3072, 768},
+  };
+  std::vector<Int8Kernel> kernels;
+#if defined(__x86_64__)
+  if (cpu_has(CpuExt::kAvx512Vnni)) kernels.push_back(Int8Kernel::kAvx512Vnni);
+  if (cpu_supports(CpuIsa::kAvx2)) kernels.push_back(Int8Kernel::kAvx2);
+#endif
+#if defined(__aarch64__)
+  if (cpu_has(CpuExt::kNeonDotProd)) kernels.push_back(Int8Kernel::kNeonDot);
+#endif
+  if (with_scalar || kernels.empty()) kernels.push_back(Int8Kernel::kScalar);
+  std::vector<CpuIsa> fp32_isas;
+  for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kNeon})
+    if (cpu_supports(isa)) fp32_isas.push_back(isa);
+  const CpuIsa quant_isa = active_cpu_isa();
+
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> qd(-127, 127);
+  if (!json) {
+    std::printf("%-22s %-18s %9s %9s %8s %10s\n", "shape (m x k x n)", "variant", "us/call", "GOPS", "% peak",
+                "quant us");
+  }
+  std::string rows_json;
+  for (const Shape& s : shapes) {
+    const int64_t lda8 = padded_k(s.k);
+    std::vector<float> x(size_t(s.m * s.k)), w(size_t(s.n * s.k)), c(size_t(s.m * s.n)), sw(size_t(s.n), 0.01f);
+    for (float& v : x) v = nd(rng);
+    for (float& v : w) v = 0.05f * nd(rng);
+    std::vector<int8_t> qw(size_t(s.n * s.k)), qa(size_t(s.m * lda8));
+    for (int8_t& v : qw) v = int8_t(qd(rng));
+    std::vector<float> sa(size_t(s.m));
+    std::vector<int32_t> rowsum(size_t(s.m));
+    quantize_rows(x.data(), s.k, s.m, s.k, nullptr, qa.data(), lda8, sa.data(), rowsum.data(), quant_isa);
+    const double ops = 2.0 * double(s.m) * s.k * s.n;
+
+    std::vector<gemm8::PackedInt8B> packs8;
+    for (Int8Kernel kern : kernels)
+      packs8.push_back(gemm8::PackedInt8B::pack(qw.data(), s.n, s.k, s.k, sw.data(), nullptr, kern));
+    const gemm::PackedB pack32 = gemm::PackedB::pack_linear(w.data(), s.n, s.k, s.k, nullptr);
+    std::vector<Variant> variants;
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      const gemm8::PackedInt8B* b = &packs8[i];
+      const Int8Kernel kern = kernels[i];
+      Variant v;
+      v.name = std::string("int8 ") + gemm8::int8_kernel_name(kern);
+      v.peak = kern == Int8Kernel::kAvx512Vnni ? "int8 vpdpbusd zmm"
+               : kern == Int8Kernel::kAvx2     ? "int8 vpmaddubsw+vpmaddwd+vpaddd ymm"
+                                               : "";
+      v.run = [&, b, kern] {
+        gemm8::gemm_int8(s.m, qa.data(), lda8, sa.data(), rowsum.data(), *b, c.data(), s.n, gemm::Epilogue(), kern);
+      };
+      variants.push_back(v);
+    }
+    for (CpuIsa isa : fp32_isas) {
+      Variant v;
+      v.name = std::string("fp32 ") + cpu_isa_name(isa);
+      v.peak = isa == CpuIsa::kAvx512 ? "fp32 fma zmm" : isa == CpuIsa::kAvx2 ? "fp32 fma ymm" : "";
+      v.run = [&, isa] { gemm::gemm(s.m, x.data(), s.k, pack32, c.data(), s.n, gemm::Epilogue(), isa); };
+      variants.push_back(v);
+    }
+    Variant quant;
+    quant.name = "quantize_rows";
+    quant.run = [&] {
+      quantize_rows(x.data(), s.k, s.m, s.k, nullptr, qa.data(), lda8, sa.data(), rowsum.data(), quant_isa);
+    };
+    variants.push_back(quant);
+    // Calls per timing: ~20 ms each (one warm-up call sizes it).
+    for (Variant& v : variants) {
+      v.run();
+      const double t0 = now();
+      v.run();
+      const double t = now() - t0;
+      v.reps = std::max(1, int(0.02 / std::max(t, 1e-7)));
+    }
+    for (Peak& p : peaks) p.shape.clear();
+    for (int r = 0; r < rounds; ++r) {
+      for (Peak& p : peaks) {
+        const double g = p.fn(p.iters);
+        p.shape.push_back(g);
+        p.all.push_back(g);
+      }
+      for (Variant& v : variants) {
+        const double t0 = now();
+        for (int i = 0; i < v.reps; ++i) v.run();
+        v.seconds.push_back((now() - t0) / v.reps);
+      }
+    }
+    for (Peak& p : peaks) p.gops = median(p.shape);
+    const double quant_us = median(variants.back().seconds) * 1e6;
+    variants.pop_back();
+    char dims[64];
+    std::snprintf(dims, sizeof(dims), "%lldx%lldx%lld", (long long)s.m, (long long)s.k, (long long)s.n);
+    for (const Variant& v : variants) {
+      const double t = median(v.seconds), gops = ops / t * 1e-9, pk = peak_of(v.peak);
+      const double pct = pk > 0 ? 100.0 * gops / pk : 0.0;
+      const bool is8 = v.name.rfind("int8", 0) == 0;
+      if (!json) {
+        std::printf("%-22s %-18s %9.1f %9.1f %7.1f%% %10s\n", (std::string(s.name) + "").c_str(), v.name.c_str(),
+                    t * 1e6, gops, pct, is8 ? std::to_string(int(quant_us + 0.5)).c_str() : "");
+      }
+      char row[512];
+      std::snprintf(row, sizeof(row),
+                    "%s    {\"shape\": \"%s\", \"mkn\": \"%s\", \"variant\": \"%s\", \"us\": %.2f, \"gops\": %.2f, "
+                    "\"peak\": \"%s\", \"pct_peak\": %.1f, \"quant_us\": %.2f}",
+                    rows_json.empty() ? "" : ",\n", s.name, dims, v.name.c_str(), t * 1e6, gops, v.peak.c_str(),
+                    pct, is8 ? quant_us : 0.0);
+      rows_json += row;
+    }
+  }
+  for (Peak& p : peaks) p.gops = median(p.all);
+  if (!json) {
+    std::printf("\npeaks (one core, register-only loops; medians over all rounds; %% peak above uses each shape's own\n"
+                "rounds):\n");
+    for (const Peak& p : peaks) std::printf("  %-40s %8.1f GOPS\n", p.name, p.gops);
+  }
+  if (json) {
+    std::printf("{\n  \"rounds\": %d,\n  \"quantize_isa\": \"%s\",\n  \"peaks\": [", rounds, cpu_isa_name(quant_isa));
+    for (size_t i = 0; i < peaks.size(); ++i)
+      std::printf("%s{\"name\": \"%s\", \"gops\": %.2f}", i ? ", " : "", peaks[i].name, peaks[i].gops);
+    std::printf("],\n  \"rows\": [\n%s\n  ]\n}\n", rows_json.c_str());
+  }
+  return 0;
+}

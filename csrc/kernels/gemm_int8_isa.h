@@ -1,0 +1,79 @@
+// The contract between gemm_int8.cpp (packing, dispatch) and the per-ISA int8 code: gemm_int8_scalar.cpp,
+// x86/gemm_int8_avx2.cpp, x86/gemm_int8_avx512.cpp (VNNI), arm/gemm_int8_neon.cpp (dot product).
+//
+// A *plain* header for the same reason as gemm_isa.h: it is included by files compiled under
+// `#pragma GCC target("avx512vnni,...")` or `target("+dotprod")`, so it holds PODs and declarations only (an
+// inline function with external linkage defined here would be emitted with that ISA's code, and the linker could
+// pick that copy for a caller on a CPU without it).
+#pragma once
+
+#include <stdint.h>
+
+namespace vitfast {
+namespace gemm8 {
+
+// C[m × n] (=|+=) epilogue(sa[r] · sw[j] · Σ_k qa[r][k] · qw[j][k]) for rows [0, m), packed panels
+// [panel_begin, panel_end) (16 columns each, layout [k4 / 4][16][4] bytes, see gemm_int8.h).  Column 0 of `c`,
+// `w_scale`, `bias` and `addend` is column 0 of panel 0.
+//
+// Epilogue, in this order and in fp32 in every kernel (so kernels differ only by the GELU polynomial):
+//   v = fma(float(dot) · sa[r], sw[j], accumulate ? C : 0)  ->  + bias  ->  GELU(erf) if gelu  ->  + addend
+// where dot is the exact int32 Σ qa·qw (the VNNI kernel computes Σ qa·(qw + 128) and subtracts 128·rowsum[r]).
+// The fused multiply-add is written out because compilers contract a product followed by an addition into one
+// (GCC's C++ default is -ffp-contract=fast; aarch64 has a scalar fmadd): spelled as fma, every kernel, the
+// scalar one on any target included, rounds the same way, and the C++ test can demand identical bits.
+struct Int8BlockArgs {
+  int64_t m;   // rows of A and C
+  int64_t n;   // valid columns (the last panel may be partial: columns >= n are never stored unless c_padded)
+  int64_t k4;  // reduction depth in bytes, a multiple of 4 (padding bytes of A and B are zero / weight 0)
+  const int8_t* a;
+  int64_t lda;            // bytes, a multiple of 4
+  const float* sa;        // m row scales
+  const int32_t* rowsum;  // m row sums Σ_k qa (used by the VNNI kernel only)
+  const int8_t* b;        // packed panels; panel p starts at b + p · b_panel_stride
+  int64_t b_panel_stride; // bytes between panels (= k4 · 16)
+  int64_t panel_begin;
+  int64_t panel_end;
+  const float* w_scale;   // >= panel_end · 16 values (zero padded)
+  float* c;
+  int64_t ldc;
+  bool c_padded;          // C has >= panel_end · 16 writable columns per row (no addend): tail panels stored whole
+  bool accumulate;
+  const float* bias;      // nullptr or >= panel_end · 16 values (zero padded)
+  bool gelu;
+  const float* addend;    // nullptr or [m × n], row stride ld_addend
+  int64_t ld_addend;
+};
+
+// Per-row quantization (see gemm_int8.h for the definition every variant implements bit for bit):
+// x [rows × k] (row stride ldx), optional col_scale[k]; writes qa (row stride lda, bytes [k, padded_k) zero),
+// sa[rows], rowsum[rows].
+struct QuantizeArgs {
+  const float* x;
+  int64_t ldx;
+  int64_t rows;
+  int64_t k;
+  const float* col_scale;
+  int8_t* qa;
+  int64_t lda;
+  float* sa;
+  int32_t* rowsum;
+};
+
+void gemm_int8_block_scalar(const Int8BlockArgs& args);
+void quantize_rows_scalar(const QuantizeArgs& args);
+
+#if defined(__x86_64__) || defined(__i386__)
+void gemm_int8_block_avx2(const Int8BlockArgs& args);
+void quantize_rows_avx2(const QuantizeArgs& args);
+void gemm_int8_block_avx512_vnni(const Int8BlockArgs& args);
+void quantize_rows_avx512(const QuantizeArgs& args);
+#endif
+
+#if defined(__aarch64__)
+void gemm_int8_block_neon_dot(const Int8BlockArgs& args);
+void quantize_rows_neon(const QuantizeArgs& args);
+#endif
+
+}  // namespace gemm8
+}  // namespace vitfast

@@ -1,0 +1,194 @@
+// AVX2 int8 kernel (Int8Kernel::kAvx2): 4 × 16 register tiles of `vpmaddubsw` + `vpmaddwd`, and the AVX2
+// quantize_rows.
+//
+// vpmaddubsw multiplies u8 × s8 and adds pairs into s16 with saturation, so both operands are made safe first
+// (the sign trick): u = |qa| ∈ [0, 127] and s = sign(qa)·qw ∈ [−127, 127] (vpsignb; qw = −128 is refused by the
+// pack, as −(−128) does not exist in int8), whence u·s = qa·qw and a pair sum is at most 2·127² = 32258 < 2¹⁵ − 1:
+// never saturated.  vpmaddwd by ones then adds the pairs into s32 lanes (the four products of one column).
+// Per row and 4-k group: 1 broadcast, 1 vpabsb, 2 vpsignb, 2 vpmaddubsw, 2 vpmaddwd, 2 vpaddd for 64 MACs.
+// Four rows: 8 accumulators + 2 B vectors + ones + the per-row temporaries fit the 16 ymm registers (six rows spill).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC target("avx2,fma")
+#endif
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "kernels/gemm_int8_isa.h"
+#include "kernels/x86/avx2_math.h"
+
+namespace vitfast {
+namespace gemm8 {
+namespace {
+
+using x86::gelu8;
+using x86::hmax8;
+using x86::lane_mask;
+
+constexpr int kNr = 16;
+constexpr int kMrAvx2 = 4;
+constexpr int64_t kPrefetchLines = 64;
+
+struct Epi {
+  bool load_c;
+  const float* bias;     // 16 values at this panel's column, or nullptr
+  const float* w_scale;  // 16 values at this panel's column
+  bool gelu;
+  const float* addend;   // at this tile's (row 0, col 0), or nullptr
+  int64_t ld_addend;
+  int n_store;           // 1..16
+};
+
+static inline __attribute__((always_inline)) __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+static inline void store_row(__m256i acc0, __m256i acc1, float sa, const Epi& e, float* ci, int64_t row) {
+  const __m256 s = _mm256_set1_ps(sa);
+  for (int h = 0; h < 2; ++h) {
+    const int lanes = e.n_store - 8 * h >= 8 ? 8 : (e.n_store - 8 * h > 0 ? e.n_store - 8 * h : 0);
+    if (lanes == 0) return;
+    const __m256i m = lane_mask(lanes);
+    __m256 v = _mm256_cvtepi32_ps(h == 0 ? acc0 : acc1);
+    v = _mm256_mul_ps(v, s);
+    v = _mm256_fmadd_ps(v, _mm256_loadu_ps(e.w_scale + 8 * h),
+                        e.load_c ? _mm256_maskload_ps(ci + 8 * h, m) : _mm256_setzero_ps());
+    if (e.bias != nullptr) v = _mm256_add_ps(v, _mm256_loadu_ps(e.bias + 8 * h));
+    if (e.gelu) v = gelu8(v);
+    if (e.addend != nullptr) v = _mm256_add_ps(v, _mm256_maskload_ps(e.addend + row * e.ld_addend + 8 * h, m));
+    if (lanes == 8)
+      _mm256_storeu_ps(ci + 8 * h, v);
+    else
+      _mm256_maskstore_ps(ci + 8 * h, m, v);
+  }
+}
+
+template <int MR>
+static inline __attribute__((always_inline)) void tile(int64_t groups, const int8_t* a, int64_t lda, const int8_t* b,
+                                                       const float* sa, float* c, int64_t ldc, const Epi& e) {
+  __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+          c31 = c00;
+  const __m256i ones = _mm256_set1_epi16(1);
+#define VITFAST_AVX2_I8_ROW(row)                                                      \
+  if (MR > row) {                                                                     \
+    const __m256i t = bcast4(a + row * lda);                                          \
+    const __m256i u = _mm256_abs_epi8(t);                                             \
+    const __m256i p0 = _mm256_maddubs_epi16(u, _mm256_sign_epi8(b0, t));              \
+    const __m256i p1 = _mm256_maddubs_epi16(u, _mm256_sign_epi8(b1, t));              \
+    c##row##0 = _mm256_add_epi32(c##row##0, _mm256_madd_epi16(p0, ones));             \
+    c##row##1 = _mm256_add_epi32(c##row##1, _mm256_madd_epi16(p1, ones));             \
+  }
+  for (int64_t p = 0; p < groups; ++p) {
+    const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 32));
+    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64), _MM_HINT_T0);
+    b += 64;
+    VITFAST_AVX2_I8_ROW(0)
+    VITFAST_AVX2_I8_ROW(1)
+    VITFAST_AVX2_I8_ROW(2)
+    VITFAST_AVX2_I8_ROW(3)
+    a += 4;
+  }
+#undef VITFAST_AVX2_I8_ROW
+  // Columns 0-7 of the panel are bytes 0-31 of a group (acc *0), columns 8-15 bytes 32-63 (acc *1).
+  store_row(c00, c01, sa[0], e, c, 0);
+  if (MR > 1) store_row(c10, c11, sa[1], e, c + ldc, 1);
+  if (MR > 2) store_row(c20, c21, sa[2], e, c + 2 * ldc, 2);
+  if (MR > 3) store_row(c30, c31, sa[3], e, c + 3 * ldc, 3);
+}
+
+}  // namespace
+
+void gemm_int8_block_avx2(const Int8BlockArgs& g) {
+  const int64_t groups = g.k4 / 4;
+  for (int64_t p = g.panel_begin; p < g.panel_end; ++p) {
+    const int8_t* bp = g.b + p * g.b_panel_stride;
+    const int64_t col = p * kNr;
+    const int64_t valid = g.n - col;
+    Epi e;
+    e.load_c = g.accumulate;
+    e.bias = g.bias != nullptr ? g.bias + col : nullptr;
+    e.w_scale = g.w_scale + col;
+    e.gelu = g.gelu;
+    e.ld_addend = g.ld_addend;
+    e.n_store = (valid >= kNr || (g.c_padded && g.addend == nullptr)) ? kNr : int(valid);
+    for (int64_t i = 0; i < g.m; i += kMrAvx2) {
+      const int8_t* a = g.a + i * g.lda;
+      float* c = g.c + i * g.ldc + col;
+      e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
+      switch (g.m - i >= kMrAvx2 ? kMrAvx2 : g.m - i) {
+        case 4: tile<4>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 3: tile<3>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 2: tile<2>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        default: tile<1>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+      }
+    }
+  }
+}
+
+// The scalar definition 8 lanes at a time (see quantize_rows_avx512 for why the bits agree).
+void quantize_rows_avx2(const QuantizeArgs& q) {
+  const __m256 fmax = _mm256_set1_ps(3.402823466e+38f), sign = _mm256_set1_ps(-0.0f);
+  // Byte 0 of each s32 lane (the s8 value, |q| <= 127) to bytes 0-3 of each 128-bit half.
+  const __m256i gather = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const int64_t k = q.k, k4 = (k + 3) / 4 * 4;
+  for (int64_t r = 0; r < q.rows; ++r) {
+    const float* x = q.x + r * q.ldx;
+    int8_t* out = q.qa + r * q.lda;
+    __m256 vmax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    for (int64_t c = 0; c < k; c += 8) {
+      const __m256i m = lane_mask(k - c >= 8 ? 8 : int(k - c));
+      __m256 v = _mm256_maskload_ps(x + c, m);
+      if (q.col_scale != nullptr) v = _mm256_mul_ps(v, _mm256_maskload_ps(q.col_scale + c, m));
+      const __m256 av = _mm256_andnot_ps(sign, v);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(av, fmax, _CMP_NLE_UQ));
+      vmax = _mm256_max_ps(vmax, av);
+    }
+    const float amax = hmax8(vmax);
+    const bool finite = _mm256_movemask_ps(bad) == 0;
+    const float inv = 127.0f / amax;
+    const bool zero = finite && !(inv <= 3.402823466e+38f);
+    __m256i vsum = _mm256_setzero_si256();
+    if (finite && !zero) {
+      const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+      for (int64_t c = 0; c < k; c += 8) {
+        const int lanes = k - c >= 8 ? 8 : int(k - c);
+        const __m256i m = lane_mask(lanes);
+        __m256 v = _mm256_maskload_ps(x + c, m);
+        if (q.col_scale != nullptr) v = _mm256_mul_ps(v, _mm256_maskload_ps(q.col_scale + c, m));
+        const __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v, vinv), lo), hi);
+        const __m256i i = _mm256_cvtps_epi32(t);
+        vsum = _mm256_add_epi32(vsum, i);
+        const __m256i bytes = _mm256_shuffle_epi8(i, gather);
+        const __m128i packed =
+            _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
+        if (lanes == 8) {
+          _mm_storel_epi64(reinterpret_cast<__m128i*>(out + c), packed);
+        } else {
+          int8_t tmp[16];
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(tmp), packed);
+          for (int j = 0; j < lanes; ++j) out[c + j] = tmp[j];
+        }
+      }
+    } else {
+      for (int64_t c = 0; c < k; ++c) out[c] = 0;
+    }
+    for (int64_t c = k; c < k4; ++c) out[c] = 0;
+    q.sa[r] = !finite ? __builtin_nanf("") : (zero ? 0.0f : amax / 127.0f);
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vsum), _mm256_extracti128_si256(vsum, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    q.rowsum[r] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+  }
+}
+
+}  // namespace gemm8
+}  // namespace vitfast
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

@@ -1,0 +1,281 @@
+// AVX-512 VNNI int8 kernel (Int8Kernel::kAvx512Vnni): 14 × 32 register tiles of `vpdpbusd`, and the AVX-512
+// quantize_rows.
+//
+// `vpdpbusd acc, u8, s8` adds four u8 × s8 products into each s32 lane, exactly (no saturation: that is the
+// vpdpbusds variant).  Its last operand may be a 32-bit memory broadcast ({1to16}): that operand is A (four s8
+// activations of one row, the same for all 16 columns), so B is stored as u8 = qw + 128 (gemm_int8.cpp) and the
+// epilogue removes 128·rowsum[r].  One step of 4 k is then 2 B loads + 28 vpdpbusd with broadcast memory
+// operands, the same shape as the fp32 14 × 32 tile (gemm_avx512.cpp) but 4× the MACs per instruction.  The s32
+// sum wraps modulo 2³² when Σ qa·(qw + 128) exceeds 2³¹ (k > 66 000); after subtracting 128·rowsum the result is
+// the exact Σ qa·qw whenever that fits in s32 (k < 133 000), since the arithmetic is modular.
+//
+// The ISA is enabled for this file only, as in gemm_avx512.cpp; run-time choice by int8_kernel() (cpu_has
+// kAvx512Vnni).  The quantizer needs only AVX-512 F/BW (kAvx512 path).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma"))), \
+                             apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma")
+#endif
+
+#include <immintrin.h>
+#include <stdint.h>
+
+// GCC 12 reports the `_mm512_undefined_*()` pass-throughs inside its own avx512fintrin.h (_mm512_reduce_*, masked
+// min/max) as (maybe-)uninitialized: false positives in the header, not in this file.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#include "kernels/gemm_int8_isa.h"
+#include "kernels/x86/avx512_math.h"
+
+namespace vitfast {
+namespace gemm8 {
+namespace {
+
+using x86::gelu16;
+
+constexpr int kNr = 16;
+constexpr int kMr512 = 14;
+// B prefetch distance in 4-k groups (64-byte lines), as the fp32 kernel's kPrefetchLines.
+constexpr int64_t kPrefetchLines = 64;
+// Groups before the end of the K loop at which the tile's C and addend lines are prefetched (as kCPrefetchSteps
+// in gemm_avx512.cpp: one group step is 28 instructions here, as one k step there).
+constexpr int64_t kCPrefetchSteps = 128;
+
+struct Epi {
+  bool load_c;
+  const float* bias;     // 32 values at this tile's column, or nullptr
+  const float* w_scale;  // 32 values at this tile's column
+  bool gelu;
+  const float* addend;   // at this tile's (row 0, col 0), or nullptr
+  int64_t ld_addend;
+  __mmask16 mask[2];
+};
+
+static inline __attribute__((always_inline)) __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+static inline __m512 epilogue16(__m512i acc, int32_t rowsum, float sa, const Epi& e, const float* ci, int q,
+                                int64_t row) {
+  const __mmask16 m = e.mask[q];
+  __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(rowsum * 128)));
+  v = _mm512_mul_ps(v, _mm512_set1_ps(sa));
+  v = _mm512_fmadd_ps(v, _mm512_loadu_ps(e.w_scale + 16 * q),
+                      e.load_c ? _mm512_maskz_loadu_ps(m, ci + 16 * q) : _mm512_setzero_ps());
+  if (e.bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(e.bias + 16 * q));
+  if (e.gelu) v = gelu16(v);
+  if (e.addend != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, e.addend + row * e.ld_addend + 16 * q));
+  return v;
+}
+
+template <int MR, int NP>
+static inline __attribute__((always_inline)) void prefetch_tile_rows(const float* c, int64_t ldc, const Epi& e) {
+  for (int r = 0; r < MR; ++r) {
+    for (int q = 0; q < NP; ++q) {
+      _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16 * q), _MM_HINT_T0);
+      if (e.addend != nullptr)
+        _mm_prefetch(reinterpret_cast<const char*>(e.addend + r * e.ld_addend + 16 * q), _MM_HINT_T0);
+    }
+  }
+}
+
+// C[MR × 16·NP] (=|+=) epilogue over `groups` groups of 4 k; NP = 1 or 2 panels (the second b_stride bytes on).
+template <int MR, int NP>
+static inline __attribute__((always_inline)) void tile(int64_t groups, const int8_t* a, int64_t lda, const int8_t* b,
+                                                       int64_t b_stride, const float* sa, const int32_t* rowsum,
+                                                       float* c, int64_t ldc, const Epi& e) {
+  __m512i c0_0 = _mm512_setzero_si512(), c0_1 = c0_0, c1_0 = c0_0, c1_1 = c0_0, c2_0 = c0_0, c2_1 = c0_0;
+  __m512i c3_0 = c0_0, c3_1 = c0_0, c4_0 = c0_0, c4_1 = c0_0, c5_0 = c0_0, c5_1 = c0_0;
+  __m512i c6_0 = c0_0, c6_1 = c0_0, c7_0 = c0_0, c7_1 = c0_0, c8_0 = c0_0, c8_1 = c0_0;
+  __m512i c9_0 = c0_0, c9_1 = c0_0, c10_0 = c0_0, c10_1 = c0_0, c11_0 = c0_0, c11_1 = c0_0;
+  __m512i c12_0 = c0_0, c12_1 = c0_0, c13_0 = c0_0, c13_1 = c0_0;
+  const int8_t* a0 = a;
+  const int8_t* a3 = MR > 3 ? a + 3 * lda : a;
+  const int8_t* a6 = MR > 6 ? a + 6 * lda : a;
+  const int8_t* a9 = MR > 9 ? a + 9 * lda : a;
+  const int8_t* a12 = MR > 12 ? a + 12 * lda : a;
+  const int8_t* b1p = b + (NP > 1 ? b_stride : 0);
+#define VITFAST_VNNI_ROW(row, ptr, off)                                \
+  if (MR > row) {                                                      \
+    const __m512i t = bcast4(ptr + (off));                             \
+    c##row##_0 = _mm512_dpbusd_epi32(c##row##_0, b0, t);               \
+    if (NP > 1) c##row##_1 = _mm512_dpbusd_epi32(c##row##_1, b1, t);   \
+  }
+  const int64_t g_tail = groups > kCPrefetchSteps ? groups - kCPrefetchSteps : 0;
+  for (int64_t p_begin = 0, p_end = g_tail, pass = 0; pass < 2; ++pass, p_begin = p_end, p_end = groups) {
+    if (pass == 1 && g_tail > 0) prefetch_tile_rows<MR, NP>(c, ldc, e);
+#pragma GCC unroll 2
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      const __m512i b0 = _mm512_load_si512(b);
+      const __m512i b1 = NP > 1 ? _mm512_load_si512(b1p) : b0;
+      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64), _MM_HINT_T0);
+      if (NP > 1) _mm_prefetch(reinterpret_cast<const char*>(b1p + kPrefetchLines * 64), _MM_HINT_T0);
+      b += 64;
+      b1p += 64;
+      VITFAST_VNNI_ROW(0, a0, 0)
+      VITFAST_VNNI_ROW(1, a0, lda)
+      VITFAST_VNNI_ROW(2, a0, 2 * lda)
+      VITFAST_VNNI_ROW(3, a3, 0)
+      VITFAST_VNNI_ROW(4, a3, lda)
+      VITFAST_VNNI_ROW(5, a3, 2 * lda)
+      VITFAST_VNNI_ROW(6, a6, 0)
+      VITFAST_VNNI_ROW(7, a6, lda)
+      VITFAST_VNNI_ROW(8, a6, 2 * lda)
+      VITFAST_VNNI_ROW(9, a9, 0)
+      VITFAST_VNNI_ROW(10, a9, lda)
+      VITFAST_VNNI_ROW(11, a9, 2 * lda)
+      VITFAST_VNNI_ROW(12, a12, 0)
+      VITFAST_VNNI_ROW(13, a12, lda)
+      a0 += 4;
+      a3 += 4;
+      a6 += 4;
+      a9 += 4;
+      a12 += 4;
+    }
+  }
+#undef VITFAST_VNNI_ROW
+#define VITFAST_VNNI_STORE(row)                                                                                   \
+  if (MR > row) {                                                                                                 \
+    float* ci = c + row * ldc;                                                                                    \
+    const int32_t rs = rowsum[row];                                                                               \
+    const float s = sa[row];                                                                                      \
+    _mm512_mask_storeu_ps(ci, e.mask[0], epilogue16(c##row##_0, rs, s, e, ci, 0, row));                           \
+    if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], epilogue16(c##row##_1, rs, s, e, ci, 1, row));          \
+  }
+  VITFAST_VNNI_STORE(0)
+  VITFAST_VNNI_STORE(1)
+  VITFAST_VNNI_STORE(2)
+  VITFAST_VNNI_STORE(3)
+  VITFAST_VNNI_STORE(4)
+  VITFAST_VNNI_STORE(5)
+  VITFAST_VNNI_STORE(6)
+  VITFAST_VNNI_STORE(7)
+  VITFAST_VNNI_STORE(8)
+  VITFAST_VNNI_STORE(9)
+  VITFAST_VNNI_STORE(10)
+  VITFAST_VNNI_STORE(11)
+  VITFAST_VNNI_STORE(12)
+  VITFAST_VNNI_STORE(13)
+#undef VITFAST_VNNI_STORE
+}
+
+template <int NP>
+void row_tiles(const Int8BlockArgs& g, const int8_t* bp, int64_t col, const Epi& base) {
+  Epi e = base;
+  // Balanced row tiles, as the fp32 kernel: 197 rows = 2 × 14 + 13 × 13 (a 1-row tile would run at the
+  // vpdpbusd latency with only two accumulator chains).
+  const int64_t tiles = (g.m + kMr512 - 1) / kMr512;
+  const int64_t rows_small = tiles > 0 ? g.m / tiles : 0, n_big = tiles > 0 ? g.m % tiles : 0;
+  const int64_t groups = g.k4 / 4, bs = g.b_panel_stride;
+  for (int64_t t = 0, i = 0; t < tiles; ++t) {
+    const int64_t rows = rows_small + (t < n_big ? 1 : 0);
+    const int8_t* a = g.a + i * g.lda;
+    float* c = g.c + i * g.ldc + col;
+    const float* sa = g.sa + i;
+    const int32_t* rs = g.rowsum + i;
+    e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
+    i += rows;
+    switch (rows) {
+      case 14: tile<14, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 13: tile<13, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 12: tile<12, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 11: tile<11, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 10: tile<10, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 9: tile<9, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 8: tile<8, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 7: tile<7, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 6: tile<6, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 5: tile<5, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 4: tile<4, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 3: tile<3, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 2: tile<2, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      default: tile<1, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+    }
+  }
+}
+
+}  // namespace
+
+// For each pair of panels (a last odd panel alone), for each row tile; no K blocking (s32 accumulators live
+// across all of K; a DeiT-B fc2 pair of panels is 3072 × 32 B = 96 KiB, streamed from L2 with the prefetch).
+void gemm_int8_block_avx512_vnni(const Int8BlockArgs& g) {
+  for (int64_t p = g.panel_begin; p < g.panel_end; p += 2) {
+    const int np = g.panel_end - p >= 2 ? 2 : 1;
+    const int8_t* bp = g.b + p * g.b_panel_stride;
+    const int64_t col = p * kNr;
+    Epi e;
+    e.load_c = g.accumulate;
+    e.bias = g.bias != nullptr ? g.bias + col : nullptr;
+    e.w_scale = g.w_scale + col;
+    e.gelu = g.gelu;
+    e.ld_addend = g.ld_addend;
+    e.addend = nullptr;
+    for (int q = 0; q < 2; ++q) {
+      const int64_t valid = g.n - (col + q * kNr);
+      const bool whole = valid >= kNr || (g.c_padded && g.addend == nullptr);
+      e.mask[q] = q < np ? (whole ? __mmask16(0xFFFF) : (valid > 0 ? __mmask16((1u << valid) - 1u) : __mmask16(0)))
+                         : __mmask16(0);
+    }
+    if (np == 2)
+      row_tiles<2>(g, bp, col, e);
+    else
+      row_tiles<1>(g, bp, col, e);
+  }
+}
+
+// The scalar definition (gemm_int8_scalar.cpp) 16 lanes at a time: the row maximum is exact whatever the order,
+// x · inv is one fp32 multiply in both, and clamping to ±127 before the round-half-to-even conversion
+// (vcvtps2dq under the default MXCSR) equals rounding then clamping, the bounds being integers.
+void quantize_rows_avx512(const QuantizeArgs& q) {
+  const __m512 fmax = _mm512_set1_ps(3.402823466e+38f);
+  const int64_t k = q.k, k4 = (k + 3) / 4 * 4;
+  for (int64_t r = 0; r < q.rows; ++r) {
+    const float* x = q.x + r * q.ldx;
+    int8_t* out = q.qa + r * q.lda;
+    __m512 vmax = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (int64_t c = 0; c < k; c += 16) {
+      const __mmask16 m = k - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (k - c)) - 1u);
+      __m512 v = _mm512_maskz_loadu_ps(m, x + c);
+      if (q.col_scale != nullptr) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, q.col_scale + c));
+      const __m512 av = _mm512_abs_ps(v);
+      bad |= _mm512_cmp_ps_mask(av, fmax, _CMP_NLE_UQ);  // ±Inf and NaN
+      vmax = _mm512_max_ps(vmax, av);
+    }
+    const float amax = _mm512_reduce_max_ps(vmax);
+    const bool finite = bad == 0;
+    const float inv = 127.0f / amax;
+    const bool zero = finite && !(inv <= 3.402823466e+38f);
+    __m512i vsum = _mm512_setzero_si512();
+    if (finite && !zero) {
+      const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+      for (int64_t c = 0; c < k; c += 16) {
+        const __mmask16 m = k - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (k - c)) - 1u);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + c);
+        if (q.col_scale != nullptr) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, q.col_scale + c));
+        const __m512 t = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, vinv), lo), hi);
+        const __m512i i = _mm512_cvtps_epi32(t);
+        vsum = _mm512_add_epi32(vsum, i);  // masked-off lanes are 0 · inv = 0
+        _mm512_mask_cvtsepi32_storeu_epi8(out + c, m, i);
+      }
+    } else {
+      for (int64_t c = 0; c < k; ++c) out[c] = 0;
+    }
+    for (int64_t c = k; c < k4; ++c) out[c] = 0;
+    q.sa[r] = !finite ? __builtin_nanf("") : (zero ? 0.0f : amax / 127.0f);
+    q.rowsum[r] = _mm512_reduce_add_epi32(vsum);
+  }
+}
+
+}  // namespace gemm8
+}  // namespace vitfast
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
