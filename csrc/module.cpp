@@ -67,6 +67,26 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_cpu_isa", &set_cpu_isa, py::arg("isa"),
         "Force a CPU code path ('scalar', 'avx2', 'avx512', 'neon') for every later call; returns the previous one. "
         "ValueError for an unknown name, RuntimeError for a path this CPU cannot run.");
+  // The low-precision extensions inside the paths (cpu_features.h CpuExt): listed, and switched together for tests.
+  m.def(
+      "cpu_extensions",
+      []() {
+        std::vector<std::string> out;
+        for (auto e : {vitfast::CpuExt::kAvx512Vnni, vitfast::CpuExt::kAvx512Bf16, vitfast::CpuExt::kNeonDotProd,
+                       vitfast::CpuExt::kNeonBf16})
+          if (vitfast::cpu_has(e)) out.emplace_back(vitfast::cpu_ext_name(e));
+        return out;
+      },
+      "The low-precision extensions in use: 'avx512_vnni', 'avx512_bf16', 'neon_dotprod', 'neon_bf16' "
+      "(VITFAST_CPU_EXT=none turns them off).");
+  m.def(
+      "set_cpu_ext_enabled",
+      [](bool enabled) {
+        for (auto e : {vitfast::CpuExt::kAvx512Vnni, vitfast::CpuExt::kAvx512Bf16, vitfast::CpuExt::kNeonDotProd,
+                       vitfast::CpuExt::kNeonBf16})
+          vitfast::set_cpu_ext_enabled(e, enabled);  // false (no change) for one the CPU lacks
+      },
+      py::arg("enabled"), "Turn every low-precision extension this CPU has on or off (tests, comparisons).");
   m.def(
       "_weight_cache_stats",
       []() {

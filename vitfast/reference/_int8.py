@@ -3,8 +3,8 @@
 The definitions are the C++ core's (csrc/kernels/gemm_int8.h), written once in torch:
 
     activations, per row (dynamic):  amax = max|x|,  inv = 127 / amax (fp32),  q = clamp(rne(x · inv), −127, 127),
-                                      s = amax / 127;  an all-zero row: s = 0, q = 0;  a row with NaN/±Inf: s = NaN,
-                                      q = 0 (its output row is NaN, as in fp32)
+                                      s = amax / 127;  an all-zero row (or one whose 127 / amax overflows): s = 0,
+                                      q = 0;  a row with NaN/±Inf: s = NaN, q = 0 (its output row is NaN, as in fp32)
     activations, per tensor (static): inv = 1 / act_scale (fp32), q = clamp(rne(x · inv), −127, 127), s = act_scale
     weights, per output channel:      amax_j = max_k |W[j, k]|, s_j = amax_j / 127, q = clamp(rne(W · (127 / amax_j)))
     product:                          y[r, j] = fma(fp32(Σ_k q_x[r, k] · q_w[j, k]) · s_x[r], s_w[j], 0 or the
@@ -38,9 +38,11 @@ def quantize_rows(x: torch.Tensor, col_scale: Optional[torch.Tensor] = None,
     else:
         amax = x.abs().amax(dim=-1) if x.shape[-1] > 0 else x.new_zeros(x.shape[:-1])
         bad = ~torch.isfinite(amax)
-        inv = torch.where(amax > 0, QMAX / amax, torch.zeros_like(amax))
+        inv = QMAX / amax
+        zero = ~bad & ~torch.isfinite(inv)  # 127 / amax overflows (all zeros, or amax < 127 / FLT_MAX): a zero row
+        inv = torch.where(zero | bad, torch.zeros_like(inv), inv)
         q = torch.round(x * inv.unsqueeze(-1)).clamp_(-QMAX, QMAX)
-        s = amax / QMAX
+        s = torch.where(zero, torch.zeros_like(amax), amax / QMAX)
     q = torch.where(bad.unsqueeze(-1), torch.zeros_like(q), q)
     s = torch.where(bad, torch.full_like(s, float("nan")), s)
     return q.to(torch.int8), s
