@@ -151,6 +151,12 @@ void test_kernel(Int8Kernel kern) {
     check_gemm8(kern, rng, 29, 100, 300, cs);
     check_gemm8(kern, rng, 197, 64, 96, cs);
   }
+  // Every combination of the five epilogue switches.
+  for (int bits = 0; bits < 32; ++bits) {
+    const Case cs = {(bits & 1) != 0, (bits & 2) != 0, (bits & 4) != 0, (bits & 8) != 0, (bits & 16) != 0};
+    check_gemm8(kern, rng, 19, 45, 23, cs);
+    check_gemm8(kern, rng, 14, 64, 64, cs);
+  }
   // Panel subranges (odd starts split the AVX-512 pairs differently).
   for (int64_t pb = 0; pb < 5; ++pb)
     for (int64_t pe = pb + 1; pe <= 5; ++pe) check_gemm8(kern, rng, 17, 75, 41, cases[(pb + pe) % 8], nullptr, nullptr, false, pb, pe);
