@@ -10,6 +10,7 @@ test_sanitizers.py.
 import os
 import platform
 import shutil
+from pathlib import Path
 
 import pytest
 from cmake_tree import ROOT, assert_every_isa_ran, build_dir, configure_build_test, run
@@ -22,6 +23,30 @@ def test_native_cmake_ctest(request):
     assert "100% tests passed" in out
     assert_every_isa_ran(out)
     assert "pack_cache: all checks passed" in out, out
+    assert "gemm_int8: all checks passed" in out, out
+    # The int8 GEMM kernels this host has, each forced and checked against the exact integer reference.
+    for line in int8_kernel_lines():
+        assert line in out, f"missing {line!r} in the native run:\n{out}"
+
+
+def int8_kernel_lines():
+    """The "[kernel] gemm_int8 parity: ok" / "[path] quantize_rows parity: ok" lines test_gemm_int8 must print here."""
+    lines = ["[scalar] gemm_int8 parity: ok", "[scalar] quantize_rows parity: ok"]
+    machine = platform.machine().lower()
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    words = set(flags.split())
+    if machine in ("x86_64", "amd64"):
+        if {"avx2", "fma"} <= words:
+            lines += ["[avx2] gemm_int8 parity: ok", "[avx2] quantize_rows parity: ok"]
+        if {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= words:
+            lines.append("[avx512] quantize_rows parity: ok")
+            if "avx512_vnni" in words:
+                lines.append("[avx512_vnni] gemm_int8 parity: ok")
+    elif machine in ("aarch64", "arm64"):
+        lines.append("[neon] quantize_rows parity: ok")
+        if "asimddp" in words:
+            lines.append("[neon_dot] gemm_int8 parity: ok")
+    return lines
 
 
 @pytest.mark.cross
@@ -38,7 +63,10 @@ def test_aarch64_cross_build_under_qemu(request):
     # (parity of GEMM, GELU and the fused op) prove that code ran under qemu.
     for line in ("ISA paths under test: scalar neon", "[neon] gemm parity", "[neon] gelu",
                  "[neon] channel_idle_ffn parity", "[neon] linear parity",
-                 "[neon] softmax: ok", "[neon] attention parity", "[neon] layer_norm parity"):
+                 "[neon] softmax: ok", "[neon] attention parity", "[neon] layer_norm parity",
+                 # qemu-user's default CPU has the dot-product extension: the sdot kernel ran, and the plain path.
+                 "[neon_dot] gemm_int8 parity: ok", "[scalar] gemm_int8 parity: ok",
+                 "[neon] quantize_rows parity: ok", "gemm_int8: all checks passed"):
         assert line in out, f"missing {line!r} in the qemu run:\n{out}"
 
 

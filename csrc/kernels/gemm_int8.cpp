@@ -86,6 +86,7 @@ void AlignedBytes::Free::operator()(int8_t* p) const { std::free(p); }
 PackedInt8B PackedInt8B::pack(const int8_t* qw, int64_t n, int64_t k, int64_t ldw, const float* w_scale,
                               const float* bias, Int8Kernel kernel) {
   if (n < 0 || k < 0 || ldw < k) throw std::invalid_argument("PackedInt8B::pack: bad shape or ldw < k");
+  if (n > 0 && w_scale == nullptr) throw std::invalid_argument("PackedInt8B::pack: w_scale is required");
   // −128 first: the AVX2 sign trick negates qw (−(−128) does not exist in int8) and the VNNI kernel's u8 form
   // qw + 128 would be 0 = "weight −128" where the kernels' bounds (|qa·qw| <= 127²) assume |qw| <= 127.
   for (int64_t j = 0; j < n; ++j)
@@ -152,6 +153,9 @@ void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa,
   if (!compiled(kernel))
     throw std::invalid_argument(std::string("gemm_int8: kernel ") + int8_kernel_name(kernel) +
                                 " is not compiled into this binary");
+  if (panel_begin < 0 || panel_end > b.panels())
+    throw std::invalid_argument("gemm_int8: panels [" + std::to_string(panel_begin) + ", " + std::to_string(panel_end) +
+                                ") outside the weight's " + std::to_string(b.panels()));
   if (m <= 0 || panel_end <= panel_begin) return;
   if (lda % 4 != 0 || lda < b.k4()) throw std::invalid_argument("gemm_int8: lda must be a multiple of 4 >= padded_k(k)");
   Int8BlockArgs g;

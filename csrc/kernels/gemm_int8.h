@@ -7,7 +7,8 @@
 // qa: int8 activations, symmetric per row (token), made by `quantize_rows`:
 //       amax = max_k |x[r][k]|,  inv = 127 / amax (fp32),  qa = clamp(rne(x · inv), −127, 127),  sa = amax / 127
 //     (rne: round half to even, as torch.round and cvtps2dq).  An all-zero row gives sa = 0, qa = 0; a row with a
-//     NaN or ±Inf gives sa = NaN and qa = 0, so its output row is NaN as in fp32.  Row-major with row stride lda
+//     NaN or ±Inf gives sa = NaN and qa = 0, so its output row is NaN as in fp32.  A row whose 127 / amax overflows
+//     fp32 (amax < 127 / FLT_MAX ≈ 3.7e-37) counts as all-zero (x · inf would turn its zeros into NaN).  Row-major with row stride lda
 //     (a multiple of 4, >= round_up(k, 4)); the bytes in [k, round_up(k, 4)) are zero.
 // qw: int8 weights, symmetric per output channel, in [−127, 127] (−128 is refused by the pack: the kernels below
 //     rely on it), with fp32 scales sw[n].
@@ -21,6 +22,8 @@
 //                pair sum is at most 2·127·127 = 32258 < 2^15 (vpmaddubsw saturates at 2^15 − 1: never reached).
 //   kNeonDot     `sdot` (s8 × s8, four products into s32).
 //   kScalar      int32 loops (also the exact reference of the C++ tests).
+// Epilogue (every kernel, fp32): v = fma(float(dot) · sa[r], sw[j], accumulate ? C : 0), + bias, GELU, + addend
+// (gemm_int8_isa.h says why the fma is explicit).
 // Every kernel computes the same int32 dot products exactly (|Σ| ≤ k·127² < 2^31 for k < 133 000), so results
 // differ between kernels only by the fp32 rounding of the epilogue.
 //

@@ -1,0 +1,108 @@
+"""The int8 GEMM core against the core's instruction peaks and against the fp32 GEMM, on one core: builds the C++
+benchmark `bench_gemm_int8` (csrc/bench/bench_gemm_int8.cpp) with CMake (the helpers of tests/cmake_tree.py), runs
+it and prints its table; --record writes the tables `int8_gemm_peaks` and `int8_gemm_shapes` into
+benchmarks/results/ (results_file.py), --json prints the program's JSON report.
+
+    python benchmarks/int8_gemm_peak.py [--rounds 7] [--record] [--json] [--scalar]
+
+The program times with the thread's CPU time (on a shared machine wall time counts other processes' slices) and
+measures the peaks inside every shape's interleaved rounds, so a figure and the peak it is divided by come from
+the same minutes; each figure is the median of the rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from cmake_tree import run, tool  # noqa: E402
+
+
+def build(build_dir: str) -> str:
+    """Configures (once) and builds the benchmark target only; returns the program's path."""
+    cmake = tool("cmake")
+    assert cmake, "cmake not found (pip install cmake, or apt-get install cmake)"
+    gen = ["-G", "Ninja"] if tool("ninja") else []
+    if gen and tool("ninja") != __import__("shutil").which("ninja"):
+        gen += [f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}"]
+    if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
+        run([cmake, "-S", ROOT, "-B", build_dir, *gen, "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_TESTING=OFF"])
+    run([cmake, "--build", build_dir, "--parallel", str(min(2, os.cpu_count() or 1)), "--target", "bench_gemm_int8"])
+    return os.path.join(build_dir, "bench_gemm_int8")
+
+
+def measure(program: str, rounds: int, scalar: bool) -> dict:
+    cmd = [program, "--json", "--rounds", str(rounds)] + (["--scalar"] if scalar else [])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600).stdout
+    return json.loads(out)
+
+
+def print_table(report: dict) -> None:
+    print("peaks (one core, register-only loops):")
+    for p in report["peaks"]:
+        print(f"  {p['name']:40s} {p['gops']:8.1f} GOPS")
+    print(f"\n{'shape':22s} {'m x k x n':14s} {'variant':18s} {'us/call':>9s} {'GOPS':>8s} {'% peak':>7s} {'quant us':>9s}")
+    for r in report["rows"]:
+        quant = f"{r['quant_us']:9.1f}" if r["variant"].startswith("int8") else ""
+        print(f"{r['shape']:22s} {r['mkn']:14s} {r['variant']:18s} {r['us']:9.1f} {r['gops']:8.1f} "
+              f"{r['pct_peak']:6.1f}% {quant}")
+
+
+def record_tables(report: dict, rounds: int, command: str) -> None:
+    from results_file import record
+
+    conditions = (f"one thread, thread CPU time, medians of {rounds} interleaved rounds (peaks measured inside every "
+                  f"round); quantize_rows on the {report['quantize_isa']} path")
+    record("int8_gemm_peaks", {
+        "title": "Instruction peaks of one core (register-only loops of independent instructions)",
+        "script": "benchmarks/int8_gemm_peak.py", "command": command, "conditions": conditions,
+        "columns": [{"label": "loop", "fmt": "{name}"}, {"label": "GOPS (2 per multiply-add)", "fmt": "{gops:.1f}"}],
+        "rows": [{"name": p["name"], "gops": round(p["gops"], 1)} for p in report["peaks"]],
+    })
+    path = record("int8_gemm_shapes", {
+        "title": "gemm_int8 (every kernel) and the fp32 gemm at DeiT-S/B shapes, one core",
+        "script": "benchmarks/int8_gemm_peak.py", "command": command, "conditions": conditions,
+        "columns": [
+            {"label": "shape", "fmt": "{shape}"},
+            {"label": "m × k × n", "fmt": "{mkn}"},
+            {"label": "variant", "fmt": "{variant}"},
+            {"label": "µs", "fmt": "{us:.1f}"},
+            {"label": "GOPS", "fmt": "{gops:.1f}"},
+            {"label": "% of peak", "fmt": "{pct_peak:.1f}%"},
+            {"label": "peak", "fmt": "{peak}"},
+            {"label": "quantize_rows µs", "fmt": "{quant_us:.1f}"},
+        ],
+        "rows": report["rows"],
+    })
+    print(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--scalar", action="store_true", help="also the scalar int8 kernel (slow)")
+    parser.add_argument("--record", action="store_true", help="write the tables into benchmarks/results/")
+    parser.add_argument("--json", action="store_true", help="print the program's JSON report instead of the table")
+    parser.add_argument("--build-dir", default=os.path.join(ROOT, "build", "int8-bench"))
+    args = parser.parse_args()
+    report = measure(build(args.build_dir), args.rounds, args.scalar)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    if args.record:
+        from results_file import command_line
+
+        record_tables(report, args.rounds, command_line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
