@@ -52,7 +52,7 @@ def quantize_weight(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(q int8 [N, K], s fp32 [N]): symmetric per-output-channel int8 of an nn.Linear weight [N, K] (an all-zero row
     gets scale 0)."""
     w = w.detach().float()
-    amax = w.abs().amax(dim=1)
+    amax = w.abs().amax(dim=1) if w.shape[1] > 0 else w.new_zeros(w.shape[0])
     inv = torch.where(amax > 0, QMAX / amax, torch.zeros_like(amax))
     q = torch.round(w * inv.unsqueeze(1)).clamp_(-QMAX, QMAX).to(torch.int8)
     return q, amax / QMAX
