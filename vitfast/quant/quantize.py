@@ -12,8 +12,11 @@ Reparameterization-aware options, each measured by the caller (`vitfast verify`,
   max|W_j|^(1−α): activation channels with outliers (a folded BatchNorm or LayerScale widens them) are divided by
   s_j inside the quantizer, the weight's input channel multiplied.  Needs calibration.
 * `skip=`: layers kept in fp32.  A list of module paths or fnmatch patterns ("blocks.11.*"), or a float error budget:
-  every layer whose own relative output error on the calibration images exceeds it stays fp32.
+  every layer whose own relative output error on the calibration images exceeds it stays fp32 (and every layer the
+  calibration images never reach, behind a USDC gate closed on all of them: its error is unknown).
 The per-layer errors on the calibration images (when given) are kept in `model.vitfast_quantization["layers"]`.
+A layer no calibration image reaches (without a budget) is int8 with per-token scales and no migration, listed in
+`model.vitfast_quantization["uncalibrated"]`.
 """
 from __future__ import annotations
 
@@ -58,11 +61,13 @@ def quantizable_layers(model: nn.Module) -> Dict[str, str]:
 def fp32_kinds(model: nn.Module) -> List[str]:
     """What computes in fp32 in an int8 model besides the norms, softmax, GELU and adds (for `describe`)."""
     from ..nn.dwconv import FusedDWConvBlock
+    from ..nn.gated import FusedBatchGate
     from ..nn.xwx import FusedXWXAttention
 
     kept = []
     counts = {"XWX attention (non-deep)": sum(isinstance(m, FusedXWXAttention) for m in model.modules()),
-              "DW-conv attention": sum(isinstance(m, FusedDWConvBlock) for m in model.modules())}
+              "DW-conv attention": sum(isinstance(m, FusedDWConvBlock) for m in model.modules()),
+              "USDC gate": sum(isinstance(m, FusedBatchGate) for m in model.modules())}
     for what, n in counts.items():
         if n:
             kept.append(f"{n} × {what}")
@@ -122,7 +127,17 @@ def _skipped(layers: Dict[str, str], skip) -> List[str]:
     return [path for path in layers if any(fnmatch.fnmatchcase(path, p) for p in patterns)]
 
 
+def _calibrated(kind: str, recorder) -> bool:
+    """Whether the layer saw calibration inputs (a USDC gate can skip a sub-block on every calibration batch)."""
+    if recorder is None:
+        return False
+    return (recorder.stats if kind == "linear" else recorder.stats_in).channel is not None
+
+
 def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[float], static: bool) -> nn.Module:
+    if not _calibrated(kind, recorder):
+        # No statistics (no calibration, or the layer never ran on it): no migration, per-token scales.
+        alpha, static, recorder = None, False, None
     if kind == "linear":
         stats = recorder.stats if recorder is not None else None
         sm = _smooth_scale(stats.channel, module.weight, alpha) if alpha is not None else None
@@ -198,7 +213,14 @@ def quantize(
 
         calibrate.with_recorders(out, layers, pass_two)
         if isinstance(skip, (int, float)):
-            kept |= {path for path, e in errors.items() if e > float(skip)}
+            # a layer the calibration images never reached (a closed gate) has no measured error: it cannot be shown
+            # to be within the budget, so it stays fp32 too
+            kept |= {path for path, e in errors.items() if e is None or e > float(skip)}
+
+    # layers that never ran on the calibration images (a closed gate): int8 with per-token scales and no
+    # migration whatever the options (_build), listed so the record says so
+    uncalibrated = sorted(p for p in layers if calibration is not None and p not in kept
+                          and not _calibrated(layers[p], stats.get(p)))
     for path, kind in layers.items():
         if path in kept:
             continue
@@ -206,6 +228,7 @@ def quantize(
         set_submodule(out, path, _build(path, kind, module, stats.get(path), alpha, static))
     out.vitfast_quantization = {
         "dtype": "int8", "activations": activations, "smooth": alpha, "fp32": sorted(kept),
+        "uncalibrated": uncalibrated,
         "layers": [{"path": p, "kind": layers[p], "relative_error": errors.get(p), "int8": p not in kept}
                    for p in layers],
     }
@@ -236,6 +259,11 @@ def describe(model: nn.Module) -> str:
         fp32.append(f"{len(record['fp32'])} skipped layers ({', '.join(record['fp32'][:4])}"
                     f"{', ...' if len(record['fp32']) > 4 else ''})")
     parts.append("fp32: " + "; ".join(fp32))
+    if record.get("uncalibrated"):
+        n = len(record["uncalibrated"])
+        parts.append(f"{n} int8 layer{'s' if n > 1 else ''} never ran on the calibration images (a gate skipped "
+                     f"{'them' if n > 1 else 'it'}: {', '.join(record['uncalibrated'][:4])}"
+                     f"{', ...' if n > 4 else ''}), per-token scales without migration")
     measured = [layer for layer in record.get("layers", []) if layer.get("relative_error") is not None]
     if measured:
         worst = max(measured, key=lambda layer: layer["relative_error"])
