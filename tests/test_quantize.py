@@ -205,3 +205,49 @@ def test_bad_quantization_records_are_refused(tmp_path, edit, message):
         warnings.simplefilter("ignore")  # the rewritten file has no checksum record: a warning, not the point here
         vitfast.load(tmp_path / "bad.safetensors")
     assert message in str(e.value) and "bad.safetensors" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------ split_identity
+def test_split_identity_takes_the_folded_shortcut_off_the_int8_rows(tmp_path):
+    """A BatchNorm-variant FFN holds its block's shortcut in the linear path (W_lin = I + W'): the int8 rows get W'
+    only, the shortcut is added exactly (the op's residual).  Same function in exact arithmetic (the dequantized
+    weight + I is W_lin to the int8 rounding of W', not of I + W'), a smaller error, and the flag survives the file."""
+    model = _fused("batch")
+    ffn = model.blocks[0].mlp
+    assert Int8ChannelIdleFFN.folded_shortcut(ffn) and not Int8ChannelIdleFFN.folded_shortcut(_fused("layer").blocks[0].mlp)
+    a = ffn.active_features
+    split = Int8ChannelIdleFFN.from_ffn(ffn, split_identity=True)
+    whole = Int8ChannelIdleFFN.from_ffn(ffn, split_identity=False)
+    w_lin = ffn.w_in[a:].detach().double()
+    deq = lambda m: m.qw_in[a:].double() * m.s_in[a:].double().unsqueeze(1)  # noqa: E731
+    eye = torch.eye(w_lin.shape[0], dtype=torch.float64)
+    # each row's rounding is at most half a quantum, the quantum set by the row's largest |entry|: with I split off
+    # that is W''s own amax, not ≈ 1 + W'_jj
+    assert ((deq(split) + eye - w_lin).abs() <= (split.s_in[a:].double() / 2 + 1e-12).unsqueeze(1)).all()
+    assert (split.s_in[a:] < whole.s_in[a:]).all()
+    x = torch.randn(2, 17, ffn.features)
+    with torch.no_grad():
+        y = ffn(x)
+        err = {k: float((m(x) - y).norm() / y.norm()) for k, m in (("split", split), ("whole", whole))}
+    assert err["split"] < err["whole"]
+    q = vitfast.quantize(model)
+    assert all(m.split_identity for m in q.modules() if isinstance(m, Int8ChannelIdleFFN))
+    assert not any(m.split_identity for m in vitfast.quantize(model, split_identity=False).modules()
+                   if isinstance(m, Int8ChannelIdleFFN))
+    assert not any(m.split_identity for m in vitfast.quantize(_fused("layer")).modules()
+                   if isinstance(m, Int8ChannelIdleFFN))  # its shortcut is explicit already
+    with pytest.raises(ValueError, match="split_identity: expected an FFN whose shortcut is folded"):
+        Int8ChannelIdleFFN.from_ffn(_fused("layer").blocks[0].mlp, split_identity=True)
+    vitfast.save(q, tmp_path / "q.safetensors")
+    r = vitfast.load(tmp_path / "q.safetensors")
+    assert r.blocks[0].mlp.split_identity
+    xi = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(r(xi), q(xi))
+
+
+def test_int8_ffn_records_without_split_identity_still_load():
+    """Files written before split_identity existed have no such key: they load as split_identity=False."""
+    cfg = Int8ChannelIdleFFN.from_ffn(_fused("batch").blocks[0].mlp).quant_config()
+    del cfg["split_identity"]
+    assert Int8ChannelIdleFFN.from_quant_config(cfg).split_identity is False

@@ -14,6 +14,10 @@ Reparameterization-aware options, each measured by the caller (`vitfast verify`,
 * `skip=`: layers kept in fp32.  A list of module paths or fnmatch patterns ("blocks.11.*"), or a float error budget:
   every layer whose own relative output error on the calibration images exceeds it stays fp32 (and every layer the
   calibration images never reach, behind a USDC gate closed on all of them: its error is unknown).
+* `split_identity=True` (the default): a BatchNorm-variant FFN's linear path holds the block's shortcut (W_lin =
+  I + W', eq. 5); its int8 rows get W' only and the shortcut is added exactly in fp32 (vitfast/nn/int8.py).  Without
+  it the residual stream itself goes through int8 rows whose scale the diagonal sets: the largest error of a
+  BatchNorm model (1-2% of each block's output on the digits demo model, benchmarks/quant_digits.py).
 The per-layer errors on the calibration images (when given) are kept in `model.vitfast_quantization["layers"]`.
 A layer no calibration image reaches (without a budget) is int8 with per-token scales and no migration, listed in
 `model.vitfast_quantization["uncalibrated"]`.
@@ -134,7 +138,8 @@ def _calibrated(kind: str, recorder) -> bool:
     return (recorder.stats if kind == "linear" else recorder.stats_in).channel is not None
 
 
-def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[float], static: bool) -> nn.Module:
+def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[float], static: bool,
+           split_identity: bool = True) -> nn.Module:
     if not _calibrated(kind, recorder):
         # No statistics (no calibration, or the layer never ran on it): no migration, per-token scales.
         alpha, static, recorder = None, False, None
@@ -150,7 +155,9 @@ def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[fl
     stats_in = recorder.stats_in if recorder is not None else None
     stats_out = recorder.stats_out if recorder is not None else None
     a = module.active_features
-    sm_in = _smooth_scale(stats_in.channel, module.w_in, alpha) if alpha is not None else None
+    split = split_identity and Int8ChannelIdleFFN.folded_shortcut(module)
+    w_in = Int8ChannelIdleFFN.input_weight(module, split)
+    sm_in = _smooth_scale(stats_in.channel, w_in, alpha) if alpha is not None else None
     sm_out = (_smooth_scale(stats_out.channel, module.w_out, alpha) if alpha is not None and a > 0
               and stats_out.channel is not None else None)
     act_in = act_out = 0.0
@@ -159,7 +166,7 @@ def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[fl
         if a > 0 and stats_out.channel is not None:
             act_out = float((stats_out.channel * sm_out).max() if sm_out is not None else stats_out.tensor) / 127.0
     return Int8ChannelIdleFFN.from_ffn(module, smooth_in=sm_in, smooth_out=sm_out, act_scale_in=act_in,
-                                       act_scale_out=act_out)
+                                       act_scale_out=act_out, split_identity=split)
 
 
 def quantize(
@@ -171,6 +178,7 @@ def quantize(
     per_token: Optional[bool] = None,
     smooth: Union[None, bool, float] = None,
     skip: Union[None, float, str, Sequence[str]] = None,
+    split_identity: bool = True,
     progress: bool = False,
 ) -> nn.Module:
     """A low-precision copy of the fused `model` (the model itself is not changed); see the module doc.
@@ -182,6 +190,8 @@ def quantize(
     if per_token is None:
         per_token = activations == "dynamic"
     alpha = _check_args(model, calibration, dtype, activations, per_token, smooth, skip)
+    if split_identity not in (True, False):
+        raise ValueError(f"split_identity: expected True or False, got {split_identity!r}")
     if dtype == "bf16":
         out = copy.deepcopy(model).to(torch.bfloat16).eval()
         out.vitfast_quantization = {"dtype": "bf16"}
@@ -206,7 +216,7 @@ def quantize(
         def pass_two(recorders):
             for path, rec in recorders.items():
                 module = rec.linear if layers[path] == "linear" else rec.ffn
-                rec.candidate = _build(path, layers[path], module, stats[path], alpha, static)
+                rec.candidate = _build(path, layers[path], module, stats[path], alpha, static, split_identity)
             calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
                                 what="per-layer int8 error")
             errors.update({path: rec.error.relative for path, rec in recorders.items()})
@@ -225,10 +235,10 @@ def quantize(
         if path in kept:
             continue
         module = out.get_submodule(path)
-        set_submodule(out, path, _build(path, kind, module, stats.get(path), alpha, static))
+        set_submodule(out, path, _build(path, kind, module, stats.get(path), alpha, static, split_identity))
     out.vitfast_quantization = {
         "dtype": "int8", "activations": activations, "smooth": alpha, "fp32": sorted(kept),
-        "uncalibrated": uncalibrated,
+        "uncalibrated": uncalibrated, "split_identity": split_identity,
         "layers": [{"path": p, "kind": layers[p], "relative_error": errors.get(p), "int8": p not in kept}
                    for p in layers],
     }
