@@ -143,11 +143,23 @@ def logits_of(model, val) -> torch.Tensor:
 
 
 def compare(logits: torch.Tensor, ref: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
+    """Accuracy vs fp32, and the images whose argmax changed with their fp32 top-1 − top-2 margin (and that margin's
+    rank among the validation images: 0 = the smallest), next to the median per-image |Δlogits|."""
     acc = float((logits.argmax(-1) == labels).float().mean())
     acc_ref = float((ref.argmax(-1) == labels).float().mean())
+    top2 = ref.topk(2, dim=-1).values
+    margin = top2[:, 0] - top2[:, 1]
+    flipped = (logits.argmax(-1) != ref.argmax(-1)).nonzero().flatten().tolist()
     return {"top1": acc, "delta_points": 100.0 * (acc - acc_ref),
             "agreement": float((logits.argmax(-1) == ref.argmax(-1)).float().mean()),
-            "logit_rel_error": float((logits.double() - ref.double()).norm() / ref.double().norm())}
+            "logit_rel_error": float((logits.double() - ref.double()).norm() / ref.double().norm()),
+            "median_abs_dlogits": float((logits - ref).norm(dim=-1).median()),
+            "flipped": [{"image": i, "fp32_margin": round(float(margin[i]), 4),
+                         "margin_rank": int((margin < margin[i]).sum()),
+                         "fp32_correct": bool(ref[i].argmax() == labels[i]),
+                         "int8_correct": bool(logits[i].argmax() == labels[i])} for i in flipped],
+            "fp32_median_margin": float(margin.median()),
+            "fp32_smallest_margins": [round(float(v), 4) for v in margin.sort().values[:3]]}
 
 
 def ort_dynamic(fused, val, work_dir: str) -> Dict[str, Any]:
@@ -182,12 +194,18 @@ def worst_layer(model) -> Optional[Dict[str, Any]]:
 
 def measure(name: str, path: str, calib: torch.Tensor, val, work: str, log=print) -> List[Dict[str, Any]]:
     import vitfast
+    from vitfast.nn.int8 import Int8ChannelIdleFFN
 
     fused = vitfast.load(path)
     labels = torch.cat([y for _, y in val])
     ref = logits_of(fused, val)
     rows = [{"model": name, "variant": "fp32", **compare(ref, ref, labels), "worst_layer": None}]
-    for variant, kwargs in VARIANTS:
+    variants = list(VARIANTS)
+    if any(Int8ChannelIdleFFN.folded_shortcut(m) for m in fused.modules() if hasattr(m, "linear_path")):
+        # before/after of split_identity (the default): the shortcut folded into the linear path kept in int8
+        variants += [(f"{v}, shortcut in int8 rows", {**kw, "split_identity": False}) for v, kw in VARIANTS
+                     if v in ("dynamic", "static + smooth 0.5")]
+    for variant, kwargs in variants:
         q = vitfast.quantize(fused, calib, **kwargs)
         rows.append({"model": name, "variant": variant, **compare(logits_of(q, val), ref, labels),
                      "worst_layer": worst_layer(q), "layers": q.vitfast_quantization["layers"],
@@ -210,10 +228,12 @@ def format_row(r: Dict[str, Any]) -> str:
         return f"{r['model']:<13} {r['variant']:<30} {r['error']}"
     w = r.get("worst_layer")
     worst = f"{w['path']} {w['relative_error']:.2%}" if w else "–"
+    flips = "; flips " + ", ".join(f"#{f['image']} (fp32 margin {f['fp32_margin']:.3f}, rank {f['margin_rank']})"
+                                   for f in r["flipped"]) if r.get("flipped") else ""
     ok = (abs(r["delta_points"]) <= TARGET_POINTS + 1e-9 and r["agreement"] >= TARGET_AGREEMENT)
     return (f"{r['model']:<13} {r['variant']:<30} top1 {r['top1']:.4f}  Δ {r['delta_points']:+.2f} pt  agree "
             f"{r['agreement']:.2%}  logit err {r['logit_rel_error']:.2%}  worst {worst}"
-            f"{'' if r['variant'] == 'fp32' else ('  ok' if ok else '  MISSED')}")
+            f"{'' if r['variant'] == 'fp32' else ('  ok' if ok else '  MISSED')}{flips}")
 
 
 def table(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
@@ -227,7 +247,12 @@ def table(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
             row.update(top1=f"{r['top1']:.4f}", delta="–" if r["variant"] == "fp32" else f"{r['delta_points']:+.2f}",
                        agreement="–" if r["variant"] == "fp32" else f"{r['agreement']:.2%}",
                        logit_err="–" if r["variant"] == "fp32" else f"{r['logit_rel_error']:.2%}",
-                       worst=f"{w['path']} ({w['relative_error']:.2%})" if w else "–", note="")
+                       worst=f"{w['path']} ({w['relative_error']:.2%})" if w else "–",
+                       note="; ".join(f"#{f['image']} flips (fp32 margin {f['fp32_margin']:.3f}, rank "
+                                      f"{f['margin_rank']} of 360)" for f in r["flipped"]))
+        if r["variant"] == "fp32" and "fp32_median_margin" in r:
+            row["note"] = (f"fp32 margins: median {r['fp32_median_margin']:.2f}, 3 smallest "
+                           f"{', '.join(f'{v:.3f}' for v in r['fp32_smallest_margins'])}")
         out.append(row)
     return {
         "title": "int8 accuracy on the digits: vitfast.quantize variants and ORT quantize_dynamic, vs fp32, per method",
@@ -244,7 +269,8 @@ def table(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
                     {"label": "top-1", "fmt": "{top1}"}, {"label": "Δ top-1 (pt)", "fmt": "{delta}"},
                     {"label": "argmax agreement", "fmt": "{agreement}"},
                     {"label": "rel. logit error", "fmt": "{logit_err}"},
-                    {"label": "worst layer (rel. error)", "fmt": "{worst}"}, {"label": "note", "fmt": "{note}"}],
+                    {"label": "worst layer (rel. error)", "fmt": "{worst}"},
+                    {"label": "argmax flips (fp32 top-1 − top-2 margin; rank 0 = smallest)", "fmt": "{note}"}],
         "rows": out,
     }
 
