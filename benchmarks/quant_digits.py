@@ -43,6 +43,8 @@ VARIANTS = [
     ("dynamic + smooth 0.5", dict(activations="dynamic", smooth=0.5)),
     ("static", dict(activations="static")),
     ("static + smooth 0.5", dict(activations="static", smooth=0.5)),
+    ("dynamic + smooth auto", dict(activations="dynamic", smooth="auto")),
+    ("static + smooth auto", dict(activations="static", smooth="auto")),
 ]
 MODELS = ("channel-idle", "non-deep", "dwconv", "usdc")
 
@@ -225,13 +227,13 @@ def measure(name: str, path: str, calib: torch.Tensor, val, work: str, log=print
 
 def format_row(r: Dict[str, Any]) -> str:
     if "error" in r:
-        return f"{r['model']:<13} {r['variant']:<30} {r['error']}"
+        return f"{r['model']:<13} {r['variant']:<36} {r['error']}"
     w = r.get("worst_layer")
     worst = f"{w['path']} {w['relative_error']:.2%}" if w else "–"
     flips = "; flips " + ", ".join(f"#{f['image']} (fp32 margin {f['fp32_margin']:.3f}, rank {f['margin_rank']})"
                                    for f in r["flipped"]) if r.get("flipped") else ""
     ok = (abs(r["delta_points"]) <= TARGET_POINTS + 1e-9 and r["agreement"] >= TARGET_AGREEMENT)
-    return (f"{r['model']:<13} {r['variant']:<30} top1 {r['top1']:.4f}  Δ {r['delta_points']:+.2f} pt  agree "
+    return (f"{r['model']:<13} {r['variant']:<36} top1 {r['top1']:.4f}  Δ {r['delta_points']:+.2f} pt  agree "
             f"{r['agreement']:.2%}  logit err {r['logit_rel_error']:.2%}  worst {worst}"
             f"{'' if r['variant'] == 'fp32' else ('  ok' if ok else '  MISSED')}{flips}")
 

@@ -139,7 +139,9 @@ def test_bf16_copy():
     (dict(activations="weird"), "activations: expected one of"),
     (dict(activations="static"), "calibration: activations='static' needs calibration images"),
     (dict(smooth=0.5), "calibration: smooth needs calibration images"),
-    (dict(smooth=1.5), "smooth: expected None, True or a migration strength α in (0, 1), got 1.5"),
+    (dict(smooth=1.5), "smooth: expected None, True, 'auto' or a migration strength α in (0, 1), got 1.5"),
+    (dict(smooth="half"), "smooth: expected None, True, 'auto' or a migration strength α in (0, 1), got 'half'"),
+    (dict(smooth="auto"), "calibration: smooth needs calibration images"),
     (dict(per_token=False), "per_token: expected True with activations='dynamic'"),
     (dict(skip=0.0), "skip: expected an error budget > 0"),
     (dict(skip=[3]), "skip: expected module paths or patterns (str), got 3"),
@@ -251,3 +253,23 @@ def test_int8_ffn_records_without_split_identity_still_load():
     cfg = Int8ChannelIdleFFN.from_ffn(_fused("batch").blocks[0].mlp).quant_config()
     del cfg["split_identity"]
     assert Int8ChannelIdleFFN.from_quant_config(cfg).split_identity is False
+
+
+def test_smooth_auto_picks_each_layers_best_alpha():
+    """smooth="auto": each layer gets the α of AUTO_ALPHAS (None = no migration) with the smallest own error on the
+    calibration images; the layers' errors are measured on fp32 inputs, so each equals that of a fixed-α run."""
+    from vitfast.quant.quantize import AUTO_ALPHAS
+
+    model, calib = _fused(), torch.randn(8, 3, 32, 32)
+    q = vitfast.quantize(model, calib, smooth="auto", activations="static")
+    layers = {layer["path"]: layer for layer in q.vitfast_quantization["layers"]}
+    fixed = {a: {layer["path"]: layer["relative_error"] for layer in vitfast.quantize(
+        model, calib, smooth=a, activations="static").vitfast_quantization["layers"]} for a in AUTO_ALPHAS}
+    for path, layer in layers.items():
+        assert layer["alpha"] in AUTO_ALPHAS
+        assert layer["relative_error"] == min(fixed[a][path] for a in AUTO_ALPHAS)
+        assert layer["relative_error"] == fixed[layer["alpha"]][path]
+        module = q.get_submodule(path)
+        has_smooth = (module.smooth if isinstance(module, Int8Linear) else module.smooth_in) is not None
+        assert has_smooth == (layer["alpha"] is not None)
+    assert "SmoothQuant α per layer (" in vitfast.quant.describe(q)

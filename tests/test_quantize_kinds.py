@@ -75,7 +75,8 @@ KINDS = {
     "dwconv": (dwconv, 4, 4, "2 × DW-conv attention"),  # blocks 0 and 3 keep a fused attention
     "gated": (gated, 4, 8, "4 × USDC gate"),
 }
-OPTIONS = {"dynamic": dict(), "static_smooth": dict(activations="static", smooth=0.5)}
+OPTIONS = {"dynamic": dict(), "static_smooth": dict(activations="static", smooth=0.5),
+           "static_smooth_auto": dict(activations="static", smooth="auto")}
 
 
 def images(batch=8, seed=1):
@@ -136,7 +137,7 @@ def test_quantize_every_kind(fused, option, tmp_path):
     assert "patch embedding" in text and "head" in text
     if fp32_phrase:
         assert fp32_phrase in text, text
-    assert ("static per tensor" if option == "static_smooth" else "dynamic per token") in text
+    assert ("static per tensor" if option.startswith("static") else "dynamic per token") in text
 
     # the file round trip: the same modules, identical outputs
     path = tmp_path / f"{kind}.safetensors"

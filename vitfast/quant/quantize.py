@@ -10,7 +10,8 @@ non-deep XWX and DW-conv attentions (their ops have no int8 form): `describe(mod
 Reparameterization-aware options, each measured by the caller (`vitfast verify`, the demo, benchmarks):
 * `smooth=α` (0 < α < 1; True = 0.5): SmoothQuant's per-channel migration (arXiv 2211.10438), s_j = max|X_j|^α /
   max|W_j|^(1−α): activation channels with outliers (a folded BatchNorm or LayerScale widens them) are divided by
-  s_j inside the quantizer, the weight's input channel multiplied.  Needs calibration.
+  s_j inside the quantizer, the weight's input channel multiplied.  Needs calibration.  `smooth="auto"`: α per
+  layer, the one of AUTO_ALPHAS (no migration included) with the smallest own error on the calibration images.
 * `skip=`: layers kept in fp32.  A list of module paths or fnmatch patterns ("blocks.11.*"), or a float error budget:
   every layer whose own relative output error on the calibration images exceeds it stays fp32 (and every layer the
   calibration images never reach, behind a USDC gate closed on all of them: its error is unknown).
@@ -41,6 +42,8 @@ from .structure import _replan_blocks, set_submodule
 DTYPES = ("int8", "bf16")
 ACTIVATIONS = ("dynamic", "static")
 DEFAULT_ALPHA = 0.5
+# smooth="auto": the candidates per layer (None: no migration)
+AUTO_ALPHAS = (None, 0.3, 0.5, 0.7, 0.85)
 # Calibration batches read at most (a DataLoader over a whole dataset is cut here).
 MAX_CALIBRATION_BATCHES = 64
 
@@ -104,9 +107,12 @@ def _check_args(model, calibration, dtype, activations, per_token, smooth, skip)
     alpha = None
     if smooth is True:
         alpha = DEFAULT_ALPHA
+    elif smooth == "auto":
+        alpha = "auto"
     elif smooth not in (None, False):
         if isinstance(smooth, bool) or not isinstance(smooth, (int, float)) or not 0.0 < float(smooth) < 1.0:
-            raise ValueError(f"smooth: expected None, True or a migration strength α in (0, 1), got {smooth!r}")
+            raise ValueError(f"smooth: expected None, True, 'auto' or a migration strength α in (0, 1), got "
+                             f"{smooth!r}")
         alpha = float(smooth)
     if skip is not None and not isinstance(skip, (float, int, str, list, tuple)) or isinstance(skip, bool):
         raise ValueError(f"skip: expected None, a list of module paths/patterns or an error budget (float > 0), "
@@ -176,7 +182,7 @@ def quantize(
     dtype: str = "int8",
     activations: str = "dynamic",
     per_token: Optional[bool] = None,
-    smooth: Union[None, bool, float] = None,
+    smooth: Union[None, bool, float, str] = None,
     skip: Union[None, float, str, Sequence[str]] = None,
     split_identity: bool = True,
     progress: bool = False,
@@ -204,7 +210,8 @@ def quantize(
     static = activations == "static"
     kept = set(_skipped(layers, skip))
     stats: Dict[str, Any] = {}
-    errors: Dict[str, float] = {}
+    errors: Dict[str, Optional[float]] = {}
+    alphas: Dict[str, Any] = {}  # path -> the layer's α (None: no migration)
     if calibration is not None:
         def pass_one(recorders):
             calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
@@ -213,15 +220,31 @@ def quantize(
 
         calibrate.with_recorders(out, layers, pass_one)
 
-        def pass_two(recorders):
-            for path, rec in recorders.items():
-                module = rec.linear if layers[path] == "linear" else rec.ffn
-                rec.candidate = _build(path, layers[path], module, stats[path], alpha, static, split_identity)
-            calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
-                                what="per-layer int8 error")
-            errors.update({path: rec.error.relative for path, rec in recorders.items()})
+        def measure(alpha_of: Dict[str, Any]) -> Dict[str, Optional[float]]:
+            """Each layer's own error, built with alpha_of[path], on the calibration images."""
+            measured: Dict[str, Optional[float]] = {}
 
-        calibrate.with_recorders(out, layers, pass_two)
+            def pass_two(recorders):
+                for path, rec in recorders.items():
+                    module = rec.linear if layers[path] == "linear" else rec.ffn
+                    rec.candidate = _build(path, layers[path], module, stats[path], alpha_of[path], static,
+                                           split_identity)
+                calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
+                                    what="per-layer int8 error")
+                measured.update({path: rec.error.relative for path, rec in recorders.items()})
+
+            calibrate.with_recorders(out, layers, pass_two)
+            return measured
+
+        if alpha == "auto":
+            # every layer's error is measured on fp32 inputs, so the layers' choices are independent: one pass per α
+            trials = {a: measure({p: a for p in layers}) for a in AUTO_ALPHAS}
+            for path in layers:
+                best = min(AUTO_ALPHAS, key=lambda a: math.inf if trials[a][path] is None else trials[a][path])
+                alphas[path], errors[path] = best, trials[best][path]
+        else:
+            alphas.update({p: alpha for p in layers})
+            errors.update(measure(alphas))
         if isinstance(skip, (int, float)):
             # a layer the calibration images never reached (a closed gate) has no measured error: it cannot be shown
             # to be within the budget, so it stays fp32 too
@@ -235,12 +258,13 @@ def quantize(
         if path in kept:
             continue
         module = out.get_submodule(path)
-        set_submodule(out, path, _build(path, kind, module, stats.get(path), alpha, static, split_identity))
+        set_submodule(out, path, _build(path, kind, module, stats.get(path), alphas.get(path, alpha), static,
+                                        split_identity))
     out.vitfast_quantization = {
         "dtype": "int8", "activations": activations, "smooth": alpha, "fp32": sorted(kept),
         "uncalibrated": uncalibrated, "split_identity": split_identity,
-        "layers": [{"path": p, "kind": layers[p], "relative_error": errors.get(p), "int8": p not in kept}
-                   for p in layers],
+        "layers": [{"path": p, "kind": layers[p], "relative_error": errors.get(p), "int8": p not in kept,
+                    **({"alpha": alphas.get(p)} if alpha == "auto" else {})} for p in layers],
     }
     _replan_blocks(out)
     return out
@@ -261,7 +285,11 @@ def describe(model: nn.Module) -> str:
     static = any(getattr(m, "act_scale", 0.0) > 0 or getattr(m, "act_scale_in", 0.0) > 0 for _, m in int8)
     parts = [f"int8: {n_ffn} channel-idle FFNs (2 GEMMs each), {n_lin} attention linears (qkv/proj); activations "
              f"{'static per tensor' if static else 'dynamic per token'}"]
-    if record.get("smooth"):
+    if record.get("smooth") == "auto":
+        chosen = [layer.get("alpha") for layer in record.get("layers", []) if layer.get("int8")]
+        parts.append("SmoothQuant α per layer (" + ", ".join(
+            f"{'none' if a is None else f'{a:g}'}: {chosen.count(a)}" for a in AUTO_ALPHAS if chosen.count(a)) + ")")
+    elif record.get("smooth"):
         parts.append(f"SmoothQuant α = {record['smooth']:g}")
     fp32 = ["norms, softmax, GELU, residual adds", "attention score/value products", "patch embedding", "head"]
     fp32 += fp32_kinds(model)
