@@ -263,7 +263,10 @@ def table(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
         "conditions": (f"one thread; digits ViT 32×32, patch 8, width 96, 4 heads, seed {args.seed}, {args.steps} "
                        f"training steps (USDC: {args.steps} + {args.steps // 2} + {args.steps * 3 // 8}); 360 "
                        f"validation images (one image = 0.28 points), batches of {EVAL_BATCH}; calibration: "
-                       f"{CALIB_BATCHES * 64} unaugmented training images; smooth = SmoothQuant α 0.5; worst layer: "
+                       f"{CALIB_BATCHES * 64} unaugmented training images; smooth 0.5: SmoothQuant α 0.5, smooth auto: α "
+                       f"per layer from (none, 0.3, 0.5, 0.7, 0.85) by its own calibration error; 'shortcut in int8 "
+                       f"rows': split_identity=False (the BatchNorm FFN's folded shortcut quantized with its linear "
+                       f"path, the behaviour before split_identity); worst layer: "
                        f"the layer's own relative output error on the calibration images; ORT: "
                        f"onnxruntime.quantization.quantize_dynamic(weight_type=QInt8) of vitfast.export.to_onnx's "
                        f"graph; targets |Δ top-1| ≤ {TARGET_POINTS} pt and agreement ≥ {TARGET_AGREEMENT:.1%}"),
