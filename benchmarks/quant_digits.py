@@ -1,7 +1,7 @@
 """int8 accuracy of `vitfast.quantize` on the digits models of every method, against fp32 and ONNX Runtime's
 one-call dynamic quantization of the same fused model.
 
-    cd <repo> && PYTHONPATH=$PWD python benchmarks/quant_digits.py --work runs/quant-digits      # ~10 min, 1 thread
+    cd <repo> && PYTHONPATH=$PWD python benchmarks/quant_digits.py --work runs/quant-digits      # ~13 min cold, 1 thread
 
 Models (each trained once, seeded, on scikit-learn's digits with the project's loaders and Trainer, then fused; the
 fused file is cached under --work, so a rerun only measures):
