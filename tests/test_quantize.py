@@ -139,7 +139,9 @@ def test_bf16_copy():
     (dict(activations="weird"), "activations: expected one of"),
     (dict(activations="static"), "calibration: activations='static' needs calibration images"),
     (dict(smooth=0.5), "calibration: smooth needs calibration images"),
-    (dict(smooth=1.5), "smooth: expected None, True or a migration strength α in (0, 1), got 1.5"),
+    (dict(smooth=1.5), "smooth: expected None, True, 'auto' or a migration strength α in (0, 1), got 1.5"),
+    (dict(smooth="half"), "smooth: expected None, True, 'auto' or a migration strength α in (0, 1), got 'half'"),
+    (dict(smooth="auto"), "calibration: smooth needs calibration images"),
     (dict(per_token=False), "per_token: expected True with activations='dynamic'"),
     (dict(skip=0.0), "skip: expected an error budget > 0"),
     (dict(skip=[3]), "skip: expected module paths or patterns (str), got 3"),
@@ -205,3 +207,69 @@ def test_bad_quantization_records_are_refused(tmp_path, edit, message):
         warnings.simplefilter("ignore")  # the rewritten file has no checksum record: a warning, not the point here
         vitfast.load(tmp_path / "bad.safetensors")
     assert message in str(e.value) and "bad.safetensors" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------ split_identity
+def test_split_identity_takes_the_folded_shortcut_off_the_int8_rows(tmp_path):
+    """A BatchNorm-variant FFN holds its block's shortcut in the linear path (W_lin = I + W'): the int8 rows get W'
+    only, the shortcut is added exactly (the op's residual).  Same function in exact arithmetic (the dequantized
+    weight + I is W_lin to the int8 rounding of W', not of I + W'), a smaller error, and the flag survives the file."""
+    model = _fused("batch")
+    ffn = model.blocks[0].mlp
+    assert Int8ChannelIdleFFN.folded_shortcut(ffn) and not Int8ChannelIdleFFN.folded_shortcut(_fused("layer").blocks[0].mlp)
+    a = ffn.active_features
+    split = Int8ChannelIdleFFN.from_ffn(ffn, split_identity=True)
+    whole = Int8ChannelIdleFFN.from_ffn(ffn, split_identity=False)
+    w_lin = ffn.w_in[a:].detach().double()
+    deq = lambda m: m.qw_in[a:].double() * m.s_in[a:].double().unsqueeze(1)  # noqa: E731
+    eye = torch.eye(w_lin.shape[0], dtype=torch.float64)
+    # each row's rounding is at most half a quantum, the quantum set by the row's largest |entry|: with I split off
+    # that is W''s own amax, not ≈ 1 + W'_jj
+    assert ((deq(split) + eye - w_lin).abs() <= (split.s_in[a:].double() / 2 + 1e-12).unsqueeze(1)).all()
+    assert (split.s_in[a:] < whole.s_in[a:]).all()
+    x = torch.randn(2, 17, ffn.features)
+    with torch.no_grad():
+        y = ffn(x)
+        err = {k: float((m(x) - y).norm() / y.norm()) for k, m in (("split", split), ("whole", whole))}
+    assert err["split"] < err["whole"]
+    q = vitfast.quantize(model)
+    assert all(m.split_identity for m in q.modules() if isinstance(m, Int8ChannelIdleFFN))
+    assert not any(m.split_identity for m in vitfast.quantize(model, split_identity=False).modules()
+                   if isinstance(m, Int8ChannelIdleFFN))
+    assert not any(m.split_identity for m in vitfast.quantize(_fused("layer")).modules()
+                   if isinstance(m, Int8ChannelIdleFFN))  # its shortcut is explicit already
+    with pytest.raises(ValueError, match="split_identity: expected an FFN whose shortcut is folded"):
+        Int8ChannelIdleFFN.from_ffn(_fused("layer").blocks[0].mlp, split_identity=True)
+    vitfast.save(q, tmp_path / "q.safetensors")
+    r = vitfast.load(tmp_path / "q.safetensors")
+    assert r.blocks[0].mlp.split_identity
+    xi = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(r(xi), q(xi))
+
+
+def test_int8_ffn_records_without_split_identity_still_load():
+    """Files written before split_identity existed have no such key: they load as split_identity=False."""
+    cfg = Int8ChannelIdleFFN.from_ffn(_fused("batch").blocks[0].mlp).quant_config()
+    del cfg["split_identity"]
+    assert Int8ChannelIdleFFN.from_quant_config(cfg).split_identity is False
+
+
+def test_smooth_auto_picks_each_layers_best_alpha():
+    """smooth="auto": each layer gets the α of AUTO_ALPHAS (None = no migration) with the smallest own error on the
+    calibration images; the layers' errors are measured on fp32 inputs, so each equals that of a fixed-α run."""
+    from vitfast.quant.quantize import AUTO_ALPHAS
+
+    model, calib = _fused(), torch.randn(8, 3, 32, 32)
+    q = vitfast.quantize(model, calib, smooth="auto", activations="static")
+    layers = {layer["path"]: layer for layer in q.vitfast_quantization["layers"]}
+    fixed = {a: {layer["path"]: layer["relative_error"] for layer in vitfast.quantize(
+        model, calib, smooth=a, activations="static").vitfast_quantization["layers"]} for a in AUTO_ALPHAS}
+    for path, layer in layers.items():
+        assert layer["alpha"] in AUTO_ALPHAS
+        assert layer["relative_error"] == min(fixed[a][path] for a in AUTO_ALPHAS)
+        assert layer["relative_error"] == fixed[layer["alpha"]][path]
+        module = q.get_submodule(path)
+        has_smooth = (module.smooth if isinstance(module, Int8Linear) else module.smooth_in) is not None
+        assert has_smooth == (layer["alpha"] is not None)
+    assert "SmoothQuant α per layer (" in vitfast.quant.describe(q)

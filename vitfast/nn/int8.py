@@ -13,6 +13,12 @@ puts these modules back (`from_quant_config`) before loading the tensors.
 A weight is quantized from the fp32 weight (`from_linear`, `from_ffn`), optionally after a SmoothQuant migration:
 `smooth` [K] (= 1/s) multiplies the activation inside the quantizer and the weight was multiplied by s per input
 channel before it was quantized, so the product is unchanged in exact arithmetic (arXiv 2211.10438).
+
+`split_identity` (a BatchNorm-variant FFN, whose shortcut is folded into the linear path's rows, W_lin = I + W'):
+the int8 rows hold W' = W_lin − I only and the shortcut x is added back exactly in fp32 (the op's residual).  With I
+inside, each row's int8 scale is set by its diagonal ≈ 1 while the learned W' is an order of magnitude smaller (row
+amax/rms ≈ 10 on the digits demo model instead of ≈ 3): the whole residual stream went through an int8 GEMM and the
+linear path's weight rounding alone was 1-2% of every block's output (benchmarks/quant_digits.py).
 """
 from __future__ import annotations
 
@@ -103,7 +109,8 @@ class Int8ChannelIdleFFN(nn.Module):
     `qw_out` int8 [C, A], `s_out` fp32 [C], optional `smooth_in` [C] / `smooth_out` [A]; Parameters `b_in`, `b_out`."""
 
     def __init__(self, ffn_config: Dict[str, Any], *, smooth_in: bool = False, smooth_out: bool = False,
-                 act_scale_in: float = 0.0, act_scale_out: float = 0.0, device=None) -> None:
+                 act_scale_in: float = 0.0, act_scale_out: float = 0.0, split_identity: bool = False,
+                 device=None) -> None:
         super().__init__()
         shape = FusedChannelIdleFFN.from_vitfast_config(ffn_config, device="meta")  # validates the config
         self.features, self.active_features = shape.features, shape.active_features
@@ -113,6 +120,11 @@ class Int8ChannelIdleFFN(nn.Module):
         self._ffn_config = dict(ffn_config)
         self.act_scale_in = _float_or_zero("act_scale_in", act_scale_in)
         self.act_scale_out = _float_or_zero("act_scale_out", act_scale_out)
+        if split_identity and not self.folded_shortcut(shape):
+            raise ValueError(f"split_identity: expected an FFN whose shortcut is folded into its linear path (BatchNorm "
+                             f"variant: linear_path, no norm, residual=False), got linear_path={shape.linear_path}, "
+                             f"norm={shape.norm is not None}, residual={shape.residual}")
+        self.split_identity = bool(split_identity)
         rows, c, a = shape.w_in.shape[0], shape.features, shape.active_features
         dd = {"device": device}
         self.register_buffer("qw_in", torch.zeros(rows, c, dtype=torch.int8, **dd))
@@ -124,13 +136,30 @@ class Int8ChannelIdleFFN(nn.Module):
         self.b_in = nn.Parameter(torch.zeros(rows, **dd), requires_grad=False)
         self.b_out = nn.Parameter(torch.zeros(c, **dd), requires_grad=False)
 
+    @staticmethod
+    def folded_shortcut(ffn) -> bool:
+        """Whether `ffn`'s linear path holds its shortcut (W_lin = I + W': the BatchNorm variant, eq. 5)."""
+        return bool(ffn.linear_path and ffn.norm is None and not ffn.residual)
+
+    @staticmethod
+    def input_weight(ffn, split_identity: bool) -> torch.Tensor:
+        """The first GEMM's weight [A + L, C] that is quantized: w_in, with I taken off the linear rows if split."""
+        w = ffn.w_in.detach()
+        if not split_identity:
+            return w
+        a = ffn.active_features
+        w = w.double().clone()
+        w[a:].diagonal().sub_(1.0)
+        return w
+
     @classmethod
     def from_ffn(cls, ffn: FusedChannelIdleFFN, *, smooth_in: Optional[torch.Tensor] = None,
                  smooth_out: Optional[torch.Tensor] = None, act_scale_in: float = 0.0,
-                 act_scale_out: float = 0.0) -> "Int8ChannelIdleFFN":
+                 act_scale_out: float = 0.0, split_identity: bool = False) -> "Int8ChannelIdleFFN":
         module = cls(ffn.vitfast_config(), smooth_in=smooth_in is not None, smooth_out=smooth_out is not None,
-                     act_scale_in=act_scale_in, act_scale_out=act_scale_out, device=ffn.w_in.device)
-        q_in, s_in = quantize_weight(_smooth_weight(ffn.w_in, smooth_in))
+                     act_scale_in=act_scale_in, act_scale_out=act_scale_out, split_identity=split_identity,
+                     device=ffn.w_in.device)
+        q_in, s_in = quantize_weight(_smooth_weight(cls.input_weight(ffn, split_identity), smooth_in))
         q_out, s_out = quantize_weight(_smooth_weight(ffn.w_out, smooth_out))
         with torch.no_grad():
             for name, value in (("qw_in", q_in), ("s_in", s_in), ("qw_out", q_out), ("s_out", s_out),
@@ -143,7 +172,8 @@ class Int8ChannelIdleFFN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = apply_norm(self.norm, x)
         return ops.channel_idle_ffn_int8(y, self.qw_in, self.s_in, self.b_in, self.qw_out, self.s_out, self.b_out,
-                                         x if self.residual else None, self.smooth_in, self.smooth_out,
+                                         x if self.residual or self.split_identity else None, self.smooth_in,
+                                         self.smooth_out,
                                          self.act_scale_in, self.act_scale_out)
 
     def vitfast_config(self) -> Dict[str, Any]:
@@ -153,18 +183,21 @@ class Int8ChannelIdleFFN(nn.Module):
     def quant_config(self) -> Dict[str, Any]:
         return {"kind": "int8_channel_idle_ffn", "ffn": dict(self._ffn_config), "smooth_in": self.smooth_in is not None,
                 "smooth_out": self.smooth_out is not None, "act_scale_in": self.act_scale_in,
-                "act_scale_out": self.act_scale_out}
+                "act_scale_out": self.act_scale_out, "split_identity": self.split_identity}
 
     @classmethod
     def from_quant_config(cls, cfg: Dict[str, Any], device=None) -> "Int8ChannelIdleFFN":
         read = ConfigReader(cfg, "int8_channel_idle_ffn",
-                            ("ffn", "smooth_in", "smooth_out", "act_scale_in", "act_scale_out"))
+                            ("ffn", "smooth_in", "smooth_out", "act_scale_in", "act_scale_out", "split_identity"))
+        # split_identity: absent from the first int8 files (written before it existed): False
+        split = read.bool("split_identity") if "split_identity" in cfg else False
         return cls(read.dict("ffn"), smooth_in=read.bool("smooth_in"), smooth_out=read.bool("smooth_out"),
-                   act_scale_in=read.eps("act_scale_in"), act_scale_out=read.eps("act_scale_out"), device=device)
+                   act_scale_in=read.eps("act_scale_in"), act_scale_out=read.eps("act_scale_out"),
+                   split_identity=split, device=device)
 
     def extra_repr(self) -> str:
         return (f"features={self.features}, active_features={self.active_features}, linear_path={self.linear_path}, "
-                f"residual={self.residual}, int8 GEMMs")
+                f"residual={self.residual}, int8 GEMMs{', shortcut split off the linear path' if self.split_identity else ''}")
 
 
 _QUANT_KINDS = {"int8_linear": Int8Linear, "int8_channel_idle_ffn": Int8ChannelIdleFFN}

@@ -41,13 +41,18 @@ class ErrorSum:
     def __init__(self) -> None:
         self.num = 0.0
         self.den = 0.0
+        self.count = 0
 
     def add(self, y_q: torch.Tensor, y: torch.Tensor) -> None:
         self.num += float((y_q.double() - y.double()).pow(2).sum())
         self.den += float(y.double().pow(2).sum())
+        self.count += 1
 
     @property
-    def relative(self) -> float:
+    def relative(self) -> Optional[float]:
+        """None when the layer never ran on the calibration images (a gated block whose gate skipped it)."""
+        if self.count == 0:
+            return None
         return (self.num / self.den) ** 0.5 if self.den > 0 else 0.0
 
 

@@ -10,10 +10,18 @@ non-deep XWX and DW-conv attentions (their ops have no int8 form): `describe(mod
 Reparameterization-aware options, each measured by the caller (`vitfast verify`, the demo, benchmarks):
 * `smooth=α` (0 < α < 1; True = 0.5): SmoothQuant's per-channel migration (arXiv 2211.10438), s_j = max|X_j|^α /
   max|W_j|^(1−α): activation channels with outliers (a folded BatchNorm or LayerScale widens them) are divided by
-  s_j inside the quantizer, the weight's input channel multiplied.  Needs calibration.
+  s_j inside the quantizer, the weight's input channel multiplied.  Needs calibration.  `smooth="auto"`: α per
+  layer, the one of AUTO_ALPHAS (no migration included) with the smallest own error on the calibration images.
 * `skip=`: layers kept in fp32.  A list of module paths or fnmatch patterns ("blocks.11.*"), or a float error budget:
-  every layer whose own relative output error on the calibration images exceeds it stays fp32.
+  every layer whose own relative output error on the calibration images exceeds it stays fp32 (and every layer the
+  calibration images never reach, behind a USDC gate closed on all of them: its error is unknown).
+* `split_identity=True` (the default): a BatchNorm-variant FFN's linear path holds the block's shortcut (W_lin =
+  I + W', eq. 5); its int8 rows get W' only and the shortcut is added exactly in fp32 (vitfast/nn/int8.py).  Without
+  it the residual stream itself goes through int8 rows whose scale the diagonal sets: the largest error of a
+  BatchNorm model (1-2% of each block's output on the digits demo model, benchmarks/quant_digits.py).
 The per-layer errors on the calibration images (when given) are kept in `model.vitfast_quantization["layers"]`.
+A layer no calibration image reaches (without a budget) is int8 with per-token scales and no migration, listed in
+`model.vitfast_quantization["uncalibrated"]`.
 """
 from __future__ import annotations
 
@@ -34,6 +42,8 @@ from .structure import _replan_blocks, set_submodule
 DTYPES = ("int8", "bf16")
 ACTIVATIONS = ("dynamic", "static")
 DEFAULT_ALPHA = 0.5
+# smooth="auto": the candidates per layer (None: no migration)
+AUTO_ALPHAS = (None, 0.3, 0.5, 0.7, 0.85)
 # Calibration batches read at most (a DataLoader over a whole dataset is cut here).
 MAX_CALIBRATION_BATCHES = 64
 
@@ -58,11 +68,13 @@ def quantizable_layers(model: nn.Module) -> Dict[str, str]:
 def fp32_kinds(model: nn.Module) -> List[str]:
     """What computes in fp32 in an int8 model besides the norms, softmax, GELU and adds (for `describe`)."""
     from ..nn.dwconv import FusedDWConvBlock
+    from ..nn.gated import FusedBatchGate
     from ..nn.xwx import FusedXWXAttention
 
     kept = []
     counts = {"XWX attention (non-deep)": sum(isinstance(m, FusedXWXAttention) for m in model.modules()),
-              "DW-conv attention": sum(isinstance(m, FusedDWConvBlock) for m in model.modules())}
+              "DW-conv attention": sum(isinstance(m, FusedDWConvBlock) for m in model.modules()),
+              "USDC gate": sum(isinstance(m, FusedBatchGate) for m in model.modules())}
     for what, n in counts.items():
         if n:
             kept.append(f"{n} × {what}")
@@ -95,9 +107,12 @@ def _check_args(model, calibration, dtype, activations, per_token, smooth, skip)
     alpha = None
     if smooth is True:
         alpha = DEFAULT_ALPHA
+    elif smooth == "auto":
+        alpha = "auto"
     elif smooth not in (None, False):
         if isinstance(smooth, bool) or not isinstance(smooth, (int, float)) or not 0.0 < float(smooth) < 1.0:
-            raise ValueError(f"smooth: expected None, True or a migration strength α in (0, 1), got {smooth!r}")
+            raise ValueError(f"smooth: expected None, True, 'auto' or a migration strength α in (0, 1), got "
+                             f"{smooth!r}")
         alpha = float(smooth)
     if skip is not None and not isinstance(skip, (float, int, str, list, tuple)) or isinstance(skip, bool):
         raise ValueError(f"skip: expected None, a list of module paths/patterns or an error budget (float > 0), "
@@ -122,7 +137,18 @@ def _skipped(layers: Dict[str, str], skip) -> List[str]:
     return [path for path in layers if any(fnmatch.fnmatchcase(path, p) for p in patterns)]
 
 
-def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[float], static: bool) -> nn.Module:
+def _calibrated(kind: str, recorder) -> bool:
+    """Whether the layer saw calibration inputs (a USDC gate can skip a sub-block on every calibration batch)."""
+    if recorder is None:
+        return False
+    return (recorder.stats if kind == "linear" else recorder.stats_in).channel is not None
+
+
+def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[float], static: bool,
+           split_identity: bool = True) -> nn.Module:
+    if not _calibrated(kind, recorder):
+        # No statistics (no calibration, or the layer never ran on it): no migration, per-token scales.
+        alpha, static, recorder = None, False, None
     if kind == "linear":
         stats = recorder.stats if recorder is not None else None
         sm = _smooth_scale(stats.channel, module.weight, alpha) if alpha is not None else None
@@ -135,7 +161,9 @@ def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[fl
     stats_in = recorder.stats_in if recorder is not None else None
     stats_out = recorder.stats_out if recorder is not None else None
     a = module.active_features
-    sm_in = _smooth_scale(stats_in.channel, module.w_in, alpha) if alpha is not None else None
+    split = split_identity and Int8ChannelIdleFFN.folded_shortcut(module)
+    w_in = Int8ChannelIdleFFN.input_weight(module, split)
+    sm_in = _smooth_scale(stats_in.channel, w_in, alpha) if alpha is not None else None
     sm_out = (_smooth_scale(stats_out.channel, module.w_out, alpha) if alpha is not None and a > 0
               and stats_out.channel is not None else None)
     act_in = act_out = 0.0
@@ -144,7 +172,7 @@ def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[fl
         if a > 0 and stats_out.channel is not None:
             act_out = float((stats_out.channel * sm_out).max() if sm_out is not None else stats_out.tensor) / 127.0
     return Int8ChannelIdleFFN.from_ffn(module, smooth_in=sm_in, smooth_out=sm_out, act_scale_in=act_in,
-                                       act_scale_out=act_out)
+                                       act_scale_out=act_out, split_identity=split)
 
 
 def quantize(
@@ -154,8 +182,9 @@ def quantize(
     dtype: str = "int8",
     activations: str = "dynamic",
     per_token: Optional[bool] = None,
-    smooth: Union[None, bool, float] = None,
+    smooth: Union[None, bool, float, str] = None,
     skip: Union[None, float, str, Sequence[str]] = None,
+    split_identity: bool = True,
     progress: bool = False,
 ) -> nn.Module:
     """A low-precision copy of the fused `model` (the model itself is not changed); see the module doc.
@@ -167,6 +196,8 @@ def quantize(
     if per_token is None:
         per_token = activations == "dynamic"
     alpha = _check_args(model, calibration, dtype, activations, per_token, smooth, skip)
+    if split_identity not in (True, False):
+        raise ValueError(f"split_identity: expected True or False, got {split_identity!r}")
     if dtype == "bf16":
         out = copy.deepcopy(model).to(torch.bfloat16).eval()
         out.vitfast_quantization = {"dtype": "bf16"}
@@ -179,7 +210,8 @@ def quantize(
     static = activations == "static"
     kept = set(_skipped(layers, skip))
     stats: Dict[str, Any] = {}
-    errors: Dict[str, float] = {}
+    errors: Dict[str, Optional[float]] = {}
+    alphas: Dict[str, Any] = {}  # path -> the layer's α (None: no migration)
     if calibration is not None:
         def pass_one(recorders):
             calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
@@ -188,26 +220,51 @@ def quantize(
 
         calibrate.with_recorders(out, layers, pass_one)
 
-        def pass_two(recorders):
-            for path, rec in recorders.items():
-                module = rec.linear if layers[path] == "linear" else rec.ffn
-                rec.candidate = _build(path, layers[path], module, stats[path], alpha, static)
-            calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
-                                what="per-layer int8 error")
-            errors.update({path: rec.error.relative for path, rec in recorders.items()})
+        def measure(alpha_of: Dict[str, Any]) -> Dict[str, Optional[float]]:
+            """Each layer's own error, built with alpha_of[path], on the calibration images."""
+            measured: Dict[str, Optional[float]] = {}
 
-        calibrate.with_recorders(out, layers, pass_two)
+            def pass_two(recorders):
+                for path, rec in recorders.items():
+                    module = rec.linear if layers[path] == "linear" else rec.ffn
+                    rec.candidate = _build(path, layers[path], module, stats[path], alpha_of[path], static,
+                                           split_identity)
+                calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
+                                    what="per-layer int8 error")
+                measured.update({path: rec.error.relative for path, rec in recorders.items()})
+
+            calibrate.with_recorders(out, layers, pass_two)
+            return measured
+
+        if alpha == "auto":
+            # every layer's error is measured on fp32 inputs, so the layers' choices are independent: one pass per α
+            trials = {a: measure({p: a for p in layers}) for a in AUTO_ALPHAS}
+            for path in layers:
+                best = min(AUTO_ALPHAS, key=lambda a: math.inf if trials[a][path] is None else trials[a][path])
+                alphas[path], errors[path] = best, trials[best][path]
+        else:
+            alphas.update({p: alpha for p in layers})
+            errors.update(measure(alphas))
         if isinstance(skip, (int, float)):
-            kept |= {path for path, e in errors.items() if e > float(skip)}
+            # a layer the calibration images never reached (a closed gate) has no measured error: it cannot be shown
+            # to be within the budget, so it stays fp32 too
+            kept |= {path for path, e in errors.items() if e is None or e > float(skip)}
+
+    # layers that never ran on the calibration images (a closed gate): int8 with per-token scales and no
+    # migration whatever the options (_build), listed so the record says so
+    uncalibrated = sorted(p for p in layers if calibration is not None and p not in kept
+                          and not _calibrated(layers[p], stats.get(p)))
     for path, kind in layers.items():
         if path in kept:
             continue
         module = out.get_submodule(path)
-        set_submodule(out, path, _build(path, kind, module, stats.get(path), alpha, static))
+        set_submodule(out, path, _build(path, kind, module, stats.get(path), alphas.get(path, alpha), static,
+                                        split_identity))
     out.vitfast_quantization = {
         "dtype": "int8", "activations": activations, "smooth": alpha, "fp32": sorted(kept),
-        "layers": [{"path": p, "kind": layers[p], "relative_error": errors.get(p), "int8": p not in kept}
-                   for p in layers],
+        "uncalibrated": uncalibrated, "split_identity": split_identity,
+        "layers": [{"path": p, "kind": layers[p], "relative_error": errors.get(p), "int8": p not in kept,
+                    **({"alpha": alphas.get(p)} if alpha == "auto" else {})} for p in layers],
     }
     _replan_blocks(out)
     return out
@@ -228,7 +285,11 @@ def describe(model: nn.Module) -> str:
     static = any(getattr(m, "act_scale", 0.0) > 0 or getattr(m, "act_scale_in", 0.0) > 0 for _, m in int8)
     parts = [f"int8: {n_ffn} channel-idle FFNs (2 GEMMs each), {n_lin} attention linears (qkv/proj); activations "
              f"{'static per tensor' if static else 'dynamic per token'}"]
-    if record.get("smooth"):
+    if record.get("smooth") == "auto":
+        chosen = [layer.get("alpha") for layer in record.get("layers", []) if layer.get("int8")]
+        parts.append("SmoothQuant α per layer (" + ", ".join(
+            f"{'none' if a is None else f'{a:g}'}: {chosen.count(a)}" for a in AUTO_ALPHAS if chosen.count(a)) + ")")
+    elif record.get("smooth"):
         parts.append(f"SmoothQuant α = {record['smooth']:g}")
     fp32 = ["norms, softmax, GELU, residual adds", "attention score/value products", "patch embedding", "head"]
     fp32 += fp32_kinds(model)
@@ -236,6 +297,11 @@ def describe(model: nn.Module) -> str:
         fp32.append(f"{len(record['fp32'])} skipped layers ({', '.join(record['fp32'][:4])}"
                     f"{', ...' if len(record['fp32']) > 4 else ''})")
     parts.append("fp32: " + "; ".join(fp32))
+    if record.get("uncalibrated"):
+        n = len(record["uncalibrated"])
+        parts.append(f"{n} int8 layer{'s' if n > 1 else ''} never ran on the calibration images (a gate skipped "
+                     f"{'them' if n > 1 else 'it'}: {', '.join(record['uncalibrated'][:4])}"
+                     f"{', ...' if n > 4 else ''}), per-token scales without migration")
     measured = [layer for layer in record.get("layers", []) if layer.get("relative_error") is not None]
     if measured:
         worst = max(measured, key=lambda layer: layer["relative_error"])

@@ -1,0 +1,176 @@
+"""`vitfast.quantize` on every fused block kind: channel-idle ViT (FusedBlock), Swin (FusedSwinBlock: timm's window
+attention's qkv/proj become Int8Linear), non-deep (FusedXWXBlock: the XWX attention stays fp32), drop-in DW-conv
+(FusedDWConvBlock: the attention stays fp32) and USDC gated (FusedGatedBlock).  For each kind and for dynamic and
+static + smooth quantization: the int8 modules are where expected and nowhere else, each int8 layer's own error and
+the model's output error stay at int8 rounding's size, `vitfast.save` → `vitfast.load` gives identical outputs, and
+`describe` names what stays fp32."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from helpers import randomize
+from timm.models.swin_transformer import SwinTransformer, WindowAttention
+from timm.models.vision_transformer import VisionTransformer
+
+import vitfast
+from vitfast.nn import FusedChannelIdleFFN
+from vitfast.nn.block import FusedAttention
+from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _vit(depth=4, **kw):
+    torch.manual_seed(0)
+    cfg = dict(img_size=32, patch_size=8, embed_dim=32, depth=depth, num_heads=4, num_classes=10, qkv_bias=True)
+    cfg.update(kw)
+    return randomize(VisionTransformer(**cfg))
+
+
+def _bn_statistics(model: nn.Module) -> nn.Module:
+    """BatchNorm statistics of the model's own activations (a few train-mode passes), as after training: the
+    random statistics of `randomize` do not match the activations and blow the folded weights up."""
+    g = torch.Generator().manual_seed(5)
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(8, 3, 32, 32, generator=g))
+    return model.eval()
+
+
+def channel_idle():
+    return vitfast.fuse(_bn_statistics(vitfast.convert.from_timm(_vit(), channel_idle=0.75, norm="batch")))
+
+
+def swin():
+    torch.manual_seed(0)
+    m = randomize(SwinTransformer(img_size=32, patch_size=4, embed_dim=32, depths=(2, 2), num_heads=(2, 4),
+                                  window_size=4, num_classes=10))
+    return vitfast.fuse(_bn_statistics(vitfast.convert.from_timm(m, channel_idle=0.5, norm="batch")))
+
+
+def nondeep():
+    model = vitfast.convert.from_timm(_vit(), branches=2)
+    for block in model.blocks:
+        block.set_lambda(1.0)
+    return vitfast.fuse(model.eval())
+
+
+def dwconv():
+    # block 1 fully convolutional, block 2 mixed (head 0 a convolution, the others attention)
+    return vitfast.fuse(vitfast.convert.from_timm(_vit(), dwconv_blocks=[1], dwconv_heads={2: [0]}).eval())
+
+
+def gated():
+    # the gates' init opens every sub-block: the int8 model takes the fp32 model's decisions
+    return vitfast.fuse(vitfast.convert.from_timm(_vit(), gates=True, gate_search=False).eval())
+
+
+# kind: (builder, int8 FFNs, int8 attention linears, the phrase of what else stays fp32 in describe())
+KINDS = {
+    "channel_idle": (channel_idle, 4, 8, None),
+    "swin": (swin, 4, 8, None),
+    "nondeep": (nondeep, 2, 0, "2 × XWX attention (non-deep)"),
+    "dwconv": (dwconv, 4, 4, "2 × DW-conv attention"),  # blocks 0 and 3 keep a fused attention
+    "gated": (gated, 4, 8, "4 × USDC gate"),
+}
+OPTIONS = {"dynamic": dict(), "static_smooth": dict(activations="static", smooth=0.5),
+           "static_smooth_auto": dict(activations="static", smooth="auto")}
+
+
+def images(batch=8, seed=1):
+    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def fused(request):
+    return request.param, KINDS[request.param][0]()
+
+
+def _int8_paths(model):
+    return {name: type(m) for name, m in model.named_modules() if type(m) in (Int8Linear, Int8ChannelIdleFFN)}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_quantize_every_kind(fused, option, tmp_path):
+    kind, model = fused
+    _, n_ffn, n_lin, fp32_phrase = KINDS[kind]
+    calib = images(16, seed=2)
+    q = vitfast.quantize(model, calib, **OPTIONS[option])
+
+    # the int8 modules are where expected: every FusedChannelIdleFFN, every fused / window attention's qkv and proj
+    # (not the XWX and DW-conv attentions, nor the patch embedding and the head), and nothing is left fp32
+    found = _int8_paths(q)
+    assert sum(t is Int8ChannelIdleFFN for t in found.values()) == n_ffn
+    assert sum(t is Int8Linear for t in found.values()) == n_lin
+    ffn_paths = {n for n, m in model.named_modules() if type(m) is FusedChannelIdleFFN}
+    assert {n for n, t in found.items() if t is Int8ChannelIdleFFN} == ffn_paths
+    attn_paths = {f"{n}.{c}" for n, m in model.named_modules()
+                  if type(m) is FusedAttention or isinstance(m, WindowAttention) for c in ("qkv", "proj")}
+    assert {n for n, t in found.items() if t is Int8Linear} == attn_paths
+    assert not any(type(m) is FusedChannelIdleFFN for m in q.modules())  # (the sets above: nothing else is int8)
+    if option == "static_smooth":
+        assert all(m.act_scale > 0 and m.smooth is not None for m in q.modules() if isinstance(m, Int8Linear))
+        assert all(m.act_scale_in > 0 and m.smooth_in is not None for m in q.modules()
+                   if isinstance(m, Int8ChannelIdleFFN))
+
+    # Each layer's own relative output error (measured by quantize on the calibration images, the layer's fp32 input
+    # given to both): int8 rounding of an operand is uniform noise of rms amax / (254·√3); for these Gaussian-like
+    # operands (amax ≈ 3-4 rms) that is ≈ 0.9% of the operand, the two operands in quadrature ≈ 1.3%.  4% leaves room
+    # for heavy-tailed inputs (GELU outputs, a per-tensor static scale set by the largest token); a wrong scale, a
+    # transposed or mis-packed weight, a lost smooth factor gives errors of order 100%.
+    layers = q.vitfast_quantization["layers"]
+    assert len(layers) == n_ffn + n_lin and all(layer["relative_error"] is not None for layer in layers)
+    assert max(layer["relative_error"] for layer in layers) < 0.04, layers
+    # The model's output: the per-layer errors add through the residual stream (at most ~linearly in their number:
+    # 3-6 int8 sub-layers on each path to the logits here), so a few times the worst layer's error; 10% bounds it,
+    # while any broken layer alone pushes the logits off by > 30%.
+    x = images()
+    with torch.no_grad():
+        y, yq = model(x), q(x)
+    assert ((yq - y).norm() / y.norm()).item() < 0.1
+
+    # describe names the int8 parts and what stays fp32
+    text = vitfast.quant.describe(q)
+    assert f"int8: {n_ffn} channel-idle FFNs" in text and f"{n_lin} attention linears" in text
+    assert "patch embedding" in text and "head" in text
+    if fp32_phrase:
+        assert fp32_phrase in text, text
+    assert ("static per tensor" if option.startswith("static") else "dynamic per token") in text
+
+    # the file round trip: the same modules, identical outputs
+    path = tmp_path / f"{kind}.safetensors"
+    vitfast.save(q, path)
+    r = vitfast.load(path)
+    assert _int8_paths(r) == found
+    with torch.no_grad():
+        assert torch.equal(r(x), yq)
+
+
+def test_a_sub_block_no_calibration_image_reaches():
+    """A USDC gate that skips a sub-block on every calibration batch: its layers get no statistics.  They become int8
+    with per-token scales and no migration (quantize once failed on them with smooth=, and gave them a static scale
+    of 0 with activations="static"), the record and describe() say so, and the layer's error is None, not 0."""
+    model = gated()
+    model.blocks[1].gate.force = ("closed", None)  # attention of block 1 never runs; its FFN does
+    q = vitfast.quantize(model, images(16, seed=2), activations="static", smooth=0.5)
+    record = q.vitfast_quantization
+    assert record["uncalibrated"] == ["blocks.1.attn.proj", "blocks.1.attn.qkv"]
+    for name in ("qkv", "proj"):
+        layer = getattr(q.blocks[1].attn, name)
+        assert type(layer) is Int8Linear and layer.act_scale == 0.0 and layer.smooth is None
+    errors = {layer["path"]: layer["relative_error"] for layer in record["layers"]}
+    assert errors["blocks.1.attn.qkv"] is None and errors["blocks.1.mlp"] is not None
+    assert "2 int8 layers never ran on the calibration images" in vitfast.quant.describe(q)
+    assert all(m.act_scale > 0 for n, m in q.named_modules() if type(m) is Int8Linear and not n.startswith("blocks.1."))
+    # under an error budget an unmeasured layer cannot be shown to be within it: fp32, like the layers above it
+    budget = vitfast.quantize(model, images(16, seed=2), skip=1.0)
+    assert type(budget.blocks[1].attn.qkv) is nn.Linear and type(budget.blocks[0].attn.qkv) is Int8Linear
+    assert "blocks.1.attn.qkv" in budget.vitfast_quantization["fp32"] and not budget.vitfast_quantization["uncalibrated"]
+    # once the gate opens, the uncalibrated layers compute like the others (int8 rounding only)
+    model.blocks[1].gate.force = q.blocks[1].gate.force = None
+    x = images()
+    with torch.no_grad():
+        y, yq = model(x), q(x)
+    assert ((yq - y).norm() / y.norm()).item() < 0.1
