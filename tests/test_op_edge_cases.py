@@ -58,6 +58,13 @@ def _good_args(name):
     if name == "vit_block":
         return [x, 1e-6, _uni(48, 16, fan_in=16), _uni(48, fan_in=16), 2, _uni(16, 16, fan_in=16),
                 _uni(16, fan_in=16), 1e-5, *_ffn(16, 32), True]
+    if name == "linear_int8":
+        return [x, torch.randint(-127, 128, (8, 16), dtype=torch.int8), torch.rand(8) / 100, _uni(8, fan_in=16),
+                torch.randn(2, 5, 8), torch.rand(16) + 0.5, 0.05]
+    if name == "channel_idle_ffn_int8":
+        return [x, torch.randint(-127, 128, (48, 16), dtype=torch.int8), torch.rand(48) / 100, _uni(48, fan_in=16),
+                torch.randint(-127, 128, (16, 32), dtype=torch.int8), torch.rand(16) / 100, _uni(16, fan_in=32),
+                torch.randn(2, 5, 16), torch.rand(16) + 0.5, torch.rand(32) + 0.5, 0.05, 0.02]
     raise KeyError(name)
 
 
@@ -108,6 +115,13 @@ BAD = [
     ("vit_block", "norm1_eps", None),
     *[("vit_block", "num_heads", v) for v in (True, 2.0, 0, 5)],
     *[("vit_block", a, v) for a in ("b_qkv", "b_proj", "b_in", "b_out") for v in (1.0, [0.0])],
+    *[("linear_int8", a, v) for a in ("bias", "residual", "smooth") for v in (1.0, [1.0], True)],
+    *[("linear_int8", "act_scale", v) for v in (*_FLOATS, -1.0, float("nan"), float("inf"))],
+    ("linear_int8", "qweight", None), ("linear_int8", "w_scale", torch.ones(8, dtype=torch.float64)),
+    *[("channel_idle_ffn_int8", a, v) for a in ("b_in", "b_out", "residual", "smooth_in", "smooth_out")
+      for v in (1.0, True)],
+    *[("channel_idle_ffn_int8", a, v) for a in ("act_scale_in", "act_scale_out") for v in (None, True, -1.0)],
+    ("channel_idle_ffn_int8", "qw_out", torch.zeros(16, 32)),
 ]
 
 # (op, argument, value) the reference accepts although not of the schema's plain type: the entry must accept them
@@ -124,6 +138,8 @@ GOOD = [
     ("gated_ffn", "residual", False), ("gated_ffn", "norm_eps", None), ("gated_ffn", "norm_eps", 0.0),
     ("vit_block", "ffn_residual", False), ("vit_block", "ffn_norm_eps", None), ("vit_block", "norm1_eps", 0),
     ("vit_block", "norm1_eps", np.float32(1e-6)), ("vit_block", "num_heads", np.int64(2)),
+    ("linear_int8", "act_scale", 0), ("linear_int8", "act_scale", np.float32(0.05)), ("linear_int8", "smooth", None),
+    ("channel_idle_ffn_int8", "act_scale_in", 1), ("channel_idle_ffn_int8", "act_scale_out", np.float32(0.0)),
 ]
 
 # The Python type the dispatcher hands an impl unchanged, per schema type (anything else it converts or refuses).

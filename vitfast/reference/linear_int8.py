@@ -13,15 +13,15 @@ from typing import Optional
 
 import torch
 
-from ._check import check_float_x, check_like_x, check_shape, check_tensor, fmt_shape
+from ._check import as_real, check_float_x, check_like_x, check_shape, check_tensor, fmt_shape, is_finite_non_negative
 from ._int8 import int8_matmul, quantize_rows
 
 
 def check_act_scale(name: str, value) -> float:
     """A static activation scale: a finite number >= 0 (0 = dynamic, per token)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0.0 or value == float("inf"):
+    if not is_finite_non_negative(value):
         raise ValueError(f"{name}: expected a finite number >= 0 (0: per-token scales), got {value!r}")
-    return float(value)
+    return as_real(value)
 
 
 def check_int8_weight(name: str, scale_name: str, w: torch.Tensor, scale: torch.Tensor, k: int, k_name: str,
