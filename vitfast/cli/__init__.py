@@ -26,6 +26,7 @@ from vitfast.cli import demo
 from vitfast.cli import distill_demo
 from vitfast.cli import export
 from vitfast.cli import fuse
+from vitfast.cli import quantize
 from vitfast.cli import select_heads
 from vitfast.cli import train
 from vitfast.cli import usdc
@@ -46,7 +47,7 @@ from vitfast.cli._common import remove_created_dirs
 _REQUEST_ERRORS = (FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError, IsADirectoryError)
 
 # in the order `vitfast --help` lists them
-COMMANDS = (convert, train, fuse, verify, bench, export, demo, select_heads, usdc, distill_demo)
+COMMANDS = (convert, train, fuse, quantize, verify, bench, export, demo, select_heads, usdc, distill_demo)
 
 
 def _version() -> str:

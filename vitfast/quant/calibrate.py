@@ -127,10 +127,10 @@ def run_model(model: nn.Module, calibration, *, max_batches: Optional[int], prog
         for i, images in enumerate(batches(calibration, max_batches)):
             model(images.to(device=device, dtype=torch.float32))
             count += images.shape[0]
-            if progress:
+            if progress and sys.stderr.isatty():  # one line rewritten in place on a terminal, the total in a log
                 print(f"\rvitfast.quantize: {what}: {count} images", end="", file=sys.stderr, flush=True)
     if progress and count:
-        print(file=sys.stderr)
+        print(("\r" if sys.stderr.isatty() else "") + f"vitfast.quantize: {what}: {count} images", file=sys.stderr)
     if count == 0:
         raise ValueError("calibration: expected at least one image, got none")
     return count

@@ -1,0 +1,69 @@
+"""`vitfast quantize`: a fused file -> an int8 / bf16 file, its report, and its one-line errors."""
+import json
+
+import pytest
+import torch
+
+import vitfast
+from vitfast.cli import main
+from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = ["vit_tiny_patch16_224", "--img-size", "32", "--num-classes", "10",
+        "--model-kwargs", json.dumps({"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 8})]
+
+
+@pytest.fixture(scope="module")
+def fused_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("q")
+    assert main(["convert", *TINY, "--channel-idle", "0.75", "-o", str(d / "train.safetensors")]) == 0
+    assert main(["fuse", str(d / "train.safetensors"), "-o", str(d / "fused.safetensors"), "--no-check"]) == 0
+    return d / "fused.safetensors"
+
+
+def test_help(capsys):
+    assert main(["quantize", "--help"]) == 0
+    out = capsys.readouterr().out
+    for word in ("--calibration", "--activations", "--smooth", "--skip-budget", "--dtype", "docs/quantization.md"):
+        assert word in out
+
+
+def test_dynamic_int8_file(tmp_path, capsys, fused_file):
+    out = tmp_path / "int8.safetensors"
+    assert main(["quantize", str(fused_file), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "int8: 2 channel-idle FFNs" in text and "dynamic per token" in text
+    model = vitfast.load(out)
+    assert sum(isinstance(m, (Int8Linear, Int8ChannelIdleFFN)) for m in model.modules()) == 6
+
+
+def test_static_smoothed_with_digits_reports_accuracy(tmp_path, capsys, fused_file):
+    out = tmp_path / "int8.safetensors"
+    assert main(["quantize", str(fused_file), "-o", str(out), "--calibration", "digits", "--activations", "static",
+                 "--smooth", "0.5", "--calibration-images", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "static per tensor" in text and "largest per-layer errors" in text
+    assert "digits validation (360 images): top-1 fp32" in text and "argmax agreement" in text
+
+
+def test_bf16_file(tmp_path, fused_file):
+    out = tmp_path / "bf16.safetensors"
+    assert main(["quantize", str(fused_file), "-o", str(out), "--dtype", "bf16"]) == 0
+    assert vitfast.io.read_config(out)["dtype"] == "bfloat16"
+    assert next(vitfast.load(out).parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--activations", "static"], "--calibration: --activations static needs calibration images"),
+    (["--smooth", "x"], "--smooth: expected a migration strength in (0, 1) or 'auto', got 'x'"),
+    (["--smooth", "1.5"], "--smooth: expected a migration strength in (0, 1) or 'auto', got 1.5"),
+    (["--skip-budget", "0"], "--skip-budget: expected a relative error > 0"),
+    (["--calibration", "/nonexistent", "--smooth", "0.5"], "--calibration: expected 'digits' or an image folder"),
+    (["--skip", "a", "--skip-budget", "0.1", "--calibration", "digits"], "--skip, --skip-budget: give one"),
+])
+def test_errors_are_one_line(tmp_path, capsys, fused_file, argv, message):
+    out = tmp_path / "x.safetensors"
+    assert main(["quantize", str(fused_file), "-o", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not out.exists()
