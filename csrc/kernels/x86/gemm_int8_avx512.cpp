@@ -6,8 +6,8 @@
 // one row, the same for all 16 columns), so B is stored as u8 = qw + 128 (gemm_int8.cpp) and the epilogue removes
 // 128·rowsum[r].  One step of 4 k is then 2 B loads + 14 broadcasts + 28 vpdpbusd, the same shape as the fp32
 // 14 × 32 tile (gemm_avx512.cpp) but 4× the MACs per instruction.  Measured on one core: 83% of the register-only
-// vpdpbusd peak at K = 256, 86-91% at K = 384-768, 94% at K = 1536-3072 (benchmarks/int8_gemm_peak.py); the rest
-// is the per-tile epilogue and accumulator reset, amortised over K.  The s32
+// vpdpbusd peak at K = 256, 86-91% at K = 384-768, 94% at K = 1536-3072 (benchmarks/int8_gemm_peak.py): the shortfall
+// shrinks as K grows, as a per-tile cost (epilogue, accumulator reset) amortised over K would.  The s32
 // sum wraps modulo 2³² when Σ qa·(qw + 128) exceeds 2³¹ (k > 66 000); after subtracting 128·rowsum the result is
 // the exact Σ qa·qw whenever that fits in s32 (k < 133 000), since the arithmetic is modular.
 //
