@@ -48,7 +48,8 @@ def print_table(report: dict) -> None:
     print("peaks (one core, register-only loops):")
     for p in report["peaks"]:
         print(f"  {p['name']:40s} {p['gops']:8.1f} GOPS")
-    print(f"\n{'shape':22s} {'m x k x n':14s} {'variant':18s} {'us/call':>9s} {'GOPS':>8s} {'% peak':>7s} {'quant us':>9s}")
+    print(f"\n{'shape':22s} {'m x k x n':14s} {'variant':18s} {'us/call':>9s} {'GOPS':>8s} {'% peak':>7s} "
+          f"{'quant us':>9s}")
     for r in report["rows"]:
         quant = f"{r['quant_us']:9.1f}" if r["variant"].startswith("int8") else ""
         print(f"{r['shape']:22s} {r['mkn']:14s} {r['variant']:18s} {r['us']:9.1f} {r['gops']:8.1f} "

@@ -65,7 +65,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("cpu_isa", []() { return std::string(vitfast::cpu_isa_name(vitfast::active_cpu_isa())); },
         "The CPU code path chosen at run time: 'avx512', 'avx2', 'neon' or 'scalar' (override: VITFAST_CPU_ISA).");
   m.def("int8_kernel",
-        []() { return std::string(vitfast::gemm8::int8_kernel_name(vitfast::gemm8::int8_kernel(vitfast::active_cpu_isa()))); },
+        []() {
+          return std::string(vitfast::gemm8::int8_kernel_name(vitfast::gemm8::int8_kernel(vitfast::active_cpu_isa())));
+        },
         "The int8 GEMM kernel the current CPU path runs: 'avx512_vnni', 'avx2', 'neon_dot' or 'scalar' "
         "(VITFAST_CPU_EXT=none turns the extensions off).");
   m.def("supported_cpu_isas", &supported_isas, "The CPU code paths this CPU and build can run.");

@@ -4,8 +4,9 @@
 //   (b) gemm_int8 (quantized activations in, fp32 out, plain epilogue) at DeiT-S/B shapes, every kernel this CPU
 //       runs, with quantize_rows of the activations timed beside it;
 //   (c) the fp32 gemm of the same shapes with the AVX-512 and AVX2 paths.
-// Times are the thread's CPU time (see now()).  Each figure is the median over interleaved rounds (every variant of a shape once per round), so a busy
-// neighbour on a shared machine slows all variants alike.  GOPS counts 2 operations per multiply-add.
+// Times are the thread's CPU time (see now()).  Each figure is the median over interleaved rounds (every variant
+// of a shape once per round), so a busy neighbour on a shared machine slows all variants alike.  GOPS counts 2
+// operations per multiply-add.
 //
 //   bench_gemm_int8 [--rounds N] [--scalar] [--json]
 //
@@ -95,7 +96,8 @@ __attribute__((target("avx512f,avx512vnni"))) double peak_vnni_gops(int64_t iter
         "jnz 1b\n\t"
         : "+r"(n)
         : "m"(one)
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+          "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
   return 2.0 * double(iters) * 16 * 64 / (now() - t0) * 1e-9;  // 64 MACs per vpdpbusd zmm
 }
 
@@ -130,7 +132,8 @@ double peak_avx2_int8_gops(int64_t iters) {
         "jnz 1b\n\t"
         : "+r"(n)
         : "m"(one), "m"(ones16)
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+          "xmm12", "xmm13", "xmm14", "xmm15", "cc");
   return 2.0 * double(iters) * 4 * 32 / (now() - t0) * 1e-9;
 }
 
@@ -178,7 +181,8 @@ __attribute__((target("avx512f"))) double peak_fma512_gflops(int64_t iters) {
         "jnz 1b\n\t"
         : "+r"(n)
         : "m"(a), "m"(b)
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+          "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
   return 2.0 * double(iters) * 16 * 16 / (now() - t0) * 1e-9;
 }
 
@@ -218,7 +222,8 @@ double peak_fma256_gflops(int64_t iters) {
         "jnz 1b\n\t"
         : "+r"(n)
         : "m"(a), "m"(b)
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+          "xmm12", "xmm13", "xmm14", "xmm15", "cc");
   return 2.0 * double(iters) * 12 * 8 / (now() - t0) * 1e-9;
 }
 #endif

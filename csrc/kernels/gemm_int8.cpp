@@ -130,7 +130,8 @@ void PackedInt8B::add_to_bias(const float* v) {
 void quantize_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, const float* col_scale, int8_t* qa,
                    int64_t lda, float* sa, int32_t* rowsum, CpuIsa isa) {
   if (rows <= 0) return;
-  if (lda % 4 != 0 || lda < padded_k(k)) throw std::invalid_argument("quantize_rows: lda must be a multiple of 4 >= padded_k(k)");
+  if (lda % 4 != 0 || lda < padded_k(k))
+    throw std::invalid_argument("quantize_rows: lda must be a multiple of 4 >= padded_k(k)");
   QuantizeArgs q{x, ldx, rows, k, col_scale, qa, lda, sa, rowsum};
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -157,7 +158,8 @@ void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa,
     throw std::invalid_argument("gemm_int8: panels [" + std::to_string(panel_begin) + ", " + std::to_string(panel_end) +
                                 ") outside the weight's " + std::to_string(b.panels()));
   if (m <= 0 || panel_end <= panel_begin) return;
-  if (lda % 4 != 0 || lda < b.k4()) throw std::invalid_argument("gemm_int8: lda must be a multiple of 4 >= padded_k(k)");
+  if (lda % 4 != 0 || lda < b.k4())
+    throw std::invalid_argument("gemm_int8: lda must be a multiple of 4 >= padded_k(k)");
   Int8BlockArgs g;
   g.m = m;
   g.n = b.n();

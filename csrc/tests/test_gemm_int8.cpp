@@ -34,8 +34,7 @@ std::vector<int8_t> random_int8(std::mt19937& rng, size_t n) {
   return v;
 }
 
-// qa [m × lda] with zero padding past k, its row sums; `fill`: 0 random, else every value = fill · (±1 random
-// when fill < 0 ... see callers).
+// Quantized activations as the kernels take them: [m × lda] with zero padding past k, and their row sums.
 struct QA {
   std::vector<int8_t> q;
   std::vector<int32_t> rowsum;
@@ -159,7 +158,8 @@ void test_kernel(Int8Kernel kern) {
   }
   // Panel subranges (odd starts split the AVX-512 pairs differently).
   for (int64_t pb = 0; pb < 5; ++pb)
-    for (int64_t pe = pb + 1; pe <= 5; ++pe) check_gemm8(kern, rng, 17, 75, 41, cases[(pb + pe) % 8], nullptr, nullptr, false, pb, pe);
+    for (int64_t pe = pb + 1; pe <= 5; ++pe)
+      check_gemm8(kern, rng, 17, 75, 41, cases[(pb + pe) % 8], nullptr, nullptr, false, pb, pe);
   // Extremes: ±127 × ±127 everywhere at K = 4096 (|Σ| = 4096 · 127² = 66 064 384: no s16 saturation in the AVX2
   // pairs, no wrong s32 in the VNNI offset form).  Same signs, opposite signs, and random signs.
   const int64_t kx = 4096, mx = 15, nx = 33;
@@ -169,7 +169,7 @@ void test_kernel(Int8Kernel kern) {
     for (size_t i = 0; i < av.size(); ++i)
       av[i] = pattern == 3 ? int8_t(coin(rng) ? 127 : -127) : int8_t(pattern == 2 ? -127 : 127);
     for (size_t i = 0; i < wv.size(); ++i)
-      wv[i] = pattern == 3 ? int8_t(coin(rng) ? 127 : -127) : int8_t(pattern == 1 ? -127 : (pattern == 2 ? -127 : 127));
+      wv[i] = pattern == 3 ? int8_t(coin(rng) ? 127 : -127) : int8_t(pattern == 0 ? 127 : -127);
     check_gemm8(kern, rng, mx, nx, kx, cases[0], &av, &wv, true);
     check_gemm8(kern, rng, mx, nx, kx - 3, cases[5], &av, &wv, false);
   }
@@ -245,8 +245,10 @@ void test_quantize(CpuIsa isa) {
     const std::vector<float> x = {127.0f, 0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 126.5f, -3.49f, 0.0f};
     Quantized s = quantize(x, 1, 9, 9, nullptr, CpuIsa::kScalar);
     const int8_t want[] = {127, 0, 2, 2, 0, -2, 126, -3, 0};
-    for (int c = 0; c < 9; ++c) VT_CHECK(s.q[c] == want[c], "scalar tie rounding: x=%g gave %d, want %d", x[c], s.q[c], want[c]);
-    VT_CHECK(s.sa[0] == 1.0f && s.rowsum[0] == 127 + 2 + 2 - 2 + 126 - 3, "scalar tie row: sa %g rowsum %d", s.sa[0], s.rowsum[0]);
+    for (int c = 0; c < 9; ++c)
+      VT_CHECK(s.q[c] == want[c], "scalar tie rounding: x=%g gave %d, want %d", x[c], s.q[c], want[c]);
+    VT_CHECK(s.sa[0] == 1.0f && s.rowsum[0] == 127 + 2 + 2 - 2 + 126 - 3, "scalar tie row: sa %g rowsum %d", s.sa[0],
+             s.rowsum[0]);
   }
   for (int64_t k : {1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 384, 1001}) {
     const int64_t rows = 12, ldx = k + 5;
@@ -275,7 +277,8 @@ void test_quantize(CpuIsa isa) {
                                                    : std::memcmp(&ref.sa[r], &got.sa[r], sizeof(float)) == 0;
         bad_s += !same_sa || ref.rowsum[r] != got.rowsum[r];
       }
-      VT_CHECK(bad_q == 0 && bad_s == 0, "[%s] quantize_rows k=%lld col_scale=%d: %lld bytes, %lld rows differ from scalar",
+      VT_CHECK(bad_q == 0 && bad_s == 0,
+               "[%s] quantize_rows k=%lld col_scale=%d: %lld bytes, %lld rows differ from scalar",
                cpu_isa_name(isa), (long long)k, col != nullptr, (long long)bad_q, (long long)bad_s);
       if (col == nullptr) {
         VT_CHECK(ref.sa[1] == 0.0f && ref.rowsum[1] == 0, "zero row: sa %g", ref.sa[1]);
@@ -312,7 +315,10 @@ void test_end_to_end(CpuIsa isa) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double ref = 0.0, mag = 0.0;
-      for (int64_t p = 0; p < k; ++p) ref += double(x[i * k + p]) * w[j * k + p], mag += std::fabs(x[i * k + p] * w[j * k + p]);
+      for (int64_t p = 0; p < k; ++p) {
+        ref += double(x[i * k + p]) * w[j * k + p];
+        mag += std::fabs(double(x[i * k + p]) * w[j * k + p]);
+      }
       worst = std::max(worst, std::fabs(c[i * n + j] - ref) / (mag * 2.0 / 127.0 + 1e-6));
     }
   VT_CHECK(worst <= 1.0, "[%s] quantize + gemm_int8 vs fp32: error %.3g x bound", int8_kernel_name(kern), worst);

@@ -2,9 +2,10 @@
 // quantize_rows.
 //
 // vpmaddubsw multiplies u8 × s8 and adds pairs into s16 with saturation, so both operands are made safe first
-// (the sign trick): u = |qa| ∈ [0, 127] and s = sign(qa)·qw ∈ [−127, 127] (vpsignb; qw = −128 is refused by the
-// pack, as −(−128) does not exist in int8), whence u·s = qa·qw and a pair sum is at most 2·127² = 32258 < 2¹⁵ − 1:
-// never saturated.  vpmaddwd by ones then adds the pairs into s32 lanes (the four products of one column).
+// (the sign trick): u = |qa| ∈ [0, 127] and s = sign(qa)·qw ∈ [−127, 127] (vpsignb; qw = −128 is refused by
+// the pack, as −(−128) does not exist in int8), whence u·s = qa·qw and a pair sum is at most 2·127² = 32258
+// < 2¹⁵ − 1: never saturated.  vpmaddwd by ones then adds the pairs into s32 lanes (the four products of one
+// column).
 // Per row and 4-k group: 1 broadcast, 1 vpabsb, 2 vpsignb, 2 vpmaddubsw, 2 vpmaddwd, 2 vpaddd for 64 MACs.
 // Four rows: 8 accumulators + 2 B vectors + ones + the per-row temporaries fit the 16 ymm registers (six rows spill).
 #if defined(__clang__)

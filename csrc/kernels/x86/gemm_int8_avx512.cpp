@@ -2,10 +2,12 @@
 // quantize_rows.
 //
 // `vpdpbusd acc, u8, s8` adds four u8 × s8 products into each s32 lane, exactly (no saturation: that is the
-// vpdpbusds variant).  Its last operand may be a 32-bit memory broadcast ({1to16}): that operand is A (four s8
-// activations of one row, the same for all 16 columns), so B is stored as u8 = qw + 128 (gemm_int8.cpp) and the
-// epilogue removes 128·rowsum[r].  One step of 4 k is then 2 B loads + 28 vpdpbusd with broadcast memory
-// operands, the same shape as the fp32 14 × 32 tile (gemm_avx512.cpp) but 4× the MACs per instruction.  The s32
+// vpdpbusds variant).  The s8 operand is the one that may be a 32-bit broadcast: that is A (four s8 activations of
+// one row, the same for all 16 columns), so B is stored as u8 = qw + 128 (gemm_int8.cpp) and the epilogue removes
+// 128·rowsum[r].  One step of 4 k is then 2 B loads + 14 broadcasts + 28 vpdpbusd, the same shape as the fp32
+// 14 × 32 tile (gemm_avx512.cpp) but 4× the MACs per instruction.  Measured on one core: 83% of the register-only
+// vpdpbusd peak at K = 256, 86-91% at K = 384-768, 94% at K = 1536-3072 (benchmarks/int8_gemm_peak.py): the shortfall
+// shrinks as K grows, as a per-tile cost (epilogue, accumulator reset) amortised over K would.  The s32
 // sum wraps modulo 2³² when Σ qa·(qw + 128) exceeds 2³¹ (k > 66 000); after subtracting 128·rowsum the result is
 // the exact Σ qa·qw whenever that fits in s32 (k < 133 000), since the arithmetic is modular.
 //
@@ -55,6 +57,9 @@ struct Epi {
   __mmask16 mask[2];
 };
 
+// Four A bytes to all 16 lanes.  GCC emits one vpbroadcastd per row, shared by the row's two vpdpbusd; forcing the
+// {1to16} memory form into both instead (inline asm) measured slower at every DeiT shape: 71-86% of the vpdpbusd
+// peak against 82-94% (one core, medians of 5 rounds).
 static inline __attribute__((always_inline)) __m512i bcast4(const int8_t* p) {
   int32_t v;
   __builtin_memcpy(&v, p, 4);
