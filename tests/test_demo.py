@@ -44,6 +44,9 @@ def test_demo_command_quick(tmp_path, capsys):
     accs = re.findall(r"(\d\.\d{4}) \((\d+)/(\d+)\)", row)
     assert len(accs) == 2 and accs[0] == accs[1] and row.rstrip().endswith("equal")
     assert (tmp_path / "fused.safetensors").exists() and (tmp_path / "train.safetensors").exists()
+    # the int8 copy beside them: loaded back from its file, its accuracy and agreement with fp32 printed
+    assert (tmp_path / "int8.safetensors").exists() and "argmax agreement with fp32" in out
+    assert re.search(r"int8 \(.*int8\.safetensors: vitfast\.quantize", out)
 
 
 def test_demo_exit_status_when_accuracy_differs(monkeypatch, tmp_path, capsys):

@@ -67,3 +67,20 @@ def test_errors_are_one_line(tmp_path, capsys, fused_file, argv, message):
     assert main(["quantize", str(fused_file), "-o", str(out), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and not out.exists()
+
+
+def test_verify_an_int8_file_against_its_fp32_source(tmp_path, capsys, fused_file):
+    out = tmp_path / "int8.safetensors"
+    assert main(["quantize", str(fused_file), "-o", str(out)]) == 0
+    assert main(["verify", str(out), "--source", str(fused_file), "--inputs", "digits", "--min-agreement", "0.9",
+                 "--max-drop", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "relative logit error" in text and "top-1: source" in text and "OK: the int8 model agrees" in text
+    # another model (the head negated) is not its source: agreement collapses, exit status 1
+    other = tmp_path / "other.safetensors"
+    model = vitfast.load(fused_file)
+    with torch.no_grad():
+        model.head.weight.neg_()
+    vitfast.save(model, other)
+    assert main(["verify", str(out), "--source", str(other), "--inputs", "digits"]) == 1
+    assert "MISMATCH: the int8 model" in capsys.readouterr().out

@@ -15,6 +15,7 @@ from vitfast.cli._common import nonneg_float
 from vitfast.cli._common import parse_device
 from vitfast.cli._common import positive_int
 from vitfast.cli._common import set_threads
+from vitfast.cli._common import unit_float
 from vitfast.cli._models import check_rgb_model
 from vitfast.cli._models import file_kind
 from vitfast.cli._models import load_source
@@ -29,18 +30,29 @@ def add_parser(sub) -> None:
         description=textwrap.dedent("""\
             Run the fused model (vitfast.load) and its train-time source (eval mode) on the same inputs and
             compare logits: max |Δ|, normalised MSE, argmax agreement.  Passes when
-            max |Δ| <= atol + rtol * max |logit|; exit status 1 otherwise."""),
+            max |Δ| <= atol + rtol * max |logit|; exit status 1 otherwise.
+
+            An int8 or bf16 file (`vitfast quantize`) is not exact: it is compared with its fp32 source (the fused
+            file, or the train-time model) by argmax agreement (>= --min-agreement) and, on the digits, by top-1
+            (at most --max-drop points below the source's), with the relative logit error reported."""),
         epilog="examples:\n  vitfast verify fused.safetensors --source run/model.safetensors\n"
-               "  vitfast verify fused.safetensors --source run/trainer.pt --inputs digits --atol 1e-5",
+               "  vitfast verify fused.safetensors --source run/trainer.pt --inputs digits --atol 1e-5\n"
+               "  vitfast verify int8.safetensors --source fused.safetensors --inputs digits",
     )
     p.add_argument("fused", type=existing_file, metavar="FUSED", help="fused .safetensors (from `vitfast fuse`)")
-    p.add_argument("--source", type=existing_file, required=True, help="train-time .safetensors or trainer checkpoint it came from")
+    p.add_argument("--source", type=existing_file, required=True,
+                   help="train-time .safetensors or trainer checkpoint it came from (for an int8/bf16 file: also the "
+                        "fused fp32 file)")
     p.add_argument("--inputs", choices=("random", "digits"), default="random", help="random normal images, or the digits validation split")
     p.add_argument("--batch-size", type=positive_int, default=16, help="images per batch")
     p.add_argument("--batches", type=positive_int, default=2, help="number of random batches (--inputs random)")
     p.add_argument("--atol", type=nonneg_float, default=1e-4, help="absolute tolerance on logits")
     p.add_argument("--rtol", type=nonneg_float, default=1e-4, help="tolerance relative to the largest |logit|")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
+    p.add_argument("--min-agreement", type=unit_float, default=0.995,
+                   help="int8/bf16 files: the least argmax agreement with the source")
+    p.add_argument("--max-drop", type=nonneg_float, default=0.3,
+                   help="int8/bf16 files with --inputs digits: the most top-1 points below the source's")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads")
     p.add_argument("--device", default="cpu", help="run both models on this device (cpu, cuda, cuda:1, ...)")
     p.set_defaults(func=run)
@@ -52,7 +64,15 @@ def run(args) -> int:
     if file_kind(args.fused) != "fused":
         raise CLIError(f"FUSED: expected a fused .safetensors (from `vitfast fuse`), got {args.fused!r}")
     fused = vitfast.load(args.fused).to(device)
-    source, _ = load_source(args.source, "--source")
+    low_precision = (getattr(fused, "vitfast_quantization", None) or {}).get("dtype")
+    if low_precision is None and next(fused.parameters()).dtype == torch.bfloat16:
+        low_precision = "bf16"
+    if low_precision is not None and file_kind(args.source) == "fused":
+        source = vitfast.load(args.source)  # the fp32 fused file it was quantized from
+        if (getattr(source, "vitfast_quantization", None) or {}).get("dtype"):
+            raise CLIError(f"--source: expected the fp32 model {args.fused!r} came from, got another quantized file")
+    else:
+        source, _ = load_source(args.source, "--source")
     source = source.to(device)
     img_size, _ = model_input(source)
     proj = getattr(getattr(source, "patch_embed", None), "proj", None)
@@ -61,18 +81,26 @@ def run(args) -> int:
     if fused_size != img_size:  # once timm's AssertionError from the first forward
         raise CLIError(f"FUSED/--source: expected models of one input size, got {size_text(fused_size)} (fused) "
                        f"and {size_text(img_size)} (source)")
+    labels = None
     if args.inputs == "digits":
         check_rgb_model(source, "--inputs digits")
         _, loader = digits_loaders(img_size=img_size, batch_size=args.batch_size, eval_batch_size=args.batch_size)
-        batches = [x for x, _ in loader]
+        batches, labels = zip(*loader)
     else:
         g = torch.Generator().manual_seed(args.seed)
         batches = [torch.randn(args.batch_size, in_chans, *img_size, generator=g) for _ in range(args.batches)]
     max_abs, max_ref, agree, n, err2, ref2 = 0.0, 0.0, 0, 0, 0.0, 0.0
+    correct_ref = correct_out = 0
     with torch.no_grad():
-        for x in batches:
+        for i, x in enumerate(batches):
             x = x.to(device)
             ref, out = source(x), fused(x)
+            if low_precision is not None:
+                out = out.float()
+            if labels is not None:
+                y = labels[i].to(device)
+                correct_ref += int((ref.argmax(-1) == y).sum())
+                correct_out += int((out.argmax(-1) == y).sum())
             if ref.shape != out.shape:
                 print(f"MISMATCH: output shapes differ: source {tuple(ref.shape)}, fused {tuple(out.shape)}")
                 return EXIT_CHECK_FAILED
@@ -87,7 +115,27 @@ def run(args) -> int:
     finite = all(map(lambda v: v == v and abs(v) != float("inf"), (max_abs, max_ref)))
     ok = finite and max_abs <= bound
     print(f"inputs: {n} {args.inputs} images of {in_chans}x{img_size[0]}x{img_size[1]} on {device}")
+    if low_precision is not None:
+        return _report_low_precision(args, low_precision, fused, finite, agree, n, err2, ref2, labels is not None,
+                                     correct_ref, correct_out)
     print(f"max |Δlogits| = {max_abs:.3e} (tolerance {bound:.3e} = atol {args.atol:g} + rtol {args.rtol:g} x max|logit| {max_ref:.3g})")
     print(f"normalised MSE = {nmse:.3e}; argmax agreement = {agree}/{n} ({agree / n:.2%})")
     print("OK: the fused model matches its source" if ok else "MISMATCH: the fused model does not match its source")
+    return EXIT_OK if ok else EXIT_CHECK_FAILED
+
+
+def _report_low_precision(args, dtype, model, finite, agree, n, err2, ref2, labelled, correct_ref, correct_out) -> int:
+    """An int8/bf16 model against its fp32 source: agreement (and top-1 on the digits) instead of exact equality."""
+    print(vitfast.quant.describe(model))
+    rel = (err2 / ref2) ** 0.5 if ref2 > 0 else float("inf")
+    print(f"relative logit error = {rel:.3e}; argmax agreement = {agree}/{n} ({agree / n:.2%}, required "
+          f">= {args.min_agreement:.2%})")
+    ok = finite and agree / n >= args.min_agreement
+    if labelled:
+        drop = (correct_ref - correct_out) / n * 100
+        print(f"top-1: source {correct_ref / n:.4f}, {dtype} {correct_out / n:.4f} ({-drop:+.2f} pt, at most "
+              f"-{args.max_drop:g} pt allowed)")
+        ok = ok and drop <= args.max_drop + 1e-9
+    print(f"OK: the {dtype} model agrees with its source" if ok
+          else f"MISMATCH: the {dtype} model is further from its source than allowed")
     return EXIT_OK if ok else EXIT_CHECK_FAILED

@@ -138,9 +138,13 @@ def run_demo(
         rows.append([f"throughput batch {batch} (img/s)", f"{t['images_per_s']:.0f}", f"{f['images_per_s']:.0f}",
                      ratio(f["images_per_s"], t["images_per_s"])])
     table = format_table(["", "train-time (eval)", "fused (vitfast.load)", "fused vs train"], rows)
+    int8 = _int8_comparison(fused, fused_path, out_dir, cfg, val_loader, logits_f, labels, seed, repeats, quick)
     total_seconds = time.perf_counter() - t_start
     log("")
     log(table)
+    log("")
+    log(int8["title"])
+    log(int8["table"])
     log("")
     log(
         f"training {train_seconds:.1f} s, whole demo {total_seconds:.1f} s; latency: {repeats} interleaved repeats "
@@ -166,4 +170,51 @@ def run_demo(
         "train_path": train_path,
         "fused_path": fused_path,
         "accuracy_equal": correct_t == correct_f,
+        "int8": {k: v for k, v in int8.items() if k not in ("title", "table")},
+        "int8_table": int8["table"],
+    }
+
+
+def _int8_comparison(fused, fused_path, out_dir, cfg, val_loader, logits_f, labels, seed, repeats, quick):
+    """The fused model quantized (vitfast.quantize: dynamic per-token int8, SmoothQuant α chosen per layer on 256
+    unaugmented training images), saved and loaded back, against the fused fp32 model: accuracy, agreement, file
+    size, latency."""
+    import vitfast
+
+    from ..training.data import digits_loaders
+
+    calib_loader, _ = digits_loaders(img_size=cfg["img_size"], batch_size=64, seed=seed, augment=False)
+    calibration = [images for _, (images, _) in zip(range(4), calib_loader)]
+    int8_path = os.path.join(out_dir, "int8.safetensors")
+    vitfast.save(vitfast.quantize(fused, calibration, smooth="auto"), int8_path)
+    int8 = vitfast.load(int8_path)
+    logits_q, _ = _predict(int8, val_loader)
+    n_val = int(labels.numel())
+    correct_f = int((logits_f.argmax(-1) == labels).sum())
+    correct_q = int((logits_q.argmax(-1) == labels).sum())
+    agree = float((logits_q.argmax(-1) == logits_f.argmax(-1)).float().mean())
+    sizes = {"fused": os.path.getsize(fused_path), "int8": os.path.getsize(int8_path)}
+    shape = (3, cfg["img_size"], cfg["img_size"])
+    rows = [
+        ["val accuracy", f"{correct_f / n_val:.4f} ({correct_f}/{n_val})", f"{correct_q / n_val:.4f} ({correct_q}/{n_val})",
+         f"{(correct_q - correct_f) / n_val * 100:+.2f} pt"],
+        ["argmax agreement with fp32", "-", f"{agree:.2%}", ""],
+        ["file size (MB)", f"{sizes['fused'] / 1e6:.2f}", f"{sizes['int8'] / 1e6:.2f}", f"{sizes['int8'] / sizes['fused']:.2f}x"],
+    ]
+    latency = {}
+    for batch in (1, 64):
+        lat = measure_latency({"fused": fused, "int8": int8}, torch.randn(batch, *shape), repeats=repeats,
+                              warmup=2 if quick else 5)
+        latency[batch] = lat
+        f, q = lat["fused"], lat["int8"]
+        rows.append([f"latency batch {batch} (ms, median [p10-p90])",
+                     f"{f['median_ms']:.2f} [{f['p10_ms']:.2f}-{f['p90_ms']:.2f}]",
+                     f"{q['median_ms']:.2f} [{q['p10_ms']:.2f}-{q['p90_ms']:.2f}]",
+                     f"{f['median_ms'] / q['median_ms']:.2f}x {'faster' if q['median_ms'] < f['median_ms'] else 'SLOWER'}"])
+    return {
+        "title": (f"int8 ({int8_path}: vitfast.quantize, dynamic per-token activations, SmoothQuant α per layer; "
+                  f"{vitfast.ops.int8_kernel()} kernels)"),
+        "table": format_table(["", "fused fp32", "int8", "int8 vs fp32"], rows),
+        "accuracy": correct_q / n_val, "correct": correct_q, "argmax_agreement": agree, "file_bytes": sizes["int8"],
+        "latency": latency, "path": int8_path,
     }

@@ -112,6 +112,18 @@ def cpu_isa() -> str:
     return _C.cpu_isa()
 
 
+def int8_kernel() -> str:
+    """The int8 GEMM kernel of that path (csrc/kernels/gemm_int8.h): 'avx512_vnni', 'avx2', 'neon_dot' or 'scalar'
+    ('reference' without the extension)."""
+    return "reference" if _C is None else _C.int8_kernel()
+
+
+def cpu_extensions() -> list:
+    """The low-precision extensions the kernels use on this CPU: 'avx512_vnni', 'avx512_bf16', 'neon_dotprod',
+    'neon_bf16' (VITFAST_CPU_EXT=none turns them off)."""
+    return [] if _C is None else list(_C.cpu_extensions())
+
+
 def prepack(module: torch.nn.Module) -> int:
     """Pack the CPU kernels' weights of every fused submodule of `module` now, so the first inference packs none.
 
