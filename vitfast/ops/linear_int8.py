@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .. import reference
 from ..reference.linear_int8 import check_linear_int8_args
-from ._spec import define_op
+from ..reference._int8_qdq import linear_int8_qdq
+from ._spec import define_op, onnx_exporting, standard_entry
 
 
 def _linear_int8_fake(x, qweight, w_scale, bias, residual, smooth, act_scale):
@@ -20,10 +21,22 @@ def _linear_int8_cuda(*args):
     return reference.linear_int8(*args)
 
 
+_standard = standard_entry("linear_int8")
+
+
+def _entry(args):
+    """Under an ONNX export the QuantizeLinear/DequantizeLinear form (vitfast/reference/_int8_qdq.py), else as
+    every op."""
+    if onnx_exporting():
+        return linear_int8_qdq(*args)
+    return _standard(args)
+
+
 linear_int8 = define_op(
     "linear_int8(Tensor x, Tensor qweight, Tensor w_scale, Tensor? bias=None, Tensor? residual=None, "
     "Tensor? smooth=None, float act_scale=0.0) -> Tensor",
     check=check_linear_int8_args, fake=_linear_int8_fake, cuda=_linear_int8_cuda,
+    entry=_entry,
     doc="`torch.ops.vitfast.linear_int8` (int8 x · int8 Wᵀ, dequantised, + bias + residual), or the reference when "
         "VITFAST_BACKEND=reference.",
 )
