@@ -31,8 +31,6 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
-constexpr int64_t kTokenTile = 198;
-
 struct Dims {
   int64_t active, linear, c_out;
 };
@@ -69,11 +67,6 @@ Dims check_args(const at::Tensor& x, const at::Tensor& qw_in, const at::Tensor& 
                {"s_out", &s_out}, {"b_out", &b_out}, {"residual", &residual}, {"smooth_in", &smooth_in},
                {"smooth_out", &smooth_out}});
   return {active, linear, c_out};
-}
-
-at::Tensor as_float_contiguous(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  return t.scalar_type() == at::kFloat ? t.contiguous() : t.to(at::kFloat).contiguous();
 }
 
 at::Tensor channel_idle_ffn_int8_cpu(const at::Tensor& x, const at::Tensor& qw_in, const at::Tensor& s_in,
@@ -114,7 +107,7 @@ at::Tensor channel_idle_ffn_int8_cpu(const at::Tensor& x, const at::Tensor& qw_i
     lin = packed_int8_weight("channel_idle_ffn_int8.lin", qw_in, s_in, b_in, a, d.linear, b_out, kernel, "qw_in",
                              "s_in", "b_in");
 
-  const at::Tensor xf = as_float_contiguous(x), rf = as_float_contiguous(residual);
+  const at::Tensor xf = contiguous_float(x), rf = contiguous_float(residual);
   const at::Tensor si = smooth_in.contiguous(), so = smooth_out.contiguous();
   at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
   const float* xp = xf.data_ptr<float>();
@@ -123,45 +116,38 @@ at::Tensor channel_idle_ffn_int8_cpu(const at::Tensor& x, const at::Tensor& qw_i
   const float* sop = so.defined() ? so.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
 
-  const gemm::RowShares shares(rows, at::get_num_threads(), isa);
-  at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t r_end = shares.end(c);
-      for (int64_t r0 = shares.begin(c); r0 < r_end; r0 += kTokenTile) {
-        const int64_t m = std::min(kTokenTile, r_end - r0);
-        const QuantizedRows q1 = thread_quantized_rows(m, c_in, 0);
-        quantize_activations(xp + r0 * c_in, c_in, m, c_in, sip, act_scale_in, q1, isa);
-        float* o = op + r0 * c_out;
-        const float* res = rp ? rp + r0 * c_out : nullptr;
-        if (lin) {
-          gemm::Epilogue ep;
-          ep.bias = true;
-          ep.addend = res;
-          ep.ld_addend = c_out;
-          gemm8::gemm_int8(m, q1.qa, q1.lda, q1.sa, q1.rowsum, *lin, o, c_out, ep, kernel);
-        }
-        if (act) {
-          // h in a padded scratch (row stride = whole panels): the GELU tile is stored whole, no masks
-          const int64_t ldh = act->padded_n();
-          float* h = thread_int8_scratch(m * ldh);
-          gemm::Epilogue ep_act;
-          ep_act.bias = true;
-          ep_act.gelu = true;
-          ep_act.c_padded = true;
-          gemm8::gemm_int8(m, q1.qa, q1.lda, q1.sa, q1.rowsum, *act, h, ldh, ep_act, kernel);
-          const QuantizedRows q2 = thread_quantized_rows(m, a, 1);
-          quantize_activations(h, ldh, m, a, sop, act_scale_out, q2, isa);
-          gemm::Epilogue ep_out;
-          if (lin) {
-            ep_out.accumulate = true;
-          } else {
-            ep_out.bias = true;
-            ep_out.addend = res;
-            ep_out.ld_addend = c_out;
-          }
-          gemm8::gemm_int8(m, q2.qa, q2.lda, q2.sa, q2.rowsum, *outw, o, c_out, ep_out, kernel);
-        }
+  for_each_token_tile(rows, isa, [&](int64_t r0, int64_t m) {
+    const QuantizedRows q1 = thread_quantized_rows(m, c_in, 0);
+    quantize_activations(xp + r0 * c_in, c_in, m, c_in, sip, act_scale_in, q1, isa);
+    float* o = op + r0 * c_out;
+    const float* res = rp ? rp + r0 * c_out : nullptr;
+    if (lin) {
+      gemm::Epilogue ep;
+      ep.bias = true;
+      ep.addend = res;
+      ep.ld_addend = c_out;
+      gemm8::gemm_int8(m, q1.qa, q1.lda, q1.sa, q1.rowsum, *lin, o, c_out, ep, kernel);
+    }
+    if (act) {
+      // h in a padded scratch (row stride = whole panels): the GELU tile is stored whole, no masks
+      const int64_t ldh = act->padded_n();
+      float* h = thread_int8_scratch(m * ldh);
+      gemm::Epilogue ep_act;
+      ep_act.bias = true;
+      ep_act.gelu = true;
+      ep_act.c_padded = true;
+      gemm8::gemm_int8(m, q1.qa, q1.lda, q1.sa, q1.rowsum, *act, h, ldh, ep_act, kernel);
+      const QuantizedRows q2 = thread_quantized_rows(m, a, 1);
+      quantize_activations(h, ldh, m, a, sop, act_scale_out, q2, isa);
+      gemm::Epilogue ep_out;
+      if (lin) {
+        ep_out.accumulate = true;
+      } else {
+        ep_out.bias = true;
+        ep_out.addend = res;
+        ep_out.ld_addend = c_out;
       }
+      gemm8::gemm_int8(m, q2.qa, q2.lda, q2.sa, q2.rowsum, *outw, o, c_out, ep_out, kernel);
     }
   });
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());

@@ -1,5 +1,8 @@
 #include "ops/int8_common.h"
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -71,6 +74,22 @@ std::shared_ptr<const gemm8::PackedInt8B> packed_int8_weight(const char* op, con
       return e;
     } catch (const std::invalid_argument& err) {
       TORCH_CHECK_VALUE(false, qw_name, ": expected values in [-127, 127] (symmetric int8), got ", err.what());
+    }
+  });
+}
+
+at::Tensor contiguous_float(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return t.scalar_type() == at::kFloat ? t.contiguous() : t.to(at::kFloat).contiguous();
+}
+
+void for_each_token_tile(int64_t rows, CpuIsa isa, const std::function<void(int64_t r0, int64_t m)>& body) {
+  const gemm::RowShares shares(rows, at::get_num_threads(), isa);
+  at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t r_end = shares.end(c);
+      for (int64_t r0 = shares.begin(c); r0 < r_end; r0 += kInt8TokenTile)
+        body(r0, std::min(kInt8TokenTile, r_end - r0));
     }
   });
 }

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "kernels/cpu_features.h"
@@ -46,6 +47,15 @@ QuantizedRows thread_quantized_rows(int64_t rows, int64_t k, int slot);
 // (q = clamp(rne(x · smooth · (1 / act_scale)), ±127), a row with NaN/Inf gets scale NaN and q = 0).
 void quantize_activations(const float* x, int64_t ldx, int64_t rows, int64_t k, const float* smooth, double act_scale,
                           const QuantizedRows& q, CpuIsa isa);
+
+// t as contiguous fp32 (itself when it already is one; undefined stays undefined).
+at::Tensor contiguous_float(const at::Tensor& t);
+
+// The int8 ops' thread split: balanced shares of `rows` token rows (gemm::RowShares), each run as tiles of at most
+// kInt8TokenTile rows (one ViT image: the quantized tile and its output rows stay in L2 while every weight panel
+// streams once per tile).  body(r0, m) runs on torch's intra-op threads.
+constexpr int64_t kInt8TokenTile = 198;
+void for_each_token_tile(int64_t rows, CpuIsa isa, const std::function<void(int64_t r0, int64_t m)>& body);
 
 // Floats of the calling thread's fp32 scratch (the FFN's GELU channels), 64-byte aligned.
 float* thread_int8_scratch(int64_t floats);

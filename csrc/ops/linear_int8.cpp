@@ -30,8 +30,6 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
-constexpr int64_t kTokenTile = 198;
-
 // Mirror of vitfast.reference.linear_int8.check_linear_int8_args (same order, same messages).  Returns N.
 int64_t check_args(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& w_scale, const at::Tensor& bias,
                    const at::Tensor& residual, const at::Tensor& smooth, double act_scale) {
@@ -51,11 +49,6 @@ int64_t check_args(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   return n;
 }
 
-at::Tensor as_float_contiguous(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  return t.scalar_type() == at::kFloat ? t.contiguous() : t.to(at::kFloat).contiguous();
-}
-
 at::Tensor linear_int8_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& w_scale,
                            const OptTensor& bias_opt, const OptTensor& residual_opt, const OptTensor& smooth_opt,
                            double act_scale) {
@@ -73,28 +66,21 @@ at::Tensor linear_int8_cpu(const at::Tensor& x, const at::Tensor& qweight, const
   const gemm8::Int8Kernel kernel = gemm8::int8_kernel(isa);
   const auto w = packed_int8_weight("linear_int8", qweight, w_scale, bias, 0, n, at::Tensor(), kernel, "qweight",
                                     "w_scale", "bias");
-  const at::Tensor xf = as_float_contiguous(x), rf = as_float_contiguous(residual), sf = smooth.contiguous();
+  const at::Tensor xf = contiguous_float(x), rf = contiguous_float(residual), sf = smooth.contiguous();
   at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
   const float* xp = xf.data_ptr<float>();
   const float* rp = rf.defined() ? rf.data_ptr<float>() : nullptr;
   const float* sp = sf.defined() ? sf.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
 
-  const gemm::RowShares shares(rows, at::get_num_threads(), isa);
-  at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t r_end = shares.end(c);
-      for (int64_t r0 = shares.begin(c); r0 < r_end; r0 += kTokenTile) {
-        const int64_t m = std::min(kTokenTile, r_end - r0);
-        const QuantizedRows q = thread_quantized_rows(m, k, 0);
-        quantize_activations(xp + r0 * k, k, m, k, sp, act_scale, q, isa);
-        gemm::Epilogue ep;
-        ep.bias = true;
-        ep.addend = rp ? rp + r0 * n : nullptr;
-        ep.ld_addend = n;
-        gemm8::gemm_int8(m, q.qa, q.lda, q.sa, q.rowsum, *w, op + r0 * n, n, ep, kernel);
-      }
-    }
+  for_each_token_tile(rows, isa, [&](int64_t r0, int64_t m) {
+    const QuantizedRows q = thread_quantized_rows(m, k, 0);
+    quantize_activations(xp + r0 * k, k, m, k, sp, act_scale, q, isa);
+    gemm::Epilogue ep;
+    ep.bias = true;
+    ep.addend = rp ? rp + r0 * n : nullptr;
+    ep.ld_addend = n;
+    gemm8::gemm_int8(m, q.qa, q.lda, q.sa, q.rowsum, *w, op + r0 * n, n, ep, kernel);
   });
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
