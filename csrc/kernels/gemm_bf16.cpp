@@ -68,7 +68,15 @@ void PackedBf16B::add_to_bias(const float* v) {
   for (int64_t j = 0; j < n_; ++j) bias_.data()[j] += v[j];
 }
 
-void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld) {
+void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld,
+                  Bf16Kernel kernel) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (kernel == Bf16Kernel::kAvx512Bf16 && cpu_has(CpuExt::kAvx512Bf16)) {
+    convert_rows_avx512(x, ldx, rows, k, dst, ld);
+    return;
+  }
+#endif
+  (void)kernel;
   // Branch-free rounding (the NaN case as a select) so the compiler vectorises the row with the baseline ISA.
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = x + r * ldx;

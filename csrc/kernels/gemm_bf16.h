@@ -106,8 +106,10 @@ class PackedBf16B {
 };
 
 // x [rows × k] (fp32, row stride ldx) -> dst [rows × padded_k(k)] bf16 (row stride ld, even, >= padded_k(k)),
-// round to nearest even, the pad element zeroed.  The same bits on every path.
-void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld);
+// round to nearest even, the pad element zeroed.  The same bits on every kernel (the AVX-512 one is the integer
+// rounding of the portable loop, 16 values at a time: not vcvtneps2bf16, which flushes denormals to zero).
+void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld,
+                  Bf16Kernel kernel = Bf16Kernel::kScalar);
 
 // Rows [0, m) of C, panels [panel_begin, panel_end) of b (columns [16·panel_begin, min(n, 16·panel_end))), on the
 // calling thread.  ep: as in gemm.h (ep.bias adds b.bias(); addend must not alias C).  No K blocking: a B panel is

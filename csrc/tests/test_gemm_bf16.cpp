@@ -42,6 +42,23 @@ void test_rounding() {
   VT_CHECK(out[n] == 0, "convert_rows: odd k must zero the pad element, got 0x%04x", out[n]);
 }
 
+// Every kernel's convert_rows gives the portable bits, on random values, specials, denormals and ties.
+void test_convert_parity(Bf16Kernel kernel) {
+  std::mt19937 rng(7);
+  const int64_t rows = 3, k = 37, ld = 40;
+  std::vector<float> x = random_vector(rng, size_t(rows * k));
+  const float specials[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 1e-40f, -3e-39f, 3.4e38f,
+                            1.0f + std::ldexp(1.0f, -8), 0.0f, -0.0f};
+  for (size_t i = 0; i < sizeof(specials) / sizeof(specials[0]); ++i) x[i * 3] = specials[i];
+  std::vector<uint16_t> want(size_t(rows * ld), 0xffff), got(size_t(rows * ld), 0xffff);
+  gemm16::convert_rows(x.data(), k, rows, k, want.data(), ld, Bf16Kernel::kScalar);
+  gemm16::convert_rows(x.data(), k, rows, k, got.data(), ld, kernel);
+  for (size_t i = 0; i < want.size(); ++i)
+    VT_CHECK(want[i] == got[i], "[%s] convert_rows differs at %zu: 0x%04x vs 0x%04x", gemm16::bf16_kernel_name(kernel),
+             i, got[i], want[i]);
+}
+
 // C from the bf16 operands in double: the oracle of the scalar kernel.
 void reference(const std::vector<uint16_t>& a, int64_t lda, const std::vector<float>& wr, int64_t m, int64_t n,
                int64_t k, const Case& cs, const std::vector<float>& bias, const std::vector<float>& addend,
@@ -170,7 +187,7 @@ int main() {
   std::printf("bf16 kernels under test:");
   for (Bf16Kernel k : kernels) std::printf(" %s", gemm16::bf16_kernel_name(k));
   std::printf("\n");
-  for (Bf16Kernel k : kernels) test_parity(k);
+  for (Bf16Kernel k : kernels) test_convert_parity(k), test_parity(k);
   // With the extension switched off, the ops' choice falls back to scalar (= their fp32 path).
   for (CpuExt ext : {CpuExt::kAvx512Bf16, CpuExt::kNeonBf16}) {
     if (!cpu_has(ext)) continue;

@@ -203,6 +203,26 @@ void gemm_bf16_block_avx512(const Bf16BlockArgs& g) {
   }
 }
 
+void convert_rows_avx512(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = x + r * ldx;
+    uint16_t* out = dst + r * ld;
+    for (int64_t j = 0; j < k; j += 16) {
+      const __mmask16 m = k - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (k - j)) - 1u);
+      const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + j));
+      // (u + 0x7fff + ((u >> 16) & 1)) >> 16, and a NaN kept quiet: as the portable loop.
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+      __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
+      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+      h = _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(u, 16), quiet);
+      _mm256_mask_storeu_epi16(out + j, m, _mm512_cvtepi32_epi16(h));
+    }
+    if (k % 2 != 0) out[k] = 0;
+  }
+}
+
 }  // namespace gemm16
 }  // namespace vitfast
 
