@@ -92,27 +92,46 @@ void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t
   }
 }
 
-void gemm_bf16_panels(int64_t m, const uint16_t* a, int64_t lda, const PackedBf16B& b, int64_t panel_begin,
-                      int64_t panel_end, float* c, int64_t ldc, const gemm::Epilogue& ep, Bf16Kernel kernel) {
-  if (m <= 0 || panel_end <= panel_begin) return;
-  Bf16BlockArgs g;
-  g.m = m;
-  g.n = b.n();
-  g.k2 = b.k2();
-  g.a = a;
-  g.lda = lda;
-  g.b = b.panel_data();
-  g.b_panel_stride = b.panel_stride();
-  g.panel_begin = panel_begin;
-  g.panel_end = panel_end;
-  g.c = c;
-  g.ldc = ldc;
-  g.c_padded = ep.c_padded;
-  g.accumulate = ep.accumulate;
-  g.bias = ep.bias ? b.bias() : nullptr;
-  g.gelu = ep.gelu;
-  g.addend = ep.addend;
-  g.ld_addend = ep.ld_addend;
+void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
+  const int64_t k2 = padded_k(k), panels = (n + kNr - 1) / kNr;
+  for (int64_t p = 0; p < panels; ++p) {
+    uint16_t* panel = dst + p * k2 * kNr;
+    for (int64_t j = 0; j < kNr; ++j) {
+      const int64_t col = p * kNr + j;
+      uint16_t* out = panel + 2 * j;
+      if (col >= n) {
+        for (int64_t q = 0; q < k2 / 2; ++q) out[q * 2 * kNr] = out[q * 2 * kNr + 1] = 0;
+        continue;
+      }
+      const float* src = w + col * ldw;
+      for (int64_t kk = 0; kk < k; ++kk) out[(kk / 2) * 2 * kNr + (kk % 2)] = to_bf16(src[kk]);
+      if (k % 2 != 0) out[(k / 2) * 2 * kNr + 1] = 0;
+    }
+  }
+}
+
+void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst) {
+  const int64_t k2 = padded_k(k), panels = (n + kNr - 1) / kNr;
+  for (int64_t p = 0; p < panels; ++p) {
+    uint16_t* panel = dst + p * k2 * kNr;
+    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
+    for (int64_t q = 0; q < k2 / 2; ++q) {
+      const float* r0 = b + (2 * q) * ldb + p * kNr;
+      const float* r1 = r0 + ldb;
+      const bool has_r1 = 2 * q + 1 < k;
+      uint16_t* out = panel + q * 2 * kNr;
+      for (int64_t j = 0; j < cols; ++j) {
+        out[2 * j] = to_bf16(r0[j]);
+        out[2 * j + 1] = has_r1 ? to_bf16(r1[j]) : uint16_t(0);
+      }
+      for (int64_t j = cols; j < kNr; ++j) out[2 * j] = out[2 * j + 1] = 0;
+    }
+  }
+}
+
+namespace {
+
+void run_block(const Bf16BlockArgs& g, Bf16Kernel kernel) {
   switch (kernel) {
 #if defined(__x86_64__) || defined(__i386__)
     case Bf16Kernel::kAvx512Bf16:
@@ -128,6 +147,51 @@ void gemm_bf16_panels(int64_t m, const uint16_t* a, int64_t lda, const PackedBf1
   }
   // The scalar kernel, or a hardware kernel this CPU (or VITFAST_CPU_EXT) does not allow: the same products.
   gemm_bf16_block_scalar(g);
+}
+
+Bf16BlockArgs block_args(int64_t m, const uint16_t* a, int64_t lda, float* c, int64_t ldc, const gemm::Epilogue& ep) {
+  Bf16BlockArgs g;
+  g.m = m;
+  g.a = a;
+  g.lda = lda;
+  g.c = c;
+  g.ldc = ldc;
+  g.c_padded = ep.c_padded;
+  g.accumulate = ep.accumulate;
+  g.bias = nullptr;
+  g.gelu = ep.gelu;
+  g.addend = ep.addend;
+  g.ld_addend = ep.ld_addend;
+  return g;
+}
+
+}  // namespace
+
+void gemm_bf16_raw(int64_t m, const uint16_t* a, int64_t lda, const uint16_t* b_panels, int64_t n, int64_t k, float* c,
+                   int64_t ldc, const gemm::Epilogue& ep, Bf16Kernel kernel) {
+  if (m <= 0 || n <= 0) return;
+  Bf16BlockArgs g = block_args(m, a, lda, c, ldc, ep);
+  g.n = n;
+  g.k2 = padded_k(k);
+  g.b = b_panels;
+  g.b_panel_stride = g.k2 * kNr;
+  g.panel_begin = 0;
+  g.panel_end = (n + kNr - 1) / kNr;
+  run_block(g, kernel);
+}
+
+void gemm_bf16_panels(int64_t m, const uint16_t* a, int64_t lda, const PackedBf16B& b, int64_t panel_begin,
+                      int64_t panel_end, float* c, int64_t ldc, const gemm::Epilogue& ep, Bf16Kernel kernel) {
+  if (m <= 0 || panel_end <= panel_begin) return;
+  Bf16BlockArgs g = block_args(m, a, lda, c, ldc, ep);
+  g.n = b.n();
+  g.k2 = b.k2();
+  g.b = b.panel_data();
+  g.b_panel_stride = b.panel_stride();
+  g.panel_begin = panel_begin;
+  g.panel_end = panel_end;
+  g.bias = ep.bias ? b.bias() : nullptr;
+  run_block(g, kernel);
 }
 
 }  // namespace gemm16

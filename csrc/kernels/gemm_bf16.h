@@ -111,6 +111,17 @@ class PackedBf16B {
 void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld,
                   Bf16Kernel kernel = Bf16Kernel::kScalar);
 
+// Packing into caller-owned memory, for operands that change every call (attention's K and V), rounded to bf16:
+// `dst` holds packed_bf16(n, k) values (panels(n) · padded_k(k) · kNr), 64-byte aligned; pads written as zeros.
+inline int64_t packed_bf16(int64_t n, int64_t k) { return (n + gemm::kNr - 1) / gemm::kNr * gemm::kNr * padded_k(k); }
+// B = Wᵀ from W [n × k] fp32 with row stride ldw (e.g. K_h: A · B = Q_h · K_hᵀ).
+void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst);
+// B from B [k × n] fp32 row-major with row stride ldb (e.g. V_h: A · B = P · V_h).
+void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst);
+// C = epilogue(A · B) over such a raw packed B (n columns, depth k; ep.bias ignored).
+void gemm_bf16_raw(int64_t m, const uint16_t* a, int64_t lda, const uint16_t* b_panels, int64_t n, int64_t k, float* c,
+                   int64_t ldc, const gemm::Epilogue& ep, Bf16Kernel kernel);
+
 // Rows [0, m) of C, panels [panel_begin, panel_end) of b (columns [16·panel_begin, min(n, 16·panel_end))), on the
 // calling thread.  ep: as in gemm.h (ep.bias adds b.bias(); addend must not alias C).  No K blocking: a B panel is
 // K × 32 bytes (48 KiB at K = 1536), half the fp32 one that gemm.h streams unblocked up to K = 1024.

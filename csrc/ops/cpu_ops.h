@@ -79,6 +79,9 @@ std::shared_ptr<const ChannelIdleFfnBf16Weights> packed_channel_idle_ffn_weights
 // linear_run on bf16 rows x (ldx even, pad zero); residual and out fp32.
 void linear_run_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t* x, int64_t ldx,
                      const float* residual, int64_t ld_residual, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel);
+// attention_run with Q·Kᵀ and P·V on the bf16 GEMMs (qkv and out fp32; kernels/attention.h attention_head_bf16).
+void attention_run_bf16(const float* qkv, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
+                        float scale, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel);
 // channel_idle_ffn_run on bf16 rows x (ldx even, pad zero); residual and out fp32.
 void channel_idle_ffn_run_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
                                const float* residual, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel);
