@@ -236,10 +236,11 @@ f = lambda t: t.float()
 out["linear"] = torch.equal(torch.ops.vitfast.linear(x, w, b, res),
                             torch.ops.vitfast.linear(f(x), f(w), f(b), f(res)).to(torch.bfloat16))
 w_in = (torch.randn(58, 72) * 0.1).to(torch.bfloat16); w_out = (torch.randn(40, 18) * 0.2).to(torch.bfloat16)
-out["ffn"] = torch.equal(torch.ops.vitfast.channel_idle_ffn(x, w_in, None, w_out, None, res),
-                         torch.ops.vitfast.channel_idle_ffn(f(x), f(w_in), None, f(w_out), None, f(res)).to(torch.bfloat16))
+today = torch.ops.vitfast.channel_idle_ffn(f(x), f(w_in), None, f(w_out), None, f(res)).to(torch.bfloat16)
+out["ffn"] = torch.equal(torch.ops.vitfast.channel_idle_ffn(x, w_in, None, w_out, None, res), today)
 qkv = torch.randn(2, 23, 192).to(torch.bfloat16)
-out["attention"] = torch.equal(torch.ops.vitfast.attention(qkv, 4), torch.ops.vitfast.attention(f(qkv), 4).to(torch.bfloat16))
+today = torch.ops.vitfast.attention(f(qkv), 4).to(torch.bfloat16)
+out["attention"] = torch.equal(torch.ops.vitfast.attention(qkv, 4), today)
 m = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32, depth=2).eval()
 model = vitfast.fuse(vitfast.convert.from_timm(m, channel_idle=0.75)).eval().to(torch.bfloat16)
 xi = torch.randn(1, 3, 32, 32).to(torch.bfloat16)
@@ -276,7 +277,8 @@ def test_errors_unchanged(case):
                                              r"torch.float16"):
             torch.ops.vitfast.vit_block(*args)
     elif case == "mixed dtype":
-        with pytest.raises(ValueError, match=r"^weight: expected dtype torch.bfloat16 \(same as x\), got torch.float32"):
+        message = r"^weight: expected dtype torch.bfloat16 \(same as x\), got torch.float32"
+        with pytest.raises(ValueError, match=message):
             torch.ops.vitfast.linear(x, args[2].float())
     else:
         w = args[2].clone()

@@ -121,7 +121,8 @@ ChannelIdleFfnBf16Weights ChannelIdleFfnBf16Weights::pack(const float* w_in, con
     w.out_ = PackedBf16B::pack_linear(w_out, c_out, active, active, linear == 0 ? b_out : nullptr);
   }
   if (linear > 0) {
-    w.lin_ = PackedBf16B::pack_linear(w_in + active * c_in, linear, c_in, c_in, b_in != nullptr ? b_in + active : nullptr);
+    w.lin_ = PackedBf16B::pack_linear(w_in + active * c_in, linear, c_in, c_in,
+                                      b_in != nullptr ? b_in + active : nullptr);
     if (b_out != nullptr) w.lin_.add_to_bias(b_out);
   }
   if (active == 0 && linear == 0 && b_out != nullptr) w.bias_only_.assign(b_out, b_out + c_out);

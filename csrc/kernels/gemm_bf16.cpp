@@ -92,7 +92,14 @@ void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t
   }
 }
 
-void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
+void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst, Bf16Kernel kernel) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (kernel == Bf16Kernel::kAvx512Bf16 && cpu_has(CpuExt::kAvx512Bf16) && ldw < (int64_t(1) << 31) / kNr) {
+    pack_b_transposed_bf16_avx512(w, n, k, ldw, dst);
+    return;
+  }
+#endif
+  (void)kernel;
   const int64_t k2 = padded_k(k), panels = (n + kNr - 1) / kNr;
   for (int64_t p = 0; p < panels; ++p) {
     uint16_t* panel = dst + p * k2 * kNr;

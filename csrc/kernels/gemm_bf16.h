@@ -115,7 +115,8 @@ void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t
 // `dst` holds packed_bf16(n, k) values (panels(n) · padded_k(k) · kNr), 64-byte aligned; pads written as zeros.
 inline int64_t packed_bf16(int64_t n, int64_t k) { return (n + gemm::kNr - 1) / gemm::kNr * gemm::kNr * padded_k(k); }
 // B = Wᵀ from W [n × k] fp32 with row stride ldw (e.g. K_h: A · B = Q_h · K_hᵀ).
-void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst);
+void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst,
+                            Bf16Kernel kernel = Bf16Kernel::kScalar);
 // B from B [k × n] fp32 row-major with row stride ldb (e.g. V_h: A · B = P · V_h).
 void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst);
 // C = epilogue(A · B) over such a raw packed B (n columns, depth k; ep.bias ignored).

@@ -41,6 +41,10 @@ void gemm_bf16_block_avx512(const Bf16BlockArgs& args);
 // convert_rows (gemm_bf16.h) with AVX-512 F/BW: the same bits as the portable loop, ~5× faster (measured 197 × 384:
 // 20.7 -> 3.9 µs), which matters next to the ~110-330 µs bf16 GEMMs (n = 384..1152) that read those rows.
 void convert_rows_avx512(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld);
+// pack_b_transposed_bf16 (gemm_bf16.h) with 16-lane gathers down W's rows, the same bits; 16 · ldw must fit int32.
+// Attention packs every head's K_hᵀ this way: the element-wise loop was ~5% of a DeiT-S bf16 block (perf); one
+// DeiT head (197 × 64, row stride 1152, hot) 9.7 -> 3.0 µs.
+void pack_b_transposed_bf16_avx512(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst);
 #endif
 #if defined(__aarch64__)
 void gemm_bf16_block_neon(const Bf16BlockArgs& args);

@@ -129,7 +129,8 @@ void check_case(Bf16Kernel kernel, std::mt19937& rng, int64_t m, int64_t n, int6
       const double g = got[i * ldc + j];
       if (j >= n) {
         const bool padded_store = cs.c_padded && j < b.padded_n();
-        if (!padded_store) VT_CHECK(g == 12345.0, "[%s] wrote column %lld >= n = %lld", name, (long long)j, (long long)n);
+        if (!padded_store)
+          VT_CHECK(g == 12345.0, "[%s] wrote column %lld >= n = %lld", name, (long long)j, (long long)n);
         continue;
       }
       const double tol = 2.0 * 1.13 * double(k + 4) * eps * mag[i * n + j] + 1e-6;
@@ -155,6 +156,46 @@ void check_case(Bf16Kernel kernel, std::mt19937& rng, int64_t m, int64_t n, int6
       }
   }
   ++g_cases;
+}
+
+// The raw packings (attention's K and V) give PackedBf16B's panels, and gemm_bf16_raw the packed GEMM's bits.
+void test_raw_packing(Bf16Kernel kernel) {
+  std::mt19937 rng(11);
+  const char* name = gemm16::bf16_kernel_name(kernel);
+  for (int64_t n : {1, 16, 37}) {
+    for (int64_t k : {1, 8, 33, 64}) {
+      const int64_t ldw = k + 5;
+      std::vector<float> w = random_vector(rng, size_t(n * ldw));
+      const gemm16::PackedBf16B b = gemm16::PackedBf16B::pack_linear(w.data(), n, k, ldw, nullptr);
+      const size_t size = size_t(gemm16::packed_bf16(n, k));
+      std::vector<uint16_t> t(size + 32, 0xffff), r(size + 32, 0xffff);
+      // 64-byte aligned destinations (the AVX-512 packing stores whole lines).
+      uint16_t* tp = t.data() + (32 - (reinterpret_cast<uintptr_t>(t.data()) % 64) / 2) % 32;
+      uint16_t* rp = r.data() + (32 - (reinterpret_cast<uintptr_t>(r.data()) % 64) / 2) % 32;
+      gemm16::pack_b_transposed_bf16(w.data(), n, k, ldw, tp, kernel);
+      // W as a row-major [k × n] matrix for pack_b_bf16: B = Wᵀ.
+      std::vector<float> wt(size_t(k * n));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < k; ++j) wt[j * n + i] = w[i * ldw + j];
+      gemm16::pack_b_bf16(wt.data(), k, n, n, rp);
+      bool same_t = true, same_r = true;
+      for (size_t i = 0; i < size; ++i) {
+        same_t = same_t && tp[i] == b.panel_data()[i];
+        same_r = same_r && rp[i] == b.panel_data()[i];
+      }
+      VT_CHECK(same_t, "[%s] pack_b_transposed_bf16 n=%lld k=%lld differs from pack_linear", name, (long long)n,
+               (long long)k);
+      VT_CHECK(same_r, "[%s] pack_b_bf16 n=%lld k=%lld differs from pack_linear", name, (long long)n, (long long)k);
+      const int64_t m = 9, lda = gemm16::padded_k(k) + 2;
+      std::vector<float> x = random_vector(rng, size_t(m * k));
+      std::vector<uint16_t> a(size_t(m * lda), 0);
+      gemm16::convert_rows(x.data(), k, m, k, a.data(), lda);
+      std::vector<float> c1(size_t(m * n)), c2(size_t(m * n));
+      gemm16::gemm_bf16(m, a.data(), lda, b, c1.data(), n, gemm::Epilogue(), kernel);
+      gemm16::gemm_bf16_raw(m, a.data(), lda, tp, n, k, c2.data(), n, gemm::Epilogue(), kernel);
+      VT_CHECK(c1 == c2, "[%s] gemm_bf16_raw n=%lld k=%lld differs from gemm_bf16", name, (long long)n, (long long)k);
+    }
+  }
 }
 
 void test_parity(Bf16Kernel kernel) {
@@ -187,7 +228,7 @@ int main() {
   std::printf("bf16 kernels under test:");
   for (Bf16Kernel k : kernels) std::printf(" %s", gemm16::bf16_kernel_name(k));
   std::printf("\n");
-  for (Bf16Kernel k : kernels) test_convert_parity(k), test_parity(k);
+  for (Bf16Kernel k : kernels) test_convert_parity(k), test_raw_packing(k), test_parity(k);
   // With the extension switched off, the ops' choice falls back to scalar (= their fp32 path).
   for (CpuExt ext : {CpuExt::kAvx512Bf16, CpuExt::kNeonBf16}) {
     if (!cpu_has(ext)) continue;

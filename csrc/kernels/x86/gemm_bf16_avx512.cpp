@@ -203,6 +203,38 @@ void gemm_bf16_block_avx512(const Bf16BlockArgs& g) {
   }
 }
 
+namespace {
+// Round 16 fp32 bit patterns to bf16 in the low halves: the portable rounding (see convert_rows).
+static inline __m512i round_bf16(__m512i u) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+}  // namespace
+
+void pack_b_transposed_bf16_avx512(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
+  // Panel p, pair q: the 16 columns' (w[col][2q], w[col][2q+1]) = two 16-lane gathers down the rows of w, rounded
+  // and interleaved into one 64-byte line.
+  const int64_t k2 = (k + 1) / 2 * 2, panels = (n + kNr - 1) / kNr;
+  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(int32_t(ldw)));
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
+    const __mmask16 m = cols == kNr ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1u);
+    const float* base = w + p * kNr * ldw;
+    uint16_t* panel = dst + p * k2 * kNr;
+    for (int64_t q = 0; q < k2 / 2; ++q) {
+      const __m512i lo = _mm512_mask_i32gather_epi32(zero, m, rows, base + 2 * q, 4);
+      const __m512i hi = 2 * q + 1 < k ? _mm512_mask_i32gather_epi32(zero, m, rows, base + 2 * q + 1, 4) : zero;
+      const __m512i pair = _mm512_or_si512(round_bf16(lo), _mm512_slli_epi32(round_bf16(hi), 16));
+      _mm512_store_si512(panel + q * 2 * kNr, pair);
+    }
+  }
+}
+
 void convert_rows_avx512(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
   const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
