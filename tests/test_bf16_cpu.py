@@ -180,6 +180,19 @@ def test_ops_are_the_bf16_emulation():
 
 
 @needs_bf16
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_chunks_and_thread_splits(threads, restore_threads):
+    """Several query chunks (kAttentionChunk = 42 rows) and, at 2 threads with one image of 3 heads, query rows split
+    between threads: the same emulation bound, and the same bits at 1 and 2 threads."""
+    qkv = torch.randn(1, 101, 3 * 3 * 32).to(torch.bfloat16)
+    torch.set_num_threads(threads)
+    got = torch.ops.vitfast.attention(qkv, 3)
+    assert_bf16_of(got, emu_attention(qkv, 3), f"attention, {threads} threads")
+    torch.set_num_threads(1)
+    assert torch.equal(got, torch.ops.vitfast.attention(qkv, 3))
+
+
+@needs_bf16
 def test_bf16_path_is_taken_and_differs_from_fp32_compute():
     """With the extension the ops do not compute the fp32 conversions (today's path): the FFN rounds h_act to bf16,
     so its bits differ from today's, and the packed bf16 weights are cache entries of their own."""
