@@ -185,7 +185,7 @@ void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   const float* k = qkv + attn_dim + h * d;
   const float* v = qkv + 2 * attn_dim + h * d;
   gemm16::pack_b_transposed_bf16(k, tokens, d, ld_qkv, k_panels, kernel);  // B = K_hᵀ  [D × N]
-  gemm16::pack_b_bf16(v, tokens, d, ld_qkv, v_panels);             // B = V_h   [N × D]
+  gemm16::pack_b_bf16(v, tokens, d, ld_qkv, v_panels, kernel);            // B = V_h   [N × D]
   const NextPrefetcher prefetch(next, qkv, h, ld_qkv, tokens, heads, d, ld_out);
   const int64_t pf_total = prefetch.total_rows();
   gemm::Epilogue padded_c;

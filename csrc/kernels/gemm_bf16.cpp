@@ -117,7 +117,14 @@ void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, u
   }
 }
 
-void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst) {
+void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst, Bf16Kernel kernel) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (kernel == Bf16Kernel::kAvx512Bf16 && cpu_has(CpuExt::kAvx512Bf16)) {
+    pack_b_bf16_avx512(b, k, n, ldb, dst);
+    return;
+  }
+#endif
+  (void)kernel;
   const int64_t k2 = padded_k(k), panels = (n + kNr - 1) / kNr;
   for (int64_t p = 0; p < panels; ++p) {
     uint16_t* panel = dst + p * k2 * kNr;

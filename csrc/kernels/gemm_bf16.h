@@ -118,7 +118,8 @@ inline int64_t packed_bf16(int64_t n, int64_t k) { return (n + gemm::kNr - 1) / 
 void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst,
                             Bf16Kernel kernel = Bf16Kernel::kScalar);
 // B from B [k × n] fp32 row-major with row stride ldb (e.g. V_h: A · B = P · V_h).
-void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst);
+void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst,
+                 Bf16Kernel kernel = Bf16Kernel::kScalar);
 // C = epilogue(A · B) over such a raw packed B (n columns, depth k; ep.bias ignored).
 void gemm_bf16_raw(int64_t m, const uint16_t* a, int64_t lda, const uint16_t* b_panels, int64_t n, int64_t k, float* c,
                    int64_t ldc, const gemm::Epilogue& ep, Bf16Kernel kernel);

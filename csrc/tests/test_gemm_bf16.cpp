@@ -177,7 +177,7 @@ void test_raw_packing(Bf16Kernel kernel) {
       std::vector<float> wt(size_t(k * n));
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < k; ++j) wt[j * n + i] = w[i * ldw + j];
-      gemm16::pack_b_bf16(wt.data(), k, n, n, rp);
+      gemm16::pack_b_bf16(wt.data(), k, n, n, rp, kernel);
       bool same_t = true, same_r = true;
       for (size_t i = 0; i < size; ++i) {
         same_t = same_t && tp[i] == b.panel_data()[i];

@@ -235,6 +235,24 @@ void pack_b_transposed_bf16_avx512(const float* w, int64_t n, int64_t k, int64_t
   }
 }
 
+void pack_b_bf16_avx512(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst) {
+  // Panel p, pair q: rows 2q and 2q + 1 of the panel's 16 columns, rounded, row 2q + 1 in the high halves: the
+  // [16][2] line with plain loads (no transpose: B is already k-major).
+  const int64_t k2 = (k + 1) / 2 * 2, panels = (n + kNr - 1) / kNr;
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
+    const __mmask16 m = cols == kNr ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1u);
+    uint16_t* panel = dst + p * k2 * kNr;
+    for (int64_t q = 0; q < k2 / 2; ++q) {
+      const float* r0 = b + 2 * q * ldb + p * kNr;
+      const __m512i lo = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, r0));
+      const __m512i hi =
+          2 * q + 1 < k ? _mm512_castps_si512(_mm512_maskz_loadu_ps(m, r0 + ldb)) : _mm512_setzero_si512();
+      _mm512_store_si512(panel + q * 2 * kNr, _mm512_or_si512(round_bf16(lo), _mm512_slli_epi32(round_bf16(hi), 16)));
+    }
+  }
+}
+
 void convert_rows_avx512(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
   const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
