@@ -298,3 +298,21 @@ def test_errors_unchanged(case):
         w[0, 0] = float("nan")
         with pytest.raises(ValueError, match=r"^weight: expected finite values, got 1 non-finite of"):
             torch.ops.vitfast.linear(x, w)
+
+
+@needs_bf16
+def test_thread_splits_give_the_same_bits(restore_threads):
+    """Row shares (many rows) and panel shares (fewer row blocks than threads: a head on cls tokens) compute each
+    output with the same reduction order, so 1 and 2 threads agree to the bit, op by op and for the whole block."""
+    model = _fused(norm="layer").to(torch.bfloat16)
+    x = torch.randn(3, 33, 192).to(torch.bfloat16)
+    w = (torch.randn(100, 192) * 0.1).to(torch.bfloat16)
+    image = torch.randn(2, 3, 32, 32).to(torch.bfloat16)
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with torch.no_grad():
+            results.append((torch.ops.vitfast.linear(x, w), torch.ops.vitfast.linear(x[:2, 0], w),
+                            model.blocks[0](x), model(image)))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
