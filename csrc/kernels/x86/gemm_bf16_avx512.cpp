@@ -46,7 +46,10 @@ struct TileEpilogue {
   __mmask16 mask[2];
 };
 
-static inline __m512 epilogue16(__m512 v, const TileEpilogue& e, const float* ci, int q, int64_t row) {
+// Forced inline: GCC kept it out of line, a call per row and panel (~3% of a bf16 DeiT-S block in perf); inlined the
+// block ran 1.10 -> 1.08 ms (one thread, alternating builds).
+static inline __attribute__((always_inline)) __m512 epilogue16(__m512 v, const TileEpilogue& e, const float* ci, int q,
+                                                                 int64_t row) {
   const __mmask16 m = e.mask[q];
   if (e.load_c) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, ci + 16 * q));
   if (e.bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(e.bias + 16 * q));
