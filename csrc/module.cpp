@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu_features.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemm_int8.h"
 #include "ops/weight_cache.h"
 
@@ -107,5 +108,13 @@ PYBIND11_MODULE(_C, m) {
       },
       "Packed-weight cache counters (entries, bytes, hits, misses) — for tests and diagnostics.");
   m.def("_weight_cache_clear", &vitfast::ops::weight_cache_clear, "Drop every packed weight.");
+  m.def(
+      "bf16_kernel",
+      []() {
+        const vitfast::gemm16::Bf16Kernel k = vitfast::gemm16::bf16_kernel(vitfast::active_cpu_isa());
+        return std::string(k == vitfast::gemm16::Bf16Kernel::kScalar ? "none" : vitfast::gemm16::bf16_kernel_name(k));
+      },
+      "The bf16 GEMM kernel bf16 CPU ops run on the active path: 'avx512_bf16', 'neon_bf16', or 'none' (no bf16 "
+      "extension, or VITFAST_CPU_EXT=none: bf16 inputs are then computed in fp32).");
   warn_on_bad_environment();
 }

@@ -60,13 +60,16 @@ def test_aarch64_cross_build_under_qemu(request):
     out = configure_build_test(build_dir(request, "aarch64"), [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}"])
     assert "100% tests passed" in out
     # The programs force each path and check active_cpu_isa() == kNeon before running it; the NEON lines
-    # (parity of GEMM, GELU and the fused op) prove that code ran under qemu.
+    # (parity of GEMM, GELU and the fused op) prove that code ran under qemu.  qemu-user's default CPU ("max")
+    # reports HWCAP2_BF16 (qemu >= 7), so the bfdot kernel (arm/gemm_bf16_neon.cpp) runs too.
     for line in ("ISA paths under test: scalar neon", "[neon] gemm parity", "[neon] gelu",
                  "[neon] channel_idle_ffn parity", "[neon] linear parity",
                  "[neon] softmax: ok", "[neon] attention parity", "[neon] layer_norm parity",
-                 # qemu-user's default CPU has the dot-product extension: the sdot kernel ran, and the plain path.
+                 # qemu-user's default CPU has the dot-product and BF16 extensions: the sdot and bfdot kernels ran,
+                 # and the plain paths.
                  "[neon_dot] gemm_int8 parity: ok", "[scalar] gemm_int8 parity: ok",
-                 "[neon] quantize_rows parity: ok", "gemm_int8: all checks passed"):
+                 "[neon] quantize_rows parity: ok", "gemm_int8: all checks passed",
+                 "[neon_bf16] gemm_bf16 parity: ok"):
         assert line in out, f"missing {line!r} in the qemu run:\n{out}"
 
 

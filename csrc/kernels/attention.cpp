@@ -153,4 +153,64 @@ void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t he
   }
 }
 
+namespace {
+// Floats holding n bf16 values, rounded up to whole 64-byte lines (so the next buffer stays aligned).
+int64_t bf16_floats(int64_t n) { return (n + 31) / 32 * 16; }
+}  // namespace
+
+int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_t q_rows) {
+  const int64_t chunk = std::min(q_rows, kAttentionChunk);
+  return bf16_floats(gemm16::packed_bf16(tokens, head_dim)) + bf16_floats(gemm16::packed_bf16(head_dim, tokens)) +
+         chunk * padded(tokens) + bf16_floats(chunk * padded(head_dim)) + bf16_floats(chunk * padded(tokens)) +
+         2 * padded(chunk);
+}
+
+void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
+                         int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
+                         gemm16::Bf16Kernel kernel, const AttentionNext& next) {
+  if (q1 <= q0) return;
+  const int64_t d = head_dim, attn_dim = heads * head_dim, m = q1 - q0;
+  const int64_t chunks = (m + kAttentionChunk - 1) / kAttentionChunk;
+  const int64_t max_chunk = std::min(m, kAttentionChunk);
+  const int64_t ld_s = padded(tokens), ld_q = padded(d);
+  uint16_t* k_panels = reinterpret_cast<uint16_t*>(workspace);
+  float* after_k = workspace + bf16_floats(gemm16::packed_bf16(tokens, d));
+  uint16_t* v_panels = reinterpret_cast<uint16_t*>(after_k);
+  float* scores = after_k + bf16_floats(gemm16::packed_bf16(d, tokens));
+  uint16_t* q16 = reinterpret_cast<uint16_t*>(scores + max_chunk * ld_s);
+  uint16_t* p16 = reinterpret_cast<uint16_t*>(scores + max_chunk * ld_s + bf16_floats(max_chunk * ld_q));
+  float* row_max = scores + max_chunk * ld_s + bf16_floats(max_chunk * ld_q) + bf16_floats(max_chunk * ld_s);
+  float* row_sum = row_max + padded(max_chunk);
+  const float* q = qkv + h * d;
+  const float* k = qkv + attn_dim + h * d;
+  const float* v = qkv + 2 * attn_dim + h * d;
+  gemm16::pack_b_transposed_bf16(k, tokens, d, ld_qkv, k_panels, kernel);  // B = K_hᵀ  [D × N]
+  gemm16::pack_b_bf16(v, tokens, d, ld_qkv, v_panels, kernel);            // B = V_h   [N × D]
+  const NextPrefetcher prefetch(next, qkv, h, ld_qkv, tokens, heads, d, ld_out);
+  const int64_t pf_total = prefetch.total_rows();
+  gemm::Epilogue padded_c;
+  padded_c.c_padded = true;
+  for (int64_t c = 0; c < chunks; ++c) {
+    // attention_head's chunking; Q and P rounded to bf16 rows per chunk (their only reader is the next GEMM).
+    const int64_t r0 = q0 + c * kAttentionChunk, r1 = std::min(q1, r0 + kAttentionChunk), rows = r1 - r0;
+    gemm16::convert_rows(q + r0 * ld_qkv, ld_qkv, rows, d, q16, ld_q, kernel);
+    gemm16::gemm_bf16_raw(rows, q16, ld_q, k_panels, tokens, d, scores, ld_s, padded_c, kernel);
+    for (int64_t i = 0; i < rows; i += 2) {
+      const int64_t pair = std::min<int64_t>(2, rows - i);
+      for (int64_t r = i; r < i + pair; ++r) row_max[r] = -std::numeric_limits<float>::infinity();
+      gemm::softmax_exp_rows(scores + i * ld_s, pair, tokens, ld_s, scale, row_max + i, row_sum + i, isa);
+      const int64_t done = (r0 - q0 + i) * pf_total / m, upto = (r0 - q0 + i + pair) * pf_total / m;
+      prefetch.rows(done, upto);
+    }
+    gemm16::convert_rows(scores, ld_s, rows, tokens, p16, ld_s, kernel);
+    float* o = out + r0 * ld_out + h * d;
+    gemm16::gemm_bf16_raw(rows, p16, ld_s, v_panels, d, tokens, o, ld_out, gemm::Epilogue(), kernel);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float inv = 1.0f / row_sum[i];
+      float* orow = o + i * ld_out;
+      for (int64_t j = 0; j < d; ++j) orow[j] *= inv;
+    }
+  }
+}
+
 }  // namespace vitfast

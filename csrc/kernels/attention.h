@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "kernels/cpu_features.h"
+#include "kernels/gemm_bf16.h"
 
 namespace vitfast {
 
@@ -53,5 +54,14 @@ int64_t attention_workspace_floats(int64_t tokens, int64_t head_dim, int64_t q_r
 void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
                     int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
                     const AttentionNext& next = AttentionNext());
+
+// The same head on the bf16 GEMMs (gemm_bf16.h), for bf16 models on CPUs with a bf16 extension: Q, K and V rounded
+// to bf16 as they are packed, S = Q·Kᵀ accumulated in fp32, the softmax in fp32, P rounded to bf16 for P·V (fp32
+// accumulation), the division by the row sums in fp32.  qkv and out stay fp32.  `kernel` must not be kScalar's
+// stand-in for "no bf16" (the callers keep attention_head then).  Workspace: attention_workspace_floats_bf16.
+int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_t q_rows);
+void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
+                         int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
+                         gemm16::Bf16Kernel kernel, const AttentionNext& next = AttentionNext());
 
 }  // namespace vitfast

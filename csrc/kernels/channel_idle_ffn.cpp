@@ -106,4 +106,93 @@ void channel_idle_ffn_rows(const ChannelIdleFfnWeights& w, int64_t rows, const f
   }
 }
 
+ChannelIdleFfnBf16Weights ChannelIdleFfnBf16Weights::pack(const float* w_in, const float* b_in, const float* w_out,
+                                                          const float* b_out, int64_t c_in, int64_t active,
+                                                          int64_t linear, int64_t c_out) {
+  using gemm16::PackedBf16B;
+  ChannelIdleFfnBf16Weights w;
+  w.c_in_ = c_in;
+  w.active_ = active;
+  w.linear_ = linear;
+  w.c_out_ = c_out;
+  // The fp32 pack's split and bias folding (ChannelIdleFfnWeights::pack).
+  if (active > 0) {
+    w.act_ = PackedBf16B::pack_linear(w_in, active, c_in, c_in, b_in);
+    w.out_ = PackedBf16B::pack_linear(w_out, c_out, active, active, linear == 0 ? b_out : nullptr);
+  }
+  if (linear > 0) {
+    w.lin_ = PackedBf16B::pack_linear(w_in + active * c_in, linear, c_in, c_in,
+                                      b_in != nullptr ? b_in + active : nullptr);
+    if (b_out != nullptr) w.lin_.add_to_bias(b_out);
+  }
+  if (active == 0 && linear == 0 && b_out != nullptr) w.bias_only_.assign(b_out, b_out + c_out);
+  return w;
+}
+
+size_t ChannelIdleFfnBf16Weights::bytes() const {
+  return act_.bytes() + lin_.bytes() + out_.bytes() + bias_only_.size() * sizeof(float);
+}
+
+int64_t channel_idle_ffn_workspace_floats(const ChannelIdleFfnBf16Weights& w, const ChannelIdleFfnTiling& tiling) {
+  // fp32 h_act tile (padded rows: the GELU epilogue stores whole panels) + its bf16 copy (half as many floats).
+  const int64_t tile = max_tile_rows(tiling) * (w.active() > 0 ? w.act().padded_n() : 0);
+  return tile + (tile + 1) / 2;
+}
+
+void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
+                                const float* residual, float* out, float* workspace, gemm16::Bf16Kernel kernel,
+                                const ChannelIdleFfnTiling& tiling) {
+  if (rows <= 0) return;
+  const int64_t c_out = w.c_out(), active = w.active();
+  const bool has_linear = w.linear() > 0;
+  if (active == 0 && !has_linear) {
+    const std::vector<float>& b = w.bias_only();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < c_out; ++j)
+        out[r * c_out + j] = (b.empty() ? 0.0f : b[j]) + (residual ? residual[r * c_out + j] : 0.0f);
+    return;
+  }
+  // Balanced token tiles, as channel_idle_ffn_rows.
+  const int64_t max_rows = max_tile_rows(tiling);
+  const int64_t n_tiles = (rows + max_rows - 1) / max_rows;
+  const int64_t tile_rows = std::min(max_rows, round_up((rows + n_tiles - 1) / n_tiles, gemm::kMr));
+  const int64_t ld_h = active > 0 ? w.act().padded_n() : 0;  // a multiple of 16: even, as bf16 rows must be
+  float* h = workspace;
+  uint16_t* h16 = reinterpret_cast<uint16_t*>(workspace + max_rows * ld_h);
+
+  for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
+    const int64_t m = std::min(tile_rows, rows - r0);
+    const uint16_t* xt = x + r0 * ldx;
+    const float* rt = residual != nullptr ? residual + r0 * c_out : nullptr;
+    float* ot = out + r0 * c_out;
+    if (active > 0) {
+      gemm::Epilogue ep;
+      ep.bias = true;
+      ep.gelu = true;
+      ep.c_padded = true;
+      gemm16::gemm_bf16(m, xt, ldx, w.act(), h, ld_h, ep, kernel);
+      // Padding columns of h are GELU(0 + 0) = 0 and meet zero weights: converting whole padded rows is exact.
+      gemm16::convert_rows(h, ld_h, m, ld_h, h16, ld_h, kernel);
+    }
+    if (has_linear) {
+      gemm::Epilogue ep;
+      ep.bias = true;
+      ep.addend = rt;
+      ep.ld_addend = c_out;
+      gemm16::gemm_bf16(m, xt, ldx, w.lin(), ot, c_out, ep, kernel);
+    }
+    if (active > 0) {
+      gemm::Epilogue ep;
+      if (has_linear) {
+        ep.accumulate = true;
+      } else {
+        ep.bias = true;
+        ep.addend = rt;
+        ep.ld_addend = c_out;
+      }
+      gemm16::gemm_bf16(m, h16, ld_h, w.out(), ot, c_out, ep, kernel);
+    }
+  }
+}
+
 }  // namespace vitfast

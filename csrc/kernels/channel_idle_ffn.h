@@ -20,6 +20,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16.h"
 
 namespace vitfast {
 
@@ -70,5 +71,43 @@ int64_t channel_idle_ffn_workspace_floats(const ChannelIdleFfnWeights& w,
 void channel_idle_ffn_rows(const ChannelIdleFfnWeights& w, int64_t rows, const float* x, const float* residual,
                            float* out, float* workspace, CpuIsa isa,
                            const ChannelIdleFfnTiling& tiling = ChannelIdleFfnTiling());
+
+// The same FFN on the bf16 GEMMs (gemm_bf16.h): the three operands packed as bf16 (biases fp32, b_out folded the
+// same way), x read as bf16 rows, h_act = GELU(...) computed in fp32 by the first GEMM's epilogue into an fp32 tile,
+// rounded to bf16 once (gemm16::convert_rows) for the second GEMM; the linear path, the residual and out in fp32.
+class ChannelIdleFfnBf16Weights {
+ public:
+  ChannelIdleFfnBf16Weights() = default;
+  // Arguments as ChannelIdleFfnWeights::pack (fp32 values; bf16 weights converted to fp32 round-trip exactly).
+  static ChannelIdleFfnBf16Weights pack(const float* w_in, const float* b_in, const float* w_out,
+                                        const float* b_out, int64_t c_in, int64_t active, int64_t linear,
+                                        int64_t c_out);
+
+  int64_t c_in() const { return c_in_; }
+  int64_t active() const { return active_; }
+  int64_t linear() const { return linear_; }
+  int64_t c_out() const { return c_out_; }
+  size_t bytes() const;
+
+  const gemm16::PackedBf16B& act() const { return act_; }
+  const gemm16::PackedBf16B& lin() const { return lin_; }
+  const gemm16::PackedBf16B& out() const { return out_; }
+  const std::vector<float>& bias_only() const { return bias_only_; }
+
+ private:
+  int64_t c_in_ = 0, active_ = 0, linear_ = 0, c_out_ = 0;
+  gemm16::PackedBf16B act_, lin_, out_;
+  std::vector<float> bias_only_;
+};
+
+// Floats of scratch per concurrent caller of channel_idle_ffn_rows_bf16: the fp32 h_act tile and its bf16 copy.
+int64_t channel_idle_ffn_workspace_floats(const ChannelIdleFfnBf16Weights& w,
+                                          const ChannelIdleFfnTiling& tiling = ChannelIdleFfnTiling());
+
+// Rows [0, rows): x [rows × c_in] bf16 rows ldx apart (ldx even, pad elements zero: gemm16::convert_rows),
+// residual [rows × c_out] fp32 or nullptr, out [rows × c_out] fp32; workspace 64-byte aligned.
+void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
+                                const float* residual, float* out, float* workspace, gemm16::Bf16Kernel kernel,
+                                const ChannelIdleFfnTiling& tiling = ChannelIdleFfnTiling());
 
 }  // namespace vitfast

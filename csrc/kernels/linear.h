@@ -12,6 +12,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16.h"
 
 namespace vitfast {
 
@@ -33,5 +34,11 @@ struct LinearTiling {
 void linear_rows(const gemm::PackedB& w, int64_t rows, const float* x, int64_t ldx, const float* residual,
                  int64_t ld_residual, float* out, int64_t ldo, CpuIsa isa, int64_t panel_begin = 0,
                  int64_t panel_end = -1, const LinearTiling& tiling = LinearTiling());
+
+// The same over bf16 operands (gemm_bf16.h): x [rows × w.k()] bf16 with an even row stride ldx and zero pad elements
+// (gemm16::convert_rows writes such rows); residual and out fp32 as above.
+void linear_rows_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t* x, int64_t ldx,
+                      const float* residual, int64_t ld_residual, float* out, int64_t ldo, gemm16::Bf16Kernel kernel,
+                      int64_t panel_begin = 0, int64_t panel_end = -1, const LinearTiling& tiling = LinearTiling());
 
 }  // namespace vitfast

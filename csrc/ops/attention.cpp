@@ -7,7 +7,10 @@
 // - Checks: the same as vitfast.reference.attention.check_attention_args, same wording (ValueError).
 // - qkv is read in place (any row stride with unit inner stride); the output is written once, already in
 //   proj's layout: no permute, transpose or copy on either side (see kernels/attention.h).
-// - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
+// - bf16 on a CPU with a bf16 extension: Q·Kᵀ and P·V on the bf16 GEMMs (Q, K, V and P rounded to bf16, fp32
+//   accumulation; kernels/attention.h attention_head_bf16), the softmax in fp32, rounded once at the end.
+// - fp16, and bf16 without the extension: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once
+//   at the end.
 // - Threads (at::parallel_for): (image, head, query-row block) tasks.  Query rows are split when there are
 //   fewer than two (image, head) pairs per thread (DeiT-Ti at batch 1 has 3 heads for 2 threads), in balanced
 //   blocks of whole 6-row register blocks (the kernel bounds its score tile itself, in row chunks); each
@@ -73,11 +76,57 @@ at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional
   at::Tensor out = at::empty({batch, tokens, attn_dim}, qkv.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   const float scale = scale_opt.has_value() ? float(*scale_opt) : 1.0f / std::sqrt(float(d));
-  attention_run(qp, ld_qkv, batch, tokens, heads, d, scale, op, active_cpu_isa());
+  const gemm16::Bf16Kernel kernel = bf16_gemm_kernel(qkv.scalar_type());
+  if (kernel != gemm16::Bf16Kernel::kScalar)
+    attention_run_bf16(qp, ld_qkv, batch, tokens, heads, d, scale, op, active_cpu_isa(), kernel);
+  else
+    attention_run(qp, ld_qkv, batch, tokens, heads, d, scale, op, active_cpu_isa());
   return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());
 }
 
+// Per-thread scratch of the bf16 heads (a separate buffer: its layout differs from the fp32 one).
+float* thread_workspace_bf16(int64_t floats) {
+  thread_local gemm::AlignedFloats buffer;
+  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
+  return buffer.data();
+}
+
 }  // namespace
+
+void attention_run_bf16(const float* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
+                        float scale, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel) {
+  // attention_run's task split, attention_head_bf16 per task.
+  const int64_t attn_dim = heads * d;
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t pairs = batch * heads;
+  const int64_t row_blocks = (tokens + gemm::kMr - 1) / gemm::kMr;
+  const int64_t splits = std::min(row_blocks, pairs >= 2 * threads ? int64_t(1) : (2 * threads + pairs - 1) / pairs);
+  const gemm::RowShares shares(tokens, splits, isa);
+  const int64_t ws_floats = attention_workspace_floats_bf16(tokens, d, shares.max_share());
+  auto task = [&](int64_t t, int64_t& b, int64_t& h, int64_t& q0, int64_t& q1) {
+    const int64_t pair = t / splits, part = t % splits;
+    b = pair / heads;
+    h = pair % heads;
+    q0 = shares.begin(part);
+    q1 = shares.end(part);
+  };
+  at::parallel_for(0, pairs * splits, 1, [&](int64_t begin, int64_t end) {
+    float* ws = thread_workspace_bf16(ws_floats);
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t b, h, q0, q1;
+      task(t, b, h, q0, q1);
+      AttentionNext next;
+      if (t + 1 < end) {
+        int64_t nb;
+        task(t + 1, nb, next.h, next.q0, next.q1);
+        next.qkv = qp + nb * tokens * ld_qkv;
+        next.out = op + nb * tokens * attn_dim;
+      }
+      attention_head_bf16(qp + b * tokens * ld_qkv, ld_qkv, tokens, heads, d, h, q0, q1, scale,
+                          op + b * tokens * attn_dim, attn_dim, ws, isa, kernel, next);
+    }
+  });
+}
 
 void attention_run(const float* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
                    float scale, float* op, CpuIsa isa) {

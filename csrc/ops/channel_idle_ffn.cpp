@@ -7,9 +7,12 @@
 //   TORCH_CHECK_VALUE).  Non-contiguous inputs are accepted (copied to contiguous).  Weights and biases
 //   must be finite (checked once per weight version, together with the packing).
 // - Weights are packed once per version and kept in the process-wide cache (ops/weight_cache.h).
-// - fp32 runs the C++ kernel.  fp16/bf16 on CPU: the inputs are converted to fp32, the op runs in fp32
-//   (fp32 accumulation, the GELU on fp32) and the result is rounded to the input dtype once at the end; the
-//   packed weights are the fp32 conversions, so the conversion of the weights is cached too.
+// - bf16 on a CPU with a bf16 extension (ops/cpu_ops.h bf16_gemm_kernel): the three GEMMs on bf16 operands with fp32
+//   accumulation (kernels/channel_idle_ffn.h ChannelIdleFfnBf16Weights; cache entry "channel_idle_ffn_bf16"), GELU,
+//   biases and residual in fp32, rounded once to bf16.
+// - fp32 runs the C++ kernel.  fp16 (and bf16 without a bf16 extension) on CPU: the inputs are converted to fp32,
+//   the op runs in fp32 (fp32 accumulation, the GELU on fp32) and the result is rounded to the input dtype once at
+//   the end; the packed weights are the fp32 conversions, so the conversion of the weights is cached too.
 // - Threads: rows (tokens) are split into at most torch.get_num_threads() balanced chunks, aligned to the
 //   6-row register block, and run with at::parallel_for, so torch.set_num_threads is respected and batch 1
 //   (197 tokens) uses both cores.  Each thread has its own scratch (the h_act token tile).
@@ -59,6 +62,18 @@ at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, con
   const bool fp32 = x.scalar_type() == at::kFloat;
   if (rows == 0) return at::empty(out_shape, x.options());
 
+  const gemm16::Bf16Kernel kernel = bf16_gemm_kernel(x.scalar_type());
+  if (kernel != gemm16::Bf16Kernel::kScalar) {
+    const auto w = packed_channel_idle_ffn_weights_bf16(w_in, b_in, w_out, b_out);
+    at::Tensor xh;
+    int64_t ldx = x.size(-1);
+    const uint16_t* xp = bf16_rows_view(x.contiguous(), x.size(-1), xh, ldx, kernel);
+    const at::Tensor rf = as_float_contiguous(residual);
+    at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+    channel_idle_ffn_run_bf16(*w, rows, xp, ldx, rf.defined() ? rf.data_ptr<float>() : nullptr, out.data_ptr<float>(),
+                              active_cpu_isa(), kernel);
+    return out.to(x.scalar_type());
+  }
   const std::shared_ptr<const ChannelIdleFfnWeights> w = packed_channel_idle_ffn_weights(w_in, b_in, w_out, b_out);
   const at::Tensor xf = as_float_contiguous(x);
   const at::Tensor rf = as_float_contiguous(residual);
@@ -124,6 +139,45 @@ std::shared_ptr<const ChannelIdleFfnWeights> packed_channel_idle_ffn_weights(con
         e.packed = std::move(packed);
         return e;
       });
+}
+
+std::shared_ptr<const ChannelIdleFfnBf16Weights> packed_channel_idle_ffn_weights_bf16(const at::Tensor& w_in,
+                                                                                     const at::Tensor& b_in,
+                                                                                     const at::Tensor& w_out,
+                                                                                     const at::Tensor& b_out) {
+  const int64_t active = w_out.size(1), linear = w_in.size(0) - active, c_out = w_out.size(0);
+  return cached_pack_as<ChannelIdleFfnBf16Weights>(
+      "channel_idle_ffn_bf16", {w_in, b_in, w_out, b_out}, [&]() -> PackedEntry {
+        check_finite("w_in", w_in);
+        check_finite("b_in", b_in);
+        check_finite("w_out", w_out);
+        check_finite("b_out", b_out);
+        const at::Tensor wi = as_float_contiguous(w_in), bi = as_float_contiguous(b_in);
+        const at::Tensor wo = as_float_contiguous(w_out), bo = as_float_contiguous(b_out);
+        auto packed = std::make_shared<ChannelIdleFfnBf16Weights>(ChannelIdleFfnBf16Weights::pack(
+            wi.data_ptr<float>(), bi.defined() ? bi.data_ptr<float>() : nullptr, wo.data_ptr<float>(),
+            bo.defined() ? bo.data_ptr<float>() : nullptr, wi.size(1), active, linear, c_out));
+        PackedEntry e;
+        e.bytes = packed->bytes();
+        e.packed = std::move(packed);
+        return e;
+      });
+}
+
+void channel_idle_ffn_run_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* xp, int64_t ldx,
+                               const float* rp, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel) {
+  const int64_t c_out = w.c_out();
+  const ChannelIdleFfnTiling tiling;
+  const int64_t ws_floats = channel_idle_ffn_workspace_floats(w, tiling);
+  const gemm::RowShares shares(rows, at::get_num_threads(), isa);
+  at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
+    float* ws = thread_workspace(ws_floats);
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t r0 = shares.begin(c), r1 = shares.end(c);
+      channel_idle_ffn_rows_bf16(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * c_out : nullptr, op + r0 * c_out, ws,
+                                 kernel, tiling);
+    }
+  });
 }
 
 void channel_idle_ffn_run(const ChannelIdleFfnWeights& w, int64_t rows, const float* xp, const float* rp,

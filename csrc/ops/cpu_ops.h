@@ -14,6 +14,7 @@
 #include "kernels/channel_idle_ffn.h"
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16.h"
 
 namespace vitfast {
 namespace ops {
@@ -53,6 +54,37 @@ void attention_run(const float* qkv, int64_t ld_qkv, int64_t batch, int64_t toke
 // out[rows × c_out] = channel-idle FFN of x [rows × c_in] (+ residual [rows × c_out], or nullptr).
 void channel_idle_ffn_run(const ChannelIdleFfnWeights& w, int64_t rows, const float* x, const float* residual,
                           float* out, CpuIsa isa);
+
+// ---- bf16 compute (gemm_bf16.h): bf16 inputs and weights on a CPU path with a bf16 extension run their GEMMs on
+// bf16 operands with fp32 accumulation; LayerNorm, softmax, GELU, biases and residuals stay fp32.
+
+// The bf16 kernel a call whose inputs have dtype `t` runs on the active path, or kScalar: not bf16, or no bf16
+// hardware (VITFAST_CPU_EXT=none, another path forced): the call then keeps the fp32 path.
+gemm16::Bf16Kernel bf16_gemm_kernel(at::ScalarType t);
+
+// t's rows [rows × cols] as bf16 with an even row stride and zero pad elements, as the bf16 GEMMs read them: t's own
+// memory when it already is such a view (bf16, unit column stride, even row stride or even cols), otherwise a
+// converted copy kept alive in `holder`.
+const uint16_t* bf16_rows_view(const at::Tensor& t, int64_t cols, at::Tensor& holder, int64_t& ld,
+                               gemm16::Bf16Kernel kernel);
+
+std::shared_ptr<const gemm16::PackedBf16B> packed_linear_weight_bf16(const at::Tensor& weight, const at::Tensor& bias,
+                                                                     const char* weight_name = "weight",
+                                                                     const char* bias_name = "bias");
+std::shared_ptr<const ChannelIdleFfnBf16Weights> packed_channel_idle_ffn_weights_bf16(const at::Tensor& w_in,
+                                                                                     const at::Tensor& b_in,
+                                                                                     const at::Tensor& w_out,
+                                                                                     const at::Tensor& b_out);
+
+// linear_run on bf16 rows x (ldx even, pad zero); residual and out fp32.
+void linear_run_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t* x, int64_t ldx,
+                     const float* residual, int64_t ld_residual, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel);
+// attention_run with Q·Kᵀ and P·V on the bf16 GEMMs (qkv and out fp32; kernels/attention.h attention_head_bf16).
+void attention_run_bf16(const float* qkv, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
+                        float scale, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel);
+// channel_idle_ffn_run on bf16 rows x (ldx even, pad zero); residual and out fp32.
+void channel_idle_ffn_run_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
+                               const float* residual, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel);
 
 }  // namespace ops
 }  // namespace vitfast

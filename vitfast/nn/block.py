@@ -156,15 +156,19 @@ def whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
     """The arguments of `torch.ops.vitfast.vit_block` for this forward of `block`, or None to run its sub-blocks.
 
     The structure was decided when the block was built (`plan_whole_block`); what can change between two forwards
-    is checked here: inference (grad mode off), a [B, N, C] input that is CPU fp32 (the C++ op) or CUDA without
-    autocast (`ops.vit_block_cuda_eager`: the same torch calls as the six ops' CUDA impls, with one check and no
-    dispatch per op), the auto backend, no tracing (exported graphs keep the per-op calls), the planned children
-    still in place, and no forward hooks or patched forwards that calling `attn` / `mlp` as modules would run.
+    is checked here: inference (grad mode off), a [B, N, C] input that is CPU fp32 or bf16 on a CPU with a bf16
+    extension (the C++ op) or CUDA without autocast (`ops.vit_block_cuda_eager`: the same torch calls as the six ops'
+    CUDA impls, with one check and no dispatch per op), the auto backend, no tracing (exported graphs keep the per-op
+    calls), the planned children still in place, and no forward hooks or patched forwards that calling `attn` / `mlp`
+    as modules would run.
     """
     if torch.is_grad_enabled() or x.dim() != 3:
         return None
     if x.is_cpu:
-        if x.dtype != torch.float32:
+        # bf16 only where the op runs bf16 GEMMs (a bf16 CPU extension: ops._C.bf16_kernel()); elsewhere the six ops
+        # keep their bf16 behaviour.
+        if x.dtype != torch.float32 and (x.dtype != torch.bfloat16 or ops._C is None
+                                         or ops._C.bf16_kernel() == "none"):
             return None
     elif x.is_cuda:
         if ops._autocast_enabled("cuda"):  # the ops cast to fp32 under autocast (their Autocast kernels)

@@ -1,0 +1,139 @@
+// bf16 GEMM core, beside the fp32 one (gemm.h) and with the same structure: weights packed once into 16-column
+// panels, the epilogue fused into the micro-kernel (the same gemm::Epilogue: bias, erf-GELU, addend, accumulate),
+// no threads (callers split rows or panels).
+//
+//   C[m × n] (=|+=) epilogue( Σ_k a[r][k] · w[j][k] )        a, w: bf16;  products, sum, epilogue, C: fp32
+//
+// Why: a bf16 value is the top half of an fp32 one, so the product of two is exact in fp32 (8 + 8 significant
+// bits <= 24) and only the fp32 accumulation rounds; `vdpbf16ps` (AVX512_BF16) and `bfdot` (ARMv8.6 BF16) do two
+// such products per 32-bit lane, twice the work of an fp32 FMA per instruction, on half the bytes of B.  The error
+// against fp32 comes from rounding the operands to bf16 (2^-9 relative each), not from the arithmetic.
+//
+// A: bf16 activations, row-major with row stride lda (even, >= padded_k(k)); elements [k, padded_k(k)) of each row
+//    are zero (convert_rows writes them).  Rows are read as 32-bit pairs (a[2p], a[2p+1]).
+// B: packed from fp32 (or bf16) weights rounded to nearest even: panels of kNr = 16 columns, inside a panel for
+//    each pair of k the 16 columns' 2 values: [k/2][16][2], 64 bytes per pair (one zmm = the B operand of one
+//    vdpbf16ps; four NEON q registers).  k is padded to even with zero weights; columns past n are zero.
+// bias: fp32 (never rounded to bf16: it is added in the fp32 epilogue).
+//
+// Kernels (Bf16Kernel), chosen from the CPU path and its extensions (bf16_kernel):
+//   kAvx512Bf16  `vdpbf16ps`, 14 × 32 tiles (x86/gemm_bf16_avx512.cpp).  The instruction flushes denormal inputs
+//                and outputs to zero (bf16 operands below 2^-126 in magnitude: irrelevant for ViT activations).
+//   kNeonBf16    `bfdot` (arm/gemm_bf16_neon.cpp).
+//   kScalar      the exact products of the bf16 values in fp32, fp32 accumulation (gemm_bf16_scalar.cpp): the
+//                reference of the C++ tests.  The ops never use it: without a bf16 extension they keep their fp32
+//                path (fp32 weights, no operand rounding), which is as fast and more accurate.
+// All kernels compute the same exact products; results differ only by the order of the fp32 sums.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/cpu_features.h"
+#include "kernels/gemm.h"
+
+namespace vitfast {
+namespace gemm16 {
+
+enum class Bf16Kernel { kScalar = 0, kAvx512Bf16 = 1, kNeonBf16 = 2 };
+
+// The kernel the given CPU path runs on this CPU: kAvx512 → kAvx512Bf16 if cpu_has(kAvx512Bf16); kNeon →
+// kNeonBf16 if cpu_has(kNeonBf16); otherwise kScalar (= no bf16 hardware: the ops then stay on fp32).
+Bf16Kernel bf16_kernel(CpuIsa isa);
+const char* bf16_kernel_name(Bf16Kernel kernel);  // "scalar", "avx512_bf16", "neon_bf16"
+
+// k rounded up to whole pairs: the smallest legal lda of bf16 activations.
+inline int64_t padded_k(int64_t k) { return (k + 1) / 2 * 2; }
+
+// fp32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN, ±Inf stays ±Inf, a finite value past the
+// largest bf16 rounds to ±Inf (as torch's conversion).
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float from_bf16(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+// 64-byte aligned storage of bf16 values (zero-initialised).
+class AlignedBf16 {
+ public:
+  AlignedBf16() = default;
+  explicit AlignedBf16(int64_t n);
+  uint16_t* data() { return data_.get(); }
+  const uint16_t* data() const { return data_.get(); }
+  int64_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(uint16_t* p) const;
+  };
+  std::unique_ptr<uint16_t, Free> data_;
+  int64_t size_ = 0;
+};
+
+// A weight W [n × k] (nn.Linear layout) rounded to bf16 and packed as B = Wᵀ, with its fp32 bias.
+class PackedBf16B {
+ public:
+  PackedBf16B() = default;
+  // `w` row stride ldw (>= k), fp32 values (bf16 weights converted to fp32 round-trip exactly); bias: n values or
+  // nullptr.
+  static PackedBf16B pack_linear(const float* w, int64_t n, int64_t k, int64_t ldw, const float* bias);
+
+  int64_t n() const { return n_; }
+  int64_t k() const { return k_; }
+  int64_t k2() const { return padded_k(k_); }
+  int64_t panels() const { return (n_ + gemm::kNr - 1) / gemm::kNr; }
+  int64_t padded_n() const { return panels() * gemm::kNr; }
+  int64_t panel_stride() const { return k2() * gemm::kNr; }  // bf16 values between panels
+  const uint16_t* panel_data() const { return panels_.data(); }
+  const float* bias() const { return has_bias_ ? bias_.data() : nullptr; }  // padded_n() values, or nullptr
+  void add_to_bias(const float* v);  // as gemm::PackedB::add_to_bias
+  size_t bytes() const { return size_t(panels_.size()) * 2 + size_t(bias_.size()) * sizeof(float); }
+
+ private:
+  int64_t n_ = 0, k_ = 0;
+  AlignedBf16 panels_;
+  gemm::AlignedFloats bias_;
+  bool has_bias_ = false;
+};
+
+// x [rows × k] (fp32, row stride ldx) -> dst [rows × padded_k(k)] bf16 (row stride ld, even, >= padded_k(k)),
+// round to nearest even, the pad element zeroed.  The same bits on every kernel (the AVX-512 one is the integer
+// rounding of the portable loop, 16 values at a time: not vcvtneps2bf16, which flushes denormals to zero).
+void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld,
+                  Bf16Kernel kernel = Bf16Kernel::kScalar);
+
+// Packing into caller-owned memory, for operands that change every call (attention's K and V), rounded to bf16:
+// `dst` holds packed_bf16(n, k) values (panels(n) · padded_k(k) · kNr), 64-byte aligned; pads written as zeros.
+inline int64_t packed_bf16(int64_t n, int64_t k) { return (n + gemm::kNr - 1) / gemm::kNr * gemm::kNr * padded_k(k); }
+// B = Wᵀ from W [n × k] fp32 with row stride ldw (e.g. K_h: A · B = Q_h · K_hᵀ).
+void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst,
+                            Bf16Kernel kernel = Bf16Kernel::kScalar);
+// B from B [k × n] fp32 row-major with row stride ldb (e.g. V_h: A · B = P · V_h).
+void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst,
+                 Bf16Kernel kernel = Bf16Kernel::kScalar);
+// C = epilogue(A · B) over such a raw packed B (n columns, depth k; ep.bias ignored).
+void gemm_bf16_raw(int64_t m, const uint16_t* a, int64_t lda, const uint16_t* b_panels, int64_t n, int64_t k, float* c,
+                   int64_t ldc, const gemm::Epilogue& ep, Bf16Kernel kernel);
+
+// Rows [0, m) of C, panels [panel_begin, panel_end) of b (columns [16·panel_begin, min(n, 16·panel_end))), on the
+// calling thread.  ep: as in gemm.h (ep.bias adds b.bias(); addend must not alias C).  No K blocking: a B panel is
+// K × 32 bytes (48 KiB at K = 1536), half the fp32 one that gemm.h streams unblocked up to K = 1024.
+void gemm_bf16_panels(int64_t m, const uint16_t* a, int64_t lda, const PackedBf16B& b, int64_t panel_begin,
+                      int64_t panel_end, float* c, int64_t ldc, const gemm::Epilogue& ep, Bf16Kernel kernel);
+
+inline void gemm_bf16(int64_t m, const uint16_t* a, int64_t lda, const PackedBf16B& b, float* c, int64_t ldc,
+                      const gemm::Epilogue& ep, Bf16Kernel kernel) {
+  gemm_bf16_panels(m, a, lda, b, 0, b.panels(), c, ldc, ep, kernel);
+}
+
+}  // namespace gemm16
+}  // namespace vitfast

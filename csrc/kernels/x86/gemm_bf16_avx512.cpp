@@ -1,0 +1,287 @@
+// AVX512_BF16 GEMM micro-kernels: `vdpbf16ps`, 14 × 32 tiles (two packed 16-column panels, 28 zmm accumulators),
+// the same tile shape, row balancing, C prefetch and masked epilogue as the fp32 AVX-512 path (gemm_avx512.cpp),
+// over pairs of k: one k-pair step is 2 B loads (64 bytes = 16 columns × 2 k each) + 14 broadcasts of a row's
+// 32-bit bf16 pair, for 28 vdpbf16ps = 56 × 16 products, twice the products of the fp32 tile's step for the same
+// instruction count (layout and numerics: gemm_bf16.h).
+//
+// The ISA is enabled for this file only (cpu_features checks cpuid 7.1 eax bit 5 on top of the AVX-512 state);
+// it includes only immintrin.h and plain headers (gemm_bf16_isa.h explains why).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,avx2,fma"))), \
+                             apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,avx2,fma")
+#endif
+
+#include <immintrin.h>
+#include <stdint.h>
+
+// GCC 12 reports the `_mm512_undefined_*()` pass-throughs inside its own avx512fintrin.h (_mm512_min_ps of the GELU
+// epilogue, once inlined) as (maybe-)uninitialized: false positives in the header, not in this file.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#include "kernels/gemm_bf16_isa.h"
+#include "kernels/x86/avx512_math.h"
+
+namespace vitfast {
+namespace gemm16 {
+namespace {
+
+using gemm::kNr;
+using x86::gelu16;
+
+constexpr int kMr512 = 14;
+// B prefetch distance in k-pair steps (64-byte lines), as the fp32 path's kPrefetchLines.
+constexpr int64_t kPrefetchLines = 64;
+// k-pair steps before the end of a tile at which its C (and addend) rows are prefetched: the fp32 path's 128 steps
+// of 128 B of B each, in the same bytes of B streamed.
+constexpr int64_t kCPrefetchSteps = 128;
+
+struct TileEpilogue {
+  bool load_c;
+  const float* bias;     // 32 values (zero padded), or nullptr
+  bool gelu;
+  const float* addend;   // at this tile's (row 0, col 0), or nullptr
+  int64_t ld_addend;
+  __mmask16 mask[2];
+};
+
+// Forced inline: GCC kept it out of line, a call per row and panel (~3% of a bf16 DeiT-S block in perf); inlined the
+// block ran 1.10 -> 1.08 ms (one thread, alternating builds).
+static inline __attribute__((always_inline)) __m512 epilogue16(__m512 v, const TileEpilogue& e, const float* ci, int q,
+                                                                 int64_t row) {
+  const __mmask16 m = e.mask[q];
+  if (e.load_c) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, ci + 16 * q));
+  if (e.bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(e.bias + 16 * q));
+  if (e.gelu) v = gelu16(v);
+  if (e.addend != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, e.addend + row * e.ld_addend + 16 * q));
+  return v;
+}
+
+static inline __attribute__((always_inline)) __m512i broadcast_pair(const uint16_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <int MR, int NP>
+static inline __attribute__((always_inline)) void tile(int64_t steps, const uint16_t* a, int64_t lda,
+                                                       const uint16_t* b, int64_t b_stride, float* c, int64_t ldc,
+                                                       const TileEpilogue& e) {
+  __m512 c0_0 = _mm512_setzero_ps(), c0_1 = c0_0, c1_0 = c0_0, c1_1 = c0_0, c2_0 = c0_0, c2_1 = c0_0;
+  __m512 c3_0 = c0_0, c3_1 = c0_0, c4_0 = c0_0, c4_1 = c0_0, c5_0 = c0_0, c5_1 = c0_0;
+  __m512 c6_0 = c0_0, c6_1 = c0_0, c7_0 = c0_0, c7_1 = c0_0, c8_0 = c0_0, c8_1 = c0_0;
+  __m512 c9_0 = c0_0, c9_1 = c0_0, c10_0 = c0_0, c10_1 = c0_0, c11_0 = c0_0, c11_1 = c0_0;
+  __m512 c12_0 = c0_0, c12_1 = c0_0, c13_0 = c0_0, c13_1 = c0_0;
+  const uint16_t* a0 = a;
+  const uint16_t* a3 = MR > 3 ? a + 3 * lda : a;
+  const uint16_t* a6 = MR > 6 ? a + 6 * lda : a;
+  const uint16_t* a9 = MR > 9 ? a + 9 * lda : a;
+  const uint16_t* a12 = MR > 12 ? a + 12 * lda : a;
+  const uint16_t* b1p = b + (NP > 1 ? b_stride : 0);
+#define VITFAST_BF16_ROW(row, ptr, off)                                        \
+  if (MR > row) {                                                              \
+    const __m512bh t = (__m512bh)broadcast_pair(ptr + (off));                  \
+    c##row##_0 = _mm512_dpbf16_ps(c##row##_0, t, b0);                          \
+    if (NP > 1) c##row##_1 = _mm512_dpbf16_ps(c##row##_1, t, b1);              \
+  }
+  const int64_t s_tail = steps > kCPrefetchSteps ? steps - kCPrefetchSteps : 0;
+  for (int64_t p_begin = 0, p_end = s_tail, pass = 0; pass < 2; ++pass, p_begin = p_end, p_end = steps) {
+    if (pass == 1 && s_tail > 0) {
+      for (int r = 0; r < MR; ++r)
+        for (int q = 0; q < NP; ++q) {
+          _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16 * q), _MM_HINT_T0);
+          if (e.addend != nullptr)
+            _mm_prefetch(reinterpret_cast<const char*>(e.addend + r * e.ld_addend + 16 * q), _MM_HINT_T0);
+        }
+    }
+#pragma GCC unroll 2
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      const __m512bh b0 = (__m512bh)_mm512_load_si512(b);
+      const __m512bh b1 = NP > 1 ? (__m512bh)_mm512_load_si512(b1p) : b0;
+      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 2 * kNr), _MM_HINT_T0);
+      if (NP > 1) _mm_prefetch(reinterpret_cast<const char*>(b1p + kPrefetchLines * 2 * kNr), _MM_HINT_T0);
+      b += 2 * kNr;
+      b1p += 2 * kNr;
+      VITFAST_BF16_ROW(0, a0, 0)
+      VITFAST_BF16_ROW(1, a0, lda)
+      VITFAST_BF16_ROW(2, a0, 2 * lda)
+      VITFAST_BF16_ROW(3, a3, 0)
+      VITFAST_BF16_ROW(4, a3, lda)
+      VITFAST_BF16_ROW(5, a3, 2 * lda)
+      VITFAST_BF16_ROW(6, a6, 0)
+      VITFAST_BF16_ROW(7, a6, lda)
+      VITFAST_BF16_ROW(8, a6, 2 * lda)
+      VITFAST_BF16_ROW(9, a9, 0)
+      VITFAST_BF16_ROW(10, a9, lda)
+      VITFAST_BF16_ROW(11, a9, 2 * lda)
+      VITFAST_BF16_ROW(12, a12, 0)
+      VITFAST_BF16_ROW(13, a12, lda)
+      a0 += 2;
+      a3 += 2;
+      a6 += 2;
+      a9 += 2;
+      a12 += 2;
+    }
+  }
+#undef VITFAST_BF16_ROW
+#define VITFAST_BF16_STORE(row)                                                                     \
+  if (MR > row) {                                                                                   \
+    float* ci = c + row * ldc;                                                                      \
+    _mm512_mask_storeu_ps(ci, e.mask[0], epilogue16(c##row##_0, e, ci, 0, row));                    \
+    if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], epilogue16(c##row##_1, e, ci, 1, row));   \
+  }
+  VITFAST_BF16_STORE(0)
+  VITFAST_BF16_STORE(1)
+  VITFAST_BF16_STORE(2)
+  VITFAST_BF16_STORE(3)
+  VITFAST_BF16_STORE(4)
+  VITFAST_BF16_STORE(5)
+  VITFAST_BF16_STORE(6)
+  VITFAST_BF16_STORE(7)
+  VITFAST_BF16_STORE(8)
+  VITFAST_BF16_STORE(9)
+  VITFAST_BF16_STORE(10)
+  VITFAST_BF16_STORE(11)
+  VITFAST_BF16_STORE(12)
+  VITFAST_BF16_STORE(13)
+#undef VITFAST_BF16_STORE
+}
+
+template <int NP>
+void row_tiles(const Bf16BlockArgs& g, const uint16_t* bp, int64_t col, const TileEpilogue& base) {
+  TileEpilogue e = base;
+  // Balanced row tiles, as the fp32 path: 197 rows = 2 × 14 + 13 × 13.
+  const int64_t tiles = (g.m + kMr512 - 1) / kMr512;
+  const int64_t rows_small = tiles > 0 ? g.m / tiles : 0, n_big = tiles > 0 ? g.m % tiles : 0;
+  const int64_t steps = g.k2 / 2, bs = g.b_panel_stride;
+  for (int64_t t = 0, i = 0; t < tiles; ++t) {
+    const int64_t rows = rows_small + (t < n_big ? 1 : 0);
+    const uint16_t* a = g.a + i * g.lda;
+    float* c = g.c + i * g.ldc + col;
+    e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
+    i += rows;
+    switch (rows) {
+      case 14: tile<14, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 13: tile<13, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 12: tile<12, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 11: tile<11, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 10: tile<10, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 9: tile<9, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 8: tile<8, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 7: tile<7, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 6: tile<6, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 5: tile<5, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 4: tile<4, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 3: tile<3, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      case 2: tile<2, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+      default: tile<1, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
+    }
+  }
+}
+
+}  // namespace
+
+// For each pair of panels (a last odd panel alone), for each 14-row tile, the whole K: no K blocks (gemm_bf16.h).
+void gemm_bf16_block_avx512(const Bf16BlockArgs& g) {
+  for (int64_t p = g.panel_begin; p < g.panel_end; p += 2) {
+    const int np = g.panel_end - p >= 2 ? 2 : 1;
+    const uint16_t* bp = g.b + p * g.b_panel_stride;
+    const int64_t col = p * kNr;
+    TileEpilogue e;
+    e.load_c = g.accumulate;
+    e.bias = g.bias != nullptr ? g.bias + col : nullptr;
+    e.gelu = g.gelu;
+    e.ld_addend = g.ld_addend;
+    e.addend = nullptr;
+    for (int q = 0; q < 2; ++q) {
+      const int64_t valid = g.n - (col + q * kNr);
+      const bool whole = valid >= kNr || (g.c_padded && g.addend == nullptr);
+      e.mask[q] = q < np ? (whole ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1u)) : __mmask16(0);
+    }
+    if (np == 2)
+      row_tiles<2>(g, bp, col, e);
+    else
+      row_tiles<1>(g, bp, col, e);
+  }
+}
+
+namespace {
+// Round 16 fp32 bit patterns to bf16 in the low halves: the portable rounding (see convert_rows).
+static inline __m512i round_bf16(__m512i u) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+}  // namespace
+
+void pack_b_transposed_bf16_avx512(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
+  // Panel p, pair q: the 16 columns' (w[col][2q], w[col][2q+1]) = two 16-lane gathers down the rows of w, rounded
+  // and interleaved into one 64-byte line.
+  const int64_t k2 = (k + 1) / 2 * 2, panels = (n + kNr - 1) / kNr;
+  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(int32_t(ldw)));
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
+    const __mmask16 m = cols == kNr ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1u);
+    const float* base = w + p * kNr * ldw;
+    uint16_t* panel = dst + p * k2 * kNr;
+    for (int64_t q = 0; q < k2 / 2; ++q) {
+      const __m512i lo = _mm512_mask_i32gather_epi32(zero, m, rows, base + 2 * q, 4);
+      const __m512i hi = 2 * q + 1 < k ? _mm512_mask_i32gather_epi32(zero, m, rows, base + 2 * q + 1, 4) : zero;
+      const __m512i pair = _mm512_or_si512(round_bf16(lo), _mm512_slli_epi32(round_bf16(hi), 16));
+      _mm512_store_si512(panel + q * 2 * kNr, pair);
+    }
+  }
+}
+
+void pack_b_bf16_avx512(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst) {
+  // Panel p, pair q: rows 2q and 2q + 1 of the panel's 16 columns, rounded, row 2q + 1 in the high halves: the
+  // [16][2] line with plain loads (no transpose: B is already k-major).
+  const int64_t k2 = (k + 1) / 2 * 2, panels = (n + kNr - 1) / kNr;
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
+    const __mmask16 m = cols == kNr ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1u);
+    uint16_t* panel = dst + p * k2 * kNr;
+    for (int64_t q = 0; q < k2 / 2; ++q) {
+      const float* r0 = b + 2 * q * ldb + p * kNr;
+      const __m512i lo = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, r0));
+      const __m512i hi =
+          2 * q + 1 < k ? _mm512_castps_si512(_mm512_maskz_loadu_ps(m, r0 + ldb)) : _mm512_setzero_si512();
+      _mm512_store_si512(panel + q * 2 * kNr, _mm512_or_si512(round_bf16(lo), _mm512_slli_epi32(round_bf16(hi), 16)));
+    }
+  }
+}
+
+void convert_rows_avx512(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = x + r * ldx;
+    uint16_t* out = dst + r * ld;
+    for (int64_t j = 0; j < k; j += 16) {
+      const __mmask16 m = k - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (k - j)) - 1u);
+      const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + j));
+      // (u + 0x7fff + ((u >> 16) & 1)) >> 16, and a NaN kept quiet: as the portable loop.
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+      __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
+      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+      h = _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(u, 16), quiet);
+      _mm256_mask_storeu_epi16(out + j, m, _mm512_cvtepi32_epi16(h));
+    }
+    if (k % 2 != 0) out[k] = 0;
+  }
+}
+
+}  // namespace gemm16
+}  // namespace vitfast
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

@@ -1,0 +1,242 @@
+// bf16 GEMM core (gemm_bf16.h): the rounding of convert_rows and of the pack, the scalar kernel against double
+// loops over the same bf16 values, and every hardware kernel this CPU has against the scalar one (same exact
+// products, so only the order of the fp32 sums may differ), over odd shapes, odd K, each epilogue, and no write
+// outside the valid columns.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/gemm_bf16.h"
+#include "tests/test_util.h"
+
+using namespace vitfast;
+using namespace vitfast_test;
+using gemm16::Bf16Kernel;
+
+namespace {
+
+struct Case {
+  bool bias, gelu, addend, accumulate, c_padded;
+};
+
+void test_rounding() {
+  // Round to nearest even at the bf16 boundary, specials kept.
+  const float one_plus_half_ulp = 1.0f + std::ldexp(1.0f, -8);                  // tie -> even (1.0)
+  const float one_plus_3half_ulp = 1.0f + 3.0f * std::ldexp(1.0f, -8);          // tie -> even (1 + 2^-6)
+  const float above_tie = 1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20);  // -> 1 + 2^-7
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float in[] = {one_plus_half_ulp, one_plus_3half_ulp, above_tie, -2.5f, inf, -inf, nan, 3.4e38f, 0.0f};
+  const float expect[] = {1.0f, 1.0f + std::ldexp(1.0f, -6), 1.0f + std::ldexp(1.0f, -7), -2.5f, inf, -inf, nan,
+                          inf, 0.0f};
+  const int64_t n = sizeof(in) / sizeof(in[0]);
+  std::vector<uint16_t> out(n + 1, 0xffff);
+  gemm16::convert_rows(in, n, 1, n, out.data(), n + 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const float got = gemm16::from_bf16(out[i]), want = expect[i];
+    const bool ok = std::isnan(want) ? std::isnan(got) : got == want;
+    VT_CHECK(ok, "convert_rows(%.9g): expected %.9g, got %.9g", in[i], want, got);
+    VT_CHECK(out[i] == gemm16::to_bf16(in[i]), "convert_rows and to_bf16 differ at %.9g", in[i]);
+  }
+  VT_CHECK(out[n] == 0, "convert_rows: odd k must zero the pad element, got 0x%04x", out[n]);
+}
+
+// Every kernel's convert_rows gives the portable bits, on random values, specials, denormals and ties.
+void test_convert_parity(Bf16Kernel kernel) {
+  std::mt19937 rng(7);
+  const int64_t rows = 3, k = 37, ld = 40;
+  std::vector<float> x = random_vector(rng, size_t(rows * k));
+  const float specials[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 1e-40f, -3e-39f, 3.4e38f,
+                            1.0f + std::ldexp(1.0f, -8), 0.0f, -0.0f};
+  for (size_t i = 0; i < sizeof(specials) / sizeof(specials[0]); ++i) x[i * 3] = specials[i];
+  std::vector<uint16_t> want(size_t(rows * ld), 0xffff), got(size_t(rows * ld), 0xffff);
+  gemm16::convert_rows(x.data(), k, rows, k, want.data(), ld, Bf16Kernel::kScalar);
+  gemm16::convert_rows(x.data(), k, rows, k, got.data(), ld, kernel);
+  for (size_t i = 0; i < want.size(); ++i)
+    VT_CHECK(want[i] == got[i], "[%s] convert_rows differs at %zu: 0x%04x vs 0x%04x", gemm16::bf16_kernel_name(kernel),
+             i, got[i], want[i]);
+}
+
+// C from the bf16 operands in double: the oracle of the scalar kernel.
+void reference(const std::vector<uint16_t>& a, int64_t lda, const std::vector<float>& wr, int64_t m, int64_t n,
+               int64_t k, const Case& cs, const std::vector<float>& bias, const std::vector<float>& addend,
+               const std::vector<float>& c0, std::vector<double>& out, std::vector<double>& mag) {
+  out.assign(size_t(m * n), 0.0);
+  mag.assign(size_t(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0.0, s = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double t = double(gemm16::from_bf16(a[i * lda + p])) * wr[j * k + p];
+        acc += t;
+        s += std::fabs(t);
+      }
+      if (cs.accumulate) acc += c0[i * n + j], s += std::fabs(c0[i * n + j]);
+      if (cs.bias) acc += bias[j], s += std::fabs(bias[j]);
+      if (cs.gelu) acc = gelu_ref(acc);
+      if (cs.addend) acc += addend[i * n + j];
+      out[i * n + j] = acc;
+      mag[i * n + j] = s + std::fabs(acc);
+    }
+}
+
+std::vector<float> run(Bf16Kernel kernel, const std::vector<uint16_t>& a, int64_t lda, const gemm16::PackedBf16B& b,
+                       int64_t m, int64_t n, const Case& cs, const std::vector<float>& addend,
+                       const std::vector<float>& c0, int64_t ldc, int64_t p0, int64_t p1) {
+  const float sentinel = 12345.0f;
+  std::vector<float> c(size_t(m * ldc), sentinel);
+  if (cs.accumulate)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = c0[i * n + j];
+  gemm::Epilogue ep;
+  ep.bias = cs.bias;
+  ep.gelu = cs.gelu;
+  ep.addend = cs.addend ? addend.data() : nullptr;
+  ep.ld_addend = n;
+  ep.accumulate = cs.accumulate;
+  ep.c_padded = cs.c_padded;
+  // Panels [p0, p1): C, bias and addend are addressed from panel 0, so pass C at column 0.
+  gemm16::gemm_bf16_panels(m, a.data(), lda, b, p0, p1, c.data(), ldc, ep, kernel);
+  return c;
+}
+
+int g_cases = 0;
+
+void check_case(Bf16Kernel kernel, std::mt19937& rng, int64_t m, int64_t n, int64_t k, const Case& cs) {
+  const int64_t k2 = gemm16::padded_k(k), lda = k2 + 4;
+  std::vector<float> x = random_vector(rng, size_t(m * k));
+  std::vector<float> w = random_vector(rng, size_t(n * k), 0.3f);
+  std::vector<float> bias = random_vector(rng, size_t(n));
+  std::vector<float> addend = random_vector(rng, size_t(m * n));
+  std::vector<float> c0 = random_vector(rng, size_t(m * n));
+  std::vector<uint16_t> a(size_t(m * lda), 0x7fc0);  // NaN past the row's pad: must never be read
+  gemm16::convert_rows(x.data(), k, m, k, a.data(), lda);
+  gemm16::PackedBf16B b = gemm16::PackedBf16B::pack_linear(w.data(), n, k, k, cs.bias ? bias.data() : nullptr);
+  std::vector<float> wr(w.size());
+  for (size_t i = 0; i < w.size(); ++i) wr[i] = gemm16::from_bf16(gemm16::to_bf16(w[i]));
+  const int64_t ldc = cs.c_padded ? b.padded_n() + 1 : n + 3;
+  const std::vector<float> ref = run(Bf16Kernel::kScalar, a, lda, b, m, n, cs, addend, c0, ldc, 0, b.panels());
+  const std::vector<float> got = run(kernel, a, lda, b, m, n, cs, addend, c0, ldc, 0, b.panels());
+  std::vector<double> exact, mag;
+  reference(a, lda, wr, m, n, k, cs, bias, addend, c0, exact, mag);
+  const char* name = gemm16::bf16_kernel_name(kernel);
+  // fp32 sums of k + 3 terms: |error| <= (k + 3) · 2^-24 · Σ|terms| (and GELU's slope is <= 1.13); 2× margin.
+  const double eps = std::ldexp(1.0, -24);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const double g = got[i * ldc + j];
+      if (j >= n) {
+        const bool padded_store = cs.c_padded && j < b.padded_n();
+        if (!padded_store)
+          VT_CHECK(g == 12345.0, "[%s] wrote column %lld >= n = %lld", name, (long long)j, (long long)n);
+        continue;
+      }
+      const double tol = 2.0 * 1.13 * double(k + 4) * eps * mag[i * n + j] + 1e-6;
+      VT_CHECK(std::fabs(g - exact[i * n + j]) <= tol, "[%s] m=%lld n=%lld k=%lld (%d%d%d%d%d) C[%lld][%lld] = %.9g, "
+               "exact %.9g (tol %.3g)", name, (long long)m, (long long)n, (long long)k, cs.bias, cs.gelu, cs.addend,
+               cs.accumulate, cs.c_padded, (long long)i, (long long)j, g, exact[i * n + j], tol);
+      const double r = ref[i * ldc + j];
+      VT_CHECK(std::fabs(g - r) <= 2.0 * tol, "[%s] differs from scalar at [%lld][%lld]: %.9g vs %.9g", name,
+               (long long)i, (long long)j, g, r);
+    }
+  }
+  // A panel range computes exactly the same columns as the whole call, and nothing else.
+  if (b.panels() >= 3) {
+    const std::vector<float> part = run(kernel, a, lda, b, m, n, cs, addend, c0, ldc, 1, 2);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const bool inside = j >= gemm::kNr && j < 2 * gemm::kNr;
+        if (inside)
+          VT_CHECK(part[i * ldc + j] == got[i * ldc + j], "[%s] panel range differs at [%lld][%lld]", name,
+                   (long long)i, (long long)j);
+        else if (!cs.accumulate)
+          VT_CHECK(part[i * ldc + j] == 12345.0f, "[%s] panel range wrote column %lld", name, (long long)j);
+      }
+  }
+  ++g_cases;
+}
+
+// The raw packings (attention's K and V) give PackedBf16B's panels, and gemm_bf16_raw the packed GEMM's bits.
+void test_raw_packing(Bf16Kernel kernel) {
+  std::mt19937 rng(11);
+  const char* name = gemm16::bf16_kernel_name(kernel);
+  for (int64_t n : {1, 16, 37}) {
+    for (int64_t k : {1, 8, 33, 64}) {
+      const int64_t ldw = k + 5;
+      std::vector<float> w = random_vector(rng, size_t(n * ldw));
+      const gemm16::PackedBf16B b = gemm16::PackedBf16B::pack_linear(w.data(), n, k, ldw, nullptr);
+      const size_t size = size_t(gemm16::packed_bf16(n, k));
+      std::vector<uint16_t> t(size + 32, 0xffff), r(size + 32, 0xffff);
+      // 64-byte aligned destinations (the AVX-512 packing stores whole lines).
+      uint16_t* tp = t.data() + (32 - (reinterpret_cast<uintptr_t>(t.data()) % 64) / 2) % 32;
+      uint16_t* rp = r.data() + (32 - (reinterpret_cast<uintptr_t>(r.data()) % 64) / 2) % 32;
+      gemm16::pack_b_transposed_bf16(w.data(), n, k, ldw, tp, kernel);
+      // W as a row-major [k × n] matrix for pack_b_bf16: B = Wᵀ.
+      std::vector<float> wt(size_t(k * n));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < k; ++j) wt[j * n + i] = w[i * ldw + j];
+      gemm16::pack_b_bf16(wt.data(), k, n, n, rp, kernel);
+      bool same_t = true, same_r = true;
+      for (size_t i = 0; i < size; ++i) {
+        same_t = same_t && tp[i] == b.panel_data()[i];
+        same_r = same_r && rp[i] == b.panel_data()[i];
+      }
+      VT_CHECK(same_t, "[%s] pack_b_transposed_bf16 n=%lld k=%lld differs from pack_linear", name, (long long)n,
+               (long long)k);
+      VT_CHECK(same_r, "[%s] pack_b_bf16 n=%lld k=%lld differs from pack_linear", name, (long long)n, (long long)k);
+      const int64_t m = 9, lda = gemm16::padded_k(k) + 2;
+      std::vector<float> x = random_vector(rng, size_t(m * k));
+      std::vector<uint16_t> a(size_t(m * lda), 0);
+      gemm16::convert_rows(x.data(), k, m, k, a.data(), lda);
+      std::vector<float> c1(size_t(m * n)), c2(size_t(m * n));
+      gemm16::gemm_bf16(m, a.data(), lda, b, c1.data(), n, gemm::Epilogue(), kernel);
+      gemm16::gemm_bf16_raw(m, a.data(), lda, tp, n, k, c2.data(), n, gemm::Epilogue(), kernel);
+      VT_CHECK(c1 == c2, "[%s] gemm_bf16_raw n=%lld k=%lld differs from gemm_bf16", name, (long long)n, (long long)k);
+    }
+  }
+}
+
+void test_parity(Bf16Kernel kernel) {
+  std::mt19937 rng(1234);
+  const Case cases[] = {{false, false, false, false, false}, {true, false, false, false, false},
+                        {true, true, false, false, true},    {true, false, true, false, false},
+                        {false, false, false, true, false},  {true, true, true, true, false}};
+  g_cases = 0;
+  for (const Case& cs : cases)
+    for (int64_t m : {1, 5, 13, 14, 15, 29, 43})
+      for (int64_t n : {1, 16, 17, 33, 48, 70})
+        for (int64_t k : {0, 1, 7, 16, 64, 301}) check_case(kernel, rng, m, n, k, cs);
+  // ViT-like shapes, deep K (accumulation error grows with K).
+  check_case(kernel, rng, 197, 96, 384, cases[1]);
+  check_case(kernel, rng, 50, 40, 1536, cases[5]);
+  std::printf("[%s] gemm_bf16 parity: %s (%d cases)\n", gemm16::bf16_kernel_name(kernel),
+              failures() == 0 ? "ok" : "FAILED", g_cases);
+}
+
+}  // namespace
+
+int main() {
+  test_rounding();
+  std::vector<Bf16Kernel> kernels = {Bf16Kernel::kScalar};
+  for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kNeon}) {
+    if (!cpu_supports(isa)) continue;
+    const Bf16Kernel k = gemm16::bf16_kernel(isa);
+    if (k != Bf16Kernel::kScalar) kernels.push_back(k);
+  }
+  std::printf("bf16 kernels under test:");
+  for (Bf16Kernel k : kernels) std::printf(" %s", gemm16::bf16_kernel_name(k));
+  std::printf("\n");
+  for (Bf16Kernel k : kernels) test_convert_parity(k), test_raw_packing(k), test_parity(k);
+  // With the extension switched off, the ops' choice falls back to scalar (= their fp32 path).
+  for (CpuExt ext : {CpuExt::kAvx512Bf16, CpuExt::kNeonBf16}) {
+    if (!cpu_has(ext)) continue;
+    set_cpu_ext_enabled(ext, false);
+    for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kNeon})
+      VT_CHECK(gemm16::bf16_kernel(isa) == Bf16Kernel::kScalar, "%s disabled, bf16_kernel(%s) still %s",
+               cpu_ext_name(ext), cpu_isa_name(isa), gemm16::bf16_kernel_name(gemm16::bf16_kernel(isa)));
+    set_cpu_ext_enabled(ext, true);
+  }
+  return finish("test_gemm_bf16");
+}
