@@ -118,6 +118,12 @@ def int8_kernel() -> str:
     return "reference" if _C is None else _C.int8_kernel()
 
 
+def bf16_kernel() -> str:
+    """The bf16 GEMM kernel of that path (csrc/kernels/gemm_bf16.h): 'avx512_bf16', 'neon_bf16', or 'none' (bf16
+    tensors are then computed in fp32 and rounded once: no faster than fp32)."""
+    return "none" if _C is None else _C.bf16_kernel()
+
+
 def cpu_extensions() -> list:
     """The low-precision extensions the kernels use on this CPU: 'avx512_vnni', 'avx512_bf16', 'neon_dotprod',
     'neon_bf16' (VITFAST_CPU_EXT=none turns them off)."""

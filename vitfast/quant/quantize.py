@@ -275,8 +275,14 @@ def describe(model: nn.Module) -> str:
     from ..nn.int8 import is_int8_module
 
     record = getattr(model, "vitfast_quantization", None) or {}
-    if record.get("dtype") == "bf16":
-        return "bf16 model (weights and activations bf16; norms, softmax and GELU computed in fp32)"
+    first = next(model.parameters(), None)
+    if record.get("dtype") == "bf16" or (not record and first is not None and first.dtype == torch.bfloat16):
+        from .. import ops
+
+        kernel = ops.bf16_kernel()
+        how = (f"GEMMs on the {kernel} kernels with fp32 accumulation" if kernel != "none" else
+               "this CPU has no bf16 extension: computed in fp32 and rounded once, no faster than fp32")
+        return f"bf16 model (weights and activations bf16; norms, softmax and GELU in fp32; {how})"
     int8 = [(n, m) for n, m in model.named_modules() if is_int8_module(m)]
     if not int8:
         return "fp32 model (no int8 layers)"
