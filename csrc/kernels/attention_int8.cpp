@@ -1,9 +1,13 @@
 #include "kernels/attention_int8.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
+
+#include "kernels/gemm_int8_isa.h"
 
 namespace vitfast {
 
@@ -14,17 +18,18 @@ struct Layout {
   // floats
   int64_t vt, scores, sk, sv, sq, sp, row_max, row_sum, total_floats;
   // bytes
-  int64_t qk, qvt, qq, qp, total_bytes;
-  int64_t ld_vt, ld_s, lda_d, lda_n, chunk;
+  int64_t qk, kpan, vpan, qq, qp, total_bytes;
+  int64_t ld_s, lda_d, lda_n, chunk, k_panels, v_panels;
   Layout(int64_t tokens, int64_t d, int64_t q_rows) {
     chunk = std::max<int64_t>(1, std::min(q_rows, kAttentionInt8Chunk));
-    ld_vt = padded16(tokens);
     ld_s = padded16(tokens);
     lda_d = gemm8::padded_k(d);
     lda_n = gemm8::padded_k(tokens);
     int64_t f = 0;
     auto take = [&](int64_t n) { const int64_t at = f; f += padded16(n); return at; };
-    vt = take(d * ld_vt);
+    k_panels = (tokens + gemm::kNr - 1) / gemm::kNr;
+    v_panels = (d + gemm::kNr - 1) / gemm::kNr;
+    vt = take(d);  // the V channels' 127 / amax
     scores = take(chunk * ld_s);
     sk = take(tokens);
     sv = take(d);
@@ -36,7 +41,8 @@ struct Layout {
     int64_t b = 0;
     auto takeb = [&](int64_t n) { const int64_t at = b; b += (n + 63) / 64 * 64; return at; };
     qk = takeb(tokens * lda_d);
-    qvt = takeb(d * lda_n);
+    kpan = takeb(k_panels * gemm::kNr * lda_d);
+    vpan = takeb(v_panels * gemm::kNr * lda_n);
     qq = takeb(chunk * lda_d);
     qp = takeb(chunk * lda_n);
     total_bytes = b;
@@ -48,6 +54,43 @@ int32_t* rowsums(int64_t n) {
   thread_local std::vector<int32_t> buf;
   if (int64_t(buf.size()) < n) buf.resize(size_t(n));
   return buf.data();
+}
+// C[m × n] = (dequantised) qa · B on the block kernel of `kernel` (what gemm8::gemm_int8 does for a PackedInt8B,
+// here on panels packed into the workspace per head: no allocation per head).
+void run_gemm(gemm8::Int8Kernel kernel, int64_t m, int64_t n, const int8_t* qa, int64_t lda, const float* sa,
+              const int32_t* rowsum, const int8_t* panels, int64_t panel_stride, int64_t n_panels,
+              const float* w_scale, float* c, int64_t ldc, bool c_padded) {
+  gemm8::Int8BlockArgs g{};
+  g.m = m;
+  g.n = n;
+  g.k4 = lda;
+  g.a = qa;
+  g.lda = lda;
+  g.sa = sa;
+  g.rowsum = rowsum;
+  g.b = panels;
+  g.b_panel_stride = panel_stride;
+  g.panel_begin = 0;
+  g.panel_end = n_panels;
+  g.w_scale = w_scale;
+  g.c = c;
+  g.ldc = ldc;
+  g.c_padded = c_padded;
+  g.accumulate = false;
+  g.bias = nullptr;
+  g.gelu = false;
+  g.addend = nullptr;
+  g.ld_addend = 0;
+  switch (kernel) {
+#if defined(__x86_64__) || defined(__i386__)
+    case gemm8::Int8Kernel::kAvx512Vnni: gemm8::gemm_int8_block_avx512_vnni(g); return;
+    case gemm8::Int8Kernel::kAvx2: gemm8::gemm_int8_block_avx2(g); return;
+#endif
+#if defined(__aarch64__)
+    case gemm8::Int8Kernel::kNeonDot: gemm8::gemm_int8_block_neon_dot(g); return;
+#endif
+    default: gemm8::gemm_int8_block_scalar(g); return;
+  }
 }
 }  // namespace
 
@@ -68,7 +111,7 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   int8_t* bb = ws.bytes.data();
   float *vt = fb + l.vt, *scores = fb + l.scores, *sk = fb + l.sk, *sv = fb + l.sv, *sq = fb + l.sq,
         *sp = fb + l.sp, *row_max = fb + l.row_max, *row_sum = fb + l.row_sum;
-  int8_t *qk = bb + l.qk, *qvt = bb + l.qvt, *qq = bb + l.qq, *qp = bb + l.qp;
+  int8_t *qk = bb + l.qk, *kpan = bb + l.kpan, *vpan = bb + l.vpan, *qq = bb + l.qq, *qp = bb + l.qp;
   int32_t* rs = rowsums(tokens + d + 2 * l.chunk);
   int32_t *rs_k = rs, *rs_v = rs + tokens, *rs_q = rs_v + d, *rs_p = rs_q + l.chunk;
   const gemm8::Int8Kernel kernel = gemm8::int8_kernel(isa);
@@ -76,26 +119,73 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   const float* q = qkv + h * d;
   const float* k = qkv + attn_dim + h * d;
   const float* v = qkv + 2 * attn_dim + h * d;
-  // K: per key token, packed as B = K_hᵀ [D × N] (a key is an output column, its scale the column's).
+  // K: per key token (quantize_rows), packed as B = K_hᵀ [D × N]: a key is an output column, its scale the
+  // column's.  Each key row's groups of 4 bytes go to its slot of the 16-column panel (gemm_int8.h's layout).
   gemm8::quantize_rows(k, ld_qkv, tokens, d, nullptr, qk, l.lda_d, sk, rs_k, isa);
   bool keys_nan = false;
   for (int64_t t = 0; t < tokens; ++t) keys_nan = keys_nan || std::isnan(sk[t]);
-  const gemm8::PackedInt8B kp = gemm8::PackedInt8B::pack(qk, tokens, d, l.lda_d, sk, nullptr, kernel);
-  // V: transposed to [D × N] fp32, quantized per channel over the tokens, packed as B = V_h [N × D].
+  for (int64_t t = tokens; t < l.k_panels * gemm::kNr; ++t) sk[t] = 0.0f;
+  // The VNNI kernel's B is u8 = q + 128 (= q ^ 0x80): padding (weight 0) is byte 0x80.
+  const bool u8 = kernel == gemm8::Int8Kernel::kAvx512Vnni;
+  const uint32_t flip = u8 ? 0x80808080u : 0u;
+  const int64_t k_stride = l.lda_d * gemm::kNr, v_stride = l.lda_n * gemm::kNr;
+  if (tokens % gemm::kNr != 0) std::memset(kpan, u8 ? 0x80 : 0, size_t(l.k_panels * k_stride));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int8_t* src = qk + t * l.lda_d;
+    int8_t* dst = kpan + (t / gemm::kNr) * k_stride + (t % gemm::kNr) * 4;
+    for (int64_t g = 0; g < l.lda_d; g += 4) {
+      uint32_t w;
+      std::memcpy(&w, src + g, 4);
+      w ^= flip;
+      std::memcpy(dst + g * gemm::kNr, &w, 4);
+    }
+  }
+  // V: per channel d over the tokens (quantize_rows' rule on V_hᵀ, written out: amax, inv = 127 / amax,
+  // q = clamp(rne(v · inv), ±127), s = amax / 127; a column with NaN/±Inf: s = NaN, q = 0; one whose 127 / amax
+  // overflows: s = 0, q = 0), packed as B = V_h [N × D] straight from the qkv rows.
+  float* inv = vt;
+  for (int64_t j = 0; j < d; ++j) inv[j] = 0.0f;
+  bool* bad = reinterpret_cast<bool*>(rs_v);  // d flags (rs_v has d int32s: unused otherwise)
+  for (int64_t j = 0; j < d; ++j) bad[j] = false;
   for (int64_t t = 0; t < tokens; ++t) {
     const float* vr = v + t * ld_qkv;
-    for (int64_t j = 0; j < d; ++j) vt[j * l.ld_vt + t] = vr[j];
+    for (int64_t j = 0; j < d; ++j) {
+      const float av = std::fabs(vr[j]);
+      bad[j] = bad[j] || !(av <= FLT_MAX);
+      inv[j] = av > inv[j] ? av : inv[j];
+    }
   }
-  gemm8::quantize_rows(vt, l.ld_vt, d, tokens, nullptr, qvt, l.lda_n, sv, rs_v, isa);
-  const gemm8::PackedInt8B vp = gemm8::PackedInt8B::pack(qvt, d, tokens, l.lda_n, sv, nullptr, kernel);
+  for (int64_t j = 0; j < l.v_panels * gemm::kNr; ++j) {
+    if (j >= d) {
+      sv[j] = 0.0f;
+      continue;
+    }
+    const float amax = inv[j], r = 127.0f / amax;
+    const bool zero = !bad[j] && !(r <= FLT_MAX);
+    sv[j] = bad[j] ? std::numeric_limits<float>::quiet_NaN() : (zero ? 0.0f : amax / 127.0f);
+    inv[j] = (bad[j] || zero) ? 0.0f : r;
+  }
+  if (tokens % 4 != 0 || d % gemm::kNr != 0) std::memset(vpan, u8 ? 0x80 : 0, size_t(l.v_panels * v_stride));
+  const int offset = u8 ? 128 : 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* vr = v + t * ld_qkv;
+    int8_t* base = vpan + (t / 4) * 64 + (t % 4);
+    for (int64_t j = 0; j < d; ++j) {
+      // rne for |x| < 2^22 in the default rounding mode (SSE2-vectorisable, unlike nearbyint without SSE4.1);
+      // a NaN/Inf value only occurs in a bad column, whose inv is 0 (0 · Inf = NaN: forced to 0 below).
+      const float x = vr[j] * inv[j];
+      float q = (x + 12582912.0f) - 12582912.0f;
+      q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+      const int c = bad[j] ? 0 : int(q);
+      base[(j / gemm::kNr) * v_stride + (j % gemm::kNr) * 4] = int8_t(uint8_t(c + offset));
+    }
+  }
 
-  gemm::Epilogue padded_c;
-  padded_c.c_padded = true;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (int64_t r0 = q0; r0 < q1; r0 += kAttentionInt8Chunk) {
     const int64_t rows = std::min(q1, r0 + kAttentionInt8Chunk) - r0;
     gemm8::quantize_rows(q + r0 * ld_qkv, ld_qkv, rows, d, nullptr, qq, l.lda_d, sq, rs_q, isa);
-    gemm8::gemm_int8(rows, qq, l.lda_d, sq, rs_q, kp, scores, l.ld_s, padded_c, kernel);
+    run_gemm(kernel, rows, tokens, qq, l.lda_d, sq, rs_q, kpan, k_stride, l.k_panels, sk, scores, l.ld_s, true);
     for (int64_t i = 0; i < rows; i += 2) {
       const int64_t pair = std::min<int64_t>(2, rows - i);
       for (int64_t r = i; r < i + pair; ++r) row_max[r] = -std::numeric_limits<float>::infinity();
@@ -105,7 +195,8 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
     // The softmax's normalisation: 1 / Σ codes of the quantized row (>= 127: its maximum is code 127).
     for (int64_t i = 0; i < rows; ++i)
       sp[i] = (keys_nan || std::isnan(sq[i]) || std::isnan(sp[i]) || rs_p[i] <= 0) ? nan : 1.0f / float(rs_p[i]);
-    gemm8::gemm_int8(rows, qp, l.lda_n, sp, rs_p, vp, out + r0 * ld_out + h * d, ld_out, gemm::Epilogue(), kernel);
+    run_gemm(kernel, rows, d, qp, l.lda_n, sp, rs_p, vpan, v_stride, l.v_panels, sv, out + r0 * ld_out + h * d, ld_out,
+             false);
   }
 }
 
