@@ -29,11 +29,11 @@ struct Layout {
     auto take = [&](int64_t n) { const int64_t at = f; f += padded16(n); return at; };
     k_panels = (tokens + gemm::kNr - 1) / gemm::kNr;
     v_panels = (d + gemm::kNr - 1) / gemm::kNr;
-    vt = take(d);  // the V channels' 127 / amax
+    vt = take(d + gemm::kNr);  // the V channels' 127 / amax
     scores = take(chunk * ld_s);
     sk = take(tokens);
     sv = take(d);
-    sq = take(chunk);
+    sq = take(std::max(chunk, d + gemm::kNr));
     sp = take(chunk);
     row_max = take(chunk);
     row_sum = take(chunk);
@@ -112,8 +112,8 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   float *vt = fb + l.vt, *scores = fb + l.scores, *sk = fb + l.sk, *sv = fb + l.sv, *sq = fb + l.sq,
         *sp = fb + l.sp, *row_max = fb + l.row_max, *row_sum = fb + l.row_sum;
   int8_t *qk = bb + l.qk, *kpan = bb + l.kpan, *vpan = bb + l.vpan, *qq = bb + l.qq, *qp = bb + l.qp;
-  int32_t* rs = rowsums(tokens + d + 2 * l.chunk);
-  int32_t *rs_k = rs, *rs_v = rs + tokens, *rs_q = rs_v + d, *rs_p = rs_q + l.chunk;
+  int32_t* rs = rowsums(tokens + 2 * (d + gemm::kNr) + 2 * l.chunk);
+  int32_t *rs_k = rs, *rs_v = rs + tokens, *rs_q = rs_v + d + gemm::kNr, *rs_p = rs_q + std::max(l.chunk, d + gemm::kNr);
   const gemm8::Int8Kernel kernel = gemm8::int8_kernel(isa);
 
   const float* q = qkv + h * d;
@@ -143,42 +143,55 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   // V: per channel d over the tokens (quantize_rows' rule on V_hᵀ, written out: amax, inv = 127 / amax,
   // q = clamp(rne(v · inv), ±127), s = amax / 127; a column with NaN/±Inf: s = NaN, q = 0; one whose 127 / amax
   // overflows: s = 0, q = 0), packed as B = V_h [N × D] straight from the qkv rows.
-  float* inv = vt;
-  for (int64_t j = 0; j < d; ++j) inv[j] = 0.0f;
-  bool* bad = reinterpret_cast<bool*>(rs_v);  // d flags (rs_v has d int32s: unused otherwise)
-  for (int64_t j = 0; j < d; ++j) bad[j] = false;
+  // Loops over the channels j (contiguous in a qkv row) with no branches: the compiler vectorises them.
+  float* inv = vt;   // amax, then 127 / amax (0 for a column that quantizes to 0)
+  float* chk = sq;   // Σ v · 0 per column: NaN iff the column holds a NaN or ±Inf (sq is free until the chunks)
+  const int64_t d16 = l.v_panels * gemm::kNr;
+  for (int64_t j = 0; j < d16; ++j) inv[j] = chk[j] = 0.0f;
   for (int64_t t = 0; t < tokens; ++t) {
     const float* vr = v + t * ld_qkv;
     for (int64_t j = 0; j < d; ++j) {
       const float av = std::fabs(vr[j]);
-      bad[j] = bad[j] || !(av <= FLT_MAX);
       inv[j] = av > inv[j] ? av : inv[j];
+      chk[j] += vr[j] * 0.0f;
     }
   }
-  for (int64_t j = 0; j < l.v_panels * gemm::kNr; ++j) {
-    if (j >= d) {
-      sv[j] = 0.0f;
-      continue;
-    }
+  int32_t* keep = rs_v;  // -1: the column's codes are kept, 0: forced to 0 (NaN/Inf, zero, or padding column)
+  for (int64_t j = 0; j < d16; ++j) {
+    const bool bad = std::isnan(chk[j]);
     const float amax = inv[j], r = 127.0f / amax;
-    const bool zero = !bad[j] && !(r <= FLT_MAX);
-    sv[j] = bad[j] ? std::numeric_limits<float>::quiet_NaN() : (zero ? 0.0f : amax / 127.0f);
-    inv[j] = (bad[j] || zero) ? 0.0f : r;
+    const bool zero = j >= d || (!bad && !(r <= FLT_MAX));
+    sv[j] = j >= d ? 0.0f : bad ? std::numeric_limits<float>::quiet_NaN() : (zero ? 0.0f : amax / 127.0f);
+    inv[j] = (bad || zero) ? 0.0f : r;
+    keep[j] = (bad || zero) ? 0 : -1;
   }
-  if (tokens % 4 != 0 || d % gemm::kNr != 0) std::memset(vpan, u8 ? 0x80 : 0, size_t(l.v_panels * v_stride));
-  const int offset = u8 ? 128 : 0;
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* vr = v + t * ld_qkv;
-    int8_t* base = vpan + (t / 4) * 64 + (t % 4);
-    for (int64_t j = 0; j < d; ++j) {
-      // rne for |x| < 2^22 in the default rounding mode (SSE2-vectorisable, unlike nearbyint without SSE4.1);
-      // a NaN/Inf value only occurs in a bad column, whose inv is 0 (0 · Inf = NaN: forced to 0 below).
-      const float x = vr[j] * inv[j];
-      float q = (x + 12582912.0f) - 12582912.0f;
-      q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
-      const int c = bad[j] ? 0 : int(q);
-      base[(j / gemm::kNr) * v_stride + (j % gemm::kNr) * 4] = int8_t(uint8_t(c + offset));
+  // Four tokens at a time: channel j's four codes make one 32-bit word (token t in byte t % 4), and a panel's
+  // group is its 16 channels' words side by side (gemm_int8.h's [k4][16][4] layout): 64 contiguous bytes.
+  uint32_t* words = reinterpret_cast<uint32_t*>(rs_q);  // d16 words (rs_q has >= d16 int32s, free until the chunks)
+  const int32_t offset = u8 ? 128 : 0;
+  for (int64_t t0 = 0; t0 < l.lda_n; t0 += 4) {
+    for (int64_t j = 0; j < d16; ++j) words[j] = 0;
+    for (int64_t tt = 0; tt < 4; ++tt) {
+      const int64_t t = t0 + tt;
+      if (t >= tokens) {
+        for (int64_t j = 0; j < d16; ++j) words[j] |= uint32_t(offset) << (8 * tt);
+        continue;
+      }
+      const float* vr = v + t * ld_qkv;
+      for (int64_t j = 0; j < d; ++j) {
+        // rne for |x| < 2^22 in the default rounding mode (vectorisable without SSE4.1's roundps), then the clamp
+        // written so that a NaN (0 · Inf in a bad column, whose codes are masked to 0 anyway) becomes −127.
+        const float x = vr[j] * inv[j];
+        float q = (x + 12582912.0f) - 12582912.0f;
+        q = -127.0f < q ? q : -127.0f;
+        q = q < 127.0f ? q : 127.0f;
+        const int32_t c = (int32_t(q) & keep[j]) + offset;
+        words[j] |= uint32_t(c & 255) << (8 * tt);
+      }
+      for (int64_t j = d; j < d16; ++j) words[j] |= uint32_t(offset) << (8 * tt);
     }
+    for (int64_t p = 0; p < l.v_panels; ++p)
+      std::memcpy(vpan + p * v_stride + t0 * gemm::kNr, words + p * gemm::kNr, 4 * gemm::kNr);
   }
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
