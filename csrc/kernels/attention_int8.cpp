@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -55,6 +56,62 @@ int32_t* rowsums(int64_t n) {
   if (int64_t(buf.size()) < n) buf.resize(size_t(n));
   return buf.data();
 }
+// A software prefetch the compiler must emit (GCC drops __builtin_prefetch loops as dead code: see attention.cpp).
+inline void prefetch_line(const char* p) {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  asm volatile("prefetcht0 %0" : : "m"(*p));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  asm volatile("prfm pldl1keep, %0" : : "Q"(*p));
+#else
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+// The next task's rows (K and V head slices, Q rows, output columns), walked a few rows at a time.
+class NextRows {
+ public:
+  NextRows(const AttentionInt8Next& next, const float* cur_qkv, int64_t cur_h, int64_t ld_qkv, int64_t tokens,
+           int64_t heads, int64_t d, int64_t ld_out) {
+    if (next.qkv == nullptr || next.q1 <= next.q0) return;
+    const int64_t ld = ld_qkv * int64_t(sizeof(float));
+    if (next.qkv != cur_qkv || next.h != cur_h) {
+      add(next.qkv + (heads + next.h) * d, ld, tokens, d);
+      add(next.qkv + (2 * heads + next.h) * d, ld, tokens, d);
+    }
+    add(next.qkv + next.q0 * ld_qkv + next.h * d, ld, next.q1 - next.q0, d);
+    add(next.out + next.q0 * ld_out + next.h * d, ld_out * int64_t(sizeof(float)), next.q1 - next.q0, d);
+  }
+  int64_t total_rows() const { return total_; }
+  void rows(int64_t r0, int64_t r1) const {
+    for (int s = 0; s < count_ && r0 < r1; ++s) {
+      const Stream& st = streams_[s];
+      const int64_t a = std::max<int64_t>(r0, 0), b = std::min(r1, st.rows);
+      for (int64_t r = a; r < b; ++r) {
+        const char* p = st.base + r * st.ld_bytes;
+        for (int64_t i = 0; i < st.lines; ++i) prefetch_line(p + 64 * i);
+      }
+      r0 -= st.rows;
+      r1 -= st.rows;
+    }
+  }
+
+ private:
+  struct Stream {
+    const char* base;
+    int64_t ld_bytes, rows, lines;
+  };
+  void add(const float* base, int64_t ld_bytes, int64_t rows, int64_t width) {
+    // From the line of the first float; one more line than the width needs covers any offset of later rows.
+    const uintptr_t first = reinterpret_cast<uintptr_t>(base) & ~uintptr_t(63);
+    streams_[count_++] = {reinterpret_cast<const char*>(first), ld_bytes, rows,
+                          (width * int64_t(sizeof(float)) + 63) / 64 + 1};
+    total_ += rows;
+  }
+  Stream streams_[4] = {};
+  int count_ = 0;
+  int64_t total_ = 0;
+};
+
 // C[m × n] = (dequantised) qa · B on the block kernel of `kernel` (what gemm8::gemm_int8 does for a PackedInt8B,
 // here on panels packed into the workspace per head: no allocation per head).
 void run_gemm(gemm8::Int8Kernel kernel, int64_t m, int64_t n, const int8_t* qa, int64_t lda, const float* sa,
@@ -102,7 +159,7 @@ void AttentionInt8Workspace::reserve(int64_t tokens, int64_t head_dim, int64_t q
 
 void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim,
                          int64_t h, int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out,
-                         AttentionInt8Workspace& ws, CpuIsa isa) {
+                         AttentionInt8Workspace& ws, CpuIsa isa, const AttentionInt8Next& next) {
   if (q1 <= q0 || tokens <= 0) return;
   const int64_t d = head_dim, attn_dim = heads * head_dim, m = q1 - q0;
   ws.reserve(tokens, d, m);
@@ -195,6 +252,8 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   }
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  const NextRows prefetch(next, qkv, h, ld_qkv, tokens, heads, d, ld_out);
+  const int64_t pf_total = prefetch.total_rows();
   for (int64_t r0 = q0; r0 < q1; r0 += kAttentionInt8Chunk) {
     const int64_t rows = std::min(q1, r0 + kAttentionInt8Chunk) - r0;
     gemm8::quantize_rows(q + r0 * ld_qkv, ld_qkv, rows, d, nullptr, qq, l.lda_d, sq, rs_q, isa);
@@ -203,6 +262,7 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
       const int64_t pair = std::min<int64_t>(2, rows - i);
       for (int64_t r = i; r < i + pair; ++r) row_max[r] = -std::numeric_limits<float>::infinity();
       gemm::softmax_exp_rows(scores + i * l.ld_s, pair, tokens, l.ld_s, scale, row_max + i, row_sum + i, isa);
+      prefetch.rows((r0 - q0 + i) * pf_total / m, (r0 - q0 + i + pair) * pf_total / m);
     }
     gemm8::quantize_rows(scores, l.ld_s, rows, tokens, nullptr, qp, l.lda_n, sp, rs_p, isa);
     // The softmax's normalisation: 1 / Σ codes of the quantized row (>= 127: its maximum is code 127).

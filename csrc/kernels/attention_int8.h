@@ -35,9 +35,19 @@ struct AttentionInt8Workspace {
   void reserve(int64_t tokens, int64_t head_dim, int64_t q_rows);
 };
 
+// The task the calling thread runs after this one (qkv == nullptr: none), as kernels/attention.h's AttentionNext:
+// its K and V (unless the same head of the same image), Q rows and output columns are prefetched during this
+// one (in a batch the head's K/V rows, 256 bytes every qkv row, arrive cold: the hardware prefetchers do not
+// follow them; measured DeiT-B batch 8, 1 thread: see the commit).
+struct AttentionInt8Next {
+  const float* qkv = nullptr;
+  float* out = nullptr;
+  int64_t h = 0, q0 = 0, q1 = 0;
+};
+
 // One head of one image, query rows [q0, q1).  qkv and out point at the image's row 0.
 void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim,
                          int64_t h, int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out,
-                         AttentionInt8Workspace& ws, CpuIsa isa);
+                         AttentionInt8Workspace& ws, CpuIsa isa, const AttentionInt8Next& next = AttentionInt8Next());
 
 }  // namespace vitfast

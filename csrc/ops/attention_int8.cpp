@@ -9,7 +9,8 @@
 // - qkv is read in place (uniformly strided rows, unit inner stride), the output written in proj's layout.
 // - fp16/bf16: converted to fp32, computed as fp32 input would be, rounded once at the end.
 // - Threads (at::parallel_for): (image, head, query-row block) tasks, split as `attention` does (query blocks only
-//   when there are fewer than two (image, head) pairs per thread); each thread has its own scratch.
+//   when there are fewer than two (image, head) pairs per thread); each thread has its own scratch.  Each task is
+//   told the next one its thread runs, to prefetch it.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -78,8 +79,18 @@ at::Tensor attention_int8_cpu(const at::Tensor& qkv, int64_t num_heads, std::opt
     AttentionInt8Workspace& ws = thread_workspace();
     for (int64_t t = begin; t < end; ++t) {
       const int64_t pair = t / splits, part = t % splits, b = pair / heads, h = pair % heads;
+      // This thread's next task: its rows are prefetched while this one computes (kernels/attention_int8.h).
+      AttentionInt8Next next;
+      if (t + 1 < end) {
+        const int64_t npair = (t + 1) / splits, npart = (t + 1) % splits, nb = npair / heads;
+        next.qkv = qp + nb * tokens * ld_qkv;
+        next.out = op + nb * tokens * attn_dim;
+        next.h = npair % heads;
+        next.q0 = shares.begin(npart);
+        next.q1 = shares.end(npart);
+      }
       attention_int8_head(qp + b * tokens * ld_qkv, ld_qkv, tokens, heads, d, h, shares.begin(part),
-                          shares.end(part), scale, op + b * tokens * attn_dim, attn_dim, ws, isa);
+                          shares.end(part), scale, op + b * tokens * attn_dim, attn_dim, ws, isa, next);
     }
   });
   return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());
