@@ -112,6 +112,73 @@ class NextRows {
   int64_t total_ = 0;
 };
 
+// V's per-channel quantization, over the channels j (contiguous in a qkv row) with no branches: the compiler
+// vectorises these loops.  Written once (always inlined) and instantiated for the baseline target and, on x86,
+// under target("avx2") for the AVX2 and AVX-512 paths (twice the lanes of the baseline's SSE2).  No "fma" in that
+// target: the rounding below must stay a separate product and sum (GCC contracts a · b + c where FMA exists).
+// Column amax and Σ v · 0 (NaN iff the column holds a NaN or ±Inf).
+__attribute__((always_inline)) inline void v_columns(const float* v, int64_t ld_qkv, int64_t tokens, int64_t d,
+                                                     float* amax, float* chk) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* vr = v + t * ld_qkv;
+    for (int64_t j = 0; j < d; ++j) {
+      const float av = std::fabs(vr[j]);
+      amax[j] = av > amax[j] ? av : amax[j];
+      chk[j] += vr[j] * 0.0f;
+    }
+  }
+}
+
+// Four tokens at a time: channel j's four codes make one 32-bit word (token t in byte t % 4), and a panel's group
+// is its 16 channels' words side by side (gemm_int8.h's [k4][16][4] layout): 64 contiguous bytes.  Tokens past
+// the last and channels past d are weight 0 (byte `offset`).
+__attribute__((always_inline)) inline void v_pack(const float* v, int64_t ld_qkv, int64_t tokens, int64_t d,
+                                                  int64_t d16, int64_t k4, int64_t panels, int64_t panel_stride,
+                                                  int32_t offset, const float* inv, const int32_t* keep,
+                                                  uint32_t* words, int8_t* dst) {
+  for (int64_t t0 = 0; t0 < k4; t0 += 4) {
+    for (int64_t j = 0; j < d16; ++j) words[j] = 0;
+    for (int64_t tt = 0; tt < 4; ++tt) {
+      const int64_t t = t0 + tt;
+      if (t >= tokens) {
+        for (int64_t j = 0; j < d16; ++j) words[j] |= uint32_t(offset) << (8 * tt);
+        continue;
+      }
+      const float* vr = v + t * ld_qkv;
+      for (int64_t j = 0; j < d; ++j) {
+        const float x = vr[j] * inv[j];
+#if defined(__x86_64__) || defined(__i386__)
+        // rne for |x| < 2^22 in the default rounding mode (vectorisable without SSE4.1's roundps; no FMA here)
+        float q = (x + 12582912.0f) - 12582912.0f;
+#else
+        float q = std::nearbyint(x);  // one instruction (frintx / frinti), and no a · b + c to contract
+#endif
+        // the clamp written so that a NaN (0 · Inf in a bad column, whose codes are masked to 0) becomes −127
+        q = -127.0f < q ? q : -127.0f;
+        q = q < 127.0f ? q : 127.0f;
+        const int32_t c = (int32_t(q) & keep[j]) + offset;
+        words[j] |= uint32_t(c & 255) << (8 * tt);
+      }
+      for (int64_t j = d; j < d16; ++j) words[j] |= uint32_t(offset) << (8 * tt);
+    }
+    for (int64_t p = 0; p < panels; ++p)
+      std::memcpy(dst + p * panel_stride + t0 * gemm::kNr, words + p * gemm::kNr, 4 * gemm::kNr);
+  }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) void v_columns_avx2(const float* v, int64_t ld_qkv, int64_t tokens, int64_t d,
+                                                    float* amax, float* chk) {
+  v_columns(v, ld_qkv, tokens, d, amax, chk);
+}
+__attribute__((target("avx2"))) void v_pack_avx2(const float* v, int64_t ld_qkv, int64_t tokens, int64_t d,
+                                                 int64_t d16, int64_t k4, int64_t panels, int64_t panel_stride,
+                                                 int32_t offset, const float* inv, const int32_t* keep,
+                                                 uint32_t* words, int8_t* dst) {
+  v_pack(v, ld_qkv, tokens, d, d16, k4, panels, panel_stride, offset, inv, keep, words, dst);
+}
+#endif
+
 // C[m × n] = (dequantised) qa · B on the block kernel of `kernel` (what gemm8::gemm_int8 does for a PackedInt8B,
 // here on panels packed into the workspace per head: no allocation per head).
 void run_gemm(gemm8::Int8Kernel kernel, int64_t m, int64_t n, const int8_t* qa, int64_t lda, const float* sa,
@@ -200,19 +267,17 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   // V: per channel d over the tokens (quantize_rows' rule on V_hᵀ, written out: amax, inv = 127 / amax,
   // q = clamp(rne(v · inv), ±127), s = amax / 127; a column with NaN/±Inf: s = NaN, q = 0; one whose 127 / amax
   // overflows: s = 0, q = 0), packed as B = V_h [N × D] straight from the qkv rows.
-  // Loops over the channels j (contiguous in a qkv row) with no branches: the compiler vectorises them.
+  // (v_columns / v_pack above: loops over the channels, vectorised)
   float* inv = vt;   // amax, then 127 / amax (0 for a column that quantizes to 0)
   float* chk = sq;   // Σ v · 0 per column: NaN iff the column holds a NaN or ±Inf (sq is free until the chunks)
   const int64_t d16 = l.v_panels * gemm::kNr;
   for (int64_t j = 0; j < d16; ++j) inv[j] = chk[j] = 0.0f;
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* vr = v + t * ld_qkv;
-    for (int64_t j = 0; j < d; ++j) {
-      const float av = std::fabs(vr[j]);
-      inv[j] = av > inv[j] ? av : inv[j];
-      chk[j] += vr[j] * 0.0f;
-    }
-  }
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa != CpuIsa::kScalar)
+    v_columns_avx2(v, ld_qkv, tokens, d, inv, chk);
+  else
+#endif
+    v_columns(v, ld_qkv, tokens, d, inv, chk);
   int32_t* keep = rs_v;  // -1: the column's codes are kept, 0: forced to 0 (NaN/Inf, zero, or padding column)
   for (int64_t j = 0; j < d16; ++j) {
     const bool bad = std::isnan(chk[j]);
@@ -222,34 +287,14 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
     inv[j] = (bad || zero) ? 0.0f : r;
     keep[j] = (bad || zero) ? 0 : -1;
   }
-  // Four tokens at a time: channel j's four codes make one 32-bit word (token t in byte t % 4), and a panel's
-  // group is its 16 channels' words side by side (gemm_int8.h's [k4][16][4] layout): 64 contiguous bytes.
   uint32_t* words = reinterpret_cast<uint32_t*>(rs_q);  // d16 words (rs_q has >= d16 int32s, free until the chunks)
   const int32_t offset = u8 ? 128 : 0;
-  for (int64_t t0 = 0; t0 < l.lda_n; t0 += 4) {
-    for (int64_t j = 0; j < d16; ++j) words[j] = 0;
-    for (int64_t tt = 0; tt < 4; ++tt) {
-      const int64_t t = t0 + tt;
-      if (t >= tokens) {
-        for (int64_t j = 0; j < d16; ++j) words[j] |= uint32_t(offset) << (8 * tt);
-        continue;
-      }
-      const float* vr = v + t * ld_qkv;
-      for (int64_t j = 0; j < d; ++j) {
-        // rne for |x| < 2^22 in the default rounding mode (vectorisable without SSE4.1's roundps), then the clamp
-        // written so that a NaN (0 · Inf in a bad column, whose codes are masked to 0 anyway) becomes −127.
-        const float x = vr[j] * inv[j];
-        float q = (x + 12582912.0f) - 12582912.0f;
-        q = -127.0f < q ? q : -127.0f;
-        q = q < 127.0f ? q : 127.0f;
-        const int32_t c = (int32_t(q) & keep[j]) + offset;
-        words[j] |= uint32_t(c & 255) << (8 * tt);
-      }
-      for (int64_t j = d; j < d16; ++j) words[j] |= uint32_t(offset) << (8 * tt);
-    }
-    for (int64_t p = 0; p < l.v_panels; ++p)
-      std::memcpy(vpan + p * v_stride + t0 * gemm::kNr, words + p * gemm::kNr, 4 * gemm::kNr);
-  }
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa != CpuIsa::kScalar)
+    v_pack_avx2(v, ld_qkv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, offset, inv, keep, words, vpan);
+  else
+#endif
+    v_pack(v, ld_qkv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, offset, inv, keep, words, vpan);
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const NextRows prefetch(next, qkv, h, ld_qkv, tokens, heads, d, ld_out);
