@@ -86,7 +86,11 @@ def main(argv):
     print("end to end (360 val images):")
     report("int8 model, fp32 attention", q_logits)
     for name, fn in variants.items():
-        report(f"int8 model, attention_int8 [{name}]", _run(qmodel, batches, fn)[0])
+        logits = _run(qmodel, batches, fn)[0]
+        report(f"int8 model, attention_int8 [{name}]", logits)
+        print(f"    vs the int8 model with fp32 attention: argmax agreement "
+              f"{(logits.argmax(1) == q_logits.argmax(1)).float().mean():.4f}, logits relative error "
+              f"{float((logits - q_logits).norm() / q_logits.norm()):.4f}")
         report(f"fp32 model, attention_int8 [{name}]", _run(model, batches, fn)[0])
 
 

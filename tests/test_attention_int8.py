@@ -87,6 +87,20 @@ def test_parity_scale_and_large_logits(isa, ext, scale):
     assert_attention_int8_close(op(qkv, 6, scale), qkv, 6, scale)
 
 
+@pytest.mark.parametrize("batch, tokens, heads, d", [(2, 197, 6, 64), (1, 17, 5, 20), (1, 33, 4, 3)])
+def test_extension_off_gives_the_same_bits(isa, batch, tokens, heads, d):
+    """Within one CPU path the int8 kernels (VNNI or the AVX2 sign trick, NEON dot or scalar) compute the same exact
+    integer sums and the same epilogue, and everything else (quantizers, softmax) is the path's: identical bits."""
+    qkv = torch.randn(batch, tokens, 3 * heads * d, generator=torch.Generator().manual_seed(5))
+    on = op(qkv, heads)
+    _C.set_cpu_ext_enabled(False)
+    try:
+        off = op(qkv, heads)
+    finally:
+        _C.set_cpu_ext_enabled(True)
+    torch.testing.assert_close(off, on, atol=0, rtol=0)
+
+
 def test_strided_qkv_is_read_in_place(isa):
     wide = torch.randn(2, 37, 3 * 4 * 16 + 40)
     qkv = wide[..., 8:8 + 3 * 4 * 16]
