@@ -8,6 +8,7 @@ the input dtype.  Tests compare every kernel against these, benchmarks use them 
 launchers (`kernels/`) import the checks from here, so nothing here imports either of them.
 """
 from .attention import attention, attention_unchecked, check_attention_args
+from .attention_int8 import attention_int8, check_attention_int8_args
 from .batch_gate import (GATE_ACTS, batch_gate, batch_gate_logits, check_batch_gate_args, check_gate_select_args,
                          gate_select)
 from .channel_idle_ffn import channel_idle_ffn, channel_idle_ffn_unchecked, check_channel_idle_ffn_args

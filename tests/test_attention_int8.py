@@ -1,0 +1,176 @@
+"""`torch.ops.vitfast.attention_int8` (csrc/ops/attention_int8.cpp, csrc/kernels/attention_int8.{h,cpp}) against its
+reference (vitfast/reference/attention_int8.py): every CPU path this machine runs, with its low-precision extension
+on and off (AVX-512 with VNNI runs the `vpdpbusd` kernel, without it the AVX2 sign-trick kernel), at 1 and 2 threads
+(the (image, head, query block) split must not change a bit); N = 1, 5, 197, odd N and D, 1 to 12 heads; strided
+qkv; fp16/bf16; NaN; argument errors (those of `attention`); opcheck.
+
+Tolerance.  The int8 sums are exact and the epilogues round as the reference does, so the scores S are the
+reference's to the last unit or two.  The softmax's exp is a polynomial in the kernel and torch.exp in the
+reference: a last-bit difference of E can move a P code across a rounding boundary (rne(127 · E) at a half).  One
+such flip changes the output by at most 2 · max_t |V[t, d]| / Σ_j q_E ≤ 2 · max_t |V[t, d]| / 127 (numerator by
+one code times a quantized V value, denominator by one), and flips are rare: every element must be within the fp32
+tolerance, or within two flips' bound, and at most 1% of them outside the fp32 tolerance.
+"""
+import pytest
+import torch
+
+import vitfast
+from vitfast import reference
+
+if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
+    raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
+
+from vitfast import _C  # noqa: E402
+
+op = torch.ops.vitfast.attention_int8
+TOL = dict(atol=1e-6, rtol=1e-6)
+
+
+@pytest.fixture(params=["ext on", "ext off"])
+def ext(request):
+    on = request.param == "ext on"
+    previous = _C.int8_kernel()
+    if not on:
+        _C.set_cpu_ext_enabled(False)
+    yield _C.int8_kernel()
+    _C.set_cpu_ext_enabled(True)
+    assert _C.int8_kernel() == previous or not on
+
+
+def _flip_bound(qkv, heads):
+    """2 · max_t |V[t, d]| / 127 per (image, output column): two P-code flips (module doc)."""
+    b, n, w = qkv.shape
+    d = w // (3 * heads)
+    v = qkv.float()[..., 2 * heads * d:]  # [B, N, H·D]: channel columns in the output's order
+    return (4.0 * v.abs().amax(dim=1, keepdim=True) / 127.0).expand(b, n, heads * d)
+
+
+def assert_attention_int8_close(out, qkv, heads, scale=None):
+    ref = reference.attention_int8(qkv, heads, scale)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    o, r = out.float(), ref.float()
+    nan = r.isnan()
+    assert torch.equal(o.isnan(), nan), "NaN positions differ from the reference's"
+    o, r = o.masked_fill(nan, 0), r.masked_fill(nan, 0)
+    diff = (o - r).abs()
+    close = diff <= TOL["atol"] + TOL["rtol"] * r.abs()
+    bound = _flip_bound(qkv.masked_fill(~qkv.isfinite(), 0), heads)
+    assert (close | (diff <= bound)).all(), f"max |diff| {diff.max():.3g} beyond the code-flip bound"
+    assert (~close).float().mean() <= 0.01, f"{(~close).float().mean():.2%} of the outputs beyond the fp32 tolerance"
+
+
+def _both_thread_counts(args):
+    outs = []
+    for t in (1, 2):
+        torch.set_num_threads(t)
+        outs.append(op(*args))
+    torch.testing.assert_close(outs[1], outs[0], atol=0, rtol=0, equal_nan=True)
+    return outs[0]
+
+
+SHAPES = [(1, 197, 6, 64), (2, 197, 12, 64), (1, 197, 3, 16), (2, 5, 12, 32), (3, 1, 1, 16), (1, 1, 7, 64),
+          (2, 5, 1, 16), (1, 50, 2, 32), (2, 17, 5, 20), (1, 33, 4, 3)]
+
+
+@pytest.mark.parametrize("batch, tokens, heads, d", SHAPES)
+def test_parity(isa, ext, restore_threads, batch, tokens, heads, d):
+    g = torch.Generator().manual_seed(tokens * 131 + heads * 7 + d)
+    qkv = torch.randn(batch, tokens, 3 * heads * d, generator=g)
+    out = _both_thread_counts([qkv, heads, None])
+    assert_attention_int8_close(out, qkv, heads)
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0])
+def test_parity_scale_and_large_logits(isa, ext, scale):
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(2, 197, 3 * 6 * 64, generator=g) * 3
+    assert_attention_int8_close(op(qkv, 6, scale), qkv, 6, scale)
+
+
+@pytest.mark.parametrize("batch, tokens, heads, d", [(2, 197, 6, 64), (1, 17, 5, 20), (1, 33, 4, 3)])
+def test_extension_off_gives_the_same_bits(isa, batch, tokens, heads, d):
+    """Within one CPU path the int8 kernels (VNNI or the AVX2 sign trick, NEON dot or scalar) compute the same exact
+    integer sums and the same epilogue, and everything else (quantizers, softmax) is the path's: identical bits."""
+    qkv = torch.randn(batch, tokens, 3 * heads * d, generator=torch.Generator().manual_seed(5))
+    on = op(qkv, heads)
+    _C.set_cpu_ext_enabled(False)
+    try:
+        off = op(qkv, heads)
+    finally:
+        _C.set_cpu_ext_enabled(True)
+    torch.testing.assert_close(off, on, atol=0, rtol=0)
+
+
+def test_strided_qkv_is_read_in_place(isa):
+    wide = torch.randn(2, 37, 3 * 4 * 16 + 40)
+    qkv = wide[..., 8:8 + 3 * 4 * 16]
+    assert not qkv.is_contiguous()
+    out = op(qkv, 4)
+    torch.testing.assert_close(out, op(qkv.contiguous(), 4), atol=0, rtol=0)
+    assert_attention_int8_close(out, qkv, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_input(dtype):
+    qkv = torch.randn(2, 21, 3 * 2 * 32).to(dtype)
+    out = op(qkv, 2)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, op(qkv.float(), 2).to(dtype), atol=0, rtol=0)
+
+
+def test_close_to_fp32_attention():
+    """The point of the op: ~1-2% relative error on random activations (the int8 error, not a bug's)."""
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(2, 197, 3 * 6 * 64, generator=g)
+    ref = reference.attention(qkv, 6)
+    assert float((op(qkv, 6) - ref).norm() / ref.norm()) < 0.03
+
+
+def test_nan_positions_are_fp32_attentions(isa, ext):
+    """A NaN in a query row: that row of the head is NaN; in a key row: the whole head; in V[t, d]: column d of the
+    head.  As fp32 `attention`, and independent of how the exp polynomial treats NaN."""
+    heads, d, n = 3, 16, 9
+    qkv = torch.randn(2, n, 3 * heads * d)
+    qkv[0, 4, 1 * d + 2] = float("nan")                    # image 0, query 4 of head 1
+    qkv[1, 2, heads * d + 2 * d + 5] = float("inf")        # image 1, key 2 of head 2
+    qkv[0, 7, 2 * heads * d + 0 * d + 3] = float("nan")    # image 0, V[7, 3] of head 0
+    out = op(qkv, heads)
+    expected = torch.zeros(2, n, heads * d, dtype=torch.bool)
+    expected[0, 4, d:2 * d] = True
+    expected[1, :, 2 * d:] = True
+    expected[0, :, 3] = True
+    assert torch.equal(out.isnan(), expected)
+    # the fp32 op's positions (torch's SDPA, behind reference.attention, returns a finite row for a NaN query)
+    assert torch.equal(torch.ops.vitfast.attention(qkv.masked_fill(qkv.isinf(), float("nan")), heads).isnan(), expected)
+    assert_attention_int8_close(out, qkv, heads)
+
+
+def test_zero_rows_and_columns(isa, ext):
+    """All-zero queries, keys or V channels quantize to scale 0: finite outputs, as the reference."""
+    qkv = torch.randn(1, 7, 3 * 2 * 16)
+    qkv[0, 3, :16] = 0          # query 3 of head 0
+    qkv[0, :, 32:48] = 0        # every key of head 0: uniform softmax
+    qkv[0, :, 64 + 16 + 5] = 0  # V channel 5 of head 1
+    out = op(qkv, 2)
+    assert out.isfinite().all()
+    assert_attention_int8_close(out, qkv, 2)
+
+
+def test_empty():
+    assert op(torch.randn(0, 5, 24), 2).shape == (0, 5, 8)
+    assert op(torch.randn(2, 0, 24), 2).shape == (2, 0, 8)
+
+
+def test_bad_arguments_as_attention():
+    for args in ([torch.randn(2, 5), 2], [torch.randn(2, 5, 24), 5], [torch.randn(2, 5, 24), 0],
+                 [torch.randn(2, 5, 24, dtype=torch.float64), 2], [torch.randn(2, 5, 24), 2, float("inf")]):
+        with pytest.raises(ValueError) as ours:
+            vitfast.ops.attention_int8(*args)
+        with pytest.raises(ValueError) as theirs:
+            reference.attention(*args)
+        assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("scale", [None, 0.2])
+def test_opcheck(scale):
+    torch.library.opcheck(op.default, (torch.randn(2, 7, 3 * 2 * 8), 2, scale))
