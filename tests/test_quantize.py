@@ -101,6 +101,26 @@ def test_int8_block_runs_the_int8_ops_not_the_block_op(norm):
     counts = {e.key: e.count for e in prof.key_averages()}
     assert counts.get("vitfast::vit_block", 0) == 0
     assert counts.get("vitfast::linear_int8", 0) == 4 and counts.get("vitfast::channel_idle_ffn_int8", 0) == 2
+    assert counts.get("vitfast::attention_int8", 0) == 2 and counts.get("vitfast::attention", 0) == 0
+
+
+def test_attention_products_int8_or_fp32(tmp_path):
+    fused = _fused()
+    q = vitfast.quantize(fused)  # dynamic: int8 attention by default
+    assert all(b.attn.__dict__.get("int8_attention") for b in q.blocks)
+    assert "2 attentions' score/value products" in vitfast.quant.describe(q)
+    vitfast.save(q, tmp_path / "q.safetensors")
+    r = vitfast.load(tmp_path / "q.safetensors")
+    assert all(b.attn.__dict__.get("int8_attention") for b in r.blocks)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(q(x), r(x))
+    for model in (vitfast.quantize(fused, attention="fp32"),
+                  vitfast.quantize(fused, torch.randn(4, 3, 32, 32), activations="static")):  # static: fp32 default
+        assert not any(b.attn.__dict__.get("int8_attention") for b in model.blocks)
+        assert "attention score/value products" in vitfast.quant.describe(model).split("fp32: ")[1]
+    with pytest.raises(ValueError, match="attention: expected 'int8' or 'fp32'"):
+        vitfast.quantize(fused, attention="int4")
 
 
 def test_calibrated_options_and_per_layer_errors():

@@ -278,10 +278,11 @@ def _int8_layers(model: nn.Module) -> List[str]:
     dynamic = [name for name, m in layers
                if getattr(m, "act_scale", None) == 0.0 or getattr(m, "act_scale_in", None) == 0.0
                or (getattr(m, "act_scale_out", 1.0) == 0.0 and getattr(m, "active_features", 0) > 0)]
+    dynamic += [name for name, m in model.named_modules() if m.__dict__.get("int8_attention")]  # per-token Q, K, P
     if dynamic:
         raise ValueError(f"model: int8 layers with per-token (dynamic) activation scales have no ONNX operator "
                          f"({len(dynamic)} layers, e.g. {dynamic[0]}); export the fp32 model, or quantize with "
-                         f"activations='static' (calibrated scales) to export a QDQ graph")
+                         f"activations='static' (calibrated scales; attention='fp32', its default there) to export a QDQ graph")
     return [name for name, _ in layers]
 
 

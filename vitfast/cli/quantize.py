@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
                    help="module paths or patterns kept in fp32, e.g. 'blocks.0.*'")
     p.add_argument("--skip-budget", type=_budget, default=None, metavar="ERR",
                    help="keep in fp32 every layer whose own relative output error on the calibration images exceeds ERR")
+    p.add_argument("--attention", choices=("int8", "fp32"), default=None,
+                   help="the attentions' score and value products [default: int8 with dynamic activations, fp32 with "
+                        "static ones (a QDQ-exportable model)]")
     p.add_argument("--calibration-images", type=positive_int, default=256, metavar="N",
                    help="calibration images read")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads")
@@ -119,7 +122,7 @@ def run(args) -> int:
     try:
         quantized = vitfast.quantize(model, calibration, dtype=args.dtype, activations=args.activations,
                                      smooth=args.smooth, skip=args.skip_budget if args.skip_budget else args.skip,
-                                     progress=True)
+                                     attention=args.attention, progress=True)
     except ValueError as e:
         raise CLIError(str(e)) from None
     vitfast.save(quantized, out)

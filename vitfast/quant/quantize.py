@@ -185,6 +185,7 @@ def quantize(
     smooth: Union[None, bool, float, str] = None,
     skip: Union[None, float, str, Sequence[str]] = None,
     split_identity: bool = True,
+    attention: Optional[str] = None,
     progress: bool = False,
 ) -> nn.Module:
     """A low-precision copy of the fused `model` (the model itself is not changed); see the module doc.
@@ -196,6 +197,10 @@ def quantize(
     if per_token is None:
         per_token = activations == "dynamic"
     alpha = _check_args(model, calibration, dtype, activations, per_token, smooth, skip)
+    if attention is None:  # per-token int8 attention with per-token activations; none in the all-static (QDQ) mode
+        attention = "int8" if activations == "dynamic" else "fp32"
+    if attention not in ("int8", "fp32"):
+        raise ValueError(f"attention: expected 'int8' or 'fp32' (the score and value products), got {attention!r}")
     if split_identity not in (True, False):
         raise ValueError(f"split_identity: expected True or False, got {split_identity!r}")
     if dtype == "bf16":
@@ -260,8 +265,18 @@ def quantize(
         module = out.get_submodule(path)
         set_submodule(out, path, _build(path, kind, module, stats.get(path), alphas.get(path, alpha), static,
                                         split_identity))
+    attentions = 0
+    if attention == "int8":
+        for name, m in out.named_modules():
+            # the fused ViT attention's products (not Swin's windows: its bias table and masks stay on fp32 SDPA);
+            # a block whose qkv a skip= pattern kept in fp32 keeps its attention fp32 too
+            patterns = [skip] if isinstance(skip, str) else list(skip) if isinstance(skip, (list, tuple)) else []
+            if type(m) is FusedAttention and f"{name}.qkv" not in kept and not any(
+                    fnmatch.fnmatchcase(name, p) for p in patterns):
+                m.int8_attention = True
+                attentions += 1
     out.vitfast_quantization = {
-        "dtype": "int8", "activations": activations, "smooth": alpha, "fp32": sorted(kept),
+        "dtype": "int8", "activations": activations, "smooth": alpha, "fp32": sorted(kept), "attention": attention,
         "uncalibrated": uncalibrated, "split_identity": split_identity,
         "layers": [{"path": p, "kind": layers[p], "relative_error": errors.get(p), "int8": p not in kept,
                     **({"alpha": alphas.get(p)} if alpha == "auto" else {})} for p in layers],
@@ -289,15 +304,20 @@ def describe(model: nn.Module) -> str:
     n_lin = sum(isinstance(m, Int8Linear) for _, m in int8)
     n_ffn = sum(isinstance(m, Int8ChannelIdleFFN) for _, m in int8)
     static = any(getattr(m, "act_scale", 0.0) > 0 or getattr(m, "act_scale_in", 0.0) > 0 for _, m in int8)
-    parts = [f"int8: {n_ffn} channel-idle FFNs (2 GEMMs each), {n_lin} attention linears (qkv/proj); activations "
-             f"{'static per tensor' if static else 'dynamic per token'}"]
+    n_att = sum(bool(m.__dict__.get("int8_attention")) for m in model.modules())
+    all_att = sum(type(m) is FusedAttention for m in model.modules())
+    att = f", {n_att} attentions' score/value products" if n_att else ""
+    parts = [f"int8: {n_ffn} channel-idle FFNs (2 GEMMs each), {n_lin} attention linears (qkv/proj){att}; "
+             f"activations {'static per tensor' if static else 'dynamic per token'}"]
     if record.get("smooth") == "auto":
         chosen = [layer.get("alpha") for layer in record.get("layers", []) if layer.get("int8")]
         parts.append("SmoothQuant α per layer (" + ", ".join(
             f"{'none' if a is None else f'{a:g}'}: {chosen.count(a)}" for a in AUTO_ALPHAS if chosen.count(a)) + ")")
     elif record.get("smooth"):
         parts.append(f"SmoothQuant α = {record['smooth']:g}")
-    fp32 = ["norms, softmax, GELU, residual adds", "attention score/value products", "patch embedding", "head"]
+    products = ("attention score/value products" if n_att == 0 else
+                f"{all_att - n_att} attentions' score/value products" if all_att > n_att else None)
+    fp32 = ["norms, softmax, GELU, residual adds", *([products] if products else []), "patch embedding", "head"]
     fp32 += fp32_kinds(model)
     if record.get("fp32"):
         fp32.append(f"{len(record['fp32'])} skipped layers ({', '.join(record['fp32'][:4])}"
