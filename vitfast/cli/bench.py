@@ -15,6 +15,7 @@ import torch
 import vitfast
 from vitfast.bench import DEFAULT_PROVIDERS
 from vitfast.bench import DTYPES
+from vitfast.bench import cpu_only
 from vitfast.bench import format_report
 from vitfast.bench import parse_providers
 from vitfast.bench import plot_report
@@ -102,14 +103,14 @@ def run(args) -> int:
     threads = args.threads or [torch.get_num_threads()]
     if args.providers is not None:
         providers = args.providers
-        if device.type != "cpu" and any(p.startswith("ort-") for p in providers):
-            raise CLIError(f"--providers: ONNX Runtime providers run on the CPU only, got {','.join(providers)} "
+        if device.type != "cpu" and any(cpu_only(p) for p in providers):
+            raise CLIError(f"--providers: ONNX Runtime and OpenVINO providers run on the CPU only, got {','.join(providers)} "
                            f"with --device {args.device}")
         if device.type != "cuda" and any(p.endswith("-graph") for p in providers):
             raise CLIError(f"--providers: the CUDA-graph providers need --device cuda, got {','.join(providers)} "
                            f"with --device {args.device}")
     else:
-        providers = [p for p in DEFAULT_PROVIDERS if device.type == "cpu" or not p.startswith("ort-")]
+        providers = [p for p in DEFAULT_PROVIDERS if device.type == "cpu" or not cpu_only(p)]
         if device.type == "cuda":  # launch overhead is most of batch 1 on a GPU: show both models without it
             providers += ["timm-graph", "vitfast-graph"]
     torch.manual_seed(0)
