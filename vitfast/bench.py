@@ -201,6 +201,12 @@ def machine_info() -> Dict[str, Any]:
             versions[name] = __import__(name).__version__
         except ImportError:
             versions[name] = None
+    try:  # the installed distribution's version: importing openvino only for this costs ~0.3 s per report
+        from importlib.metadata import PackageNotFoundError, version
+
+        versions["openvino"] = version("openvino")
+    except (ImportError, PackageNotFoundError):
+        versions["openvino"] = None
     from ._threads import wait_policy
 
     # The OpenMP wait policy changes multi-thread latency by 1.5x on quiet cores and 10x on busy ones

@@ -51,6 +51,16 @@ def add_parser(sub) -> None:
               ort-fused  ONNX Runtime running the fused graph (exported through the reference path)
               vitfast    the fused model on vitfast's kernels
               reference  the fused model on vitfast.reference ops (not in the default set)
+            What a CPU user deploys instead, on the same fused ONNX (opt-in; CPU only):
+              ort-int8      ORT on quantize_dynamic(QInt8 weights, ORT's defaults: per-tensor)
+              ort-qdq       ORT on quantize_static (QDQ, per-channel S8S8, calibrated on the bench inputs)
+              openvino-f32  OpenVINO, INFERENCE_PRECISION_HINT=f32 (pip install openvino, in 'vitfast[bench]')
+              openvino      OpenVINO at its default precision (bf16 on AVX512_BF16 CPUs; the report says which)
+            and vitfast's own: vitfast-int8, vitfast-bf16 (vitfast.quantize of a copy; skipped where this
+            vitfast has no quantize).  A provider whose optional package is missing is skipped (SKIPPED line),
+            not failed.  Fused-graph rows get their error against the fused fp32 model (relative L2 and top-1
+            agreement on the bench inputs) and paired ratios vs ORT fused, ORT int8 and OpenVINO and vs the
+            fastest anchor timed; a vitfast row slower than an anchor is marked SLOWER.
             Prints one table: median latency and the p10-p90 spread over interleaved calls (the order rotates
             every round), images/s, GFLOP per forward (FlopCounterMode), % of the FLOP floor (FLOPs / the fp32
             sgemm rate, torch.mm 2048^3, measured in the same run at the same thread count) and the speed-up
@@ -58,6 +68,8 @@ def add_parser(sub) -> None:
             optimisations.  Progress goes to stderr.  Exit status 1 if a provider failed (the others are
             still reported)."""),
         epilog="examples:\n"
+               "  vitfast bench deit_small_patch16_224 --channel-idle 0.75 --threads 1 --batch-sizes 1 --repeats 20 "
+               "--providers timm,ort-fused,ort-int8,ort-qdq,openvino-f32,openvino,vitfast\n"
                "  vitfast bench deit_base_patch16_224 --channel-idle 0.75 --threads 1,2 --batch-sizes 1,8 --json r.json --png r.png\n"
                "  vitfast bench fused.safetensors --threads 1 --batch-sizes 1,64 --providers timm,vitfast,reference\n"
                "  vitfast bench deit_small_patch16_224 --channel-idle 0.75 --batch-sizes 1 --repeats 10",
