@@ -125,7 +125,8 @@ def from_bench_reports(reports: List[Dict[str, Any]], *, title: str, conditions:
                    "median_ms": round(r["median_ms"], 3), "p10_ms": round(r["p10_ms"], 3),
                    "p90_ms": round(r["p90_ms"], 3)}
             vs = r.get("paired_vs") or {}
-            row["vs_ort"] = _paired(r["provider"], None if r["provider"] == "ort-fused" else r.get("paired_vs_ort_fused"))
+            own = r["provider"] == "ort-fused"
+            row["vs_ort"] = _paired(r["provider"], None if own else r.get("paired_vs_ort_fused"))
             for key, field in (("ort-int8", "vs_ort_int8"), ("openvino", "vs_openvino")):
                 row[field] = _paired(r["provider"], None if r["provider"] == key else vs.get(key))
             fastest = r.get("fastest_anchor")

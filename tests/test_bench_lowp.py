@@ -151,8 +151,8 @@ def test_missing_onnxruntime_quantization_is_skipped(monkeypatch):
 def test_vitfast_quantize_unavailable_is_skipped(monkeypatch):
     monkeypatch.delattr(vitfast, "quantize", raising=False)
     baseline, fused = _tiny_pair()
-    report = run_bench(baseline, fused, threads=[1], batch_sizes=[1], providers=["timm", "vitfast-int8", "vitfast-bf16"],
-                       repeats=1, log=lambda s: None)
+    report = run_bench(baseline, fused, threads=[1], batch_sizes=[1],
+                       providers=["timm", "vitfast-int8", "vitfast-bf16"], repeats=1, log=lambda s: None)
     assert report["skipped"] == {"vitfast-int8": "vitfast.quantize unavailable",
                                  "vitfast-bf16": "vitfast.quantize unavailable"}
     text = format_report(report)

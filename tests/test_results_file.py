@@ -76,5 +76,5 @@ def test_reports_with_low_precision_anchors_become_one_table(tmp_path):
     assert "| ort-int8 | 1 | 1 | 1.0 | 0.9–1.1 | 1.2e-02 / 88% | – | – | – | (fastest anchor) |" in rendered
     assert ("| vitfast | 1 | 1 | 2.0 | 1.9–2.2 | – | – | 0.500× SLOWER (0.45–0.55) | – | "
             "ORT int8 dynamic: 0.500× SLOWER (0.45–0.55) |") in rendered
-    assert "| vitfast | 2 | 8 | 2.0 | 1.9–2.2 | – | – | 1.200× (1.10–1.30) | – | ORT int8 dynamic: 1.200× (1.10–1.30) |" \
-        in rendered
+    assert ("| vitfast | 2 | 8 | 2.0 | 1.9–2.2 | – | – | 1.200× (1.10–1.30) | – | "
+            "ORT int8 dynamic: 1.200× (1.10–1.30) |") in rendered

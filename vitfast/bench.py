@@ -45,13 +45,13 @@ What is measured, per (threads, batch):
   and just after the rounds of that (threads, batch) (torch.mm of 2048x2048 fp32, median of those calls).
   "% floor" = floor / median latency = achieved GFLOP/s as a share of sgemm GFLOP/s.
 * speed-up: timm eager's median / the provider's median, both from the same rounds.
-* paired speed-up vs an anchor (ort-fused, ort-int8, ort-qdq, openvino-f32, openvino; those timed): the median and p10-p90 of the per-round ratios
-  ORT fused time / provider time.  Both calls of a ratio ran in the same round, so a slow phase of the host
-  (this project's shared machines drift by 30% between minutes) scales both and cancels, where the ratio of two
-  medians keeps whatever drift fell unevenly on the two lists.  Above 1.00: faster than ONNX Runtime on the same
-  fused graph; the p10-p90 says whether 1.00 is inside the round-to-round spread.  Every row also names the
-  fastest anchor of its (threads, batch) (smallest median) and its paired ratio to it; a vitfast row below 1.00
-  is marked SLOWER in the table.
+* paired speed-up vs an anchor (ort-fused, ort-int8, ort-qdq, openvino-f32, openvino; those timed): the median
+  and p10-p90 of the per-round ratios anchor time / provider time.  Both calls of a ratio ran in the same round,
+  so a slow phase of the host (this project's shared machines drift by 30% between minutes) scales both and
+  cancels, where the ratio of two medians keeps whatever drift fell unevenly on the two lists.  Above 1.00: faster
+  than that runtime on the same fused graph; the p10-p90 says whether 1.00 is inside the round-to-round spread.
+  Every row also names the fastest anchor of its (threads, batch) (smallest median) and its paired ratio to it; a
+  vitfast row below 1.00 is marked SLOWER in the table.  ("paired_vs_ort_fused" is kept: = paired_vs["ort-fused"].)
 * accuracy (the fused-graph providers other than vitfast itself): on the bench's own inputs (every timed batch,
   at the first thread count), ‖y − y_fp32‖ / ‖y_fp32‖ over all logits and the share of images whose top-1
   class (argmax) agrees, where y_fp32 is the fused model's fp32 output on vitfast's kernels.
@@ -76,7 +76,8 @@ import torch.nn as nn
 
 from .io.atomic import atomic_write
 
-__all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "ANCHORS", "TABLE_ANCHORS", "ProviderSkipped", "cpu_only", "DTYPES", "SCHEMA", "run_bench", "format_report", "plot_report", "sgemm_gflops",
+__all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "ANCHORS", "TABLE_ANCHORS", "ProviderSkipped", "cpu_only", "DTYPES",
+           "SCHEMA", "run_bench", "format_report", "plot_report", "sgemm_gflops",
            "parse_providers", "paired_speedups"]
 
 SCHEMA = "vitfast.bench/1"
@@ -320,7 +321,8 @@ class _OpenVINO(_Provider):
         try:
             import openvino
         except ImportError as exc:
-            raise ProviderSkipped(f"openvino is not installed (pip install openvino, or 'vitfast[bench]'): {exc}") from None
+            raise ProviderSkipped(f"openvino is not installed (pip install openvino, or 'vitfast[bench]'): "
+                                  f"{exc}") from None
         self.core = openvino.Core()
         self.model = self.core.read_model(path)
         self.precision, self.compiled, self.request, self.info = precision, None, None, {}
@@ -370,7 +372,8 @@ def _onnxruntime_quantization():
     try:
         import onnxruntime.quantization as quantization
     except ImportError as exc:
-        raise ProviderSkipped(f"onnxruntime.quantization is not importable ({exc}): pip install 'vitfast[export]'") from None
+        raise ProviderSkipped(f"onnxruntime.quantization is not importable ({exc}): "
+                              "pip install 'vitfast[export]'") from None
     return quantization
 
 
@@ -382,7 +385,8 @@ def quantize_ort_dynamic(src: str, dst: str) -> Dict[str, Any]:
     q.quantize_dynamic(src, dst, weight_type=q.QuantType.QInt8)
     return {"call": "onnxruntime.quantization.quantize_dynamic(model, out, weight_type=QuantType.QInt8)",
             "per_channel": False, "weight_type": "QInt8", "seconds": time.perf_counter() - t0,
-            "summary": "quantize_dynamic, QInt8 weights per tensor (ORT's default per_channel=False), dynamic activations"}
+            "summary": "quantize_dynamic, QInt8 weights per tensor (ORT's default per_channel=False), "
+                       "dynamic activations"}
 
 
 def quantize_ort_static(src: str, dst: str, input_name: str, batches: Sequence[torch.Tensor]) -> Dict[str, Any]:
@@ -791,8 +795,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     accuracy = report.get("accuracy") or {}
     if accuracy:
         n = next(iter(accuracy.values()))["images"]
-        lines.append(f"accuracy vs fused fp32 (vitfast kernels) on the {n} bench image(s): rel err = ‖y − y_fp32‖ / "
-                     "‖y_fp32‖ over all logits, top-1 = share of images whose argmax agrees")
+        lines.append(f"accuracy vs fused fp32 (vitfast kernels) on the {n} bench image(s): rel err = "
+                     "‖y − y_fp32‖ / ‖y_fp32‖ over all logits, top-1 = share of images whose argmax agrees")
     load = report.get("load_average") or {}
     if load.get("start") and load.get("end"):
         lines.append(f"load average (1 min) at start {load['start'][0]:.2f}, at end {load['end'][0]:.2f}")
@@ -802,9 +806,9 @@ def format_report(report: Mapping[str, Any]) -> str:
     anchors = [k for k in timed_anchors if k in TABLE_ANCHORS]
     paired = bool(timed_anchors)
     if paired:
-        lines.append(f"vs {' / '.join(PROVIDERS[k][0] for k in timed_anchors)} (paired): median and p10-p90 over the rounds "
-                     "of the anchor's time / this provider's time in the same round (> 1: faster than that runtime on "
-                     "the same fused graph; a vitfast row below 1 is marked SLOWER)")
+        lines.append(f"vs {' / '.join(PROVIDERS[k][0] for k in timed_anchors)} (paired): median and p10-p90 over "
+                     "the rounds of the anchor's time / this provider's time in the same round (> 1: faster than "
+                     "that runtime on the same fused graph; a vitfast row below 1 is marked SLOWER)")
     fastest_column = len(timed_anchors) > 1 or timed_anchors != anchors
     if fastest_column:
         lines.append("vs fastest anchor: the same paired ratio against the anchor with the smallest median at that "

@@ -116,8 +116,8 @@ def run(args) -> int:
     if args.providers is not None:
         providers = args.providers
         if device.type != "cpu" and any(cpu_only(p) for p in providers):
-            raise CLIError(f"--providers: ONNX Runtime and OpenVINO providers run on the CPU only, got {','.join(providers)} "
-                           f"with --device {args.device}")
+            raise CLIError(f"--providers: ONNX Runtime and OpenVINO providers run on the CPU only, got "
+                           f"{','.join(providers)} with --device {args.device}")
         if device.type != "cuda" and any(p.endswith("-graph") for p in providers):
             raise CLIError(f"--providers: the CUDA-graph providers need --device cuda, got {','.join(providers)} "
                            f"with --device {args.device}")
