@@ -83,13 +83,12 @@ def test_anchor_ratio_formatting_marks_a_slower_vitfast_row(lowp):
     report, _, _ = lowp
     report = {**report, "results": [dict(r) for r in report["results"]]}
     for r in report["results"]:
+        r["fastest_anchor"] = "ort-int8"  # whichever was fastest on the tiny model (timing: not asserted)
         if r["provider"] == "vitfast":  # slower than ORT int8 at batch 1, faster at batch 2
             slow = r["batch"] == 1
             r["paired_vs"] = {**r["paired_vs"], "ort-int8": [0.5, 0.4, 0.6] if slow else [1.5, 1.4, 1.6]}
-            r["fastest_anchor"] = "ort-int8"
         elif r["provider"] == "ort-fused":
             r["paired_vs"] = {**r["paired_vs"], "ort-int8": [0.25, 0.2, 0.3]}  # an anchor is never marked
-            r["fastest_anchor"] = "ort-int8"
     text = format_report(report)
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("provider"))
