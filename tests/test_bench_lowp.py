@@ -147,8 +147,7 @@ def test_missing_onnxruntime_quantization_is_skipped(monkeypatch):
     assert {r["provider"] for r in report["results"]} == {"timm"}
 
 
-def test_vitfast_quantize_unavailable_is_skipped(monkeypatch):
-    monkeypatch.delattr(vitfast, "quantize", raising=False)
+def test_vitfast_quantize_unavailable_is_skipped(monkeypatch, capsys):
     baseline, fused = _tiny_pair()
     report = run_bench(baseline, fused, threads=[1], batch_sizes=[1],
                        providers=["timm", "vitfast-int8", "vitfast-bf16"], repeats=1, log=lambda s: None)
@@ -156,10 +155,16 @@ def test_vitfast_quantize_unavailable_is_skipped(monkeypatch):
                                  "vitfast-bf16": "vitfast.quantize unavailable"}
     text = format_report(report)
     assert "SKIPPED: vitfast int8: vitfast.quantize unavailable" in text and "FAILED" not in text
+    # the CLI passes the package's quantize: where there is none, the rows are skipped and the status stays 0
+    monkeypatch.delattr(vitfast, "quantize", raising=False)
+    assert main(["bench", *TINY, "--threads", "1", "--batch-sizes", "1", "--repeats", "1", "--warmup", "1",
+                 "--providers", "timm,vitfast-int8"]) == 0
+    assert "SKIPPED: vitfast int8: vitfast.quantize unavailable" in capsys.readouterr().out
 
 
-def test_vitfast_quantize_runs_on_a_copy(monkeypatch):
-    """The quantized rows call vitfast.quantize(copy, dtype=...) and time what it returns on the kernels."""
+def test_vitfast_quantize_runs_on_a_copy(monkeypatch, capsys):
+    """The quantized rows call quantize(copy, dtype=...) and time what it returns on the kernels; `vitfast bench`
+    passes the package's vitfast.quantize."""
     calls = []
 
     def fake_quantize(model, dtype):
@@ -168,14 +173,21 @@ def test_vitfast_quantize_runs_on_a_copy(monkeypatch):
             model.head.weight.mul_(1.01 if dtype == "int8" else 1.001)
         return None if dtype == "int8" else model  # in place or returned: both forms accepted
 
-    monkeypatch.setattr(vitfast, "quantize", fake_quantize, raising=False)
     baseline, fused = _tiny_pair()
     before = fused.head.weight.clone()
-    report = run_bench(baseline, fused, threads=[1], batch_sizes=[1, 2], providers=["timm", "vitfast", "vitfast-int8",
-                       "vitfast-bf16"], repeats=2, log=lambda s: None)
-    _check_consistent(report, ["timm", "vitfast", "vitfast-int8", "vitfast-bf16"], [1], [1, 2])
+    providers = ["timm", "vitfast", "vitfast-int8", "vitfast-bf16"]
+    report = run_bench(baseline, fused, threads=[1], batch_sizes=[1, 2], providers=providers, repeats=2,
+                       quantize=fake_quantize, log=lambda s: None)
+    _check_consistent(report, providers, [1], [1, 2])
     assert [d for _, d in calls] == ["int8", "bf16"] and all(m is not fused for m, _ in calls)
     assert torch.equal(fused.head.weight, before)
     acc = report["accuracy"]
     assert 1e-4 < acc["vitfast-int8"]["rel_err"] < 0.05 and 1e-5 < acc["vitfast-bf16"]["rel_err"] < 5e-3
     assert PROVIDERS["vitfast-int8"][1] == "fused"
+
+    calls.clear()
+    monkeypatch.setattr(vitfast, "quantize", fake_quantize, raising=False)
+    assert main(["bench", *TINY, "--threads", "1", "--batch-sizes", "1", "--repeats", "1", "--warmup", "1",
+                 "--providers", "timm,vitfast-bf16"]) == 0
+    assert [d for _, d in calls] == ["bf16"]
+    assert any(line.startswith("vitfast bf16  ") for line in capsys.readouterr().out.splitlines())

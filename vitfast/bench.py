@@ -27,6 +27,8 @@ not in the defaults):
                   Both: INFERENCE_NUM_THREADS = threads, PERFORMANCE_HINT=LATENCY, NUM_STREAMS=1.
     vitfast-int8  vitfast.quantize(copy of the fused model, dtype="int8") on vitfast's kernels
     vitfast-bf16  vitfast.quantize(copy of the fused model, dtype="bf16") on vitfast's kernels
+                  (run_bench(quantize=vitfast.quantize): this module sits below the package's front and does not
+                  import it; `vitfast bench` passes it where this vitfast has it)
 
 A provider whose optional package is missing (onnxruntime, openvino, vitfast.quantize) is skipped with a one-line
 reason (report["skipped"], printed as SKIPPED); it is not a failure.
@@ -409,16 +411,10 @@ def quantize_ort_static(src: str, dst: str, input_name: str, batches: Sequence[t
             "summary": f"quantize_static QDQ, S8S8, per-channel weights, MinMax calibration on {images} bench image(s)"}
 
 
-def _vitfast_quantized(fused: nn.Module, dtype: str) -> nn.Module:
-    """vitfast.quantize(a copy of `fused`, dtype=...) (ProviderSkipped where this vitfast has no quantize)."""
+def _vitfast_quantized(fused: nn.Module, dtype: str, quantize: Optional[Callable[..., Any]]) -> nn.Module:
+    """quantize(a copy of `fused`, dtype=...) (ProviderSkipped without a quantize: this vitfast has none)."""
     import copy
 
-    import vitfast
-
-    try:
-        quantize = getattr(vitfast, "quantize", None)
-    except ImportError:
-        quantize = None
     if not callable(quantize):
         raise ProviderSkipped("vitfast.quantize unavailable")
     model = copy.deepcopy(fused)
@@ -485,6 +481,7 @@ def run_bench(
     dtype: torch.dtype = torch.float32,
     workdir: Optional[str] = None,
     ort_spinning: bool = False,
+    quantize: Optional[Callable[..., Any]] = None,
     meta: Optional[Mapping[str, Any]] = None,
     log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
 ) -> Dict[str, Any]:
@@ -498,6 +495,9 @@ def run_bench(
         in interleaved rounds the spinning workers hold the cores while the next provider runs (with 2 threads
         on 2 loaded cores, timm eager calls of 0.4 ms took ~200 ms right after an ORT call).  One thread has no
         workers, so it changes nothing there.
+    quantize: vitfast.quantize, for the vitfast-int8 / vitfast-bf16 rows (called as quantize(copy of fused,
+        dtype="int8" | "bf16"); the model it returns, or the copy when it returns None, is timed on the kernels).
+        None: those rows are skipped, "vitfast.quantize unavailable".  `vitfast bench` passes the package's own.
     log: progress lines (default: stderr).  Providers that fail to build or run are reported in
     report["errors"] and left out of the results; the rest still run.
     """
@@ -588,7 +588,7 @@ def run_bench(
                 elif key in ("vitfast-int8", "vitfast-bf16"):
                     dt = key.split("-")[1]
                     log(f"bench: vitfast.quantize(copy of the fused model, dtype={dt!r})")
-                    built.append(_Torch(key, label, flops_of, _vitfast_quantized(fused, dt), backend="auto"))
+                    built.append(_Torch(key, label, flops_of, _vitfast_quantized(fused, dt, quantize), backend="auto"))
                 elif key in ("openvino", "openvino-f32"):
                     try:
                         import openvino  # noqa: F401  (skipped before exporting anything)

@@ -200,6 +200,15 @@ def skeleton_baseline(architecture: dict) -> torch.nn.Module:
     return baseline.eval()
 
 
+def _vitfast_quantize():
+    """The package's quantize for the vitfast-int8 / vitfast-bf16 rows, or None where this vitfast has none (the
+    rows are then skipped, not failed)."""
+    try:
+        return getattr(vitfast, "quantize", None)
+    except ImportError:  # a lazy attribute whose module is missing
+        return None
+
+
 def _bench_and_report(args, baseline, fused, device, threads, providers, json_path, png_path, *, title, recipe,
                       note) -> int:
     """Time `baseline` against `fused` (vitfast.bench.run_bench), print the table, write --json/--png."""
@@ -207,7 +216,8 @@ def _bench_and_report(args, baseline, fused, device, threads, providers, json_pa
     report = run_bench(
         baseline, fused, input_shape=model_input_shape(baseline), threads=threads, batch_sizes=args.batch_sizes,
         providers=providers, repeats=args.repeats, warmup=args.warmup, device=device, dtype=DTYPES[args.dtype],
-        ort_spinning=args.ort_spinning, meta={"title": title, "target": args.target, "recipe": recipe, "note": note}, log=log,
+        ort_spinning=args.ort_spinning, quantize=_vitfast_quantize(),
+        meta={"title": title, "target": args.target, "recipe": recipe, "note": note}, log=log,
     )
     print(format_report(report))
     if json_path:
