@@ -5,7 +5,11 @@ versions and named tables; each table records the script and command that measur
 (a label and a format string over the row's fields) and its rows.  The benchmark scripts call `record(...)` (e.g.
 `ort_split.py --record`); a `vitfast bench --json` report becomes a table with
 
-    python benchmarks/results_file.py REPORT.json --table NAME [--title TEXT] [--conditions TEXT]
+    python benchmarks/results_file.py REPORT.json [REPORT2.json ...] --table NAME [--title TEXT] [--conditions TEXT]
+
+(several reports of the same model, e.g. one per threads/batch run, become one table, rows in the order given).
+Reports with the low-precision anchors (ort-int8, openvino, ...) get their accuracy against the fused fp32 model
+and the paired ratios against ORT int8, OpenVINO and the fastest anchor as extra columns.
 
 Recording a table of the same name again on the same day and machine replaces it; other tables stay.  Files are
 written atomically (temporary file, fsync, rename), so an interrupted run leaves the previous file intact.
@@ -89,46 +93,88 @@ def record(name: str, table: Dict[str, Any], *, device: str = "cpu", directory: 
     return path
 
 
+def _paired(provider: str, paired: Optional[List[float]]) -> str:
+    """'1.250× (1.20–1.30)', with SLOWER on a vitfast row below 1; '–' without a ratio."""
+    if not paired:
+        return "–"
+    slower = " SLOWER" if provider.startswith("vitfast") and paired[0] < 1.0 else ""
+    return f"{paired[0]:.3f}×{slower} ({paired[1]:.2f}–{paired[2]:.2f})"
+
+
 def from_bench_report(report: Dict[str, Any], *, title: str, conditions: str = "",
                       command: str = "vitfast bench ...") -> Dict[str, Any]:
     """A `vitfast bench --json` report as a results table: one row per (provider, threads, batch), with the median
     latency, its p10-p90, the speed-up over the baseline and, where measured, the paired ratio to ORT."""
+    return from_bench_reports([report], title=title, conditions=conditions, command=command)
+
+
+def from_bench_reports(reports: List[Dict[str, Any]], *, title: str, conditions: str = "",
+                       command: str = "vitfast bench ...") -> Dict[str, Any]:
+    """Several `vitfast bench --json` reports (e.g. one per threads/batch run of one model) as one results table.
+    With the low-precision anchors in a report (vitfast/bench.py ANCHORS beyond ort-fused) or an accuracy record,
+    the table also has: rel err / top-1 agreement vs the fused fp32 model, the paired ratios against ORT int8 and
+    OpenVINO's default, and against the fastest anchor of the row's (threads, batch), named."""
     rows: List[Dict[str, Any]] = []
-    for r in report["results"]:
-        row = {"provider": r["provider"], "threads": r["threads"], "batch": r["batch"],
-               "median_ms": round(r["median_ms"], 3), "p10_ms": round(r["p10_ms"], 3), "p90_ms": round(r["p90_ms"], 3)}
-        paired = r.get("paired_vs_ort_fused")
-        row["vs_ort"] = "–" if not paired else f"{paired[0]:.3f}× ({paired[1]:.2f}–{paired[2]:.2f})"
-        rows.append(row)
+    lowp = False
+    for report in reports:
+        accuracy = report.get("accuracy") or {}
+        lowp = lowp or bool(accuracy) or any(set(r.get("paired_vs") or {}) - {"ort-fused"} for r in report["results"])
+        labels = report.get("providers", {})
+        for r in report["results"]:
+            row = {"provider": r["provider"], "threads": r["threads"], "batch": r["batch"],
+                   "median_ms": round(r["median_ms"], 3), "p10_ms": round(r["p10_ms"], 3),
+                   "p90_ms": round(r["p90_ms"], 3)}
+            vs = r.get("paired_vs") or {}
+            own = r["provider"] == "ort-fused"
+            row["vs_ort"] = _paired(r["provider"], None if own else r.get("paired_vs_ort_fused"))
+            for key, field in (("ort-int8", "vs_ort_int8"), ("openvino", "vs_openvino")):
+                row[field] = _paired(r["provider"], None if r["provider"] == key else vs.get(key))
+            fastest = r.get("fastest_anchor")
+            if fastest and fastest != r["provider"] and fastest in vs:
+                row["vs_fastest"] = f"{labels.get(fastest, fastest)}: {_paired(r['provider'], vs[fastest])}"
+            else:
+                row["vs_fastest"] = "(fastest anchor)" if fastest and fastest == r["provider"] else "–"
+            a = accuracy.get(r["provider"])
+            row["accuracy"] = "–" if not a else f"{a['rel_err']:.1e} / {a['top1_agreement'] * 100:.0f}%"
+            rows.append(row)
+    first = reports[0]
+    columns = [
+        {"label": "provider", "fmt": "{provider}"},
+        {"label": "threads", "fmt": "{threads}"},
+        {"label": "batch", "fmt": "{batch}"},
+        {"label": "median ms", "fmt": "{median_ms}"},
+        {"label": "p10–p90 ms", "fmt": "{p10_ms}–{p90_ms}"},
+        {"label": "ORT fused ÷ provider, paired", "fmt": "{vs_ort}"},
+    ]
+    if lowp:
+        columns[5:5] = [{"label": "rel err / top-1 vs fused fp32", "fmt": "{accuracy}"}]
+        columns += [{"label": "ORT int8 ÷ provider, paired", "fmt": "{vs_ort_int8}"},
+                    {"label": "OpenVINO default ÷ provider, paired", "fmt": "{vs_openvino}"},
+                    {"label": "fastest anchor ÷ provider, paired", "fmt": "{vs_fastest}"}]
     return {
         "title": title,
         "script": "vitfast bench",
         "command": command,
-        "conditions": conditions or f"{report.get('repeats')} interleaved rounds; input {report.get('input_shape')}",
-        "columns": [
-            {"label": "provider", "fmt": "{provider}"},
-            {"label": "threads", "fmt": "{threads}"},
-            {"label": "batch", "fmt": "{batch}"},
-            {"label": "median ms", "fmt": "{median_ms}"},
-            {"label": "p10–p90 ms", "fmt": "{p10_ms}–{p90_ms}"},
-            {"label": "ORT fused ÷ provider, paired", "fmt": "{vs_ort}"},
-        ],
+        "conditions": conditions or f"{first.get('repeats')} interleaved rounds; input {first.get('input_shape')}",
+        "columns": columns,
         "rows": rows,
     }
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("report", help="a `vitfast bench --json` report")
+    parser.add_argument("report", nargs="+", help="`vitfast bench --json` reports (several: one table, rows in order)")
     parser.add_argument("--table", required=True, help="the table's name in the results file (e.g. cpu_grid_deit_b)")
     parser.add_argument("--title", default="vitfast bench")
     parser.add_argument("--conditions", default="")
     parser.add_argument("--command", default="vitfast bench ...", help="the command that wrote the report")
     args = parser.parse_args(argv)
-    with open(args.report, encoding="utf-8") as f:
-        report = json.load(f)
-    table = from_bench_report(report, title=args.title, conditions=args.conditions, command=args.command)
-    print(record(args.table, table, device=str(report.get("device", "cpu"))))
+    reports = []
+    for path in args.report:
+        with open(path, encoding="utf-8") as f:
+            reports.append(json.load(f))
+    table = from_bench_reports(reports, title=args.title, conditions=args.conditions, command=args.command)
+    print(record(args.table, table, device=str(reports[0].get("device", "cpu"))))
     return 0
 
 

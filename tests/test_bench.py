@@ -60,7 +60,8 @@ def _check_consistent(report, providers, threads, batches):
 def test_cli_all_providers_json_png(tmp_path, capsys):
     """The whole command on a tiny timm model with every provider, small repeats (~20 s, mostly torch.compile)."""
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
-    providers = [k for k in PROVIDERS if not k.endswith("-graph")]  # the default five and the reference ops (CPU)
+    providers = [*DEFAULT_PROVIDERS, "reference"]  # the default five and the reference ops (CPU; the low-precision
+    # anchors and the quantized providers: tests/test_bench_lowp.py)
     argv = ["bench", *TINY, "--channel-idle", "0.75", "--threads", "1", "--batch-sizes", "1,2", "--repeats", "2",
             "--warmup", "1", "--providers", ",".join(providers), "--json", str(out_json), "--png", str(out_png)]
     assert main(argv) == 0

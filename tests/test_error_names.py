@@ -54,11 +54,18 @@ def test_the_walk_finds_the_names_messages_give():
     assert {"vitfast.io.load_trainable", "vitfast.io.load_trainer_checkpoint", "vitfast.convert.from_timm"} <= names
 
 
+# Names the package's text gives before they exist, each with the reason; a name here is still checked once it
+# resolves (only its absence is excused).
+PENDING: dict = {}  # names a change in flight may excuse (none now)
+
+
 def test_every_vitfast_name_in_the_package_text_exists():
     missing = []
     for where, name in _names():
         try:
             _resolve(name)
         except (ImportError, AttributeError) as exc:
+            if name in PENDING:
+                continue
             missing.append(f"{where}: {name} ({type(exc).__name__})")
     assert not missing, "names that do not exist:\n" + "\n".join(missing)

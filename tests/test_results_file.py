@@ -50,3 +50,31 @@ def test_bad_tables_are_refused_before_writing(tmp_path, name, table, match):
     with pytest.raises(ValueError, match=match):
         results_file.record(name, table, directory=str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def test_reports_with_low_precision_anchors_become_one_table(tmp_path):
+    """One report per (threads, batch) run of a model, with ORT int8 / OpenVINO: one table, the accuracy and the
+    ratios against those anchors and the fastest one as columns, a slower vitfast row marked."""
+    def report(threads, batch, vitfast_vs_int8):
+        return {"device": "cpu", "repeats": 3, "input_shape": [3, 32, 32],
+                "providers": {"ort-int8": "ORT int8 dynamic", "vitfast": "vitfast fused (kernels)"},
+                "accuracy": {"ort-int8": {"rel_err": 0.0123, "top1_agreement": 0.875, "images": 8}},
+                "results": [
+                    {"provider": "ort-int8", "threads": threads, "batch": batch, "median_ms": 1.0, "p10_ms": 0.9,
+                     "p90_ms": 1.1, "paired_vs": {"ort-int8": [1.0, 1.0, 1.0]}, "fastest_anchor": "ort-int8"},
+                    {"provider": "vitfast", "threads": threads, "batch": batch, "median_ms": 2.0, "p10_ms": 1.9,
+                     "p90_ms": 2.2, "paired_vs": {"ort-int8": vitfast_vs_int8}, "fastest_anchor": "ort-int8"}]}
+
+    table = results_file.from_bench_reports([report(1, 1, [0.5, 0.45, 0.55]), report(2, 8, [1.2, 1.1, 1.3])],
+                                            title="lowp")
+    assert [c["label"] for c in table["columns"]][5:] == [
+        "rel err / top-1 vs fused fp32", "ORT fused ÷ provider, paired", "ORT int8 ÷ provider, paired",
+        "OpenVINO default ÷ provider, paired", "fastest anchor ÷ provider, paired"]
+    path = results_file.record("lowp", table, directory=str(tmp_path), date="2026-01-02")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    rendered = make_tables.render(f"{stem}/lowp", make_tables.load_results(str(tmp_path)))
+    assert "| ort-int8 | 1 | 1 | 1.0 | 0.9–1.1 | 1.2e-02 / 88% | – | – | – | (fastest anchor) |" in rendered
+    assert ("| vitfast | 1 | 1 | 2.0 | 1.9–2.2 | – | – | 0.500× SLOWER (0.45–0.55) | – | "
+            "ORT int8 dynamic: 0.500× SLOWER (0.45–0.55) |") in rendered
+    assert ("| vitfast | 2 | 8 | 2.0 | 1.9–2.2 | – | – | 1.200× (1.10–1.30) | – | "
+            "ORT int8 dynamic: 1.200× (1.10–1.30) |") in rendered

@@ -15,6 +15,7 @@ import torch
 import vitfast
 from vitfast.bench import DEFAULT_PROVIDERS
 from vitfast.bench import DTYPES
+from vitfast.bench import cpu_only
 from vitfast.bench import format_report
 from vitfast.bench import parse_providers
 from vitfast.bench import plot_report
@@ -50,6 +51,16 @@ def add_parser(sub) -> None:
               ort-fused  ONNX Runtime running the fused graph (exported through the reference path)
               vitfast    the fused model on vitfast's kernels
               reference  the fused model on vitfast.reference ops (not in the default set)
+            What a CPU user deploys instead, on the same fused ONNX (opt-in; CPU only):
+              ort-int8      ORT on quantize_dynamic(QInt8 weights, ORT's defaults: per-tensor)
+              ort-qdq       ORT on quantize_static (QDQ, per-channel S8S8, calibrated on the bench inputs)
+              openvino-f32  OpenVINO, INFERENCE_PRECISION_HINT=f32 (pip install openvino, in 'vitfast[bench]')
+              openvino      OpenVINO at its default precision (bf16 on AVX512_BF16 CPUs; the report says which)
+            and vitfast's own: vitfast-int8, vitfast-bf16 (vitfast.quantize of a copy; skipped where this
+            vitfast has no quantize).  A provider whose optional package is missing is skipped (SKIPPED line),
+            not failed.  Fused-graph rows get their error against the fused fp32 model (relative L2 and top-1
+            agreement on the bench inputs) and paired ratios vs ORT fused, ORT int8 and OpenVINO and vs the
+            fastest anchor timed; a vitfast row slower than an anchor is marked SLOWER.
             Prints one table: median latency and the p10-p90 spread over interleaved calls (the order rotates
             every round), images/s, GFLOP per forward (FlopCounterMode), % of the FLOP floor (FLOPs / the fp32
             sgemm rate, torch.mm 2048^3, measured in the same run at the same thread count) and the speed-up
@@ -57,6 +68,8 @@ def add_parser(sub) -> None:
             optimisations.  Progress goes to stderr.  Exit status 1 if a provider failed (the others are
             still reported)."""),
         epilog="examples:\n"
+               "  vitfast bench deit_small_patch16_224 --channel-idle 0.75 --threads 1 --batch-sizes 1 --repeats 20 "
+               "--providers timm,ort-fused,ort-int8,ort-qdq,openvino-f32,openvino,vitfast\n"
                "  vitfast bench deit_base_patch16_224 --channel-idle 0.75 --threads 1,2 --batch-sizes 1,8 --json r.json --png r.png\n"
                "  vitfast bench fused.safetensors --threads 1 --batch-sizes 1,64 --providers timm,vitfast,reference\n"
                "  vitfast bench deit_small_patch16_224 --channel-idle 0.75 --batch-sizes 1 --repeats 10",
@@ -102,14 +115,14 @@ def run(args) -> int:
     threads = args.threads or [torch.get_num_threads()]
     if args.providers is not None:
         providers = args.providers
-        if device.type != "cpu" and any(p.startswith("ort-") for p in providers):
-            raise CLIError(f"--providers: ONNX Runtime providers run on the CPU only, got {','.join(providers)} "
-                           f"with --device {args.device}")
+        if device.type != "cpu" and any(cpu_only(p) for p in providers):
+            raise CLIError(f"--providers: ONNX Runtime and OpenVINO providers run on the CPU only, got "
+                           f"{','.join(providers)} with --device {args.device}")
         if device.type != "cuda" and any(p.endswith("-graph") for p in providers):
             raise CLIError(f"--providers: the CUDA-graph providers need --device cuda, got {','.join(providers)} "
                            f"with --device {args.device}")
     else:
-        providers = [p for p in DEFAULT_PROVIDERS if device.type == "cpu" or not p.startswith("ort-")]
+        providers = [p for p in DEFAULT_PROVIDERS if device.type == "cpu" or not cpu_only(p)]
         if device.type == "cuda":  # launch overhead is most of batch 1 on a GPU: show both models without it
             providers += ["timm-graph", "vitfast-graph"]
     torch.manual_seed(0)
@@ -187,6 +200,15 @@ def skeleton_baseline(architecture: dict) -> torch.nn.Module:
     return baseline.eval()
 
 
+def _vitfast_quantize():
+    """The package's quantize for the vitfast-int8 / vitfast-bf16 rows, or None where this vitfast has none (the
+    rows are then skipped, not failed)."""
+    try:
+        return getattr(vitfast, "quantize", None)
+    except ImportError:  # a lazy attribute whose module is missing
+        return None
+
+
 def _bench_and_report(args, baseline, fused, device, threads, providers, json_path, png_path, *, title, recipe,
                       note) -> int:
     """Time `baseline` against `fused` (vitfast.bench.run_bench), print the table, write --json/--png."""
@@ -194,7 +216,8 @@ def _bench_and_report(args, baseline, fused, device, threads, providers, json_pa
     report = run_bench(
         baseline, fused, input_shape=model_input_shape(baseline), threads=threads, batch_sizes=args.batch_sizes,
         providers=providers, repeats=args.repeats, warmup=args.warmup, device=device, dtype=DTYPES[args.dtype],
-        ort_spinning=args.ort_spinning, meta={"title": title, "target": args.target, "recipe": recipe, "note": note}, log=log,
+        ort_spinning=args.ort_spinning, quantize=_vitfast_quantize(),
+        meta={"title": title, "target": args.target, "recipe": recipe, "note": note}, log=log,
     )
     print(format_report(report))
     if json_path:
