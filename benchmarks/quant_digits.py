@@ -45,6 +45,9 @@ VARIANTS = [
     ("static + smooth 0.5", dict(activations="static", smooth=0.5)),
     ("dynamic + smooth auto", dict(activations="dynamic", smooth="auto")),
     ("static + smooth auto", dict(activations="static", smooth="auto")),
+    # dynamic variants run the attentions' score/value products on attention_int8 (the default): with them in fp32
+    ("dynamic, fp32 attention", dict(activations="dynamic", attention="fp32")),
+    ("dynamic + smooth auto, fp32 attention", dict(activations="dynamic", smooth="auto", attention="fp32")),
 ]
 MODELS = ("channel-idle", "non-deep", "dwconv", "usdc")
 
