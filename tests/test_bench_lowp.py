@@ -156,7 +156,7 @@ def test_vitfast_quantize_unavailable_is_skipped(monkeypatch, capsys):
     text = format_report(report)
     assert "SKIPPED: vitfast int8: vitfast.quantize unavailable" in text and "FAILED" not in text
     # the CLI passes the package's quantize: where there is none, the rows are skipped and the status stays 0
-    monkeypatch.delattr(vitfast, "quantize", raising=False)
+    monkeypatch.setattr(vitfast, "quantize", None, raising=False)  # (a lazy attribute: deleting it re-imports it)
     assert main(["bench", *TINY, "--threads", "1", "--batch-sizes", "1", "--repeats", "1", "--warmup", "1",
                  "--providers", "timm,vitfast-int8"]) == 0
     assert "SKIPPED: vitfast int8: vitfast.quantize unavailable" in capsys.readouterr().out
@@ -191,3 +191,15 @@ def test_vitfast_quantize_runs_on_a_copy(monkeypatch, capsys):
                  "--providers", "timm,vitfast-bf16"]) == 0
     assert [d for _, d in calls] == ["bf16"]
     assert any(line.startswith("vitfast bf16  ") for line in capsys.readouterr().out.splitlines())
+
+
+def test_the_real_quantized_rows_run():
+    """vitfast.quantize itself behind vitfast-int8 / vitfast-bf16: a bf16 copy takes bf16 images (an fp32 batch once
+    failed in its patch embedding), and both stay close to the fused fp32 model."""
+    baseline, fused = _tiny_pair()
+    providers = ["vitfast", "vitfast-int8", "vitfast-bf16"]
+    report = run_bench(baseline, fused, threads=[1], batch_sizes=[2], providers=providers, repeats=1,
+                       quantize=vitfast.quantize, log=lambda s: None)
+    assert not report.get("errors"), report.get("errors")
+    acc = report["accuracy"]
+    assert acc["vitfast-int8"]["rel_err"] < 0.1 and acc["vitfast-bf16"]["rel_err"] < 0.05

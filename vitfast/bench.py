@@ -240,11 +240,14 @@ class _Provider:
 
 
 class _Torch(_Provider):
-    def __init__(self, key, label, flops_of, model: nn.Module, backend: Optional[str] = None) -> None:
+    def __init__(self, key, label, flops_of, model: nn.Module, backend: Optional[str] = None,
+                 input_dtype: Optional[torch.dtype] = None) -> None:
         super().__init__(key, label, flops_of)
-        self.model, self.backend = model, backend
+        self.model, self.backend, self.input_dtype = model, backend, input_dtype
 
     def call(self, x):
+        if self.input_dtype is not None:  # a bf16 model takes bf16 images (the conversion is timed: a user pays it)
+            x = x.to(self.input_dtype)
         if self.backend is None:
             return self.model(x)
         from ._env import get_backend, set_backend
@@ -588,7 +591,10 @@ def run_bench(
                 elif key in ("vitfast-int8", "vitfast-bf16"):
                     dt = key.split("-")[1]
                     log(f"bench: vitfast.quantize(copy of the fused model, dtype={dt!r})")
-                    built.append(_Torch(key, label, flops_of, _vitfast_quantized(fused, dt, quantize), backend="auto"))
+                    model = _vitfast_quantized(fused, dt, quantize)
+                    first = next(model.parameters(), None)  # a bf16 model takes bf16 images
+                    low = first.dtype if first is not None and first.dtype in (torch.bfloat16, torch.float16) else None
+                    built.append(_Torch(key, label, flops_of, model, backend="auto", input_dtype=low))
                 elif key in ("openvino", "openvino-f32"):
                     try:
                         import openvino  # noqa: F401  (skipped before exporting anything)
