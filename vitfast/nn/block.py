@@ -168,7 +168,8 @@ def whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
     if x.is_cpu:
         # bf16 only where the op runs bf16 GEMMs (a bf16 CPU extension: ops._C.bf16_kernel()); elsewhere the six ops
         # keep their bf16 behaviour.
-        if x.dtype != torch.float32 and (x.dtype != torch.bfloat16 or ops._C is None
+        # (tracing first: dynamo cannot trace into the extension's bf16_kernel, and a trace keeps the six ops anyway)
+        if x.dtype != torch.float32 and (x.dtype != torch.bfloat16 or ops._C is None or tracing()
                                          or ops._C.bf16_kernel() == "none"):
             return None
     elif x.is_cuda:
