@@ -33,26 +33,6 @@ namespace vitfast {
 namespace ops {
 namespace {
 
-// Mirror of vitfast.reference.attention.check_attention_args (same order, same messages).  Returns the head dim.
-int64_t check_args(const at::Tensor& qkv, int64_t num_heads, const std::optional<double>& scale) {
-  check_required({{"qkv", &qkv}});
-  TORCH_CHECK_VALUE(qkv.dim() == 3, "qkv: expected 3-D [B, N, 3·H·D], got shape ", fmt_shape(qkv.sizes()));
-  TORCH_CHECK_VALUE(is_float_dtype(qkv.scalar_type()), "qkv: expected dtype float32, float16 or bfloat16, got ",
-                    py_dtype(qkv.scalar_type()));
-  TORCH_CHECK_VALUE(num_heads >= 1, "num_heads: expected an int >= 1, got ", num_heads);
-  const int64_t width = qkv.size(2);
-  // 3·num_heads divides width, tested without forming 3·num_heads (it wraps for a huge num_heads, which then
-  // passed the check and crashed the kernel).
-  TORCH_CHECK_VALUE(width > 0 && width % 3 == 0 && width / 3 % num_heads == 0, "qkv: expected last dimension a "
-                    "positive multiple of 3·num_heads = ", exact_product(3, num_heads), ", got shape ",
-                    fmt_shape(qkv.sizes()));
-  if (scale.has_value())
-    TORCH_CHECK_VALUE(std::isfinite(*scale), "scale: expected a finite number, got ", *scale);
-  TORCH_CHECK_VALUE(qkv.layout() == at::kStrided, "qkv: expected a dense (strided) tensor, got layout ",
-                    qkv.layout());
-  return width / 3 / num_heads;
-}
-
 // Per-thread scratch (packed K/V of one head and its score tile), kept between calls.
 float* thread_workspace(int64_t floats) {
   thread_local gemm::AlignedFloats buffer;
@@ -61,7 +41,7 @@ float* thread_workspace(int64_t floats) {
 }
 
 at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional<double> scale_opt) {
-  const int64_t d = check_args(qkv, num_heads, scale_opt);
+  const int64_t d = check_attention_args(qkv, num_heads, scale_opt);
   TORCH_CHECK_VALUE(qkv.device().is_cpu(), "qkv: expected device cpu (the CPU kernel), got ", qkv.device());
   const int64_t batch = qkv.size(0), tokens = qkv.size(1), heads = num_heads, attn_dim = heads * d;
   if (batch == 0 || tokens == 0) return at::empty({batch, tokens, attn_dim}, qkv.options());
@@ -92,6 +72,28 @@ float* thread_workspace_bf16(int64_t floats) {
 }
 
 }  // namespace
+
+// Mirror of vitfast.reference.attention.check_attention_args (same order, same messages; attention_int8 takes the
+// same).  Returns the head dim.
+int64_t check_attention_args(const at::Tensor& qkv, int64_t num_heads, const std::optional<double>& scale) {
+  check_required({{"qkv", &qkv}});
+  TORCH_CHECK_VALUE(qkv.dim() == 3, "qkv: expected 3-D [B, N, 3·H·D], got shape ", fmt_shape(qkv.sizes()));
+  TORCH_CHECK_VALUE(is_float_dtype(qkv.scalar_type()), "qkv: expected dtype float32, float16 or bfloat16, got ",
+                    py_dtype(qkv.scalar_type()));
+  TORCH_CHECK_VALUE(num_heads >= 1, "num_heads: expected an int >= 1, got ", num_heads);
+  const int64_t width = qkv.size(2);
+  // 3·num_heads divides width, tested without forming 3·num_heads (it wraps for a huge num_heads, which then
+  // passed the check and crashed the kernel).
+  TORCH_CHECK_VALUE(width > 0 && width % 3 == 0 && width / 3 % num_heads == 0, "qkv: expected last dimension a "
+                    "positive multiple of 3·num_heads = ", exact_product(3, num_heads), ", got shape ",
+                    fmt_shape(qkv.sizes()));
+  if (scale.has_value())
+    TORCH_CHECK_VALUE(std::isfinite(*scale), "scale: expected a finite number, got ", *scale);
+  TORCH_CHECK_VALUE(qkv.layout() == at::kStrided, "qkv: expected a dense (strided) tensor, got layout ",
+                    qkv.layout());
+  return width / 3 / num_heads;
+}
+
 
 void attention_run_bf16(const float* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
                         float scale, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel) {

@@ -29,24 +29,6 @@ namespace vitfast {
 namespace ops {
 namespace {
 
-// Mirror of vitfast.reference.attention_int8.check_attention_int8_args = check_attention_args (same order, same
-// messages).  Returns the head dim.
-int64_t check_args(const at::Tensor& qkv, int64_t num_heads, const std::optional<double>& scale) {
-  check_required({{"qkv", &qkv}});
-  TORCH_CHECK_VALUE(qkv.dim() == 3, "qkv: expected 3-D [B, N, 3·H·D], got shape ", fmt_shape(qkv.sizes()));
-  TORCH_CHECK_VALUE(is_float_dtype(qkv.scalar_type()), "qkv: expected dtype float32, float16 or bfloat16, got ",
-                    py_dtype(qkv.scalar_type()));
-  TORCH_CHECK_VALUE(num_heads >= 1, "num_heads: expected an int >= 1, got ", num_heads);
-  const int64_t width = qkv.size(2);
-  TORCH_CHECK_VALUE(width > 0 && width % 3 == 0 && width / 3 % num_heads == 0, "qkv: expected last dimension a "
-                    "positive multiple of 3·num_heads = ", exact_product(3, num_heads), ", got shape ",
-                    fmt_shape(qkv.sizes()));
-  if (scale.has_value())
-    TORCH_CHECK_VALUE(std::isfinite(*scale), "scale: expected a finite number, got ", *scale);
-  TORCH_CHECK_VALUE(qkv.layout() == at::kStrided, "qkv: expected a dense (strided) tensor, got layout ",
-                    qkv.layout());
-  return width / 3 / num_heads;
-}
 
 AttentionInt8Workspace& thread_workspace() {
   thread_local AttentionInt8Workspace ws;
@@ -54,7 +36,7 @@ AttentionInt8Workspace& thread_workspace() {
 }
 
 at::Tensor attention_int8_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional<double> scale_opt) {
-  const int64_t d = check_args(qkv, num_heads, scale_opt);
+  const int64_t d = check_attention_args(qkv, num_heads, scale_opt);
   TORCH_CHECK_VALUE(qkv.device().is_cpu(), "qkv: expected device cpu (the CPU kernel), got ", qkv.device());
   const int64_t batch = qkv.size(0), tokens = qkv.size(1), heads = num_heads, attn_dim = heads * d;
   if (batch == 0 || tokens == 0) return at::empty({batch, tokens, attn_dim}, qkv.options());

@@ -117,51 +117,43 @@ ChannelIdleFfnDims check_channel_idle_ffn_args(const at::Tensor& x, const at::Te
   return {active, linear, c_out};
 }
 
+namespace {
+// Once per weight version and packed form: refuse NaN/Inf (they would silently poison every output), then pack
+// (Weights = ChannelIdleFfnWeights or its bf16 form, both `pack(w_in, b_in, w_out, b_out, c_in, A, L, C_out)`).
+template <class Weights>
+std::shared_ptr<const Weights> cached_ffn_pack(const char* op, const at::Tensor& w_in, const at::Tensor& b_in,
+                                               const at::Tensor& w_out, const at::Tensor& b_out) {
+  const int64_t active = w_out.size(1), linear = w_in.size(0) - active, c_out = w_out.size(0);
+  return cached_pack_as<Weights>(op, {w_in, b_in, w_out, b_out}, [&]() -> PackedEntry {
+    check_finite("w_in", w_in);
+    check_finite("b_in", b_in);
+    check_finite("w_out", w_out);
+    check_finite("b_out", b_out);
+    const at::Tensor wi = as_float_contiguous(w_in), bi = as_float_contiguous(b_in);
+    const at::Tensor wo = as_float_contiguous(w_out), bo = as_float_contiguous(b_out);
+    auto packed = std::make_shared<Weights>(Weights::pack(
+        wi.data_ptr<float>(), bi.defined() ? bi.data_ptr<float>() : nullptr, wo.data_ptr<float>(),
+        bo.defined() ? bo.data_ptr<float>() : nullptr, wi.size(1), active, linear, c_out));
+    PackedEntry e;
+    e.bytes = packed->bytes();
+    e.packed = std::move(packed);
+    return e;
+  });
+}
+}  // namespace
+
 std::shared_ptr<const ChannelIdleFfnWeights> packed_channel_idle_ffn_weights(const at::Tensor& w_in,
                                                                              const at::Tensor& b_in,
                                                                              const at::Tensor& w_out,
                                                                              const at::Tensor& b_out) {
-  const int64_t active = w_out.size(1), linear = w_in.size(0) - active, c_out = w_out.size(0);
-  return cached_pack_as<ChannelIdleFfnWeights>(
-      "channel_idle_ffn", {w_in, b_in, w_out, b_out}, [&]() -> PackedEntry {
-        // Once per weight version: refuse NaN/Inf (they would silently poison every output), then pack.
-        check_finite("w_in", w_in);
-        check_finite("b_in", b_in);
-        check_finite("w_out", w_out);
-        check_finite("b_out", b_out);
-        const at::Tensor wi = as_float_contiguous(w_in), bi = as_float_contiguous(b_in);
-        const at::Tensor wo = as_float_contiguous(w_out), bo = as_float_contiguous(b_out);
-        auto packed = std::make_shared<ChannelIdleFfnWeights>(ChannelIdleFfnWeights::pack(
-            wi.data_ptr<float>(), bi.defined() ? bi.data_ptr<float>() : nullptr, wo.data_ptr<float>(),
-            bo.defined() ? bo.data_ptr<float>() : nullptr, wi.size(1), active, linear, c_out));
-        PackedEntry e;
-        e.bytes = packed->bytes();
-        e.packed = std::move(packed);
-        return e;
-      });
+  return cached_ffn_pack<ChannelIdleFfnWeights>("channel_idle_ffn", w_in, b_in, w_out, b_out);
 }
 
 std::shared_ptr<const ChannelIdleFfnBf16Weights> packed_channel_idle_ffn_weights_bf16(const at::Tensor& w_in,
                                                                                      const at::Tensor& b_in,
                                                                                      const at::Tensor& w_out,
                                                                                      const at::Tensor& b_out) {
-  const int64_t active = w_out.size(1), linear = w_in.size(0) - active, c_out = w_out.size(0);
-  return cached_pack_as<ChannelIdleFfnBf16Weights>(
-      "channel_idle_ffn_bf16", {w_in, b_in, w_out, b_out}, [&]() -> PackedEntry {
-        check_finite("w_in", w_in);
-        check_finite("b_in", b_in);
-        check_finite("w_out", w_out);
-        check_finite("b_out", b_out);
-        const at::Tensor wi = as_float_contiguous(w_in), bi = as_float_contiguous(b_in);
-        const at::Tensor wo = as_float_contiguous(w_out), bo = as_float_contiguous(b_out);
-        auto packed = std::make_shared<ChannelIdleFfnBf16Weights>(ChannelIdleFfnBf16Weights::pack(
-            wi.data_ptr<float>(), bi.defined() ? bi.data_ptr<float>() : nullptr, wo.data_ptr<float>(),
-            bo.defined() ? bo.data_ptr<float>() : nullptr, wi.size(1), active, linear, c_out));
-        PackedEntry e;
-        e.bytes = packed->bytes();
-        e.packed = std::move(packed);
-        return e;
-      });
+  return cached_ffn_pack<ChannelIdleFfnBf16Weights>("channel_idle_ffn_bf16", w_in, b_in, w_out, b_out);
 }
 
 void channel_idle_ffn_run_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* xp, int64_t ldx,

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "kernels/channel_idle_ffn.h"
 #include "kernels/cpu_features.h"
@@ -26,6 +27,9 @@ struct ChannelIdleFfnDims {
 ChannelIdleFfnDims check_channel_idle_ffn_args(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& b_in,
                                                const at::Tensor& w_out, const at::Tensor& b_out,
                                                const at::Tensor& residual);
+
+// attention's (and attention_int8's) argument check (ValueError worded like vitfast.reference.attention): the head dim.
+int64_t check_attention_args(const at::Tensor& qkv, int64_t num_heads, const std::optional<double>& scale);
 
 // Packed weights from the process-wide cache (ops/weight_cache.h): validated (finite) and packed on a miss.
 // weight_name / bias_name: how a non-finite value is reported (the block op names its own arguments).

@@ -170,54 +170,48 @@ std::shared_ptr<const gemm16::PackedBf16B> packed_linear_weight_bf16(const at::T
   });
 }
 
-void linear_run_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t* xp, int64_t ldx, const float* rp,
-                     int64_t ldr, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel) {
-  // linear_run's split: balanced row shares, or the output panels when there are fewer row blocks than threads.
-  const int64_t n = w.n();
+namespace {
+// linear's thread split: balanced shares of the token rows (gemm::RowShares), or, with fewer register blocks of rows
+// than threads (a head on B cls tokens), the output panels, i.e. the weight, so both cores still stream half of it.
+// rows_fn(r0, r1) / panels_fn(p0, p1) run on torch's intra-op threads.
+template <class RowsFn, class PanelsFn>
+void split_linear(int64_t rows, int64_t panels, CpuIsa isa, const RowsFn& rows_fn, const PanelsFn& panels_fn) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t blocks = (rows + gemm::kMr - 1) / gemm::kMr;
-  if (blocks >= threads || w.panels() < 2) {
+  if (blocks >= threads || panels < 2) {
     const gemm::RowShares shares(rows, threads, isa);
     at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        const int64_t r0 = shares.begin(c), r1 = shares.end(c);
-        linear_rows_bf16(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr, op + r0 * n, n, kernel);
-      }
+      for (int64_t c = begin; c < end; ++c) rows_fn(shares.begin(c), shares.end(c));
     });
   } else {
-    const int64_t panels = w.panels();
     const int64_t chunks = std::min(threads, panels);
     at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c)
-        linear_rows_bf16(w, rows, xp, ldx, rp, ldr, op, n, kernel, panels * c / chunks, panels * (c + 1) / chunks);
+      for (int64_t c = begin; c < end; ++c) panels_fn(panels * c / chunks, panels * (c + 1) / chunks);
     });
   }
+}
+}  // namespace
+
+void linear_run_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t* xp, int64_t ldx, const float* rp,
+                     int64_t ldr, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel) {
+  const int64_t n = w.n();
+  split_linear(
+      rows, w.panels(), isa,
+      [&](int64_t r0, int64_t r1) {
+        linear_rows_bf16(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr, op + r0 * n, n, kernel);
+      },
+      [&](int64_t p0, int64_t p1) { linear_rows_bf16(w, rows, xp, ldx, rp, ldr, op, n, kernel, p0, p1); });
 }
 
 void linear_run(const gemm::PackedB& w, int64_t rows, const float* xp, int64_t ldx, const float* rp,
                 int64_t ldr, float* op, CpuIsa isa) {
   const int64_t n = w.n();
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t blocks = (rows + gemm::kMr - 1) / gemm::kMr;
-
-  if (blocks >= threads || w.panels() < 2) {
-    // One balanced share of the token rows per thread (gemm::RowShares).
-    const gemm::RowShares shares(rows, threads, isa);
-    at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        const int64_t r0 = shares.begin(c), r1 = shares.end(c);
+  split_linear(
+      rows, w.panels(), isa,
+      [&](int64_t r0, int64_t r1) {
         linear_rows(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr, op + r0 * n, n, isa);
-      }
-    });
-  } else {
-    // Few rows (e.g. a head on B cls tokens): split the output panels, i.e. the weight, between threads.
-    const int64_t panels = w.panels();
-    const int64_t chunks = std::min(threads, panels);
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c)
-        linear_rows(w, rows, xp, ldx, rp, ldr, op, n, isa, panels * c / chunks, panels * (c + 1) / chunks);
-    });
-  }
+      },
+      [&](int64_t p0, int64_t p1) { linear_rows(w, rows, xp, ldx, rp, ldr, op, n, isa, p0, p1); });
 }
 
 }  // namespace ops
