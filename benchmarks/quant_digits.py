@@ -48,6 +48,8 @@ VARIANTS = [
     # dynamic variants run the attentions' score/value products on attention_int8 (the default): with them in fp32
     ("dynamic, fp32 attention", dict(activations="dynamic", attention="fp32")),
     ("dynamic + smooth auto, fp32 attention", dict(activations="dynamic", smooth="auto", attention="fp32")),
+    # bf16 (vitfast.quantize(dtype="bf16"): the avx512_bf16 / neon_bf16 GEMMs where the CPU has them)
+    ("bf16", dict(dtype="bf16")),
 ]
 MODELS = ("channel-idle", "non-deep", "dwconv", "usdc")
 
@@ -144,7 +146,9 @@ def data(seed: int):
 @torch.no_grad()
 def logits_of(model, val) -> torch.Tensor:
     model.eval()
-    return torch.cat([model(x) for x, _ in val])
+    dtype = next(model.parameters()).dtype  # a bf16 copy takes bf16 images
+    with torch.no_grad():
+        return torch.cat([model(x.to(dtype)).float() for x, _ in val])
 
 
 def compare(logits: torch.Tensor, ref: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
@@ -213,7 +217,7 @@ def measure(name: str, path: str, calib: torch.Tensor, val, work: str, log=print
     for variant, kwargs in variants:
         q = vitfast.quantize(fused, calib, **kwargs)
         rows.append({"model": name, "variant": variant, **compare(logits_of(q, val), ref, labels),
-                     "worst_layer": worst_layer(q), "layers": q.vitfast_quantization["layers"],
+                     "worst_layer": worst_layer(q), "layers": q.vitfast_quantization.get("layers", []),
                      "describe": vitfast.quant.describe(q)})
     try:
         ort = ort_dynamic(fused, val, os.path.dirname(path))
