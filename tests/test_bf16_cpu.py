@@ -286,9 +286,11 @@ def test_errors_unchanged(case):
         args = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) else a for a in fp32_args]
     if case == "fp16 block":
         args[0] = args[0].half()
-        with pytest.raises(ValueError, match=r"^x: expected dtype torch.float32 \(the block op runs in fp32\), got "
-                                             r"torch.float16"):
+        message = r"^x: expected dtype torch.float32 or torch.bfloat16 \(the block op's dtypes\), got torch.float16"
+        with pytest.raises(ValueError, match=message):
             torch.ops.vitfast.vit_block(*args)
+        with pytest.raises(ValueError, match=message):  # the reference (and so the fake impl) says the same
+            vitfast.reference.vit_block(*args)
     elif case == "mixed dtype":
         message = r"^weight: expected dtype torch.bfloat16 \(same as x\), got torch.float32"
         with pytest.raises(ValueError, match=message):

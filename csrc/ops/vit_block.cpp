@@ -52,7 +52,7 @@ int64_t check_args(const at::Tensor& x, double norm1_eps, const at::Tensor& w_qk
   check_required({{"x", &x}});
   TORCH_CHECK_VALUE(x.dim() == 3, "x: expected 3-D [B, N, C], got shape ", fmt_shape(x.sizes()));
   TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
-                    "x: expected dtype torch.float32 (the block op runs in fp32), got ",
+                    "x: expected dtype torch.float32 or torch.bfloat16 (the block op's dtypes), got ",
                     py_dtype(x.scalar_type()));
   const int64_t c = x.size(2);
   check_eps("norm1_eps", norm1_eps);

@@ -24,7 +24,7 @@ def check_vit_block_args(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, 
                          b_out, ffn_residual, *, any_float: bool = False) -> tuple[int, int]:
     """Validate `vit_block` arguments (the fused ViT block as one op); return (H, D).
 
-    x [B, N, C] float32 (float16 / bfloat16 too with `any_float`: the CUDA eager block, `vit_block_cuda_eager`);
+    x [B, N, C] float32 or bfloat16 (float16 too with `any_float`: the CUDA eager block, `vit_block_cuda_eager`);
     w_qkv [3·H·D, C], b_qkv [3·H·D];  w_proj [C, H·D], b_proj [C];  the FFN's tensors as for `channel_idle_ffn`
     with C_in = C_out = C.  norm1_eps (and ffn_norm_eps unless None): finite, >= 0.
     """
@@ -33,8 +33,8 @@ def check_vit_block_args(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, 
         raise ValueError(f"x: expected 3-D [B, N, C], got shape {fmt_shape(x)}")
     if any_float:
         check_float_dtype("x", x)
-    elif x.dtype != torch.float32:
-        raise ValueError(f"x: expected dtype torch.float32 (the block op runs in fp32), got {x.dtype}")
+    elif x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"x: expected dtype torch.float32 or torch.bfloat16 (the block op's dtypes), got {x.dtype}")
     c = x.shape[-1]
     for name, eps in (("norm1_eps", norm1_eps), ("ffn_norm_eps", ffn_norm_eps)):
         if eps is None and name == "ffn_norm_eps":
