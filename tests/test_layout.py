@@ -24,7 +24,8 @@ LAYERS: Dict[str, float] = {
     "vitfast.training": 3, "vitfast.io.trainer_checkpoint": 3, "vitfast.io.head_ranking": 3,
     "vitfast.methods": 4,
     "vitfast.convert": 5, "vitfast.fusion": 5, "vitfast.patch": 5, "vitfast.io": 5, "vitfast.export": 5,
-    "vitfast.cuda_graphs": 5, "vitfast.quant": 5, "vitfast.bench": 5, "vitfast.measure": 5, "vitfast.models": 5,
+    "vitfast.cuda_graphs": 5, "vitfast.quant": 5, "vitfast.bench": 5, "vitfast.bench_runtimes": 5,
+    "vitfast.bench_report": 5, "vitfast.measure": 5, "vitfast.models": 5,
     "vitfast.cli": 6, "vitfast.demos": 6, "vitfast.__main__": 6, "vitfast": 6,
 }
 LAYER_NAMES = ["leaf utilities", "ops and kernels", "fused modules", "training and leaf formats", "methods",

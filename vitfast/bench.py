@@ -3,6 +3,9 @@
     report = run_bench(baseline, fused, threads=(1, 2), batch_sizes=(1, 8))   # see `vitfast bench --help`
     print(format_report(report)); plot_report(report, "chart.png")
 
+This module measures (rounds, pairing, FLOPs, accuracy); the runtimes themselves are vitfast/bench_runtimes.py and the
+text/chart of a report vitfast/bench_report.py.
+
 Providers (keys for `providers=` / `--providers`):
 
     timm       timm eager PyTorch (the baseline, random weights)
@@ -64,7 +67,6 @@ intra_op_num_threads = threads, inter_op_num_threads = 1, all graph optimisation
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import statistics
@@ -76,36 +78,14 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .io.atomic import atomic_write
+from .bench_runtimes import (ANCHORS, DTYPES, PROVIDERS, TABLE_ANCHORS, _FROM_FUSED_ONNX, _SHORT, ProviderSkipped, _Provider, _Torch, _Graphed, _Compiled, _Ort, _OpenVINO, _onnxruntime_quantization, quantize_ort_dynamic, quantize_ort_static, _vitfast_quantized)
+from .bench_report import format_report, plot_report
 
 __all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "ANCHORS", "TABLE_ANCHORS", "ProviderSkipped", "cpu_only", "DTYPES",
            "SCHEMA", "run_bench", "format_report", "plot_report", "sgemm_gflops",
            "parse_providers", "paired_speedups"]
 
 SCHEMA = "vitfast.bench/1"
-# key -> (label, which model's FLOPs it runs)
-PROVIDERS: Dict[str, Tuple[str, str]] = {
-    "timm": ("timm eager", "baseline"),
-    "compile": ("timm torch.compile", "baseline"),
-    "ort-timm": ("ORT timm", "baseline"),
-    "ort-fused": ("ORT fused", "fused"),
-    "vitfast": ("vitfast fused (kernels)", "fused"),
-    "reference": ("vitfast fused (reference ops)", "fused"),
-    "timm-graph": ("timm eager, CUDA graph", "baseline"),
-    "vitfast-graph": ("vitfast fused, CUDA graph", "fused"),
-    "ort-int8": ("ORT int8 dynamic", "fused"),
-    "ort-qdq": ("ORT int8 QDQ static", "fused"),
-    "openvino-f32": ("OpenVINO f32", "fused"),
-    "openvino": ("OpenVINO default", "fused"),
-    "vitfast-int8": ("vitfast int8", "fused"),
-    "vitfast-bf16": ("vitfast bf16", "fused"),
-}
-# the runtimes a user would deploy instead of vitfast on the same fused graph: rows get paired ratios against them
-ANCHORS = ("ort-fused", "ort-int8", "ort-qdq", "openvino-f32", "openvino")
-# the anchors format_report gives a column of their own (the others are in the JSON and the "fastest anchor" column)
-TABLE_ANCHORS = ("ort-fused", "ort-int8", "openvino")
-# providers that read the fused model's ONNX export (one export, shared)
-_FROM_FUSED_ONNX = ("ort-fused", "ort-int8", "ort-qdq", "openvino-f32", "openvino")
 # CPU-only runtimes
 _CPU_ONLY_PREFIXES = ("ort-", "openvino")
 # whose output is compared with the fused fp32 model's (report["accuracy"])
@@ -117,10 +97,6 @@ SGEMM_N = 2048
 def cpu_only(key: str) -> bool:
     """ONNX Runtime and OpenVINO providers run on the CPU only."""
     return key.startswith(_CPU_ONLY_PREFIXES)
-
-
-class ProviderSkipped(Exception):
-    """A provider that cannot run here for want of an optional package (reported as skipped, not as a failure)."""
 
 
 def parse_providers(text: str) -> List[str]:
@@ -154,9 +130,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-# dtypes the models can be timed in, and their short names in the report
-DTYPES: Dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 def sgemm_gflops(device: torch.device, calls: int = 3, n: int = SGEMM_N, dtype: torch.dtype = torch.float32) -> List[float]:
@@ -216,213 +189,6 @@ def machine_info() -> Dict[str, Any]:
     # (docs/performance.md#threads): a figure without it cannot be compared.
     return {"cpu": cpu, "cores": os.cpu_count(), "cpu_isa": ops.cpu_isa(),
             "extension_loaded": ops.extension_loaded(), "omp_wait_policy": wait_policy(), "versions": versions}
-
-
-class _Provider:
-    """One runtime: `prepare(threads)` once per thread count (sessions, compiles), then `call(batch)`."""
-
-    def __init__(self, key: str, label: str, flops_of: str) -> None:
-        self.key, self.label, self.flops_of = key, label, flops_of
-
-    def prepare(self, threads: int) -> None:
-        pass
-
-    def warm(self, x: torch.Tensor) -> None:
-        self.call(x)
-
-    def call(self, x: torch.Tensor) -> Any:
-        raise NotImplementedError
-
-    def output(self, x: torch.Tensor) -> torch.Tensor:
-        """The logits of `x` as a CPU float32 tensor (the accuracy check; not timed)."""
-        y = self.call(x)
-        return (torch.from_numpy(y[0]) if isinstance(y, list) else y).detach().float().cpu()
-
-
-class _Torch(_Provider):
-    def __init__(self, key, label, flops_of, model: nn.Module, backend: Optional[str] = None,
-                 input_dtype: Optional[torch.dtype] = None) -> None:
-        super().__init__(key, label, flops_of)
-        self.model, self.backend, self.input_dtype = model, backend, input_dtype
-
-    def call(self, x):
-        if self.input_dtype is not None:  # a bf16 model takes bf16 images (the conversion is timed: a user pays it)
-            x = x.to(self.input_dtype)
-        if self.backend is None:
-            return self.model(x)
-        from ._env import get_backend, set_backend
-
-        previous = get_backend()
-        set_backend(self.backend)
-        try:
-            return self.model(x)
-        finally:
-            set_backend(previous)
-
-
-class _Graphed(_Torch):
-    """A torch provider replayed from CUDA graphs (vitfast.cuda_graphs): the warm-up call of each batch size
-    captures (under `backend`), the timed calls replay.  Launch overhead is what this removes at small batches."""
-
-    def __init__(self, key, label, flops_of, model: nn.Module, backend: Optional[str] = None) -> None:
-        from .cuda_graphs import CudaGraphModule
-
-        super().__init__(key, label, flops_of, CudaGraphModule(model), backend)
-
-
-class _Compiled(_Provider):
-    """torch.compile of the baseline, compiled afresh per thread count: inductor's CPU code fixes its OpenMP
-    thread count when it is generated."""
-
-    def __init__(self, key, label, flops_of, model: nn.Module) -> None:
-        super().__init__(key, label, flops_of)
-        self.model, self.compiled, self.threads = model, None, None
-
-    def prepare(self, threads):
-        torch._dynamo.reset()
-        self.compiled, self.threads = torch.compile(self.model), threads
-
-    def _config(self):
-        try:
-            import torch._inductor.config as inductor_config
-
-            return inductor_config.patch({"cpp.threads": self.threads})
-        except Exception:  # an inductor without that option: it reads torch.get_num_threads() itself
-            return contextlib.nullcontext()
-
-    def warm(self, x):
-        with self._config():
-            self.compiled(x)
-
-    def call(self, x):
-        return self.compiled(x)
-
-
-class _Ort(_Provider):
-    def __init__(self, key, label, flops_of, path: str, spinning: bool) -> None:
-        super().__init__(key, label, flops_of)
-        self.path, self.spinning, self.session, self.input_name = path, spinning, None, None
-        self._numpy: Dict[int, Any] = {}
-
-    def prepare(self, threads):
-        from .export import ort_session
-
-        self.session = ort_session(self.path, threads, spinning=self.spinning)
-        self.input_name = self.session.get_inputs()[0].name
-
-    def call(self, x):
-        key = id(x)
-        if key not in self._numpy:  # the same buffer, viewed once (not timed again per call)
-            self._numpy = {key: x.numpy()}
-        return self.session.run(None, {self.input_name: self._numpy[key]})
-
-
-class _OpenVINO(_Provider):
-    """OpenVINO's CPU plugin on an ONNX file: compiled per thread count (INFERENCE_NUM_THREADS = threads,
-    PERFORMANCE_HINT=LATENCY, NUM_STREAMS=1) at `precision` (None: the plugin's default, read back afterwards)."""
-
-    def __init__(self, key, label, flops_of, path: str, precision: Optional[str]) -> None:
-        super().__init__(key, label, flops_of)
-        try:
-            import openvino
-        except ImportError as exc:
-            raise ProviderSkipped(f"openvino is not installed (pip install openvino, or 'vitfast[bench]'): "
-                                  f"{exc}") from None
-        self.core = openvino.Core()
-        self.model = self.core.read_model(path)
-        self.precision, self.compiled, self.request, self.info = precision, None, None, {}
-        self._numpy: Dict[int, Any] = {}
-
-    def prepare(self, threads):
-        config = {"INFERENCE_NUM_THREADS": int(threads), "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
-        if self.precision is not None:
-            config["INFERENCE_PRECISION_HINT"] = self.precision
-        self.request = None
-        self.compiled = self.core.compile_model(self.model, "CPU", config)
-        self.request = self.compiled.create_infer_request()
-        import openvino
-
-        info = {"version": openvino.__version__, "config": {k: str(v) for k, v in config.items()}}
-        for name in ("INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS", "NUM_STREAMS", "PERFORMANCE_HINT",
-                     "ENABLE_CPU_PINNING", "ENABLE_HYPER_THREADING"):
-            try:
-                value = self.compiled.get_property(name)
-                # an ov.Type prints as "<Type: 'bfloat16'>": its short name ("bf16", "f32") is what the hint takes
-                info[name] = value.get_type_name() if hasattr(value, "get_type_name") else str(value)
-            except Exception:  # a property this version does not have
-                pass
-        self.info = info
-
-    def call(self, x):
-        key = id(x)
-        if key not in self._numpy:
-            self._numpy = {key: x.numpy()}
-        return self.request.infer({0: self._numpy[key]})
-
-    def output(self, x):
-        return torch.from_numpy(self.call(x)[self.compiled.output(0)].copy()).float()
-
-
-class _CalibrationReader:
-    """onnxruntime.quantization.CalibrationDataReader over a list of input batches (numpy)."""
-
-    def __init__(self, name: str, batches: Sequence[torch.Tensor]) -> None:
-        self._feeds = iter([{name: b.detach().float().cpu().numpy()} for b in batches])
-
-    def get_next(self):
-        return next(self._feeds, None)
-
-
-def _onnxruntime_quantization():
-    try:
-        import onnxruntime.quantization as quantization
-    except ImportError as exc:
-        raise ProviderSkipped(f"onnxruntime.quantization is not importable ({exc}): "
-                              "pip install 'vitfast[export]'") from None
-    return quantization
-
-
-def quantize_ort_dynamic(src: str, dst: str) -> Dict[str, Any]:
-    """ort-int8: quantize_dynamic with ORT's defaults but for the weight type named (QInt8): per-tensor weights
-    (per_channel=False is ORT's default), activations quantized on the fly, MatMul/Gemm/... as ORT chooses."""
-    q = _onnxruntime_quantization()
-    t0 = time.perf_counter()
-    q.quantize_dynamic(src, dst, weight_type=q.QuantType.QInt8)
-    return {"call": "onnxruntime.quantization.quantize_dynamic(model, out, weight_type=QuantType.QInt8)",
-            "per_channel": False, "weight_type": "QInt8", "seconds": time.perf_counter() - t0,
-            "summary": "quantize_dynamic, QInt8 weights per tensor (ORT's default per_channel=False), "
-                       "dynamic activations"}
-
-
-def quantize_ort_static(src: str, dst: str, input_name: str, batches: Sequence[torch.Tensor]) -> Dict[str, Any]:
-    """ort-qdq: quantize_static in QDQ format, per-channel QInt8 weights, QInt8 activations (S8S8, ORT's default
-    and first recommendation for QDQ), MinMax calibration on `batches`."""
-    q = _onnxruntime_quantization()
-
-    class Reader(_CalibrationReader, q.CalibrationDataReader):
-        pass
-
-    t0 = time.perf_counter()
-    q.quantize_static(src, dst, Reader(input_name, batches), quant_format=q.QuantFormat.QDQ, per_channel=True,
-                      activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
-                      calibrate_method=q.CalibrationMethod.MinMax)
-    images = sum(int(b.shape[0]) for b in batches)
-    return {"call": "onnxruntime.quantization.quantize_static(model, out, reader, quant_format=QDQ, per_channel=True, "
-                    "activation_type=QInt8, weight_type=QInt8, calibrate_method=MinMax)",
-            "per_channel": True, "weight_type": "QInt8", "activation_type": "QInt8", "calibration_images": images,
-            "seconds": time.perf_counter() - t0,
-            "summary": f"quantize_static QDQ, S8S8, per-channel weights, MinMax calibration on {images} bench image(s)"}
-
-
-def _vitfast_quantized(fused: nn.Module, dtype: str, quantize: Optional[Callable[..., Any]]) -> nn.Module:
-    """quantize(a copy of `fused`, dtype=...) (ProviderSkipped without a quantize: this vitfast has none)."""
-    import copy
-
-    if not callable(quantize):
-        raise ProviderSkipped("vitfast.quantize unavailable")
-    model = copy.deepcopy(fused)
-    quantized = quantize(model, dtype=dtype)
-    return (quantized if quantized is not None else model).eval()
 
 
 def _accuracy(reference: torch.Tensor, y: torch.Tensor) -> Dict[str, Any]:
@@ -765,132 +531,3 @@ def run_bench(
         "load_average": {"start": list(load_start) if load_start else None, "end": list(load_end) if load_end else None},
         "seconds": time.perf_counter() - t_start,
     }
-
-
-def format_report(report: Mapping[str, Any]) -> str:
-    """One plain-text table (rows grouped by threads, then batch) with a header saying how it was measured."""
-    from .measure import format_table
-
-    lines = []
-    m = report["machine"]
-    in_dtype = "" if report.get("dtype", "float32") == "float32" else f" in {report['dtype']}"
-    lines.append(f"{report.get('title', 'vitfast bench')}: input {tuple(report['input_shape'])}{in_dtype} on {report['device']} "
-                 f"({m['cpu']}, {m['cores']} cores; vitfast CPU path {m['cpu_isa']}"
-                 + (f"; OpenMP wait policy {m['omp_wait_policy']})" if "omp_wait_policy" in m else ")"))
-    if report.get("note"):
-        lines.append(report["note"])
-    fl = report["flops_per_image"]
-    lines.append(f"GFLOP/image: baseline {fl['baseline'] / 1e9:.4g}, fused {fl['fused'] / 1e9:.4g} "
-                 f"({fl['baseline'] / fl['fused']:.2f}x fewer); {report['repeats']} interleaved rounds after "
-                 f"{report['warmup']} warm-up call(s)")
-    by_threads: Dict[int, List[float]] = {}
-    for s in report["sgemm"]:
-        by_threads.setdefault(s["threads"], []).append(s["gflops"])
-    dtype = _SHORT[DTYPES[report.get("dtype", "float32")]]
-    lines.append(f"sgemm (torch.mm 2048^3 {dtype}, measured around each row group): "
-                 + "; ".join(f"{t} thread(s) {min(v):.1f}-{max(v):.1f} GFLOP/s" for t, v in by_threads.items()))
-    for key, e in report.get("exports", {}).items():
-        users = [k for k in _FROM_FUSED_ONNX if k in report["providers"]] if key == "ort-fused" else [key]
-        lines.append(f"{PROVIDERS[key][0]}" + (f" (the ONNX file of {', '.join(users)})" if users != [key] else "")
-                     + f": {e['exporter']} exporter, opset {e['opset']}, max |Δ| vs PyTorch {e['max_abs_diff']:.2e}")
-    if any(k.startswith("ort-") for k in report["providers"]):
-        lines.append("ORT sessions: intra-op threads = threads, 1 inter-op thread, all graph optimisations, worker "
-                     f"spinning {'on' if report.get('ort_spinning') else 'off'}")
-    for key, info in report.get("provider_info", {}).items():
-        lines.append(f"{PROVIDERS[key][0]}: {info.get('summary', '')}")
-    accuracy = report.get("accuracy") or {}
-    if accuracy:
-        n = next(iter(accuracy.values()))["images"]
-        lines.append(f"accuracy vs fused fp32 (vitfast kernels) on the {n} bench image(s): rel err = "
-                     "‖y − y_fp32‖ / ‖y_fp32‖ over all logits, top-1 = share of images whose argmax agrees")
-    load = report.get("load_average") or {}
-    if load.get("start") and load.get("end"):
-        lines.append(f"load average (1 min) at start {load['start'][0]:.2f}, at end {load['end'][0]:.2f}")
-    timed_anchors = [k for k in ANCHORS if any(k in (r.get("paired_vs") or {}) for r in report["results"])]
-    if not timed_anchors and any(r.get("paired_vs_ort_fused") for r in report["results"]):
-        timed_anchors = ["ort-fused"]  # a report written before paired_vs existed
-    anchors = [k for k in timed_anchors if k in TABLE_ANCHORS]
-    paired = bool(timed_anchors)
-    if paired:
-        lines.append(f"vs {' / '.join(PROVIDERS[k][0] for k in timed_anchors)} (paired): median and p10-p90 over "
-                     "the rounds of the anchor's time / this provider's time in the same round (> 1: faster than "
-                     "that runtime on the same fused graph; a vitfast row below 1 is marked SLOWER)")
-    fastest_column = len(timed_anchors) > 1 or timed_anchors != anchors
-    if fastest_column:
-        lines.append("vs fastest anchor: the same paired ratio against the anchor with the smallest median at that "
-                     "threads/batch (named)")
-    rows = []
-    for r in report["results"]:
-        row = [
-            r["label"], str(r["threads"]), str(r["batch"]), f"{r['median_ms']:.2f}",
-            f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}", f"{r['images_per_s']:.1f}", f"{r['gflop']:.3g}",
-            f"{r['pct_of_floor']:.0f}%", f"{r['speedup_vs_timm']:.2f}x" if r["speedup_vs_timm"] else "-",
-        ]
-        if accuracy:
-            a = accuracy.get(r["provider"])
-            row.append(f"{a['rel_err']:.1e} / {a['top1_agreement'] * 100:.0f}%" if a else "-")
-        for k in anchors:
-            vs = (r.get("paired_vs") or {}).get(k)
-            if vs is None and k == "ort-fused":
-                vs = r.get("paired_vs_ort_fused")
-            row.append(_paired_cell(r["provider"], vs) if vs and r["provider"] != k else "-")
-        if fastest_column:
-            k = r.get("fastest_anchor")
-            vs = (r.get("paired_vs") or {}).get(k) if k else None
-            row.append(f"{PROVIDERS[k][0]}: {_paired_cell(r['provider'], vs)}" if vs and r["provider"] != k
-                       else ("(fastest anchor)" if k and r["provider"] == k else "-"))
-        rows.append(row)
-    lines.append("")
-    lines.append(format_table(["provider", "threads", "batch", "median ms", "p10-p90 ms", "img/s", "GFLOP",
-                               "% floor", "vs timm eager"]
-                              + (["rel err / top-1 vs fused fp32"] if accuracy else [])
-                              + [f"vs {PROVIDERS[k][0]} (paired)" for k in anchors]
-                              + (["vs fastest anchor (paired)"] if fastest_column else []), rows))
-    for key, why in report.get("errors", {}).items():
-        lines.append(f"FAILED: {PROVIDERS[key][0]}: {why}")
-    for key, why in report.get("skipped", {}).items():
-        lines.append(f"SKIPPED: {PROVIDERS[key][0]}: {why}")
-    return "\n".join(lines)
-
-
-def _paired_cell(provider: str, vs: Sequence[float]) -> str:
-    """'1.234x (1.10-1.30)'; a vitfast row slower than the anchor (median ratio < 1) says SLOWER."""
-    slower = " SLOWER" if provider.startswith("vitfast") and vs[0] < 1.0 else ""
-    return f"{vs[0]:.3f}x{slower} ({vs[1]:.2f}-{vs[2]:.2f})"
-
-
-def plot_report(report: Mapping[str, Any], path: str) -> None:
-    """PNG chart: speed-up over timm eager and % of the FLOP floor, grouped by (threads, batch), one bar per provider."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    configs = list(dict.fromkeys((r["threads"], r["batch"]) for r in report["results"]))
-    keys = [k for k in report["providers"] if any(r["provider"] == k for r in report["results"])]
-    cell = {(r["provider"], r["threads"], r["batch"]): r for r in report["results"]}
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(configs) + 4), 4.5))
-    width = 0.8 / max(1, len(keys))
-    for ax, field, title in ((axes[0], "speedup_vs_timm", "speed-up vs timm eager (x)"),
-                             (axes[1], "pct_of_floor", "% of FLOP floor (FLOPs / sgemm rate)")):
-        for i, key in enumerate(keys):
-            xs, ys = [], []
-            for j, (t, b) in enumerate(configs):
-                r = cell.get((key, t, b))
-                if r is not None and r.get(field) is not None:
-                    xs.append(j + (i - (len(keys) - 1) / 2) * width)
-                    ys.append(r[field])
-            ax.bar(xs, ys, width, label=PROVIDERS[key][0])
-        ax.set_xticks(range(len(configs)))
-        ax.set_xticklabels([f"{t} thr\nbatch {b}" for t, b in configs])
-        ax.set_title(title, fontsize=10)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0].axhline(1.0, color="black", linewidth=0.8)
-    axes[1].axhline(100.0, color="black", linewidth=0.8, linestyle="--")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(report.get("title", "vitfast bench"), fontsize=11)
-    fig.tight_layout()
-    try:  # the temporary file has the name of `path` (in a private directory): the format follows it as before
-        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
-    finally:
-        plt.close(fig)

@@ -25,6 +25,7 @@ def _is_trainer_checkpoint(path: str) -> bool:
                         return False
                     return _TRAINER_TAG in archive.read(info)
     except (zipfile.BadZipFile, OSError, RuntimeError, NotImplementedError):
+        # not a readable zip (or one with an unsupported compression): not a trainer checkpoint, which is the answer
         return False
     return False
 

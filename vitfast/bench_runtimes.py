@@ -1,0 +1,254 @@
+"""The runtimes `vitfast bench` times (vitfast/bench.py runs them): torch eager (`_Torch`, also a quantized copy of the
+fused model, `_vitfast_quantized`), CUDA-graph replays (`_Graphed`), torch.compile (`_Compiled`), ONNX Runtime
+(`_Ort`, on the fused ONNX as exported or quantized by `quantize_ort_dynamic` / `quantize_ort_static`) and OpenVINO
+(`_OpenVINO`).  Each is `prepare(threads)` once per thread count, then `call(batch)` in the interleaved rounds.
+
+A runtime whose optional package is missing raises `ProviderSkipped`: the report lists it as skipped, not failed.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+
+# key -> (label, which model's FLOPs it runs)
+PROVIDERS: Dict[str, Tuple[str, str]] = {
+    "timm": ("timm eager", "baseline"),
+    "compile": ("timm torch.compile", "baseline"),
+    "ort-timm": ("ORT timm", "baseline"),
+    "ort-fused": ("ORT fused", "fused"),
+    "vitfast": ("vitfast fused (kernels)", "fused"),
+    "reference": ("vitfast fused (reference ops)", "fused"),
+    "timm-graph": ("timm eager, CUDA graph", "baseline"),
+    "vitfast-graph": ("vitfast fused, CUDA graph", "fused"),
+    "ort-int8": ("ORT int8 dynamic", "fused"),
+    "ort-qdq": ("ORT int8 QDQ static", "fused"),
+    "openvino-f32": ("OpenVINO f32", "fused"),
+    "openvino": ("OpenVINO default", "fused"),
+    "vitfast-int8": ("vitfast int8", "fused"),
+    "vitfast-bf16": ("vitfast bf16", "fused"),
+}
+# dtypes the models can be timed in, and their short names in the report
+DTYPES: Dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# the runtimes a user would deploy instead of vitfast on the same fused graph: rows get paired ratios against them
+ANCHORS = ("ort-fused", "ort-int8", "ort-qdq", "openvino-f32", "openvino")
+# the anchors format_report gives a column of their own (the others are in the JSON and the "fastest anchor" column)
+TABLE_ANCHORS = ("ort-fused", "ort-int8", "openvino")
+# providers that read the fused model's ONNX export (one export, shared)
+_FROM_FUSED_ONNX = ("ort-fused", "ort-int8", "ort-qdq", "openvino-f32", "openvino")
+_SHORT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+class ProviderSkipped(Exception):
+    """A provider that cannot run here for want of an optional package (reported as skipped, not as a failure)."""
+
+
+class _Provider:
+    """One runtime: `prepare(threads)` once per thread count (sessions, compiles), then `call(batch)`."""
+
+    def __init__(self, key: str, label: str, flops_of: str) -> None:
+        self.key, self.label, self.flops_of = key, label, flops_of
+
+    def prepare(self, threads: int) -> None:
+        pass
+
+    def warm(self, x: torch.Tensor) -> None:
+        self.call(x)
+
+    def call(self, x: torch.Tensor) -> Any:
+        raise NotImplementedError
+
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of `x` as a CPU float32 tensor (the accuracy check; not timed)."""
+        y = self.call(x)
+        return (torch.from_numpy(y[0]) if isinstance(y, list) else y).detach().float().cpu()
+
+
+class _Torch(_Provider):
+    def __init__(self, key, label, flops_of, model: nn.Module, backend: Optional[str] = None,
+                 input_dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__(key, label, flops_of)
+        self.model, self.backend, self.input_dtype = model, backend, input_dtype
+
+    def call(self, x):
+        if self.input_dtype is not None:  # a bf16 model takes bf16 images (the conversion is timed: a user pays it)
+            x = x.to(self.input_dtype)
+        if self.backend is None:
+            return self.model(x)
+        from ._env import get_backend, set_backend
+
+        previous = get_backend()
+        set_backend(self.backend)
+        try:
+            return self.model(x)
+        finally:
+            set_backend(previous)
+
+
+class _Graphed(_Torch):
+    """A torch provider replayed from CUDA graphs (vitfast.cuda_graphs): the warm-up call of each batch size
+    captures (under `backend`), the timed calls replay.  Launch overhead is what this removes at small batches."""
+
+    def __init__(self, key, label, flops_of, model: nn.Module, backend: Optional[str] = None) -> None:
+        from .cuda_graphs import CudaGraphModule
+
+        super().__init__(key, label, flops_of, CudaGraphModule(model), backend)
+
+
+class _Compiled(_Provider):
+    """torch.compile of the baseline, compiled afresh per thread count: inductor's CPU code fixes its OpenMP
+    thread count when it is generated."""
+
+    def __init__(self, key, label, flops_of, model: nn.Module) -> None:
+        super().__init__(key, label, flops_of)
+        self.model, self.compiled, self.threads = model, None, None
+
+    def prepare(self, threads):
+        torch._dynamo.reset()
+        self.compiled, self.threads = torch.compile(self.model), threads
+
+    def _config(self):
+        try:
+            import torch._inductor.config as inductor_config
+
+            return inductor_config.patch({"cpp.threads": self.threads})
+        except Exception:  # an inductor without that option: it reads torch.get_num_threads() itself
+            return contextlib.nullcontext()
+
+    def warm(self, x):
+        with self._config():
+            self.compiled(x)
+
+    def call(self, x):
+        return self.compiled(x)
+
+
+class _Ort(_Provider):
+    def __init__(self, key, label, flops_of, path: str, spinning: bool) -> None:
+        super().__init__(key, label, flops_of)
+        self.path, self.spinning, self.session, self.input_name = path, spinning, None, None
+        self._numpy: Dict[int, Any] = {}
+
+    def prepare(self, threads):
+        from .export import ort_session
+
+        self.session = ort_session(self.path, threads, spinning=self.spinning)
+        self.input_name = self.session.get_inputs()[0].name
+
+    def call(self, x):
+        key = id(x)
+        if key not in self._numpy:  # the same buffer, viewed once (not timed again per call)
+            self._numpy = {key: x.numpy()}
+        return self.session.run(None, {self.input_name: self._numpy[key]})
+
+
+class _OpenVINO(_Provider):
+    """OpenVINO's CPU plugin on an ONNX file: compiled per thread count (INFERENCE_NUM_THREADS = threads,
+    PERFORMANCE_HINT=LATENCY, NUM_STREAMS=1) at `precision` (None: the plugin's default, read back afterwards)."""
+
+    def __init__(self, key, label, flops_of, path: str, precision: Optional[str]) -> None:
+        super().__init__(key, label, flops_of)
+        try:
+            import openvino
+        except ImportError as exc:
+            raise ProviderSkipped(f"openvino is not installed (pip install openvino, or 'vitfast[bench]'): "
+                                  f"{exc}") from None
+        self.core = openvino.Core()
+        self.model = self.core.read_model(path)
+        self.precision, self.compiled, self.request, self.info = precision, None, None, {}
+        self._numpy: Dict[int, Any] = {}
+
+    def prepare(self, threads):
+        config = {"INFERENCE_NUM_THREADS": int(threads), "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+        if self.precision is not None:
+            config["INFERENCE_PRECISION_HINT"] = self.precision
+        self.request = None
+        self.compiled = self.core.compile_model(self.model, "CPU", config)
+        self.request = self.compiled.create_infer_request()
+        import openvino
+
+        info = {"version": openvino.__version__, "config": {k: str(v) for k, v in config.items()}}
+        for name in ("INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS", "NUM_STREAMS", "PERFORMANCE_HINT",
+                     "ENABLE_CPU_PINNING", "ENABLE_HYPER_THREADING"):
+            try:
+                value = self.compiled.get_property(name)
+                # an ov.Type prints as "<Type: 'bfloat16'>": its short name ("bf16", "f32") is what the hint takes
+                info[name] = value.get_type_name() if hasattr(value, "get_type_name") else str(value)
+            except Exception:  # a property this version does not have
+                pass
+        self.info = info
+
+    def call(self, x):
+        key = id(x)
+        if key not in self._numpy:
+            self._numpy = {key: x.numpy()}
+        return self.request.infer({0: self._numpy[key]})
+
+    def output(self, x):
+        return torch.from_numpy(self.call(x)[self.compiled.output(0)].copy()).float()
+
+
+class _CalibrationReader:
+    """onnxruntime.quantization.CalibrationDataReader over a list of input batches (numpy)."""
+
+    def __init__(self, name: str, batches: Sequence[torch.Tensor]) -> None:
+        self._feeds = iter([{name: b.detach().float().cpu().numpy()} for b in batches])
+
+    def get_next(self):
+        return next(self._feeds, None)
+
+
+def _onnxruntime_quantization():
+    try:
+        import onnxruntime.quantization as quantization
+    except ImportError as exc:
+        raise ProviderSkipped(f"onnxruntime.quantization is not importable ({exc}): "
+                              "pip install 'vitfast[export]'") from None
+    return quantization
+
+
+def quantize_ort_dynamic(src: str, dst: str) -> Dict[str, Any]:
+    """ort-int8: quantize_dynamic with ORT's defaults but for the weight type named (QInt8): per-tensor weights
+    (per_channel=False is ORT's default), activations quantized on the fly, MatMul/Gemm/... as ORT chooses."""
+    q = _onnxruntime_quantization()
+    t0 = time.perf_counter()
+    q.quantize_dynamic(src, dst, weight_type=q.QuantType.QInt8)
+    return {"call": "onnxruntime.quantization.quantize_dynamic(model, out, weight_type=QuantType.QInt8)",
+            "per_channel": False, "weight_type": "QInt8", "seconds": time.perf_counter() - t0,
+            "summary": "quantize_dynamic, QInt8 weights per tensor (ORT's default per_channel=False), "
+                       "dynamic activations"}
+
+
+def quantize_ort_static(src: str, dst: str, input_name: str, batches: Sequence[torch.Tensor]) -> Dict[str, Any]:
+    """ort-qdq: quantize_static in QDQ format, per-channel QInt8 weights, QInt8 activations (S8S8, ORT's default
+    and first recommendation for QDQ), MinMax calibration on `batches`."""
+    q = _onnxruntime_quantization()
+
+    class Reader(_CalibrationReader, q.CalibrationDataReader):
+        pass
+
+    t0 = time.perf_counter()
+    q.quantize_static(src, dst, Reader(input_name, batches), quant_format=q.QuantFormat.QDQ, per_channel=True,
+                      activation_type=q.QuantType.QInt8, weight_type=q.QuantType.QInt8,
+                      calibrate_method=q.CalibrationMethod.MinMax)
+    images = sum(int(b.shape[0]) for b in batches)
+    return {"call": "onnxruntime.quantization.quantize_static(model, out, reader, quant_format=QDQ, per_channel=True, "
+                    "activation_type=QInt8, weight_type=QInt8, calibrate_method=MinMax)",
+            "per_channel": True, "weight_type": "QInt8", "activation_type": "QInt8", "calibration_images": images,
+            "seconds": time.perf_counter() - t0,
+            "summary": f"quantize_static QDQ, S8S8, per-channel weights, MinMax calibration on {images} bench image(s)"}
+
+
+def _vitfast_quantized(fused: nn.Module, dtype: str, quantize: Optional[Callable[..., Any]]) -> nn.Module:
+    """quantize(a copy of `fused`, dtype=...) (ProviderSkipped without a quantize: this vitfast has none)."""
+    import copy
+
+    if not callable(quantize):
+        raise ProviderSkipped("vitfast.quantize unavailable")
+    model = copy.deepcopy(fused)
+    quantized = quantize(model, dtype=dtype)
+    return (quantized if quantized is not None else model).eval()
