@@ -114,3 +114,18 @@ def restore_threads():
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(params=["ext on", "ext off"])
+def ext(request):
+    """The low-precision extension of the path (VNNI / NEON dot product / BF16) on, then off (VITFAST_CPU_EXT's
+    switch), for the int8 kernels' tests; yields the int8 kernel that runs."""
+    from vitfast import _C
+
+    on = request.param == "ext on"
+    previous = _C.int8_kernel()
+    if not on:
+        _C.set_cpu_ext_enabled(False)
+    yield _C.int8_kernel()
+    _C.set_cpu_ext_enabled(True)
+    assert _C.int8_kernel() == previous or not on

@@ -169,3 +169,14 @@ def count_linear_calls(monkeypatch) -> list:
 
     monkeypatch.setattr(vitfast.ops, "linear", counting)
     return calls
+
+
+def at_1_and_2_threads(op, args):
+    """op(*args) at 1 and at 2 threads, which must give the same bits (NaN in the same places); returns the first.
+    The int8 kernels split token rows (or heads) between threads without changing any row's arithmetic."""
+    outs = []
+    for t in (1, 2):
+        torch.set_num_threads(t)
+        outs.append(op(*args))
+    torch.testing.assert_close(outs[1], outs[0], atol=0, rtol=0, equal_nan=True)
+    return outs[0]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import vitfast
+from helpers import at_1_and_2_threads
 from vitfast import reference
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
@@ -24,17 +25,6 @@ from vitfast import _C  # noqa: E402
 
 op = torch.ops.vitfast.attention_int8
 TOL = dict(atol=1e-6, rtol=1e-6)
-
-
-@pytest.fixture(params=["ext on", "ext off"])
-def ext(request):
-    on = request.param == "ext on"
-    previous = _C.int8_kernel()
-    if not on:
-        _C.set_cpu_ext_enabled(False)
-    yield _C.int8_kernel()
-    _C.set_cpu_ext_enabled(True)
-    assert _C.int8_kernel() == previous or not on
 
 
 def _flip_bound(qkv, heads):
@@ -59,15 +49,6 @@ def assert_attention_int8_close(out, qkv, heads, scale=None):
     assert (~close).float().mean() <= 0.01, f"{(~close).float().mean():.2%} of the outputs beyond the fp32 tolerance"
 
 
-def _both_thread_counts(args):
-    outs = []
-    for t in (1, 2):
-        torch.set_num_threads(t)
-        outs.append(op(*args))
-    torch.testing.assert_close(outs[1], outs[0], atol=0, rtol=0, equal_nan=True)
-    return outs[0]
-
-
 SHAPES = [(1, 197, 6, 64), (2, 197, 12, 64), (1, 197, 3, 16), (2, 5, 12, 32), (3, 1, 1, 16), (1, 1, 7, 64),
           (2, 5, 1, 16), (1, 50, 2, 32), (2, 17, 5, 20), (1, 33, 4, 3)]
 
@@ -76,7 +57,7 @@ SHAPES = [(1, 197, 6, 64), (2, 197, 12, 64), (1, 197, 3, 16), (2, 5, 12, 32), (3
 def test_parity(isa, ext, restore_threads, batch, tokens, heads, d):
     g = torch.Generator().manual_seed(tokens * 131 + heads * 7 + d)
     qkv = torch.randn(batch, tokens, 3 * heads * d, generator=g)
-    out = _both_thread_counts([qkv, heads, None])
+    out = at_1_and_2_threads(op, [qkv, heads, None])
     assert_attention_int8_close(out, qkv, heads)
 
 

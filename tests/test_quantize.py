@@ -1,6 +1,7 @@
 """`vitfast.quantize` (vitfast/quant) and the int8 ops' references (vitfast/reference/_int8.py, linear_int8.py,
 channel_idle_ffn_int8.py): the quantizer's definitions, the int8 model's structure, its file round trip, and the
-errors.  Kernel parity (the C++ core against the references) is in tests/test_int8_ops.py."""
+errors.  Kernel parity (the C++ core against the references) is in tests/test_linear_int8.py,
+test_channel_idle_ffn_int8.py and test_attention_int8.py."""
 from __future__ import annotations
 
 import json

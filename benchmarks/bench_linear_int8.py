@@ -1,8 +1,8 @@
-"""Benchmark of the int8 ops against the fp32 ops they replace in an int8 model (`vitfast.quantize`): the fused
-ViT's dense layers (qkv, proj) and its channel-idle FFN, × batch × threads.
+"""Benchmark of `linear_int8` against the fp32 op it replaces in an int8 model (`vitfast.quantize`): the fused ViT's
+dense layers (qkv, proj), × batch × threads.  The FFN: benchmarks/bench_channel_idle_ffn_int8.py (same providers).
 
 Providers:
-  cpp      torch.ops.vitfast.linear_int8 / channel_idle_ffn_int8 (the int8 core, csrc/kernels/gemm_int8.h: VNNI,
+  cpp      torch.ops.vitfast.linear_int8 (or channel_idle_ffn_int8: the int8 core, csrc/kernels/gemm_int8.h: VNNI,
            AVX2, NEON dot product or scalar, as this CPU runs; activations quantized per token inside the op)
   fp32     torch.ops.vitfast.linear / channel_idle_ffn: the fp32 C++ ops of the same fused model (the anchor an int8
            op must beat; printed as "vs eager" in the summary table)
@@ -11,7 +11,7 @@ Providers:
 FLOPs counted as for fp32 (2·M·K·N): GFLOP/s here are "GOP/s".  The model-level comparison with ONNX Runtime's
 int8 and OpenVINO is `vitfast bench` (providers ort-int8, ort-qdq, openvino, vitfast-int8).
 
-    .venv/bin/python -m pytest benchmarks/bench_int8_ops.py -k "deit_small and b1 and t1"
+    .venv/bin/python -m pytest benchmarks/bench_linear_int8.py -k "deit_small and b1 and t1"
 """
 from __future__ import annotations
 
@@ -58,12 +58,8 @@ def _fn(provider, name):
     return getattr(torch.ops.vitfast, name) if provider == "fp32" else getattr(reference, name)
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
-@pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
-@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
-@pytest.mark.parametrize("layer", ["qkv", "proj", "ffn"])
-@pytest.mark.parametrize("shape_name", ["deit_small", "deit_base"])
-def test_int8_ops(benchmark, shape_name, layer, batch, threads, provider):
+def run_int8_case(benchmark, shape_name, layer, batch, threads, provider):
+    """One case of this file or of bench_channel_idle_ffn_int8.py (layer "ffn")."""
     shape = VIT_SHAPES[shape_name]
     int8_args, fp32_args, flops = _ffn_case(shape, batch) if layer == "ffn" else _linear_case(shape, layer, batch)
     name = "channel_idle_ffn" if layer == "ffn" else "linear"
@@ -72,3 +68,12 @@ def test_int8_ops(benchmark, shape_name, layer, batch, threads, provider):
     args = int8_args if provider == "cpp" else fp32_args
     case = (shape.name, f"{layer}-int8", f"b{batch}", f"t{threads}")
     run_case(benchmark, _fn(provider, name), args, case, recorded, flops, threads)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
+@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("layer", ["qkv", "proj"])
+@pytest.mark.parametrize("shape_name", ["deit_small", "deit_base"])
+def test_linear_int8(benchmark, shape_name, layer, batch, threads, provider):
+    run_int8_case(benchmark, shape_name, layer, batch, threads, provider)
