@@ -162,7 +162,7 @@ int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_
   const int64_t chunk = std::min(q_rows, kAttentionChunk);
   return bf16_floats(gemm16::packed_bf16(tokens, head_dim)) + bf16_floats(gemm16::packed_bf16(head_dim, tokens)) +
          chunk * padded(tokens) + bf16_floats(chunk * padded(head_dim)) + bf16_floats(chunk * padded(tokens)) +
-         2 * padded(chunk);
+         3 * padded(chunk);
 }
 
 void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
@@ -181,35 +181,38 @@ void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   uint16_t* p16 = reinterpret_cast<uint16_t*>(scores + max_chunk * ld_s + bf16_floats(max_chunk * ld_q));
   float* row_max = scores + max_chunk * ld_s + bf16_floats(max_chunk * ld_q) + bf16_floats(max_chunk * ld_s);
   float* row_sum = row_max + padded(max_chunk);
+  float* row_scale = row_sum + padded(max_chunk);
   const float* q = qkv + h * d;
   const float* k = qkv + attn_dim + h * d;
   const float* v = qkv + 2 * attn_dim + h * d;
+  // The scale applied by the score GEMM's epilogue (row_scale: the fp32 product s · scale that the softmax's first
+  // pass would compute, so the same bits), and the softmax run with scale 1: its first pass then only reads.
+  std::fill(row_scale, row_scale + max_chunk, scale);
+  gemm::Epilogue scaled;
+  scaled.c_padded = true;
+  scaled.row_scale = row_scale;
   gemm16::pack_b_transposed_bf16(k, tokens, d, ld_qkv, k_panels, kernel);  // B = K_hᵀ  [D × N]
   gemm16::pack_b_bf16(v, tokens, d, ld_qkv, v_panels, kernel);            // B = V_h   [N × D]
   const NextPrefetcher prefetch(next, qkv, h, ld_qkv, tokens, heads, d, ld_out);
   const int64_t pf_total = prefetch.total_rows();
-  gemm::Epilogue padded_c;
-  padded_c.c_padded = true;
   for (int64_t c = 0; c < chunks; ++c) {
     // attention_head's chunking; Q and P rounded to bf16 rows per chunk (their only reader is the next GEMM).
     const int64_t r0 = q0 + c * kAttentionChunk, r1 = std::min(q1, r0 + kAttentionChunk), rows = r1 - r0;
     gemm16::convert_rows(q + r0 * ld_qkv, ld_qkv, rows, d, q16, ld_q, kernel);
-    gemm16::gemm_bf16_raw(rows, q16, ld_q, k_panels, tokens, d, scores, ld_s, padded_c, kernel);
+    gemm16::gemm_bf16_raw(rows, q16, ld_q, k_panels, tokens, d, scores, ld_s, scaled, kernel);
     for (int64_t i = 0; i < rows; i += 2) {
       const int64_t pair = std::min<int64_t>(2, rows - i);
       for (int64_t r = i; r < i + pair; ++r) row_max[r] = -std::numeric_limits<float>::infinity();
-      gemm::softmax_exp_rows(scores + i * ld_s, pair, tokens, ld_s, scale, row_max + i, row_sum + i, isa);
+      gemm16::softmax_exp_rows_bf16(scores + i * ld_s, pair, tokens, ld_s, 1.0f, row_max + i, row_sum + i,
+                                    p16 + i * ld_s, ld_s, isa, kernel);
       const int64_t done = (r0 - q0 + i) * pf_total / m, upto = (r0 - q0 + i + pair) * pf_total / m;
       prefetch.rows(done, upto);
     }
-    gemm16::convert_rows(scores, ld_s, rows, tokens, p16, ld_s, kernel);
-    float* o = out + r0 * ld_out + h * d;
-    gemm16::gemm_bf16_raw(rows, p16, ld_s, v_panels, d, tokens, o, ld_out, gemm::Epilogue(), kernel);
-    for (int64_t i = 0; i < rows; ++i) {
-      const float inv = 1.0f / row_sum[i];
-      float* orow = o + i * ld_out;
-      for (int64_t j = 0; j < d; ++j) orow[j] *= inv;
-    }
+    // out_h = (P · V_h) / Σ: the division as the GEMM's row scale (the same fp32 product as a pass over the output).
+    for (int64_t i = 0; i < rows; ++i) row_sum[i] = 1.0f / row_sum[i];
+    gemm::Epilogue normalise;
+    normalise.row_scale = row_sum;
+    gemm16::gemm_bf16_raw(rows, p16, ld_s, v_panels, d, tokens, out + r0 * ld_out + h * d, ld_out, normalise, kernel);
   }
 }
 

@@ -59,6 +59,10 @@ void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t he
 // to bf16 as they are packed, S = Q·Kᵀ accumulated in fp32, the softmax in fp32, P rounded to bf16 for P·V (fp32
 // accumulation), the division by the row sums in fp32.  qkv and out stay fp32.  `kernel` must not be kScalar's
 // stand-in for "no bf16" (the callers keep attention_head then).  Workspace: attention_workspace_floats_bf16.
+// Three steps are fused without changing a bit (csrc/tests/test_attention.cpp checks it against the plain
+// sequence): the scale is the score GEMM's row_scale, the exps are rounded to bf16 as they are made
+// (gemm16::softmax_exp_rows_bf16), and the division by Σ is the P·V GEMM's row_scale.  With K packed by in-register
+// transposes (pack_b_transposed_bf16), one head of DeiT-B (N = 197, D = 64) ran 37.5 -> 33 µs on one core.
 int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_t q_rows);
 void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
                          int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,

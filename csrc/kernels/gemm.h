@@ -80,6 +80,10 @@ struct Epilogue {
   int64_t ld_addend = 0;
   bool accumulate = false;         // C += result instead of C = result
   bool c_padded = false;           // C rows have >= b.padded_n() writable columns (scratch buffers)
+  // Row i's sums multiplied by row_scale[i] before the rest of the epilogue (attention's 1/Σ of the unnormalised
+  // softmax, applied where P·V is stored instead of in a pass over the output).  bf16 kernels only (gemm16): the
+  // fp32 gemm() and gemm_raw() require nullptr.
+  const float* row_scale = nullptr;
 };
 
 // Rows [0, m) of C, all panels of b, on the calling thread with the given ISA path (scalar if that path was

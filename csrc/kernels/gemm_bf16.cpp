@@ -92,9 +92,32 @@ void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t
   }
 }
 
+void widen_bf16(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_bf16(src[i]);
+}
+
+void narrow_to_bf16(const float* src, int64_t n, uint16_t* dst, Bf16Kernel kernel) {
+  // One row of the even part (convert_rows writes no pad for an even length), the odd last value alone.
+  const int64_t even = n - n % 2;
+  if (even > 0) convert_rows(src, even, 1, even, dst, even, kernel);
+  if (n % 2 != 0) dst[n - 1] = to_bf16(src[n - 1]);
+}
+
+void softmax_exp_rows_bf16(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max, float* row_sum,
+                           uint16_t* p, int64_t ldp, CpuIsa isa, Bf16Kernel kernel) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (kernel == Bf16Kernel::kAvx512Bf16 && isa == CpuIsa::kAvx512 && cpu_has(CpuExt::kAvx512Bf16)) {
+    softmax_exp_rows_bf16_avx512(s, rows, n, ld, scale, row_max, row_sum, p, ldp);
+    return;
+  }
+#endif
+  gemm::softmax_exp_rows(s, rows, n, ld, scale, row_max, row_sum, isa);
+  convert_rows(s, ld, rows, n, p, ldp, kernel);
+}
+
 void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst, Bf16Kernel kernel) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (kernel == Bf16Kernel::kAvx512Bf16 && cpu_has(CpuExt::kAvx512Bf16) && ldw < (int64_t(1) << 31) / kNr) {
+  if (kernel == Bf16Kernel::kAvx512Bf16 && cpu_has(CpuExt::kAvx512Bf16)) {
     pack_b_transposed_bf16_avx512(w, n, k, ldw, dst);
     return;
   }
@@ -176,6 +199,7 @@ Bf16BlockArgs block_args(int64_t m, const uint16_t* a, int64_t lda, float* c, in
   g.gelu = ep.gelu;
   g.addend = ep.addend;
   g.ld_addend = ep.ld_addend;
+  g.row_scale = ep.row_scale;
   return g;
 }
 

@@ -111,6 +111,18 @@ class PackedBf16B {
 void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld,
                   Bf16Kernel kernel = Bf16Kernel::kScalar);
 
+// n contiguous values between bf16 and fp32 (a tensor's storage, no row padding): widening is exact; narrowing rounds
+// as convert_rows (to nearest even, NaN kept quiet).  The vit_block op's input and output, without an at::Tensor::to.
+void widen_bf16(const uint16_t* src, int64_t n, float* dst);
+void narrow_to_bf16(const float* src, int64_t n, uint16_t* dst, Bf16Kernel kernel = Bf16Kernel::kScalar);
+
+// Attention's softmax for the bf16 P·V: gemm::softmax_exp_rows (scaled scores s with their row max and the sum of
+// the fp32 exps) with the exps rounded to bf16 into p [rows × padded_k(n)] (row stride ldp, even) instead of
+// stored in s: the bits of softmax_exp_rows + convert_rows, in one pass fewer on kAvx512Bf16 (s keeps the scaled
+// scores there, the exps elsewhere).
+void softmax_exp_rows_bf16(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max, float* row_sum,
+                           uint16_t* p, int64_t ldp, CpuIsa isa, Bf16Kernel kernel);
+
 // Packing into caller-owned memory, for operands that change every call (attention's K and V), rounded to bf16:
 // `dst` holds packed_bf16(n, k) values (panels(n) · padded_k(k) · kNr), 64-byte aligned; pads written as zeros.
 inline int64_t packed_bf16(int64_t n, int64_t k) { return (n + gemm::kNr - 1) / gemm::kNr * gemm::kNr * padded_k(k); }

@@ -33,6 +33,7 @@ struct Bf16BlockArgs {
   bool gelu;
   const float* addend;   // nullptr or [m × n] fp32, ld_addend apart
   int64_t ld_addend;
+  const float* row_scale;  // nullptr or m values: row i's sums × row_scale[i] first (gemm::Epilogue::row_scale)
 };
 
 void gemm_bf16_block_scalar(const Bf16BlockArgs& args);
@@ -48,6 +49,10 @@ void pack_b_transposed_bf16_avx512(const float* w, int64_t n, int64_t k, int64_t
 // pack_b_bf16 (gemm_bf16.h) a 16-column line at a time, the same bits (attention's V_h: ~2.5% of a bf16 DeiT-S block
 // element by element, perf).
 void pack_b_bf16_avx512(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst);
+// gemm::softmax_exp_rows_avx512 with the exps rounded to bf16 into p (row stride ldp, the pad element of an odd n
+// zeroed) instead of stored in place (gemm16::softmax_exp_rows_bf16).
+void softmax_exp_rows_bf16_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                                  float* row_sum, uint16_t* p, int64_t ldp);
 #endif
 #if defined(__aarch64__)
 void gemm_bf16_block_neon(const Bf16BlockArgs& args);

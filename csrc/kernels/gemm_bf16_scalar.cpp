@@ -38,6 +38,7 @@ void gemm_bf16_block_scalar(const Bf16BlockArgs& g) {
       float* ci = g.c + i * g.ldc + col;
       for (int j = 0; j < n_store; ++j) {
         float v = acc[j];
+        if (g.row_scale != nullptr) v *= g.row_scale[i];
         if (g.accumulate) v += ci[j];
         if (g.bias != nullptr) v += g.bias[col + j];
         if (g.gelu) v = gemm::gelu1(v);

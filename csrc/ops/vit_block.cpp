@@ -89,8 +89,12 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   const auto qkv_w = packed_linear_weight_bf16(w_qkv, b_qkv, "w_qkv", "b_qkv");
   const auto proj_w = packed_linear_weight_bf16(w_proj, b_proj, "w_proj", "b_proj");
   const auto ffn_w = packed_channel_idle_ffn_weights_bf16(w_in, b_in, w_out, b_out);
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor scratch = at::empty({rows * (c + 3 * attn_dim + attn_dim + c)}, x.options().dtype(at::kFloat));
+  // A bf16 x is widened into the scratch (x_f32), and the fp32 result narrowed into the bf16 output, with the bf16
+  // core's conversions: two at::Tensor::to calls and their allocations fewer per block.
+  const bool x_bf16 = x.scalar_type() == at::kBFloat16;
+  const at::Tensor xc = x.contiguous();
+  at::Tensor scratch =
+      at::empty({rows * (c + 3 * attn_dim + attn_dim + c) + (x_bf16 ? rows * c : 0)}, x.options().dtype(at::kFloat));
   const int64_t ld_c = gemm16::padded_k(c), ld_a = gemm16::padded_k(attn_dim);
   at::Tensor scratch16 = at::empty({rows * std::max(ld_c, ld_a)}, x.options().dtype(at::kBFloat16));
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
@@ -99,7 +103,8 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   float* heads_out = qkv + rows * 3 * attn_dim;
   float* x1 = heads_out + rows * attn_dim;
   uint16_t* a16 = static_cast<uint16_t*>(scratch16.data_ptr());
-  const float* xp = xf.data_ptr<float>();
+  const float* xp = x_bf16 ? x1 + rows * c : xc.data_ptr<float>();
+  if (x_bf16) gemm16::widen_bf16(static_cast<const uint16_t*>(xc.data_ptr()), rows * c, x1 + rows * c);
   const CpuIsa isa = active_cpu_isa();
 
   layer_norm_run(xp, normed, rows, c, nullptr, nullptr, float(norm1_eps), isa);
@@ -117,7 +122,10 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   }
   gemm16::convert_rows(ffn_in, c, rows, c, a16, ld_c, kernel);
   channel_idle_ffn_run_bf16(*ffn_w, rows, a16, ld_c, ffn_residual ? x1 : nullptr, out.data_ptr<float>(), isa, kernel);
-  return out.to(x.scalar_type());
+  if (!x_bf16) return out;
+  at::Tensor out16 = at::empty(x.sizes(), x.options());
+  gemm16::narrow_to_bf16(out.data_ptr<float>(), rows * c, static_cast<uint16_t*>(out16.data_ptr()), kernel);
+  return out16;
 }
 
 at::Tensor vit_block_cpu(const at::Tensor& x, double norm1_eps, const at::Tensor& w_qkv, const OptTensor& b_qkv_opt,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemm.h"
 #include "tests/test_util.h"
 
@@ -204,8 +205,56 @@ void test_query_block_split(CpuIsa isa) {
   check_same_bits(isa, whole, hinted, "output with a prefetch hint");
 }
 
+
+// attention_head_bf16 against the plain sequence of its documented steps, bit for bit: K and V packed to bf16, each
+// chunk's Q rounded, S = Q·Kᵀ (bf16 products, fp32 sums), softmax_exp_rows with the scale, P rounded, P·V, divided
+// by the row sums.  Guards the fused forms (scale in the score GEMM's epilogue, exps rounded as they are made, the
+// division as the P·V epilogue), which must not change a bit.  On this path's bf16 kernel and the scalar one.
+void test_attention_bf16_steps(CpuIsa isa) {
+  std::mt19937 rng(31);
+  std::vector<gemm16::Bf16Kernel> kernels = {gemm16::Bf16Kernel::kScalar};
+  if (gemm16::bf16_kernel(isa) != gemm16::Bf16Kernel::kScalar) kernels.push_back(gemm16::bf16_kernel(isa));
+  int count = 0;
+  for (gemm16::Bf16Kernel kernel : kernels)
+    for (int64_t tokens : {1, 17, 50, 197})
+      for (int64_t d : {8, 17, 64}) {
+        const int64_t heads = 2, attn = heads * d, ld = 3 * attn, q0 = tokens > 5 ? 3 : 0;
+        const float scale = 1.0f / std::sqrt(float(d));
+        std::vector<float> qkv = random_vector(rng, size_t(tokens * ld), 2.0f);
+        std::vector<float> got(size_t(tokens * attn), 0.0f), want(size_t(tokens * attn), 0.0f);
+        gemm::AlignedFloats ws(attention_workspace_floats_bf16(tokens, d, tokens));
+        const int64_t ld_s = (tokens + 15) / 16 * 16, ld_q = gemm16::padded_k(d);
+        gemm16::AlignedBf16 kp(gemm16::packed_bf16(tokens, d)), vp(gemm16::packed_bf16(d, tokens));
+        std::vector<uint16_t> q16(size_t(tokens * ld_q)), p16(size_t(tokens * gemm16::padded_k(tokens)));
+        std::vector<float> s(size_t(tokens * ld_s)), mx(static_cast<size_t>(tokens)), sum(static_cast<size_t>(tokens));
+        gemm::Epilogue padded;
+        padded.c_padded = true;
+        for (int64_t h = 0; h < heads; ++h) {
+          attention_head_bf16(qkv.data(), ld, tokens, heads, d, h, q0, tokens, scale, got.data(), attn, ws.data(), isa,
+                              kernel);
+          const int64_t m = tokens - q0;
+          gemm16::pack_b_transposed_bf16(qkv.data() + attn + h * d, tokens, d, ld, kp.data(), kernel);
+          gemm16::pack_b_bf16(qkv.data() + 2 * attn + h * d, tokens, d, ld, vp.data(), kernel);
+          gemm16::convert_rows(qkv.data() + q0 * ld + h * d, ld, m, d, q16.data(), ld_q, kernel);
+          gemm16::gemm_bf16_raw(m, q16.data(), ld_q, kp.data(), tokens, d, s.data(), ld_s, padded, kernel);
+          for (int64_t i = 0; i < m; ++i) mx[i] = -INFINITY;
+          gemm::softmax_exp_rows(s.data(), m, tokens, ld_s, scale, mx.data(), sum.data(), isa);
+          gemm16::convert_rows(s.data(), ld_s, m, tokens, p16.data(), gemm16::padded_k(tokens), kernel);
+          float* o = want.data() + q0 * attn + h * d;
+          gemm16::gemm_bf16_raw(m, p16.data(), gemm16::padded_k(tokens), vp.data(), d, tokens, o, attn,
+                                gemm::Epilogue(), kernel);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < d; ++j) o[i * attn + j] *= 1.0f / sum[i];
+        }
+        check_same_bits(isa, want, got, "attention_head_bf16 vs its steps");
+        ++count;
+      }
+  std::printf("[%s] attention_head_bf16 = its steps: %d cases\n", cpu_isa_name(isa), count);
+}
+
 }  // namespace
 
 int main() {
-  return run_on_every_isa("test_attention", test_softmax, test_softmax_exp_nan, test_attention, test_query_block_split);
+  return run_on_every_isa("test_attention", test_softmax, test_softmax_exp_nan, test_attention, test_query_block_split,
+                          test_attention_bf16_steps);
 }

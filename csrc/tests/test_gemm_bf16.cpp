@@ -163,7 +163,7 @@ void test_raw_packing(Bf16Kernel kernel) {
   std::mt19937 rng(11);
   const char* name = gemm16::bf16_kernel_name(kernel);
   for (int64_t n : {1, 16, 37}) {
-    for (int64_t k : {1, 8, 33, 64}) {
+    for (int64_t k : {1, 8, 33, 64, 80, 97}) {
       const int64_t ldw = k + 5;
       std::vector<float> w = random_vector(rng, size_t(n * ldw));
       const gemm16::PackedBf16B b = gemm16::PackedBf16B::pack_linear(w.data(), n, k, ldw, nullptr);
@@ -217,6 +217,55 @@ void test_parity(Bf16Kernel kernel) {
 
 }  // namespace
 
+// The CPU path a kernel belongs to (softmax_exp_rows_bf16 takes both).
+CpuIsa isa_of(Bf16Kernel kernel) {
+  return kernel == Bf16Kernel::kAvx512Bf16 ? CpuIsa::kAvx512
+         : kernel == Bf16Kernel::kNeonBf16 ? CpuIsa::kNeon
+                                           : CpuIsa::kScalar;
+}
+
+// softmax_exp_rows_bf16 gives the bits of softmax_exp_rows + convert_rows (P, row max, row sum; the pad element of an
+// odd row zeroed), at row lengths around the 16-lane body/tail split and with a -inf (masked) score; and a GEMM's
+// row_scale gives the bits of multiplying its output rows afterwards.
+void test_softmax_and_row_scale(Bf16Kernel kernel) {
+  std::mt19937 rng(5);
+  const char* name = gemm16::bf16_kernel_name(kernel);
+  const CpuIsa isa = isa_of(kernel);
+  for (int64_t n : {1, 15, 16, 33, 197}) {
+    for (int64_t rows : {1, 2, 5}) {
+      const int64_t ld = (n + 15) / 16 * 16, ldp = gemm16::padded_k(n) + 4;
+      std::vector<float> s = random_vector(rng, size_t(rows * ld), 8.0f);
+      if (n > 3) s[2] = -std::numeric_limits<float>::infinity();
+      std::vector<float> s_ref = s, max_a(rows, -INFINITY), max_b(rows, -INFINITY), sum_a(rows), sum_b(rows);
+      std::vector<uint16_t> p(size_t(rows * ldp), 0xffff), p_ref(size_t(rows * ldp), 0xffff);
+      gemm16::softmax_exp_rows_bf16(s.data(), rows, n, ld, 0.125f, max_a.data(), sum_a.data(), p.data(), ldp, isa,
+                                    kernel);
+      gemm::softmax_exp_rows(s_ref.data(), rows, n, ld, 0.125f, max_b.data(), sum_b.data(), isa);
+      gemm16::convert_rows(s_ref.data(), ld, rows, n, p_ref.data(), ldp, kernel);
+      bool same = max_a == max_b && sum_a == sum_b;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < gemm16::padded_k(n); ++j) same = same && p[r * ldp + j] == p_ref[r * ldp + j];
+      VT_CHECK(same, "[%s] softmax_exp_rows_bf16 n=%lld rows=%lld differs from softmax_exp_rows + convert_rows", name,
+               (long long)n, (long long)rows);
+    }
+  }
+  // row_scale: C = (A·B) · scale[i] exactly as a pass over C (one fp32 product either way).
+  const int64_t m = 17, n = 37, k = 33, lda = gemm16::padded_k(k);
+  std::vector<float> w = random_vector(rng, size_t(n * k)), x = random_vector(rng, size_t(m * k));
+  std::vector<float> scale = random_vector(rng, size_t(m));
+  const gemm16::PackedBf16B b = gemm16::PackedBf16B::pack_linear(w.data(), n, k, k, nullptr);
+  std::vector<uint16_t> a(size_t(m * lda), 0);
+  gemm16::convert_rows(x.data(), k, m, k, a.data(), lda);
+  std::vector<float> c1(size_t(m * n)), c2(size_t(m * n));
+  gemm16::gemm_bf16(m, a.data(), lda, b, c1.data(), n, gemm::Epilogue(), kernel);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c1[i * n + j] *= scale[i];
+  gemm::Epilogue ep;
+  ep.row_scale = scale.data();
+  gemm16::gemm_bf16(m, a.data(), lda, b, c2.data(), n, ep, kernel);
+  VT_CHECK(c1 == c2, "[%s] gemm_bf16 with row_scale differs from scaling its rows afterwards", name);
+}
+
 int main() {
   test_rounding();
   std::vector<Bf16Kernel> kernels = {Bf16Kernel::kScalar};
@@ -228,7 +277,8 @@ int main() {
   std::printf("bf16 kernels under test:");
   for (Bf16Kernel k : kernels) std::printf(" %s", gemm16::bf16_kernel_name(k));
   std::printf("\n");
-  for (Bf16Kernel k : kernels) test_convert_parity(k), test_raw_packing(k), test_parity(k);
+  for (Bf16Kernel k : kernels)
+    test_convert_parity(k), test_raw_packing(k), test_parity(k), test_softmax_and_row_scale(k);
   // With the extension switched off, the ops' choice falls back to scalar (= their fp32 path).
   for (CpuExt ext : {CpuExt::kAvx512Bf16, CpuExt::kNeonBf16}) {
     if (!cpu_has(ext)) continue;

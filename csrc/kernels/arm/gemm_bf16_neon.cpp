@@ -30,6 +30,7 @@ struct TileEpilogue {
   const float* addend;  // at this tile's (row 0, col 0), or nullptr
   int64_t ld_addend;
   int n_store;          // 1..kNr
+  const float* row_scale;  // at this tile's row 0, or nullptr
 };
 
 template <int MR>
@@ -58,6 +59,8 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
   // The fp32 NEON path's epilogue: in registers for a whole panel, through a stack tile for a partial one.
   for (int i = 0; i < MR; ++i) {
     float* ci = c + i * ldc;
+    if (e.row_scale != nullptr)
+      for (int j = 0; j < 4; ++j) acc[i][j] = vmulq_n_f32(acc[i][j], e.row_scale[i]);
     if (e.n_store == kNr) {
       for (int j = 0; j < 4; ++j) {
         float32x4_t v = acc[i][j];
@@ -103,6 +106,7 @@ void gemm_bf16_block_neon(const Bf16BlockArgs& g) {
       const uint16_t* a = g.a + i * g.lda;
       float* c = g.c + i * g.ldc + col;
       e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
+      e.row_scale = g.row_scale != nullptr ? g.row_scale + i : nullptr;
       switch (g.m - i >= kMrNeon ? kMrNeon : g.m - i) {
         case 6: tile<6>(steps, a, g.lda, bp, c, g.ldc, e); break;
         case 5: tile<5>(steps, a, g.lda, bp, c, g.ldc, e); break;

@@ -47,6 +47,16 @@ static inline __m512 gelu16(__m512 x) {
   return _mm512_fmadd_ps(half_x, erf, half_x);
 }
 
+// fp32 -> bf16, 16 lanes, round to nearest even on the bit patterns (gemm16::to_bf16's portable rounding, not
+// vcvtneps2bf16, which flushes denormals): the bf16 bits in each 32-bit lane's low half, a NaN kept quiet.
+static inline __m512i round_bf16_16(__m512i u) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+}
+
 // exp(x) for x <= 0 (softmax after max subtraction): the Cephes reduction of exp_poly.h, as exp8_nonpositive
 // in avx2_math.h, with 2^n applied by vscalefps; x < kExpMin gives 0.
 static inline __m512 exp16_nonpositive(__m512 x) {

@@ -27,6 +27,10 @@
 #include "kernels/x86/avx512_math.h"
 
 namespace vitfast {
+#include "kernels/x86/softmax_exp_avx512.inc"
+}  // namespace vitfast
+
+namespace vitfast {
 namespace gemm16 {
 namespace {
 
@@ -46,6 +50,7 @@ struct TileEpilogue {
   bool gelu;
   const float* addend;   // at this tile's (row 0, col 0), or nullptr
   int64_t ld_addend;
+  const float* row_scale;  // at this tile's row 0, or nullptr
   __mmask16 mask[2];
 };
 
@@ -54,6 +59,7 @@ struct TileEpilogue {
 static inline __attribute__((always_inline)) __m512 epilogue16(__m512 v, const TileEpilogue& e, const float* ci, int q,
                                                                  int64_t row) {
   const __mmask16 m = e.mask[q];
+  if (e.row_scale != nullptr) v = _mm512_mul_ps(v, _mm512_set1_ps(e.row_scale[row]));
   if (e.load_c) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, ci + 16 * q));
   if (e.bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(e.bias + 16 * q));
   if (e.gelu) v = gelu16(v);
@@ -163,6 +169,7 @@ void row_tiles(const Bf16BlockArgs& g, const uint16_t* bp, int64_t col, const Ti
     const uint16_t* a = g.a + i * g.lda;
     float* c = g.c + i * g.ldc + col;
     e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
+    e.row_scale = g.row_scale != nullptr ? g.row_scale + i : nullptr;
     i += rows;
     switch (rows) {
       case 14: tile<14, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
@@ -197,6 +204,7 @@ void gemm_bf16_block_avx512(const Bf16BlockArgs& g) {
     e.gelu = g.gelu;
     e.ld_addend = g.ld_addend;
     e.addend = nullptr;
+    e.row_scale = nullptr;
     for (int q = 0; q < 2; ++q) {
       const int64_t valid = g.n - (col + q * kNr);
       const bool whole = valid >= kNr || (g.c_padded && g.addend == nullptr);
@@ -209,34 +217,70 @@ void gemm_bf16_block_avx512(const Bf16BlockArgs& g) {
   }
 }
 
+using x86::round_bf16_16;
+
 namespace {
-// Round 16 fp32 bit patterns to bf16 in the low halves: the portable rounding (see convert_rows).
-static inline __m512i round_bf16(__m512i u) {
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  return _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+// In-register transpose of 16 rows of 16 32-bit elements: on return r[c] holds element c of every input row (row i
+// in element i).  Unpacks within 128-bit lanes (rows 4g..4g+3, columns 4L + j), then a 4 × 4 transpose of the
+// 128-bit lanes: 64 shuffles for 256 elements.
+static inline __attribute__((always_inline)) void transpose16_epi32(__m512i r[16]) {
+  __m512i t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  __m512i u[4][4];  // u[g][j], lane L: column 4L + j of rows 4g..4g+3
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    u[g][0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[g][1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[g][2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __m512i a = _mm512_shuffle_i32x4(u[0][j], u[1][j], 0x44), b = _mm512_shuffle_i32x4(u[0][j], u[1][j], 0xEE);
+    const __m512i c = _mm512_shuffle_i32x4(u[2][j], u[3][j], 0x44), d = _mm512_shuffle_i32x4(u[2][j], u[3][j], 0xEE);
+    r[j] = _mm512_shuffle_i32x4(a, c, 0x88);
+    r[4 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
+    r[8 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
+  }
 }
 }  // namespace
 
 void pack_b_transposed_bf16_avx512(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
-  // Panel p, pair q: the 16 columns' (w[col][2q], w[col][2q+1]) = two 16-lane gathers down the rows of w, rounded
-  // and interleaved into one 64-byte line.
-  const int64_t k2 = (k + 1) / 2 * 2, panels = (n + kNr - 1) / kNr;
-  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(int32_t(ldw)));
-  const __m512i zero = _mm512_setzero_si512();
+  // Panel p (16 rows of w = 16 columns of B), block of 16 k-pairs: each row's 32 values rounded and packed into 16
+  // (even, odd) pairs, then the 16 × 16 pairs transposed so each pair's 16 columns make one 64-byte line.  Plain row
+  // loads instead of two 16-lane gathers per line: the K pack of a DeiT head took ~2.5 µs with gathers.
+  // vpackusdw packs within 128-bit lanes, so element c of a packed row is pair kPairOf[c] of the block (the values
+  // are bf16 bit patterns <= 0xffff: no saturation).
+  static constexpr int kPairOf[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};
+  const int64_t pairs = (k + 1) / 2, panels = (n + kNr - 1) / kNr;
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
-    const __mmask16 m = cols == kNr ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1u);
-    const float* base = w + p * kNr * ldw;
-    uint16_t* panel = dst + p * k2 * kNr;
-    for (int64_t q = 0; q < k2 / 2; ++q) {
-      const __m512i lo = _mm512_mask_i32gather_epi32(zero, m, rows, base + 2 * q, 4);
-      const __m512i hi = 2 * q + 1 < k ? _mm512_mask_i32gather_epi32(zero, m, rows, base + 2 * q + 1, 4) : zero;
-      const __m512i pair = _mm512_or_si512(round_bf16(lo), _mm512_slli_epi32(round_bf16(hi), 16));
-      _mm512_store_si512(panel + q * 2 * kNr, pair);
+    uint16_t* panel = dst + p * pairs * 2 * kNr;
+    for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
+      const int64_t k0 = 2 * q0;
+      const int64_t lo_n = k - k0 >= 16 ? 16 : k - k0, hi_n = k - k0 - 16 >= 16 ? 16 : (k - k0 > 16 ? k - k0 - 16 : 0);
+      const __mmask16 lo_m = __mmask16((1u << lo_n) - 1u), hi_m = __mmask16((1u << hi_n) - 1u);
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t) {
+        if (t < cols) {
+          const float* row = w + (p * kNr + t) * ldw + k0;
+          const __m512i lo = round_bf16_16(_mm512_castps_si512(_mm512_maskz_loadu_ps(lo_m, row)));
+          const __m512i hi = round_bf16_16(_mm512_castps_si512(_mm512_maskz_loadu_ps(hi_m, row + 16)));
+          r[t] = _mm512_packus_epi32(lo, hi);
+        } else {
+          r[t] = _mm512_setzero_si512();
+        }
+      }
+      transpose16_epi32(r);
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c)
+        if (q0 + kPairOf[c] < pairs) _mm512_store_si512(panel + (q0 + kPairOf[c]) * 2 * kNr, r[c]);
     }
   }
 }
@@ -254,29 +298,63 @@ void pack_b_bf16_avx512(const float* b, int64_t k, int64_t n, int64_t ldb, uint1
       const __m512i lo = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, r0));
       const __m512i hi =
           2 * q + 1 < k ? _mm512_castps_si512(_mm512_maskz_loadu_ps(m, r0 + ldb)) : _mm512_setzero_si512();
-      _mm512_store_si512(panel + q * 2 * kNr, _mm512_or_si512(round_bf16(lo), _mm512_slli_epi32(round_bf16(hi), 16)));
+      const __m512i pair = _mm512_or_si512(round_bf16_16(lo), _mm512_slli_epi32(round_bf16_16(hi), 16));
+      _mm512_store_si512(panel + q * 2 * kNr, pair);
     }
   }
 }
 
 void convert_rows_avx512(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40);
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = x + r * ldx;
     uint16_t* out = dst + r * ld;
     for (int64_t j = 0; j < k; j += 16) {
       const __mmask16 m = k - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (k - j)) - 1u);
-      const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + j));
-      // (u + 0x7fff + ((u >> 16) & 1)) >> 16, and a NaN kept quiet: as the portable loop.
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-      __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), lsb), 16);
-      const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-      h = _mm512_mask_or_epi32(h, nan, _mm512_srli_epi32(u, 16), quiet);
+      const __m512i h = round_bf16_16(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, src + j)));
       _mm256_mask_storeu_epi16(out + j, m, _mm512_cvtepi32_epi16(h));
     }
     if (k % 2 != 0) out[k] = 0;
   }
+}
+
+
+namespace {
+// Pass 2's exps rounded to bf16 into P with vcvtneps2bf16: the bits of the portable rounding (round_bf16_16) for
+// every value it can see, as exp16_nonpositive returns 0 or a normal number >= e^kExpMin (never a denormal, which the
+// instruction would flush) and a NaN is kept quiet by both; ~20% less time than that integer rounding in this pass.
+struct ToBf16 {
+  uint16_t* p;
+  int64_t ld;
+  inline __attribute__((always_inline)) void store(int r, int64_t j, __m512 e) const {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * ld + j), (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  inline __attribute__((always_inline)) void store_tail(int r, int64_t j, __mmask16 m, __m512 e) const {
+    _mm256_mask_storeu_epi16(p + r * ld + j, m, (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  // The pad element of an odd row (convert_rows' contract: P·V reads whole pairs).
+  inline __attribute__((always_inline)) void finish(int r, int64_t n) const {
+    if (n % 2 != 0) p[r * ld + n] = 0;
+  }
+};
+}  // namespace
+
+void softmax_exp_rows_bf16_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                                  float* row_sum, uint16_t* p, int64_t ldp) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  int64_t r = 0;
+  if (scale == 1.0f) {  // pre-scaled scores (attention_head_bf16): pass 1 reads only
+    for (; r + 2 <= rows; r += 2)
+      x86::softmax_exp_row_group<2, ToBf16, false>(s + r * ld, n, ld, vscale, row_max + r, row_sum + r,
+                                                   ToBf16{p + r * ldp, ldp});
+    if (r < rows)
+      x86::softmax_exp_row_group<1, ToBf16, false>(s + r * ld, n, ld, vscale, row_max + r, row_sum + r,
+                                                   ToBf16{p + r * ldp, ldp});
+    return;
+  }
+  for (; r + 2 <= rows; r += 2)
+    x86::softmax_exp_row_group<2>(s + r * ld, n, ld, vscale, row_max + r, row_sum + r, ToBf16{p + r * ldp, ldp});
+  if (r < rows)
+    x86::softmax_exp_row_group<1>(s + r * ld, n, ld, vscale, row_max + r, row_sum + r, ToBf16{p + r * ldp, ldp});
 }
 
 }  // namespace gemm16

@@ -25,6 +25,10 @@
 #include "kernels/x86/vec_body.inc"
 
 namespace vitfast {
+#include "kernels/x86/softmax_exp_avx512.inc"
+}  // namespace vitfast
+
+namespace vitfast {
 namespace gemm {
 
 using x86::exp16_nonpositive;
@@ -34,88 +38,6 @@ void softmax_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float sc
   softmax_rows<x86::Avx512>(s, rows, n, ld, scale);
 }
 
-namespace {
-
-// R rows of softmax_exp_rows at once, their passes interleaved.  One row alone is a chain of latencies: its
-// maximum must be reduced across lanes before its first exp can start, and its sum at the end; at ViT widths
-// (13 vectors per row at N = 197) those reductions and the exp's dependency chain, not the FP pipes, set the
-// pace.  Two rows side by side give the out-of-order core two independent chains to overlap.
-template <int R>
-static inline __attribute__((always_inline)) void softmax_exp_row_group(float* s, int64_t n, int64_t ld,
-                                                                         __m512 vscale, float* row_max,
-                                                                         float* row_sum) {
-  const __mmask16 tail = __mmask16((1u << (n % 16)) - 1u);
-  const int64_t body = n - n % 16;
-  // Two running maxima per row: one max chain per 16 columns would run at the max latency.
-  __m512 vmax0[R], vmax1[R];
-  for (int r = 0; r < R; ++r) vmax0[r] = vmax1[r] = _mm512_set1_ps(row_max[r]);
-  int64_t j = 0;
-  // The scaled scores are stored back in the max pass and the exp pass reads them: exp(t − m) with t rounded
-  // exactly as in the max, so the max's own term is exactly 0.  An fma(s, scale, −m) (the exact product) is up to
-  // half an ulp off the rounded max, ~1e22 for scores near 1e29: exp of it was 0 or inf for the max itself and
-  // the row turned NaN where torch stays finite.  (A separate mul and sub is no cure: GCC contracts them.)
-  for (; j + 32 <= body; j += 32) {
-    for (int r = 0; r < R; ++r) {
-      float* row = s + r * ld;
-      const __m512 t0 = _mm512_mul_ps(_mm512_loadu_ps(row + j), vscale);
-      const __m512 t1 = _mm512_mul_ps(_mm512_loadu_ps(row + j + 16), vscale);
-      _mm512_storeu_ps(row + j, t0);
-      _mm512_storeu_ps(row + j + 16, t1);
-      vmax0[r] = _mm512_max_ps(t0, vmax0[r]);  // t first: maxps returns its second operand for a NaN t
-      vmax1[r] = _mm512_max_ps(t1, vmax1[r]);
-    }
-  }
-  for (; j < body; j += 16)
-    for (int r = 0; r < R; ++r) {
-      const __m512 t = _mm512_mul_ps(_mm512_loadu_ps(s + r * ld + j), vscale);
-      _mm512_storeu_ps(s + r * ld + j, t);
-      vmax0[r] = _mm512_max_ps(t, vmax0[r]);
-    }
-  if (j < n)
-    for (int r = 0; r < R; ++r) {
-      const __m512 t = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + r * ld + j), vscale);
-      _mm512_mask_storeu_ps(s + r * ld + j, tail, t);
-      vmax1[r] = _mm512_mask_max_ps(vmax1[r], tail, t, vmax1[r]);
-    }
-  __m512 mx[R], vsum0[R], vsum1[R];
-  for (int r = 0; r < R; ++r) {
-    row_max[r] = _mm512_reduce_max_ps(_mm512_max_ps(vmax0[r], vmax1[r]));
-    // A row whose scores so far are all -inf (a flash key tile of overflowed scores): subtract 0, not -inf,
-    // whose exp(-inf - -inf) = NaN poisoned the row for good (see the Triton kernels' m_sub).
-    mx[r] = _mm512_set1_ps(row_max[r] == -__builtin_inff() ? 0.0f : row_max[r]);
-    vsum0[r] = vsum1[r] = _mm512_setzero_ps();
-  }
-  for (j = 0; j + 32 <= body; j += 32) {
-    for (int r = 0; r < R; ++r) {
-      float* row = s + r * ld;
-      const __m512 e0 = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), mx[r]));
-      const __m512 e1 = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), mx[r]));
-      _mm512_storeu_ps(row + j, e0);
-      _mm512_storeu_ps(row + j + 16, e1);
-      vsum0[r] = _mm512_add_ps(vsum0[r], e0);
-      vsum1[r] = _mm512_add_ps(vsum1[r], e1);
-    }
-  }
-  for (; j < body; j += 16) {
-    for (int r = 0; r < R; ++r) {
-      float* row = s + r * ld;
-      const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), mx[r]));
-      _mm512_storeu_ps(row + j, e);
-      vsum0[r] = _mm512_add_ps(vsum0[r], e);
-    }
-  }
-  if (j < n) {
-    for (int r = 0; r < R; ++r) {
-      float* row = s + r * ld;
-      const __m512 e = exp16_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + j), mx[r]));
-      _mm512_mask_storeu_ps(row + j, tail, e);
-      vsum1[r] = _mm512_mask_add_ps(vsum1[r], tail, vsum1[r], e);
-    }
-  }
-  for (int r = 0; r < R; ++r) row_sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(vsum0[r], vsum1[r]));
-}
-
-}  // namespace
 
 // Two passes (gemm_isa.h): the scaled scores and their maximum, then exp(t − m) stored with its sum;
 // 16 lanes and masked tails, rows in interleaved pairs.  Each row's arithmetic is the same whichever group it
@@ -124,9 +46,12 @@ void softmax_exp_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, floa
                              float* row_sum) {
   const __m512 vscale = _mm512_set1_ps(scale);
   int64_t r = 0;
-  for (; r + 2 <= rows; r += 2) softmax_exp_row_group<2>(s + r * ld, n, ld, vscale, row_max + r, row_sum + r);
-  if (r < rows) softmax_exp_row_group<1>(s + r * ld, n, ld, vscale, row_max + r, row_sum + r);
+  for (; r + 2 <= rows; r += 2)
+    x86::softmax_exp_row_group<2>(s + r * ld, n, ld, vscale, row_max + r, row_sum + r, x86::InPlace{s + r * ld, ld});
+  if (r < rows)
+    x86::softmax_exp_row_group<1>(s + r * ld, n, ld, vscale, row_max + r, row_sum + r, x86::InPlace{s + r * ld, ld});
 }
+
 
 namespace {
 
