@@ -134,9 +134,9 @@ size_t ChannelIdleFfnBf16Weights::bytes() const {
 }
 
 int64_t channel_idle_ffn_workspace_floats(const ChannelIdleFfnBf16Weights& w, const ChannelIdleFfnTiling& tiling) {
-  // fp32 h_act tile (padded rows: the GELU epilogue stores whole panels) + its bf16 copy (half as many floats).
+  // The bf16 h_act tile (padded rows: the GELU epilogue stores whole panels), in floats.
   const int64_t tile = max_tile_rows(tiling) * (w.active() > 0 ? w.act().padded_n() : 0);
-  return tile + (tile + 1) / 2;
+  return (tile + 1) / 2;
 }
 
 void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
@@ -157,8 +157,7 @@ void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows
   const int64_t n_tiles = (rows + max_rows - 1) / max_rows;
   const int64_t tile_rows = std::min(max_rows, round_up((rows + n_tiles - 1) / n_tiles, gemm::kMr));
   const int64_t ld_h = active > 0 ? w.act().padded_n() : 0;  // a multiple of 16: even, as bf16 rows must be
-  float* h = workspace;
-  uint16_t* h16 = reinterpret_cast<uint16_t*>(workspace + max_rows * ld_h);
+  uint16_t* h16 = reinterpret_cast<uint16_t*>(workspace);
 
   for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
     const int64_t m = std::min(tile_rows, rows - r0);
@@ -170,9 +169,11 @@ void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows
       ep.bias = true;
       ep.gelu = true;
       ep.c_padded = true;
-      gemm16::gemm_bf16(m, xt, ldx, w.act(), h, ld_h, ep, kernel);
-      // Padding columns of h are GELU(0 + 0) = 0 and meet zero weights: converting whole padded rows is exact.
-      gemm16::convert_rows(h, ld_h, m, ld_h, h16, ld_h, kernel);
+      // GELU's output straight to bf16 (the epilogue's c16: convert_rows' bits, no fp32 tile in between).  Padding
+      // columns are GELU(0 + 0) = 0 and meet zero weights: whole padded rows are exact.
+      ep.c16 = h16;
+      ep.ldc16 = ld_h;
+      gemm16::gemm_bf16(m, xt, ldx, w.act(), nullptr, ld_h, ep, kernel);
     }
     if (has_linear) {
       gemm::Epilogue ep;

@@ -207,7 +207,7 @@ void run_blocks(const GemmBlockArgs& g, CpuIsa isa) {
 void gemm_raw(int64_t m, const float* a, int64_t lda, const float* b_panels, int64_t n, int64_t k, float* c,
               int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc) {
   if (m <= 0 || n <= 0) return;
-  assert(ep.row_scale == nullptr && "row_scale: bf16 kernels only (gemm.h)");
+  assert(ep.row_scale == nullptr && ep.c16 == nullptr && "row_scale, c16: bf16 kernels only (gemm.h)");
   GemmBlockArgs g;
   g.m = m;
   g.n = n;
@@ -260,7 +260,7 @@ void softmax_exp_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale
 void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64_t panel_begin,
                  int64_t panel_end, float* c, int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc) {
   if (m <= 0 || panel_end <= panel_begin) return;
-  assert(ep.row_scale == nullptr && "row_scale: bf16 kernels only (gemm.h)");
+  assert(ep.row_scale == nullptr && ep.c16 == nullptr && "row_scale, c16: bf16 kernels only (gemm.h)");
   GemmBlockArgs g;
   g.m = m;
   g.n = b.n();

@@ -84,6 +84,11 @@ struct Epilogue {
   // softmax, applied where P·V is stored instead of in a pass over the output).  bf16 kernels only (gemm16): the
   // fp32 gemm() and gemm_raw() require nullptr.
   const float* row_scale = nullptr;
+  // Also (or, with C = nullptr, only) the result rounded to bf16 (gemm16::to_bf16's bits) into c16, row stride ldc16:
+  // the next GEMM's operand written by this one's epilogue, without an fp32 round trip.  Same columns as C (c_padded
+  // included).  bf16 kernels only, and not with accumulate when C is nullptr.
+  uint16_t* c16 = nullptr;
+  int64_t ldc16 = 0;
 };
 
 // Rows [0, m) of C, all panels of b, on the calling thread with the given ISA path (scalar if that path was

@@ -200,6 +200,8 @@ Bf16BlockArgs block_args(int64_t m, const uint16_t* a, int64_t lda, float* c, in
   g.addend = ep.addend;
   g.ld_addend = ep.ld_addend;
   g.row_scale = ep.row_scale;
+  g.c16 = ep.c16;
+  g.ldc16 = ep.ldc16;
   return g;
 }
 

@@ -34,6 +34,8 @@ struct Bf16BlockArgs {
   const float* addend;   // nullptr or [m × n] fp32, ld_addend apart
   int64_t ld_addend;
   const float* row_scale;  // nullptr or m values: row i's sums × row_scale[i] first (gemm::Epilogue::row_scale)
+  uint16_t* c16;           // nullptr or the bf16 copy of C (gemm::Epilogue::c16), ldc16 apart; c may then be nullptr
+  int64_t ldc16;
 };
 
 void gemm_bf16_block_scalar(const Bf16BlockArgs& args);

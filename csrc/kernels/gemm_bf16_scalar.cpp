@@ -1,6 +1,7 @@
 // The portable bf16 GEMM (see gemm_bf16.h): each product of two bf16 values computed exactly in fp32 (8 + 8
 // significant bits), summed in fp32 in k order, the fp32 epilogue.  The reference of the C++ tests and the fallback
 // when a hardware kernel is asked for on a CPU without it.
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemm_bf16_isa.h"
 #include "kernels/scalar_math.h"
 
@@ -35,7 +36,8 @@ void gemm_bf16_block_scalar(const Bf16BlockArgs& g) {
           acc[j] += a0 * widen(bq[2 * j]) + a1 * widen(bq[2 * j + 1]);
         }
       }
-      float* ci = g.c + i * g.ldc + col;
+      float* ci = g.c != nullptr ? g.c + i * g.ldc + col : nullptr;
+      uint16_t* c16 = g.c16 != nullptr ? g.c16 + i * g.ldc16 + col : nullptr;
       for (int j = 0; j < n_store; ++j) {
         float v = acc[j];
         if (g.row_scale != nullptr) v *= g.row_scale[i];
@@ -43,7 +45,8 @@ void gemm_bf16_block_scalar(const Bf16BlockArgs& g) {
         if (g.bias != nullptr) v += g.bias[col + j];
         if (g.gelu) v = gemm::gelu1(v);
         if (g.addend != nullptr) v += g.addend[i * g.ld_addend + col + j];
-        ci[j] = v;
+        if (ci != nullptr) ci[j] = v;
+        if (c16 != nullptr) c16[j] = to_bf16(v);
       }
     }
   }

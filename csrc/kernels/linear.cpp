@@ -31,7 +31,8 @@ void linear_rows(const gemm::PackedB& w, int64_t rows, const float* x, int64_t l
 
 void linear_rows_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t* x, int64_t ldx,
                       const float* residual, int64_t ld_residual, float* out, int64_t ldo, gemm16::Bf16Kernel kernel,
-                      int64_t panel_begin, int64_t panel_end, const LinearTiling& tiling) {
+                      int64_t panel_begin, int64_t panel_end, const LinearTiling& tiling, uint16_t* out16,
+                      int64_t ldo16) {
   if (panel_end < 0) panel_end = w.panels();
   if (rows <= 0 || panel_end <= panel_begin) return;
   // The token tiles of linear_rows: one x tile stays in L2 while the whole weight streams past it.
@@ -41,9 +42,11 @@ void linear_rows_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t
   gemm::Epilogue ep;
   ep.bias = true;
   ep.ld_addend = ld_residual;
+  ep.ldc16 = ldo16;
   for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
     const int64_t m = std::min(tile_rows, rows - r0);
     ep.addend = residual != nullptr ? residual + r0 * ld_residual : nullptr;
+    ep.c16 = out16 != nullptr ? out16 + r0 * ldo16 : nullptr;
     gemm16::gemm_bf16_panels(m, x + r0 * ldx, ldx, w, panel_begin, panel_end, out + r0 * ldo, ldo, ep, kernel);
   }
 }

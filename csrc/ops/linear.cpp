@@ -193,14 +193,18 @@ void split_linear(int64_t rows, int64_t panels, CpuIsa isa, const RowsFn& rows_f
 }  // namespace
 
 void linear_run_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t* xp, int64_t ldx, const float* rp,
-                     int64_t ldr, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel) {
+                     int64_t ldr, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* o16, int64_t ld16) {
   const int64_t n = w.n();
+  const LinearTiling tiling;
   split_linear(
       rows, w.panels(), isa,
       [&](int64_t r0, int64_t r1) {
-        linear_rows_bf16(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr, op + r0 * n, n, kernel);
+        linear_rows_bf16(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr, op + r0 * n, n, kernel, 0,
+                         -1, tiling, o16 ? o16 + r0 * ld16 : nullptr, ld16);
       },
-      [&](int64_t p0, int64_t p1) { linear_rows_bf16(w, rows, xp, ldx, rp, ldr, op, n, kernel, p0, p1); });
+      [&](int64_t p0, int64_t p1) {
+        linear_rows_bf16(w, rows, xp, ldx, rp, ldr, op, n, kernel, p0, p1, tiling, o16, ld16);
+      });
 }
 
 void linear_run(const gemm::PackedB& w, int64_t rows, const float* xp, int64_t ldx, const float* rp,

@@ -96,7 +96,7 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   at::Tensor scratch =
       at::empty({rows * (c + 3 * attn_dim + attn_dim + c) + (x_bf16 ? rows * c : 0)}, x.options().dtype(at::kFloat));
   const int64_t ld_c = gemm16::padded_k(c), ld_a = gemm16::padded_k(attn_dim);
-  at::Tensor scratch16 = at::empty({rows * std::max(ld_c, ld_a)}, x.options().dtype(at::kBFloat16));
+  at::Tensor scratch16 = at::empty({rows * (std::max(ld_c, ld_a) + ld_c)}, x.options().dtype(at::kBFloat16));
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
   float* normed = scratch.data_ptr<float>();
   float* qkv = normed + rows * c;
@@ -114,14 +114,22 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   // 1.24 -> 1.18 ms, the relative error against the fp32 block 0.223% -> 0.226%.
   attention_run_bf16(qkv, 3 * attn_dim, batch, tokens, heads, d, 1.0f / std::sqrt(float(d)), heads_out, isa, kernel);
   gemm16::convert_rows(heads_out, attn_dim, rows, attn_dim, a16, ld_a, kernel);
-  linear_run_bf16(*proj_w, rows, a16, ld_a, xp, c, x1, isa, kernel);  // x1 = x + attn(...), fp32
-  const float* ffn_in = x1;
-  if (ffn_norm_eps.has_value()) {
+  // x1 = x + attn(...) in fp32 (the FFN's residual).  Without an FFN norm x1 is also the FFN input: the proj GEMM's
+  // epilogue rounds it to bf16 as it stores it (c16: convert_rows' bits), into the second half of the bf16 scratch
+  // (the first holds the heads' rows, which other row tiles and threads are still reading).
+  uint16_t* x1_16 = a16 + rows * std::max(ld_c, ld_a);
+  const bool x1_is_ffn_in = !ffn_norm_eps.has_value();
+  linear_run_bf16(*proj_w, rows, a16, ld_a, xp, c, x1, isa, kernel, x1_is_ffn_in ? x1_16 : nullptr, ld_c);
+  const uint16_t* ffn16 = x1_16;
+  if (!x1_is_ffn_in) {
     layer_norm_run(x1, normed, rows, c, nullptr, nullptr, float(*ffn_norm_eps), isa);
-    ffn_in = normed;
+    gemm16::convert_rows(normed, c, rows, c, a16, ld_c, kernel);
+    ffn16 = a16;
   }
-  gemm16::convert_rows(ffn_in, c, rows, c, a16, ld_c, kernel);
-  channel_idle_ffn_run_bf16(*ffn_w, rows, a16, ld_c, ffn_residual ? x1 : nullptr, out.data_ptr<float>(), isa, kernel);
+  if (c % 2 != 0 && x1_is_ffn_in)
+    for (int64_t r = 0; r < rows; ++r) x1_16[r * ld_c + c] = 0;  // the pad of odd rows (the GEMM writes c columns)
+  channel_idle_ffn_run_bf16(*ffn_w, rows, ffn16, ld_c, ffn_residual ? x1 : nullptr, out.data_ptr<float>(), isa,
+                            kernel);
   if (!x_bf16) return out;
   at::Tensor out16 = at::empty(x.sizes(), x.options());
   gemm16::narrow_to_bf16(out.data_ptr<float>(), rows * c, static_cast<uint16_t*>(out16.data_ptr()), kernel);

@@ -264,6 +264,40 @@ void test_softmax_and_row_scale(Bf16Kernel kernel) {
   ep.row_scale = scale.data();
   gemm16::gemm_bf16(m, a.data(), lda, b, c2.data(), n, ep, kernel);
   VT_CHECK(c1 == c2, "[%s] gemm_bf16 with row_scale differs from scaling its rows afterwards", name);
+
+  // c16: the bf16 copy of C holds to_bf16 of C's values (with C, and alone with C = nullptr), every epilogue, ragged
+  // shapes, and nothing is written past the valid columns.
+  for (int64_t mm : {1, 13, 30})
+    for (int64_t nn : {5, 16, 40})
+      for (int e = 0; e < 3; ++e) {
+        const int64_t kk = 19, ldx = gemm16::padded_k(kk), ld16 = nn + 3;
+        std::vector<float> wv = random_vector(rng, size_t(nn * kk)), xv = random_vector(rng, size_t(mm * kk));
+        std::vector<float> bias = random_vector(rng, size_t(nn)), add = random_vector(rng, size_t(mm * nn));
+        const gemm16::PackedBf16B bb = gemm16::PackedBf16B::pack_linear(wv.data(), nn, kk, kk, bias.data());
+        std::vector<uint16_t> ax(size_t(mm * ldx), 0);
+        gemm16::convert_rows(xv.data(), kk, mm, kk, ax.data(), ldx);
+        gemm::Epilogue ep2;
+        ep2.bias = e >= 1;
+        ep2.gelu = e == 1;
+        ep2.addend = e == 2 ? add.data() : nullptr;
+        ep2.ld_addend = nn;
+        std::vector<float> c(size_t(mm * nn)), c_both(size_t(mm * nn));
+        gemm16::gemm_bf16(mm, ax.data(), ldx, bb, c.data(), nn, ep2, kernel);
+        std::vector<uint16_t> only(size_t(mm * ld16), 0xffff), both(size_t(mm * ld16), 0xffff);
+        ep2.c16 = only.data();
+        ep2.ldc16 = ld16;
+        gemm16::gemm_bf16(mm, ax.data(), ldx, bb, nullptr, nn, ep2, kernel);
+        ep2.c16 = both.data();
+        gemm16::gemm_bf16(mm, ax.data(), ldx, bb, c_both.data(), nn, ep2, kernel);
+        bool ok = c == c_both;
+        for (int64_t i = 0; i < mm; ++i)
+          for (int64_t j = 0; j < ld16; ++j) {
+            const uint16_t want = j < nn ? gemm16::to_bf16(c[i * nn + j]) : uint16_t(0xffff);
+            ok = ok && only[i * ld16 + j] == want && both[i * ld16 + j] == want;
+          }
+        VT_CHECK(ok, "[%s] gemm_bf16 c16 m=%lld n=%lld epilogue %d: not to_bf16(C), or written past n", name,
+                 (long long)mm, (long long)nn, e);
+      }
 }
 
 int main() {

@@ -18,6 +18,14 @@ namespace vitfast {
 namespace gemm16 {
 namespace {
 
+// gemm16::to_bf16 (round to nearest even, NaN kept quiet), with internal linkage for this file's target.
+inline uint16_t round_bf16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 using arm::gelu4;
 using gemm::kNr;
 
@@ -31,6 +39,8 @@ struct TileEpilogue {
   int64_t ld_addend;
   int n_store;          // 1..kNr
   const float* row_scale;  // at this tile's row 0, or nullptr
+  uint16_t* c16;           // the bf16 copy at this tile's (row 0, col 0), or nullptr; c is then nullptr or not
+  int64_t ldc16;
 };
 
 template <int MR>
@@ -56,11 +66,13 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
       acc[i][3] = vbfdotq_f32(acc[i][3], ai, b3);
     }
   }
-  // The fp32 NEON path's epilogue: in registers for a whole panel, through a stack tile for a partial one.
+  // The fp32 NEON path's epilogue: in registers for a whole panel, through a stack tile for a partial one; a bf16
+  // copy (c16) from the finished values.
   for (int i = 0; i < MR; ++i) {
-    float* ci = c + i * ldc;
+    float* ci = c != nullptr ? c + i * ldc : nullptr;
     if (e.row_scale != nullptr)
       for (int j = 0; j < 4; ++j) acc[i][j] = vmulq_n_f32(acc[i][j], e.row_scale[i]);
+    float t[kNr] = {0};
     if (e.n_store == kNr) {
       for (int j = 0; j < 4; ++j) {
         float32x4_t v = acc[i][j];
@@ -68,10 +80,10 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
         if (e.bias != nullptr) v = vaddq_f32(v, vld1q_f32(e.bias + 4 * j));
         if (e.gelu) v = gelu4(v);
         if (e.addend != nullptr) v = vaddq_f32(v, vld1q_f32(e.addend + i * e.ld_addend + 4 * j));
-        vst1q_f32(ci + 4 * j, v);
+        if (ci != nullptr) vst1q_f32(ci + 4 * j, v);
+        if (e.c16 != nullptr) vst1q_f32(t + 4 * j, v);
       }
     } else {
-      float t[kNr] = {0};
       for (int j = 0; j < 4; ++j) vst1q_f32(t + 4 * j, acc[i][j]);
       if (e.load_c)
         for (int j = 0; j < e.n_store; ++j) t[j] += ci[j];
@@ -83,8 +95,11 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
       }
       if (e.addend != nullptr)
         for (int j = 0; j < e.n_store; ++j) t[j] += e.addend[i * e.ld_addend + j];
-      for (int j = 0; j < e.n_store; ++j) ci[j] = t[j];
+      if (ci != nullptr)
+        for (int j = 0; j < e.n_store; ++j) ci[j] = t[j];
     }
+    if (e.c16 != nullptr)
+      for (int j = 0; j < e.n_store; ++j) e.c16[i * e.ldc16 + j] = round_bf16(t[j]);
   }
 }
 
@@ -104,9 +119,11 @@ void gemm_bf16_block_neon(const Bf16BlockArgs& g) {
     e.n_store = (valid >= kNr || (g.c_padded && g.addend == nullptr)) ? int(kNr) : int(valid);
     for (int64_t i = 0; i < g.m; i += kMrNeon) {
       const uint16_t* a = g.a + i * g.lda;
-      float* c = g.c + i * g.ldc + col;
+      float* c = g.c != nullptr ? g.c + i * g.ldc + col : nullptr;
       e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
       e.row_scale = g.row_scale != nullptr ? g.row_scale + i : nullptr;
+      e.c16 = g.c16 != nullptr ? g.c16 + i * g.ldc16 + col : nullptr;
+      e.ldc16 = g.ldc16;
       switch (g.m - i >= kMrNeon ? kMrNeon : g.m - i) {
         case 6: tile<6>(steps, a, g.lda, bp, c, g.ldc, e); break;
         case 5: tile<5>(steps, a, g.lda, bp, c, g.ldc, e); break;

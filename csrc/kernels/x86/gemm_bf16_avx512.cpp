@@ -36,6 +36,7 @@ namespace {
 
 using gemm::kNr;
 using x86::gelu16;
+using x86::round_bf16_16;
 
 constexpr int kMr512 = 14;
 // B prefetch distance in k-pair steps (64-byte lines), as the fp32 path's kPrefetchLines.
@@ -51,6 +52,8 @@ struct TileEpilogue {
   const float* addend;   // at this tile's (row 0, col 0), or nullptr
   int64_t ld_addend;
   const float* row_scale;  // at this tile's row 0, or nullptr
+  uint16_t* c16;           // the bf16 copy at this tile's (row 0, col 0), or nullptr (C itself may then be nullptr)
+  int64_t ldc16;
   __mmask16 mask[2];
 };
 
@@ -65,6 +68,10 @@ static inline __attribute__((always_inline)) __m512 epilogue16(__m512 v, const T
   if (e.gelu) v = gelu16(v);
   if (e.addend != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, e.addend + row * e.ld_addend + 16 * q));
   return v;
+}
+
+static inline __attribute__((always_inline)) void store_bf16(uint16_t* p, __mmask16 m, __m512 v) {
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(round_bf16_16(_mm512_castps_si512(v))));
 }
 
 static inline __attribute__((always_inline)) __m512i broadcast_pair(const uint16_t* p) {
@@ -96,7 +103,7 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
   }
   const int64_t s_tail = steps > kCPrefetchSteps ? steps - kCPrefetchSteps : 0;
   for (int64_t p_begin = 0, p_end = s_tail, pass = 0; pass < 2; ++pass, p_begin = p_end, p_end = steps) {
-    if (pass == 1 && s_tail > 0) {
+    if (pass == 1 && s_tail > 0 && c != nullptr) {
       for (int r = 0; r < MR; ++r)
         for (int q = 0; q < NP; ++q) {
           _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16 * q), _MM_HINT_T0);
@@ -134,11 +141,18 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
     }
   }
 #undef VITFAST_BF16_ROW
-#define VITFAST_BF16_STORE(row)                                                                     \
-  if (MR > row) {                                                                                   \
-    float* ci = c + row * ldc;                                                                      \
-    _mm512_mask_storeu_ps(ci, e.mask[0], epilogue16(c##row##_0, e, ci, 0, row));                    \
-    if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], epilogue16(c##row##_1, e, ci, 1, row));   \
+// The finished values to C (fp32) and/or its bf16 copy (round_bf16_16: convert_rows' bits), the same columns.
+#define VITFAST_BF16_STORE(row)                                                                       \
+  if (MR > row) {                                                                                     \
+    float* ci = c != nullptr ? c + row * ldc : nullptr;                                               \
+    const __m512 v0 = epilogue16(c##row##_0, e, ci, 0, row);                                          \
+    if (ci != nullptr) _mm512_mask_storeu_ps(ci, e.mask[0], v0);                                      \
+    if (e.c16 != nullptr) store_bf16(e.c16 + row * e.ldc16, e.mask[0], v0);                           \
+    if (NP > 1) {                                                                                     \
+      const __m512 v1 = epilogue16(c##row##_1, e, ci, 1, row);                                        \
+      if (ci != nullptr) _mm512_mask_storeu_ps(ci + 16, e.mask[1], v1);                               \
+      if (e.c16 != nullptr) store_bf16(e.c16 + row * e.ldc16 + 16, e.mask[1], v1);                    \
+    }                                                                                                 \
   }
   VITFAST_BF16_STORE(0)
   VITFAST_BF16_STORE(1)
@@ -167,9 +181,10 @@ void row_tiles(const Bf16BlockArgs& g, const uint16_t* bp, int64_t col, const Ti
   for (int64_t t = 0, i = 0; t < tiles; ++t) {
     const int64_t rows = rows_small + (t < n_big ? 1 : 0);
     const uint16_t* a = g.a + i * g.lda;
-    float* c = g.c + i * g.ldc + col;
+    float* c = g.c != nullptr ? g.c + i * g.ldc + col : nullptr;
     e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
     e.row_scale = g.row_scale != nullptr ? g.row_scale + i : nullptr;
+    e.c16 = g.c16 != nullptr ? g.c16 + i * g.ldc16 + col : nullptr;
     i += rows;
     switch (rows) {
       case 14: tile<14, NP>(steps, a, g.lda, bp, bs, c, g.ldc, e); break;
@@ -205,6 +220,8 @@ void gemm_bf16_block_avx512(const Bf16BlockArgs& g) {
     e.ld_addend = g.ld_addend;
     e.addend = nullptr;
     e.row_scale = nullptr;
+    e.c16 = nullptr;
+    e.ldc16 = g.ldc16;
     for (int q = 0; q < 2; ++q) {
       const int64_t valid = g.n - (col + q * kNr);
       const bool whole = valid >= kNr || (g.c_padded && g.addend == nullptr);
@@ -217,7 +234,6 @@ void gemm_bf16_block_avx512(const Bf16BlockArgs& g) {
   }
 }
 
-using x86::round_bf16_16;
 
 namespace {
 // In-register transpose of 16 rows of 16 32-bit elements: on return r[c] holds element c of every input row (row i
