@@ -138,3 +138,63 @@ def test_default_policy_keeps_the_composition(monkeypatch):
     before = lnl.launch_count()
     vitfast.ops.vit_block_cuda_eager(*args)
     assert lnl.launch_count() == before
+
+
+# ---------------------------------------------------------------------------------------------- CUDA only
+cuda = pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device (real kernels, CUDA graphs)")
+
+
+def _cuda_kernels(fn):
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+@cuda
+def test_cuda_at_most_five_kernels_per_block(monkeypatch):
+    # The real kernels, SDPA's included (bf16: flash or cuDNN, one kernel reading the views of packed qkv).
+    monkeypatch.setattr(vitfast._env, "_cuda_kernels", "blocks")
+    args = cast(make_args(FORMS[0], c=128, tokens=197), torch.bfloat16)
+    with torch.no_grad():
+        out1 = vitfast.ops.vit_block_cuda_eager(*args)
+        _, kernels = _cuda_kernels(lambda: vitfast.ops.vit_block_cuda_eager(out1, *args[1:]))
+    assert kernels <= 5
+
+
+@cuda
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_cuda_fused_model_eager_and_graph(norm, monkeypatch):
+    import timm
+
+    monkeypatch.setattr(vitfast._env, "_cuda_kernels", "blocks")
+    base = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32, depth=3).eval()
+    model = vitfast.fuse(vitfast.convert.from_timm(base, channel_idle=0.75, norm=norm)).eval().cuda()
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+    with torch.no_grad():
+        eager = model(x)
+        with monkeypatch.context() as m:
+            m.setattr(vitfast._env, "_cuda_kernels", "torch")
+            composed = model(x)
+        graphed = vitfast.cuda_graph(model)
+        graphed(x)
+        replay = graphed(x)
+    assert rel_err(eager, composed.double()) <= 1e-5
+    torch.testing.assert_close(replay, eager, atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- the GPU table script
+def test_gpu_blocks_dry_run(capsys):
+    # benchmarks/gpu_blocks.py up to where it needs CUDA: builds the model, finds every block on the block path.
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import gpu_blocks
+
+    assert gpu_blocks.main(["--dry-run", "--models", "deit_tiny_patch16_224", "--batches", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "12/12 blocks take the block path" in out
+    assert out.count("planned:") == len(gpu_blocks.ROWS)
