@@ -165,16 +165,20 @@ def _row_stats_kernel(x_ptr, stats_ptr, M, K, stride_xm, stride_xk, BLOCK_M: tl.
     rows = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     rk = tl.arange(0, BLOCK_K)
-    total = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    # Element-wise accumulators reduced once after each loop (also what triton's NVIDIA pipeline accepts: a row
+    # sum carried through the loop and used twice afterwards failed its thread-locality pass).
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mask = row_ok[:, None] & ((k0 + rk) < K)[None, :]
-        total += tl.sum(load_tile_f32(x_ptr, rows, k0 + rk, stride_xm, stride_xk, mask), axis=1)
+        acc += load_tile_f32(x_ptr, rows, k0 + rk, stride_xm, stride_xk, mask)
+    total = tl.sum(acc, axis=1)
     mean = total / K
-    m2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mask = row_ok[:, None] & ((k0 + rk) < K)[None, :]
         d = tl.where(mask, load_tile_f32(x_ptr, rows, k0 + rk, stride_xm, stride_xk, mask) - mean[:, None], 0.0)
-        m2 += tl.sum(d * d, axis=1)
+        acc += d * d
+    m2 = tl.sum(acc, axis=1)
     tl.store(stats_ptr + rows, total, mask=row_ok)
     tl.store(stats_ptr + M + rows, m2, mask=row_ok)
 
