@@ -2,17 +2,19 @@
 same fused graph and against timm compiled, with kernel launches per forward.
 
     python benchmarks/gpu_blocks.py [--models deit_small_patch16_224,deit_base_patch16_224] [--batches 64,256]
-                                    [--dtype bfloat16] [--budget-s 420] [--json PATH] [--record DIR] [--dry-run]
+                                    [--dtype bfloat16] [--rows R1,R2] [--budget-s 420] [--json PATH] [--record DIR]
+                                    [--dry-run]
 
 Models: RePa-DeiT (timm DeiT, `vitfast.convert.from_timm(channel_idle=0.75)`, then `vitfast.fuse`), random weights.
-Rows per (model, batch); every model's uncompiled rows run first, so a run cut short still has them:
+Rows per (model, batch), run row by row over every model and batch in this order (the most wanted first, so a run
+cut short by its budget or timeout still has them; `--rows` picks a subset, e.g. for a second device call):
 
     vitfast blocks         the fused model eager, VITFAST_CUDA_KERNELS=blocks (five launches per block)
     vitfast blocks graph   the same under vitfast.cuda_graph
-    vitfast auto           the fused model eager on today's default CUDA policy
     inductor fused         torch.compile(mode="max-autotune-no-cudagraphs") of the fused model on the reference ops
                            (VITFAST_BACKEND=reference: the same fused graph, plain torch ops the compiler can see)
     timm max-autotune      torch.compile(mode="max-autotune") of the timm model (its CUDA graphs included)
+    vitfast auto           the fused model eager on today's default CUDA policy
 
 Times: CUDA-event medians of `--reps` calls after warm-up.  Launches: CUDA kernels per forward counted by
 torch.profiler (for a graph-replayed row, the kernels inside the graph).  Error: max |y − y_ref| / max |y_ref| of the
@@ -36,8 +38,10 @@ import time
 
 import torch
 
-ROWS = ("vitfast blocks", "vitfast blocks graph", "vitfast auto", "inductor fused", "timm max-autotune")
-COMPILED = ("inductor fused", "timm max-autotune")
+ROWS = ("vitfast blocks", "vitfast blocks graph", "inductor fused", "timm max-autotune", "vitfast auto")
+# Rows whose first call compiles and autotunes new code (the default policy's Triton FFN kernel included): they start
+# only while the time budget lasts.
+COMPILED = ("inductor fused", "timm max-autotune", "vitfast auto")
 
 
 def build(name: str, theta: float):
@@ -134,7 +138,7 @@ def measure(record, context, fn, x, ref, reps) -> None:
 
 
 def run(args) -> list:
-    """Every row: first the uncompiled ones of every model, then the compiled ones while the budget lasts."""
+    """Every row of `args.rows` over every model and batch; compile rows only while the budget lasts."""
     dtype = getattr(torch, args.dtype)
     t0 = time.monotonic()
     models = {}
@@ -144,7 +148,7 @@ def run(args) -> list:
         print(f"== {name} θ {args.theta} {args.dtype}: {reachable}/{total} blocks take the block path", flush=True)
         models[name] = (baseline, fused)
     if args.dry_run:
-        for row in ROWS:
+        for row in args.rows:
             for name in args.models:
                 for batch in args.batches:
                     print(f"   planned: {name:<24} batch {batch:>4}  {row}")
@@ -158,7 +162,7 @@ def run(args) -> list:
             refs[name] = {b: exact(x).float() for b, x in inputs.items()}
         calls[name] = providers(baseline, fused, dtype)
     rows: list = []
-    for row in ROWS:
+    for row in args.rows:
         for name in args.models:
             for batch in args.batches:
                 record = {"model": name, "theta": args.theta, "dtype": args.dtype, "batch": batch, "row": row}
@@ -215,6 +219,7 @@ def main(argv=None) -> int:
     p.add_argument("--theta", type=float, default=0.75)
     p.add_argument("--batches", default="64,256")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "float16", "bfloat16"))
+    p.add_argument("--rows", default=",".join(ROWS), help=f"a comma-separated subset of: {', '.join(ROWS)}")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--budget-s", type=float, default=420.0, help="start no compile row after this many seconds")
     p.add_argument("--json", help="rewrite the rows to this file after each one")
@@ -223,6 +228,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.batches = [int(b) for b in args.batches.split(",") if b]
+    args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = [r for r in args.rows if r not in ROWS]
+    if unknown or not args.rows:
+        p.error(f"--rows: expected a non-empty subset of {', '.join(ROWS)}, got {args.rows}")
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("gpu_blocks.py: error: needs a CUDA device (or --dry-run)")
     if not args.dry_run:
