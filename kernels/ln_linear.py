@@ -58,6 +58,7 @@ whether folding, explicit normalisation, or cuBLAS wins at a given shape is for 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from typing import NamedTuple
 
@@ -150,6 +151,11 @@ def _configs():
     # dozen rows and columns still cross tile edges in M, N and K.
     interpreter = triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4)
     return tuned_configs(cfgs, interpreter)
+
+
+# Autotune timings cached on disk (triton >= 3.2; ignored under the interpreter): the first call after a process
+# start re-reads the choice per (M bucket, N, K) instead of timing every config again.
+_CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
 def _m_bucket(m: int) -> int:
@@ -298,7 +304,7 @@ def _emit_stats(v, stats_ptr, rows, row_ok, pid_n, M, N, T_OUT,
 
 
 # ---------------------------------------------------------------------------------------------- the kernel
-@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"])
+@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"], **_CACHE_RESULTS)
 @triton.jit
 def _ln_linear_kernel(
     x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr,
