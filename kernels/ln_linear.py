@@ -49,11 +49,14 @@ so |μ|/σ beyond a few hundred means its values have collapsed onto a few level
 loaded x tile becomes (x − μ)·rstd, rounded to x's dtype, before the dot (the train-time composition's own rounding,
 without writing LN(x) to memory).  The choice is made per BLOCK_M rows inside the kernel from the statistics it has
 already loaded, so no host synchronisation is needed (CUDA graphs capture it) and it is deterministic.
+The statistics' divisions are IEEE-rounded (`div_rn`, `sqrt_rn`): Triton's `/` on fp32 is the approximate
+div.full.f32 (up to 2 ulp), and an error of 2 ulp in μ is 2⁻²³·κ in every normalised value — a constant row
+(κ = ∞) would come out as ±(that)·rstd instead of 0.
 `norm="explicit"` / `"fold"` force one path (tests; A/B timing on a GPU).
 
-Performance: nothing here has been timed on a GPU yet (the kernels are checked under the Triton interpreter only);
-whether folding, explicit normalisation, or cuBLAS wins at a given shape is for a GPU run to decide
-(benchmarks/gpu_check_blocks.sh).
+Performance: nothing here has been timed on a GPU yet (the kernels are checked under the Triton interpreter, and
+compiled for sm_90 without running: tests/test_ln_linear_triton.py); whether folding, explicit normalisation or
+cuBLAS wins at a given shape is for a GPU run to decide (benchmarks/gpu_check_blocks.sh).
 """
 from __future__ import annotations
 
@@ -132,6 +135,7 @@ def fold_kappa_max(dtype: torch.dtype, precision: str, k: int) -> float:
     denominator = u_x + acc - mean
     return (2.0 * u_op + acc - u_x) / denominator if denominator > 0 else math.inf
 
+
 # ---------------------------------------------------------------------------------------------- autotune configs
 def _configs():
     # Every BLOCK_N is a multiple of STAT_TILE (the statistics epilogue splits a tile into STAT_TILE columns) and
@@ -178,7 +182,7 @@ def _row_stats_kernel(x_ptr, stats_ptr, M, K, stride_xm, stride_xk, BLOCK_M: tl.
         mask = row_ok[:, None] & ((k0 + rk) < K)[None, :]
         acc += load_tile_f32(x_ptr, rows, k0 + rk, stride_xm, stride_xk, mask)
     total = tl.sum(acc, axis=1)
-    mean = total / K
+    mean = tl.math.div_rn(total, tl.zeros_like(total) + K)  # (division: module docstring)
     acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mask = row_ok[:, None] & ((k0 + rk) < K)[None, :]
@@ -216,10 +220,13 @@ def _combine_stats(stats_ptr, rows, M, K, T, TILE, eps, T_POW2: tl.constexpr):
     s = tl.load(ptrs, mask=t_ok[None, :], other=0.0)
     q = tl.load(ptrs + T * M, mask=t_ok[None, :], other=0.0)
     n = tl.minimum(tl.maximum(K - t * TILE, 0), TILE).to(tl.float32)
-    mean = tl.sum(s, axis=1) / K
-    dev = tl.where(t_ok[None, :], s / tl.maximum(n, 1.0)[None, :] - mean[:, None], 0.0)
+    total = tl.sum(s, axis=1)
+    mean = tl.math.div_rn(total, tl.zeros_like(total) + K)
+    dev = tl.where(t_ok[None, :], tl.math.div_rn(s, tl.maximum(n, 1.0)[None, :] + tl.zeros_like(s)) - mean[:, None],
+                   0.0)
     m2 = tl.sum(q + n[None, :] * dev * dev, axis=1)
-    rstd = 1.0 / tl.sqrt(tl.maximum(m2 / K, 0.0) + eps)
+    var = tl.math.div_rn(m2, tl.zeros_like(m2) + K)
+    rstd = 1.0 / tl.sqrt_rn(tl.maximum(var, 0.0) + eps)
     return mean, rstd
 
 
@@ -294,7 +301,8 @@ def _emit_stats(v, stats_ptr, rows, row_ok, pid_n, M, N, T_OUT,
     v3 = tl.where(valid, tl.reshape(v, (BLOCK_M, S, STAT)), 0.0)
     s = tl.sum(v3, axis=2)
     n = tl.minimum(tl.maximum(N - first, 0), STAT).to(tl.float32)
-    d = tl.where(valid, v3 - (s / tl.maximum(n, 1.0)[None, :])[:, :, None], 0.0)
+    mean = tl.math.div_rn(s, tl.maximum(n, 1.0)[None, :] + tl.zeros_like(s))
+    d = tl.where(valid, v3 - mean[:, :, None], 0.0)
     q = tl.sum(d * d, axis=2)
     t = pid_n * S + j
     ptrs = stats_ptr + t[None, :].to(tl.int64) * M + rows[:, None]
