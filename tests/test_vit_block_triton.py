@@ -128,8 +128,17 @@ def test_policy_routes_whole_blocks_and_chains(monkeypatch):
     assert rel_err(out2, formula((out1,) + args[1:], torch.float64)) <= 1e-5
     out2.add_(1.0)  # modified since it was emitted: its statistics no longer describe it
     before = lnl.launch_count()
-    vitfast.ops.vit_block_cuda_eager(out2, *args[1:])
+    out3 = vitfast.ops.vit_block_cuda_eager(out2, *args[1:])
     assert lnl.launch_count() - before == 6
+    assert rel_err(out3, formula((out2,) + args[1:], torch.float64)) <= 1e-5
+    # Inference tensors have no version counter: never chained, so an in-place write cannot go unnoticed.
+    with torch.inference_mode():
+        before = lnl.launch_count()
+        y1 = vitfast.ops.vit_block_cuda_eager(*args)
+        y1.add_(1.0)
+        y2 = vitfast.ops.vit_block_cuda_eager(y1, *args[1:])
+        assert lnl.launch_count() - before == 6 + 6
+    assert rel_err(y2, formula((y1,) + args[1:], torch.float64)) <= 1e-5
 
 
 def test_default_policy_keeps_the_composition(monkeypatch):

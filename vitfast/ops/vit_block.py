@@ -35,7 +35,9 @@ def _vit_block_fake(*args):
 
 # The last Triton block's output (weakly) with its version and row statistics: the next block reads them when its
 # input is that very tensor, unmodified (nn.Sequential passes each block's output straight on), instead of launching
-# the statistics kernel again.  Any other input, or one written to in place since, gets fresh statistics.
+# the statistics kernel again.  Any other input, or one written to in place since, gets fresh statistics.  Inference
+# tensors (torch.inference_mode) have no version counter, so an in-place write could not be seen: they are never
+# chained (one statistics launch per block more; vitfast.cuda_graph and no_grad keep the chain).
 _chained: tuple | None = None
 
 
@@ -46,12 +48,12 @@ def _vit_block_triton_chained(*args):
 
     x = args[0]
     stats = None
-    if _chained is not None:
+    if _chained is not None and not x.is_inference():
         ref, version, previous = _chained
         if ref() is x and x._version == version:
             stats = previous
     out, out_stats = vit_block_triton(*args, stats=stats)
-    _chained = (weakref.ref(out), out._version, out_stats)
+    _chained = None if out.is_inference() else (weakref.ref(out), out._version, out_stats)
     return out
 
 
