@@ -141,6 +141,36 @@ def test_policy_routes_whole_blocks_and_chains(monkeypatch):
     assert rel_err(y2, formula((y1,) + args[1:], torch.float64)) <= 1e-5
 
 
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+def test_fused_model_blocks_chain(norm, monkeypatch):
+    # A fused RePa-DeiT's blocks, fed one after the other as nn.Sequential does, on the block path: 6 launches for the
+    # first block, 5 for each next one (their statistics come from the block before), and the model's blocks' result.
+    # (FusedBlock takes this path for CUDA tensors; the arguments are taken here as it takes them, on CPU tensors too,
+    # where whole_block_args wants the C++ extension.)
+    import timm
+
+    from vitfast.nn.block import whole_block_args
+
+    if DEVICE == "cpu" and not vitfast.ops.extension_loaded():
+        pytest.skip("whole_block_args takes CPU blocks only with the C++ extension built")
+    base = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32, depth=3).eval()
+    model = vitfast.fuse(vitfast.convert.from_timm(base, channel_idle=0.75, norm=norm)).eval().to(DEVICE)
+    x = torch.randn(2, 5, model.embed_dim, device=DEVICE)
+    monkeypatch.setattr(vit_block_ops, "_chained", None)
+    with torch.no_grad():
+        monkeypatch.setattr(vitfast._env, "_cuda_kernels", "torch")
+        expected = model.blocks(x)  # the CPU op, or on CUDA the composition
+        monkeypatch.setattr(vitfast._env, "_cuda_kernels", "blocks")
+        before = lnl.launch_count()
+        y = x
+        for block in model.blocks:
+            args = whole_block_args(block, y)
+            assert args is not None
+            y = vitfast.ops.vit_block_cuda_eager(*args)
+    assert lnl.launch_count() - before == 6 + 5 * (len(model.blocks) - 1)
+    assert rel_err(y, expected.double()) <= 1e-5
+
+
 def test_default_policy_keeps_the_composition(monkeypatch):
     monkeypatch.setattr(vitfast._env, "_cuda_kernels", "auto")
     args = make_args(FORMS[0])
