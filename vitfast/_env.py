@@ -35,7 +35,7 @@ def set_backend(name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- CUDA paths
-_VALID_CUDA_KERNELS = ("auto", "triton", "torch")
+_VALID_CUDA_KERNELS = ("auto", "triton", "torch", "blocks")
 
 
 def _read_cuda_kernels() -> str:
@@ -49,8 +49,9 @@ _cuda_kernels = _read_cuda_kernels()
 
 
 def get_cuda_kernels() -> str:
-    """How CUDA impls choose: 'auto' (the measured policy in vitfast.ops), 'triton' (always the Triton kernels)
-    or 'torch' (always the cuBLAS/SDPA composition)."""
+    """How CUDA impls choose: 'auto' (the measured policy in vitfast.ops), 'triton' (always the Triton kernels),
+    'torch' (always the cuBLAS/SDPA composition) or 'blocks' (whole fused ViT blocks on the five-launch Triton block
+    path, kernels/vit_block.py, not yet measured on a GPU; every other op as under 'auto')."""
     return _cuda_kernels
 
 

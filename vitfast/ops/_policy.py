@@ -15,6 +15,9 @@ Measured (GPUs, library versions and scripts: docs/performance.md), and the rule
   157% / 112%, gate_select 192% / 144% → the gated kernels in fp16/bf16, gate_select in fp32.
 
 `VITFAST_CUDA_KERNELS` (`vitfast._env.get_cuda_kernels`) "triton" / "torch" forces one path over every rule.
+"blocks" opts whole fused ViT blocks into the five-launch Triton block path (kernels/vit_block.py: LayerNorm folded
+into the GEMMs, residual epilogues emitting the next LayerNorm's statistics); it is not the default because it has
+not been timed on a GPU yet.  Every other op keeps the "auto" rules under it.
 """
 from __future__ import annotations
 
@@ -34,3 +37,8 @@ TRITON_XWX_MAX_WIDTH = 256
 def forced(policy: str) -> Optional[bool]:
     """True / False when VITFAST_CUDA_KERNELS forces the Triton kernels / the composition; None for "auto"."""
     return {"triton": True, "torch": False}.get(policy)
+
+
+def use_triton_blocks(policy: str) -> bool:
+    """Whether whole fused ViT blocks run on the Triton block path: only when VITFAST_CUDA_KERNELS=blocks opts in."""
+    return policy == "blocks"

@@ -1,0 +1,27 @@
+#!/bin/bash
+# Prepared GPU run for the Triton block path (kernels/ln_linear.py, kernels/vit_block.py; VITFAST_CUDA_KERNELS=blocks):
+# its parity tests natively (they ran only under the interpreter before), then benchmarks/gpu_blocks.py: RePa-DeiT-S/B
+# θ 0.75 in bf16 at batch 64 and 256 — the block path (eager and vitfast.cuda_graph), inductor
+# max-autotune-no-cudagraphs on the same fused graph (VITFAST_BACKEND=reference), timm under max-autotune and today's
+# default path — with kernels per forward and the error against the fused fp32 model.
+# About 8 minutes: the two test files run side by side (150 s: every kernel specialisation compiles once, cold), the
+# table gets 320 s and starts no compile row after 200 s (skipped rows say so).  A second device call can take the
+# rest: SKIP_TESTS=1 bash benchmarks/gpu_check_blocks.sh --rows "timm max-autotune,vitfast auto"
+# The table is recorded in $OUT/results/<date>-<gpu>.json (copy it to benchmarks/results/); rows also in $OUT/blocks.json.
+# Usage from the repo root on the device machine: bash benchmarks/gpu_check_blocks.sh [gpu_blocks.py options]
+# Nothing here needs the C++ extension (the CUDA path is Triton and torch); VITFAST_BUILD_EXT=1 builds it anyway.
+source benchmarks/gpu_common.sh
+[ "${VITFAST_BUILD_EXT:-0}" = 1 ] && build_ext
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  echo "== tests (tests/test_ln_linear_triton.py | tests/test_vit_block_triton.py, side by side)"
+  for t in ln_linear vit_block; do
+    VITFAST_TRITON_AUTOTUNE=0 timeout 150 python3 -m pytest -q -rs -p no:cacheprovider "tests/test_${t}_triton.py" \
+      > "$OUT/t_$t.txt" 2>&1 &
+  done
+  wait
+  for t in ln_linear vit_block; do echo "-- $t"; tail -n 15 "$OUT/t_$t.txt"; done
+fi
+mkdir -p "$OUT/results"
+# Autotuning on for the timed kernels (gpu_common.sh pins it off for tests).
+run 320 blocks env VITFAST_TRITON_AUTOTUNE=1 python3 benchmarks/gpu_blocks.py --budget-s 200 \
+  --json "$OUT/blocks.json" --record "$OUT/results" "$@"

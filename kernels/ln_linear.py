@@ -1,0 +1,466 @@
+"""Triton GEMM with the preceding non-affine LayerNorm folded in, and the epilogues of the fused ViT block.
+
+    out = LN(x) · Wᵀ + b  [GELU on the first `gelu_cols` columns]  + b2 + add + residual        (one kernel)
+
+The fused model's LayerNorms are affine-free (their affine is folded into the next linear), so with per-row mean μ
+and rstd = 1/√(σ² + eps)
+
+    LN(x) · Wᵀ = rstd ⊙ (x · Wᵀ − μ · colsum(W)),      colsum(W)[n] = Σ_k W[n, k]
+
+and the GEMM can read the raw residual stream x: no normalised copy of x is ever written.  μ and rstd are not
+recomputed from x here: they arrive as per-row partial statistics (`RowStats`) emitted by the previous GEMM's
+residual epilogue (`emit_stats=True`), or by the small `row_stats` kernel when no producer emitted them (the first
+block).
+
+Row statistics format (`RowStats`): `partials` float32 [2, T, M] holds, for each row m and each column tile t of
+`tile` columns (the last one ragged), the tile's sum and its M2 = Σ (v − mean_t)² about the tile's own mean.  The
+consumer combines the T tiles with Chan's parallel formula in a fixed order:
+
+    μ = Σ_t sum_t / K,    M2 = Σ_t [M2_t + n_t (sum_t / n_t − μ)²],    σ² = M2 / K
+
+which is deterministic (no atomics, no order that depends on scheduling) and does not cancel the way
+E[x²] − E[x]² does when |μ| ≫ σ.  The tile width is a fixed STAT_TILE, not the autotuned BLOCK_N, so the buffer's
+shape does not depend on the config the autotuner picks.  Statistics are taken from the output *as stored* (rounded
+to its dtype): they describe exactly the tensor the next LayerNorm reads.
+
+Cancellation bound (why the launcher may fall back).  Write a row as x_k = μ + σ z_k (Σ z = 0, Σ z² = K) and let κ =
+|μ|/σ.  The folded path computes x·w − μ·colsum(w) = σ Σ z_k w_k, whose size is ≈ σ‖w‖₂, from terms of size
+≈ |μ|‖w‖₂.  Relative to σ‖w‖₂ its error is
+
+    e_fold ≲ (1 + κ) · (u_x + u_acc·√K)  +  c·κ
+
+where u_x is the rounding of the raw x as a dot operand (0 for fp16/bf16 x: the stored values are the operands and
+their products are exact in the fp32 accumulator; 2⁻¹¹ when an fp32 x goes through TF32; 0 for ieee fp32),
+u_acc = 2⁻²⁴ the fp32 accumulation (√K: random-walk growth over K sums), and c·κ with c = u_acc·log₂K the error of
+the fp32 mean itself (a tree sum of values of size |μ|), which every path shares — torch's own LayerNorm included.
+colsum(w) is accumulated by the same dot as x·Wᵀ (a row of ones times each W tile), so it sees exactly the operand
+rounding of x·Wᵀ and adds no term of its own beyond u_acc.  Normalising first (LN, round to the operand dtype, GEMM:
+the train-time composition) has
+
+    e_norm ≲ u_op + u_acc·√K + c·κ,      u_op = 2⁻⁸ (bf16), 2⁻¹¹ (fp16, TF32), 2⁻²⁴ (ieee fp32).
+
+The folded path is taken for a tile of rows only while e_fold ≤ 2·e_norm (the precision criterion of the GPU block
+path: no worse than twice the composition's own error), i.e. while the tile's largest κ ≤ κ_max =
+(2·u_op + u_acc·√K − u_x) / (u_x + u_acc·(√K − log₂K)) (`fold_kappa_max`; unbounded when the denominator is not
+positive): at K = 768 ≈ 1.6 for ieee fp32, ≈ 1 for TF32 (where folding a row with |μ| = 100σ loses ~5% of the
+result), ≈ 900 for fp16, ≈ 7200 for bf16 — more than bf16 storage can carry: a bf16 row has only 8 significant bits,
+so |μ|/σ beyond a few hundred means its values have collapsed onto a few levels.  Rows that collapse entirely
+(σ = 0 after rounding, κ = ∞) normalise explicitly in every dtype.  Above κ_max the kernel normalises explicitly: each
+loaded x tile becomes (x − μ)·rstd, rounded to x's dtype, before the dot (the train-time composition's own rounding,
+without writing LN(x) to memory).  The choice is made per BLOCK_M rows inside the kernel from the statistics it has
+already loaded, so no host synchronisation is needed (CUDA graphs capture it) and it is deterministic.
+The statistics' divisions are IEEE-rounded (`div_rn`, `sqrt_rn`): Triton's `/` on fp32 is the approximate
+div.full.f32 (up to 2 ulp), and an error of 2 ulp in μ is 2⁻²³·κ in every normalised value — a constant row
+(κ = ∞) would come out as ±(that)·rstd instead of 0.
+`norm="explicit"` / `"fold"` force one path (tests; A/B timing on a GPU).
+
+Performance: nothing here has been timed on a GPU yet (the kernels are checked under the Triton interpreter, and
+compiled for sm_90 without running: tests/test_ln_linear_triton.py); whether folding, explicit normalisation or
+cuBLAS wins at a given shape is for a GPU run to decide (benchmarks/gpu_check_blocks.sh).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from vitfast.kernels._common import (
+    INTERPRET as _INTERPRET,
+    SQRT1_2,
+    check_device,
+    input_precision,
+    load_tile_f32,
+    operand,
+    rows as _rows,
+    tile_ids,
+    to_dtype,
+    tuned_configs,
+)
+
+__all__ = ["STAT_TILE", "RowStats", "fold_kappa_max", "launch_count", "ln_linear_triton", "row_stats_triton"]
+
+# Column width of one partial-statistics tile emitted by a residual epilogue; every BLOCK_N is a multiple of it.
+STAT_TILE = 32
+_NORM_MODES = {"auto": 2, "explicit": 1, "fold": 3}
+_U32 = 2.0 ** -24
+_LAUNCHES = [0]
+
+
+class RowStats(NamedTuple):
+    """Per-row LayerNorm statistics in partial form: `partials` float32 [2, T, M] (tile sums, tile M2s) over tiles
+    of `tile` columns of a width-`width` row (module docstring)."""
+
+    partials: torch.Tensor
+    tile: int
+    width: int
+
+    def mean_var(self):
+        """(mean, biased variance) per row, float64, combined as the kernels do (for tests and debugging)."""
+        s, q = self.partials.double()
+        t = torch.arange(s.shape[0], device=s.device, dtype=torch.float64)
+        n = (self.width - t * self.tile).clamp(0, self.tile)[:, None]
+        mean = s.sum(0) / self.width
+        m2 = (q + n * (s / n.clamp(min=1) - mean) ** 2).sum(0)
+        return mean, m2 / self.width
+
+
+def launch_count() -> int:
+    """Kernel launches issued by this module (and counted by its callers, e.g. the block path's SDPA call) since
+    import: what the launch-count tests difference."""
+    return _LAUNCHES[0]
+
+
+def count_launch(n: int = 1) -> None:
+    _LAUNCHES[0] += n
+
+
+def fold_kappa_max(dtype: torch.dtype, precision: str, k: int) -> float:
+    """The largest |μ|/σ of a tile of rows for which the folded path's error bound stays within twice the
+    normalise-then-GEMM bound (module docstring); inf where the bound never favours explicit normalisation."""
+    if dtype == torch.float32:
+        u_x, u_op = (2.0 ** -11, 2.0 ** -11) if precision == "tf32" else (0.0, _U32)
+    elif dtype == torch.float16:
+        u_x, u_op = 0.0, 2.0 ** -11
+    elif dtype == torch.bfloat16:
+        u_x, u_op = 0.0, 2.0 ** -8
+    else:
+        raise ValueError(f"dtype: expected torch.float32, torch.float16 or torch.bfloat16, got {dtype}")
+    k = max(k, 1)
+    acc, mean = _U32 * math.sqrt(k), _U32 * math.log2(k)
+    denominator = u_x + acc - mean
+    return (2.0 * u_op + acc - u_x) / denominator if denominator > 0 else math.inf
+
+
+# ---------------------------------------------------------------------------------------------- autotune configs
+def _configs():
+    # Every BLOCK_N is a multiple of STAT_TILE (the statistics epilogue splits a tile into STAT_TILE columns) and
+    # every tile side is >= 16 (tl.dot).  The first candidate is the one used with VITFAST_TRITON_AUTOTUNE=0.
+    cfgs = [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
+        for bm, bn, bk, w, s in (
+            (128, 128, 64, 8, 3),
+            (128, 256, 64, 8, 3),
+            (128, 64, 64, 4, 4),
+            (64, 128, 64, 4, 4),
+            (64, 64, 64, 4, 4),
+            (64, 64, 32, 4, 5),
+        )
+    ]
+    # The interpreter runs numpy per Triton op per program: one small GPU-legal tile, so that test shapes of a few
+    # dozen rows and columns still cross tile edges in M, N and K.
+    interpreter = triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4)
+    return tuned_configs(cfgs, interpreter)
+
+
+# Autotune timings cached on disk (triton >= 3.2; ignored under the interpreter): the first call after a process
+# start re-reads the choice per (M bucket, N, K) instead of timing every config again.
+_CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+
+
+def _m_bucket(m: int) -> int:
+    # Autotune on the power-of-two bucket of M: every batch size of a ViT (M = B·197) does not retune.
+    return triton.next_power_of_2(max(int(m), 1))
+
+
+# ---------------------------------------------------------------------------------------------- row statistics
+@triton.jit
+def _row_stats_kernel(x_ptr, stats_ptr, M, K, stride_xm, stride_xk, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """partials [2, 1, M]: the row sum and the M2 about the row mean (two passes over the row: no cancellation)."""
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    rk = tl.arange(0, BLOCK_K)
+    # Element-wise accumulators reduced once after each loop (also what triton's NVIDIA pipeline accepts: a row
+    # sum carried through the loop and used twice afterwards failed its thread-locality pass).
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask = row_ok[:, None] & ((k0 + rk) < K)[None, :]
+        acc += load_tile_f32(x_ptr, rows, k0 + rk, stride_xm, stride_xk, mask)
+    total = tl.sum(acc, axis=1)
+    mean = tl.math.div_rn(total, tl.zeros_like(total) + K)  # (division: module docstring)
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        mask = row_ok[:, None] & ((k0 + rk) < K)[None, :]
+        d = tl.where(mask, load_tile_f32(x_ptr, rows, k0 + rk, stride_xm, stride_xk, mask) - mean[:, None], 0.0)
+        acc += d * d
+    m2 = tl.sum(acc, axis=1)
+    tl.store(stats_ptr + rows, total, mask=row_ok)
+    tl.store(stats_ptr + M + rows, m2, mask=row_ok)
+
+
+def row_stats_triton(x: torch.Tensor) -> RowStats:
+    """LayerNorm statistics of x's rows [..., K] in `RowStats` form (one tile per row)."""
+    check_device(x)
+    k = x.shape[-1]
+    x2 = _rows(x, k)
+    m = x2.shape[0]
+    partials = torch.empty((2, 1, m), dtype=torch.float32, device=x.device)
+    if m:
+        block_m, block_k = 16, min(triton.next_power_of_2(max(k, 16)), 256)
+        with _on_device(x):
+            _row_stats_kernel[(triton.cdiv(m, block_m),)](
+                x2, partials, m, k, x2.stride(0), x2.stride(1), BLOCK_M=block_m, BLOCK_K=block_k,
+            )
+        count_launch()
+    return RowStats(partials, max(k, 1), k)
+
+
+# ---------------------------------------------------------------------------------------------- GEMM pieces
+@triton.jit
+def _combine_stats(stats_ptr, rows, M, K, T, TILE, eps, T_POW2: tl.constexpr):
+    """(mean, rstd) of `rows` from partials [2, T, M] (Chan's combination, fixed order: module docstring)."""
+    t = tl.arange(0, T_POW2)
+    t_ok = t < T
+    ptrs = stats_ptr + t[None, :].to(tl.int64) * M + rows[:, None]
+    s = tl.load(ptrs, mask=t_ok[None, :], other=0.0)
+    q = tl.load(ptrs + T * M, mask=t_ok[None, :], other=0.0)
+    n = tl.minimum(tl.maximum(K - t * TILE, 0), TILE).to(tl.float32)
+    total = tl.sum(s, axis=1)
+    mean = tl.math.div_rn(total, tl.zeros_like(total) + K)
+    dev = tl.where(t_ok[None, :], tl.math.div_rn(s, tl.maximum(n, 1.0)[None, :] + tl.zeros_like(s)) - mean[:, None],
+                   0.0)
+    m2 = tl.sum(q + n[None, :] * dev * dev, axis=1)
+    var = tl.math.div_rn(m2, tl.zeros_like(m2) + K)
+    rstd = 1.0 / tl.sqrt_rn(tl.maximum(var, 0.0) + eps)
+    return mean, rstd
+
+
+@triton.jit
+def _folded_tile(
+    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
+    INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """rstd ⊙ (x·Wᵀ − μ·colsum(W)) for one tile; colsum by a ones-row dot on the same W tiles (the same operand
+    rounding as x·Wᵀ, and no cached per-weight vector that an in-place weight update could leave stale)."""
+    rows = (pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    cols = (pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + rows[:, None] * stride_xm + rk[None, :] * stride_xk
+    w_ptrs = w_ptr + rk[:, None] * stride_wk + cols[None, :] * stride_wn
+    # Row 0 all ones, rows 1..15 zero: tl.dot needs 16 rows; summing over them afterwards is exact.
+    ones = tl.where(tl.arange(0, 16)[:, None] == 0, 1.0, 0.0) + tl.zeros((16, BLOCK_K), dtype=tl.float32)
+    ones = ones.to(w_ptr.dtype.element_ty)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sums = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for k in range(tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        acc = tl.dot(operand(a, INTERPRET_BF16), operand(w, INTERPRET_BF16), acc, input_precision=INPUT_PRECISION)
+        sums = tl.dot(operand(ones, INTERPRET_BF16), operand(w, INTERPRET_BF16), sums,
+                      input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    colsum = tl.sum(sums, axis=0)
+    return rstd[:, None] * (acc - mean[:, None] * colsum[None, :])
+
+
+@triton.jit
+def _normalised_tile(
+    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
+    NORMALISE: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """x·Wᵀ for one tile, each x tile first normalised to (x − μ)·rstd in x's dtype when NORMALISE (the
+    train-time composition's rounding of LN(x), done in registers)."""
+    rows = (pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    cols = (pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + rows[:, None] * stride_xm + rk[None, :] * stride_xk
+    w_ptrs = w_ptr + rk[:, None] * stride_wk + cols[None, :] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        if NORMALISE:
+            # Columns past K stay 0: −μ·rstd there could overflow fp16 to inf, and inf · 0 (masked W) is NaN.
+            a = tl.where(rk[None, :] < k_left, (a.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
+            a = to_dtype(a, x_ptr.dtype.element_ty, INTERPRET_BF16)
+        w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        acc = tl.dot(operand(a, INTERPRET_BF16), operand(w, INTERPRET_BF16), acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit
+def _emit_stats(v, stats_ptr, rows, row_ok, pid_n, M, N, T_OUT,
+                STAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Partials of the stored output tile v [BLOCK_M, BLOCK_N] (fp32 of the rounded values): for each STAT-column
+    sub-tile the sum and the M2 about the sub-tile mean, into [2, T_OUT, M]."""
+    S: tl.constexpr = BLOCK_N // STAT
+    j = tl.arange(0, S)
+    first = pid_n * BLOCK_N + j * STAT  # first column of each sub-tile
+    valid = ((first[:, None] + tl.arange(0, STAT)[None, :]) < N)[None, :, :]  # [1, S, STAT]
+    v3 = tl.where(valid, tl.reshape(v, (BLOCK_M, S, STAT)), 0.0)
+    s = tl.sum(v3, axis=2)
+    n = tl.minimum(tl.maximum(N - first, 0), STAT).to(tl.float32)
+    mean = tl.math.div_rn(s, tl.maximum(n, 1.0)[None, :] + tl.zeros_like(s))
+    d = tl.where(valid, v3 - mean[:, :, None], 0.0)
+    q = tl.sum(d * d, axis=2)
+    t = pid_n * S + j
+    ptrs = stats_ptr + t[None, :].to(tl.int64) * M + rows[:, None]
+    mask = row_ok[:, None] & (t < T_OUT)[None, :]
+    tl.store(ptrs, s, mask=mask)
+    tl.store(ptrs + T_OUT * M, q, mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------- the kernel
+@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"], **_CACHE_RESULTS)
+@triton.jit
+def _ln_linear_kernel(
+    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr,
+    M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an, stride_rm, stride_rn, stride_om, stride_on,
+    NORM: tl.constexpr, T_IN_POW2: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_GELU: tl.constexpr, HAS_BIAS2: tl.constexpr, HAS_ADD: tl.constexpr,
+    HAS_RES: tl.constexpr, EMIT_STATS: tl.constexpr, STAT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """out = [LN](x)·Wᵀ + b, GELU on columns < GELU_COLS, + b2 + add + res; NORM: 0 none, 1 explicit, 2 auto
+    (per row tile: folded while κ ≤ kappa_max), 3 folded."""
+    pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    if NORM == 0:
+        zero = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = _normalised_tile(
+            x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, zero, zero,
+            False, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+        )
+    else:
+        mean, rstd = _combine_stats(stats_in_ptr, rows % M, M, K, T_IN, STAT_IN_TILE, eps, T_IN_POW2)
+        if NORM == 1:
+            acc = _normalised_tile(
+                x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
+                True, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+            )
+        elif NORM == 3:
+            acc = _folded_tile(
+                x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
+                INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+            )
+        else:
+            kappa = tl.max(tl.where(row_ok, tl.abs(mean) * rstd, 0.0), axis=0)
+            if kappa <= kappa_max:
+                acc = _folded_tile(
+                    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
+                    INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+                )
+            else:
+                acc = _normalised_tile(
+                    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
+                    True, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+                )
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_GELU:  # noqa: SIM102 (a constexpr test, then a run-time one: the flag removes the code)
+        # Split GELU (channel-idle FFN: the A active columns come first); only tiles reaching them pay for erf.
+        if pid_n * BLOCK_N < GELU_COLS:
+            gelu = 0.5 * acc * (1.0 + tl.math.erf(acc * SQRT1_2))
+            acc = tl.where(cols[None, :] < GELU_COLS, gelu, acc)
+    if HAS_BIAS2:
+        acc += tl.load(b2_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_ADD:
+        acc += load_tile_f32(add_ptr, rows, cols, stride_am, stride_an, mask)
+    if HAS_RES:
+        acc += load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
+    out = to_dtype(acc, out_ptr.dtype.element_ty, INTERPRET_BF16)
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on, out, mask=mask)
+    if EMIT_STATS:
+        _emit_stats(out.to(tl.float32), stats_out_ptr, rows, row_ok, pid_n, M, N, T_OUT, STAT, BLOCK_M, BLOCK_N)
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+def _on_device(x):
+    return torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
+
+
+def _grid(m: int, n: int):
+    # Sizes from the launcher, not from `meta`: triton 3.6's interpreter hands the grid function converted args.
+    return lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+
+def _check_vector(name, t, n, x):
+    if t is not None and (t.dim() != 1 or t.shape[0] != n or t.device != x.device):
+        raise ValueError(f"{name}: expected a [{n}] tensor on {x.device}, got shape {list(t.shape)} on {t.device}")
+
+
+def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                     eps: float | None = None, stats: RowStats | None = None, gelu_cols: int = 0,
+                     bias2: torch.Tensor | None = None, add: torch.Tensor | None = None,
+                     residual: torch.Tensor | None = None, emit_stats: bool = False, norm: str = "auto"):
+    """out = LN(x)·weightᵀ + bias (LN non-affine, only when `eps` is given), GELU on the first `gelu_cols` columns,
+    + bias2 + add + residual; x [..., K], weight [N, K] (nn.Linear layout, any strides), add / residual [..., N].
+
+    `stats`: x's row statistics (`RowStats`, from a producer's `emit_stats` or `row_stats_triton`); computed here
+    (one more launch) when `eps` is given without them.  `emit_stats=True` returns (out, RowStats of out) instead of
+    out.  `norm`: "auto" (fold while the cancellation bound allows, module docstring), "explicit" or "fold"."""
+    if norm not in _NORM_MODES:
+        raise ValueError(f"norm: expected one of {sorted(_NORM_MODES)}, got {norm!r}")
+    check_device(x)
+    k = x.shape[-1]
+    if weight.dim() != 2 or weight.shape[1] != k:
+        raise ValueError(f"weight: expected shape [N, {k}] (K = x.shape[-1]), got {list(weight.shape)}")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"weight: expected dtype {x.dtype} (x's), got {weight.dtype}")
+    n = weight.shape[0]
+    lead = tuple(x.shape[:-1])
+    x2 = _rows(x, k)
+    m = x2.shape[0]
+    for name, vec in (("bias", bias), ("bias2", bias2)):
+        _check_vector(name, vec, n, x)
+    if not 0 <= gelu_cols <= n:
+        raise ValueError(f"gelu_cols: expected 0 <= gelu_cols <= N = {n}, got {gelu_cols}")
+    add2 = _rows(add, n) if add is not None else None
+    res2 = _rows(residual, n) if residual is not None else None
+    for name, t in (("add", add2), ("residual", res2)):
+        if t is not None and t.shape[0] != m:
+            raise ValueError(f"{name}: expected {m} rows of {n} (x's leading shape), got shape {list(t.shape)}")
+    out = torch.empty(lead + (n,), dtype=x.dtype, device=x.device)
+    out2 = out.view(m, n)
+    t_out = triton.cdiv(n, STAT_TILE)
+    stats_out = torch.empty((2, t_out, m), dtype=torch.float32, device=x.device) if emit_stats else None
+    result = (out, RowStats(stats_out, STAT_TILE, n)) if emit_stats else out
+    if m == 0 or n == 0:
+        return result
+    if eps is not None:
+        if k == 0:
+            raise ValueError("x: expected a non-empty last dimension for the LayerNorm, got 0")
+        if stats is None:
+            stats = row_stats_triton(x2)
+        if stats.width != k or stats.partials.shape[-1] != m:
+            raise ValueError(f"stats: expected the statistics of {m} rows of width {k}, got {stats.partials.shape[-1]} "
+                             f"rows of width {stats.width}")
+    precision = input_precision(x.dtype)
+    dummy = out2
+    t_in = stats.partials.shape[1] if eps is not None else 1
+    with _on_device(x):
+        _ln_linear_kernel[_grid(m, n)](
+            x2, weight, bias if bias is not None else dummy, bias2 if bias2 is not None else dummy,
+            add2 if add2 is not None else dummy, res2 if res2 is not None else dummy, out2,
+            stats.partials if eps is not None else dummy, stats_out if stats_out is not None else dummy,
+            m, n, k, _m_bucket(m), gelu_cols, t_in, stats.tile if eps is not None else 1, t_out,
+            float(eps) if eps is not None else 0.0,
+            fold_kappa_max(x.dtype, precision, k),
+            x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+            add2.stride(0) if add2 is not None else 0, add2.stride(1) if add2 is not None else 0,
+            res2.stride(0) if res2 is not None else 0, res2.stride(1) if res2 is not None else 0,
+            out2.stride(0), out2.stride(1),
+            NORM=_NORM_MODES[norm] if eps is not None else 0, T_IN_POW2=max(2, triton.next_power_of_2(t_in)),
+            HAS_BIAS=bias is not None, HAS_GELU=gelu_cols > 0, HAS_BIAS2=bias2 is not None, HAS_ADD=add2 is not None,
+            HAS_RES=res2 is not None, EMIT_STATS=emit_stats, STAT=STAT_TILE,
+            INPUT_PRECISION=precision, INTERPRET_BF16=_INTERPRET and x.dtype == torch.bfloat16,
+        )
+    count_launch()
+    return result
