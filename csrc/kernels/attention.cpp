@@ -43,7 +43,8 @@ class NextPrefetcher {
       add(next.qkv + (2 * heads + next.h) * d, ld, tokens, d);
     }
     add(next.qkv + next.q0 * ld_qkv + next.h * d, ld, next.q1 - next.q0, d);
-    add(next.out + next.q0 * ld_out + next.h * d, ld_out * int64_t(sizeof(float)), next.q1 - next.q0, d);
+    if (next.out != nullptr)
+      add(next.out + next.q0 * ld_out + next.h * d, ld_out * int64_t(sizeof(float)), next.q1 - next.q0, d);
   }
   int64_t total_rows() const { return total_; }
   // Rows [r0, r1) of the concatenated streams.
@@ -167,7 +168,7 @@ int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_
 
 void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
                          int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
-                         gemm16::Bf16Kernel kernel, const AttentionNext& next) {
+                         gemm16::Bf16Kernel kernel, const AttentionNext& next, uint16_t* out16, int64_t ld_out16) {
   if (q1 <= q0) return;
   const int64_t d = head_dim, attn_dim = heads * head_dim, m = q1 - q0;
   const int64_t chunks = (m + kAttentionChunk - 1) / kAttentionChunk;
@@ -212,7 +213,12 @@ void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
     for (int64_t i = 0; i < rows; ++i) row_sum[i] = 1.0f / row_sum[i];
     gemm::Epilogue normalise;
     normalise.row_scale = row_sum;
-    gemm16::gemm_bf16_raw(rows, p16, ld_s, v_panels, d, tokens, out + r0 * ld_out + h * d, ld_out, normalise, kernel);
+    if (out16 != nullptr) {
+      normalise.c16 = out16 + r0 * ld_out16 + h * d;
+      normalise.ldc16 = ld_out16;
+    }
+    gemm16::gemm_bf16_raw(rows, p16, ld_s, v_panels, d, tokens, out16 != nullptr ? nullptr : out + r0 * ld_out + h * d,
+                          ld_out, normalise, kernel);
   }
 }
 

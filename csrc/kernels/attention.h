@@ -42,7 +42,7 @@ constexpr int64_t kAttentionChunk = 42;
 // the same head of the same image) and its output columns are prefetched during this one.
 struct AttentionNext {
   const float* qkv = nullptr;  // that image's row 0
-  float* out = nullptr;        // that image's output row 0
+  float* out = nullptr;        // that image's output row 0 (nullptr: not prefetched, e.g. a bf16 output)
   int64_t h = 0, q0 = 0, q1 = 0;
 };
 
@@ -64,8 +64,11 @@ void attention_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t he
 // (gemm16::softmax_exp_rows_bf16), and the division by Σ is the P·V GEMM's row_scale.  With K packed by in-register
 // transposes (pack_b_transposed_bf16), one head of DeiT-B (N = 197, D = 64) ran 37.5 -> 33 µs on one core.
 int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_t q_rows);
+// out16 (or nullptr): the head's output rounded to bf16 there instead (row stride ld_out16, the next GEMM's operand:
+// gemm::Epilogue::c16, convert_rows' bits); out is then not written and may be nullptr.
 void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
                          int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
-                         gemm16::Bf16Kernel kernel, const AttentionNext& next = AttentionNext());
+                         gemm16::Bf16Kernel kernel, const AttentionNext& next = AttentionNext(),
+                         uint16_t* out16 = nullptr, int64_t ld_out16 = 0);
 
 }  // namespace vitfast

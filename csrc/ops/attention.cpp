@@ -96,7 +96,8 @@ int64_t check_attention_args(const at::Tensor& qkv, int64_t num_heads, const std
 
 
 void attention_run_bf16(const float* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
-                        float scale, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel) {
+                        float scale, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* o16,
+                        int64_t ld_o16) {
   // attention_run's task split, attention_head_bf16 per task.
   const int64_t attn_dim = heads * d;
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
@@ -122,10 +123,11 @@ void attention_run_bf16(const float* qp, int64_t ld_qkv, int64_t batch, int64_t 
         int64_t nb;
         task(t + 1, nb, next.h, next.q0, next.q1);
         next.qkv = qp + nb * tokens * ld_qkv;
-        next.out = op + nb * tokens * attn_dim;
+        next.out = o16 != nullptr ? nullptr : op + nb * tokens * attn_dim;
       }
       attention_head_bf16(qp + b * tokens * ld_qkv, ld_qkv, tokens, heads, d, h, q0, q1, scale,
-                          op + b * tokens * attn_dim, attn_dim, ws, isa, kernel, next);
+                          o16 != nullptr ? nullptr : op + b * tokens * attn_dim, attn_dim, ws, isa, kernel, next,
+                          o16 != nullptr ? o16 + b * tokens * ld_o16 : nullptr, ld_o16);
     }
   });
 }

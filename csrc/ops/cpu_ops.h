@@ -45,6 +45,10 @@ std::shared_ptr<const ChannelIdleFfnWeights> packed_channel_idle_ffn_weights(con
 // out[rows × c] = LayerNorm(x) over each row (gamma/beta may be nullptr).
 void layer_norm_run(const float* x, float* out, int64_t rows, int64_t c, const float* gamma, const float* beta,
                     float eps, CpuIsa isa);
+// The same rows rounded to bf16 into out16 (row stride ld16, even; gemm16::convert_rows' bits, pad zeroed), for a bf16
+// GEMM: normalised a few rows at a time into a thread's small fp32 buffer and rounded while in cache, on every thread.
+void layer_norm_run_bf16(const float* x, uint16_t* out16, int64_t ld16, int64_t rows, int64_t c, const float* gamma,
+                         const float* beta, float eps, CpuIsa isa, gemm16::Bf16Kernel kernel);
 
 // out[rows × w.n()] (row stride w.n()) = x · Wᵀ + b + residual; x and residual rows ldx / ld_residual apart.
 void linear_run(const gemm::PackedB& w, int64_t rows, const float* x, int64_t ldx, const float* residual,
@@ -86,8 +90,10 @@ void linear_run_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t*
                      const float* residual, int64_t ld_residual, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel,
                      uint16_t* out16 = nullptr, int64_t ld16 = 0);
 // attention_run with Q·Kᵀ and P·V on the bf16 GEMMs (qkv and out fp32; kernels/attention.h attention_head_bf16).
+// out16 (or nullptr): the output rounded to bf16 there instead of out (row stride ld_out16; attention_head_bf16).
 void attention_run_bf16(const float* qkv, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
-                        float scale, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel);
+                        float scale, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* out16 = nullptr,
+                        int64_t ld_out16 = 0);
 // channel_idle_ffn_run on bf16 rows x (ldx even, pad zero); residual and out fp32.
 void channel_idle_ffn_run_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
                                const float* residual, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel);

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <vector>
 
 #include "kernels/cpu_features.h"
 #include "kernels/layer_norm.h"
@@ -69,6 +70,23 @@ void layer_norm_run(const float* xp, float* op, int64_t rows, int64_t c, const f
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / c);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     layer_norm_rows(xp + begin * c, op + begin * c, end - begin, c, gp, bp, eps, isa);
+  });
+}
+
+void layer_norm_run_bf16(const float* xp, uint16_t* o16, int64_t ld16, int64_t rows, int64_t c, const float* gp,
+                         const float* bp, float eps, CpuIsa isa, gemm16::Bf16Kernel kernel) {
+  // 16 rows (24-48 KiB at ViT widths: L1/L2) per step; a row's values do not depend on its neighbours (the row groups
+  // of layer_norm_rows), so the bits are layer_norm_run's followed by convert_rows.
+  constexpr int64_t kRows = 16;
+  const int64_t blocks = (rows + kRows - 1) / kRows;
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> buf;
+    if (buf.size() < size_t(kRows * c)) buf.resize(size_t(kRows * c));
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t r0 = b * kRows, n = std::min(kRows, rows - r0);
+      layer_norm_rows(xp + r0 * c, buf.data(), n, c, gp, bp, eps, isa);
+      gemm16::convert_rows(buf.data(), c, n, c, o16 + r0 * ld16, ld16, kernel);
+    }
   });
 }
 

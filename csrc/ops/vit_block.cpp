@@ -79,7 +79,9 @@ int64_t check_args(const at::Tensor& x, double norm1_eps, const at::Tensor& w_qk
 }
 
 // The block on the bf16 GEMMs (see the header comment): the fp32 block's steps, each GEMM input rounded to bf16 once
-// into one bf16 scratch (gemm16::convert_rows), the weights from the bf16 cache entries.
+// (convert_rows' bits) by the step that produces it — the LayerNorms a few rows at a time (layer_norm_run_bf16), the
+// heads' output by the P·V epilogue, x1 by the proj epilogue beside its fp32 store — so no GEMM input has an fp32
+// copy; the weights from the bf16 cache entries.  Same bits as rounding each fp32 input with convert_rows.
 at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tensor& w_qkv, const at::Tensor& b_qkv,
                           int64_t heads, int64_t d, const at::Tensor& w_proj, const at::Tensor& b_proj,
                           const std::optional<double>& ffn_norm_eps, const at::Tensor& w_in, const at::Tensor& b_in,
@@ -93,27 +95,27 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   // core's conversions: two at::Tensor::to calls and their allocations fewer per block.
   const bool x_bf16 = x.scalar_type() == at::kBFloat16;
   const at::Tensor xc = x.contiguous();
-  at::Tensor scratch =
-      at::empty({rows * (c + 3 * attn_dim + attn_dim + c) + (x_bf16 ? rows * c : 0)}, x.options().dtype(at::kFloat));
+  // fp32 scratch: qkv, x1 [, x_f32]; the LayerNorms' and the heads' outputs exist only as bf16 rows (scratch16).
+  at::Tensor scratch = at::empty({rows * (3 * attn_dim + c) + (x_bf16 ? rows * c : 0)}, x.options().dtype(at::kFloat));
   const int64_t ld_c = gemm16::padded_k(c), ld_a = gemm16::padded_k(attn_dim);
   at::Tensor scratch16 = at::empty({rows * (std::max(ld_c, ld_a) + ld_c)}, x.options().dtype(at::kBFloat16));
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
-  float* normed = scratch.data_ptr<float>();
-  float* qkv = normed + rows * c;
-  float* heads_out = qkv + rows * 3 * attn_dim;
-  float* x1 = heads_out + rows * attn_dim;
+  float* qkv = scratch.data_ptr<float>();
+  float* x1 = qkv + rows * 3 * attn_dim;
   uint16_t* a16 = static_cast<uint16_t*>(scratch16.data_ptr());
   const float* xp = x_bf16 ? x1 + rows * c : xc.data_ptr<float>();
   if (x_bf16) gemm16::widen_bf16(static_cast<const uint16_t*>(xc.data_ptr()), rows * c, x1 + rows * c);
   const CpuIsa isa = active_cpu_isa();
 
-  layer_norm_run(xp, normed, rows, c, nullptr, nullptr, float(norm1_eps), isa);
-  gemm16::convert_rows(normed, c, rows, c, a16, ld_c, kernel);
+  layer_norm_run_bf16(xp, a16, ld_c, rows, c, nullptr, nullptr, float(norm1_eps), isa, kernel);
   linear_run_bf16(*qkv_w, rows, a16, ld_c, nullptr, 0, qkv, isa, kernel);
   // Q·Kᵀ and P·V on the bf16 GEMMs too: measured on the DeiT-S block (batch 1, one thread, alternating runs)
   // 1.24 -> 1.18 ms, the relative error against the fp32 block 0.223% -> 0.226%.
-  attention_run_bf16(qkv, 3 * attn_dim, batch, tokens, heads, d, 1.0f / std::sqrt(float(d)), heads_out, isa, kernel);
-  gemm16::convert_rows(heads_out, attn_dim, rows, attn_dim, a16, ld_a, kernel);
+  // The heads' output straight to bf16 rows (the P·V epilogue's c16): the proj GEMM's operand, no fp32 copy.
+  attention_run_bf16(qkv, 3 * attn_dim, batch, tokens, heads, d, 1.0f / std::sqrt(float(d)), nullptr, isa, kernel, a16,
+                     ld_a);
+  if (attn_dim % 2 != 0)
+    for (int64_t r = 0; r < rows; ++r) a16[r * ld_a + attn_dim] = 0;  // the pad of odd rows
   // x1 = x + attn(...) in fp32 (the FFN's residual).  Without an FFN norm x1 is also the FFN input: the proj GEMM's
   // epilogue rounds it to bf16 as it stores it (c16: convert_rows' bits), into the second half of the bf16 scratch
   // (the first holds the heads' rows, which other row tiles and threads are still reading).
@@ -122,8 +124,7 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   linear_run_bf16(*proj_w, rows, a16, ld_a, xp, c, x1, isa, kernel, x1_is_ffn_in ? x1_16 : nullptr, ld_c);
   const uint16_t* ffn16 = x1_16;
   if (!x1_is_ffn_in) {
-    layer_norm_run(x1, normed, rows, c, nullptr, nullptr, float(*ffn_norm_eps), isa);
-    gemm16::convert_rows(normed, c, rows, c, a16, ld_c, kernel);
+    layer_norm_run_bf16(x1, a16, ld_c, rows, c, nullptr, nullptr, float(*ffn_norm_eps), isa, kernel);
     ffn16 = a16;
   }
   if (c % 2 != 0 && x1_is_ffn_in)
