@@ -197,3 +197,16 @@ def test_freeze_backbone_trains_only_the_conv_heads():
         freeze_backbone(converted, keep_trainable=["x"])
     with pytest.raises(ValueError, match=r"^model: expected DW-conv heads"):
         freeze_backbone(vit())
+
+
+def test_global_pool_avg_is_the_cls_removal_of_dwconv():
+    model = vit()
+    a = vitfast.convert.from_timm(model, dwconv_blocks=[1], global_pool="avg").eval()
+    b = vitfast.convert.from_timm(model, dwconv_blocks=[1], remove_cls_token=True).eval()
+    assert a.cls_token is None and a.global_pool == "avg" and a.blocks[1].attn.prefix_tokens == 0
+    b.load_state_dict(a.state_dict())  # the kernels are drawn at random: compare the functions on equal weights
+    x = images(model)
+    with torch.no_grad():
+        torch.testing.assert_close(a(x), b(x), atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"^global_pool: 'token' keeps the class token that remove_cls_token=True"):
+        vitfast.convert.from_timm(model, dwconv_blocks=[1], global_pool="token", remove_cls_token=True)
