@@ -208,11 +208,12 @@ def arch_optimizer(model: nn.Module, lr: float, arch_lr: Optional[float] = None,
     their own group at `arch_lr`, without weight decay (the Trainer's LR schedule scales both groups alike).
 
     arch_lr: None (or lr) is the paper's recipe, one learning rate for the model and the architecture parameters
-    (appendix: 5e-4, AdamW, 300 epochs).  A larger rate is for short runs: the static logits start at (+3, −3) and
-    the gates' last bias at "execute" by 6, and Adam moves a parameter by about lr per step, so at the backbone's
-    rate a few hundred steps (the digits recipe: 400 at 3e-3, ~1.2 in all) never prune or skip anything; the
-    paper's ~1.5M steps move them by far more.  `vitfast train` uses 10 × lr unless told (`--arch-lr-scale`;
-    DARTS, too, gives architecture parameters their own rate).
+    (appendix: 5e-4, AdamW, 300 epochs).  A larger rate was vitfast's choice for short runs, on the argument that
+    the static logits start at (+3, −3) and Adam moves a scalar by about lr per step; measured on the digits study
+    (`vitfast usdc`, seeds 0-2) the two give the same accuracy (mean 98.70 / 98.80% at batch 1 / 64 for both) and
+    realised FLOPs near f_t, and at neither rate does static compression prune anything in 400 steps (the gates
+    meet the budget).  `vitfast train` and `vitfast usdc` keep 10 × lr unless told (`--arch-lr-scale`), so that
+    the published study and earlier runs reproduce; the paper's recipe uses one rate.
     """
     if arch_lr is None:
         arch_lr = lr
