@@ -1,6 +1,8 @@
 """DW-conv paper options: Σ_h over the patch tokens only (`cls="exclude"`); γ's weight decay (the paper's rule by
 default, the earlier exclusion as an option, kept by the train-time file); the full-convolution variant of eq. 9-10
 (against the literal convolution, exact fusion, both files); the frozen-backbone second stage (appendix A.3.1)."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -81,13 +83,14 @@ def test_gamma_is_decayed_by_default_and_the_old_exclusion_is_an_option(tmp_path
     converted = vitfast.convert.from_timm(vit(), dwconv_blocks=[1], dwconv_ensemble=True)
     attn = converted.blocks[1].attn
     assert attn.decay_gamma is True and attn._no_weight_decay == ("conv_kernel",)
-    assert attn.gamma._weight_decay is True  # decayed although 1-D (the paper excludes only the kernels)
+    assert attn._weight_decay == ("gamma",)  # decayed although 1-D (the paper excludes only the kernels)
+    assert copy.deepcopy(attn)._weight_decay == ("gamma",)  # a module attribute: kept by a plain deepcopy
     no_decay = {id(p) for g in param_groups(converted, 0.05) if g["weight_decay"] == 0.0 for p in g["params"]}
     assert id(attn.conv_kernel) in no_decay
     assert describe_trainable(converted)["dwconv"]["blocks"][0]["decay_gamma"] is True
 
     assert set_gamma_weight_decay(converted, False) == 1
-    assert attn._no_weight_decay == ("conv_kernel", "gamma") and attn.gamma._weight_decay is False
+    assert attn._no_weight_decay == ("conv_kernel", "gamma") and attn._weight_decay == ()
     no_decay = {id(p) for g in param_groups(converted, 0.05) if g["weight_decay"] == 0.0 for p in g["params"]}
     assert id(attn.gamma) in no_decay
     path = tmp_path / "m.safetensors"

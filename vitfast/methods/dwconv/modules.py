@@ -64,11 +64,13 @@ class DWConvAttention(nn.Module):
     Kernel initialisation: Gaussian N(0, kernel_init_std²), default std = 1/k (the paper's appendix A.2.1
     initialises the kernels from a Gaussian; 1/k keeps the output variance of the k² taps equal to V's).
     Weight decay (appendix A.2.1 "exclude kernel parameters from L2-regularization"): `conv_kernel` is excluded;
-    γ is decayed as the paper's other parameters are (`decay_gamma=True`: γ carries the mark `_weight_decay = True`,
-    decayed although 1-D), or excluded with `decay_gamma=False` (vitfast's earlier rule).
+    γ is decayed as the paper's other parameters are (`decay_gamma=True`: the module lists it in `_weight_decay`,
+    the names to decay although 1-D — module attributes survive `copy.deepcopy`, parameter attributes do not), or
+    excluded with `decay_gamma=False` (vitfast's earlier rule).
     """
 
     _no_weight_decay = ("conv_kernel",)
+    _weight_decay = ()
     vitfast_counts_prefix_tokens = True  # vitfast.convert.remove_prefix_tokens updates `prefix_tokens`
     vitfast_token_grid = True  # vitfast.nn.set_grid_size / follow_patch_grid update its grid
 
@@ -135,13 +137,12 @@ class DWConvAttention(nn.Module):
 
     @decay_gamma.setter
     def decay_gamma(self, value: bool) -> None:
-        """γ's weight decay: the module's `_no_weight_decay` names and γ's `_weight_decay` mark follow it."""
+        """γ's weight decay: the module's `_no_weight_decay` and `_weight_decay` names follow it."""
         if not isinstance(value, bool):
             raise ValueError(f"decay_gamma: expected True or False, got {value!r}")
         self._decay_gamma = value
         self._no_weight_decay = ("conv_kernel",) if value else ("conv_kernel", "gamma")
-        if self.gamma is not None:
-            self.gamma._weight_decay = value
+        self._weight_decay = ("gamma",) if value and self.gamma is not None else ()
 
     def depthwise_kernel(self) -> torch.Tensor:
         """The [D, k, k] depthwise kernel: `conv_kernel` itself, or (kernel_form "full") each head's k×k kernel
