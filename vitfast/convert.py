@@ -161,8 +161,8 @@ def from_timm(
     stay as they are.  `dwconv_kernel_form="full"` is the full-convolution variant of eq. 9-10 (one k×k kernel per
     head, shared by its channels) instead of the depthwise one of eq. 11.  It composes with `channel_idle`: θ given
     → every FFN is a channel-idle FFN (norm "batch" unless given); θ not given → θ = 0 with norm "layer", timm's
-    FFN exactly, so only the replaced heads change the function.  `remove_cls_token=True` removes the cls token as the paper does (appendix A.3.2:
-    pooling becomes the mean of the tokens; see `remove_prefix_tokens`).
+    FFN exactly, so only the replaced heads change the function.  `remove_cls_token=True` removes the cls token
+    as the paper does (appendix A.3.2: pooling becomes the mean of the tokens; see `remove_prefix_tokens`).
 
     global_pool: None keeps the model's pooling; "avg" drops the class token (its position-embedding row with it)
     and pools the mean of the patch tokens (`remove_prefix_tokens`), as the non-deep ViT paper fine-tunes (section
