@@ -343,9 +343,9 @@ def test_conversion_from_a_ranking():
     (dict(dwconv_heads=[(0,)]), "dwconv_heads: expected \\(block, head\\) pairs"),
     (dict(dwconv_blocks=[0], dwconv_kernel_size=4), "kernel_size: expected an odd int"),
     (dict(dwconv_blocks=[0], branches=3), "not supported together with branches"),
-    # remove_cls_token and the θ rule were silently ignored by the USDC / non-deep conversions
+    # remove_cls_token and the θ rule were silently ignored by the USDC / non-deep conversions (the non-deep one
+    # now removes it: global_pool="avg", tests/test_method_options_nondeep.py)
     (dict(gates=True, remove_cls_token=True), r"^remove_cls_token: not supported together with gates=True"),
-    (dict(branches=2, remove_cls_token=True), r"^remove_cls_token: not supported together with branches"),
     (dict(gates=True, heuristic="linear"), r"^heuristic: only used with channel_idle"),
     (dict(dwconv_blocks=[0], spread=0.1), r"^spread: only used with channel_idle"),
     (dict(branches=2, heuristic="linear"), r"^heuristic: only used with channel_idle"),

@@ -91,7 +91,9 @@ def from_timm(
     dwconv_kernel_size: int = 3,
     dwconv_ensemble: bool = False,
     dwconv_kernel_init_std: Optional[float] = None,
+    dwconv_kernel_form: str = "depthwise",
     remove_cls_token: bool = False,
+    global_pool: Optional[str] = None,
     gates: bool = False,
     flops_target: Optional[float] = None,
     gate_level: str = "group",
@@ -156,10 +158,16 @@ def from_timm(
     `vitfast.methods.dwconv.HeadRanking`, its JSON dict, or the path of its JSON file (`vitfast select-heads`).
     Replaced blocks become `vitfast.methods.dwconv.DWConvBlock` (k = `dwconv_kernel_size`, Gaussian kernels with std
     `dwconv_kernel_init_std` (default 1/k), head ensembling of eq. 12-13 with `dwconv_ensemble`); the others
-    stay as they are.  It composes with `channel_idle`: θ given → every FFN is a channel-idle FFN (norm "batch"
-    unless given); θ not given → θ = 0 with norm "layer", timm's FFN exactly, so only the replaced heads
-    change the function.  `remove_cls_token=True` removes the cls token as the paper does (appendix A.3.2:
-    pooling becomes the mean of the tokens; see `remove_prefix_tokens`).
+    stay as they are.  `dwconv_kernel_form="full"` is the full-convolution variant of eq. 9-10 (one k×k kernel per
+    head, shared by its channels) instead of the depthwise one of eq. 11.  It composes with `channel_idle`: θ given
+    → every FFN is a channel-idle FFN (norm "batch" unless given); θ not given → θ = 0 with norm "layer", timm's
+    FFN exactly, so only the replaced heads change the function.  `remove_cls_token=True` removes the cls token
+    as the paper does (appendix A.3.2: pooling becomes the mean of the tokens; see `remove_prefix_tokens`).
+
+    global_pool: None keeps the model's pooling; "avg" drops the class token (its position-embedding row with it)
+    and pools the mean of the patch tokens (`remove_prefix_tokens`), as the non-deep ViT paper fine-tunes (section
+    4: "global average pooled features replace the class token") and as the DW-conv paper needs (appendix A.3.2;
+    the same as remove_cls_token=True); "token" asserts the model pools its class token.  Not with gates=True.
 
     gates=True makes a USDC model (usdc-static-dynamic-compression; `vitfast.methods.usdc.convert_timm`): per-layer
     decision networks that skip MHSA/FFN sub-blocks (`gate_level` "group"/"sample"/"batch" in training,
@@ -174,8 +182,8 @@ def from_timm(
         branches=branches, schedule=schedule, join_values=join_values, diversity_weight=diversity_weight,
         dwconv_blocks=dwconv_blocks, dwconv_heads=dwconv_heads, ranking=ranking, dwconv_kernel_size=dwconv_kernel_size,
         dwconv_ensemble=dwconv_ensemble, dwconv_kernel_init_std=dwconv_kernel_init_std,
-        remove_cls_token=remove_cls_token, gates=gates, flops_target=flops_target, gate_level=gate_level,
-        gate_search=gate_search, gate_kind=gate_kind,
+        dwconv_kernel_form=dwconv_kernel_form, remove_cls_token=remove_cls_token, global_pool=global_pool,
+        gates=gates, flops_target=flops_target, gate_level=gate_level, gate_search=gate_search, gate_kind=gate_kind,
     )
     # the result carries the description of the timm model it came from (vitfast.arch.SOURCE_ATTR)
     remember_source(converted, source)
@@ -184,17 +192,18 @@ def from_timm(
 
 def _convert(model, channel_idle, norm, heuristic, *, spread, calibration_images, branches, schedule, join_values,
              diversity_weight, dwconv_blocks, dwconv_heads, ranking, dwconv_kernel_size, dwconv_ensemble,
-             dwconv_kernel_init_std, remove_cls_token, gates, flops_target, gate_level, gate_search,
-             gate_kind) -> nn.Module:
+             dwconv_kernel_init_std, dwconv_kernel_form, remove_cls_token, global_pool, gates, flops_target,
+             gate_level, gate_search, gate_kind) -> nn.Module:
     """from_timm on a built timm model: check the options, then the method's conversion."""
     model_blocks(model)  # type check first, before copying anything
+    remove_cls_token = _check_global_pool(model, global_pool, remove_cls_token, gates)
     _check_method_options(
         branches=branches, schedule=schedule, join_values=join_values, diversity_weight=diversity_weight,
         gates=gates, gate_level=gate_level, gate_search=gate_search, gate_kind=gate_kind,
         dwconv=dwconv_blocks is not None or dwconv_heads is not None, ranking=ranking,
         dwconv_kernel_size=dwconv_kernel_size, dwconv_ensemble=dwconv_ensemble,
-        dwconv_kernel_init_std=dwconv_kernel_init_std, remove_cls_token=remove_cls_token,
-        channel_idle=channel_idle, heuristic=heuristic, spread=spread,
+        dwconv_kernel_init_std=dwconv_kernel_init_std, dwconv_kernel_form=dwconv_kernel_form,
+        remove_cls_token=remove_cls_token, channel_idle=channel_idle, heuristic=heuristic, spread=spread,
     )
     if gates:
         if dwconv_blocks is not None or dwconv_heads is not None:
@@ -203,13 +212,14 @@ def _convert(model, channel_idle, norm, heuristic, *, spread, calibration_images
                                gate_level, gate_search, gate_kind, branches)
     if flops_target is not None:
         raise ValueError(f"flops_target: only used with gates=True (USDC), got {flops_target!r}")
-    if dwconv_blocks is not None or dwconv_heads is not None or remove_cls_token:
+    if dwconv_blocks is not None or dwconv_heads is not None or (remove_cls_token and branches is None):
         if branches is not None:
             raise ValueError("dwconv_blocks/dwconv_heads: not supported together with branches (non-deep ViT), got both")
         return dwconv.convert_timm(
             model, channel_idle, norm, heuristic, spread=spread, calibration_images=calibration_images,
             dwconv_blocks=dwconv_blocks, dwconv_heads=dwconv_heads, ranking=ranking, kernel_size=dwconv_kernel_size,
             ensemble=dwconv_ensemble, kernel_init_std=dwconv_kernel_init_std, remove_cls_token=remove_cls_token,
+            kernel_form=dwconv_kernel_form,
         )
     if branches is not None:
         if calibration_images is not None:
@@ -218,6 +228,7 @@ def _convert(model, channel_idle, norm, heuristic, *, spread, calibration_images
         return nondeep.convert_timm(
             model, branches, 0.0 if channel_idle is None else channel_idle, norm or "layer", heuristic, spread=spread,
             schedule=schedule, join_values=join_values, diversity_weight=diversity_weight,
+            global_pool="avg" if remove_cls_token else None,
         )
     return repavit.convert_timm(model, channel_idle, norm, heuristic, spread=spread,
                                 calibration_images=calibration_images)
@@ -225,7 +236,8 @@ def _convert(model, channel_idle, norm, heuristic, *, spread, calibration_images
 
 def _check_method_options(*, branches, schedule, join_values, diversity_weight, gates, gate_level, gate_search,
                           gate_kind, dwconv, ranking, dwconv_kernel_size, dwconv_ensemble,
-                          dwconv_kernel_init_std, remove_cls_token, channel_idle, heuristic, spread) -> None:
+                          dwconv_kernel_init_std, dwconv_kernel_form, remove_cls_token, channel_idle, heuristic,
+                          spread) -> None:
     """A method's options without the method would be ignored (a silently different model): refuse them, as the
     CLI does.  Values are checked here under from_timm's own argument names (deeper code names its own)."""
     from ._checks import check_nonnegative_weight
@@ -259,14 +271,37 @@ def _check_method_options(*, branches, schedule, join_values, diversity_weight, 
     if not dwconv:
         refuse_unused([("ranking", ranking is not None), ("dwconv_kernel_size", dwconv_kernel_size != 3),
                        ("dwconv_ensemble", dwconv_ensemble is not False),
-                       ("dwconv_kernel_init_std", dwconv_kernel_init_std is not None)],
+                       ("dwconv_kernel_init_std", dwconv_kernel_init_std is not None),
+                       ("dwconv_kernel_form", dwconv_kernel_form != "depthwise")],
                       "dwconv_blocks/dwconv_heads")
-    if remove_cls_token and (gates or branches is not None):
-        raise ValueError(f"remove_cls_token: not supported together with "
-                         f"{'gates=True (USDC)' if gates else 'branches (non-deep ViT)'}, got both")
+    if remove_cls_token and gates:
+        raise ValueError("remove_cls_token: not supported together with gates=True (USDC), got both")
     if channel_idle is None and (gates or branches is not None or dwconv or remove_cls_token):
         # These methods keep timm's FFN (θ = 0) unless channel_idle is given: a per-layer θ rule has nothing to act on.
         refuse_unused([("heuristic", heuristic != "static"), ("spread", spread != 0.25)], "channel_idle")
+
+
+def _check_global_pool(model: nn.Module, global_pool, remove_cls_token: bool, gates: bool) -> bool:
+    """global_pool checked against the model and the other options -> whether the class token is to be removed."""
+    if global_pool is None:
+        return remove_cls_token
+    if global_pool not in ("avg", "token"):
+        raise ValueError(f"global_pool: expected None, 'avg' or 'token', got {global_pool!r}")
+    from timm.models.vision_transformer import VisionTransformer
+
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(f"global_pool: only timm VisionTransformer models (ViT/DeiT), got {type(model).__name__}")
+    if global_pool == "token":
+        if remove_cls_token:
+            raise ValueError("global_pool: 'token' keeps the class token that remove_cls_token=True removes, got both")
+        if model.cls_token is None or model.global_pool != "token":
+            without = "" if model.cls_token is not None else ", no class token"
+            raise ValueError(f"global_pool: 'token' needs a model that pools its class token, got one with "
+                             f"global_pool={model.global_pool!r}{without}")
+        return False
+    if gates:
+        raise ValueError("global_pool: 'avg' is not supported together with gates=True (USDC), got both")
+    return True
 
 
 def _from_timm_usdc(model, channel_idle, norm, heuristic, spread, calibration_images, flops_target, gate_level,

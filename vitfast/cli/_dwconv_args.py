@@ -46,6 +46,10 @@ def add_dwconv_args(p) -> None:
                    help="the Σ_h ranking .json from `vitfast select-heads` (needed for the counts K / P)")
     g.add_argument("--dwconv-kernel", type=_odd_kernel, default=None, metavar="k",
                    help="depthwise kernel size k (odd) [default: 3]")
+    g.add_argument("--dwconv-form", choices=("depthwise", "full"), default=None,
+                   help="depthwise: one k×k filter per value channel (eq. 11, the paper's method); full: the "
+                        "full-convolution variant, one k×k kernel per head shared by its channels (eq. 9-10; "
+                        "computed and fused as the equivalent depthwise convolution) [default: depthwise]")
     g.add_argument("--ensemble", action="store_true", default=None,
                    help="head ensembling (eq. 12-13): a block's replaced heads become one head of width d_h "
                         "with softmax(γ) weights")
@@ -92,7 +96,7 @@ def dwconv_source(timm_model, settings, recipe):
 
 # The settings (argparse dests) of the DW-conv recipe, in `vitfast train`'s stored-settings form; `dwconv_request` /
 # `convert_dwconv` turn them into `vitfast.convert.from_timm` arguments.
-DWCONV_SETTINGS = ("dwconv_blocks", "dwconv_heads", "ranking", "dwconv_kernel", "ensemble", "remove_cls")
+DWCONV_SETTINGS = ("dwconv_blocks", "dwconv_heads", "ranking", "dwconv_kernel", "ensemble", "remove_cls", "dwconv_form")
 
 
 # ---------------------------------------------------------------------------------------------- command line
@@ -140,7 +144,7 @@ def check_dwconv_options(settings: Mapping[str, Any]) -> None:
     """Options that only mean something with --dwconv-blocks/--dwconv-heads: ValueError naming the flag."""
     if dwconv_request(settings):
         return
-    for k in ("ranking", "dwconv_kernel", "ensemble"):
+    for k in ("ranking", "dwconv_kernel", "ensemble", "dwconv_form"):
         if settings.get(k) not in (None, False):
             raise ValueError(f"--{k.replace('_', '-')}: only used with --dwconv-blocks/--dwconv-heads, got it alone")
 
@@ -161,6 +165,7 @@ def convert_dwconv(timm_model: nn.Module, settings: Mapping[str, Any]) -> nn.Mod
         heuristic=settings.get("heuristic") or "static", dwconv_blocks=settings.get("dwconv_blocks"),
         dwconv_heads=heads, ranking=settings.get("ranking"), dwconv_kernel_size=settings.get("dwconv_kernel") or 3,
         dwconv_ensemble=bool(settings.get("ensemble")), remove_cls_token=bool(settings.get("remove_cls")),
+        dwconv_kernel_form=settings.get("dwconv_form") or "depthwise",
     )
 
 
@@ -171,6 +176,7 @@ def dwconv_recipe(settings: Mapping[str, Any]) -> Dict[str, Any]:
         "dwconv_blocks": settings.get("dwconv_blocks"), "dwconv_heads": settings.get("dwconv_heads"),
         "ranking": os.path.basename(ranking) if ranking else None, "dwconv_kernel": settings.get("dwconv_kernel") or 3,
         "ensemble": bool(settings.get("ensemble")), "remove_cls": bool(settings.get("remove_cls")),
+        "dwconv_form": settings.get("dwconv_form") or "depthwise",
     }
 
 

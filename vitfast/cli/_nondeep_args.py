@@ -13,13 +13,19 @@ from vitfast.cli._recipe_args import ffn_flags_need_channel_idle
 
 
 NONDEEP_TRAIN_SETTINGS = ("branches", "join_values", "join_schedule", "join_start", "join_steps", "adjust_steps",
-                          "diversity_weight", "distill_teacher", "distill_weight")
+                          "diversity_weight", "distill_teacher", "distill_weight", "global_pool")
 
 
 def _join_steps(text: str):
     value = checked(text, float, "a step count >= 1 or a fraction in [0, 1) of the steps after --join-start",
                     lambda v: v >= 0 and (v < 1 or float(v).is_integer()))
     return int(value) if value >= 1 else value  # a count stays an int (stored settings, messages)
+
+
+def _join_start(text: str):
+    value = checked(text, float, "a step count >= 0 or a fraction in (0, 1) of the run's steps",
+                    lambda v: v >= 0 and (v < 1 or float(v).is_integer()))
+    return int(value) if value >= 1 or value == 0 else value
 
 
 def add_nondeep_args(p, *, train: bool) -> None:
@@ -34,8 +40,10 @@ def add_nondeep_args(p, *, train: bool) -> None:
         return
     g.add_argument("--join-schedule", choices=("linear", "cosine", "exp", "sqrt"), default=None,
                    help="λ(t) during the joining steps (eq. 10-13) [default: linear]")
-    g.add_argument("--join-start", type=int, default=None, metavar="STEPS",
-                   help="steps before joining starts (λ = 0: the branches train apart) [default: 0]")
+    g.add_argument("--join-start", type=_join_start, default=None, metavar="N",
+                   help="steps before joining starts (λ = 0: the branches train apart), a count or a fraction (< 1) "
+                        "of the run's steps; the paper pre-trains the branched model first (the digits study: 0.5) "
+                        "[default: 0, joining from the first step]")
     g.add_argument("--join-steps", type=_join_steps, default=None, metavar="N",
                    help="joining steps (λ: 0 -> 1), a count or a fraction (< 1) of the steps after --join-start; "
                         "after them the adjustment phase runs at λ = 1 [default: 1/6, the paper's 10k of 60k]")
@@ -49,6 +57,9 @@ def add_nondeep_args(p, *, train: bool) -> None:
                         "the same heads and tokens, e.g. a trained deeper model from `vitfast train`)")
     g.add_argument("--distill-weight", type=nonneg_float, default=None,
                    help="weight of the attention-map MSE [default: 1.0]")
+    g.add_argument("--global-pool", choices=("token", "avg"), default=None,
+                   help="avg: drop the class token and pool the mean of the patch tokens, as the paper fine-tunes "
+                        "(section 4); token: keep the class token [default: token]")
 
 
 def apply_join_settings(model, settings, total_steps: int) -> None:
@@ -56,16 +67,19 @@ def apply_join_settings(model, settings, total_steps: int) -> None:
     from vitfast.methods.nondeep.schedule import JoinSchedule
 
     given = [k for k in ("join_schedule", "join_start", "join_steps", "adjust_steps", "diversity_weight",
-                         "distill_teacher") if settings.get(k) is not None]
+                         "distill_teacher", "global_pool") if settings.get(k) is not None]
     blocks = nondeep_blocks(model)
     if not blocks:
         if given:
             raise CLIError(f"--{given[0].replace('_', '-')}: only applies to a non-deep model (--branches n, or a "
                            f"file converted with --branches), got a model without branches")
         return
-    start = settings.get("join_start") or 0
+    start_fraction = settings.get("join_start") if isinstance(settings.get("join_start"), float) else None
+    start = int(round(start_fraction * total_steps)) if start_fraction is not None else settings.get("join_start") or 0
     if start < 0 or start > total_steps:
         raise CLIError(f"--join-start: expected a step in [0, {total_steps}], got {start}")
+    # a fraction stays one in the schedule (and the file): the step it names follows the run's length
+    at_start = {"start_fraction": start_fraction} if start_fraction is not None else {"start_step": start}
     if settings.get("join_steps") is not None and settings.get("adjust_steps") is not None:
         raise CLIError("--join-steps/--adjust-steps: expected one of them (the other follows from the step count), got both")
     if any(settings.get(k) is not None for k in ("join_schedule", "join_start", "join_steps", "adjust_steps")):
@@ -75,13 +89,13 @@ def apply_join_settings(model, settings, total_steps: int) -> None:
             if warmup < 0:
                 raise CLIError(f"--adjust-steps: expected at most {total_steps - start} (steps after --join-start), "
                                f"got {settings['adjust_steps']}")
-            schedule = JoinSchedule(kind, warmup, start_step=start)
+            schedule = JoinSchedule(kind, warmup, **at_start)
         elif settings.get("join_steps") is not None and settings["join_steps"] >= 1:
-            schedule = JoinSchedule(kind, int(settings["join_steps"]), start_step=start)
+            schedule = JoinSchedule(kind, int(settings["join_steps"]), **at_start)
         elif settings.get("join_steps") is not None:
-            schedule = JoinSchedule(kind, None, warmup_fraction=settings["join_steps"], start_step=start)
+            schedule = JoinSchedule(kind, None, warmup_fraction=settings["join_steps"], **at_start)
         else:
-            schedule = JoinSchedule(kind, start_step=start)
+            schedule = JoinSchedule(kind, **at_start)
         end = start + schedule.warmup_length(total_steps)
         if end > total_steps:  # λ < 1 at the end: the run "finished", then `vitfast fuse` refused the model
             raise CLIError(f"--join-start/--join-steps/--adjust-steps: joining would end at step {end}, after the run's "
@@ -105,9 +119,11 @@ def nondeep_source(timm_model, settings, recipe):
         model = vitfast.convert.from_timm(
             timm_model, branches=settings["branches"], channel_idle=theta, norm=norm,
             heuristic=settings.get("heuristic") or "static", join_values=bool(settings.get("join_values")),
+            global_pool=settings.get("global_pool"),
         )
     except ValueError as exc:
-        raise CLIError(f"--branches: {exc}") from None
+        flag = "--global-pool" if str(exc).startswith("global_pool") else "--branches"
+        raise CLIError(f"{flag}: {exc}") from None
     recipe.update(branches=settings["branches"], channel_idle=theta, norm=norm,
-                  join_values=bool(settings.get("join_values")))
+                  join_values=bool(settings.get("join_values")), global_pool=settings.get("global_pool") or "token")
     return model, recipe

@@ -48,6 +48,9 @@ def add_parser(sub) -> None:
     p.add_argument("--data", default=None, help="'digits' or an image-folder directory (training split) [default: digits]")
     p.add_argument("--num-samples", type=positive_int, default=1000, help="N_s, images scored (the paper's 1000)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per forward")
+    p.add_argument("--cls", choices=("include", "exclude"), default="include",
+                   help="Σ_h over the full N×N map (include) or over the patch tokens only, the class token's (and "
+                        "registers') rows and columns left out (exclude: the paper's models have no class token)")
     p.add_argument("--top", type=positive_int, default=10, help="heads listed in the printed ranking")
     p.add_argument("--seed", type=int, default=0, help="data split seed")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (torch.set_num_threads)")
@@ -85,7 +88,8 @@ def run(args) -> int:
     else:
         raise CLIError(f"--data: expected 'digits' or a directory of class sub-folders, got {data!r}")
     torch.manual_seed(args.seed)
-    ranking = attention_std_scores(model, loader, num_samples=args.num_samples, progress=not args.no_progress)
+    ranking = attention_std_scores(model, loader, num_samples=args.num_samples, progress=not args.no_progress,
+                                   cls=args.cls)
     ranking.save(out)
     print(ranking.format_table(top=args.top))
     print(f"wrote {out} (use it with vitfast.convert.from_timm(model, dwconv_blocks=k, ranking={out!r}))")

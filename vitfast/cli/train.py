@@ -280,7 +280,7 @@ def _train_source(args, settings):
             if settings.get(k) is not None:
                 raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; "
                                f"{source!r} is a file (set it when converting)")
-        for k in ("branches", "join_values"):
+        for k in ("branches", "join_values", "global_pool"):
             if settings.get(k) is not None:
                 raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; {source!r} is "
                                f"a file (non-deep models are made by `vitfast train MODEL_NAME --branches n`; `vitfast "

@@ -13,6 +13,8 @@ from vitfast.cli._common import batch_list
 from vitfast.cli._common import comma_list
 from vitfast.cli._common import output_dir
 from vitfast.cli._common import positive_int
+from vitfast.cli._usdc_args import ARCH_LR_SCALE
+from vitfast.cli._usdc_args import add_arch_lr_scale_arg
 from vitfast.cli._usdc_args import ratio
 from vitfast.demos.usdc_study import run_usdc_study
 from vitfast.io.atomic import atomic_write_text
@@ -40,6 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument("--pretrain-steps", type=positive_int, default=None, help="baseline steps [800; --quick: 60]")
     p.add_argument("--stage1-steps", type=positive_int, default=None, help="search + static steps [400; --quick: 40]")
     p.add_argument("--stage2-steps", type=positive_int, default=None, help="fine-tune steps [300; --quick: 30]")
+    add_arch_lr_scale_arg(p, default=ARCH_LR_SCALE)
     add_threads_arg(p)
     p.add_argument("--seed", type=int, default=0, help="seed for data split, init and training")
     p.add_argument("--out", default="vitfast-usdc", metavar="DIR", help="where the report and fused models go")
@@ -60,7 +63,7 @@ def run(args) -> int:
     report = run_usdc_study(
         levels=args.levels, pretrain_steps=steps[0], stage1_steps=steps[1], stage2_steps=steps[2],
         flops_target=args.flops_target, eval_batch_sizes=args.batch_sizes, seed=args.seed, threads=args.threads,
-        progress=not args.no_progress, out_dir=args.out, model_cfg=cfg,
+        progress=not args.no_progress, out_dir=args.out, model_cfg=cfg, arch_lr_scale=args.arch_lr_scale,
     )
     path = os.path.join(args.out, "usdc_report.json")
     atomic_write_text(path, json.dumps(report, indent=1, default=str))

@@ -367,8 +367,7 @@ def _describe_nondeep(model: nn.Module) -> Dict[str, Any]:
         "architecture": arch,
         "nondeep": {
             "branches": n,
-            "schedule": {"kind": schedule.kind, "warmup_steps": schedule.warmup_steps,
-                         "warmup_fraction": schedule.warmup_fraction, "start_step": schedule.start_step},
+            "schedule": schedule.to_dict(),
             "join_values": bool(first.attn.join_values),
             "diversity_weight": float(sum(b.extra_loss_weight for b in blocks)),
             "ffn": [{"active": int(b.mlp.active_features), "hidden": int(b.mlp.hidden_features), "norm": b.mlp.norm_type,
@@ -396,8 +395,7 @@ def _build_nondeep(desc: Dict[str, Any], device) -> nn.Module:
     model = from_timm(
         timm_model, branches=int(nd["branches"]), channel_idle=[1.0 - f["active"] / f["hidden"] for f in ffn],
         norm=ffn[0]["norm"], join_values=bool(nd["join_values"]), diversity_weight=float(nd["diversity_weight"]),
-        schedule=JoinSchedule(sched["kind"], sched["warmup_steps"], warmup_fraction=sched["warmup_fraction"],
-                              start_step=sched["start_step"]),
+        schedule=JoinSchedule.from_dict(sched),
     )
     for block, f in zip(model.blocks, ffn):
         block.mlp.active_features = int(f["active"])  # the count itself (θ -> ceil(...) may round differently)

@@ -120,7 +120,7 @@ def _check_no_patch_dropout(model: nn.Module, name: str) -> None:
 def convert_timm(model: nn.Module, channel_idle=None, norm: Optional[str] = None, heuristic: str = "static", *,
                  spread: float = 0.25, calibration_images=None, dwconv_blocks=None, dwconv_heads=None, ranking=None,
                  kernel_size: int = 3, ensemble: bool = False, kernel_init_std: Optional[float] = None,
-                 remove_cls_token: bool = False) -> nn.Module:
+                 remove_cls_token: bool = False, kernel_form: str = "depthwise") -> nn.Module:
     """Drop-in DW-conv conversion (`vitfast.convert.from_timm` with dwconv_blocks / dwconv_heads / remove_cls_token;
     see there for the options): the RePaViT conversion of every block (θ = 0 with LayerNorm, timm's FFN exactly,
     unless `channel_idle` is given), then the planned heads of the planned blocks become convolutions."""
@@ -143,20 +143,23 @@ def convert_timm(model: nn.Module, channel_idle=None, norm: Optional[str] = None
     if remove_cls_token:
         remove_prefix_tokens(converted)
     return replace_dwconv_blocks(converted, plan, kernel_size=kernel_size, ensemble=ensemble,
-                                 kernel_init_std=kernel_init_std)
+                                 kernel_init_std=kernel_init_std, kernel_form=kernel_form)
 
 
 def replace_dwconv_blocks(converted: nn.Module, plan: Mapping[int, Sequence[int]], *, kernel_size: int = 3,
-                          ensemble: bool = False, kernel_init_std: Optional[float] = None) -> nn.Module:
+                          ensemble: bool = False, kernel_init_std: Optional[float] = None,
+                          kernel_form: str = "depthwise") -> nn.Module:
     """In place: block b of a converted ViT (ChannelIdleBlocks) becomes a `DWConvBlock` with the heads plan[b]
-    replaced, on the model's patch grid and prefix-token count."""
+    replaced, on the model's patch grid and prefix-token count (kernel_form: "depthwise", eq. 11, or "full",
+    eq. 9-10: see `DWConvAttention`)."""
     from ...nn.dwconv import follow_patch_grid
     from .modules import DWConvBlock
 
     grid = tuple(int(g) for g in converted.patch_embed.grid_size)
     for b, hs in plan.items():
         converted.blocks[b] = DWConvBlock.from_block(
-            converted.blocks[b], hs, grid, kernel_size=kernel_size, ensemble=ensemble, kernel_init_std=kernel_init_std,
+            converted.blocks[b], hs, grid, kernel_size=kernel_size, ensemble=ensemble, kernel_form=kernel_form,
+            kernel_init_std=kernel_init_std,
             prefix_tokens=int(converted.num_prefix_tokens), name=f"model block {b}",
         )
     follow_patch_grid(converted)  # under dynamic_img_size, the grid of each input (not only its token count)

@@ -12,6 +12,14 @@ with Welford's online algorithm (the model runs on batches, the statistics are u
 the [N_s, n_h, N, N] maps are never stored; the state is one mean and one M2 per head entry (fp64).  σ is the
 population standard deviation over the N_s samples (ddof = 0).
 
+Class token.  The paper's models have none (appendix A.3.2: it is removed before the heads are replaced), so its
+E(X)^h is over the patch tokens only.  For a model that keeps a class token (and registers), `cls="include"` (the
+default) sums σ over the full N×N map, prefix rows and columns included; `cls="exclude"` sums it over the patch
+tokens' (N−P)×(N−P) block only, the paper's statistic (each row still normalised over all N keys, as the
+model computes it).  The prefix rows are maps a replaced head cannot reproduce anyway (a convolution head gives a
+prefix token the mean of the patch values), so "include" ranks the heads by the whole map they compute and
+"exclude" by the part a convolution stands in for.
+
 DSP alternative (section 2.3.2, eq. 17-18): `DSPGate` holds trainable logits (one per block, or one per head for
 scattered selection) and draws the Gumbel top-k relaxation (Kool et al. 2019) of `topk(w, p)` during training,
 with a temperature annealed geometrically from `tau_start` to 1e-3 over the run through the Trainer's
@@ -104,12 +112,16 @@ def attention_std_scores(
     num_samples: Optional[int] = None,
     batch_size: int = 16,
     progress: bool = True,
+    cls: str = "include",
 ) -> HeadRanking:
     """Σ_h of every timm `Attention` head of `model` over N_s input images, in one pass (Welford).
 
     inputs: an image tensor [N_s, 3, H, W], or an iterable of batches (a DataLoader: (images, labels) tuples or
     image tensors).  num_samples: stop after this many images (the paper uses N_s = 1000).  The model runs in eval
     mode under no_grad (its mode is restored); a tqdm bar counts the images.
+    cls: "include" — Σ_h over the full N×N map; "exclude" — over the patch tokens' block only, the prefix tokens'
+    (class token, registers: the model's `num_prefix_tokens`) rows and columns left out, as in the paper's models
+    that have no class token (module doc).  The same for a model without prefix tokens.
     """
     from tqdm.auto import tqdm
 
@@ -117,6 +129,9 @@ def attention_std_scores(
         raise ValueError(f"num_samples: expected an int >= 1 or None, got {num_samples!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    if cls not in ("include", "exclude"):
+        raise ValueError(f"cls: expected 'include' or 'exclude', got {cls!r}")
+    prefix = int(getattr(model, "num_prefix_tokens", 0) or 0) if cls == "exclude" else 0
     modules = _attention_modules(model)
     states = {name: _Welford() for name, _ in modules}
     total = num_samples
@@ -130,7 +145,7 @@ def attention_std_scores(
 
     def hook(name):
         def record(module, args, output):
-            states[name].update(attention_maps(module, args[0]))
+            states[name].update(attention_maps(module, args[0])[..., prefix:, prefix:])
         return record
 
     handles = [m.register_forward_hook(hook(name)) for name, m in modules]

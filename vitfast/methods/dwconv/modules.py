@@ -1,7 +1,17 @@
 """Drop-in depthwise-convolution heads, train-time: `DWConvAttention` (some heads attention, the replaced ones
 V_h = X W_V,h followed by a k×k depthwise convolution over the token grid, eq. 11; optional head ensembling with
 softmax(γ) weights, eq. 12-13) and `DWConvBlock`.  `fold_dwconv_attention` is the exact fold into
-`vitfast.nn.FusedDWConvBlock`."""
+`vitfast.nn.FusedDWConvBlock`.
+
+Kernel forms (`kernel_form`):
+  "depthwise" (eq. 11, the paper's method): one k×k filter per value channel, K ∈ R^(D×k×k).
+  "full" (eq. 9-10): one k×k kernel K^h per head, shared by the head's d_h channels; the full convolution
+      Conv(X, W^Vh) with W^Vh_(r,s) = K^h_(r,s) W^V_h.  Since
+      Σ_(r,s) (K^h_(r,s) W^V_h)ᵀ X_(i+r,j+s) = Σ_(r,s) K^h_(r,s) V^h_(i+r,j+s), it is computed (and fused,
+      exactly) as the depthwise convolution of V^h with K^h repeated over the d_h channels: O(d_i d_h + k² d_h)
+      per token instead of the literal O(k² d_i d_h), the same function.  With a value bias b_V the values are
+      V = X W^V + b_V, zero-padded like the depthwise form's (eq. 9 has no bias).
+"""
 from __future__ import annotations
 
 import math
@@ -18,6 +28,9 @@ from ...nn import _timm
 from ...nn._fold import layernorm_affine
 from ...nn.dwconv import FusedDWConvBlock, check_grid, check_kernel_size, check_prefix_tokens, check_token_count
 from ..repavit.modules import ChannelIdleBlock, ChannelIdleMlp
+
+
+KERNEL_FORMS = ("depthwise", "full")
 
 
 def _check_heads(conv_heads, num_heads: int) -> Tuple[int, ...]:
@@ -44,12 +57,20 @@ class DWConvAttention(nn.Module):
     `ensemble`), `gamma` [replaced heads] (ensemble only; zeros = equal weights), `proj` (timm's whole output
     projection, columns in the original head order).
 
+    `kernel_form="full"` (eq. 9-10, module doc): `conv_kernel` is [replaced heads, k, k] ([1, k, k] when
+    `ensemble`), one kernel per head shared by its d_h channels; `depthwise_kernel()` is the [D, k, k] form both
+    compute with.
+
     Kernel initialisation: Gaussian N(0, kernel_init_std²), default std = 1/k (the paper's appendix A.2.1
     initialises the kernels from a Gaussian; 1/k keeps the output variance of the k² taps equal to V's).
-    `conv_kernel` and `gamma` are excluded from weight decay (appendix A.2.1; see `vitfast.training.param_groups`).
+    Weight decay (appendix A.2.1 "exclude kernel parameters from L2-regularization"): `conv_kernel` is excluded;
+    γ is decayed as the paper's other parameters are (`decay_gamma=True`: the module lists it in `_weight_decay`,
+    the names to decay although 1-D — module attributes survive `copy.deepcopy`, parameter attributes do not), or
+    excluded with `decay_gamma=False` (vitfast's earlier rule).
     """
 
-    _no_weight_decay = ("conv_kernel", "gamma")
+    _no_weight_decay = ("conv_kernel",)
+    _weight_decay = ()
     vitfast_counts_prefix_tokens = True  # vitfast.convert.remove_prefix_tokens updates `prefix_tokens`
     vitfast_token_grid = True  # vitfast.nn.set_grid_size / follow_patch_grid update its grid
 
@@ -63,6 +84,8 @@ class DWConvAttention(nn.Module):
         head_dim: Optional[int] = None,
         kernel_size: int = 3,
         ensemble: bool = False,
+        kernel_form: str = "depthwise",
+        decay_gamma: bool = True,
         qkv_bias: bool = False,
         proj_bias: bool = True,
         attn_drop: float = 0.0,
@@ -86,19 +109,47 @@ class DWConvAttention(nn.Module):
         self.prefix_tokens = check_prefix_tokens(prefix_tokens)
         self.kernel_size = check_kernel_size(kernel_size)
         self.ensemble = bool(ensemble)
+        if kernel_form not in KERNEL_FORMS:
+            raise ValueError(f"kernel_form: expected one of {KERNEL_FORMS}, got {kernel_form!r}")
+        if not isinstance(decay_gamma, bool):
+            raise ValueError(f"decay_gamma: expected True or False, got {decay_gamma!r}")
+        self.kernel_form = kernel_form
         n_conv, n_attn = len(self.conv_heads), len(self.attn_heads)
         self.qkv = nn.Linear(dim, 3 * n_attn * head_dim, bias=qkv_bias, **dd) if n_attn else None
         self.value = nn.Linear(dim, n_conv * head_dim, bias=qkv_bias, **dd)
         width = head_dim if self.ensemble else n_conv * head_dim
+        if kernel_form == "full":  # one kernel per (ensembled) head, shared by its d_h channels (eq. 10)
+            width //= head_dim
         if kernel_init_std is not None and (isinstance(kernel_init_std, bool) or not isinstance(kernel_init_std, (int, float))
                                             or not math.isfinite(kernel_init_std) or kernel_init_std < 0):
             raise ValueError(f"kernel_init_std: expected None (1/k) or a finite number >= 0, got {kernel_init_std!r}")
         std = 1.0 / kernel_size if kernel_init_std is None else float(kernel_init_std)
         self.conv_kernel = nn.Parameter(torch.randn(width, kernel_size, kernel_size, **dd) * std)
         self.gamma = nn.Parameter(torch.zeros(n_conv, **dd)) if self.ensemble else None
+        self.decay_gamma = decay_gamma
         self.attn_drop = float(attn_drop)
         self.proj = nn.Linear(num_heads * head_dim, dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
+
+    @property
+    def decay_gamma(self) -> bool:
+        return self._decay_gamma
+
+    @decay_gamma.setter
+    def decay_gamma(self, value: bool) -> None:
+        """γ's weight decay: the module's `_no_weight_decay` and `_weight_decay` names follow it."""
+        if not isinstance(value, bool):
+            raise ValueError(f"decay_gamma: expected True or False, got {value!r}")
+        self._decay_gamma = value
+        self._no_weight_decay = ("conv_kernel",) if value else ("conv_kernel", "gamma")
+        self._weight_decay = ("gamma",) if value and self.gamma is not None else ()
+
+    def depthwise_kernel(self) -> torch.Tensor:
+        """The [D, k, k] depthwise kernel: `conv_kernel` itself, or (kernel_form "full") each head's k×k kernel
+        repeated over its d_h channels (eq. 10: K^h shared across the head's channels)."""
+        if self.kernel_form == "depthwise":
+            return self.conv_kernel
+        return self.conv_kernel.repeat_interleave(self.head_dim, dim=0)
 
     # -------------------------------------------------------------------------------------- construction
     @classmethod
@@ -110,6 +161,8 @@ class DWConvAttention(nn.Module):
         *,
         kernel_size: int = 3,
         ensemble: bool = False,
+        kernel_form: str = "depthwise",
+        decay_gamma: bool = True,
         kernel_init_std: Optional[float] = None,
         prefix_tokens: Optional[int] = None,
         name: str = "attn",
@@ -125,7 +178,8 @@ class DWConvAttention(nn.Module):
         weight = attn.qkv.weight
         new = cls(
             attn.qkv.in_features, attn.num_heads, conv_heads, grid_size, head_dim=attn.head_dim,
-            kernel_size=kernel_size, ensemble=ensemble, qkv_bias=attn.qkv.bias is not None,
+            kernel_size=kernel_size, ensemble=ensemble, kernel_form=kernel_form, decay_gamma=decay_gamma,
+            qkv_bias=attn.qkv.bias is not None,
             proj_bias=attn.proj.bias is not None, attn_drop=float(getattr(attn.attn_drop, "p", 0.0)),
             proj_drop=float(getattr(attn.proj_drop, "p", 0.0)), kernel_init_std=kernel_init_std,
             prefix_tokens=prefix_tokens, device=weight.device, dtype=weight.dtype,
@@ -177,13 +231,14 @@ class DWConvAttention(nn.Module):
             rest = F.linear(a.transpose(1, 2).reshape(batch, tokens, n * self.head_dim),
                             self.proj.weight.index_select(1, cols))
         w_v, b_v, w_o = self.conv_weights()
-        out = reference.dwconv_attention(x, w_v, b_v, self.conv_kernel, w_o, self.proj.bias, *self.grid_size, rest)
+        out = reference.dwconv_attention(x, w_v, b_v, self.depthwise_kernel(), w_o, self.proj.bias, *self.grid_size,
+                                         rest)
         return self.proj_drop(out)
 
     def extra_repr(self) -> str:
         return (f"conv_heads={list(self.conv_heads)}, attn_heads={list(self.attn_heads)}, head_dim={self.head_dim}, "
                 f"kernel_size={self.kernel_size}, grid_size={self.grid_size}, prefix_tokens={self.prefix_tokens}, "
-                f"ensemble={self.ensemble}")
+                f"ensemble={self.ensemble}, kernel_form={self.kernel_form!r}")
 
 
 class DWConvBlock(ChannelIdleBlock):
@@ -207,6 +262,8 @@ class DWConvBlock(ChannelIdleBlock):
         *,
         kernel_size: int = 3,
         ensemble: bool = False,
+        kernel_form: str = "depthwise",
+        decay_gamma: bool = True,
         kernel_init_std: Optional[float] = None,
         prefix_tokens: Optional[int] = None,
         name: str = "block",
@@ -225,7 +282,8 @@ class DWConvBlock(ChannelIdleBlock):
         nn.Module.__init__(new)
         new.norm1 = deepcopy_model(block.norm1)
         new.attn = DWConvAttention.from_timm(block.attn, conv_heads, grid_size, kernel_size=kernel_size,
-                                             ensemble=ensemble, kernel_init_std=kernel_init_std,
+                                             ensemble=ensemble, kernel_form=kernel_form, decay_gamma=decay_gamma,
+                                             kernel_init_std=kernel_init_std,
                                              prefix_tokens=prefix_tokens, name=f"{name}.attn")
         new.ls1 = deepcopy_model(block.ls1)
         new.drop_path1 = deepcopy_model(block.drop_path1)
@@ -267,7 +325,7 @@ def fold_dwconv_attention(norm1: nn.Module, attn: DWConvAttention, ls1: nn.Modul
         w_o = w_o * ls[:, None]
         b_o = b_o * ls if b_o is not None else None
     tensors = {
-        "value.weight": w_v, "value.bias": b_v, "conv_kernel": attn.conv_kernel.detach().double(),
+        "value.weight": w_v, "value.bias": b_v, "conv_kernel": attn.depthwise_kernel().detach().double(),
         "out_proj.weight": w_o, "out_proj.bias": b_o,
     }
     if attn.qkv is not None:

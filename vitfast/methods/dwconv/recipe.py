@@ -21,7 +21,8 @@ __all__ = ["describe_dwconv", "build_dwconv"]
 def describe_dwconv(model: nn.Module, architecture: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """The DW-conv part of a train-time model description, or None when `model` has no `DWConvBlock`.
 
-    {"blocks": [{"path", "conv_heads", "kernel_size", "ensemble", "grid_size", "prefix_tokens"}, ...]}: enough to rebuild every
+    {"blocks": [{"path", "conv_heads", "kernel_size", "ensemble", "grid_size", "prefix_tokens", "kernel_form",
+    "decay_gamma"}, ...]}: enough to rebuild every
     replaced block with `DWConvBlock.from_block` on the rebuilt channel-idle skeleton (the weights, kernels and
     γ are then overwritten from the file).  With `architecture` (describe_timm's dict), its num_heads, qkv_bias
     and proj_bias are taken from a DW-conv attention: when every block has one, describe_timm sees no timm
@@ -40,6 +41,9 @@ def describe_dwconv(model: nn.Module, architecture: Optional[Dict[str, Any]] = N
                 "ensemble": bool(attn.ensemble),
                 "grid_size": [int(g) for g in attn.grid_size],
                 "prefix_tokens": attn.prefix_tokens,
+                "kernel_form": attn.kernel_form,
+                # γ's optimizer group: a resumed run must put γ where its optimizer state expects it
+                "decay_gamma": bool(attn.decay_gamma),
             })
     stray = [name for name, m in model.named_modules()
              if isinstance(m, DWConvAttention) and not any(name == f"{b['path']}.attn" for b in blocks)]
@@ -73,6 +77,9 @@ def build_dwconv(model: nn.Module, desc: Dict[str, Any]) -> nn.Module:
             raise ValueError(f"description['dwconv']: expected a ChannelIdleBlock at {path!r} to replace, got {got}")
         new = DWConvBlock.from_block(block, [int(h) for h in spec["conv_heads"]], tuple(spec["grid_size"]),
                                      kernel_size=int(spec["kernel_size"]), ensemble=bool(spec["ensemble"]),
+                                     kernel_form=spec.get("kernel_form", "depthwise"),
+                                     # files from before the option: γ was excluded from weight decay
+                                     decay_gamma=bool(spec.get("decay_gamma", False)),
                                      prefix_tokens=spec.get("prefix_tokens"), name=path)
         setattr(owner, child, new)
     follow_patch_grid(model)

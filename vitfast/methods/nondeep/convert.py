@@ -2,9 +2,12 @@
 see `vitfast.convert.from_timm`), each FFN optionally channel-idle."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch.nn as nn
 
 from ..._copy import deepcopy_model
+from ..dwconv.convert import remove_prefix_tokens
 from ..repavit.convert import model_blocks, resolve_ratios
 from ..repavit.modules import FFN_NORMS, HEURISTICS
 from .modules import NonDeepBlock
@@ -12,9 +15,14 @@ from .modules import NonDeepBlock
 
 def convert_timm(model: nn.Module, branches: int, channel_idle=0.0, norm: str = "layer", heuristic: str = "static", *,
                  spread: float = 0.25, schedule="linear", join_values: bool = False,
-                 diversity_weight: float = 0.05) -> nn.Module:
+                 diversity_weight: float = 0.05, global_pool: Optional[str] = None) -> nn.Module:
     """The non-deep conversion of `vitfast.convert.from_timm(model, branches=n)` (see there for the options and the
-    branch mapping); the argument is deep-copied, never modified."""
+    branch mapping); the argument is deep-copied, never modified.
+
+    global_pool="avg": the class token is removed (its position-embedding row with it) and the head reads the mean
+    of the patch tokens, as the paper fine-tunes (section 4: "global average pooled features replace the class
+    token"); None / "token" keep the model's pooling.  The blocks attend over all tokens either way, so the
+    collapse at λ = 1 and the fused model are the same algebra."""
     from timm.models.vision_transformer import VisionTransformer
 
     if not isinstance(model, VisionTransformer):
@@ -23,6 +31,8 @@ def convert_timm(model: nn.Module, branches: int, channel_idle=0.0, norm: str = 
         )
     if isinstance(branches, bool) or not isinstance(branches, int) or branches < 2:
         raise ValueError(f"branches: expected an int >= 2, got {branches!r}")
+    if global_pool not in (None, "token", "avg"):
+        raise ValueError(f"global_pool: expected None, 'token' or 'avg', got {global_pool!r}")
     blocks = model_blocks(model)
     if len(blocks) % branches:
         raise ValueError(f"branches: expected a divisor of the model depth {len(blocks)}, got {branches}")
@@ -47,6 +57,8 @@ def convert_timm(model: nn.Module, branches: int, channel_idle=0.0, norm: str = 
         for g, ratio in enumerate(ratios)
     ]
     converted.blocks = nn.Sequential(*new_blocks)
+    if global_pool == "avg":
+        remove_prefix_tokens(converted)
     reduction = getattr(converted.patch_embed, "patch_size", (1,))[0]
     converted.feature_info = [dict(module=f"blocks.{i}", num_chs=converted.embed_dim, reduction=reduction)
                               for i in range(depth)]
