@@ -90,7 +90,7 @@ RECIPES: Dict[str, Dict[str, Any]] = {
             "join_steps": (1 / 6, "A.2: 10k-step λ warm-up of a 60k-step joining phase"),
             "join_schedule": ("linear", "A.2; Table 5 (linear is the default)"),
             "diversity_weight": (0.05, "sec. 4 (α = 0.05)"),
-            "global_pool": ("avg", "sec. 4.1 (global average pooling replaces the class token)"),
+            "global_pool": ("avg", "sec. 4, model setup (global average pooling replaces the class token)"),
         },
         "variants": {
             "pretrain": {},

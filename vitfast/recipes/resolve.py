@@ -130,5 +130,5 @@ def format_settings(resolved: Mapping[str, Setting], *, data: Optional[str] = No
         status = applies(key, s, data=data)
         rows.append((key, text, s.describe() + ("" if status == "applied" else f"  [{status}]")))
     width = max((len(r[0]) for r in rows), default=0)
-    vwidth = max((len(r[1]) for r in rows), default=0)
+    vwidth = min(22, max((len(r[1]) for r in rows), default=0))  # a long value (a sentence) pushes its row only
     return "\n".join(f"  {k:<{width}}  {v:<{vwidth}}  {d}" for k, v, d in rows)
