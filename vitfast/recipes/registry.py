@@ -23,18 +23,22 @@ from typing import Any, Dict, Tuple
 __all__ = ["RECIPES", "KEYS", "get_recipe", "recipe_names"]
 
 # The DeiT recipe (Touvron et al. 2021) that RePaViT (App. A) and the non-deep ViT (App. A.1, supervised) follow:
-# the values of DeiT's training script (facebookresearch/deit main.py defaults; DeiT paper Table 9).
-_DEIT = "DeiT augmentations (Touvron et al. 2021; deit main.py default"
-_DEIT_AUG: Dict[str, Tuple[Any, str]] = {
-    "auto_augment": ("rand-m9-mstd0.5-inc1", f"{_DEIT} --aa)"),
-    "color_jitter": (0.4, f"{_DEIT} --color-jitter; timm's transform skips it under RandAugment)"),
-    "reprob": (0.25, f"{_DEIT} --reprob)"),
-    "mixup": (0.8, f"{_DEIT} --mixup)"),
-    "cutmix": (1.0, f"{_DEIT} --cutmix)"),
-    "label_smoothing": (0.1, f"{_DEIT} --smoothing)"),
-    "interpolation": ("bicubic", f"{_DEIT} --train-interpolation)"),
-    "repeated_aug": (True, f"{_DEIT} --repeated-aug)"),
-}
+# the values of DeiT's training script (facebookresearch/deit main.py defaults).
+def _deit_aug(where: str) -> Dict[str, Tuple[Any, str]]:
+    """DeiT's augmentations, which the paper follows at `where`, with the values of DeiT's training script."""
+    src = f"{where}: DeiT augmentations (Touvron et al. 2021; deit main.py default"
+    return {
+        "auto_augment": ("rand-m9-mstd0.5-inc1", f"{src} --aa)"),
+        "color_jitter": (0.4, f"{src} --color-jitter; timm's transform skips it under RandAugment)"),
+        "reprob": (0.25, f"{src} --reprob)"),
+        "mixup": (0.8, f"{src} --mixup)"),
+        "cutmix": (1.0, f"{src} --cutmix)"),
+        "label_smoothing": (0.1, f"{src} --smoothing)"),
+        "interpolation": ("bicubic", f"{src} --train-interpolation)"),
+        "repeated_aug": (True, f"{src} --repeated-aug)"),
+    }
+
+
 _TIMM_SCALING = "not in the paper: timm's train.py rule (sqrt for Adam-family and LAMB optimizers)"
 _NO_WD = ("1-D parameters (norms, biases), pos_embed, cls_token, and every parameter a method marks "
           "`_no_weight_decay`")
@@ -55,7 +59,7 @@ RECIPES: Dict[str, Dict[str, Any]] = {
             "weight_decay": (0.05, "Table 7"),
             "no_weight_decay": (_NO_WD, _NO_WD_SOURCE),
             "drop_path": (0.1, "Table 7"),
-            **_DEIT_AUG,
+            **_deit_aug("App. A"),
         },
         "variants": {
             "deit": {},
@@ -82,8 +86,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
             "weight_decay": (0.05, "App. A.1 Table 7"),
             "betas": ((0.9, 0.999), "App. A.1 Table 7 (momentum 0.9); A.3 Table 9"),
             "no_weight_decay": (_NO_WD, _NO_WD_SOURCE),
-            "drop_path": (0.1, "not in the paper: DeiT's (App. A.1 follows Touvron et al. 2021; DeiT Table 9)"),
-            **_DEIT_AUG,
+            "drop_path": (0.1, "not in the paper: DeiT's main.py --drop-path (App. A.1 follows Touvron et al. 2021)"),
+            **_deit_aug("App. A.1"),
             # pre-train, then join (A.2): the branches train apart, joining starts after pre-training
             "join_start_fraction": (0.5, "A.2 pre-trains then joins; the split is vitfast's (digits study, "
                                          "docs/methods/nondeep.md: joining from step 0 trained worse)"),
