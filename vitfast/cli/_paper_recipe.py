@@ -128,12 +128,17 @@ def method_keys_before_model(settings: Dict[str, Any]) -> None:
         settings["remove_cls"] = method["remove_cls"] or None
 
 
-def method_keys_after_model(model, settings: Dict[str, Any], total_steps: int) -> None:
+def method_keys_after_model(model, settings: Dict[str, Any], total_steps: int, *, resumed: bool = False) -> None:
     """Recipe method keys for the built model: non-deep joining (join start as a fraction of the run), USDC's
-    single lr, the distillation loss (with --teacher), the frozen backbone of DW-conv's second stage."""
+    single lr, the distillation loss (with --teacher), the frozen backbone of DW-conv's second stage.  A resumed
+    run has the values in its stored settings already; only the frozen parameters (not stored) are set again."""
     from vitfast.cli._models import nondeep_blocks
 
     method = settings.get("recipe_method") or {}
+    if resumed:
+        if method.get("freeze_backbone"):
+            freeze_all_but_dwconv_heads(model)
+        return
     if nondeep_blocks(model):
         if "join_start_fraction" in method and settings.get("join_start") is None:
             settings["join_start"] = int(round(method["join_start_fraction"] * total_steps))

@@ -235,8 +235,7 @@ def run(args) -> int:
     steps, epochs = ((resume_state["total_steps"], None) if resume_state is not None
                      else (settings["steps"], settings["epochs"]))
     total = Trainer._resolve_total_steps(steps, epochs, train_loader, settings["grad_accum"])
-    if resume_state is None:
-        method_keys_after_model(model, settings, total)
+    method_keys_after_model(model, settings, total, resumed=resume_state is not None)
     apply_join_settings(model, settings, total)
     description = json.dumps(describe_trainable(model))
     warmup = settings["warmup"]
