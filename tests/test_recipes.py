@@ -277,3 +277,18 @@ def test_cli_recipe_run_on_a_digits_image_folder(tmp_path, capsys):
     assert settings["lr"] == pytest.approx(1e-3 * 64 / 1024)  # linear rule (App. A.3)
     model_path = tmp_path / "full" / "model.safetensors"
     assert model_path.exists()
+
+
+def test_drop_path_on_a_file_source_is_refused_or_reported(tmp_path, capsys):
+    import vitfast
+    from vitfast.io.trainable import save_trainable
+
+    path = tmp_path / "m.safetensors"
+    save_trainable(vitfast.convert.from_timm(tiny_vit(), channel_idle=0.5), path, recipe={})
+    code, _, err = run_cli(["train", str(path), "--drop-path", "0.1", "--steps", "2", "--out", str(tmp_path / "r")],
+                           capsys)
+    assert code == 2 and "--drop-path: only applies when SOURCE is a timm model name" in err
+    code, out, err = run_cli(["train", str(path), "--recipe", "repavit", "--steps", "2", "--batch-size", "32",
+                              "--no-progress", "--out", str(tmp_path / "r2")], capsys)
+    assert code == 0, err
+    assert "the recipe's drop-path 0.1 is not applied" in out

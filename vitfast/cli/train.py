@@ -311,17 +311,17 @@ def _defaults_and(given):
 
 
 def _optimizer(model, settings):
-    """The optimizer name (timm's create_optimizer_v2), or USDC's factory when its architecture parameters get
-    their own learning rate (--arch-lr-scale other than 1)."""
+    """The optimizer name (timm's create_optimizer_v2), or for a USDC model its AdamW factory: the decision
+    parameters (logits and gate networks) in their own no-decay group at lr × --arch-lr-scale (1 under the usdc
+    recipe: the paper's single lr)."""
     from vitfast.methods.usdc.compression import usdc_blocks
 
     name = settings.get("optimizer") or "adamw"
-    scale = settings.get("arch_lr_scale", ARCH_LR_SCALE)
-    if usdc_blocks(model) and scale != 1.0:
+    if usdc_blocks(model):
         if name != "adamw":
-            raise CLIError(f"--optimizer: USDC's separate architecture lr (--arch-lr-scale {scale:g}) uses AdamW, got "
-                           f"{name!r}; give --arch-lr-scale 1 for one lr")
-        return usdc_optimizer(model, settings, scale)
+            raise CLIError(f"--optimizer: a USDC model trains with AdamW (its decision parameters in their own "
+                           f"group), got {name!r}")
+        return usdc_optimizer(model, settings, settings.get("arch_lr_scale", ARCH_LR_SCALE))
     return name
 
 

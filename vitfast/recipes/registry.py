@@ -149,7 +149,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
             "lr_scaling": ("sqrt", _TIMM_SCALING),
             "epochs": (300, "supplementary: 300 epochs"),
             "weight_decay": (0.05, "supplementary: weight decay 0.05"),
-            "no_weight_decay": ("the gate-search logits and static keep/prune logits (and " + _NO_WD + ")",
+            "no_weight_decay": ("the decision parameters: static keep/prune logits, gate-search logits and the gate "
+                                "networks (vitfast.methods.usdc.arch_optimizer), and " + _NO_WD,
                                 "not in the paper: architecture parameters are not weights (DARTS)"),
             "arch_lr_scale": (1.0, "supplementary: one learning rate (5e-4) for everything"),
             "gate_tau": (5.0, "supplementary: Gumbel τ = 5 for dynamic skipping"),
