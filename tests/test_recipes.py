@@ -228,6 +228,8 @@ def test_a_checkpoint_without_a_schedule_kind_resumes_on_the_legacy_schedule(tmp
 
 # ---------------------------------------------------------------------------------------------- data, CLI
 def test_digits_image_folder_and_timm_transforms_are_seeded(tmp_path):
+    from PIL import Image
+
     from vitfast.training.data import image_folder_loaders, write_digits_image_folder
 
     train_dir, val_dir = write_digits_image_folder(tmp_path / "digits", size=16)
@@ -247,6 +249,11 @@ def test_digits_image_folder_and_timm_transforms_are_seeded(tmp_path):
     after = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
     assert before[0] == after[0] and np.array_equal(before[1], after[1]) and torch.equal(before[2], after[2])
     assert next(iter(val))[0].shape == (len(val.dataset) if len(val.dataset) < 8 else 8, 3, 16, 16)
+    # a recipe without a setting (USDC gives no augmentation) passes None: off, as the default
+    from vitfast.training.data import timm_transforms
+
+    train_tf, _ = timm_transforms(16, auto_augment=None, color_jitter=None, reprob=None)
+    assert train_tf(Image.new("RGB", (20, 20))).shape == (3, 16, 16)
 
 
 def test_dwconv_frozen_recipe_trains_only_the_replaced_heads():

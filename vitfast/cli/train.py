@@ -95,7 +95,7 @@ def add_parser(sub) -> None:
               vitfast train vit_tiny_patch16_224 --img-size 32 --model-kwargs '{"depth": 4}' --channel-idle 0.75 --epochs 20 --out run/
               vitfast train --resume run/trainer.pt
               vitfast train --recipe repavit --print
-              vitfast train vit_tiny_patch16_224 --img-size 32 --channel-idle 0.75 --recipe repavit --steps 600 --out run/
+              vitfast train tiny.safetensors --recipe repavit --steps 600 --out run/
               vitfast train vit.safetensors --data /data/imagenette/train --val-data /data/imagenette/val --out run/"""),
     )
     p.add_argument("source", nargs="?", metavar="SOURCE", help="train-time .safetensors, or a timm model name")

@@ -426,7 +426,7 @@ def image_folder_loaders(
 
 
 def timm_transforms(img_size: Union[int, Tuple[int, int]], *, auto_augment: Optional[str] = None,
-                    color_jitter: Optional[float] = None, reprob: float = 0.0, interpolation: str = "bilinear",
+                    color_jitter: Optional[float] = None, reprob: Optional[float] = 0.0, interpolation: str = "bilinear",
                     mean: Sequence[float] = (0.485, 0.456, 0.406), std: Sequence[float] = (0.229, 0.224, 0.225),
                     ) -> Tuple[Callable, Callable]:
     """(train, eval) transforms from `timm.data.create_transform`: DeiT's training pipeline (RandomResizedCrop,
@@ -437,7 +437,8 @@ def timm_transforms(img_size: Union[int, Tuple[int, int]], *, auto_augment: Opti
     height, width = _check_image_size("img_size", img_size)
     common = dict(input_size=(3, height, width), interpolation=interpolation, mean=tuple(mean), std=tuple(std))
     train = create_transform(is_training=True, auto_augment=auto_augment or None,
-                             color_jitter=float(color_jitter or 0.0), re_prob=float(reprob), re_mode="pixel", **common)
+                             color_jitter=float(color_jitter or 0.0), re_prob=float(reprob or 0.0), re_mode="pixel",
+                             **common)
     plain = create_transform(is_training=False, crop_pct=0.875, **common)
     _posterize_zero_bits(train)
     return train, plain
