@@ -189,5 +189,14 @@ def print_settings(resolved, recipe, data: str) -> None:
         print(f"recipe {recipe['name']}: {recipe['paper']}")
     else:
         print("no recipe: vitfast's defaults for small data (docs/training.md)")
+    from vitfast.methods.usdc import GATE_TAU
+    from vitfast.methods.usdc import SEARCH_TAU
+    from vitfast.methods.usdc.compression import RESOURCE_GAMMA
+
+    # constants vitfast.methods.usdc fixes (no option): --print says whether they are the paper's
+    built_in = {"gate_tau": ("vitfast.methods.usdc GATE_TAU", GATE_TAU),
+                "search_tau": ("vitfast.methods.usdc SEARCH_TAU", SEARCH_TAU),
+                "resource_gamma": ("vitfast.methods.usdc RESOURCE_GAMMA", RESOURCE_GAMMA)}
     order = list(_ORDER) + [k for k in resolved if k not in _ORDER]
-    print(format_settings(resolved, data="digits" if data == "digits" else "folder", order=order))
+    print(format_settings(resolved, data="digits" if data == "digits" else "folder", order=order,
+                          built_in=built_in))

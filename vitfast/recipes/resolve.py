@@ -94,19 +94,17 @@ def resolve(recipe: Union[str, Mapping[str, Any], None], explicit: Mapping[str, 
     return out
 
 
-def applies(key: str, setting: Setting, *, data: Optional[str] = None) -> str:
-    """Whether a resolved setting takes effect: "applied", "built in: ...", or "not applied yet: ..." (a recipe
-    setting whose option does not exist), "not applicable: ..." (for this data)."""
+def applies(key: str, setting: Setting, *, data: Optional[str] = None,
+            built_in: Optional[Mapping[str, Any]] = None) -> str:
+    """Whether a resolved setting takes effect: "applied", "built in: ..." (`built_in`: {key: (where, value)} of
+    the constants a method fixes), "not applied yet: ..." (a recipe setting whose option does not exist) or
+    "not applicable: ..." (for this data)."""
     if key in NOT_APPLIED_YET and setting.value not in (None, False):
         return f"not applied yet: {NOT_APPLIED_YET[key]}"
-    if key in ("gate_tau", "search_tau", "resource_gamma"):
-        from vitfast.methods.usdc import GATE_TAU, SEARCH_TAU
-        from vitfast.methods.usdc.compression import RESOURCE_GAMMA
-
-        constant = {"gate_tau": ("GATE_TAU", GATE_TAU), "search_tau": ("SEARCH_TAU", SEARCH_TAU),
-                    "resource_gamma": ("RESOURCE_GAMMA", RESOURCE_GAMMA)}[key]
-        same = "the paper's value" if constant[1] == setting.value else f"NOT the paper's {setting.value}"
-        return f"built in: vitfast.methods.usdc {constant[0]} = {constant[1]:g} ({same})"
+    if built_in and key in built_in:
+        where, constant = built_in[key]
+        same = "the paper's value" if constant == setting.value else f"NOT the paper's {setting.value}"
+        return f"built in: {where} = {constant:g} ({same})"
     if data == "digits" and key in ("auto_augment", "color_jitter", "interpolation") \
             and setting.value not in (None, 0, 0.0):
         return ("not applicable: the digits are rendered tensors (their seeded affine stands in for the geometric "
@@ -117,7 +115,7 @@ def applies(key: str, setting: Setting, *, data: Optional[str] = None) -> str:
 
 
 def format_settings(resolved: Mapping[str, Setting], *, data: Optional[str] = None,
-                    order: Optional[List[str]] = None) -> str:
+                    order: Optional[List[str]] = None, built_in: Optional[Mapping[str, Any]] = None) -> str:
     """The `vitfast train --print` table: setting, value, source, and a status where it is not simply applied."""
     keys = order or list(resolved)
     rows = []
@@ -127,7 +125,7 @@ def format_settings(resolved: Mapping[str, Setting], *, data: Optional[str] = No
         s = resolved[key]
         value = s.value
         text = f"{value:.6g}" if isinstance(value, float) else ("-" if value is None else str(value))
-        status = applies(key, s, data=data)
+        status = applies(key, s, data=data, built_in=built_in)
         rows.append((key, text, s.describe() + ("" if status == "applied" else f"  [{status}]")))
     width = max((len(r[0]) for r in rows), default=0)
     vwidth = min(22, max((len(r[1]) for r in rows), default=0))  # a long value (a sentence) pushes its row only
