@@ -299,3 +299,31 @@ def test_drop_path_on_a_file_source_is_refused_or_reported(tmp_path, capsys):
                               "--no-progress", "--out", str(tmp_path / "r2")], capsys)
     assert code == 0, err
     assert "the recipe's drop-path 0.1 is not applied" in out
+
+
+def test_cli_dwconv_frozen_stage_changes_only_the_replaced_heads(tmp_path, capsys):
+    """Table A.1's second stage as a recipe step: everything but the DW-conv heads keeps its weights."""
+    from safetensors.torch import load_file
+
+    model = ["vit_tiny_patch16_224", "--img-size", "16", "--model-kwargs",
+             '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 4}', "--dwconv-blocks", "[1]",
+             "--batch-size", "32", "--no-progress"]
+    code, _, err = run_cli(["train", *model, "--steps", "1", "--lr", "1e-9", "--out", str(tmp_path / "a")], capsys)
+    assert code == 0, err
+    start = str(tmp_path / "a" / "model.safetensors")
+    code, out, err = run_cli(["train", start, "--recipe", "dwconv:frozen", "--steps", "3", "--batch-size", "32",
+                              "--no-progress", "--out", str(tmp_path / "b")], capsys)
+    assert code == 0, err
+    before, after = load_file(start), load_file(str(tmp_path / "b" / "model.safetensors"))
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith("blocks.1.attn.") for k in changed), sorted(changed)
+    assert not any("running" in k or "qkv" in k or "proj" in k for k in changed)
+
+
+def test_recipe_method_settings_without_their_method_are_reported(tmp_path, capsys):
+    code, out, err = run_cli(["train", "vit_tiny_patch16_224", "--img-size", "16", "--model-kwargs",
+                              '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 4}', "--recipe", "nondeep",
+                              "--steps", "2", "--batch-size", "32", "--no-progress", "--out", str(tmp_path / "r")],
+                             capsys)
+    assert code == 0, err
+    assert "note: not applied from the recipe: the joining schedule (the model has no branches: --branches n)" in out

@@ -157,6 +157,16 @@ def method_keys_after_model(model, settings: Dict[str, Any], total_steps: int, *
                     settings[key] = method[key]
     if method.get("freeze_backbone"):
         freeze_all_but_dwconv_heads(model)
+    unused = []  # said aloud, never dropped silently
+    if not nondeep_blocks(model) and any(k in method for k in ("join_start_fraction",) + _METHOD_KEYS["nondeep"]):
+        unused.append("the joining schedule (the model has no branches: --branches n)")
+    if method.get("remove_cls") and settings.get("remove_cls") is None:
+        unused.append("removing the class token (only with --dwconv-blocks/--dwconv-heads on a timm name; a file "
+                      "keeps the tokens it was converted with)")
+    if settings.get("teacher") is None and any(method.get(k) is not None for k in _METHOD_KEYS["distill"]):
+        unused.append("the distillation loss (no --teacher)")
+    for what in unused:
+        print(f"note: not applied from the recipe: {what}")
 
 
 def freeze_all_but_dwconv_heads(model) -> int:
