@@ -194,6 +194,9 @@ def test_resume_with_a_recipe_equals_the_uninterrupted_run(tmp_path):
     _recipe_run(total, until=half, ckpt=ckpt)
     state = torch.load(ckpt, weights_only=True)
     assert state["lr_schedule"] == "timm" and state["step"] == half
+    train, _ = digits_loaders(img_size=16, batch_size=128)
+    with pytest.raises(ValueError, match="checkpoint: made with recipe='repavit', this Trainer has recipe=None"):
+        Trainer(tiny_vit(seed=1), train, total_steps=total, progress=False).load_checkpoint(ckpt)
     resumed, resumed_trainer = _recipe_run(total, resume=ckpt)
     for (name, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name

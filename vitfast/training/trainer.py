@@ -800,6 +800,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             # absent in checkpoints from before timm's schedule: those resume on the legacy one
             "lr_schedule": self.lr_schedule,
+            "recipe": self.recipe,
             # a checkpoint taken before the data was positioned still holds the RNG state it must restore
             "rng": rng,
             "last_eval": dict(self.last_eval) if self.last_eval else None,
@@ -833,6 +834,9 @@ class Trainer:
             )
         if state["seed"] != self.seed:
             raise ValueError(f"checkpoint: made with seed={state['seed']}, this Trainer has seed={self.seed}")
+        if state.get("recipe") != self.recipe:  # another recipe: another optimizer, schedule and loss
+            raise ValueError(f"checkpoint: made with recipe={state.get('recipe')!r}, this Trainer has "
+                             f"recipe={self.recipe!r}")
         model = self.model.module if hasattr(self.model, "module") and isinstance(self.model.module, nn.Module) else self.model
         model.load_state_dict(state["model"])
         kind = state.get("lr_schedule", "legacy")
