@@ -11,8 +11,7 @@ from .schedules import no_decay_names, param_groups, warmup_cosine
 from .trainer import AMP_DTYPES, Callback, Trainer
 
 __all__ = ["Trainer", "Callback", "AMP_DTYPES", "param_groups", "no_decay_names", "warmup_cosine", "seed_everything",
-           "data",
-           "distributed"]
+           "data", "distributed"]
 
 
 # `vitfast.training.data` / `.distributed` on first use: the data loaders import torchvision.
