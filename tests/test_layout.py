@@ -21,7 +21,7 @@ LAYERS: Dict[str, float] = {
     "vitfast._C": 0, "vitfast._threads": 0, "vitfast.io.atomic": 0,
     "vitfast.reference": 1.0, "vitfast.kernels": 1.1, "vitfast.ops": 1.2,  # the op's contract, its kernel, the op
     "vitfast.nn": 2, "vitfast.arch": 2,
-    "vitfast.training": 3, "vitfast.io.trainer_checkpoint": 3, "vitfast.io.head_ranking": 3,
+    "vitfast.training": 3, "vitfast.io.trainer_checkpoint": 3, "vitfast.io.head_ranking": 3, "vitfast.recipes": 3,
     "vitfast.methods": 4,
     "vitfast.convert": 5, "vitfast.fusion": 5, "vitfast.patch": 5, "vitfast.io": 5, "vitfast.export": 5,
     "vitfast.cuda_graphs": 5, "vitfast.quant": 5, "vitfast.bench": 5, "vitfast.bench_runtimes": 5,

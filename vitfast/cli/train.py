@@ -46,6 +46,14 @@ from vitfast.cli._nondeep_args import NONDEEP_TRAIN_SETTINGS
 from vitfast.cli._nondeep_args import add_nondeep_args
 from vitfast.cli._nondeep_args import apply_join_settings
 from vitfast.cli._nondeep_args import nondeep_source
+from vitfast.cli._paper_recipe import RECIPE_SETTINGS
+from vitfast.cli._paper_recipe import add_paper_recipe_args
+from vitfast.cli._paper_recipe import apply_recipe
+from vitfast.cli._paper_recipe import check_recipe
+from vitfast.cli._paper_recipe import method_keys_after_model
+from vitfast.cli._paper_recipe import method_keys_before_model
+from vitfast.cli._paper_recipe import print_settings
+from vitfast.cli._paper_recipe import resolve_settings
 from vitfast.cli._recipe_args import add_recipe_args
 from vitfast.cli._recipe_args import ffn_flags_need_channel_idle
 from vitfast.cli._usdc_args import ARCH_LR_SCALE
@@ -68,7 +76,7 @@ from vitfast.io.trainable import save_trainable
 _TRAIN_SETTINGS = (("data", "val_data", "steps", "epochs", "lr", "weight_decay", "batch_size", "warmup", "label_smoothing",
                     "grad_clip", "seed", "img_size", "num_classes", "channel_idle", "norm", "heuristic", "model_kwargs",
                     "eval_every", "checkpoint_every")
-                   + NONDEEP_TRAIN_SETTINGS + DWCONV_SETTINGS + ("arch_lr_scale",))
+                   + NONDEEP_TRAIN_SETTINGS + DWCONV_SETTINGS + ("arch_lr_scale",) + RECIPE_SETTINGS)
 
 
 def add_parser(sub) -> None:
@@ -76,7 +84,8 @@ def add_parser(sub) -> None:
         "train", formatter_class=Formatter, help="train or finetune a model on digits or an image folder",
         description=textwrap.dedent("""\
             Train a train-time model (from `vitfast convert`) or a timm model by name (converted on the fly with
-            --channel-idle) with AdamW, warm-up + cosine LR, gradient clipping and periodic evaluation.
+            --channel-idle) with AdamW, warm-up + cosine LR, gradient clipping and periodic evaluation, or with a
+            paper's recipe (--recipe; --print shows the resolved settings and where each comes from).
             Writes OUT/trainer.pt (resumable; every --checkpoint-every steps and at the end) and
             OUT/model.safetensors (the trained train-time model, input for `vitfast fuse`).
             --resume continues a run exactly where it stopped, with the settings stored in the checkpoint."""),
@@ -85,6 +94,8 @@ def add_parser(sub) -> None:
               vitfast train tiny.safetensors --steps 800 --lr 3e-3 --out run/
               vitfast train vit_tiny_patch16_224 --img-size 32 --model-kwargs '{"depth": 4}' --channel-idle 0.75 --epochs 20 --out run/
               vitfast train --resume run/trainer.pt
+              vitfast train --recipe repavit --print
+              vitfast train tiny.safetensors --recipe repavit --steps 600 --out run/
               vitfast train vit.safetensors --data /data/imagenette/train --val-data /data/imagenette/val --out run/"""),
     )
     p.add_argument("source", nargs="?", metavar="SOURCE", help="train-time .safetensors, or a timm model name")
@@ -110,6 +121,7 @@ def add_parser(sub) -> None:
     add_nondeep_args(p, train=True)
     add_dwconv_args(p)
     add_scale_args(p)
+    add_paper_recipe_args(p)
     for action in p._actions:  # recipe defaults must be None here: --resume compares what was given
         if action.dest in ("norm", "heuristic"):
             action.default = None
@@ -120,6 +132,13 @@ def run(args) -> int:
     set_threads(args.threads)
     ctx = train_process_group(args)
     given = {k: getattr(args, k) for k in _TRAIN_SETTINGS + SCALE_SETTINGS if getattr(args, k) is not None}
+    recipe = check_recipe(args.recipe)
+    if args.print_settings:
+        if args.resume is not None:
+            raise CLIError("--print: shows a new run's settings; a resumed run's are in its checkpoint, drop --resume")
+        settings = _defaults_and(given)
+        print_settings(resolve_settings(settings, given, recipe), recipe, settings["data"])
+        return EXIT_OK
     resume_state = None
     if args.resume is not None:
         resume_state = load_trainer_checkpoint(args.resume)
@@ -157,17 +176,19 @@ def run(args) -> int:
             raise CLIError("SOURCE: expected a train-time .safetensors (from `vitfast convert`) or a timm model name, got none")
         if args.out is None:
             raise CLIError("--out: expected a directory for the checkpoint and the trained model, got none")
-        settings = {"data": "digits", "steps": None, "epochs": None, "lr": 1e-3, "weight_decay": 0.05, "batch_size": 64,
-                    "warmup": 0.05, "label_smoothing": 0.0, "grad_clip": 1.0, "seed": 0, "eval_every": None,
-                    "checkpoint_every": None, "val_data": None}
-        settings.update(SCALE_DEFAULTS)
-        settings.update(given)
+        settings = _defaults_and(given)
+        settings["explicit"] = sorted(given)  # which settings were flags, not recipe values (messages)
+        apply_recipe(settings, resolve_settings(settings, given, recipe), given=given)
+        settings["lr_schedule"] = "timm" if recipe is not None else "legacy"
+        method_keys_before_model(settings)
         settings["threads"] = torch.get_num_threads()  # restored by --resume (see there)
         if settings["steps"] is None and settings["epochs"] is None:
             settings["epochs"] = 10
         if settings["steps"] is not None and settings["epochs"] is not None:
             raise CLIError(f"--steps/--epochs: expected one of them, got --steps {settings['steps']} and --epochs {settings['epochs']}")
         seed_model_init(settings["seed"])
+        if builds_student(args) and settings.get("drop_path") is not None:
+            _drop_path_unused(settings, "the student is built from --teacher's blocks")
         model, recipe = distill_student(args, settings) if builds_student(args) else _train_source(args, settings)
         out_dir = args.out
     output_dir(out_dir, create=False)  # created once every check below has passed
@@ -182,15 +203,19 @@ def run(args) -> int:
         if img_size is None:
             raise CLIError("SOURCE: cannot tell the model's input size (no patch_embed.img_size)")
         try:
-            train_loader, val_loader = digits_loaders(img_size=img_size, seed=settings["seed"], **shard)
+            train_loader, val_loader = digits_loaders(img_size=img_size, seed=settings["seed"],
+                                                      reprob=settings.get("reprob") or 0.0, **shard)
         except ValueError as exc:
             raise CLIError(_trainer_error_as_flags(str(exc))) from None
         data_classes = 10
     else:
         if not os.path.isdir(data):
             raise CLIError(f"--data: expected 'digits' or a directory of class sub-folders, got {data!r}")
+        timm_tf = {k: settings.get(k) for k in ("auto_augment", "color_jitter", "reprob", "interpolation")}
+        use_timm = settings.get("recipe") is not None or any(v is not None for v in timm_tf.values())
         train_loader, val_loader = image_folder_loaders(
-            data, img_size=img_size, val_root=settings.get("val_data"), seed=settings["seed"], **shard
+            data, img_size=img_size, val_root=settings.get("val_data"), seed=settings["seed"], **shard,
+            transform={**timm_tf, "interpolation": timm_tf["interpolation"] or "bilinear"} if use_timm else None,
         )
         data_classes = len(train_loader.dataset.classes)
     if num_classes != data_classes:
@@ -209,8 +234,9 @@ def run(args) -> int:
     # Trainer has 22") with no flag to get past it.
     steps, epochs = ((resume_state["total_steps"], None) if resume_state is not None
                      else (settings["steps"], settings["epochs"]))
-    apply_join_settings(model, settings, Trainer._resolve_total_steps(steps, epochs, train_loader,
-                                                                       settings["grad_accum"]))
+    total = Trainer._resolve_total_steps(steps, epochs, train_loader, settings["grad_accum"])
+    method_keys_after_model(model, settings, total, resumed=resume_state is not None)
+    apply_join_settings(model, settings, total)
     description = json.dumps(describe_trainable(model))
     warmup = settings["warmup"]
     model.to(ctx.device)
@@ -225,9 +251,12 @@ def run(args) -> int:
     try:
         trainer = trainer_cls(
             model, train_loader, val_loader, **scale_kwargs, **attn_kwargs,
-            optimizer=usdc_optimizer(model, settings, settings.get("arch_lr_scale", ARCH_LR_SCALE)),
+            optimizer=_optimizer(model, settings),
             total_steps=steps, epochs=epochs, lr=settings["lr"], weight_decay=settings["weight_decay"],
             warmup_fraction=warmup if warmup < 1 else 0.0, warmup_steps=int(warmup) if warmup >= 1 else None,
+            min_lr=settings.get("min_lr"), warmup_lr=settings.get("warmup_lr"), layer_decay=settings.get("layer_decay"),
+            betas=tuple(settings["betas"]) if settings.get("betas") else None, mixup=settings.get("mixup"),
+            cutmix=settings.get("cutmix"), num_classes=num_classes, lr_schedule=settings.get("lr_schedule", "legacy"),
             label_smoothing=settings["label_smoothing"], grad_clip=settings["grad_clip"] or None, seed=settings["seed"],
             eval_every=settings["eval_every"] or max(1, len(train_loader) // settings["grad_accum"]),
             checkpoint_path=os.path.join(out_dir, "trainer.pt"), checkpoint_every=settings["checkpoint_every"],
@@ -271,6 +300,31 @@ def run(args) -> int:
     return status
 
 
+def _defaults_and(given):
+    """A new run's settings: the defaults (small data, docs/training.md) with the explicit options on top."""
+    settings = {"data": "digits", "steps": None, "epochs": None, "lr": 1e-3, "weight_decay": 0.05, "batch_size": 64,
+                "warmup": 0.05, "label_smoothing": 0.0, "grad_clip": 1.0, "seed": 0, "eval_every": None,
+                "checkpoint_every": None, "val_data": None}
+    settings.update(SCALE_DEFAULTS)
+    settings.update(given)
+    return settings
+
+
+def _optimizer(model, settings):
+    """The optimizer name (timm's create_optimizer_v2), or for a USDC model its AdamW factory: the decision
+    parameters (logits and gate networks) in their own no-decay group at lr × --arch-lr-scale (1 under the usdc
+    recipe: the paper's single lr)."""
+    from vitfast.methods.usdc.compression import usdc_blocks
+
+    name = settings.get("optimizer") or "adamw"
+    if usdc_blocks(model):
+        if name != "adamw":
+            raise CLIError(f"--optimizer: a USDC model trains with AdamW (its decision parameters in their own "
+                           f"group), got {name!r}")
+        return usdc_optimizer(model, settings, settings.get("arch_lr_scale", ARCH_LR_SCALE))
+    return name
+
+
 def _train_source(args, settings):
     source = args.source
     if os.path.exists(source):
@@ -289,6 +343,8 @@ def _train_source(args, settings):
             if settings.get(k) is not None:
                 raise CLIError(f"--{k.replace('_', '-')}: only applies when SOURCE is a timm model name; {source!r} is "
                                f"a file (convert it with --dwconv-blocks/--dwconv-heads)")
+        if settings.get("drop_path") is not None:
+            _drop_path_unused(settings, f"SOURCE {source!r} is a file (set it when converting)")
         kind = file_kind(source)
         if kind != "trainable":
             raise CLIError(f"SOURCE: expected a train-time .safetensors (from `vitfast convert`), got a {kind} file {source!r}"
@@ -298,11 +354,17 @@ def _train_source(args, settings):
     num_classes = settings.get("num_classes") or (10 if settings["data"] == "digits" else None)
     if num_classes is None and os.path.isdir(settings["data"]):
         num_classes = sum(1 for e in os.scandir(settings["data"]) if e.is_dir())
+    model_kwargs = dict(settings.get("model_kwargs") or {})
+    if settings.get("drop_path") is not None:
+        if "drop_path_rate" in model_kwargs and model_kwargs["drop_path_rate"] != settings["drop_path"]:
+            raise CLIError(f"--drop-path/--model-kwargs: two drop-path rates, {settings['drop_path']} and "
+                           f"drop_path_rate={model_kwargs['drop_path_rate']}; give one")
+        model_kwargs["drop_path_rate"] = settings["drop_path"]
     timm_model = build_timm_model(source, pretrained=None, img_size=settings.get("img_size"), num_classes=num_classes,
-                                  model_kwargs=settings.get("model_kwargs"), flag="SOURCE",
+                                  model_kwargs=model_kwargs or None, flag="SOURCE",
                                   num_classes_from="--num-classes" if settings.get("num_classes") else "--data (its classes)")
     recipe = {"source": "timm", "model": source, "img_size": settings.get("img_size"), "num_classes": num_classes,
-              "model_kwargs": settings.get("model_kwargs") or {}}
+              "model_kwargs": model_kwargs}
     if settings.get("branches") is not None:
         if dwconv_given(settings):
             raise CLIError("--dwconv-blocks/--dwconv-heads: not supported together with --branches, got both")
@@ -316,6 +378,13 @@ def _train_source(args, settings):
     model = vitfast.convert.from_timm(timm_model, channel_idle=settings["channel_idle"], norm=norm, heuristic=heuristic)
     recipe.update(channel_idle=settings["channel_idle"], norm=norm, heuristic=heuristic)
     return model, recipe
+
+
+def _drop_path_unused(settings, why: str) -> None:
+    """--drop-path shapes the model when it is built: refused when given explicitly, said aloud when a recipe's."""
+    if settings.get("recipe") is None or "drop_path" in settings.get("explicit", ()):
+        raise CLIError(f"--drop-path: only applies when SOURCE is a timm model name; {why}")
+    print(f"note: the recipe's drop-path {settings['drop_path']:g} is not applied: {why}")
 
 
 _TRAINER_FLAGS = {  # Trainer argument -> the `vitfast train` flag that sets it

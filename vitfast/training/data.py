@@ -12,8 +12,10 @@ resumed run already consumed (no images are loaded for the skipped part).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import random
 from typing import Callable, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -29,6 +31,8 @@ __all__ = [
     "digits_loaders",
     "digits_arrays",
     "image_folder_loaders",
+    "write_digits_image_folder",
+    "timm_transforms",
 ]
 
 _MASK64 = (1 << 64) - 1
@@ -137,6 +141,26 @@ class ShardSampler(Sampler):
         return len(range(self.rank, self.n, self.num_replicas))
 
 
+@contextlib.contextmanager
+def seeded_rng(seed: int):
+    """Python's `random`, NumPy's global RNG and torch's CPU generator seeded with `seed` inside, restored after.
+
+    timm's transforms draw from all three (RandAugment: `random` and `np.random.choice`; RandomErasing: `random`
+    and torch), so a seeded sample needs every one seeded, and the training run's own streams must not move."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        # the CPU generator only: torch.manual_seed also reseeds every CUDA generator, which fork_rng(devices=[])
+        # does not restore (each batch reset the GPU's dropout stream to a data-derived seed)
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % (2**32))
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
 def _split_key(key) -> Tuple[int, Optional[int]]:
     if isinstance(key, (tuple, list)):
         return int(key[0]), int(key[1])
@@ -173,6 +197,7 @@ class DigitsDataset(Dataset):
         max_rotate_deg: float = 10.0,
         max_scale: float = 0.1,
         max_shift: float = 0.15,
+        reprob: float = 0.0,
     ):
         self.images = torch.as_tensor(images, dtype=torch.float32).reshape(-1, 1, 8, 8)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
@@ -185,6 +210,14 @@ class DigitsDataset(Dataset):
         self.augment = bool(augment)
         self.max_rotate = math.radians(max_rotate_deg)
         self.max_scale, self.max_shift = float(max_scale), float(max_shift)
+        if not 0.0 <= reprob <= 1.0:
+            raise ValueError(f"reprob: expected a probability in [0, 1], got {reprob!r}")
+        self.erasing = None
+        if reprob > 0:
+            from timm.data.random_erasing import RandomErasing
+
+            # DeiT's random erasing (pixel mode: normal noise in the erased box), on the rendered tensor
+            self.erasing = RandomErasing(probability=float(reprob), mode="pixel", device="cpu")
         self.classes = list(range(10))
 
     def __len__(self) -> int:
@@ -214,7 +247,13 @@ class DigitsDataset(Dataset):
         img = F.grid_sample(self.images[index], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         img = ((img - self.mean) / self.std).expand(-1, 3, -1, -1)
         labels = self.labels[index]
-        return [(img[j].contiguous(), labels[j]) for j in range(len(split))]
+        out = [(img[j].contiguous(), labels[j]) for j in range(len(split))]
+        if self.erasing is not None and self.augment:
+            for j, (_, seed) in enumerate(split):
+                if seed is not None:
+                    with seeded_rng(_mix(seed, 0xE5A)):
+                        out[j] = (self.erasing(out[j][0]), out[j][1])
+        return out
 
 
 def digits_loaders(
@@ -229,6 +268,7 @@ def digits_loaders(
     drop_last: bool = True,
     num_replicas: int = 1,
     rank: int = 0,
+    reprob: float = 0.0,
 ) -> Tuple[DataLoader, DataLoader]:
     """Train and validation loaders over scikit-learn's digits (1797 images, 10 classes, no download).
 
@@ -238,7 +278,8 @@ def digits_loaders(
     plain and in order.  Both yield `[B, 3, H, W]` float32 (img_size = H = W, or (H, W)) and `[B]` int64 labels.
     `drop_last` (train only) keeps every step's batch the same size, which keeps BatchNorm statistics sane.
     Data parallel: `num_replicas`/`rank` give this process its share (`SeededSampler` for training,
-    `ShardSampler` for validation); `batch_size` is then the per-process batch.
+    `ShardSampler` for validation); `batch_size` is then the per-process batch.  `reprob`: timm's random erasing
+    on the training images (with `augment`), seeded per sample like the affine.
     """
     img_size = _check_image_size("img_size", img_size, minimum=8)
     batch_size = _check_positive_int("batch_size", batch_size)
@@ -258,7 +299,7 @@ def digits_loaders(
         )
     mean, std = float(images[idx_train].mean()), float(images[idx_train].std())
     common = dict(img_size=img_size, mean=mean, std=std)
-    train_set = DigitsDataset(images[idx_train], labels[idx_train], augment=augment, **common)
+    train_set = DigitsDataset(images[idx_train], labels[idx_train], augment=augment, reprob=reprob, **common)
     val_set = DigitsDataset(images[idx_val], labels[idx_val], augment=False, **common)
     train_loader = DataLoader(
         train_set,
@@ -276,9 +317,9 @@ def digits_loaders(
 class SeededTransformDataset(Dataset):
     """Wraps a map-style dataset of (image, target) and applies `transform` with a per-sample seed.
 
-    For `(index, seed)` keys (from `SeededSampler`) the transform runs under a forked, seeded torch RNG, so
-    random torchvision transforms (which draw from torch's global generator) become a pure function of the
-    key; plain integer keys run the transform as is.
+    For `(index, seed)` keys (from `SeededSampler`) the transform runs under seeded, restored RNGs (`seeded_rng`:
+    torch's CPU generator, Python's `random`, NumPy's), so random torchvision and timm transforms become a pure
+    function of the key; plain integer keys run the transform as is.
     """
 
     def __init__(self, base: Dataset, transform: Optional[Callable] = None):
@@ -295,10 +336,7 @@ class SeededTransformDataset(Dataset):
             return image, target
         if seed is None:
             return self.transform(image), target
-        with torch.random.fork_rng(devices=[]):
-            # the CPU generator only: torch.manual_seed also reseeds every CUDA generator, which fork_rng(devices=[])
-            # does not restore (each batch reset the GPU's dropout stream to a data-derived seed)
-            torch.default_generator.manual_seed(seed)
+        with seeded_rng(seed):
             return self.transform(image), target
 
 
@@ -317,6 +355,7 @@ def image_folder_loaders(
     num_workers: int = 0,
     num_replicas: int = 1,
     rank: int = 0,
+    transform: Optional[dict] = None,
 ) -> Tuple[DataLoader, DataLoader]:
     """Train/val loaders over a torchvision `ImageFolder` tree (`root/<class>/<image>`).
 
@@ -324,7 +363,8 @@ def image_folder_loaders(
     is held out.  Training: RandomResizedCrop + horizontal flip (if `augment`); validation: resize + centre
     crop.  Both normalised with ImageNet statistics unless `mean`/`std` are given.  Point `root` at ImageNet's
     train/ and `val_root` at its val/ (both in class sub-folders).  Data parallel: as `digits_loaders`
-    (`batch_size` is per process).
+    (`batch_size` is per process).  `transform`: timm's train and eval transforms instead (`timm_transforms`: the
+    DeiT pipeline — RandomResizedCrop, flip, RandAugment, colour jitter, random erasing — with these settings).
     """
     from torchvision import datasets, transforms
 
@@ -348,6 +388,10 @@ def image_folder_loaders(
         if augment
         else plain
     )
+    if transform is not None:
+        train_tf, plain = timm_transforms((height, width), mean=mean, std=std, **transform)
+        if not augment:
+            train_tf = plain
     full = datasets.ImageFolder(root)
     if val_root is not None:
         val_root = os.fspath(val_root)
@@ -379,3 +423,65 @@ def image_folder_loaders(
         sampler=ShardSampler(len(val_set), num_replicas=num_replicas, rank=rank),
     )
     return train_loader, val_loader
+
+
+def timm_transforms(img_size: Union[int, Tuple[int, int]], *, auto_augment: Optional[str] = None,
+                    color_jitter: Optional[float] = None, reprob: Optional[float] = 0.0, interpolation: str = "bilinear",
+                    mean: Sequence[float] = (0.485, 0.456, 0.406), std: Sequence[float] = (0.229, 0.224, 0.225),
+                    ) -> Tuple[Callable, Callable]:
+    """(train, eval) transforms from `timm.data.create_transform`: DeiT's training pipeline (RandomResizedCrop,
+    horizontal flip, RandAugment `auto_augment` such as 'rand-m9-mstd0.5-inc1', colour jitter — which timm skips
+    under RandAugment —, random erasing with probability `reprob`) and the eval resize + centre crop (0.875)."""
+    from timm.data import create_transform
+
+    height, width = _check_image_size("img_size", img_size)
+    common = dict(input_size=(3, height, width), interpolation=interpolation, mean=tuple(mean), std=tuple(std))
+    train = create_transform(is_training=True, auto_augment=auto_augment or None,
+                             color_jitter=float(color_jitter or 0.0), re_prob=float(reprob or 0.0), re_mode="pixel",
+                             **common)
+    plain = create_transform(is_training=False, crop_pct=0.875, **common)
+    _posterize_zero_bits(train)
+    return train, plain
+
+
+def _posterize_zero_bits(transform) -> None:
+    """timm's PosterizeIncreasing reaches 0 bits at magnitude 10 (RandAugment's magnitude noise gets there), which
+    Pillow 12+ refuses ("bits must be between or equal to 1 and 8"); older Pillow kept 0 bits, a black image.  The
+    ops of every RandAugment in `transform` get that behaviour back."""
+    from timm.data import auto_augment
+
+    def posterize(img, bits_to_keep, **kwargs):
+        if bits_to_keep <= 0:
+            return img.point(lambda _: 0)
+        return auto_augment.posterize(img, bits_to_keep, **kwargs)
+
+    for t in getattr(transform, "transforms", ()):
+        for op in getattr(t, "ops", ()):
+            if getattr(op, "aug_fn", None) is auto_augment.posterize:
+                op.aug_fn = posterize
+
+
+def write_digits_image_folder(root: Union[str, os.PathLike], *, size: int = 32, val_fraction: float = 0.2,
+                              seed: int = 0) -> Tuple[str, str]:
+    """Write scikit-learn's digits as an image folder, root/train/<class>/*.png and root/val/<class>/*.png (RGB,
+    `size` x `size`, bilinear from 8x8), split exactly as `digits_loaders(val_fraction, seed)` splits them; returns
+    (train_dir, val_dir).  Real files for `image_folder_loaders` / `vitfast train --data DIR --val-data DIR`."""
+    from PIL import Image
+    from sklearn.model_selection import train_test_split
+
+    images, labels = digits_arrays()
+    idx_train, idx_val = train_test_split(
+        np.arange(len(labels)), test_size=float(val_fraction), random_state=int(seed), stratify=labels
+    )
+    render = DigitsDataset(images, labels, img_size=size)  # plain render: mean 0, std 1 keeps [0, 1]
+    out = []
+    for split, idx in (("train", idx_train), ("val", idx_val)):
+        base = os.path.join(os.fspath(root), split)
+        for i in idx:
+            img, label = render[int(i)]
+            folder = os.path.join(base, str(int(label)))
+            os.makedirs(folder, exist_ok=True)
+            pixels = (img.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+            Image.fromarray(pixels).save(os.path.join(folder, f"{int(i):04d}.png"))
+        out.append(base)
+    return out[0], out[1]

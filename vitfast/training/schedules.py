@@ -1,19 +1,24 @@
-"""The LR schedule (linear warm-up, then cosine) and the weight-decay parameter groups of the Trainer.
+"""The LR schedules and the weight-decay parameter groups of the Trainer.
 
-Kept rather than replaced by timm's parts, because exact resume and existing runs depend on them:
-* `timm.scheduler.CosineLRScheduler` warms up from `warmup_lr_init` (t · (lr − init) / warmup_t: step 0 at init),
-  where this schedule starts at lr / warmup_steps so the first step is not wasted; every existing recipe would
-  train on other LR values.  The schedule here is a `LambdaLR` whose lambda holds plain numbers, so its state dict
-  is plain values (the weights_only trainer checkpoint).
-* `timm.optim.param_groups_weight_decay` lists the no-decay group first, `param_groups` the decay group first:
-  optimizer state is stored by group index, so switching would resume every existing trainer checkpoint into the
-  wrong groups.  It also knows name patterns only, not the `_no_weight_decay` marks the methods put on λ, gate
-  logits and kernels.  The rules are timm's otherwise (1-D parameters and `no_weight_decay()` names).
+Two schedules, chosen by `Trainer(lr_schedule=...)` and stored in its checkpoint:
+* "timm" (every recipe run, `vitfast.recipes`): `timm.scheduler.CosineLRScheduler`, linear warm-up from `warmup_lr`
+  then cosine to `min_lr`, stepped per optimizer update (`step_update`).  Its state dict is plain values.
+* "legacy" (the default without a recipe, and every checkpoint written before the field existed): a `LambdaLR`
+  over `warmup_cosine`.  Kept so existing trainer checkpoints resume exactly on the schedule they were trained
+  with, and because its warm-up starts at lr / warmup_steps, so the first step is not wasted: timm's starts at
+  `warmup_lr_init` (t · (lr − init) / warmup_t: step 0 at init).  The lambda holds plain numbers, so its state
+  dict is plain values (the weights_only trainer checkpoint).
+
+Weight-decay groups: `param_groups` (decay group first, the order existing checkpoints' optimizer states were saved
+in) or, with layer-wise lr decay, timm's `param_groups_layer_decay`.  Both exclude the same parameters,
+`no_decay_names`: timm's rules (1-D parameters and `no_weight_decay()` names) plus the `_no_weight_decay` marks the
+methods put on λ, gate logits and kernels, which timm's helpers do not know (they are passed as its
+`no_weight_decay_list`).
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set
 
 import torch.nn as nn
 
@@ -40,16 +45,13 @@ class _WarmupCosine:
         return warmup_cosine(step, self.total_steps, self.warmup_steps, self.min_ratio)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
-    """Split parameters into a decayed group and a no-decay group.
-
-    No decay (the usual ViT recipe, as in timm) for: 1-D parameters (norm scales and every bias), names
-    listed by any module's `no_weight_decay()` (timm: pos_embed, cls_token, ...) or matching its
-    `no_weight_decay_keywords()` (Swin's relative position tables), parameters carrying an attribute
+def no_decay_names(model: nn.Module) -> Set[str]:
+    """Names of the trainable parameters that take no weight decay (the usual ViT recipe, as in timm): 1-D parameters
+    (norm scales and every bias), names listed by any module's `no_weight_decay()` (timm: pos_embed, cls_token, ...)
+    or matching its `no_weight_decay_keywords()` (Swin's relative position tables), parameters carrying an attribute
     `_no_weight_decay = True`, and parameters of a module whose `_no_weight_decay` is True (all its direct
-    parameters) or an iterable of its parameter names.  Gate logits, λ, γ and similar method parameters opt
-    out this way.
-    """
+    parameters), a name, or an iterable of its parameter names.  Gate logits, λ, γ and similar method parameters
+    opt out this way.  A parameter shared under two names is listed under every name it has."""
     skip_names, keywords = set(), set()
     for mname, module in model.named_modules():
         prefix = f"{mname}." if mname else ""
@@ -67,24 +69,56 @@ def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
             skip_names.update(prefix + n for n in mark)
         elif isinstance(mark, str):
             skip_names.add(prefix + mark)
+    names = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if (p.ndim <= 1 or name in skip_names or any(k in name for k in keywords)
+                or getattr(p, "_no_weight_decay", False)):
+            names.add(name)
+    # a shared parameter decays only if none of its names says otherwise
+    by_id: Dict[int, List[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    for aliases in by_id.values():
+        if any(a in names for a in aliases):
+            names.update(aliases)
+    return names
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
+    """Split parameters into a decayed group and a no-decay group (`no_decay_names`), in that order."""
+    skip = no_decay_names(model)
     decay, no_decay = [], []
     seen = set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        if (
-            p.ndim <= 1
-            or name in skip_names
-            or any(k in name for k in keywords)
-            or getattr(p, "_no_weight_decay", False)
-        ):
-            no_decay.append(p)
-        else:
-            decay.append(p)
+        (no_decay if name in skip else decay).append(p)
     groups = []
     if decay:
         groups.append({"params": decay, "weight_decay": float(weight_decay)})
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
     return groups
+
+
+def layer_decay_groups(model: nn.Module, weight_decay: float, layer_decay: float) -> List[Dict[str, Any]]:
+    """timm's layer-wise lr decay groups (BEiT's rule: lr_scale = layer_decay ** (depth - layer), by the model's
+    `group_matcher`), excluding `no_decay_names` from weight decay.  The groups carry `lr_scale`, which timm's
+    schedulers apply."""
+    from timm.optim import param_groups_layer_decay
+
+    skip = sorted(no_decay_names(model))
+    # fnmatch patterns: parameter names hold no wildcard characters, but escape them anyway
+    escaped = [n.replace("[", "[[]").replace("*", "[*]").replace("?", "[?]") for n in skip]
+    return param_groups_layer_decay(model, weight_decay, no_weight_decay_list=escaped, layer_decay=float(layer_decay))
+
+
+def timm_cosine(optimizer, total_steps: int, warmup_steps: int, min_lr: float, warmup_lr: float):
+    """timm's cosine schedule per optimizer update: warm-up from `warmup_lr` over `warmup_steps` updates, then a
+    cosine from each group's lr to `min_lr` over the rest (warmup_prefix: the cosine starts after the warm-up)."""
+    from timm.scheduler import CosineLRScheduler
+
+    return CosineLRScheduler(optimizer, t_initial=max(1, total_steps - warmup_steps), lr_min=float(min_lr),
+                             warmup_t=int(warmup_steps), warmup_lr_init=float(warmup_lr), warmup_prefix=True,
+                             t_in_epochs=False, cycle_limit=1)

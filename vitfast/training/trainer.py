@@ -72,7 +72,7 @@ from ..io.trainer_checkpoint import (
 from . import distributed as _dist
 from .data import _mix
 from .rng import _rng_state, _set_rng_state, seed_everything
-from .schedules import _WarmupCosine, param_groups
+from .schedules import _WarmupCosine, layer_decay_groups, param_groups, timm_cosine
 
 __all__ = ["Trainer", "Callback", "AMP_DTYPES"]
 
@@ -107,11 +107,24 @@ class Trainer:
         val_loader: optional; used by `evaluate()` and periodic evaluation.
         total_steps / epochs: length of training (exactly one of them; epochs × (len(train_loader) // grad_accum)
             optimizer steps).
-        optimizer: "adamw" (default), "sgd", or a callable `param_groups -> torch.optim.Optimizer`.
+        recipe: a paper's settings (`vitfast.recipes`: "repavit", "nondeep:finetune", ... or a `get_recipe` dict);
+            every argument given explicitly (not None) overrides it, and its lr follows the global batch by the
+            recipe's rule.  `trainer.settings` holds what was used and where each value came from.  Settings the
+            Trainer cannot apply (data augmentation, drop-path, method options) are listed in
+            `trainer.unapplied`; `vitfast train --recipe` applies them.
+        optimizer: "adamw" (default), "sgd", "lamb" or another `timm.optim.create_optimizer_v2` name, or a callable
+            `param_groups -> torch.optim.Optimizer`.
         lr, weight_decay, betas, momentum: optimizer settings (weight decay skips norms, biases, pos-embed,
-            cls token and parameters marked `_no_weight_decay`; see `param_groups`).
+            cls token and parameters marked `_no_weight_decay`; see `vitfast.training.schedules.no_decay_names`).
+        layer_decay: timm's layer-wise lr decay (lr × layer_decay^(depth − layer)); needs lr_schedule "timm".
         warmup_steps / warmup_fraction: linear warm-up length (steps, or a fraction of total_steps).
         min_lr: the cosine's floor (absolute; scaled per param group).
+        warmup_lr: where timm's warm-up starts (default: lr / warmup_steps, the legacy schedule's first value).
+        lr_schedule: "timm" (timm's CosineLRScheduler per update; the default with a recipe) or "legacy" (the
+            default without: vitfast's LambdaLR; see schedules.py).  A checkpoint resumes on the schedule it stored.
+        mixup, cutmix: timm `Mixup` alphas (0: off); with either, the loss is timm's SoftTargetCrossEntropy on the
+            mixed targets (label smoothing folded in), evaluation plain cross-entropy.  Batches must be even.
+        num_classes: for mixup's one-hot targets (default: the model's `num_classes`).
         loss_fn: `fn(logits, targets) -> scalar`; default cross-entropy with `label_smoothing`.
         grad_clip: max global gradient norm (None: no clipping; the norm is logged either way).
         extra_loss_weights: {module path or class name: weight} for `extra_loss()` modules.
@@ -143,16 +156,23 @@ class Trainer:
         *,
         total_steps: Optional[int] = None,
         epochs: Optional[int] = None,
-        optimizer: Union[str, Callable[[List[Dict[str, Any]]], torch.optim.Optimizer]] = "adamw",
-        lr: float = 1e-3,
-        weight_decay: float = 0.05,
-        betas: Tuple[float, float] = (0.9, 0.999),
+        recipe: Union[str, Dict[str, Any], None] = None,
+        optimizer: Union[str, Callable[[List[Dict[str, Any]]], torch.optim.Optimizer], None] = None,
+        lr: Optional[float] = None,
+        weight_decay: Optional[float] = None,
+        betas: Optional[Tuple[float, float]] = None,
         momentum: float = 0.9,
         warmup_steps: Optional[int] = None,
-        warmup_fraction: float = 0.05,
-        min_lr: float = 0.0,
+        warmup_fraction: Optional[float] = None,
+        min_lr: Optional[float] = None,
+        warmup_lr: Optional[float] = None,
+        layer_decay: Optional[float] = None,
+        lr_schedule: Optional[str] = None,
+        mixup: Optional[float] = None,
+        cutmix: Optional[float] = None,
+        num_classes: Optional[int] = None,
         loss_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
-        label_smoothing: float = 0.0,
+        label_smoothing: Optional[float] = None,
         grad_clip: Optional[float] = None,
         extra_loss_weights: Optional[Dict[str, float]] = None,
         schedules: Sequence[Callable[[int, int], Any]] = (),
@@ -188,6 +208,42 @@ class Trainer:
             # An epoch must hold one optimizer step: fewer batches than grad_accum trained nothing and failed mid-run
             raise ValueError(f"train_loader: expected at least grad_accum = {grad_accum} batches per epoch (one "
                              f"optimizer step), got {batches}")
+        from ..recipes.resolve import resolve
+
+        loader_batch = getattr(train_loader, "batch_size", None)
+        global_batch = loader_batch * grad_accum * _dist.world_size() if isinstance(loader_batch, int) else None
+        self.settings = resolve(recipe, {
+            "optimizer": optimizer, "lr": lr, "weight_decay": weight_decay, "betas": betas, "min_lr": min_lr,
+            "warmup_lr": warmup_lr, "warmup": warmup_fraction, "layer_decay": layer_decay,
+            "label_smoothing": label_smoothing, "mixup": mixup, "cutmix": cutmix}, batch_size=global_batch)
+        if warmup_steps is not None:
+            self.settings["warmup"].origin, self.settings["warmup"].note = "explicit", f"{warmup_steps} steps"
+        from ..recipes.registry import KEYS
+
+        # what a Trainer cannot apply (the loaders and the model are built): `vitfast train --recipe` does
+        self.unapplied = {k: s for k, s in self.settings.items()
+                          if s.origin == "recipe" and KEYS.get(k) in ("data", "model", "method")}
+        value = {k: s.value for k, s in self.settings.items()}
+        optimizer, lr, weight_decay, betas = value["optimizer"], value["lr"], value["weight_decay"], value["betas"]
+        min_lr, warmup_lr, layer_decay = value["min_lr"], value["warmup_lr"], value["layer_decay"]
+        label_smoothing, warmup_fraction = value["label_smoothing"], value["warmup"]
+        mixup, cutmix = float(value["mixup"] or 0.0), float(value["cutmix"] or 0.0)
+        if total_steps is None and epochs is None and value.get("epochs"):
+            epochs = int(value["epochs"])  # the recipe's length, when the caller gives none
+        self.recipe = recipe if recipe is None or isinstance(recipe, str) else recipe.get("name", "custom")
+        if lr_schedule is None:
+            lr_schedule = "timm" if recipe is not None or layer_decay or warmup_lr is not None else "legacy"
+        if lr_schedule not in ("timm", "legacy"):
+            raise ValueError(f"lr_schedule: expected 'timm' or 'legacy', got {lr_schedule!r}")
+        if layer_decay and lr_schedule != "timm":
+            raise ValueError("layer_decay: needs lr_schedule='timm' (its groups' lr_scale is applied by timm's "
+                             "scheduler), got lr_schedule='legacy'")
+        if layer_decay is not None and not 0 < layer_decay <= 1:
+            raise ValueError(f"layer_decay: expected in (0, 1], got {layer_decay!r}")
+        for name, v in (("mixup", mixup), ("cutmix", cutmix)):
+            if not v >= 0:
+                raise ValueError(f"{name}: expected an alpha >= 0 (0: off), got {v!r}")
+        self.lr_schedule = lr_schedule
         self.total_steps = self._resolve_total_steps(total_steps, epochs, train_loader, grad_accum)
         set_threads(threads, training=True)
         if not lr > 0:
@@ -211,6 +267,23 @@ class Trainer:
             raise ValueError(f"warmup_steps: expected 0 <= warmup_steps < total_steps ({self.total_steps}), got {warmup_steps!r}")
         self.warmup_steps = int(warmup_steps)
         self.lr, self.min_lr, self.weight_decay = float(lr), float(min_lr), float(weight_decay)
+        self.warmup_lr = float(warmup_lr) if warmup_lr is not None else self.lr / max(1, self.warmup_steps)
+        self.layer_decay = layer_decay
+        self.mixup_fn = None
+        if mixup > 0 or cutmix > 0:
+            from timm.data import Mixup
+            from timm.loss import SoftTargetCrossEntropy
+
+            if num_classes is None:
+                num_classes = getattr(model, "num_classes", None)
+            if not isinstance(num_classes, int) or num_classes < 2:
+                raise ValueError(f"num_classes: mixup/cutmix need the class count (the model has no num_classes), "
+                                 f"got {num_classes!r}")
+            # Mixup draws from NumPy's global RNG, which the checkpoint stores: a resumed run mixes the same pairs
+            self.mixup_fn = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, label_smoothing=label_smoothing,
+                                  num_classes=num_classes)
+            if loss_fn is None:
+                loss_fn = SoftTargetCrossEntropy()
         self.grad_clip = grad_clip
         self.seed = int(seed)
         self.device = torch.device(device) if device is not None else self._model_device()
@@ -222,6 +295,8 @@ class Trainer:
         self.checkpoint_extra = dict(checkpoint_extra or {})
         self.extra_loss_weights = dict(extra_loss_weights or {})
         self.loss_fn = loss_fn or (lambda logits, t: F.cross_entropy(logits, t, label_smoothing=label_smoothing))
+        # evaluation compares with hard labels: with mixup the training loss wants one-hot targets
+        self.eval_loss_fn = F.cross_entropy if self.mixup_fn is not None else self.loss_fn
         self.callbacks = list(callbacks)
         self._user_schedules: List[Callable[[int, int], Any]] = list(schedules)
         for fn in self._user_schedules:
@@ -259,14 +334,12 @@ class Trainer:
                 if self.device.type == "cuda" else None,
                 find_unused_parameters=bool(find_unused_parameters),
             )
-        groups = param_groups(model, self.weight_decay)
+        groups = (layer_decay_groups(model, self.weight_decay, layer_decay) if layer_decay
+                  else param_groups(model, self.weight_decay))
         if not groups:
             raise ValueError("model: has no trainable parameters (all requires_grad=False)")
         self.optimizer = self._make_optimizer(optimizer, groups, betas, momentum)
-        min_ratio = self.min_lr / self.lr
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _WarmupCosine(self.total_steps, self.warmup_steps, min_ratio)
-        )
+        self.scheduler = self._make_scheduler(self.lr_schedule)
 
         # training position: `step` optimizer steps done; the next batch is number `batch_in_epoch` of `epoch`.
         self.step = 0
@@ -317,11 +390,22 @@ class Trainer:
                 raise TypeError(f"optimizer: the factory must return a torch.optim.Optimizer, got {type(opt).__name__}")
             return opt
         name = str(optimizer).lower()
-        if name == "adamw":
-            return torch.optim.AdamW(groups, lr=self.lr, betas=tuple(betas))
-        if name == "sgd":
-            return torch.optim.SGD(groups, lr=self.lr, momentum=momentum, nesterov=momentum > 0)
-        raise ValueError(f"optimizer: expected 'adamw', 'sgd' or a callable, got {optimizer!r}")
+        if name == "sgd" and not momentum > 0:
+            return torch.optim.SGD(groups, lr=self.lr, momentum=0.0)  # timm's "sgd" is Nesterov, which needs momentum
+        from timm.optim import create_optimizer_v2, list_optimizers
+
+        if name not in list_optimizers():
+            raise ValueError(f"optimizer: expected 'adamw', 'sgd', 'lamb', another timm optimizer name or a callable, "
+                             f"got {optimizer!r}")
+        extra = {"betas": tuple(betas)} if any(k in name for k in ("adam", "lamb", "lion", "nadam")) else {}
+        # the groups carry their own weight decay (and lr_scale with layer decay): timm builds the optimizer only
+        return create_optimizer_v2(groups, opt=name, lr=self.lr, weight_decay=0.0, momentum=momentum, **extra)
+
+    def _make_scheduler(self, kind: str):
+        if kind == "timm":
+            return timm_cosine(self.optimizer, self.total_steps, self.warmup_steps, self.min_lr, self.warmup_lr)
+        return torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _WarmupCosine(self.total_steps, self.warmup_steps, self.min_lr / self.lr))
 
     # ------------------------------------------------------------------------------------------ hooks
     def add_schedule(self, fn: Callable[[int, int], Any]) -> None:
@@ -421,6 +505,11 @@ class Trainer:
         for i, mb in enumerate(micro):
             weight = 1.0 / len(micro) if equal else sizes[i] / sum(sizes)
             images, targets = self._to_device(mb)
+            hard = targets
+            if self.mixup_fn is not None:
+                if images.shape[0] % 2:
+                    raise ValueError(f"batch_size: mixup/cutmix need an even batch, got {images.shape[0]}")
+                images, targets = self.mixup_fn(images, targets)
             last = i == len(micro) - 1
             no_sync = self.ddp_model.no_sync() if (self.ddp_model is not None and not last) else contextlib.nullcontext()
             with no_sync:
@@ -437,9 +526,9 @@ class Trainer:
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + v * (1.0 if equal else weight * len(micro))
             with torch.no_grad():
-                if logits.ndim == 2 and targets.ndim == 1:
-                    correct += int((logits.argmax(-1) == targets).sum())
-            count += int(targets.shape[0])
+                if logits.ndim == 2 and hard.ndim == 1:
+                    correct += int((logits.argmax(-1) == hard).sum())
+            count += int(hard.shape[0])
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -451,8 +540,11 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.scheduler.step()
         self.step += 1
+        if self.lr_schedule == "timm":
+            self.scheduler.step_update(self.step)  # the lr of the next update (timm: called after each update)
+        else:
+            self.scheduler.step()
         loss_mean = loss_sum / len(micro)
         total = _dist.all_reduce_sum([loss_mean, correct, count], self.device)  # global metrics under DDP
         loss_mean, correct, count = total[0] / self.world_size, int(total[1]), int(total[2])
@@ -675,7 +767,7 @@ class Trainer:
                     with self._autocast():
                         logits = model(images)
                     logits = logits.float()
-                    loss_sum += float(self.loss_fn(logits, targets)) * targets.shape[0]
+                    loss_sum += float(self.eval_loss_fn(logits, targets)) * targets.shape[0]
                     correct += int((logits.argmax(-1) == targets).sum())
                     n += int(targets.shape[0])
             finally:
@@ -706,6 +798,9 @@ class Trainer:
             "model": model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            # absent in checkpoints from before timm's schedule: those resume on the legacy one
+            "lr_schedule": self.lr_schedule,
+            "recipe": self.recipe,
             # a checkpoint taken before the data was positioned still holds the RNG state it must restore
             "rng": rng,
             "last_eval": dict(self.last_eval) if self.last_eval else None,
@@ -739,8 +834,18 @@ class Trainer:
             )
         if state["seed"] != self.seed:
             raise ValueError(f"checkpoint: made with seed={state['seed']}, this Trainer has seed={self.seed}")
+        if state.get("recipe") != self.recipe:  # another recipe: another optimizer, schedule and loss
+            raise ValueError(f"checkpoint: made with recipe={state.get('recipe')!r}, this Trainer has "
+                             f"recipe={self.recipe!r}")
         model = self.model.module if hasattr(self.model, "module") and isinstance(self.model.module, nn.Module) else self.model
         model.load_state_dict(state["model"])
+        kind = state.get("lr_schedule", "legacy")
+        if kind != self.lr_schedule:
+            if kind not in ("timm", "legacy") or (kind == "legacy" and self.layer_decay):
+                raise ValueError(f"checkpoint: made with lr_schedule={kind!r}, which this Trainer cannot resume "
+                                 f"(lr_schedule={self.lr_schedule!r}, layer_decay={self.layer_decay!r})")
+            self.lr_schedule = kind  # the run continues on the schedule it was trained with
+            self.scheduler = self._make_scheduler(kind)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
