@@ -8,6 +8,9 @@ launches per block, no normalised or permuted copy of any activation.
     (d) hid  = [GELU(h[:, :A]) | h[:, A:]],   h = LN(x1)·W_inᵀ + b_in   (split-GELU epilogue)
     (e) out  = GELU(h_A)·W_outᵀ + h_L + b_out [+ x1]                    emitting out's RowStats for the next block
 
+Few rows (batch 1): each GEMM may split K across programs (kernels/ln_linear.py, `split_k_factor`); the slices are
+reduced inside the same launch, so the launch count does not change.
+
 The first block of a model has no producer for x's statistics: one `row_stats` launch more.  θ = 1 (A = 0) is one
 linear: (d) takes b_out and the shortcut in its epilogue and (e) is not launched.
 
