@@ -13,13 +13,15 @@
 source benchmarks/gpu_common.sh
 [ "${VITFAST_BUILD_EXT:-0}" = 1 ] && build_ext
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  echo "== tests (tests/test_ln_linear_triton.py | tests/test_vit_block_triton.py, side by side)"
+  echo "== tests (tests/test_{ln_linear,vit_block}_triton.py, tests/test_triton_ops.py, side by side)"
   for t in ln_linear vit_block; do
     VITFAST_TRITON_AUTOTUNE=0 timeout 150 python3 -m pytest -q -rs -p no:cacheprovider "tests/test_${t}_triton.py" \
       > "$OUT/t_$t.txt" 2>&1 &
   done
+  VITFAST_TRITON_AUTOTUNE=0 timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_triton_ops.py \
+    tests/test_warmup.py > "$OUT/t_ops.txt" 2>&1 &
   wait
-  for t in ln_linear vit_block; do echo "-- $t"; tail -n 15 "$OUT/t_$t.txt"; done
+  for t in ln_linear vit_block ops; do echo "-- $t"; tail -n 15 "$OUT/t_$t.txt"; done
 fi
 mkdir -p "$OUT/results"
 # Autotuning on for the timed kernels (gpu_common.sh pins it off for tests).

@@ -74,6 +74,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
@@ -200,8 +202,9 @@ def _row_stats_kernel(x_ptr, stats_ptr, M, K, stride_xm, stride_xk, BLOCK_M: tl.
     tl.store(stats_ptr + M + rows, m2, mask=row_ok)
 
 
-def row_stats_triton(x: torch.Tensor) -> RowStats:
-    """LayerNorm statistics of x's rows [..., K] in `RowStats` form (one tile per row)."""
+def row_stats_triton(x: torch.Tensor, *, _wrap=None) -> RowStats:
+    """LayerNorm statistics of x's rows [..., K] in `RowStats` form (one tile per row).  (`_wrap`: the launch
+    wrapper of the registered op, `torch.library.wrap_triton`: vitfast/ops/triton_ops.py.)"""
     check_device(x)
     k = x.shape[-1]
     x2 = _rows(x, k)
@@ -210,7 +213,7 @@ def row_stats_triton(x: torch.Tensor) -> RowStats:
     if m:
         block_m, block_k = 16, min(triton.next_power_of_2(max(k, 16)), 256)
         with _on_device(x):
-            _row_stats_kernel[(triton.cdiv(m, block_m),)](
+            _launcher(_row_stats_kernel, _wrap)[(triton.cdiv(m, block_m),)](
                 x2, partials, m, k, x2.stride(0), x2.stride(1), BLOCK_M=block_m, BLOCK_K=block_k,
             )
         count_launch()
@@ -441,8 +444,15 @@ def _ln_linear_kernel(
 
 
 # ---------------------------------------------------------------------------------------------- launcher
+def _launcher(kernel, wrap):
+    # wrap_triton(kernel) inside a registered triton_op, so that torch.compile traces the launch as a Triton kernel.
+    return kernel if wrap is None else wrap(kernel)
+
+
 def _on_device(x):
-    return torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
+    # Not while the registered op is traced (fake / functional tensors; possibly no GPU at all): nothing launches.
+    real = x.device.type == "cuda" and not isinstance(x, (FakeTensor, FunctionalTensor))
+    return torch.cuda.device(x.device) if real else contextlib.nullcontext()
 
 
 def _grid(m: int, n: int, split: int):
@@ -459,7 +469,7 @@ _SM_COUNT: dict = {}
 
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (cached); 0 for a CPU tensor (the interpreter: never split)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.cuda.is_available():  # (fake CUDA tensors on a machine without one)
         return 0
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SM_COUNT:
@@ -512,7 +522,7 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
                      eps: float | None = None, stats: RowStats | None = None, gelu_cols: int = 0,
                      bias2: torch.Tensor | None = None, add: torch.Tensor | None = None,
                      residual: torch.Tensor | None = None, emit_stats: bool = False, norm: str = "auto",
-                     split_k: int | None = None):
+                     split_k: int | None = None, _wrap=None):
     """out = LN(x)·weightᵀ + bias (LN non-affine, only when `eps` is given), GELU on the first `gelu_cols` columns,
     + bias2 + add + residual; x [..., K], weight [N, K] (nn.Linear layout, any strides), add / residual [..., N].
 
@@ -524,7 +534,10 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     forces it, 1 to MAX_SPLIT_K).  With S > 1 each slice's fp32 partial goes to a workspace [S, M, N], and the last
     program of a tile to finish adds the S partials in the fixed order s = 0 .. S − 1 and runs the epilogue: still
     one launch, deterministic (no float atomics; the schedule decides only which program adds, not the order).
-    Folded LayerNorm splits too: rstd ⊙ (x·Wᵀ − μ·colsum(W)) is linear in the slices' x·Wᵀ and colsum(W)."""
+    Folded LayerNorm splits too: rstd ⊙ (x·Wᵀ − μ·colsum(W)) is linear in the slices' x·Wᵀ and colsum(W).
+
+    `_wrap`: the registered op's launch wrapper (`torch.library.wrap_triton`, vitfast/ops/triton_ops.py).  Under it
+    the split-K counters are allocated zeroed per call (a traced graph cannot hold the module's cached buffer)."""
     if norm not in _NORM_MODES:
         raise ValueError(f"norm: expected one of {sorted(_NORM_MODES)}, got {norm!r}")
     if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
@@ -560,7 +573,7 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         if k == 0:
             raise ValueError("x: expected a non-empty last dimension for the LayerNorm, got 0")
         if stats is None:
-            stats = row_stats_triton(x2)
+            stats = row_stats_triton(x2, _wrap=_wrap)
         if stats.width != k or stats.partials.shape[-1] != m:
             raise ValueError(f"stats: expected the statistics of {m} rows of width {k}, got {stats.partials.shape[-1]} "
                              f"rows of width {stats.width}")
@@ -570,12 +583,14 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if split > 1:
         workspace = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
         # One counter per program of the tile grid, for the smallest tile any config has (16 × 32 bounds them all).
-        counters = _counters(x.device, triton.cdiv(m, 16) * triton.cdiv(n, 32))
+        tiles = triton.cdiv(m, 16) * triton.cdiv(n, 32)
+        counters = (_counters(x.device, tiles) if _wrap is None
+                    else torch.zeros(tiles, dtype=torch.int32, device=x.device))
     else:
         workspace = counters = dummy
     t_in = stats.partials.shape[1] if eps is not None else 1
     with _on_device(x):
-        _ln_linear_kernel[_grid(m, n, split)](
+        _launcher(_ln_linear_kernel, _wrap)[_grid(m, n, split)](
             x2, weight, bias if bias is not None else dummy, bias2 if bias2 is not None else dummy,
             add2 if add2 is not None else dummy, res2 if res2 is not None else dummy, out2,
             stats.partials if eps is not None else dummy, stats_out if stats_out is not None else dummy,

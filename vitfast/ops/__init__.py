@@ -12,7 +12,9 @@ CUDA impl  = the Triton launchers in `vitfast.kernels` (imported lazily: `import
 Fake impl  = shape/dtype propagation so `torch.compile(fullgraph=True)` and `torch.export` trace the ops.
 
 `vitfast.ops.warmup(model, batch_sizes=...)` runs a CUDA model once per batch size so its Triton kernels compile and
-autotune before serving (`warmup.py`).
+autotune before serving (`warmup.py`).  `import vitfast.ops.triton_ops` registers the Triton block path's launchers
+as `torch.ops.vitfast.ln_linear_triton` / `vit_block_triton` (torch.library.triton_op where torch has it; not
+imported with vitfast.ops: registering a triton_op imports triton, which `import vitfast` never does).
 
 `vitfast.ops.<op>` is the Python entry (a function): it shadows the module of the same name, which
 `importlib.import_module("vitfast.ops.<op>")` reaches.
