@@ -41,6 +41,19 @@ def test_other_argument_errors():
         vitfast.ops.warmup(torch.nn.ReLU())
 
 
+def test_input_shape_is_read_from_the_patch_embedding(monkeypatch):
+    # Past the CUDA check (lifted: no GPU here), a model without a timm patch embedding needs input_shape.
+    monkeypatch.setattr(warmup_mod, "_require_cuda", lambda device: None)
+    with pytest.raises(ValueError, match=r"input_shape: could not read the input size from Linear"):
+        vitfast.ops.warmup(torch.nn.Linear(4, 4), progress=False)
+    assert warmup_mod._input_shape(tiny_fused(1)) == (3, 32, 32)
+    seen = []
+    model = torch.nn.Linear(4, 2)
+    model.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    assert list(vitfast.ops.warmup(model, batch_sizes=[2, 5], input_shape=(4,), progress=False)) == [2, 5]
+    assert seen == [(2, 4), (5, 4)]
+
+
 @pytest.mark.triton
 def test_runs_the_block_path_once_per_batch_size(monkeypatch):
     # The model's forward with VITFAST_CUDA_KERNELS=blocks: per batch size one statistics launch for the first block

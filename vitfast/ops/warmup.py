@@ -41,6 +41,18 @@ def _model_tensor(model: nn.Module) -> torch.Tensor:
     return first
 
 
+def _input_shape(model: nn.Module) -> tuple:
+    """(C, H, W) from a timm patch embedding (as vitfast.export.model_input_shape reads it; that module sits above the
+    ops layer)."""
+    patch_embed = getattr(model, "patch_embed", None)
+    size, proj = getattr(patch_embed, "img_size", None), getattr(patch_embed, "proj", None)
+    if size is None or not hasattr(proj, "in_channels"):
+        raise ValueError(f"input_shape: could not read the input size from {type(model).__name__} (no timm "
+                         f"patch_embed with img_size and proj); pass input_shape=(C, H, W)")
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    return int(proj.in_channels), int(h), int(w)
+
+
 def _require_cuda(device: torch.device) -> None:
     if device.type != "cuda":
         raise ValueError(f"model: expected a model on a CUDA device (warmup pre-tunes the GPU kernels; the CPU "
@@ -69,11 +81,7 @@ def warmup(model: nn.Module, batch_sizes: Sequence[int] = (1,), dtype: Optional[
         raise ValueError(f"dtype: expected the model's parameter dtype {first.dtype} (cast the model first: "
                          f"model.to({dtype})), got {dtype}")
     dtype = dtype or (first.dtype if first.dtype in _DTYPES else torch.float32)
-    if input_shape is None:
-        from ..export import model_input_shape
-
-        input_shape = model_input_shape(model)
-    shape = tuple(int(s) for s in input_shape)
+    shape = tuple(int(s) for s in input_shape) if input_shape is not None else _input_shape(model)
     from tqdm.auto import tqdm
 
     seconds: Dict[int, float] = {}
