@@ -46,7 +46,14 @@ def test_input_shape_is_read_from_the_patch_embedding(monkeypatch):
     monkeypatch.setattr(warmup_mod, "_require_cuda", lambda device: None)
     with pytest.raises(ValueError, match=r"input_shape: could not read the input size from Linear"):
         vitfast.ops.warmup(torch.nn.Linear(4, 4), progress=False)
-    assert warmup_mod._input_shape(tiny_fused(1)) == (3, 32, 32)
+    model = tiny_fused(1)
+    assert warmup_mod._input_shape(model) == (3, 32, 32)
+    # Through torch.compile's wrapper (nothing compiles: it is not called) and a `.module` wrapper such as
+    # vitfast.cuda_graph's (which needs a GPU to build).
+    assert warmup_mod._input_shape(torch.compile(model)) == (3, 32, 32)
+    wrapper = torch.nn.Module()
+    wrapper.module = model
+    assert warmup_mod._input_shape(wrapper) == (3, 32, 32)
     seen = []
     model = torch.nn.Linear(4, 2)
     model.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))

@@ -44,6 +44,11 @@ def _model_tensor(model: nn.Module) -> torch.Tensor:
 def _input_shape(model: nn.Module) -> tuple:
     """(C, H, W) from a timm patch embedding (as vitfast.export.model_input_shape reads it; that module sits above the
     ops layer)."""
+    while getattr(model, "patch_embed", None) is None:  # through vitfast.cuda_graph / torch.compile wrappers
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
     patch_embed = getattr(model, "patch_embed", None)
     size, proj = getattr(patch_embed, "img_size", None), getattr(patch_embed, "proj", None)
     if size is None or not hasattr(proj, "in_channels"):
