@@ -54,6 +54,12 @@ div.full.f32 (up to 2 ulp), and an error of 2 ulp in μ is 2⁻²³·κ in every
 (κ = ∞) would come out as ±(that)·rstd instead of 0.
 `norm="explicit"` / `"fold"` force one path (tests; A/B timing on a GPU).
 
+Split-K for few rows (`split_k_factor`, `ln_linear_triton(split_k=...)`).  At batch 1 (197 token rows) the tile
+grid is a few dozen programs on a GPU with 132 SMs; the launcher then splits K into S slices, each program of a tile
+writes its slice's fp32 partial to a workspace, and the last program of the tile to arrive (an acq_rel counter per
+tile) adds the S partials in the fixed order s = 0 .. S − 1 and runs the epilogue — deterministic, and still one
+launch, so the block keeps its five.
+
 Performance: nothing here has been timed on a GPU yet (the kernels are checked under the Triton interpreter, and
 compiled for sm_90 without running: tests/test_ln_linear_triton.py); whether folding, explicit normalisation or
 cuBLAS wins at a given shape is for a GPU run to decide (benchmarks/gpu_check_blocks.sh).
@@ -68,6 +74,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
@@ -82,7 +90,8 @@ from vitfast.kernels._common import (
     tuned_configs,
 )
 
-__all__ = ["STAT_TILE", "RowStats", "fold_kappa_max", "launch_count", "ln_linear_triton", "row_stats_triton"]
+__all__ = ["MAX_SPLIT_K", "STAT_TILE", "RowStats", "fold_kappa_max", "launch_count", "ln_linear_triton",
+           "row_stats_triton", "split_k_factor"]
 
 # Column width of one partial-statistics tile emitted by a residual epilogue; every BLOCK_N is a multiple of it.
 STAT_TILE = 32
@@ -193,8 +202,9 @@ def _row_stats_kernel(x_ptr, stats_ptr, M, K, stride_xm, stride_xk, BLOCK_M: tl.
     tl.store(stats_ptr + M + rows, m2, mask=row_ok)
 
 
-def row_stats_triton(x: torch.Tensor) -> RowStats:
-    """LayerNorm statistics of x's rows [..., K] in `RowStats` form (one tile per row)."""
+def row_stats_triton(x: torch.Tensor, *, _wrap=None) -> RowStats:
+    """LayerNorm statistics of x's rows [..., K] in `RowStats` form (one tile per row).  (`_wrap`: the launch
+    wrapper of the registered op, `torch.library.wrap_triton`: vitfast/ops/triton_ops.py.)"""
     check_device(x)
     k = x.shape[-1]
     x2 = _rows(x, k)
@@ -203,7 +213,7 @@ def row_stats_triton(x: torch.Tensor) -> RowStats:
     if m:
         block_m, block_k = 16, min(triton.next_power_of_2(max(k, 16)), 256)
         with _on_device(x):
-            _row_stats_kernel[(triton.cdiv(m, block_m),)](
+            _launcher(_row_stats_kernel, _wrap)[(triton.cdiv(m, block_m),)](
                 x2, partials, m, k, x2.stride(0), x2.stride(1), BLOCK_M=block_m, BLOCK_K=block_k,
             )
         count_launch()
@@ -232,23 +242,26 @@ def _combine_stats(stats_ptr, rows, M, K, T, TILE, eps, T_POW2: tl.constexpr):
 
 @triton.jit
 def _folded_tile(
-    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
+    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
+    mean, rstd,
     INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """rstd ⊙ (x·Wᵀ − μ·colsum(W)) for one tile; colsum by a ones-row dot on the same W tiles (the same operand
-    rounding as x·Wᵀ, and no cached per-weight vector that an in-place weight update could leave stale)."""
+    """rstd ⊙ (x·Wᵀ − μ·colsum(W)) for one tile over the K tiles [k_first, k_first + k_count) (all of K, or one
+    split-K slice: the expression is linear in x·Wᵀ and colsum, so the slices' results add up to it); colsum by a
+    ones-row dot on the same W tiles (the same operand rounding as x·Wᵀ, and no cached per-weight vector that an
+    in-place weight update could leave stale)."""
     rows = (pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     cols = (pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     rk = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + rows[:, None] * stride_xm + rk[None, :] * stride_xk
-    w_ptrs = w_ptr + rk[:, None] * stride_wk + cols[None, :] * stride_wn
+    a_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first * BLOCK_K + rk)[None, :] * stride_xk
+    w_ptrs = w_ptr + (k_first * BLOCK_K + rk)[:, None] * stride_wk + cols[None, :] * stride_wn
     # Row 0 all ones, rows 1..15 zero: tl.dot needs 16 rows; summing over them afterwards is exact.
     ones = tl.where(tl.arange(0, 16)[:, None] == 0, 1.0, 0.0) + tl.zeros((16, BLOCK_K), dtype=tl.float32)
     ones = ones.to(w_ptr.dtype.element_ty)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     sums = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    for k in range(tl.cdiv(K, BLOCK_K)):
+    for k in range(k_first, k_first + k_count):
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
         w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
@@ -263,19 +276,20 @@ def _folded_tile(
 
 @triton.jit
 def _normalised_tile(
-    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
+    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
+    mean, rstd,
     NORMALISE: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """x·Wᵀ for one tile, each x tile first normalised to (x − μ)·rstd in x's dtype when NORMALISE (the
-    train-time composition's rounding of LN(x), done in registers)."""
+    """x·Wᵀ for one tile over the K tiles [k_first, k_first + k_count), each x tile first normalised to
+    (x − μ)·rstd in x's dtype when NORMALISE (the train-time composition's rounding of LN(x), done in registers)."""
     rows = (pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     cols = (pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     rk = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + rows[:, None] * stride_xm + rk[None, :] * stride_xk
-    w_ptrs = w_ptr + rk[:, None] * stride_wk + cols[None, :] * stride_wn
+    a_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first * BLOCK_K + rk)[None, :] * stride_xk
+    w_ptrs = w_ptr + (k_first * BLOCK_K + rk)[:, None] * stride_wk + cols[None, :] * stride_wn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(tl.cdiv(K, BLOCK_K)):
+    for k in range(k_first, k_first + k_count):
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
         if NORMALISE:
@@ -312,56 +326,16 @@ def _emit_stats(v, stats_ptr, rows, row_ok, pid_n, M, N, T_OUT,
 
 
 # ---------------------------------------------------------------------------------------------- the kernel
-@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"], **_CACHE_RESULTS)
 @triton.jit
-def _ln_linear_kernel(
-    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr,
-    M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an, stride_rm, stride_rn, stride_om, stride_on,
-    NORM: tl.constexpr, T_IN_POW2: tl.constexpr,
+def _epilogue(
+    acc, rows, cols, row_ok, col_ok, mask, pid_n, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_out_ptr,
+    M, N, GELU_COLS, T_OUT, stride_am, stride_an, stride_rm, stride_rn, stride_om, stride_on,
     HAS_BIAS: tl.constexpr, HAS_GELU: tl.constexpr, HAS_BIAS2: tl.constexpr, HAS_ADD: tl.constexpr,
-    HAS_RES: tl.constexpr, EMIT_STATS: tl.constexpr, STAT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    HAS_RES: tl.constexpr, EMIT_STATS: tl.constexpr, STAT: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """out = [LN](x)·Wᵀ + b, GELU on columns < GELU_COLS, + b2 + add + res; NORM: 0 none, 1 explicit, 2 auto
-    (per row tile: folded while κ ≤ kappa_max), 3 folded."""
-    pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    mask = row_ok[:, None] & col_ok[None, :]
-    if NORM == 0:
-        zero = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        acc = _normalised_tile(
-            x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, zero, zero,
-            False, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
-        )
-    else:
-        mean, rstd = _combine_stats(stats_in_ptr, rows % M, M, K, T_IN, STAT_IN_TILE, eps, T_IN_POW2)
-        if NORM == 1:
-            acc = _normalised_tile(
-                x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
-                True, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
-            )
-        elif NORM == 3:
-            acc = _folded_tile(
-                x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
-                INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
-            )
-        else:
-            kappa = tl.max(tl.where(row_ok, tl.abs(mean) * rstd, 0.0), axis=0)
-            if kappa <= kappa_max:
-                acc = _folded_tile(
-                    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
-                    INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
-                )
-            else:
-                acc = _normalised_tile(
-                    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, mean, rstd,
-                    True, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
-                )
+    """+ b, GELU on columns < GELU_COLS, + b2 + add + res, store (rounded to out's dtype), statistics of the stored
+    tile."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_GELU:  # noqa: SIM102 (a constexpr test, then a run-time one: the flag removes the code)
@@ -381,14 +355,162 @@ def _ln_linear_kernel(
         _emit_stats(out.to(tl.float32), stats_out_ptr, rows, row_ok, pid_n, M, N, T_OUT, STAT, BLOCK_M, BLOCK_N)
 
 
+@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K", "SPLIT_K"], **_CACHE_RESULTS)
+@triton.jit
+def _ln_linear_kernel(
+    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr, cnt_ptr,
+    M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an, stride_rm, stride_rn, stride_om, stride_on,
+    NORM: tl.constexpr, T_IN_POW2: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_GELU: tl.constexpr, HAS_BIAS2: tl.constexpr, HAS_ADD: tl.constexpr,
+    HAS_RES: tl.constexpr, EMIT_STATS: tl.constexpr, STAT: tl.constexpr, SPLIT_K: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """out = [LN](x)·Wᵀ + b, GELU on columns < GELU_COLS, + b2 + add + res; NORM: 0 none, 1 explicit, 2 auto
+    (per row tile: folded while κ ≤ kappa_max), 3 folded.  SPLIT_K > 1: program (tile, s) takes the s-th slice of
+    K's tiles, and the last program of a tile to finish reduces the slices (launcher docstring)."""
+    pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if SPLIT_K == 1:
+        k_first = 0
+        k_count = k_tiles
+    else:
+        per_split = tl.cdiv(k_tiles, SPLIT_K)
+        k_first = tl.program_id(1) * per_split
+        k_count = tl.minimum(per_split, k_tiles - k_first)  # <= 0 for a trailing empty slice: a zero partial
+    if NORM == 0:
+        zero = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc = _normalised_tile(
+            x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
+            zero, zero, False, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+        )
+    else:
+        mean, rstd = _combine_stats(stats_in_ptr, rows % M, M, K, T_IN, STAT_IN_TILE, eps, T_IN_POW2)
+        if NORM == 1:
+            acc = _normalised_tile(
+                x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
+                mean, rstd, True, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+            )
+        elif NORM == 3:
+            acc = _folded_tile(
+                x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
+                mean, rstd, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+            )
+        else:
+            # Every split of a tile reads the same rows' statistics, so all of them take the same path.
+            kappa = tl.max(tl.where(row_ok, tl.abs(mean) * rstd, 0.0), axis=0)
+            if kappa <= kappa_max:
+                acc = _folded_tile(
+                    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first,
+                    k_count, mean, rstd, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+                )
+            else:
+                acc = _normalised_tile(
+                    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first,
+                    k_count, mean, rstd, True, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+                )
+    if SPLIT_K == 1:
+        _epilogue(acc, rows, cols, row_ok, col_ok, mask, pid_n, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr,
+                  stats_out_ptr, M, N, GELU_COLS, T_OUT, stride_am, stride_an, stride_rm, stride_rn, stride_om,
+                  stride_on, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, INTERPRET_BF16,
+                  BLOCK_M, BLOCK_N)
+    else:
+        # The fp32 partial of this slice to the workspace [SPLIT_K, M, N] (L2 only: .cg), every thread's stores
+        # before the barrier, then one acq_rel arrival on the tile's counter: its release publishes the partial,
+        # and the program that arrives last (count SPLIT_K − 1) acquires every other slice's partial.
+        tile = tl.program_id(0)
+        offsets = rows[:, None] * N + cols[None, :]
+        slice_size = M.to(tl.int64) * N
+        tl.store(ws_ptr + tl.program_id(1) * slice_size + offsets, acc, mask=mask, cache_modifier=".cg")
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            # Fixed order s = 0 .. SPLIT_K − 1, whichever program came last: the result does not depend on the
+            # schedule.  The counter goes back to 0 for the next launch (the buffer is reused, never cleared).
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.range(0, SPLIT_K):
+                total += tl.load(ws_ptr + s * slice_size + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+            _epilogue(total, rows, cols, row_ok, col_ok, mask, pid_n, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr,
+                      stats_out_ptr, M, N, GELU_COLS, T_OUT, stride_am, stride_an, stride_rm, stride_rn, stride_om,
+                      stride_on, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, INTERPRET_BF16,
+                      BLOCK_M, BLOCK_N)
+
+
 # ---------------------------------------------------------------------------------------------- launcher
+def _launcher(kernel, wrap):
+    # wrap_triton(kernel) inside a registered triton_op, so that torch.compile traces the launch as a Triton kernel.
+    return kernel if wrap is None else wrap(kernel)
+
+
 def _on_device(x):
-    return torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
+    # Not while the registered op is traced (fake / functional tensors; possibly no GPU at all): nothing launches.
+    real = x.device.type == "cuda" and not isinstance(x, (FakeTensor, FunctionalTensor))
+    return torch.cuda.device(x.device) if real else contextlib.nullcontext()
 
 
-def _grid(m: int, n: int):
+def _grid(m: int, n: int, split: int):
     # Sizes from the launcher, not from `meta`: triton 3.6's interpreter hands the grid function converted args.
-    return lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+    return lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), split)
+
+
+# Split-K heuristic constants (split_k_factor).
+_NOMINAL_TILE = 128      # the first (default) config's BLOCK_M and BLOCK_N
+_MIN_SPLIT_COLS = 256    # K columns per slice at least: 4 steps of BLOCK_K = 64, enough to fill a 3-stage pipeline
+MAX_SPLIT_K = 8
+_SM_COUNT: dict = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached); 0 for a CPU tensor (the interpreter: never split)."""
+    if device.type != "cuda" or not torch.cuda.is_available():  # (fake CUDA tensors on a machine without one)
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def split_k_factor(m: int, n: int, k: int, sms: int) -> int:
+    """How many K slices the GEMM of an [m, k] × [k, n] problem runs in, on a device with `sms` SMs.
+
+    An output tile is one program; with few rows (batch 1: m = 197) the tile grid of the default 128 × 128 config
+    is a few dozen programs, a fraction of an H100's 132 SMs, and each runs the whole K loop alone.  Splitting K
+    into S slices gives S programs per tile.  The rule: no split while the grid already covers half the SMs
+    (tiles ≥ sms / 2: the rest of the wave is lost in the tail anyway, and a split adds S·m·n fp32 of workspace
+    traffic); else S = ⌊sms / tiles⌋, capped so each slice keeps ≥ 256 columns of K (a shorter K loop cannot hide
+    its pipeline's prologue) and at MAX_SPLIT_K = 8 (the workspace: S·m·n·4 bytes written and read back, against
+    n·k·2 of weights read once).  S < 2 means no split.  Tiles are counted at 128 × 128, the first autotune
+    config: the launcher must fix S before the autotuner picks a config (the workspace is sized by it).
+    DeiT-B at batch 1 on 132 SMs: qkv (197 × 2304 × 768) 36 tiles → S = 3; proj (197 × 768 × 768) 12 tiles →
+    S = 3.  At batch 64 (12608 rows) nothing splits.  Unmeasured on a GPU: the thresholds are what the shapes
+    suggest, not timings."""
+    tiles = triton.cdiv(max(m, 1), _NOMINAL_TILE) * triton.cdiv(max(n, 1), _NOMINAL_TILE)
+    if sms <= 0 or 2 * tiles >= sms:
+        return 1
+    split = min(sms // tiles, k // _MIN_SPLIT_COLS, MAX_SPLIT_K)
+    return split if split >= 2 else 1
+
+
+# Per-device tile counters of the split-K reduction (int32, all zero between launches: the last program of each
+# tile resets its own).  Zeroed once when allocated or grown, so a launch issues no memset (and CUDA-graph replays,
+# which reuse the captured buffer, find it zero).  Launches of one device are assumed to be stream-ordered, as
+# every vitfast forward is: two split-K launches running at once on two streams would share counters.
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device, tiles: int) -> torch.Tensor:
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
 
 
 def _check_vector(name, t, n, x):
@@ -399,15 +521,28 @@ def _check_vector(name, t, n, x):
 def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                      eps: float | None = None, stats: RowStats | None = None, gelu_cols: int = 0,
                      bias2: torch.Tensor | None = None, add: torch.Tensor | None = None,
-                     residual: torch.Tensor | None = None, emit_stats: bool = False, norm: str = "auto"):
+                     residual: torch.Tensor | None = None, emit_stats: bool = False, norm: str = "auto",
+                     split_k: int | None = None, _wrap=None):
     """out = LN(x)·weightᵀ + bias (LN non-affine, only when `eps` is given), GELU on the first `gelu_cols` columns,
     + bias2 + add + residual; x [..., K], weight [N, K] (nn.Linear layout, any strides), add / residual [..., N].
 
     `stats`: x's row statistics (`RowStats`, from a producer's `emit_stats` or `row_stats_triton`); computed here
     (one more launch) when `eps` is given without them.  `emit_stats=True` returns (out, RowStats of out) instead of
-    out.  `norm`: "auto" (fold while the cancellation bound allows, module docstring), "explicit" or "fold"."""
+    out.  `norm`: "auto" (fold while the cancellation bound allows, module docstring), "explicit" or "fold".
+
+    `split_k`: K slices per output tile (None: `split_k_factor` of the shape and the device's SM count; an int
+    forces it, 1 to MAX_SPLIT_K).  With S > 1 each slice's fp32 partial goes to a workspace [S, M, N], and the last
+    program of a tile to finish adds the S partials in the fixed order s = 0 .. S − 1 and runs the epilogue: still
+    one launch, deterministic (no float atomics; the schedule decides only which program adds, not the order).
+    Folded LayerNorm splits too: rstd ⊙ (x·Wᵀ − μ·colsum(W)) is linear in the slices' x·Wᵀ and colsum(W).
+
+    `_wrap`: the registered op's launch wrapper (`torch.library.wrap_triton`, vitfast/ops/triton_ops.py).  Under it
+    the split-K counters are allocated zeroed per call (a traced graph cannot hold the module's cached buffer)."""
     if norm not in _NORM_MODES:
         raise ValueError(f"norm: expected one of {sorted(_NORM_MODES)}, got {norm!r}")
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
+                                or not 1 <= split_k <= MAX_SPLIT_K):
+        raise ValueError(f"split_k: expected None or an int in [1, {MAX_SPLIT_K}], got {split_k!r}")
     check_device(x)
     k = x.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != k:
@@ -438,18 +573,28 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         if k == 0:
             raise ValueError("x: expected a non-empty last dimension for the LayerNorm, got 0")
         if stats is None:
-            stats = row_stats_triton(x2)
+            stats = row_stats_triton(x2, _wrap=_wrap)
         if stats.width != k or stats.partials.shape[-1] != m:
             raise ValueError(f"stats: expected the statistics of {m} rows of width {k}, got {stats.partials.shape[-1]} "
                              f"rows of width {stats.width}")
     precision = input_precision(x.dtype)
     dummy = out2
+    split = split_k if split_k is not None else split_k_factor(m, n, k, sm_count(x.device))
+    if split > 1:
+        workspace = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+        # One counter per program of the tile grid, for the smallest tile any config has (16 × 32 bounds them all).
+        tiles = triton.cdiv(m, 16) * triton.cdiv(n, 32)
+        counters = (_counters(x.device, tiles) if _wrap is None
+                    else torch.zeros(tiles, dtype=torch.int32, device=x.device))
+    else:
+        workspace = counters = dummy
     t_in = stats.partials.shape[1] if eps is not None else 1
     with _on_device(x):
-        _ln_linear_kernel[_grid(m, n)](
+        _launcher(_ln_linear_kernel, _wrap)[_grid(m, n, split)](
             x2, weight, bias if bias is not None else dummy, bias2 if bias2 is not None else dummy,
             add2 if add2 is not None else dummy, res2 if res2 is not None else dummy, out2,
             stats.partials if eps is not None else dummy, stats_out if stats_out is not None else dummy,
+            workspace, counters,
             m, n, k, _m_bucket(m), gelu_cols, t_in, stats.tile if eps is not None else 1, t_out,
             float(eps) if eps is not None else 0.0,
             fold_kappa_max(x.dtype, precision, k),
@@ -459,7 +604,7 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             out2.stride(0), out2.stride(1),
             NORM=_NORM_MODES[norm] if eps is not None else 0, T_IN_POW2=max(2, triton.next_power_of_2(t_in)),
             HAS_BIAS=bias is not None, HAS_GELU=gelu_cols > 0, HAS_BIAS2=bias2 is not None, HAS_ADD=add2 is not None,
-            HAS_RES=res2 is not None, EMIT_STATS=emit_stats, STAT=STAT_TILE,
+            HAS_RES=res2 is not None, EMIT_STATS=emit_stats, STAT=STAT_TILE, SPLIT_K=split,
             INPUT_PRECISION=precision, INTERPRET_BF16=_INTERPRET and x.dtype == torch.bfloat16,
         )
     count_launch()

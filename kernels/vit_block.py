@@ -8,6 +8,9 @@ launches per block, no normalised or permuted copy of any activation.
     (d) hid  = [GELU(h[:, :A]) | h[:, A:]],   h = LN(x1)·W_inᵀ + b_in   (split-GELU epilogue)
     (e) out  = GELU(h_A)·W_outᵀ + h_L + b_out [+ x1]                    emitting out's RowStats for the next block
 
+Few rows (batch 1): each GEMM may split K across programs (kernels/ln_linear.py, `split_k_factor`); the slices are
+reduced inside the same launch, so the launch count does not change.
+
 The first block of a model has no producer for x's statistics: one `row_stats` launch more.  θ = 1 (A = 0) is one
 linear: (d) takes b_out and the shortcut in its epilogue and (e) is not launched.
 
@@ -33,34 +36,36 @@ __all__ = ["vit_block_triton"]
 
 
 def vit_block_triton(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
-                     ffn_residual, *, stats: RowStats | None = None, norm: str = "auto"):
+                     ffn_residual, *, stats: RowStats | None = None, norm: str = "auto", _wrap=None):
     """`vit_block`'s arguments (already checked: `check_vit_block_args`) → (out, RowStats of out).
 
     `stats`: x's row statistics when the previous block emitted them (else computed: one launch more).  `norm`:
-    the LayerNorm GEMMs' mode (kernels/ln_linear.py: "auto", "explicit", "fold")."""
+    the LayerNorm GEMMs' mode (kernels/ln_linear.py: "auto", "explicit", "fold").  `_wrap`: the registered op's
+    launch wrapper (vitfast/ops/triton_ops.py)."""
     check_device(x)
     batch, tokens, _ = x.shape
     attn_dim = w_proj.shape[1]
     head_dim = attn_dim // num_heads
     # (a) qkv, LN folded in.
-    qkv = ln_linear_triton(x, w_qkv, b_qkv, eps=norm1_eps, stats=stats, norm=norm)
+    qkv = ln_linear_triton(x, w_qkv, b_qkv, eps=norm1_eps, stats=stats, norm=norm, _wrap=_wrap)
     # (b) attention on views of the packed qkv.
     q, k, v = qkv.view(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
     count_launch()
     o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, tokens, attn_dim)
     # (c) proj + bias + shortcut; x1's statistics only when the FFN normalises x1.
     has_ffn_norm = ffn_norm_eps is not None
-    x1 = ln_linear_triton(o, w_proj, b_proj, residual=x, emit_stats=has_ffn_norm)
+    x1 = ln_linear_triton(o, w_proj, b_proj, residual=x, emit_stats=has_ffn_norm, _wrap=_wrap)
     x1, stats1 = x1 if has_ffn_norm else (x1, None)
     shortcut = x1 if ffn_residual else None
     active = w_out.shape[1]
     if active == 0:
         # θ = 1: the FFN is one linear; b_out and the shortcut ride in its epilogue.
         return ln_linear_triton(x1, w_in, b_in, eps=ffn_norm_eps, stats=stats1, bias2=b_out, residual=shortcut,
-                                emit_stats=True, norm=norm)
+                                emit_stats=True, norm=norm, _wrap=_wrap)
     # (d) fc1 with the split-GELU epilogue, hid in x's dtype (what fc2's tensor-core dot reads).
-    hid = ln_linear_triton(x1, w_in, b_in, eps=ffn_norm_eps, stats=stats1, gelu_cols=active, norm=norm)
+    hid = ln_linear_triton(x1, w_in, b_in, eps=ffn_norm_eps, stats=stats1, gelu_cols=active, norm=norm, _wrap=_wrap)
     # (e) fc2 over the active columns, + the linear path (the idle columns of hid), b_out, shortcut.
     linear = hid[..., active:] if w_in.shape[0] > active else None
-    return ln_linear_triton(hid[..., :active], w_out, b_out, add=linear, residual=shortcut, emit_stats=True)
+    return ln_linear_triton(hid[..., :active], w_out, b_out, add=linear, residual=shortcut, emit_stats=True,
+                            _wrap=_wrap)
 

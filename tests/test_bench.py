@@ -179,6 +179,8 @@ def test_unwritable_output_paths(tmp_path, capsys, argv, message):
     (["bench", *TINY, "--dtype", "bfloat16"], "--dtype: bfloat16 needs --device cuda (CPU runs float32), got --device cpu"),
     (["bench", *TINY, "--providers", "timm,vitfast-graph"],
      "--providers: the CUDA-graph providers need --device cuda, got timm,vitfast-graph with --device cpu"),
+    (["bench", *TINY, "--providers", "timm,inductor-fused,timm-max-autotune"],
+     "--providers: inductor-fused,timm-max-autotune compile for the GPU and need --device cuda, got --device cpu"),
     (["bench", "deit_tiny_patch16"], "TARGET: expected a timm model name, got 'deit_tiny_patch16'; did you mean"),
 ])
 def test_bad_arguments(tmp_path, capsys, argv, message):
@@ -201,6 +203,9 @@ def test_run_bench_argument_errors():
     with pytest.raises(ValueError, match=r"providers: the CUDA-graph providers need device cuda, got \['timm-graph'\] "
                                          r"with device cpu"):
         run_bench(baseline, fused, providers=["timm-graph"])
+    with pytest.raises(ValueError, match=r"providers: inductor-fused-max-autotune compile for the GPU and need device "
+                                         r"cuda, got device cpu"):
+        run_bench(baseline, fused, providers=["timm", "inductor-fused-max-autotune"])
     with pytest.raises(ValueError, match=r"dtype: torch.bfloat16 timings need device cuda, got device cpu"):
         run_bench(baseline, fused, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"dtype: expected one of \['float32', 'float16', 'bfloat16'\], got torch.int8"):
@@ -315,3 +320,68 @@ def test_report_without_ort_has_no_paired_column():
                        warmup=1, log=lambda s: None)
     _check_consistent(report, ["timm", "vitfast"], [1], [1])
     assert "paired" not in format_report(report)
+
+
+def test_launches_column(monkeypatch):
+    # On the CPU nothing is counted ("–"); the counts run_bench gets (here a stand-in for the CUDA profiler's, which
+    # needs a GPU) go into the JSON rows and the table's launches/fwd column.
+    from vitfast.bench import plot_report  # noqa: F401  (the chart takes the new providers' labels: below)
+
+    baseline, fused = _tiny_pair()
+    report = run_bench(baseline, fused, threads=(1,), batch_sizes=(1,), providers=("timm", "vitfast"), repeats=2,
+                       warmup=1, log=lambda s: None)
+    assert [r["launches"] for r in report["results"]] == [None, None]
+    lines = format_report(report).splitlines()
+    header = next(line for line in lines if line.startswith("provider"))
+    assert "launches/fwd" in header and "launches/fwd:" not in "\n".join(lines)
+    rows = [line.split() for line in lines if line.startswith(("timm eager  ", "vitfast fused (kernels)  "))]
+    assert len(rows) == 2 and all(row[-1] == "–" for row in rows)  # the last column here (no anchor timed)
+
+    counted = []
+
+    def fake_count(fn, x, device):
+        counted.append(x.shape[0])
+        return 7 * len(counted)
+
+    monkeypatch.setattr(vitfast.bench, "launches_per_forward", fake_count)
+    report = run_bench(baseline, fused, threads=(1,), batch_sizes=(1, 2), providers=("timm", "vitfast"), repeats=2,
+                       warmup=1, log=lambda s: None)
+    assert counted == [1, 1, 2, 2]  # each provider once per batch, after its rounds
+    assert [(r["provider"], r["batch"], r["launches"]) for r in report["results"]] == [
+        ("timm", 1, 7), ("vitfast", 1, 14), ("timm", 2, 21), ("vitfast", 2, 28)]
+    text = format_report(report)
+    assert "launches/fwd: CUDA kernels, memsets and copies of one forward" in text
+    rows = [line.split() for line in text.splitlines() if line.startswith("vitfast fused (kernels)  ")]
+    assert [row[-1] for row in rows] == ["14", "28"]
+
+
+def test_gpu_compile_rows_in_the_table_and_chart(tmp_path):
+    # The three CUDA-only rows with made-up timings and launch counts (no GPU here): labels, counts, the chart.
+    baseline, fused = _tiny_pair()
+    report = run_bench(baseline, fused, threads=(1,), batch_sizes=(1,), providers=("timm", "vitfast"), repeats=2,
+                       warmup=1, log=lambda s: None)
+    vitfast_row = report["results"][1]
+    extra = ["inductor-fused", "inductor-fused-max-autotune", "timm-max-autotune"]
+    report["results"] += [dict(vitfast_row, provider=k, label=PROVIDERS[k][0], launches=100 + i)
+                          for i, k in enumerate(extra)]
+    report["providers"] = {**report["providers"], **{k: PROVIDERS[k][0] for k in extra}}
+    lines = format_report(report).splitlines()
+    for i, key in enumerate(extra):
+        row = next(line for line in lines if line.startswith(PROVIDERS[key][0] + "  "))
+        assert row.split()[-1] == str(100 + i), row
+    from vitfast.bench import plot_report
+
+    plot_report(report, str(tmp_path / "r.png"))
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_gpu_compile_rows_and_launches(tmp_path):
+    out_json = tmp_path / "r.json"
+    providers = ["timm", "vitfast", "inductor-fused", "inductor-fused-max-autotune", "timm-max-autotune"]
+    assert main(["bench", *TINY, "--channel-idle", "0.75", "--device", "cuda", "--batch-sizes", "1", "--repeats", "3",
+                 "--providers", ",".join(providers), "--json", str(out_json)]) == 0
+    report = json.loads(out_json.read_text())
+    _check_consistent(report, providers, [torch.get_num_threads()], [1])
+    assert all(isinstance(r["launches"], int) and r["launches"] > 0 for r in report["results"])
+    assert set(report["accuracy"]) >= {"inductor-fused", "inductor-fused-max-autotune"}

@@ -203,6 +203,72 @@ def test_launch_counter_and_errors():
         ln_linear_triton(x, w, b, eps=EPS, stats=row_stats_triton(x[:-1]))
 
 
+# ---------------------------------------------------------------------------------------------- split-K
+@pytest.mark.parametrize("split", [2, 3, 4])
+@pytest.mark.parametrize("norm", ["auto", "explicit", "fold"])
+def test_split_k_parity_with_every_epilogue(split, norm, tol):
+    # K = 72 is 3 K-tiles of the interpreter's 32: split 2 gives slices of 2 and 1 tiles, 3 one each, 4 a trailing
+    # empty slice.  The slices' sum in fixed order, then the epilogues (split GELU, bias2, add, residual) and the
+    # statistics of the stored output: the same result as no split, within fp32 rounding of the sum's order.
+    x, w, b = operands()
+    if norm != "fold":  # (forced folding at κ ≈ 1e4 is the inaccurate path: its slices' sum differs by that error)
+        x[32:] += 1e4  # the second row tile normalises explicitly under "auto", the first folds
+    b2, add, res = torch.randn(N, device=DEVICE), torch.randn(M, N, device=DEVICE), torch.randn(M, N, device=DEVICE)
+    kw = {"eps": EPS, "norm": norm, "gelu_cols": 45, "bias2": b2, "add": add, "residual": res, "emit_stats": True}
+    whole, whole_stats = ln_linear_triton(x, w, b, split_k=1, **kw)
+    before = lnl.launch_count()
+    parts, parts_stats = ln_linear_triton(x, w, b, split_k=split, stats=row_stats_triton(x), **kw)
+    assert lnl.launch_count() - before == 2  # row_stats + the one split GEMM: the reduction adds no launch
+    atol, rtol = tol[torch.float32]
+    scale = whole.abs().max().item()
+    torch.testing.assert_close(parts, whole, atol=atol * scale, rtol=rtol)
+    torch.testing.assert_close(parts_stats.partials, whole_stats.partials, atol=atol * scale**2 * N, rtol=rtol)
+    assert torch.equal(parts, ln_linear_triton(x, w, b, split_k=split, **kw)[0])  # deterministic
+    if INTERPRET:  # every tile counter is back to zero for the next launch
+        assert int(lnl._COUNTERS[x.device].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_split_k_low_precision(dtype):
+    # One rounding to the output dtype after the fp32 sum of the slices: no worse than twice the composition.
+    x, w, b = operands(dtype)
+    truth = exact(x, w, b)
+    y = ln_linear_triton(x, w, b, eps=EPS, split_k=3)
+    assert y.dtype == dtype
+    assert err(y, truth) <= 2 * err(composition(x, w, b), truth)
+
+
+def test_split_k_heuristic_and_errors():
+    f, sms = lnl.split_k_factor, 132
+    # DeiT-B, batch 1 (197 rows): qkv and proj leave most SMs idle and split; batch 64 (12608 rows) does not.
+    for n, k in ((2304, 768), (768, 768), (768, 3072)):
+        s = f(197, n, k, sms)
+        assert 2 <= s <= lnl.MAX_SPLIT_K and k // s >= 256
+        assert f(64 * 197, n, k, sms) == 1
+    assert f(197, 768, 256, sms) == 1  # a short K keeps one slice: each slice needs 256 columns
+    assert f(197, 768, 768, 0) == 1  # no SM count (the interpreter): never split
+    x, w, b = operands()
+    for bad in (0, lnl.MAX_SPLIT_K + 1, True, 2.0):
+        with pytest.raises(ValueError, match="split_k"):
+            ln_linear_triton(x, w, b, split_k=bad)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device: the slices' programs run concurrently there")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cuda_split_k_race_free_and_deterministic(dtype, tol):
+    # DeiT-B's proj at batch 1 (197 × 768 × 768), forced to 3 slices: many tiles whose slices race for the last
+    # arrival.  A missed partial or a stale read shows as a difference from the unsplit GEMM or between repeats.
+    x, w, b = operands(dtype, m=197, n=768, k=768)
+    res = torch.randn(197, 768, device=DEVICE).to(dtype)
+    whole = ln_linear_triton(x, w, b, eps=EPS, residual=res, split_k=1)
+    first = ln_linear_triton(x, w, b, eps=EPS, residual=res, split_k=3)
+    atol, rtol = tol[dtype]
+    torch.testing.assert_close(first, whole, atol=atol, rtol=rtol)
+    for _ in range(20):
+        assert torch.equal(ln_linear_triton(x, w, b, eps=EPS, residual=res, split_k=3), first)
+    assert int(lnl._COUNTERS[x.device].abs().sum()) == 0
+
+
 # ---------------------------------------------------------------------------------------------- GPU legality
 _SM90_COMPILE = r"""
 import os
@@ -224,7 +290,8 @@ def build(fn, consts, dt, floats=(), **opts):
         if n in consts:
             sig[n] = "constexpr"
             continue
-        sig[n] = ("*fp32" if n.startswith("stats") else "*" + dt) if n.endswith("_ptr") else (
+        ptr = "*fp32" if n.startswith(("stats", "ws")) else "*i32" if n.startswith("cnt") else "*" + dt
+        sig[n] = ptr if n.endswith("_ptr") else (
             "fp32" if n in floats else "i32")
         if n.endswith("_ptr") or n in ALIGNED:
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -234,14 +301,16 @@ def build(fn, consts, dt, floats=(), **opts):
     return k.asm["ttgir"]
 
 build(L._row_stats_kernel, dict(BLOCK_M=16, BLOCK_K=256), "fp32", num_warps=4)
-for dt, prec in (("bf16", "tf32"), ("fp16", "tf32"), ("fp32", "ieee")):
-    # NORM=2: both K loops (folded, explicit) behind the per-tile branch; every epilogue on, statistics emitted.
+for dt, prec, split in (("bf16", "tf32", 1), ("fp16", "tf32", 1), ("fp32", "ieee", 1), ("bf16", "tf32", 3)):
+    # NORM=2: both K loops (folded, explicit) behind the per-tile branch; every epilogue on, statistics emitted;
+    # SPLIT_K=3: the workspace, the tile counter's acq_rel atomic and the last program's reduction as well.
     ttgir = build(L._ln_linear_kernel.fn, dict(NORM=2, T_IN_POW2=32, HAS_BIAS=True, HAS_GELU=True, HAS_BIAS2=True,
-                  HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, INPUT_PRECISION=prec,
+                  HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, SPLIT_K=split, INPUT_PRECISION=prec,
                   INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8), dt,
                   floats=("eps", "kappa_max"), num_warps=8, num_stages=3)
     assert "scf.if" in ttgir and "async_copy_global_to_local" in ttgir, dt  # the branch, and pipelined loads
     assert dt == "fp32" or "warp_group_dot" in ttgir, dt  # Hopper wgmma for fp16/bf16
+    assert (split > 1) == ("atomic_rmw" in ttgir), (dt, split)
 print("ok")
 """
 

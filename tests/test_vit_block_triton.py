@@ -114,6 +114,20 @@ def test_five_launches_and_chained_stats(form):
     assert rel_err(chained, formula(args2, torch.float64)) <= 1e-5
 
 
+@pytest.mark.parametrize("form", FORMS[:2], ids=lambda f: f[0])
+def test_split_k_block_keeps_five_launches(form, monkeypatch):
+    # Every GEMM of the block split in 3 (what split_k_factor picks for few rows on a many-SM GPU): the last
+    # program of each tile reduces the slices inside the same launch, so the block stays at 5 (+1 statistics).
+    asked = []
+    monkeypatch.setattr(lnl, "split_k_factor", lambda m, n, k, sms: asked.append(k) or 3)
+    args = make_args(form, c=96)  # K = 96: 3 K-tiles of the interpreter's 32, one per slice
+    before = lnl.launch_count()
+    out, _ = vit_block_triton(*args)
+    assert lnl.launch_count() - before == 6
+    assert len(asked) == 4  # qkv, proj, fc1, fc2 all split
+    assert rel_err(out, formula(args, torch.float64)) <= 1e-5
+
+
 def test_policy_routes_whole_blocks_and_chains(monkeypatch):
     # VITFAST_CUDA_KERNELS=blocks: the eager whole-block entry runs the Triton path, and a second block fed the first
     # one's output reuses its statistics (no row_stats launch) unless that output was written to in place.

@@ -17,6 +17,13 @@ Providers (keys for `providers=` / `--providers`):
     timm-graph     timm eager replayed from CUDA graphs (CUDA only; vitfast.cuda_graph, one graph per batch size)
     vitfast-graph  the fused model on vitfast's kernels, replayed from CUDA graphs (CUDA only)
 
+What a GPU user deploys instead of vitfast, the GPU analogue of the ORT anchors (CUDA only, opt-in):
+
+    inductor-fused               torch.compile (default mode) of the SAME fused model on its reference ops
+                                 (VITFAST_BACKEND=reference semantics: plain torch ops the compiler sees and fuses)
+    inductor-fused-max-autotune  the same, mode="max-autotune-no-cudagraphs"
+    timm-max-autotune            torch.compile(baseline, mode="max-autotune") (its CUDA graphs included)
+
 What a CPU user deploys instead of vitfast fp32, all on the SAME fused graph (the ONNX file ort-fused runs; opt-in,
 not in the defaults):
 
@@ -57,6 +64,8 @@ What is measured, per (threads, batch):
   than that runtime on the same fused graph; the p10-p90 says whether 1.00 is inside the round-to-round spread.
   Every row also names the fastest anchor of its (threads, batch) (smallest median) and its paired ratio to it; a
   vitfast row below 1.00 is marked SLOWER in the table.  ("paired_vs_ort_fused" is kept: = paired_vs["ort-fused"].)
+* launches per forward (CUDA): the CUDA kernels (and memsets / copies) of one call, counted by torch.profiler after
+  the timed rounds (a graph replay's kernels counted one by one); None on the CPU, shown as "–".
 * accuracy (the fused-graph providers other than vitfast itself): on the bench's own inputs (every timed batch,
   at the first thread count), ‖y − y_fp32‖ / ‖y_fp32‖ over all logits and the share of images whose top-1
   class (argmax) agrees, where y_fp32 is the fused model's fp32 output on vitfast's kernels.
@@ -78,10 +87,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .bench_runtimes import (ANCHORS, DTYPES, PROVIDERS, TABLE_ANCHORS, _FROM_FUSED_ONNX, _SHORT, ProviderSkipped, _Provider, _Torch, _Graphed, _Compiled, _Ort, _OpenVINO, _onnxruntime_quantization, quantize_ort_dynamic, quantize_ort_static, _vitfast_quantized)
+from .bench_runtimes import (ANCHORS, DTYPES, INDUCTOR, PROVIDERS, TABLE_ANCHORS, _FROM_FUSED_ONNX, _SHORT, ProviderSkipped, _Provider, _Torch, _Graphed, _Compiled, _Ort, _OpenVINO, _onnxruntime_quantization, quantize_ort_dynamic, quantize_ort_static, _vitfast_quantized)
 from .bench_report import format_report, plot_report
 
-__all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "ANCHORS", "TABLE_ANCHORS", "ProviderSkipped", "cpu_only", "DTYPES",
+__all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "ANCHORS", "TABLE_ANCHORS", "ProviderSkipped", "cpu_only",
+           "launches_per_forward", "DTYPES",
            "SCHEMA", "run_bench", "format_report", "plot_report", "sgemm_gflops",
            "parse_providers", "paired_speedups"]
 
@@ -89,7 +99,8 @@ SCHEMA = "vitfast.bench/1"
 # CPU-only runtimes
 _CPU_ONLY_PREFIXES = ("ort-", "openvino")
 # whose output is compared with the fused fp32 model's (report["accuracy"])
-_ACCURACY = ("reference",) + _FROM_FUSED_ONNX + ("vitfast-int8", "vitfast-bf16")
+_ACCURACY = ("reference", "inductor-fused", "inductor-fused-max-autotune") + _FROM_FUSED_ONNX + ("vitfast-int8",
+                                                                                             "vitfast-bf16")
 DEFAULT_PROVIDERS = ("timm", "compile", "ort-timm", "ort-fused", "vitfast")
 SGEMM_N = 2048
 
@@ -97,6 +108,19 @@ SGEMM_N = 2048
 def cpu_only(key: str) -> bool:
     """ONNX Runtime and OpenVINO providers run on the CPU only."""
     return key.startswith(_CPU_ONLY_PREFIXES)
+
+
+def launches_per_forward(fn: Callable[[torch.Tensor], Any], x: torch.Tensor, device: torch.device) -> Optional[int]:
+    """CUDA-side events (kernels, memsets, copies) of one call fn(x), counted by torch.profiler; None off CUDA."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        _sync(device)
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def parse_providers(text: str) -> List[str]:
@@ -288,6 +312,9 @@ def run_bench(
                          f"device {device}")
     if device.type != "cuda" and any(p.endswith("-graph") for p in providers):
         raise ValueError(f"providers: the CUDA-graph providers need device cuda, got {providers} with device {device}")
+    if device.type != "cuda" and any(p in INDUCTOR for p in providers):
+        raise ValueError(f"providers: {', '.join(p for p in providers if p in INDUCTOR)} compile for the GPU and need "
+                         f"device cuda, got device {device}")
     if dtype not in _SHORT:
         raise ValueError(f"dtype: expected one of {list(DTYPES)}, got {dtype}")
     if dtype != torch.float32 and device.type != "cuda":
@@ -354,6 +381,12 @@ def run_bench(
                     built.append(_Graphed(key, label, flops_of, fused, backend="auto"))
                 elif key == "compile":
                     built.append(_Compiled(key, label, flops_of, baseline))
+                elif key in INDUCTOR:
+                    mode, backend, which = INDUCTOR[key]
+                    # Compiled lazily, on the warm-up call, under `backend` (the call sets it every time: dynamo's
+                    # guards see the same backend at every call, and the graph holds the reference ops).
+                    model = torch.compile(fused if which == "fused" else baseline, mode=mode)
+                    built.append(_Torch(key, label, flops_of, model, backend=backend))
                 elif key in ("vitfast-int8", "vitfast-bf16"):
                     dt = key.split("-")[1]
                     log(f"bench: vitfast.quantize(copy of the fused model, dtype={dt!r})")
@@ -437,7 +470,8 @@ def run_bench(
                     step += 1
                     x = inputs[b]
                     log(f"bench: [{step}/{len(configs)}] threads {t}, batch {b}: warm-up"
-                        + (" (torch.compile compiles now, this takes a while)" if any(p.key == "compile" for p in active) else ""))
+                        + (" (torch.compile compiles now, this takes a while)"
+                           if any(p.key == "compile" or p.key in INDUCTOR for p in active) else ""))
                     runnable = []
                     with torch.no_grad():
                         for p in active:
@@ -463,6 +497,13 @@ def run_bench(
                                 _sync(device)
                                 times[p.key].append(time.perf_counter() - t0)
                         rates += sgemm_gflops(device, dtype=dtype)
+                        launches = {}
+                        for p in active:  # after the rounds: the profiler's overhead stays out of the timings
+                            try:
+                                launches[p.key] = launches_per_forward(p.call, x, device)
+                            except Exception as exc:  # a profiler failure costs the column, not the row
+                                launches[p.key] = None
+                                log(f"bench: {p.label}: launches not counted: {_reason(exc)}")
                     rate, rate_lo, rate_hi = _quantiles(rates)
                     sgemm.append({"threads": t, "batch": b, "gflops": rate, "p10_gflops": rate_lo, "p90_gflops": rate_hi,
                                   "calls": len(rates), "n": SGEMM_N})
@@ -490,13 +531,15 @@ def run_bench(
                             # the anchor with the smallest median at this (threads, batch)
                             "fastest_anchor": fastest,
                             "round_ms": [v * 1e3 for v in times[p.key]],  # in round order
+                            # CUDA events per forward (torch.profiler), None off CUDA
+                            "launches": launches.get(p.key),
                         })
                         summary.append(f"{p.key} {median * 1e3:.1f}")
                     log(f"bench: [{step}/{len(configs)}] threads {t}, batch {b}: median ms " + ", ".join(summary)
                         + f"; sgemm {rate:.1f} GFLOP/s")
         finally:
             torch.set_num_threads(previous_threads)
-            if any(p.key == "compile" for p in built):
+            if any(p.key == "compile" or p.key in INDUCTOR for p in built):
                 torch._dynamo.reset()
     finally:
         built.clear()

@@ -44,6 +44,9 @@ def format_report(report: Mapping[str, Any]) -> str:
         n = next(iter(accuracy.values()))["images"]
         lines.append(f"accuracy vs fused fp32 (vitfast kernels) on the {n} bench image(s): rel err = "
                      "‖y − y_fp32‖ / ‖y_fp32‖ over all logits, top-1 = share of images whose argmax agrees")
+    if any(r.get("launches") is not None for r in report["results"]):
+        lines.append("launches/fwd: CUDA kernels, memsets and copies of one forward (torch.profiler, after the "
+                     "timed rounds; a CUDA-graph replay's kernels counted one by one)")
     load = report.get("load_average") or {}
     if load.get("start") and load.get("end"):
         lines.append(f"load average (1 min) at start {load['start'][0]:.2f}, at end {load['end'][0]:.2f}")
@@ -66,6 +69,7 @@ def format_report(report: Mapping[str, Any]) -> str:
             r["label"], str(r["threads"]), str(r["batch"]), f"{r['median_ms']:.2f}",
             f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}", f"{r['images_per_s']:.1f}", f"{r['gflop']:.3g}",
             f"{r['pct_of_floor']:.0f}%", f"{r['speedup_vs_timm']:.2f}x" if r["speedup_vs_timm"] else "-",
+            str(r["launches"]) if r.get("launches") is not None else "–",
         ]
         if accuracy:
             a = accuracy.get(r["provider"])
@@ -83,7 +87,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         rows.append(row)
     lines.append("")
     lines.append(format_table(["provider", "threads", "batch", "median ms", "p10-p90 ms", "img/s", "GFLOP",
-                               "% floor", "vs timm eager"]
+                               "% floor", "vs timm eager", "launches/fwd"]
                               + (["rel err / top-1 vs fused fp32"] if accuracy else [])
                               + [f"vs {PROVIDERS[k][0]} (paired)" for k in anchors]
                               + (["vs fastest anchor (paired)"] if fastest_column else []), rows))

@@ -31,6 +31,18 @@ PROVIDERS: Dict[str, Tuple[str, str]] = {
     "openvino": ("OpenVINO default", "fused"),
     "vitfast-int8": ("vitfast int8", "fused"),
     "vitfast-bf16": ("vitfast bf16", "fused"),
+    "inductor-fused": ("inductor fused (same graph)", "fused"),
+    "inductor-fused-max-autotune": ("inductor fused max-autotune-no-cg", "fused"),
+    "timm-max-autotune": ("timm compile max-autotune", "baseline"),
+}
+# The GPU analogue of "ORT on the same fused graph": torch.compile of the fused model on its reference ops
+# (VITFAST_BACKEND=reference: plain torch ops inductor can see and fuse), and timm under max-autotune (CUDA graphs
+# included).  CUDA only: inductor's CPU code is not what a GPU user would deploy, and max-autotune tunes GPU GEMMs.
+# key -> torch.compile mode, the backend the model runs under (None: the process's), which model
+INDUCTOR: Dict[str, Tuple[Optional[str], Optional[str], str]] = {
+    "inductor-fused": (None, "reference", "fused"),
+    "inductor-fused-max-autotune": ("max-autotune-no-cudagraphs", "reference", "fused"),
+    "timm-max-autotune": ("max-autotune", None, "baseline"),
 }
 # dtypes the models can be timed in, and their short names in the report
 DTYPES: Dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -20,6 +20,7 @@ from vitfast.bench import format_report
 from vitfast.bench import parse_providers
 from vitfast.bench import plot_report
 from vitfast.bench import run_bench
+from vitfast.bench_runtimes import INDUCTOR
 from vitfast.cli._common import EXIT_CHECK_FAILED
 from vitfast.cli._common import EXIT_OK
 from vitfast.cli._common import CLIError
@@ -77,7 +78,9 @@ def add_parser(sub) -> None:
     p.add_argument("target", metavar="TARGET", help="a timm model name (with the recipe options), or a fused .safetensors")
     p.add_argument("--providers", type=_providers, default=None, metavar="P1,P2",
                    help="runtimes to time [default: timm,compile,ort-timm,ort-fused,vitfast; without ort-* off the CPU; "
-                        "on CUDA also timm-graph,vitfast-graph (CUDA-graph replays)]")
+                        "on CUDA also timm-graph,vitfast-graph (CUDA-graph replays)]; CUDA only, opt-in: "
+                        "inductor-fused,inductor-fused-max-autotune (torch.compile of the same fused graph on its "
+                        "reference ops), timm-max-autotune")
     p.add_argument("--threads", type=thread_list, default=None, metavar="T1,T2", help="CPU thread counts [default: torch's]")
     p.add_argument("--batch-sizes", type=batch_list, default="1,8", metavar="B1,B2", help="batch sizes")
     p.add_argument("--repeats", type=positive_int, default=10, help="timed calls per provider at each (threads, batch)")
@@ -121,6 +124,10 @@ def run(args) -> int:
         if device.type != "cuda" and any(p.endswith("-graph") for p in providers):
             raise CLIError(f"--providers: the CUDA-graph providers need --device cuda, got {','.join(providers)} "
                            f"with --device {args.device}")
+        gpu_compiled = [p for p in providers if p in INDUCTOR]
+        if device.type != "cuda" and gpu_compiled:
+            raise CLIError(f"--providers: {','.join(gpu_compiled)} compile for the GPU and need --device cuda, got "
+                           f"--device {args.device}")
     else:
         providers = [p for p in DEFAULT_PROVIDERS if device.type == "cpu" or not cpu_only(p)]
         if device.type == "cuda":  # launch overhead is most of batch 1 on a GPU: show both models without it

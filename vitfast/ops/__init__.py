@@ -11,6 +11,11 @@ CUDA impl  = the Triton launchers in `vitfast.kernels` (imported lazily: `import
              they beat the torch composition (thresholds: `_policy.py`), else that composition.
 Fake impl  = shape/dtype propagation so `torch.compile(fullgraph=True)` and `torch.export` trace the ops.
 
+`vitfast.ops.warmup(model, batch_sizes=...)` runs a CUDA model once per batch size so its Triton kernels compile and
+autotune before serving (`warmup.py`).  `import vitfast.ops.triton_ops` registers the Triton block path's launchers
+as `torch.ops.vitfast.ln_linear_triton` / `vit_block_triton` (torch.library.triton_op where torch has it; not
+imported with vitfast.ops: registering a triton_op imports triton, which `import vitfast` never does).
+
 `vitfast.ops.<op>` is the Python entry (a function): it shadows the module of the same name, which
 `importlib.import_module("vitfast.ops.<op>")` reaches.
 """
@@ -33,6 +38,7 @@ from .layer_norm import layer_norm
 from .linear import linear
 from .linear_int8 import linear_int8
 from .vit_block import _vit_block_composed, vit_block, vit_block_cuda_eager
+from .warmup import warmup
 from .xwx_attention import _xwx_attention_cuda, use_triton_xwx_attention, xwx_attention
 from ._extension import (_C, _REFERENCE_CPU_FALLBACKS, bf16_kernel, clear_weight_cache, cpu_extensions, cpu_isa,
                          extension_loaded, int8_kernel, prepack)
@@ -40,4 +46,4 @@ from ._extension import (_C, _REFERENCE_CPU_FALLBACKS, bf16_kernel, clear_weight
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa",
            "batch_gate", "gate_select", "prepack", "clear_weight_cache", "vit_block", "dwconv_attention",
            "gated_mhsa", "gated_ffn", "onnx_exporting", "linear_int8", "channel_idle_ffn_int8", "attention_int8",
-           "int8_kernel", "bf16_kernel", "cpu_extensions"]
+           "int8_kernel", "bf16_kernel", "cpu_extensions", "warmup"]
