@@ -180,3 +180,19 @@ def at_1_and_2_threads(op, args):
         outs.append(op(*args))
     torch.testing.assert_close(outs[1], outs[0], atol=0, rtol=0, equal_nan=True)
     return outs[0]
+
+
+def triton_test_device(skip: bool = True):
+    """(device, interpreted) for the Triton kernel tests: "cuda" on a GPU, else "cpu" under the Triton interpreter
+    (conftest.py sets TRITON_INTERPRET=1 before triton is imported).  With neither (an NVIDIA device node but no
+    usable CUDA, or the interpreter switched off) nothing can run the kernels: the calling module is skipped unless
+    skip=False."""
+    import os
+
+    import pytest
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if skip and device == "cpu" and not interpreted:
+        pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
+    return device, interpreted

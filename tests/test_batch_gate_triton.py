@@ -4,20 +4,17 @@ Natively on CUDA when a GPU is present, otherwise through the Triton interpreter
 is a threshold, so parity is checked on the fp32 logits before it (`batch_gate_logits_triton`) and on the
 decisions with the logits pushed away from 0 (a tie within rounding may go either way).
 """
-import os
 
 import pytest
 import torch
 
+from helpers import triton_test_device
 from vitfast.kernels.batch_gate import batch_gate_logits_triton, batch_gate_triton, gate_select_triton
 from vitfast.reference import batch_gate, batch_gate_logits, gate_select
 
 pytestmark = pytest.mark.triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-if DEVICE == "cpu" and not INTERPRET:
-    pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
+DEVICE, INTERPRET = triton_test_device()
 
 
 def make_args(batch, tokens, channels, hidden, *, two_layers=True, layer_norm=False, act="none", bias=True,

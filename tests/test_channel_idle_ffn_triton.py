@@ -7,22 +7,18 @@ idle ratio θ: A = (1 - θ)·4C active channels, L = C linear ones (θ > 0) or n
 `python tests/test_channel_idle_ffn_triton.py` on a GPU machine prints a small benchmark (see the bottom).
 """
 import importlib
-import os
 
 import pytest
 import torch
 
+from helpers import triton_test_device
 import vitfast.kernels.channel_idle_ffn as cif
 from vitfast.kernels.channel_idle_ffn import channel_idle_ffn_triton
 from vitfast.reference import channel_idle_ffn as reference
 
 pytestmark = pytest.mark.triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-if DEVICE == "cpu" and not INTERPRET:  # an NVIDIA device node but no usable CUDA: nothing can run the kernels
-    pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
+DEVICE, INTERPRET = triton_test_device()
 
 
 def _low_precision_dtypes():

@@ -6,22 +6,17 @@ and non-square grids whose size breaks the 32-token tile and its halo, a cls tok
 k = 3 and 5, batch 1 and 2, every optional input absent or present, the ensembled form (D = d_h, one head), and
 fp16/bf16 against 2× torch's own low-precision error.
 """
-import os
 
 import pytest
 import torch
-from helpers import assert_low_precision_no_worse
+from helpers import assert_low_precision_no_worse, triton_test_device
 
 from vitfast.kernels.dwconv_attention import dwconv_attention_triton
 from vitfast.reference import dwconv_attention as reference
 
 pytestmark = pytest.mark.triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-if DEVICE == "cpu" and not INTERPRET:
-    pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
+DEVICE, INTERPRET = triton_test_device()
 
 
 @pytest.fixture(autouse=True)

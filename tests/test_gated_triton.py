@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import triton_test_device
 import vitfast
 from vitfast import reference
 from vitfast.kernels.gated import (gated_attention_triton, gated_ffn_triton, gated_layernorm_triton,
@@ -19,10 +20,7 @@ from vitfast.kernels.gated import (gated_attention_triton, gated_ffn_triton, gat
 
 pytestmark = pytest.mark.triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-if DEVICE == "cpu" and not INTERPRET:
-    pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
+DEVICE, INTERPRET = triton_test_device()
 
 OPEN = torch.tensor([1.0, 1.0], device=DEVICE)
 CLOSED = torch.tensor([0.0, 0.0], device=DEVICE)

@@ -11,15 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import triton_test_device
 import vitfast.kernels.ln_linear as lnl
 from vitfast.kernels.ln_linear import fold_kappa_max, ln_linear_triton, row_stats_triton
 
 pytestmark = pytest.mark.triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-if DEVICE == "cpu" and not INTERPRET:
-    pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
+DEVICE, INTERPRET = triton_test_device()
 
 M, N, K = 37, 100, 72
 EPS = 1e-6

@@ -12,16 +12,14 @@ import sys
 import pytest
 import torch
 
+from helpers import triton_test_device
 import vitfast.ops.triton_ops as triton_ops
 from vitfast.kernels.ln_linear import ln_linear_triton, row_stats_triton
 from vitfast.kernels.vit_block import vit_block_triton
 
 pytestmark = pytest.mark.triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-if DEVICE == "cpu" and not INTERPRET:
-    pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
+DEVICE, INTERPRET = triton_test_device()
 
 M, N, K = 37, 100, 72
 OPS = torch.ops.vitfast

@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+from helpers import triton_test_device
 import vitfast
 import vitfast.kernels.ln_linear as lnl
 from vitfast import reference
@@ -20,10 +21,7 @@ pytestmark = pytest.mark.triton
 # The module (vitfast.ops.vit_block is also the name of the op's entry function there).
 vit_block_ops = importlib.import_module("vitfast.ops.vit_block")
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-if DEVICE == "cpu" and not INTERPRET:
-    pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
+DEVICE, INTERPRET = triton_test_device()
 
 # (name, active A as a multiple of C, linear path, FFN norm, FFN residual): the FFN forms of vitfast/nn/ffn.py.
 FORMS = [

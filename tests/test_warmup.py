@@ -1,16 +1,15 @@
 """`vitfast.ops.warmup`: its argument errors (CPU), and under the Triton interpreter (or natively on a GPU) that it
 runs the block path once per batch size, counted with the block path's launch counter."""
 import importlib
-import os
 
 import pytest
 import torch
 
+from helpers import triton_test_device
 import vitfast
 
 warmup_mod = importlib.import_module("vitfast.ops.warmup")
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+DEVICE, INTERPRET = triton_test_device(skip=False)
 
 
 def tiny_fused(depth=2):

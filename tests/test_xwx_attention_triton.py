@@ -4,11 +4,10 @@ Runs natively on CUDA tensors when a GPU is present, otherwise through the Trito
 (conftest.py sets TRITON_INTERPRET=1 before triton is imported).  Both score forms: factored (w_q, w_k [H, C, R],
 the low-rank form `vitfast.fuse` picks when R ≤ C/2, and the branch factors side by side) and full (W_h [H, C, C]).
 """
-import os
 
 import pytest
 import torch
-from helpers import assert_low_precision_no_worse, make_xwx_args
+from helpers import assert_low_precision_no_worse, make_xwx_args, triton_test_device
 
 import vitfast.kernels.xwx_attention as xk
 from vitfast.kernels.xwx_attention import xwx_attention_triton
@@ -16,11 +15,7 @@ from vitfast.reference import xwx_attention as reference
 
 pytestmark = pytest.mark.triton
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-if DEVICE == "cpu" and not INTERPRET:
-    pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
+DEVICE, INTERPRET = triton_test_device()
 
 
 def _low_precision_dtypes():
