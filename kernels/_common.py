@@ -150,3 +150,28 @@ def operand(t, INTERPRET_BF16: tl.constexpr):
     if INTERPRET_BF16:
         return t.to(tl.float32)
     return t
+
+
+@triton.jit
+def split_gelu_epilogue(
+    acc, rows, cols, col_ok, mask, pid_n, b_ptr, b2_ptr, add_ptr, res_ptr, GELU_COLS,
+    stride_am, stride_an, stride_rm, stride_rn,
+    HAS_BIAS: tl.constexpr, HAS_GELU: tl.constexpr, HAS_BIAS2: tl.constexpr, HAS_ADD: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The channel-idle FFN's GEMM epilogue on an fp32 tile: + b, exact GELU on the columns < GELU_COLS (the active
+    columns come first; only tiles reaching them pay for erf), + b2 + add + res.  Each term optional (the HAS_*
+    flags remove its code)."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_GELU:  # noqa: SIM102 (a constexpr test, then a run-time one: the flag removes the code)
+        if pid_n * BLOCK_N < GELU_COLS:
+            gelu = 0.5 * acc * (1.0 + tl.math.erf(acc * SQRT1_2))
+            acc = tl.where(cols[None, :] < GELU_COLS, gelu, acc)
+    if HAS_BIAS2:
+        acc += tl.load(b2_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_ADD:
+        acc += load_tile_f32(add_ptr, rows, cols, stride_am, stride_an, mask)
+    if HAS_RES:
+        acc += load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
+    return acc

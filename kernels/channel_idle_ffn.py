@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 from vitfast.kernels._common import (
+    split_gelu_epilogue,
     INTERPRET as _INTERPRET,
-    SQRT1_2,
     check_device,
     input_precision,
     load_tile_f32,
@@ -103,16 +103,10 @@ def _channel_idle_ffn_in_kernel(
     cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     mask = (rows[:, None] < M) & col_ok[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    # Split GELU: only tiles that reach into the active columns pay for erf.
-    if pid_n * BLOCK_N < A:
-        gelu = 0.5 * acc * (1.0 + tl.math.erf(acc * SQRT1_2))
-        acc = tl.where(cols[None, :] < A, gelu, acc)
-    if HAS_B_OUT:
-        acc += tl.load(b_out_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_RES:
-        acc += load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
+    # Split GELU on the A active columns; b_out (when A = 0) and the residual as the second bias and the residual.
+    acc = split_gelu_epilogue(acc, rows, cols, col_ok, mask, pid_n, b_ptr, b_out_ptr, res_ptr, res_ptr, A,
+                              stride_rm, stride_rn, stride_rm, stride_rn,
+                              HAS_BIAS, True, HAS_B_OUT, False, HAS_RES, BLOCK_N)
     hid = to_dtype(acc, hid_ptr.dtype.element_ty, INTERPRET_BF16)
     tl.store(hid_ptr + rows[:, None] * stride_hm + cols[None, :] * stride_hn, hid, mask=mask)
 

@@ -39,11 +39,10 @@ import torch
 import triton
 import triton.language as tl
 from vitfast.kernels._common import (
+    split_gelu_epilogue,
     INTERPRET as _INTERPRET,
-    SQRT1_2,
     check_device,
     input_precision,
-    load_tile_f32,
     matmul_tile,
     operand,
     rows,
@@ -129,18 +128,10 @@ def _gated_linear_kernel(
         x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n,
         INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
     )
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    # Split GELU (RePaViT): only tiles that reach into the first GELU_N columns pay for erf.
-    if pid_n * BLOCK_N < GELU_N:
-        gelu = 0.5 * acc * (1.0 + tl.math.erf(acc * SQRT1_2))
-        acc = tl.where(cols[None, :] < GELU_N, gelu, acc)
-    if HAS_BIAS2:
-        acc += tl.load(b2_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_ADD:
-        acc += load_tile_f32(add_ptr, rows, cols, stride_am, stride_an, mask)
-    if HAS_RES:
-        acc += load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
+    # Split GELU (RePaViT) on the first GELU_N columns.
+    acc = split_gelu_epilogue(acc, rows, cols, col_ok, mask, pid_n, b_ptr, b2_ptr, add_ptr, res_ptr, GELU_N,
+                              stride_am, stride_an, stride_rm, stride_rn,
+                              HAS_BIAS, True, HAS_BIAS2, HAS_ADD, HAS_RES, BLOCK_N)
     out = to_dtype(acc, out_ptr.dtype.element_ty, INTERPRET_BF16)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on, out, mask=mask)
 

@@ -78,8 +78,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
 from vitfast.kernels._common import (
+    split_gelu_epilogue,
     INTERPRET as _INTERPRET,
-    SQRT1_2,
     check_device,
     input_precision,
     load_tile_f32,
@@ -336,19 +336,9 @@ def _epilogue(
 ):
     """+ b, GELU on columns < GELU_COLS, + b2 + add + res, store (rounded to out's dtype), statistics of the stored
     tile."""
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_GELU:  # noqa: SIM102 (a constexpr test, then a run-time one: the flag removes the code)
-        # Split GELU (channel-idle FFN: the A active columns come first); only tiles reaching them pay for erf.
-        if pid_n * BLOCK_N < GELU_COLS:
-            gelu = 0.5 * acc * (1.0 + tl.math.erf(acc * SQRT1_2))
-            acc = tl.where(cols[None, :] < GELU_COLS, gelu, acc)
-    if HAS_BIAS2:
-        acc += tl.load(b2_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_ADD:
-        acc += load_tile_f32(add_ptr, rows, cols, stride_am, stride_an, mask)
-    if HAS_RES:
-        acc += load_tile_f32(res_ptr, rows, cols, stride_rm, stride_rn, mask)
+    acc = split_gelu_epilogue(acc, rows, cols, col_ok, mask, pid_n, b_ptr, b2_ptr, add_ptr, res_ptr, GELU_COLS,
+                              stride_am, stride_an, stride_rm, stride_rn,
+                              HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, BLOCK_N)
     out = to_dtype(acc, out_ptr.dtype.element_ty, INTERPRET_BF16)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on, out, mask=mask)
     if EMIT_STATS:
