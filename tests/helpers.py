@@ -196,3 +196,19 @@ def triton_test_device(skip: bool = True):
     if skip and device == "cpu" and not interpreted:
         pytest.skip("no CUDA device and TRITON_INTERPRET is off", allow_module_level=True)
     return device, interpreted
+
+
+def layerscale_vit(img_size=(32, 40), patch=8, dim=32, depth=3, heads=4, seed=0, **kw):
+    """A small timm VisionTransformer with LayerScale (init 0.5) and randomised norms (the DW-conv tests' model)."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(seed)
+    cfg = dict(img_size=img_size, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads, num_classes=5,
+               qkv_bias=True, init_values=0.5)
+    cfg.update(kw)
+    return randomize(VisionTransformer(**cfg), seed=seed)
+
+
+def model_images(model, batch=2, seed=1):
+    """A seeded batch of images of the model's input size."""
+    return torch.randn(batch, 3, *model.patch_embed.img_size, generator=torch.Generator().manual_seed(seed))

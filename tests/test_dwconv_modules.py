@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_close_scaled, randomize
+from helpers import assert_close_scaled, layerscale_vit as vit, model_images as images, randomize
 from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
@@ -25,19 +25,6 @@ from vitfast.training.trainer import Trainer
 from vitfast.training.schedules import param_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def vit(img_size=(32, 40), patch=8, dim=32, depth=3, heads=4, seed=0, **kw):
-    torch.manual_seed(seed)
-    cfg = dict(img_size=img_size, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads, num_classes=5,
-               qkv_bias=True, init_values=0.5)
-    cfg.update(kw)
-    return randomize(VisionTransformer(**cfg), seed=seed)
-
-
-def images(model, batch=2, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, 3, *model.patch_embed.img_size, generator=g)
 
 
 def eq11_head(x_norm, attn, head, grid, prefix):
