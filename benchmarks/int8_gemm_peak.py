@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from cmake_tree import run, tool  # noqa: E402
 
 
-def build(build_dir: str) -> str:
-    """Configures (once) and builds the benchmark target only; returns the program's path."""
+def build(build_dir: str, target: str = "bench_gemm_int8") -> str:
+    """Configures (once) and builds one benchmark target only; returns the program's path."""
     cmake = tool("cmake")
     assert cmake, "cmake not found (pip install cmake, or apt-get install cmake)"
     gen = ["-G", "Ninja"] if tool("ninja") else []
@@ -34,8 +34,8 @@ def build(build_dir: str) -> str:
         gen += [f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}"]
     if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
         run([cmake, "-S", ROOT, "-B", build_dir, *gen, "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_TESTING=OFF"])
-    run([cmake, "--build", build_dir, "--parallel", str(min(2, os.cpu_count() or 1)), "--target", "bench_gemm_int8"])
-    return os.path.join(build_dir, "bench_gemm_int8")
+    run([cmake, "--build", build_dir, "--parallel", str(min(2, os.cpu_count() or 1)), "--target", target])
+    return os.path.join(build_dir, target)
 
 
 def measure(program: str, rounds: int, scalar: bool) -> dict:

@@ -1,0 +1,200 @@
+// bf16 kernels on one core, the parts that decide a bf16 ViT block's time:
+//   (a) attention_head_bf16 for every head of a DeiT-S / DeiT-B image (N = 197, D = 64) against attention_head (fp32),
+//       and its steps alone: K/V packing, Q rounding, S = Q·Kᵀ, the softmax to bf16 P, P·V (with the 1/Σ row scale);
+//   (b) gemm_bf16 at DeiT-S/B linear shapes with a hot weight (the same one every call) and cold weights (16 weight
+//       sets in rotation, as a model's blocks: each comes from L3 or memory), which the next-panel-pair prefetch of
+//       the AVX-512 kernel is for.
+// Times are the thread's CPU time over several calls per reading (one clock read costs about a microsecond in a VM);
+// each figure is the median over interleaved rounds.  GFLOP/s counts 2 operations per multiply-add.
+//
+//   bench_gemm_bf16 [--rounds N] [--json]
+//
+// Not a CTest test (it measures); benchmarks/bf16_kernel_parts.py builds and runs it.  Needs AVX512_BF16.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/cpu_features.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_bf16.h"
+
+using namespace vitfast;
+using gemm16::Bf16Kernel;
+
+namespace {
+
+double now() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+struct Row {
+  std::string group, name;
+  double us, gflops;
+};
+
+// Median over rounds of the time of one call of each variant; variants interleaved within a round.
+std::vector<double> interleaved(const std::vector<std::function<void()>>& fns, int rounds, int reps) {
+  std::vector<std::vector<double>> t(fns.size());
+  for (auto& f : fns) f();  // warm
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < fns.size(); ++i) {
+      const double t0 = now();
+      for (int k = 0; k < reps; ++k) fns[i]();
+      t[i].push_back((now() - t0) / reps);
+    }
+  std::vector<double> med;
+  for (auto& v : t) {
+    std::sort(v.begin(), v.end());
+    med.push_back(v[v.size() / 2] * 1e6);
+  }
+  return med;
+}
+
+std::vector<float> random_values(std::mt19937& g, size_t n) {
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+void attention_parts(const char* model, int64_t heads, int rounds, std::vector<Row>& rows) {
+  const int64_t n = 197, d = 64, attn = heads * d, ld = 3 * attn, chunk = kAttentionChunk;
+  std::mt19937 g(0);
+  const std::vector<float> qkv = random_values(g, size_t(n * ld));
+  std::vector<float> out(size_t(n * attn));
+  const Bf16Kernel k16 = Bf16Kernel::kAvx512Bf16;
+  const CpuIsa isa = CpuIsa::kAvx512;
+  const float scale = 0.125f;
+  gemm::AlignedFloats ws16(attention_workspace_floats_bf16(n, d, n)), ws32(attention_workspace_floats(n, d, n));
+  const int64_t ld_s = (n + 15) / 16 * 16, ld_q = gemm16::padded_k(d), ld_p = gemm16::padded_k(n);
+  gemm16::AlignedBf16 kp(gemm16::packed_bf16(n, d)), vp(gemm16::packed_bf16(d, n)), q16(chunk * ld_q);
+  gemm16::AlignedBf16 p16(chunk * ld_p);
+  gemm::AlignedFloats s(chunk * ld_s), mx(chunk), sum(chunk), inv(chunk);
+  for (int64_t i = 0; i < chunk; ++i) inv.data()[i] = 0.01f;
+  gemm::Epilogue padded;
+  padded.c_padded = true;
+  gemm::Epilogue normalise;
+  normalise.row_scale = inv.data();
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  // Each step over every (head, chunk) of the image, as attention_head_bf16 runs them.
+  auto per_chunk = [&](auto&& step) {
+    return [&, step]() {
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t c = 0; c < chunks; ++c) step(h, c * chunk, std::min(chunk, n - c * chunk));
+    };
+  };
+  std::vector<std::function<void()>> fns = {
+      [&] {
+        for (int64_t h = 0; h < heads; ++h)
+          attention_head_bf16(qkv.data(), ld, n, heads, d, h, 0, n, scale, out.data(), attn, ws16.data(), isa, k16);
+      },
+      [&] {
+        for (int64_t h = 0; h < heads; ++h)
+          attention_head(qkv.data(), ld, n, heads, d, h, 0, n, scale, out.data(), attn, ws32.data(), isa);
+      },
+      [&] {
+        for (int64_t h = 0; h < heads; ++h) {
+          gemm16::pack_b_transposed_bf16(qkv.data() + attn + h * d, n, d, ld, kp.data(), k16);
+          gemm16::pack_b_bf16(qkv.data() + 2 * attn + h * d, n, d, ld, vp.data(), k16);
+        }
+      },
+      per_chunk([&](int64_t h, int64_t r0, int64_t m) {
+        gemm16::convert_rows(qkv.data() + r0 * ld + h * d, ld, m, d, q16.data(), ld_q, k16);
+      }),
+      per_chunk([&](int64_t, int64_t, int64_t m) {
+        gemm16::gemm_bf16_raw(m, q16.data(), ld_q, kp.data(), n, d, s.data(), ld_s, padded, k16);
+      }),
+      per_chunk([&](int64_t, int64_t, int64_t m) {
+        for (int64_t i = 0; i < m; ++i) mx.data()[i] = -INFINITY;
+        gemm16::softmax_exp_rows_bf16(s.data(), m, n, ld_s, 1.0f, mx.data(), sum.data(), p16.data(), ld_p, isa, k16);
+      }),
+      per_chunk([&](int64_t h, int64_t r0, int64_t m) {
+        gemm16::gemm_bf16_raw(m, p16.data(), ld_p, vp.data(), d, n, out.data() + r0 * attn + h * d, attn, normalise,
+                              k16);
+      }),
+  };
+  const char* names[] = {"attention_head_bf16, all heads", "attention_head (fp32), all heads", "pack K and V",
+                         "round Q rows", "S = Q·Kᵀ", "softmax -> bf16 P", "P·V, 1/Σ epilogue"};
+  const double head_flops = 4.0 * n * n * d;
+  const double flops[] = {head_flops * heads, head_flops * heads, 0, 0, head_flops * heads / 2, 0,
+                          head_flops * heads / 2};
+  const std::vector<double> us = interleaved(fns, rounds, 5);
+  for (size_t i = 0; i < fns.size(); ++i)
+    rows.push_back({std::string(model) + " attention (N = 197, D = 64, " + std::to_string(heads) + " heads)",
+                    names[i], us[i], flops[i] > 0 ? flops[i] / us[i] / 1e3 : 0.0});
+}
+
+void cold_weights(int rounds, std::vector<Row>& rows) {
+  struct Shape {
+    const char* name;
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {{"DeiT-S qkv", 197, 1152, 384}, {"DeiT-S FFN in", 197, 768, 384},
+                          {"DeiT-B qkv", 197, 2304, 768}, {"DeiT-B FFN in", 197, 1536, 768}};
+  const Bf16Kernel k16 = Bf16Kernel::kAvx512Bf16;
+  for (const Shape& sh : shapes) {
+    std::mt19937 g(1);
+    std::vector<gemm16::PackedBf16B> ws;
+    for (int i = 0; i < 16; ++i) {
+      const std::vector<float> w = random_values(g, size_t(sh.n * sh.k));
+      ws.push_back(gemm16::PackedBf16B::pack_linear(w.data(), sh.n, sh.k, sh.k, nullptr));
+    }
+    const std::vector<float> x = random_values(g, size_t(sh.m * sh.k));
+    std::vector<uint16_t> a(size_t(sh.m * sh.k));
+    gemm16::convert_rows(x.data(), sh.k, sh.m, sh.k, a.data(), sh.k, k16);
+    std::vector<float> c(size_t(sh.m * sh.n));
+    int next = 0;
+    std::vector<std::function<void()>> fns = {
+        [&] { gemm16::gemm_bf16(sh.m, a.data(), sh.k, ws[0], c.data(), sh.n, gemm::Epilogue(), k16); },
+        [&] {
+          gemm16::gemm_bf16(sh.m, a.data(), sh.k, ws[size_t(next)], c.data(), sh.n, gemm::Epilogue(), k16);
+          next = (next + 1) % 16;
+        },
+    };
+    const std::vector<double> us = interleaved(fns, rounds, 16);
+    const double flops = 2.0 * sh.m * sh.n * sh.k;
+    const std::string group = std::string(sh.name) + " (" + std::to_string(sh.m) + " × " + std::to_string(sh.k) +
+                              " × " + std::to_string(sh.n) + ")";
+    rows.push_back({group, "gemm_bf16, hot weight", us[0], flops / us[0] / 1e3});
+    rows.push_back({group, "gemm_bf16, 16 weights in rotation", us[1], flops / us[1] / 1e3});
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 9;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--json") == 0) json = true;
+  }
+  if (!cpu_supports(CpuIsa::kAvx512) || gemm16::bf16_kernel(CpuIsa::kAvx512) != Bf16Kernel::kAvx512Bf16) {
+    std::fprintf(stderr, "bench_gemm_bf16: this CPU has no AVX512_BF16 (the kernels measured here)\n");
+    return 2;
+  }
+  std::vector<Row> rows;
+  attention_parts("DeiT-S", 6, rounds, rows);
+  attention_parts("DeiT-B", 12, rounds, rows);
+  cold_weights(rounds, rows);
+  if (json) {
+    std::printf("{\"rounds\": %d, \"rows\": [", rounds);
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::printf("%s{\"group\": \"%s\", \"name\": \"%s\", \"us\": %.2f, \"gflops\": %.1f}", i ? ", " : "",
+                  rows[i].group.c_str(), rows[i].name.c_str(), rows[i].us, rows[i].gflops);
+    std::printf("]}\n");
+  } else {
+    for (const Row& r : rows)
+      std::printf("%-52s %-36s %9.1f us %8.1f GFLOP/s\n", r.group.c_str(), r.name.c_str(), r.us, r.gflops);
+  }
+  return 0;
+}
