@@ -1,0 +1,107 @@
+// attention_int8_head (kernels/attention_int8.h) on every ISA path this CPU runs, NEON's `sdot` kernels included when
+// the suite runs under qemu: against fp64 attention within the int8 error budget, against the scalar path (the same
+// quantized codes and exact integer products: only the fp32 order of the epilogues and the exp's last ulps differ,
+// which can move a P code by one), query-block splits with the bits of one call, and NaN propagation.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/attention_int8.h"
+#include "tests/test_util.h"
+
+using namespace vitfast;
+using namespace vitfast_test;
+
+namespace {
+
+// softmax(Q_h K_hᵀ · scale) V_h in double, rows [q0, q1) of every head.
+std::vector<double> attention_ref(const std::vector<float>& qkv, int64_t tokens, int64_t heads, int64_t d, float scale) {
+  const int64_t attn = heads * d, ld = 3 * attn;
+  std::vector<double> out(size_t(tokens * attn), 0.0), p(static_cast<size_t>(tokens));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < tokens; ++i) {
+      double mx = -INFINITY, sum = 0.0;
+      for (int64_t j = 0; j < tokens; ++j) {
+        double s = 0.0;
+        for (int64_t c = 0; c < d; ++c) s += double(qkv[i * ld + h * d + c]) * qkv[j * ld + attn + h * d + c];
+        p[j] = s * scale;
+        mx = std::max(mx, p[j]);
+      }
+      for (int64_t j = 0; j < tokens; ++j) sum += (p[j] = std::exp(p[j] - mx));
+      for (int64_t j = 0; j < tokens; ++j)
+        for (int64_t c = 0; c < d; ++c) out[i * attn + h * d + c] += p[j] / sum * qkv[j * ld + 2 * attn + h * d + c];
+    }
+  return out;
+}
+
+std::vector<float> run(CpuIsa isa, const std::vector<float>& qkv, int64_t tokens, int64_t heads, int64_t d,
+                       float scale, int64_t split) {
+  const int64_t attn = heads * d;
+  std::vector<float> out(size_t(tokens * attn), -1.0f);
+  AttentionInt8Workspace ws;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t q0 = 0; q0 < tokens; q0 += split)
+      attention_int8_head(qkv.data(), 3 * attn, tokens, heads, d, h, q0, std::min(tokens, q0 + split), scale,
+                          out.data(), attn, ws, isa);
+  return out;
+}
+
+double rel_norm(const std::vector<float>& a, const std::vector<double>& b) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+void test_attention_int8(CpuIsa isa) {
+  std::mt19937 rng(17);
+  int count = 0;
+  double worst_ref = 0.0, worst_scalar = 0.0;
+  for (int64_t tokens : {1, 5, 17, 50, 197})
+    for (int64_t d : {8, 17, 64}) {
+      const int64_t heads = 2, attn = heads * d;
+      const float scale = 1.0f / std::sqrt(float(d));
+      std::vector<float> qkv = random_vector(rng, size_t(tokens * 3 * attn));
+      const std::vector<float> got = run(isa, qkv, tokens, heads, d, scale, tokens);
+      const std::vector<double> want = attention_ref(qkv, tokens, heads, d, scale);
+      const double e_ref = rel_norm(got, want);
+      // The int8 budget: Q, K and V codes (~0.1-0.3% each) and P's 7-bit codes; random N(0, 1) qkv: 1.9% at worst.
+      VT_CHECK(e_ref < 0.03, "[%s] attention_int8 tokens=%lld d=%lld: %.3g relative error against fp64",
+               cpu_isa_name(isa), (long long)tokens, (long long)d, e_ref);
+      worst_ref = std::max(worst_ref, e_ref);
+      if (isa != CpuIsa::kScalar) {
+        const std::vector<float> scalar = run(CpuIsa::kScalar, qkv, tokens, heads, d, scale, tokens);
+        std::vector<double> s64(scalar.begin(), scalar.end());
+        const double e_s = rel_norm(got, s64);
+        VT_CHECK(e_s < 2e-3, "[%s] attention_int8 tokens=%lld d=%lld: %.3g relative difference from the scalar path",
+                 cpu_isa_name(isa), (long long)tokens, (long long)d, e_s);
+        worst_scalar = std::max(worst_scalar, e_s);
+      }
+      if (tokens > 14) {  // query blocks (the binding's thread split) give the bits of one call
+        const std::vector<float> split = run(isa, qkv, tokens, heads, d, scale, 14);
+        check_same_bits(isa, got, split, "attention_int8 query split");
+      }
+      ++count;
+    }
+  {  // A NaN in one query row: that row's output is NaN, the others finite.
+    const int64_t tokens = 17, heads = 1, d = 16, attn = heads * d;
+    std::vector<float> qkv = random_vector(rng, size_t(tokens * 3 * attn));
+    qkv[3 * (3 * attn) + 2] = std::numeric_limits<float>::quiet_NaN();  // row 3's Q
+    const std::vector<float> got = run(isa, qkv, tokens, heads, d, 0.25f, tokens);
+    bool ok = true;
+    for (int64_t i = 0; i < tokens; ++i)
+      for (int64_t c = 0; c < d; ++c) ok = ok && (i == 3 ? std::isnan(got[i * attn + c]) : std::isfinite(got[i * attn + c]));
+    VT_CHECK(ok, "[%s] attention_int8: a NaN in query row 3 must make exactly that output row NaN", cpu_isa_name(isa));
+  }
+  std::printf("[%s] attention_int8: %d cases, worst %.3g vs fp64, %.3g vs the scalar path\n", cpu_isa_name(isa), count,
+              worst_ref, worst_scalar);
+}
+
+}  // namespace
+
+int main() { return run_on_every_isa("test_attention_int8", test_attention_int8); }
