@@ -388,6 +388,11 @@ def to_onnx(
                 if len(candidates) == 1 or name == candidates[-1]:
                     raise ExportError(f"model: could not be exported to ONNX ({'; '.join(notes)})") from exc
         proto = onnx.load(tmp)
+        if int8:  # the quantized weights as int8 initializers, not fp32 constants through QuantizeLinear
+            from .onnx_qdq import fold_weight_quantize
+
+            if fold_weight_quantize(proto):
+                onnx.save(proto, tmp)
         onnx.checker.check_model(proto)
         op_types = check_standard_ops(proto)
         actual_opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), chosen_opset)
