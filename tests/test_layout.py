@@ -23,7 +23,7 @@ LAYERS: Dict[str, float] = {
     "vitfast.nn": 2, "vitfast.arch": 2,
     "vitfast.training": 3, "vitfast.io.trainer_checkpoint": 3, "vitfast.io.head_ranking": 3, "vitfast.recipes": 3,
     "vitfast.methods": 4,
-    "vitfast.convert": 5, "vitfast.fusion": 5, "vitfast.patch": 5, "vitfast.io": 5, "vitfast.export": 5,
+    "vitfast.convert": 5, "vitfast.fusion": 5, "vitfast.patch": 5, "vitfast.io": 5, "vitfast.export": 5, "vitfast.onnx_qdq": 5,
     "vitfast.cuda_graphs": 5, "vitfast.quant": 5, "vitfast.bench": 5, "vitfast.bench_runtimes": 5,
     "vitfast.bench_report": 5, "vitfast.measure": 5, "vitfast.models": 5,
     "vitfast.cli": 6, "vitfast.demos": 6, "vitfast.__main__": 6, "vitfast": 6,
