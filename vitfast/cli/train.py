@@ -180,7 +180,8 @@ def run(args) -> int:
         settings["explicit"] = sorted(given)  # which settings were flags, not recipe values (messages)
         apply_recipe(settings, resolve_settings(settings, given, recipe), given=given)
         settings["lr_schedule"] = "timm" if recipe is not None else "legacy"
-        method_keys_before_model(settings)
+        method_keys_before_model(settings, timm_name=not builds_student(args) and args.source is not None
+                                 and not os.path.exists(args.source))
         settings["threads"] = torch.get_num_threads()  # restored by --resume (see there)
         if settings["steps"] is None and settings["epochs"] is None:
             settings["epochs"] = 10
