@@ -269,7 +269,8 @@ def test_dwconv_frozen_recipe_trains_only_the_replaced_heads():
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     # Table A.1: the value rows, the kernels and the output projection of the replaced block (W^V, W^O, K)
     expected = {name for name, _ in model.named_parameters()
-                if name.startswith(("blocks.1.attn.value.", "blocks.1.attn.proj.")) or name == "blocks.1.attn.conv_kernel"}
+                if name.startswith(("blocks.1.attn.value.", "blocks.1.attn.proj."))
+                or name == "blocks.1.attn.conv_kernel"}
     assert trainable == expected and "blocks.1.attn.proj.weight" in expected
 
 
