@@ -243,3 +243,34 @@ def test_usdc_recipe_trains_with_one_learning_rate(tmp_path, capsys):
         assert len(peaks) == (1 if scale == 1.0 else 2), peaks
         if scale != 1.0:
             assert peaks[1] == pytest.approx(scale * peaks[0])
+
+
+def test_a_run_stored_before_the_rules_resumes_on_its_own_groups(tmp_path, capsys, monkeypatch):
+    """A dwconv:frozen run written before γ's `_weight_decay` was honoured and before the frozen stage trained W^O
+    (no `param_rules` in its settings): its optimizer state holds those groups, and --resume rebuilds them."""
+    from vitfast.cli import _paper_recipe
+    from vitfast.io.trainer_checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
+    from vitfast.training import schedules
+
+    new_rules = schedules.no_decay_names
+    real_freeze = _paper_recipe._freeze_backbone
+    with monkeypatch.context() as m:  # the earlier code: every 1-D parameter excluded, W^O frozen
+        m.setattr(schedules, "no_decay_names", lambda model: new_rules(model) | {
+            n for n, p in model.named_parameters() if p.ndim <= 1})
+        m.setattr(_paper_recipe, "_freeze_backbone", lambda model: real_freeze(model, legacy=True))
+        code, _, err = run_cli(["train", *MODEL, "--dwconv-blocks", "[0]", "--ensemble", "--recipe", "dwconv:frozen",
+                                "--steps", "2", "--batch-size", "32", "--no-progress", "--out", str(tmp_path / "r")],
+                               capsys)
+    assert code == 0, err
+    path = str(tmp_path / "r" / "trainer.pt")
+    state = load_trainer_checkpoint(path)
+    settings = json.loads(state["extra"]["train_settings"])
+    assert settings.pop("param_rules") == _paper_recipe.PARAM_RULES
+    # with today's rules the stored groups do not fit: the optimizer refuses the state
+    code, _, err = run_cli(["train", "--resume", path, "--no-progress"], capsys)
+    assert code == 2 and "doesn't match the size of optimizer's group" in err
+    state["extra"]["train_settings"] = json.dumps(settings)
+    save_trainer_checkpoint(state, path)
+    code, out, err = run_cli(["train", "--resume", path, "--no-progress"], capsys)
+    assert code == 0, err
+    assert "nothing to train" in out

@@ -18,6 +18,9 @@ from vitfast.cli._common import unit_float
 # The settings of `vitfast train` these options add (stored in the checkpoint; --resume refuses to change them).
 RECIPE_SETTINGS = ("recipe", "optimizer", "min_lr", "warmup_lr", "layer_decay", "drop_path", "mixup", "cutmix",
                    "auto_augment", "color_jitter", "reprob")
+# Stored with every new run (settings["param_rules"]): γ decays by its `_weight_decay` mark and the frozen DW-conv
+# stage trains W^O.  A stored run without it resumes on the groups it was trained with (method_keys_after_model).
+PARAM_RULES = 1
 # Recipe keys that become `vitfast train` settings of the same name when the model / options they need are there.
 _METHOD_KEYS = {
     "nondeep": ("join_schedule", "join_steps", "diversity_weight", "global_pool"),
@@ -147,8 +150,15 @@ def method_keys_after_model(model, settings: Dict[str, Any], total_steps: int, *
 
     method = settings.get("recipe_method") or {}
     if resumed:
+        # A run stored before PARAM_RULES trained γ without weight decay (the 1-D rule won over `_weight_decay`)
+        # and froze W^O in the frozen stage: its optimizer state holds those groups, so it resumes on them.
+        legacy = settings.get("param_rules") is None
+        if legacy and any(isinstance(m, DWConvAttention) for m in model.modules()):
+            from vitfast.methods.dwconv import set_gamma_weight_decay
+
+            set_gamma_weight_decay(model, False)
         if method.get("freeze_backbone"):
-            _freeze_backbone(model)
+            _freeze_backbone(model, legacy=legacy)
         return
     dwconv_heads = [m for m in model.modules() if isinstance(m, DWConvAttention)]
     if nondeep_blocks(model):
@@ -192,9 +202,11 @@ def method_keys_after_model(model, settings: Dict[str, Any], total_steps: int, *
         print(f"note: not applied from the recipe: {what}")
 
 
-def _freeze_backbone(model) -> None:
+def _freeze_backbone(model, *, legacy: bool = False) -> None:
     """Table A.1 (DW-conv appendix A.3.1): the second stage trains only the replaced heads (vitfast.methods.dwconv.
-    freeze_backbone: their value rows, kernels, γ and output projection); everything else keeps its weights."""
+    freeze_backbone: their value rows, kernels, γ and output projection); everything else keeps its weights.
+    `legacy`: a run stored before PARAM_RULES, which also froze the output projection (resumed as it trained)."""
+    from vitfast.methods.dwconv import DWConvAttention
     from vitfast.methods.dwconv import freeze_backbone
 
     try:
@@ -202,6 +214,10 @@ def _freeze_backbone(model) -> None:
     except ValueError:
         raise CLIError("--recipe dwconv:frozen: trains only DW-conv heads, and the model has none "
                        "(give --dwconv-blocks/--dwconv-heads)") from None
+    if legacy:
+        for m in model.modules():
+            if isinstance(m, DWConvAttention):
+                m.proj.requires_grad_(False)
 
 
 def print_settings(resolved, recipe, data: str) -> None:

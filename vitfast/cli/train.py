@@ -46,6 +46,7 @@ from vitfast.cli._nondeep_args import NONDEEP_TRAIN_SETTINGS
 from vitfast.cli._nondeep_args import add_nondeep_args
 from vitfast.cli._nondeep_args import apply_join_settings
 from vitfast.cli._nondeep_args import nondeep_source
+from vitfast.cli._paper_recipe import PARAM_RULES
 from vitfast.cli._paper_recipe import RECIPE_SETTINGS
 from vitfast.cli._paper_recipe import add_paper_recipe_args
 from vitfast.cli._paper_recipe import apply_recipe
@@ -183,6 +184,7 @@ def run(args) -> int:
         method_keys_before_model(settings, timm_name=not builds_student(args) and args.source is not None
                                  and not os.path.exists(args.source))
         settings["threads"] = torch.get_num_threads()  # restored by --resume (see there)
+        settings["param_rules"] = PARAM_RULES  # which optimizer groups the run has (a resume rebuilds them)
         if settings["steps"] is None and settings["epochs"] is None:
             settings["epochs"] = 10
         if settings["steps"] is not None and settings["epochs"] is not None:
