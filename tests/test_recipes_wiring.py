@@ -135,6 +135,8 @@ def test_print_shows_the_method_settings_applied_with_their_sources(recipe, keys
 def test_an_explicit_global_pool_overrides_the_recipe(capsys):
     lines = print_lines(["--recipe", "nondeep", "--global-pool", "token"], capsys)
     assert lines["global_pool"].split()[1] == "token" and "explicit" in lines["global_pool"]
+    lines = print_lines(["--recipe", "nondeep", "--join-start", "0.25"], capsys)
+    assert "not used: --join-start 0.25 given" in lines["join_start_fraction"]
 
 
 # ---------------------------------------------------------------------------------------------- runs

@@ -103,6 +103,8 @@ def resolve_settings(settings: Dict[str, Any], given: Dict[str, Any], recipe) ->
         resolved["steps"] = Setting(given["steps"], "explicit")
         if resolved.get("epochs") is not None and resolved["epochs"].origin == "recipe":
             resolved["epochs"].note += "; not used: --steps sets the length"
+    if given.get("join_start") is not None and resolved.get("join_start_fraction") is not None:
+        resolved["join_start_fraction"].note += f"; not used: --join-start {given['join_start']:g} given"
     return resolved
 
 
