@@ -1,9 +1,11 @@
 """`vitfast train --recipe NAME`: a paper's training settings (vitfast.recipes) merged with the explicit options, the
 optimizer / schedule / augmentation options they map onto, and `--print` (the resolved settings and their sources).
 
-A recipe is a plain dict; this module maps its keys onto `vitfast train`'s own settings.  Keys whose option does not
-exist yet are shown as "not applied yet" by --print (vitfast.recipes.resolve.NOT_APPLIED_YET), never dropped
-silently."""
+A recipe is a plain dict; this module maps its keys onto `vitfast train`'s own settings.  A method key applies to the
+model it belongs to (non-deep pooling and joining with --branches, DW-conv's γ decay and frozen stage with DW-conv
+heads, USDC's single lr with gates); for another model a printed note says it was not applied.  Keys whose option
+does not exist yet are shown as "not applied yet" by --print (vitfast.recipes.resolve.NOT_APPLIED_YET), never
+dropped silently."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -16,9 +18,12 @@ from vitfast.cli._common import unit_float
 # The settings of `vitfast train` these options add (stored in the checkpoint; --resume refuses to change them).
 RECIPE_SETTINGS = ("recipe", "optimizer", "min_lr", "warmup_lr", "layer_decay", "drop_path", "mixup", "cutmix",
                    "auto_augment", "color_jitter", "reprob")
+# Stored with every new run (settings["param_rules"]): γ decays by its `_weight_decay` mark and the frozen DW-conv
+# stage trains W^O.  A stored run without it resumes on the groups it was trained with (method_keys_after_model).
+PARAM_RULES = 1
 # Recipe keys that become `vitfast train` settings of the same name when the model / options they need are there.
 _METHOD_KEYS = {
-    "nondeep": ("join_schedule", "join_steps", "diversity_weight"),
+    "nondeep": ("join_schedule", "join_steps", "diversity_weight", "global_pool"),
     "dwconv": ("remove_cls",),
     "usdc": ("arch_lr_scale",),
     "distill": ("distill", "alpha", "alpha_schedule", "harmonic"),
@@ -98,6 +103,8 @@ def resolve_settings(settings: Dict[str, Any], given: Dict[str, Any], recipe) ->
         resolved["steps"] = Setting(given["steps"], "explicit")
         if resolved.get("epochs") is not None and resolved["epochs"].origin == "recipe":
             resolved["epochs"].note += "; not used: --steps sets the length"
+    if given.get("join_start") is not None and resolved.get("join_start_fraction") is not None:
+        resolved["join_start_fraction"].note += f"; not used: --join-start {given['join_start']:g} given"
     return resolved
 
 
@@ -116,34 +123,51 @@ def apply_recipe(settings: Dict[str, Any], resolved, *, given: Dict[str, Any]) -
     recipe_keys = {k: s for k, s in resolved.items() if s.origin == "recipe"}
     settings["recipe_method"] = {k: (list(s.value) if isinstance(s.value, tuple) else s.value)
                                  for k, s in recipe_keys.items()
-                                 if k in ("join_start_fraction", "freeze_backbone")
+                                 if k in ("join_start_fraction", "freeze_backbone", "gamma_weight_decay")
                                  or any(k in keys for keys in _METHOD_KEYS.values())}
 
 
-def method_keys_before_model(settings: Dict[str, Any]) -> None:
-    """Recipe method keys that shape the model (DW-conv's class token): only with the options they belong to."""
+def method_keys_before_model(settings: Dict[str, Any], *, timm_name: bool) -> None:
+    """Recipe method keys that shape the model when it is built from a timm name (`timm_name`; a file keeps its
+    tokens): DW-conv's class-token removal with --dwconv-blocks/--dwconv-heads, the non-deep model's global
+    average pooling (class token dropped, `from_timm(branches=n, global_pool="avg")`) with --branches."""
     method = settings.get("recipe_method") or {}
+    if not timm_name:
+        return
     if "remove_cls" in method and settings.get("remove_cls") is None and (
             settings.get("dwconv_blocks") is not None or settings.get("dwconv_heads") is not None):
         settings["remove_cls"] = method["remove_cls"] or None
+    if method.get("global_pool") is not None and settings.get("global_pool") is None \
+            and settings.get("branches") is not None:
+        settings["global_pool"] = method["global_pool"]
 
 
 def method_keys_after_model(model, settings: Dict[str, Any], total_steps: int, *, resumed: bool = False) -> None:
-    """Recipe method keys for the built model: non-deep joining (join start as a fraction of the run), USDC's
-    single lr, the distillation loss (with --teacher), the frozen backbone of DW-conv's second stage.  A resumed
-    run has the values in its stored settings already; only the frozen parameters (not stored) are set again."""
+    """Recipe method keys for the built model, before its optimizer is: non-deep joining (the join start stays a
+    fraction of the run: `JoinSchedule.pretrain_then_join`), USDC's single lr, the distillation loss (with
+    --teacher), DW-conv's γ weight decay and the frozen backbone of its second stage.  A resumed run has the values
+    in its stored settings and model description already; only the frozen parameters (not stored) are set again."""
     from vitfast.cli._models import nondeep_blocks
+    from vitfast.methods.dwconv import DWConvAttention
 
     method = settings.get("recipe_method") or {}
     if resumed:
+        # A run stored before PARAM_RULES trained γ without weight decay (the 1-D rule won over `_weight_decay`)
+        # and froze W^O in the frozen stage: its optimizer state holds those groups, so it resumes on them.
+        legacy = settings.get("param_rules") is None
+        if legacy and any(isinstance(m, DWConvAttention) for m in model.modules()):
+            from vitfast.methods.dwconv import set_gamma_weight_decay
+
+            set_gamma_weight_decay(model, False)
         if method.get("freeze_backbone"):
-            freeze_all_but_dwconv_heads(model)
+            _freeze_backbone(model, legacy=legacy)
         return
+    dwconv_heads = [m for m in model.modules() if isinstance(m, DWConvAttention)]
     if nondeep_blocks(model):
         if "join_start_fraction" in method and settings.get("join_start") is None:
-            settings["join_start"] = int(round(method["join_start_fraction"] * total_steps))
+            settings["join_start"] = float(method["join_start_fraction"])  # a fraction (< 1) of the run's steps
         for key in _METHOD_KEYS["nondeep"]:
-            if key in method and settings.get(key) is None:
+            if key in method and settings.get(key) is None and key != "global_pool":
                 settings[key] = method[key]
     if "arch_lr_scale" in method and settings.get("arch_lr_scale") is None:
         settings["arch_lr_scale"] = method["arch_lr_scale"]
@@ -155,11 +179,22 @@ def method_keys_after_model(model, settings: Dict[str, Any], total_steps: int, *
             for key in ("alpha", "alpha_schedule", "harmonic"):
                 if method.get(key) is not None:
                     settings[key] = method[key]
+    if method.get("gamma_weight_decay") is not None and dwconv_heads:
+        # True is the heads' default; set anyway so a file converted before the option follows the paper too
+        from vitfast.methods.dwconv import set_gamma_weight_decay
+
+        set_gamma_weight_decay(model, bool(method["gamma_weight_decay"]))
     if method.get("freeze_backbone"):
-        freeze_all_but_dwconv_heads(model)
+        _freeze_backbone(model)
     unused = []  # said aloud, never dropped silently
-    if not nondeep_blocks(model) and any(k in method for k in ("join_start_fraction",) + _METHOD_KEYS["nondeep"]):
+    if not nondeep_blocks(model) and any(k in method for k in ("join_start_fraction",) + _METHOD_KEYS["nondeep"]
+                                         if k != "global_pool"):
         unused.append("the joining schedule (the model has no branches: --branches n)")
+    if method.get("global_pool") is not None and settings.get("global_pool") is None:
+        unused.append(f"global_pool={method['global_pool']!r} (only for a non-deep model built from a timm name "
+                      f"with --branches n; a file keeps the pooling it was made with)")
+    if method.get("gamma_weight_decay") is False and not dwconv_heads:
+        unused.append("γ's weight decay (the model has no DW-conv heads)")
     if method.get("remove_cls") and settings.get("remove_cls") is None:
         unused.append("removing the class token (only with --dwconv-blocks/--dwconv-heads on a timm name; a file "
                       "keeps the tokens it was converted with)")
@@ -169,26 +204,22 @@ def method_keys_after_model(model, settings: Dict[str, Any], total_steps: int, *
         print(f"note: not applied from the recipe: {what}")
 
 
-def freeze_all_but_dwconv_heads(model) -> int:
-    """Table A.1 (DW-conv appendix A.3.1): the second stage trains only the replaced heads (their value rows,
-    kernels and γ); everything else keeps its first-stage weights.  Returns the count of trainable parameters."""
-    from vitfast.methods.dwconv.modules import DWConvAttention
+def _freeze_backbone(model, *, legacy: bool = False) -> None:
+    """Table A.1 (DW-conv appendix A.3.1): the second stage trains only the replaced heads (vitfast.methods.dwconv.
+    freeze_backbone: their value rows, kernels, γ and output projection); everything else keeps its weights.
+    `legacy`: a run stored before PARAM_RULES, which also froze the output projection (resumed as it trained)."""
+    from vitfast.methods.dwconv import DWConvAttention
+    from vitfast.methods.dwconv import freeze_backbone
 
-    heads = [m for m in model.modules() if isinstance(m, DWConvAttention)]
-    if not heads:
+    try:
+        freeze_backbone(model)
+    except ValueError:
         raise CLIError("--recipe dwconv:frozen: trains only DW-conv heads, and the model has none "
-                       "(give --dwconv-blocks/--dwconv-heads)")
-    for p in model.parameters():
-        p.requires_grad_(False)
-    count = 0
-    for m in heads:
-        for name in ("value", "conv_kernel", "gamma"):
-            part = getattr(m, name, None)
-            params = part.parameters() if hasattr(part, "parameters") else ([part] if part is not None else [])
-            for p in params:
-                p.requires_grad_(True)
-                count += p.numel()
-    return count
+                       "(give --dwconv-blocks/--dwconv-heads)") from None
+    if legacy:
+        for m in model.modules():
+            if isinstance(m, DWConvAttention):
+                m.proj.requires_grad_(False)
 
 
 def print_settings(resolved, recipe, data: str) -> None:

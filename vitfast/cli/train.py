@@ -46,6 +46,7 @@ from vitfast.cli._nondeep_args import NONDEEP_TRAIN_SETTINGS
 from vitfast.cli._nondeep_args import add_nondeep_args
 from vitfast.cli._nondeep_args import apply_join_settings
 from vitfast.cli._nondeep_args import nondeep_source
+from vitfast.cli._paper_recipe import PARAM_RULES
 from vitfast.cli._paper_recipe import RECIPE_SETTINGS
 from vitfast.cli._paper_recipe import add_paper_recipe_args
 from vitfast.cli._paper_recipe import apply_recipe
@@ -180,8 +181,10 @@ def run(args) -> int:
         settings["explicit"] = sorted(given)  # which settings were flags, not recipe values (messages)
         apply_recipe(settings, resolve_settings(settings, given, recipe), given=given)
         settings["lr_schedule"] = "timm" if recipe is not None else "legacy"
-        method_keys_before_model(settings)
+        method_keys_before_model(settings, timm_name=not builds_student(args) and args.source is not None
+                                 and not os.path.exists(args.source))
         settings["threads"] = torch.get_num_threads()  # restored by --resume (see there)
+        settings["param_rules"] = PARAM_RULES  # which optimizer groups the run has (a resume rebuilds them)
         if settings["steps"] is None and settings["epochs"] is None:
             settings["epochs"] = 10
         if settings["steps"] is not None and settings["epochs"] is not None:

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 
 from .registry import KEYS, get_recipe
 
-__all__ = ["Setting", "resolve", "format_settings", "TRAINER_DEFAULTS", "NOT_APPLIED_YET"]
+__all__ = ["Setting", "resolve", "format_settings", "TRAINER_DEFAULTS", "NOT_APPLIED_YET", "APPLIED_WHEN",
+           "APPLIED_ELSEWHERE"]
 
 # Without a recipe: sensible for small data (a few thousand images, a few hundred to a few thousand steps; the
 # digits) — documented in docs/training.md.  `None` means "off".
@@ -28,10 +29,25 @@ TRAINER_DEFAULTS: Dict[str, Any] = {
 
 # Recipe settings whose option is not in vitfast yet: shown by --print, never silently dropped.
 NOT_APPLIED_YET: Dict[str, str] = {
-    "global_pool": "non-deep global average pooling is not an option of from_timm(branches=...) yet",
-    "dwconv_cls": "Σ_h over patch tokens only (cls='exclude') is not an option yet",
-    "gamma_weight_decay": "γ of the DW-conv heads is marked no-decay; decaying it is not an option yet",
     "repeated_aug": "repeated augmentation (DeiT's RASampler) is not implemented",
+}
+
+# Method settings `vitfast train --recipe` applies only to the model they belong to (elsewhere a printed note says
+# they were not applied), or that another command applies: --print says which.
+APPLIED_WHEN: Dict[str, str] = {
+    "global_pool": "to a non-deep model built from a timm name (--branches n): --global-pool",
+    "join_start_fraction": "to a non-deep model: --join-start as a fraction (JoinSchedule.pretrain_then_join)",
+    "join_steps": "to a non-deep model: --join-steps",
+    "join_schedule": "to a non-deep model: --join-schedule",
+    "diversity_weight": "to a non-deep model: --diversity-weight",
+    "remove_cls": "to DW-conv heads built from a timm name: --remove-cls",
+    "gamma_weight_decay": "to DW-conv heads with γ (--ensemble): set_gamma_weight_decay; True is their default",
+    "freeze_backbone": "to a model with DW-conv heads: freeze_backbone (only the heads train)",
+    "arch_lr_scale": "to a USDC model's decision parameters: --arch-lr-scale",
+}
+APPLIED_ELSEWHERE: Dict[str, str] = {
+    "dwconv_cls": "used by `vitfast select-heads --cls exclude`, which writes the Σ_h --ranking train reads "
+                  "(train computes no Σ_h)",
 }
 
 
@@ -96,11 +112,17 @@ def resolve(recipe: Union[str, Mapping[str, Any], None], explicit: Mapping[str, 
 
 def applies(key: str, setting: Setting, *, data: Optional[str] = None,
             built_in: Optional[Mapping[str, Any]] = None) -> str:
-    """Whether a resolved setting takes effect: "applied", "built in: ..." (`built_in`: {key: (where, value)} of
-    the constants a method fixes), "not applied yet: ..." (a recipe setting whose option does not exist) or
-    "not applicable: ..." (for this data)."""
+    """Whether a resolved setting takes effect: "applied", "applied to ..." (a method setting, for the model it
+    belongs to), "not applied by train: ..." (another command applies it), "built in: ..." (`built_in`: {key:
+    (where, value)} of the constants a method fixes), "not applied yet: ..." (a recipe setting whose option does not
+    exist) or "not applicable: ..." (for this data)."""
     if key in NOT_APPLIED_YET and setting.value not in (None, False):
         return f"not applied yet: {NOT_APPLIED_YET[key]}"
+    if key in APPLIED_ELSEWHERE and setting.value is not None:
+        return f"not applied by train: {APPLIED_ELSEWHERE[key]}"
+    if key in APPLIED_WHEN and setting.value is not None \
+            and not (setting.value is False and key in ("freeze_backbone", "remove_cls")):  # False: nothing to do
+        return f"applied {APPLIED_WHEN[key]}"
     if built_in and key in built_in:
         where, constant = built_in[key]
         same = "the paper's value" if constant == setting.value else f"NOT the paper's {setting.value}"

@@ -13,7 +13,8 @@ Weight-decay groups: `param_groups` (decay group first, the order existing check
 in) or, with layer-wise lr decay, timm's `param_groups_layer_decay`.  Both exclude the same parameters,
 `no_decay_names`: timm's rules (1-D parameters and `no_weight_decay()` names) plus the `_no_weight_decay` marks the
 methods put on λ, gate logits and kernels, which timm's helpers do not know (they are passed as its
-`no_weight_decay_list`).
+`no_weight_decay_list`), less the 1-D parameters a module marks `_weight_decay` (DW-conv's γ: the paper decays it),
+which timm's helper would exclude by its 1-D rule (they are moved to their layer's decay group).
 """
 from __future__ import annotations
 
@@ -50,11 +51,17 @@ def no_decay_names(model: nn.Module) -> Set[str]:
     (norm scales and every bias), names listed by any module's `no_weight_decay()` (timm: pos_embed, cls_token, ...)
     or matching its `no_weight_decay_keywords()` (Swin's relative position tables), parameters carrying an attribute
     `_no_weight_decay = True`, and parameters of a module whose `_no_weight_decay` is True (all its direct
-    parameters), a name, or an iterable of its parameter names.  Gate logits, λ, γ and similar method parameters
-    opt out this way.  A parameter shared under two names is listed under every name it has."""
-    skip_names, keywords = set(), set()
+    parameters), a name, or an iterable of its parameter names.  Gate logits, λ and similar method parameters opt
+    out this way.  A module's `_weight_decay` (an iterable of its parameter names) opts back in: those decay although
+    1-D — the DW-conv paper's γ (appendix A.2.1 excludes only the kernels; `set_gamma_weight_decay`) — and wins
+    over every rule above, being the most specific.  A parameter shared under two names is listed under every name
+    it has."""
+    skip_names, keywords, force_names = set(), set(), set()
     for mname, module in model.named_modules():
         prefix = f"{mname}." if mname else ""
+        force = getattr(module, "_weight_decay", None)
+        if force and not isinstance(force, (bool, str)):
+            force_names.update(prefix + n for n in force)
         if callable(getattr(module, "no_weight_decay", None)):
             try:
                 skip_names.update(prefix + n for n in module.no_weight_decay())
@@ -71,6 +78,8 @@ def no_decay_names(model: nn.Module) -> Set[str]:
             skip_names.add(prefix + mark)
     names = set()
     for name, p in model.named_parameters(remove_duplicate=False):
+        if name in force_names:
+            continue
         if (p.ndim <= 1 or name in skip_names or any(k in name for k in keywords)
                 or getattr(p, "_no_weight_decay", False)):
             names.add(name)
@@ -108,10 +117,29 @@ def layer_decay_groups(model: nn.Module, weight_decay: float, layer_decay: float
     schedulers apply."""
     from timm.optim import param_groups_layer_decay
 
-    skip = sorted(no_decay_names(model))
+    skip = no_decay_names(model)
     # fnmatch patterns: parameter names hold no wildcard characters, but escape them anyway
-    escaped = [n.replace("[", "[[]").replace("*", "[*]").replace("?", "[?]") for n in skip]
-    return param_groups_layer_decay(model, weight_decay, no_weight_decay_list=escaped, layer_decay=float(layer_decay))
+    escaped = [n.replace("[", "[[]").replace("*", "[*]").replace("?", "[?]") for n in sorted(skip)]
+    groups = param_groups_layer_decay(model, weight_decay, no_weight_decay_list=escaped,
+                                      layer_decay=float(layer_decay))
+    # timm's helper excludes every 1-D parameter itself; those `no_decay_names` keeps decayed (a module's
+    # `_weight_decay`, e.g. DW-conv's γ) move to the decay group of their layer (same lr_scale)
+    keep = {id(p) for n, p in model.named_parameters() if p.ndim <= 1 and n not in skip}
+    if not keep or not weight_decay:
+        return groups
+    out = [dict(g, params=[p for p in g["params"] if not (g["weight_decay"] == 0.0 and id(p) in keep)])
+           for g in groups]
+    for g in groups:
+        moved = [p for p in g["params"] if g["weight_decay"] == 0.0 and id(p) in keep]
+        if not moved:
+            continue
+        target = next((t for t in out if t["weight_decay"] != 0.0 and t["lr_scale"] == g["lr_scale"]), None)
+        if target is None:
+            target = {**{k: v for k, v in g.items() if k != "params"}, "weight_decay": float(weight_decay),
+                      "params": []}
+            out.append(target)
+        target["params"].extend(moved)
+    return [g for g in out if g["params"]]
 
 
 def timm_cosine(optimizer, total_steps: int, warmup_steps: int, min_lr: float, warmup_lr: float):

@@ -115,7 +115,8 @@ class Trainer:
         optimizer: "adamw" (default), "sgd", "lamb" or another `timm.optim.create_optimizer_v2` name, or a callable
             `param_groups -> torch.optim.Optimizer`.
         lr, weight_decay, betas, momentum: optimizer settings (weight decay skips norms, biases, pos-embed,
-            cls token and parameters marked `_no_weight_decay`; see `vitfast.training.schedules.no_decay_names`).
+            cls token and parameters marked `_no_weight_decay`, but decays a module's `_weight_decay` names, e.g.
+            DW-conv's γ; see `vitfast.training.schedules.no_decay_names`).
         layer_decay: timm's layer-wise lr decay (lr × layer_decay^(depth − layer)); needs lr_schedule "timm".
         warmup_steps / warmup_fraction: linear warm-up length (steps, or a fraction of total_steps).
         min_lr: the cosine's floor (absolute; scaled per param group).
