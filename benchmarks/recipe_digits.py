@@ -149,12 +149,7 @@ def record(rows: List[Dict[str, Any]], conditions: str) -> str:
                   "resume_exact": {None: "–", True: "yes", False: "NO"}[r["resume_exact"]],
                   "recipe_lr": f"{r['recipe_lr']:.3g}"} for r in rows],
     }
-    original = results_file.machine
-    results_file.machine = lambda device="cpu": box
-    try:
-        return results_file.record("recipe_digits", table)
-    finally:
-        results_file.machine = original
+    return results_file.record("recipe_digits", table, box=box)
 
 
 def main(argv=None) -> int:

@@ -63,9 +63,9 @@ def software() -> Dict[str, str]:
 
 
 def record(name: str, table: Dict[str, Any], *, device: str = "cpu", directory: str = RESULTS,
-           date: Optional[str] = None) -> str:
+           date: Optional[str] = None, box: Optional[Dict[str, str]] = None) -> str:
     """Put `table` (title, script, command, conditions, columns, rows) under `name` in today's file for this
-    machine; returns the file's path."""
+    machine (or for `box`, a {"id", "description"} such as an accuracy study's own file); returns the file's path."""
     missing = [k for k in ("title", "script", "command", "columns", "rows") if k not in table]
     if missing:
         raise ValueError(f"table: expected the keys {missing}, not found")
@@ -74,7 +74,7 @@ def record(name: str, table: Dict[str, Any], *, device: str = "cpu", directory: 
     from vitfast.io.atomic import atomic_write
 
     date = date or datetime.date.today().isoformat()
-    box = machine(device)
+    box = box or machine(device)
     path = os.path.join(directory, f"{date}-{box['id']}.json")
     data: Dict[str, Any] = {"schema": SCHEMA, "date": date, "machine": box, "software": software(), "tables": {}}
     if os.path.exists(path):

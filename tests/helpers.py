@@ -212,3 +212,22 @@ def layerscale_vit(img_size=(32, 40), patch=8, dim=32, depth=3, heads=4, seed=0,
 def model_images(model, batch=2, seed=1):
     """A seeded batch of images of the model's input size."""
     return torch.randn(batch, 3, *model.patch_embed.img_size, generator=torch.Generator().manual_seed(seed))
+
+
+def recipe_tiny_vit(seed=0, **kw):
+    """The recipe tests' timm ViT: 16×16 input, patch 4, width 32, 2 blocks, 2 heads, 10 classes."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(seed)
+    cfg = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=10)
+    cfg.update(kw)
+    return VisionTransformer(**cfg)
+
+
+def run_cli(argv, capsys):
+    """`vitfast ARGV` in this process: (exit status, stdout, stderr)."""
+    from vitfast.cli import main
+
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err

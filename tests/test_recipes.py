@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from helpers import recipe_tiny_vit as tiny_vit, run_cli
 from vitfast.recipes import RECIPES, get_recipe, recipe_names, resolve
 from vitfast.training.data import digits_loaders
 from vitfast.training.trainer import Trainer
@@ -15,23 +16,6 @@ from vitfast.training.trainer import Trainer
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 PAPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "papers")
-
-
-def tiny_vit(seed=0, **kw):
-    from timm.models.vision_transformer import VisionTransformer
-
-    torch.manual_seed(seed)
-    cfg = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=10)
-    cfg.update(kw)
-    return VisionTransformer(**cfg)
-
-
-def run_cli(argv, capsys):
-    from vitfast.cli import main
-
-    code = main(argv)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
+from helpers import recipe_tiny_vit as tiny_vit, run_cli
 import vitfast
-from vitfast.methods.dwconv import DWConvAttention, set_gamma_weight_decay
+from vitfast.methods.dwconv import set_gamma_weight_decay
 from vitfast.training.data import digits_loaders
 from vitfast.training.schedules import no_decay_names, param_groups
 from vitfast.training.trainer import Trainer
@@ -16,23 +17,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODEL = ["vit_tiny_patch16_224", "--img-size", "16", "--model-kwargs",
          '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 4}']
-
-
-def tiny_vit(seed=0, **kw):
-    from timm.models.vision_transformer import VisionTransformer
-
-    torch.manual_seed(seed)
-    cfg = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=10)
-    cfg.update(kw)
-    return VisionTransformer(**cfg)
-
-
-def run_cli(argv, capsys):
-    from vitfast.cli import main
-
-    code = main(argv)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def print_lines(argv, capsys):
