@@ -72,7 +72,8 @@ class _Provider:
         self.call(x)
 
     def call(self, x: torch.Tensor) -> Any:
-        raise NotImplementedError
+        """One timed forward of `x`; every provider class below defines it (this base is never used alone)."""
+        raise NotImplementedError(f"{type(self).__name__}.call")
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
         """The logits of `x` as a CPU float32 tensor (the accuracy check; not timed)."""

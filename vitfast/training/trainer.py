@@ -304,9 +304,7 @@ class Trainer:
             if not callable(fn):
                 raise TypeError(f"schedules: expected callables fn(step, total_steps), got {fn!r}")
 
-        if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
-            raise ValueError(f"grad_accum: expected a positive integer, got {grad_accum!r}")
-        self.grad_accum = grad_accum
+        self.grad_accum = grad_accum  # checked at the top
         if amp is not None and amp not in AMP_DTYPES:
             raise ValueError(f"amp: expected None, 'bf16' or 'fp16', got {amp!r}")
         if amp == "fp16" and self.device.type != "cuda":
