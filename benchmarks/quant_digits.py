@@ -287,14 +287,20 @@ def table(rows: List[Dict[str, Any]], args) -> Dict[str, Any]:
     }
 
 
-def record(tab: Dict[str, Any]) -> str:
+def study_box() -> Dict[str, str]:
+    """The results file of the digits int8 accuracy studies (this one and quant_ffn_two_paths.py)."""
     sys.path.insert(0, HERE)
     import results_file
 
     box = results_file.machine()
-    box = {"id": f"{box['id'].rsplit('-', 1)[0]}-quant-digits",
-           "description": f"{box['description']}; one thread; accuracy on scikit-learn's digits (seeded)"}
-    return results_file.record("quant_digits", tab, box=box)
+    return {"id": f"{box['id'].rsplit('-', 1)[0]}-quant-digits",
+            "description": f"{box['description']}; one thread; accuracy on scikit-learn's digits (seeded)"}
+
+
+def record(tab: Dict[str, Any]) -> str:
+    import results_file
+
+    return results_file.record("quant_digits", tab, box=study_box())
 
 
 def main(argv=None) -> int:
