@@ -52,20 +52,20 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from .._threads import set_threads
 from ..io.trainer_checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from . import distributed as _dist
 from .checkpoint_state import load_trainer_state, trainer_state
 from .data import _mix
+from .data_order import epoch_batches
+from .progress import progress_bar, show_metrics
 from .rng import _set_rng_state, seed_everything
 from .schedules import _WarmupCosine, layer_decay_groups, param_groups, timm_cosine
 from .settings import resolve_total_steps, resolve_train_settings
@@ -471,40 +471,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ data order
     def _epoch_iterator(self, epoch: int, skip_batches: int):
-        loader = self.train_loader
-        if loader is None:
-            raise ValueError("train_loader: fit() needs a training loader, got None")
-        sampler = getattr(loader, "sampler", None)
-        fast_skip = False
-        if isinstance(loader, DataLoader):
-            # The data order and worker seeds come from (seed, epoch) only, never from the global RNG state,
-            # so a resumed run reproduces the interrupted one's batches.
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
-            elif isinstance(sampler, RandomSampler):
-                sampler.generator = torch.Generator().manual_seed(_mix(self.seed, epoch, 0x5A3))
-            loader.generator = torch.Generator().manual_seed(_mix(self.seed, epoch, 0x3C7))
-        elif hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        self._epoch_limit = None
-        if self.grad_accum > 1:
-            try:
-                self._epoch_limit = len(loader) // self.grad_accum * self.grad_accum
-            except TypeError:
-                pass  # no length: accumulation may straddle epochs
-        if skip_batches and self._epoch_limit is not None and skip_batches >= self._epoch_limit:
-            # Resumed exactly at the end of an epoch with accumulation: nothing is left of it.  Positioning the
-            # sampler here (set_start) was never consumed, since no batch is read, and shifted the *next* epoch.
-            return iter(())
-        if isinstance(loader, DataLoader):
-            batch_sampler = loader.batch_sampler
-            if skip_batches and hasattr(sampler, "set_start") and type(batch_sampler) is BatchSampler:
-                sampler.set_start(min(skip_batches * loader.batch_size, len(sampler)))
-                fast_skip = True
-        it = iter(loader)
-        if skip_batches and not fast_skip:
-            for _ in range(skip_batches):  # no cheaper way for an arbitrary loader: read and drop
-                next(it)
+        it, self._epoch_limit = epoch_batches(self.train_loader, epoch, skip_batches, self.seed, self.grad_accum)
         return it
 
     def _next_batch(self):
@@ -537,18 +504,7 @@ class Trainer:
         until = self.total_steps if until_step is None else int(until_step)
         if not self.step <= until <= self.total_steps:
             raise ValueError(f"until_step: expected {self.step} <= until_step <= {self.total_steps}, got {until_step!r}")
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=self.total_steps,
-            initial=self.step,
-            desc=self.desc,
-            disable=not (self.progress and _is_main_process()),
-            dynamic_ncols=True,
-            leave=True,
-            # a log file is not a terminal: redraw rarely there instead of writing thousands of bar lines
-            mininterval=0.1 if getattr(sys.stderr, "isatty", lambda: False)() else 5.0,
-        )
+        bar = progress_bar(self.total_steps, self.step, self.desc, self.progress and _is_main_process())
         start = time.perf_counter()
         steps_at_start = self.step
         stopped = False
@@ -617,14 +573,7 @@ class Trainer:
         return finished
 
     def _update_bar(self, bar) -> None:
-        if bar.disable or not self._window:
-            return
-        loss = sum(w[0] for w in self._window) / len(self._window)
-        acc = sum(w[1] for w in self._window) / max(1, sum(w[2] for w in self._window))
-        post = {"loss": f"{loss:.3f}", "lr": f"{self.history[-1]['lr']:.2e}", "acc": f"{acc:.3f}"}
-        if self.last_eval is not None:
-            post["val_acc"] = f"{self.last_eval['acc']:.3f}"
-        bar.set_postfix(post, refresh=False)
+        show_metrics(bar, self._window, self.history, self.last_eval)
 
     def _run_eval(self, bar=None) -> Dict[str, float]:
         metrics = self.evaluate()
