@@ -65,9 +65,10 @@ from . import distributed as _dist
 from .checkpoint_state import load_trainer_state, trainer_state
 from .data import _mix
 from .data_order import epoch_batches
+from .optim import make_optimizer, make_scheduler
 from .progress import progress_bar, show_metrics
 from .rng import _set_rng_state, seed_everything
-from .schedules import _WarmupCosine, layer_decay_groups, param_groups, timm_cosine
+from .schedules import layer_decay_groups, param_groups
 from .settings import resolve_total_steps, resolve_train_settings
 
 __all__ = ["Trainer", "Callback", "AMP_DTYPES"]
@@ -285,28 +286,11 @@ class Trainer:
         return torch.device("cpu")
 
     def _make_optimizer(self, optimizer, groups, betas, momentum) -> torch.optim.Optimizer:
-        if callable(optimizer):
-            opt = optimizer(groups)
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError(f"optimizer: the factory must return a torch.optim.Optimizer, got {type(opt).__name__}")
-            return opt
-        name = str(optimizer).lower()
-        if name == "sgd" and not momentum > 0:
-            return torch.optim.SGD(groups, lr=self.lr, momentum=0.0)  # timm's "sgd" is Nesterov, which needs momentum
-        from timm.optim import create_optimizer_v2, list_optimizers
-
-        if name not in list_optimizers():
-            raise ValueError(f"optimizer: expected 'adamw', 'sgd', 'lamb', another timm optimizer name or a callable, "
-                             f"got {optimizer!r}")
-        extra = {"betas": tuple(betas)} if any(k in name for k in ("adam", "lamb", "lion", "nadam")) else {}
-        # the groups carry their own weight decay (and lr_scale with layer decay): timm builds the optimizer only
-        return create_optimizer_v2(groups, opt=name, lr=self.lr, weight_decay=0.0, momentum=momentum, **extra)
+        return make_optimizer(optimizer, groups, self.lr, betas, momentum)
 
     def _make_scheduler(self, kind: str):
-        if kind == "timm":
-            return timm_cosine(self.optimizer, self.total_steps, self.warmup_steps, self.min_lr, self.warmup_lr)
-        return torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _WarmupCosine(self.total_steps, self.warmup_steps, self.min_lr / self.lr))
+        return make_scheduler(kind, self.optimizer, self.total_steps, self.warmup_steps, self.lr, self.min_lr,
+                              self.warmup_lr)
 
     # ------------------------------------------------------------------------------------------ hooks
     def add_schedule(self, fn: Callable[[int, int], Any]) -> None:
