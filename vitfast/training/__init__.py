@@ -1,5 +1,7 @@
-"""Training: the `Trainer` loop (trainer.py), LR schedules and weight-decay groups (schedules.py: vitfast's and
-timm's), RNG seeding and state (rng.py), data-parallel helpers (distributed.py) and the data loaders (data.py).
+"""Training: the `Trainer` loop (trainer.py) with its settings resolution (settings.py), optimizer and scheduler
+construction (optim.py), resumable state (checkpoint_state.py), data order (data_order.py) and progress bar
+(progress.py); LR schedules and weight-decay groups (schedules.py: vitfast's and timm's), RNG seeding and state
+(rng.py), data-parallel helpers (distributed.py) and the data loaders (data.py).
 The papers' recipes it applies (`Trainer(recipe=...)`) are data in `vitfast.recipes`.
 
 Nothing here knows a method: methods plug in through the Trainer's hooks (`set_step`, `extra_loss`, callbacks,

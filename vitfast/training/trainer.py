@@ -52,27 +52,24 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from .._threads import set_threads
-from ..io.trainer_checkpoint import (
-    CHECKPOINT_FORMAT,
-    CHECKPOINT_VERSION,
-    load_trainer_checkpoint,
-    save_trainer_checkpoint,
-)
+from ..io.trainer_checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from . import distributed as _dist
+from .checkpoint_state import load_trainer_state, trainer_state
 from .data import _mix
-from .rng import _rng_state, _set_rng_state, seed_everything
-from .schedules import _WarmupCosine, layer_decay_groups, param_groups, timm_cosine
+from .data_order import epoch_batches
+from .optim import make_optimizer, make_scheduler
+from .progress import progress_bar, show_metrics
+from .rng import _set_rng_state, seed_everything
+from .schedules import layer_decay_groups, param_groups
+from .settings import resolve_total_steps, resolve_train_settings
 
 __all__ = ["Trainer", "Callback", "AMP_DTYPES"]
 
@@ -199,92 +196,20 @@ class Trainer:
         self.model = model
         self.train_loader = train_loader
         self.val_loader = val_loader
-        if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
-            raise ValueError(f"grad_accum: expected a positive integer, got {grad_accum!r}")
-        try:
-            batches = len(train_loader)
-        except TypeError:
-            batches = None  # no length: accumulation may straddle epochs
-        if batches is not None and grad_accum > 1 and batches < grad_accum:
-            # An epoch must hold one optimizer step: fewer batches than grad_accum trained nothing and failed mid-run
-            raise ValueError(f"train_loader: expected at least grad_accum = {grad_accum} batches per epoch (one "
-                             f"optimizer step), got {batches}")
-        from ..recipes.resolve import resolve
-
-        loader_batch = getattr(train_loader, "batch_size", None)
-        global_batch = loader_batch * grad_accum * _dist.world_size() if isinstance(loader_batch, int) else None
-        self.settings = resolve(recipe, {
-            "optimizer": optimizer, "lr": lr, "weight_decay": weight_decay, "betas": betas, "min_lr": min_lr,
-            "warmup_lr": warmup_lr, "warmup": warmup_fraction, "layer_decay": layer_decay,
-            "label_smoothing": label_smoothing, "mixup": mixup, "cutmix": cutmix}, batch_size=global_batch)
-        if warmup_steps is not None:
-            self.settings["warmup"].origin, self.settings["warmup"].note = "explicit", f"{warmup_steps} steps"
-        from ..recipes.registry import KEYS
-
-        # what a Trainer cannot apply (the loaders and the model are built): `vitfast train --recipe` does
-        self.unapplied = {k: s for k, s in self.settings.items()
-                          if s.origin == "recipe" and KEYS.get(k) in ("data", "model", "method")}
-        value = {k: s.value for k, s in self.settings.items()}
-        optimizer, lr, weight_decay, betas = value["optimizer"], value["lr"], value["weight_decay"], value["betas"]
-        min_lr, warmup_lr, layer_decay = value["min_lr"], value["warmup_lr"], value["layer_decay"]
-        label_smoothing, warmup_fraction = value["label_smoothing"], value["warmup"]
-        mixup, cutmix = float(value["mixup"] or 0.0), float(value["cutmix"] or 0.0)
-        if total_steps is None and epochs is None and value.get("epochs"):
-            epochs = int(value["epochs"])  # the recipe's length, when the caller gives none
-        self.recipe = recipe if recipe is None or isinstance(recipe, str) else recipe.get("name", "custom")
-        if lr_schedule is None:
-            lr_schedule = "timm" if recipe is not None or layer_decay or warmup_lr is not None else "legacy"
-        if lr_schedule not in ("timm", "legacy"):
-            raise ValueError(f"lr_schedule: expected 'timm' or 'legacy', got {lr_schedule!r}")
-        if layer_decay and lr_schedule != "timm":
-            raise ValueError("layer_decay: needs lr_schedule='timm' (its groups' lr_scale is applied by timm's "
-                             "scheduler), got lr_schedule='legacy'")
-        if layer_decay is not None and not 0 < layer_decay <= 1:
-            raise ValueError(f"layer_decay: expected in (0, 1], got {layer_decay!r}")
-        for name, v in (("mixup", mixup), ("cutmix", cutmix)):
-            if not v >= 0:
-                raise ValueError(f"{name}: expected an alpha >= 0 (0: off), got {v!r}")
-        self.lr_schedule = lr_schedule
-        self.total_steps = self._resolve_total_steps(total_steps, epochs, train_loader, grad_accum)
+        resolved = resolve_train_settings(
+            model, train_loader, recipe=recipe, grad_accum=grad_accum, total_steps=total_steps, epochs=epochs,
+            optimizer=optimizer, lr=lr, weight_decay=weight_decay, betas=betas, warmup_steps=warmup_steps,
+            warmup_fraction=warmup_fraction, min_lr=min_lr, warmup_lr=warmup_lr, layer_decay=layer_decay,
+            lr_schedule=lr_schedule, mixup=mixup, cutmix=cutmix, num_classes=num_classes, loss_fn=loss_fn,
+            label_smoothing=label_smoothing, grad_clip=grad_clip, eval_every=eval_every,
+            checkpoint_every=checkpoint_every)
+        self.settings, self.unapplied, self.recipe = resolved.settings, resolved.unapplied, resolved.recipe
+        self.lr_schedule, self.total_steps = resolved.lr_schedule, resolved.total_steps
         set_threads(threads, training=True)
-        if not lr > 0:
-            raise ValueError(f"lr: expected > 0, got {lr!r}")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay: expected >= 0, got {weight_decay!r}")
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing: expected in [0, 1), got {label_smoothing!r}")
-        if grad_clip is not None and not grad_clip > 0:
-            raise ValueError(f"grad_clip: expected > 0 or None, got {grad_clip!r}")
-        if not 0 <= min_lr <= lr:
-            raise ValueError(f"min_lr: expected 0 <= min_lr <= lr ({lr}), got {min_lr!r}")
-        for name, value in (("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}: expected a positive integer or None, got {value!r}")
-        if warmup_steps is None:
-            if not 0.0 <= warmup_fraction < 1.0:
-                raise ValueError(f"warmup_fraction: expected in [0, 1), got {warmup_fraction!r}")
-            warmup_steps = int(round(warmup_fraction * self.total_steps))
-        elif not 0 <= warmup_steps < self.total_steps:
-            raise ValueError(f"warmup_steps: expected 0 <= warmup_steps < total_steps ({self.total_steps}), got {warmup_steps!r}")
-        self.warmup_steps = int(warmup_steps)
-        self.lr, self.min_lr, self.weight_decay = float(lr), float(min_lr), float(weight_decay)
-        self.warmup_lr = float(warmup_lr) if warmup_lr is not None else self.lr / max(1, self.warmup_steps)
-        self.layer_decay = layer_decay
-        self.mixup_fn = None
-        if mixup > 0 or cutmix > 0:
-            from timm.data import Mixup
-            from timm.loss import SoftTargetCrossEntropy
-
-            if num_classes is None:
-                num_classes = getattr(model, "num_classes", None)
-            if not isinstance(num_classes, int) or num_classes < 2:
-                raise ValueError(f"num_classes: mixup/cutmix need the class count (the model has no num_classes), "
-                                 f"got {num_classes!r}")
-            # Mixup draws from NumPy's global RNG, which the checkpoint stores: a resumed run mixes the same pairs
-            self.mixup_fn = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, label_smoothing=label_smoothing,
-                                  num_classes=num_classes)
-            if loss_fn is None:
-                loss_fn = SoftTargetCrossEntropy()
+        self.warmup_steps, self.warmup_lr = resolved.warmup_steps, resolved.warmup_lr
+        self.lr, self.min_lr, self.weight_decay = resolved.lr, resolved.min_lr, resolved.weight_decay
+        self.layer_decay = resolved.layer_decay
+        self.mixup_fn, self.loss_fn, self.eval_loss_fn = resolved.mixup_fn, resolved.loss_fn, resolved.eval_loss_fn
         self.grad_clip = grad_clip
         self.seed = int(seed)
         self.device = torch.device(device) if device is not None else self._model_device()
@@ -295,16 +220,13 @@ class Trainer:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_extra = dict(checkpoint_extra or {})
         self.extra_loss_weights = dict(extra_loss_weights or {})
-        self.loss_fn = loss_fn or (lambda logits, t: F.cross_entropy(logits, t, label_smoothing=label_smoothing))
-        # evaluation compares with hard labels: with mixup the training loss wants one-hot targets
-        self.eval_loss_fn = F.cross_entropy if self.mixup_fn is not None else self.loss_fn
         self.callbacks = list(callbacks)
         self._user_schedules: List[Callable[[int, int], Any]] = list(schedules)
         for fn in self._user_schedules:
             if not callable(fn):
                 raise TypeError(f"schedules: expected callables fn(step, total_steps), got {fn!r}")
 
-        self.grad_accum = grad_accum  # checked at the top
+        self.grad_accum = grad_accum  # checked by resolve_train_settings
         if amp is not None and amp not in AMP_DTYPES:
             raise ValueError(f"amp: expected None, 'bf16' or 'fp16', got {amp!r}")
         if amp == "fp16" and self.device.type != "cuda":
@@ -337,7 +259,7 @@ class Trainer:
                   else param_groups(model, self.weight_decay))
         if not groups:
             raise ValueError("model: has no trainable parameters (all requires_grad=False)")
-        self.optimizer = self._make_optimizer(optimizer, groups, betas, momentum)
+        self.optimizer = self._make_optimizer(resolved.optimizer, groups, resolved.betas, momentum)
         self.scheduler = self._make_scheduler(self.lr_schedule)
 
         # training position: `step` optimizer steps done; the next batch is number `batch_in_epoch` of `epoch`.
@@ -355,27 +277,8 @@ class Trainer:
         self._epoch_limit: Optional[int] = None
 
     # ------------------------------------------------------------------------------------------ set-up
-    @staticmethod
-    def _resolve_total_steps(total_steps, epochs, train_loader, grad_accum: int = 1) -> int:
-        """The run's optimizer steps: `total_steps`, or `epochs` × the steps in one epoch (len(train_loader) //
-        grad_accum: with accumulation an epoch has fewer steps; counting batches trained grad_accum× the epochs)."""
-        if (total_steps is None) == (epochs is None):
-            raise ValueError(
-                f"total_steps/epochs: expected exactly one of them, got total_steps={total_steps!r}, epochs={epochs!r}"
-            )
-        if total_steps is not None:
-            if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-                raise ValueError(f"total_steps: expected a positive integer, got {total_steps!r}")
-            return total_steps
-        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-            raise ValueError(f"epochs: expected a positive integer, got {epochs!r}")
-        try:
-            per_epoch = len(train_loader)
-        except TypeError as exc:
-            raise ValueError("epochs: needs a train_loader with a length; give total_steps instead") from exc
-        if per_epoch < 1:
-            raise ValueError(f"train_loader: expected at least one batch per epoch, got {per_epoch}")
-        return epochs * (per_epoch // max(int(grad_accum), 1))
+    # the run's optimizer steps from total_steps or epochs (settings.py); `vitfast train` sizes a run with it too
+    _resolve_total_steps = staticmethod(resolve_total_steps)
 
     def _model_device(self) -> torch.device:
         for p in self.model.parameters():
@@ -383,28 +286,11 @@ class Trainer:
         return torch.device("cpu")
 
     def _make_optimizer(self, optimizer, groups, betas, momentum) -> torch.optim.Optimizer:
-        if callable(optimizer):
-            opt = optimizer(groups)
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError(f"optimizer: the factory must return a torch.optim.Optimizer, got {type(opt).__name__}")
-            return opt
-        name = str(optimizer).lower()
-        if name == "sgd" and not momentum > 0:
-            return torch.optim.SGD(groups, lr=self.lr, momentum=0.0)  # timm's "sgd" is Nesterov, which needs momentum
-        from timm.optim import create_optimizer_v2, list_optimizers
-
-        if name not in list_optimizers():
-            raise ValueError(f"optimizer: expected 'adamw', 'sgd', 'lamb', another timm optimizer name or a callable, "
-                             f"got {optimizer!r}")
-        extra = {"betas": tuple(betas)} if any(k in name for k in ("adam", "lamb", "lion", "nadam")) else {}
-        # the groups carry their own weight decay (and lr_scale with layer decay): timm builds the optimizer only
-        return create_optimizer_v2(groups, opt=name, lr=self.lr, weight_decay=0.0, momentum=momentum, **extra)
+        return make_optimizer(optimizer, groups, self.lr, betas, momentum)
 
     def _make_scheduler(self, kind: str):
-        if kind == "timm":
-            return timm_cosine(self.optimizer, self.total_steps, self.warmup_steps, self.min_lr, self.warmup_lr)
-        return torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _WarmupCosine(self.total_steps, self.warmup_steps, self.min_lr / self.lr))
+        return make_scheduler(kind, self.optimizer, self.total_steps, self.warmup_steps, self.lr, self.min_lr,
+                              self.warmup_lr)
 
     # ------------------------------------------------------------------------------------------ hooks
     def add_schedule(self, fn: Callable[[int, int], Any]) -> None:
@@ -569,40 +455,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ data order
     def _epoch_iterator(self, epoch: int, skip_batches: int):
-        loader = self.train_loader
-        if loader is None:
-            raise ValueError("train_loader: fit() needs a training loader, got None")
-        sampler = getattr(loader, "sampler", None)
-        fast_skip = False
-        if isinstance(loader, DataLoader):
-            # The data order and worker seeds come from (seed, epoch) only, never from the global RNG state,
-            # so a resumed run reproduces the interrupted one's batches.
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
-            elif isinstance(sampler, RandomSampler):
-                sampler.generator = torch.Generator().manual_seed(_mix(self.seed, epoch, 0x5A3))
-            loader.generator = torch.Generator().manual_seed(_mix(self.seed, epoch, 0x3C7))
-        elif hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        self._epoch_limit = None
-        if self.grad_accum > 1:
-            try:
-                self._epoch_limit = len(loader) // self.grad_accum * self.grad_accum
-            except TypeError:
-                pass  # no length: accumulation may straddle epochs
-        if skip_batches and self._epoch_limit is not None and skip_batches >= self._epoch_limit:
-            # Resumed exactly at the end of an epoch with accumulation: nothing is left of it.  Positioning the
-            # sampler here (set_start) was never consumed, since no batch is read, and shifted the *next* epoch.
-            return iter(())
-        if isinstance(loader, DataLoader):
-            batch_sampler = loader.batch_sampler
-            if skip_batches and hasattr(sampler, "set_start") and type(batch_sampler) is BatchSampler:
-                sampler.set_start(min(skip_batches * loader.batch_size, len(sampler)))
-                fast_skip = True
-        it = iter(loader)
-        if skip_batches and not fast_skip:
-            for _ in range(skip_batches):  # no cheaper way for an arbitrary loader: read and drop
-                next(it)
+        it, self._epoch_limit = epoch_batches(self.train_loader, epoch, skip_batches, self.seed, self.grad_accum)
         return it
 
     def _next_batch(self):
@@ -635,18 +488,7 @@ class Trainer:
         until = self.total_steps if until_step is None else int(until_step)
         if not self.step <= until <= self.total_steps:
             raise ValueError(f"until_step: expected {self.step} <= until_step <= {self.total_steps}, got {until_step!r}")
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=self.total_steps,
-            initial=self.step,
-            desc=self.desc,
-            disable=not (self.progress and _is_main_process()),
-            dynamic_ncols=True,
-            leave=True,
-            # a log file is not a terminal: redraw rarely there instead of writing thousands of bar lines
-            mininterval=0.1 if getattr(sys.stderr, "isatty", lambda: False)() else 5.0,
-        )
+        bar = progress_bar(self.total_steps, self.step, self.desc, self.progress and _is_main_process())
         start = time.perf_counter()
         steps_at_start = self.step
         stopped = False
@@ -715,14 +557,7 @@ class Trainer:
         return finished
 
     def _update_bar(self, bar) -> None:
-        if bar.disable or not self._window:
-            return
-        loss = sum(w[0] for w in self._window) / len(self._window)
-        acc = sum(w[1] for w in self._window) / max(1, sum(w[2] for w in self._window))
-        post = {"loss": f"{loss:.3f}", "lr": f"{self.history[-1]['lr']:.2e}", "acc": f"{acc:.3f}"}
-        if self.last_eval is not None:
-            post["val_acc"] = f"{self.last_eval['acc']:.3f}"
-        bar.set_postfix(post, refresh=False)
+        show_metrics(bar, self._window, self.history, self.last_eval)
 
     def _run_eval(self, bar=None) -> Dict[str, float]:
         metrics = self.evaluate()
@@ -780,39 +615,11 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-        """Everything a resumed run needs, as tensors and plain values (weights_only-loadable).
+        """Everything a resumed run needs, as tensors and plain values (weights_only-loadable; checkpoint_state.py).
 
         Under DDP every process must call it (the RNG states of all ranks are gathered).
         """
-        model = self.model.module if hasattr(self.model, "module") and isinstance(self.model.module, nn.Module) else self.model
-        rng = self._pending_rng if self._pending_rng is not None else _rng_state(self.device)
-        state = {
-            "format": CHECKPOINT_FORMAT,
-            "version": CHECKPOINT_VERSION,
-            "step": self.step,
-            "epoch": self.epoch,
-            "batch_in_epoch": self.batch_in_epoch,
-            "total_steps": self.total_steps,
-            "seed": self.seed,
-            "model": model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            # absent in checkpoints from before timm's schedule: those resume on the legacy one
-            "lr_schedule": self.lr_schedule,
-            "recipe": self.recipe,
-            # a checkpoint taken before the data was positioned still holds the RNG state it must restore
-            "rng": rng,
-            "last_eval": dict(self.last_eval) if self.last_eval else None,
-            "extra": dict(self.checkpoint_extra if extra is None else extra),
-            # the data position is stored in micro-batches of this accumulation; load converts it to steps
-            "grad_accum": self.grad_accum,
-            "world_size": self.world_size,
-        }
-        if self.world_size > 1:
-            state["rng_ranks"] = _dist.gather_objects(rng)
-        if self.scaler is not None:
-            state["scaler"] = self.scaler.state_dict()
-        return state
+        return trainer_state(self, extra)
 
     def save_checkpoint(self, path: Union[str, os.PathLike], extra: Optional[Dict[str, Any]] = None) -> str:
         """Atomically write a resumable checkpoint to `path` (main process only under DDP)."""
@@ -826,40 +633,8 @@ class Trainer:
         return path
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        if state["total_steps"] != self.total_steps:
-            raise ValueError(
-                f"checkpoint: made for total_steps={state['total_steps']}, this Trainer has "
-                f"total_steps={self.total_steps}; build the Trainer with the same length to resume exactly"
-            )
-        if state["seed"] != self.seed:
-            raise ValueError(f"checkpoint: made with seed={state['seed']}, this Trainer has seed={self.seed}")
-        if state.get("recipe") != self.recipe:  # another recipe: another optimizer, schedule and loss
-            raise ValueError(f"checkpoint: made with recipe={state.get('recipe')!r}, this Trainer has "
-                             f"recipe={self.recipe!r}")
-        model = self.model.module if hasattr(self.model, "module") and isinstance(self.model.module, nn.Module) else self.model
-        model.load_state_dict(state["model"])
-        kind = state.get("lr_schedule", "legacy")
-        if kind != self.lr_schedule:
-            if kind not in ("timm", "legacy") or (kind == "legacy" and self.layer_decay):
-                raise ValueError(f"checkpoint: made with lr_schedule={kind!r}, which this Trainer cannot resume "
-                                 f"(lr_schedule={self.lr_schedule!r}, layer_decay={self.layer_decay!r})")
-            self.lr_schedule = kind  # the run continues on the schedule it was trained with
-            self.scheduler = self._make_scheduler(kind)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = int(state["step"])
-        self.epoch = int(state["epoch"])
-        # checkpoints are taken between steps: convert the position to this run's micro-batches per step
-        saved_accum = int(state.get("grad_accum", 1))
-        self.batch_in_epoch = int(state["batch_in_epoch"]) // saved_accum * self.grad_accum
-        self.last_eval = state.get("last_eval")
-        self._iter = None
-        ranks = state.get("rng_ranks")
-        # same process count: each rank continues its own random streams; otherwise rank 0's is the best there is
-        self._pending_rng = ranks[self.rank] if ranks and len(ranks) == self.world_size else state["rng"]
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self._last_saved_step = self.step
+        """Take back a `state_dict` of this run (same length, seed and recipe; checkpoint_state.py)."""
+        load_trainer_state(self, state)
 
     def load_checkpoint(self, path: Union[str, os.PathLike]) -> Dict[str, Any]:
         """Resume from `path`: the next `fit()` continues exactly where that run stopped. Returns its `extra`."""
