@@ -101,7 +101,8 @@ def test_print_shows_values_sources_and_what_is_not_applied(capsys):
     assert "0.001" in lines["lr"] and "sqrt rule" in lines["lr"]  # 4e-3 x sqrt(256/4096)
     assert "0.1" in lines["weight_decay"] and "explicit" in lines["weight_decay"]
     assert "explicit" in lines["batch_size"] and "4096" in lines["batch_size"]
-    assert "not applied yet" in lines["repeated_aug"]
+    assert lines["repeated_aug"].split()[1] == "3" and "RASampler" in lines["repeated_aug"]
+    assert "not applied" not in lines["repeated_aug"]  # DeiT's repeated augmentation: SeededSampler(repeats=3)
     assert "not applicable" in lines["auto_augment"]  # the digits: no RandAugment
     code, out, _ = run_cli(["train", "--recipe", "nondeep", "--print", "--data", "/tmp"], capsys)
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
@@ -161,7 +162,8 @@ def test_mixup_trains_and_needs_an_even_batch():
 
 def _recipe_run(total, *, until=None, resume=None, ckpt=None):
     model = tiny_vit(seed=1, drop_path_rate=0.1)
-    train, val = digits_loaders(img_size=16, batch_size=128, reprob=0.25)  # 11 batches/epoch, random erasing
+    # 11 batches/epoch, random erasing, DeiT's repeated augmentation (3 copies of each drawn image)
+    train, val = digits_loaders(img_size=16, batch_size=128, reprob=0.25, repeats=3)
     trainer = Trainer(model, train, val, recipe="repavit", total_steps=total, progress=False, eval_every=5,
                       checkpoint_path=ckpt, checkpoint_every=4 if ckpt else None)
     if resume:
@@ -258,9 +260,13 @@ def test_dwconv_frozen_recipe_trains_only_the_replaced_heads():
     assert trainable == expected and "blocks.1.attn.proj.weight" in expected
 
 
-def test_cli_recipe_run_on_a_digits_image_folder(tmp_path, capsys):
+def test_cli_recipe_run_on_a_digits_image_folder(tmp_path, capsys, monkeypatch):
+    import vitfast.cli.train as train_cli
     from vitfast.training.data import write_digits_image_folder
 
+    built = []  # the loaders the run built: the recipe's repeated augmentation reaches the sampler
+    loaders = train_cli.image_folder_loaders
+    monkeypatch.setattr(train_cli, "image_folder_loaders", lambda *a, **k: built.append(loaders(*a, **k)) or built[-1])
     train_dir, val_dir = write_digits_image_folder(tmp_path / "digits", size=16)
     common = ["vit_tiny_patch16_224", "--img-size", "16", "--model-kwargs",
               '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 4}', "--data", train_dir, "--val-data",
@@ -275,6 +281,7 @@ def test_cli_recipe_run_on_a_digits_image_folder(tmp_path, capsys):
     assert settings["recipe"] == "nondeep" and settings["join_start"] == 0.5 and settings["mixup"] == 0.8
     assert settings["global_pool"] == "avg"
     assert settings["lr"] == pytest.approx(1e-3 * 64 / 1024)  # linear rule (App. A.3)
+    assert settings["repeated_aug"] == 3 and built[0][0].sampler.repeats == 3  # DeiT's RASampler, 3 copies
     model_path = tmp_path / "full" / "model.safetensors"
     assert model_path.exists()
 

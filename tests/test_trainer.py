@@ -385,6 +385,30 @@ def test_seeded_sampler_and_augmentation_are_pure_functions_of_the_key():
     assert torch.equal(ds[3][0], DigitsDataset(*[t[:20] for t in digits_arrays()], img_size=16)[3][0])
 
 
+def test_repeated_augmentation_draws_each_image_r_times_with_its_own_seed():
+    plain = SeededSampler(12, seed=5)
+    plain.set_epoch(1)
+    once = list(plain)
+    s = SeededSampler(12, seed=5, repeats=3)
+    s.set_epoch(1)
+    keys = list(s)
+    assert len(s) == len(keys) == 12  # the epoch keeps its length: a third of the images, three times each
+    indices = [i for i, _ in keys]
+    assert indices == [i for i, _ in once[:4] for _ in range(3)]  # the plain order, each index thrice in a row
+    assert len({seed for _, seed in keys}) == 12  # every copy is augmented differently
+    assert keys[0::3] == once[:4]  # the first copy keeps the plain sample's seed
+    s.set_start(5)
+    assert list(s) == keys[5:]  # a resumed epoch enters its repeated order part-way
+    assert list(SeededSampler(12, seed=5, repeats=1)) == list(SeededSampler(12, seed=5))
+    shards = [list(SeededSampler(12, seed=5, repeats=3, num_replicas=3, rank=r)) for r in range(3)]
+    whole = list(SeededSampler(12, seed=5, repeats=3))
+    for k in range(4):  # three replicas side by side: the one-process order, an image's copies on different ranks
+        assert sorted(sh[k] for sh in shards) == sorted(whole[3 * k:3 * k + 3])
+        assert len({sh[k][0] for sh in shards}) == 1
+    with pytest.raises(ValueError, match="repeats: expected"):
+        SeededSampler(12, repeats=0)
+
+
 # ---------------------------------------------------------------------------------------------- train-time files
 def test_trainable_file_round_trip(tmp_path):
     import vitfast

@@ -12,12 +12,13 @@ from typing import Any, Dict, Optional
 
 from vitfast.cli._common import CLIError
 from vitfast.cli._common import nonneg_float
+from vitfast.cli._common import positive_int
 from vitfast.cli._common import positive_float
 from vitfast.cli._common import unit_float
 
 # The settings of `vitfast train` these options add (stored in the checkpoint; --resume refuses to change them).
 RECIPE_SETTINGS = ("recipe", "optimizer", "min_lr", "warmup_lr", "layer_decay", "drop_path", "mixup", "cutmix",
-                   "auto_augment", "color_jitter", "reprob")
+                   "auto_augment", "color_jitter", "reprob", "repeated_aug")
 # Stored with every new run (settings["param_rules"]): γ decays by its `_weight_decay` mark and the frozen DW-conv
 # stage trains W^O.  A stored run without it resumes on the groups it was trained with (method_keys_after_model).
 PARAM_RULES = 1
@@ -60,6 +61,9 @@ def add_paper_recipe_args(p) -> None:
                    help="timm RandAugment policy, e.g. rand-m9-mstd0.5-inc1 (image folders) [default: none]")
     g.add_argument("--color-jitter", type=nonneg_float, default=None, help="colour jitter (image folders) [default: 0]")
     g.add_argument("--reprob", type=unit_float, default=None, help="random-erasing probability [default: 0]")
+    g.add_argument("--repeated-aug", type=positive_int, default=None, metavar="N",
+                   help="repeated augmentation: each drawn image N times per batch, each copy augmented on its own "
+                        "(DeiT's RASampler; an epoch keeps its length) [default: 1, off]")
 
 
 def check_recipe(name: Optional[str]):
@@ -86,7 +90,7 @@ def resolve_settings(settings: Dict[str, Any], given: Dict[str, Any], recipe) ->
     defaults["drop_path"] = None
     explicit = {k: given.get(k) for k in ("optimizer", "lr", "min_lr", "warmup_lr", "warmup", "weight_decay",
                                           "layer_decay", "label_smoothing", "mixup", "cutmix", "drop_path",
-                                          "auto_augment", "color_jitter", "reprob", "epochs")}
+                                          "auto_augment", "color_jitter", "reprob", "repeated_aug", "epochs")}
     explicit.update({k: given.get(k) for keys in _METHOD_KEYS.values() for k in keys})
     resolved = resolve(recipe, explicit, defaults, batch_size=settings["batch_size"])
     from vitfast.recipes import Setting
@@ -113,7 +117,7 @@ def apply_recipe(settings: Dict[str, Any], resolved, *, given: Dict[str, Any]) -
     are applied later (`apply_method_keys`), once the model is known."""
     for key in ("optimizer", "lr", "min_lr", "warmup_lr", "warmup", "weight_decay", "layer_decay", "betas",
                 "label_smoothing", "mixup", "cutmix", "drop_path", "auto_augment", "color_jitter", "reprob",
-                "interpolation"):
+                "interpolation", "repeated_aug"):
         if key in resolved:
             value = resolved[key].value
             settings[key] = list(value) if isinstance(value, tuple) else value

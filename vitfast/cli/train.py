@@ -207,7 +207,8 @@ def run(args) -> int:
             raise CLIError("SOURCE: cannot tell the model's input size (no patch_embed.img_size)")
         try:
             train_loader, val_loader = digits_loaders(img_size=img_size, seed=settings["seed"],
-                                                      reprob=settings.get("reprob") or 0.0, **shard)
+                                                      reprob=settings.get("reprob") or 0.0,
+                                                      repeats=settings.get("repeated_aug") or 1, **shard)
         except ValueError as exc:
             raise CLIError(_trainer_error_as_flags(str(exc))) from None
         data_classes = 10
@@ -219,6 +220,7 @@ def run(args) -> int:
         train_loader, val_loader = image_folder_loaders(
             data, img_size=img_size, val_root=settings.get("val_data"), seed=settings["seed"], **shard,
             transform={**timm_tf, "interpolation": timm_tf["interpolation"] or "bilinear"} if use_timm else None,
+            repeats=settings.get("repeated_aug") or 1,
         )
         data_classes = len(train_loader.dataset.classes)
     if num_classes != data_classes:

@@ -10,7 +10,8 @@ Setting names (the same in every recipe; `KEYS` says who applies each):
   optimizer, lr, batch_size (the batch the lr belongs to), lr_scaling (how lr follows another batch: linear, sqrt
   or none), min_lr, warmup_lr (warm-up start), warmup_epochs, epochs, weight_decay, no_weight_decay (what is
   excluded, in words), layer_decay, betas, label_smoothing, mixup, cutmix, drop_path, auto_augment (timm's
-  RandAugment string), color_jitter, reprob (random erasing), interpolation, repeated_aug, and the method schedule:
+  RandAugment string), color_jitter, reprob (random erasing), interpolation, repeated_aug (copies of each drawn image
+  per epoch, 1: off), and the method schedule:
   join_schedule, join_start_fraction, join_steps, diversity_weight, global_pool, remove_cls, dwconv_cls,
   gamma_weight_decay, freeze_backbone, arch_lr_scale, gate_tau, search_tau, resource_gamma, distill, alpha,
   alpha_schedule, harmonic.
@@ -35,7 +36,7 @@ def _deit_aug(where: str) -> Dict[str, Tuple[Any, str]]:
         "cutmix": (1.0, f"{src} --cutmix)"),
         "label_smoothing": (0.1, f"{src} --smoothing)"),
         "interpolation": ("bicubic", f"{src} --train-interpolation)"),
-        "repeated_aug": (True, f"{src} --repeated-aug)"),
+        "repeated_aug": (3, f"{src} --repeated-aug, RASampler num_repeats=3)"),
     }
 
 
@@ -112,7 +113,7 @@ RECIPES: Dict[str, Dict[str, Any]] = {
                 "cutmix": (0.0, "App. A.3 Table 9"),
                 "drop_path": (0.0, "App. A.3 Table 9"),
                 "reprob": (0.0, "not in Table 9 (no random erasing listed)"),
-                "repeated_aug": (False, "not in Table 9"),
+                "repeated_aug": (1, "not in Table 9 (1: each image once per epoch)"),
             },
         },
     },

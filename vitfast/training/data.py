@@ -80,10 +80,19 @@ class SeededSampler(Sampler):
     k of every replica lies inside global positions [k·R·b, (k+1)·R·b): the R replicas together see exactly
     the batch one process with batch R·b would see at that step, whatever R is.  `set_start` then counts
     positions of this replica's share.
+
+    Repeated augmentation (`repeats` = r > 1; DeiT's RASampler, Hoffer et al. 2020): the global order holds every
+    shuffled index r times in a row, each copy with its own sample seed (so its own augmentation), and an epoch
+    still yields ⌊n/R⌋ samples per replica — about n/r distinct images, each seen r times, in the same batch on one
+    process and on r replicas side by side with several.  (DeiT also rounds the epoch down to a multiple of 256
+    images, an ImageNet-size convenience left out here so the steps per epoch do not depend on r.)  r = 1 is the
+    plain order, with the same seeds as without the option.
     """
 
-    def __init__(self, n: int, *, shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0):
+    def __init__(self, n: int, *, shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
+                 repeats: int = 1):
         self.n = _check_positive_int("n", n)
+        self.repeats = _check_positive_int("repeats", repeats)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.num_replicas = _check_positive_int("num_replicas", num_replicas)
@@ -109,11 +118,15 @@ class SeededSampler(Sampler):
         g = torch.Generator().manual_seed(_mix(self.seed, self.epoch, 0x5A3))
         return torch.randperm(self.n, generator=g).tolist()
 
+    def _keys(self) -> list:
+        """The epoch's global order as (index, copy) pairs: each index `repeats` times in a row."""
+        return [(i, c) for i in self.order() for c in range(self.repeats)]
+
     def __iter__(self) -> Iterator[Tuple[int, int]]:
         start, self._start = self._start, 0
-        mine = self.order()[self.rank : len(self) * self.num_replicas : self.num_replicas]
-        for i in mine[start:]:
-            yield (i, _mix(self.seed, self.epoch, i))
+        mine = self._keys()[self.rank : len(self) * self.num_replicas : self.num_replicas]
+        for i, c in mine[start:]:
+            yield (i, _mix(self.seed, self.epoch, i) if c == 0 else _mix(self.seed, self.epoch, i, c))
 
     def __len__(self) -> int:
         return self.n // self.num_replicas
@@ -269,6 +282,7 @@ def digits_loaders(
     num_replicas: int = 1,
     rank: int = 0,
     reprob: float = 0.0,
+    repeats: int = 1,
 ) -> Tuple[DataLoader, DataLoader]:
     """Train and validation loaders over scikit-learn's digits (1797 images, 10 classes, no download).
 
@@ -279,7 +293,8 @@ def digits_loaders(
     `drop_last` (train only) keeps every step's batch the same size, which keeps BatchNorm statistics sane.
     Data parallel: `num_replicas`/`rank` give this process its share (`SeededSampler` for training,
     `ShardSampler` for validation); `batch_size` is then the per-process batch.  `reprob`: timm's random erasing
-    on the training images (with `augment`), seeded per sample like the affine.
+    on the training images (with `augment`), seeded per sample like the affine.  `repeats` > 1: repeated
+    augmentation (`SeededSampler`), each drawn image `repeats` times with its own augmentation.
     """
     img_size = _check_image_size("img_size", img_size, minimum=8)
     batch_size = _check_positive_int("batch_size", batch_size)
@@ -304,7 +319,8 @@ def digits_loaders(
     train_loader = DataLoader(
         train_set,
         batch_size=batch_size,
-        sampler=SeededSampler(len(train_set), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank),
+        sampler=SeededSampler(len(train_set), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank,
+                              repeats=repeats),
         drop_last=drop_last,
         num_workers=num_workers,
     )
@@ -356,6 +372,7 @@ def image_folder_loaders(
     num_replicas: int = 1,
     rank: int = 0,
     transform: Optional[dict] = None,
+    repeats: int = 1,
 ) -> Tuple[DataLoader, DataLoader]:
     """Train/val loaders over a torchvision `ImageFolder` tree (`root/<class>/<image>`).
 
@@ -365,6 +382,7 @@ def image_folder_loaders(
     train/ and `val_root` at its val/ (both in class sub-folders).  Data parallel: as `digits_loaders`
     (`batch_size` is per process).  `transform`: timm's train and eval transforms instead (`timm_transforms`: the
     DeiT pipeline — RandomResizedCrop, flip, RandAugment, colour jitter, random erasing — with these settings).
+    `repeats` > 1: repeated augmentation, as `digits_loaders`.
     """
     from torchvision import datasets, transforms
 
@@ -414,7 +432,8 @@ def image_folder_loaders(
     train_loader = DataLoader(
         train_set,
         batch_size=batch_size,
-        sampler=SeededSampler(len(train_set), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank),
+        sampler=SeededSampler(len(train_set), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank,
+                              repeats=repeats),
         drop_last=len(train_set) // num_replicas > batch_size,
         num_workers=num_workers,
     )
