@@ -26,6 +26,7 @@
 #include "kernels/attention.h"
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "ops/attention_tasks.h"
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 
@@ -95,47 +96,13 @@ int64_t check_attention_args(const at::Tensor& qkv, int64_t num_heads, const std
 }
 
 
-namespace {
-// attention's thread split, for the fp32 and the bf16 head: one task per (image, head), split into query blocks only
-// to give every thread work (a task runs its rows in chunks of kAttentionChunk, so the score tile stays small at any
-// sequence length; each extra block re-packs K and V).  body(ws, b, h, q0, q1, nb, nh, nq0, nq1) runs one task on
-// the thread's workspace; (nb, nh, nq0, nq1) is the thread's next task (nb = -1: none), prefetched during this one
-// (kernels/attention.h).
-template <class WsFloats, class Workspace, class Body>
-void for_each_attention_task(int64_t batch, int64_t tokens, int64_t heads, CpuIsa isa, WsFloats ws_floats_of,
-                             Workspace workspace, Body body) {
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t pairs = batch * heads;
-  const int64_t row_blocks = (tokens + gemm::kMr - 1) / gemm::kMr;
-  const int64_t splits = std::min(row_blocks, pairs >= 2 * threads ? int64_t(1) : (2 * threads + pairs - 1) / pairs);
-  const gemm::RowShares shares(tokens, splits, isa);  // splits <= row_blocks <= tokens: shares.chunks == splits
-  const int64_t ws_floats = ws_floats_of(shares.max_share());
-  auto task = [&](int64_t t, int64_t& b, int64_t& h, int64_t& q0, int64_t& q1) {
-    const int64_t pair = t / splits, part = t % splits;
-    b = pair / heads;
-    h = pair % heads;
-    q0 = shares.begin(part);
-    q1 = shares.end(part);
-  };
-  at::parallel_for(0, pairs * splits, 1, [&](int64_t begin, int64_t end) {
-    float* ws = workspace(ws_floats);
-    for (int64_t t = begin; t < end; ++t) {
-      int64_t b, h, q0, q1, nb = -1, nh = 0, nq0 = 0, nq1 = 0;
-      task(t, b, h, q0, q1);
-      if (t + 1 < end) task(t + 1, nb, nh, nq0, nq1);
-      body(ws, b, h, q0, q1, nb, nh, nq0, nq1);
-    }
-  });
-}
-}  // namespace
-
 void attention_run_bf16(const float* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
                         float scale, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* o16,
                         int64_t ld_o16) {
   const int64_t attn_dim = heads * d;
   for_each_attention_task(
-      batch, tokens, heads, isa, [&](int64_t rows) { return attention_workspace_floats_bf16(tokens, d, rows); },
-      thread_workspace_bf16,
+      batch, tokens, heads, isa,
+      [&](int64_t rows) { return thread_workspace_bf16(attention_workspace_floats_bf16(tokens, d, rows)); },
       [&](float* ws, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t nb, int64_t nh, int64_t nq0, int64_t nq1) {
         AttentionNext next;
         if (nb >= 0) {
@@ -153,8 +120,8 @@ void attention_run(const float* qp, int64_t ld_qkv, int64_t batch, int64_t token
                    float scale, float* op, CpuIsa isa) {
   const int64_t attn_dim = heads * d;
   for_each_attention_task(
-      batch, tokens, heads, isa, [&](int64_t rows) { return attention_workspace_floats(tokens, d, rows); },
-      thread_workspace,
+      batch, tokens, heads, isa,
+      [&](int64_t rows) { return thread_workspace(attention_workspace_floats(tokens, d, rows)); },
       [&](float* ws, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t nb, int64_t nh, int64_t nq0, int64_t nq1) {
         AttentionNext next;
         if (nb >= 0) {

@@ -22,6 +22,7 @@
 #include "kernels/attention_int8.h"
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "ops/attention_tasks.h"
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 
@@ -52,33 +53,23 @@ at::Tensor attention_int8_cpu(const at::Tensor& qkv, int64_t num_heads, std::opt
   const float scale = scale_opt.has_value() ? float(*scale_opt) : 1.0f / std::sqrt(float(d));
   const CpuIsa isa = active_cpu_isa();
 
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t pairs = batch * heads;
-  const int64_t row_blocks = (tokens + gemm::kMr - 1) / gemm::kMr;
-  const int64_t splits = std::min(row_blocks, pairs >= 2 * threads ? int64_t(1) : (2 * threads + pairs - 1) / pairs);
-  const gemm::RowShares shares(tokens, splits, isa);
   // Prefetching the next task pays when qkv is larger than the caches hold (measured, 1 thread, interleaved with
   // fp32 attention: DeiT-B batch 8 (15 MB of qkv) 0.97x -> 1.28x of fp32) and costs where it is already there
   // (DeiT-S/B batch 1, 0.9 / 1.8 MB: 1.38x -> 1.29x): only above 4 MiB.
   const bool prefetch_next = double(batch) * double(tokens) * double(ld_qkv) * sizeof(float) > double(4 << 20);
-  at::parallel_for(0, pairs * splits, 1, [&](int64_t begin, int64_t end) {
-    AttentionInt8Workspace& ws = thread_workspace();
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t pair = t / splits, part = t % splits, b = pair / heads, h = pair % heads;
-      // This thread's next task: its rows are prefetched while this one computes (kernels/attention_int8.h).
-      AttentionInt8Next next;
-      if (prefetch_next && t + 1 < end) {
-        const int64_t npair = (t + 1) / splits, npart = (t + 1) % splits, nb = npair / heads;
-        next.qkv = qp + nb * tokens * ld_qkv;
-        next.out = op + nb * tokens * attn_dim;
-        next.h = npair % heads;
-        next.q0 = shares.begin(npart);
-        next.q1 = shares.end(npart);
-      }
-      attention_int8_head(qp + b * tokens * ld_qkv, ld_qkv, tokens, heads, d, h, shares.begin(part),
-                          shares.end(part), scale, op + b * tokens * attn_dim, attn_dim, ws, isa, next);
-    }
-  });
+  for_each_attention_task(
+      batch, tokens, heads, isa, [](int64_t) { return &thread_workspace(); },
+      [&](AttentionInt8Workspace* ws, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t nb, int64_t nh,
+          int64_t nq0, int64_t nq1) {
+        AttentionInt8Next next;
+        if (prefetch_next && nb >= 0) {
+          next.qkv = qp + nb * tokens * ld_qkv;
+          next.out = op + nb * tokens * attn_dim;
+          next.h = nh, next.q0 = nq0, next.q1 = nq1;
+        }
+        attention_int8_head(qp + b * tokens * ld_qkv, ld_qkv, tokens, heads, d, h, q0, q1, scale,
+                            op + b * tokens * attn_dim, attn_dim, *ws, isa, next);
+      });
   return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());
 }
 
