@@ -9,45 +9,9 @@
 #if defined(__SSE2__)
 #include <xmmintrin.h>
 #endif
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 namespace vitfast {
 namespace gemm {
-
-namespace {
-constexpr size_t kHugePageBytes = size_t(2) << 20;
-}  // namespace
-
-AlignedFloats::AlignedFloats(int64_t n) : size_(n) {
-  if (n <= 0) {
-    size_ = 0;
-    return;
-  }
-  // Round the byte count up to the alignment, as aligned_alloc requires.
-  const size_t bytes = (size_t(n) * sizeof(float) + 63) / 64 * 64;
-  void* p = nullptr;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (bytes >= kHugePageBytes) {
-    // Packed weights are streamed whole on every call (a DeiT-B FFN: 7 MiB in 4 KiB pages is ~1800 TLB entries).
-    // Start them on a 2 MiB boundary and ask for transparent huge pages (THP in "madvise" mode gives none
-    // otherwise) over the whole 2 MiB blocks only, so the tail keeps 4 KiB pages and no memory is added.
-    // Measured: channel_idle_ffn at DeiT-B (θ .75, batch 1, one thread) 6.46 -> 6.38 ms, medians of 4 alternations.
-    if (posix_memalign(&p, kHugePageBytes, bytes) != 0) p = nullptr;
-    if (p != nullptr) madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);  // a hint: may fail
-  } else {
-    p = std::aligned_alloc(64, bytes);
-  }
-#else
-  p = std::aligned_alloc(64, bytes);
-#endif
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, bytes);
-  data_.reset(static_cast<float*>(p));
-}
-
-void AlignedFloats::Free::operator()(float* p) const { std::free(p); }
 
 PackedB PackedB::pack_linear(const float* w, int64_t n, int64_t k, int64_t ldw, const float* bias) {
   PackedB out;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/aligned.h"
 #include "kernels/cpu_features.h"
 #include "kernels/gemm_isa.h"
 
@@ -29,22 +30,8 @@ namespace gemm {
 // K = 1536 for DeiT-B, or ViT-L's 4096) is split into equal blocks of at most 1024.
 constexpr int64_t kDefaultKc = 1024;
 
-// 64-byte aligned float storage (a cache line: panels start on a line, AVX2 aligned loads are legal).
-class AlignedFloats {
- public:
-  AlignedFloats() = default;
-  explicit AlignedFloats(int64_t n);  // zero-initialised
-  float* data() { return data_.get(); }
-  const float* data() const { return data_.get(); }
-  int64_t size() const { return size_; }
-
- private:
-  struct Free {
-    void operator()(float* p) const;
-  };
-  std::unique_ptr<float, Free> data_;
-  int64_t size_ = 0;
-};
+// 64-byte aligned float storage (kernels/aligned.h).
+using AlignedFloats = AlignedArray<float>;
 
 // A weight W [n × k] (nn.Linear layout, out_features × in_features) packed as B = Wᵀ, with its bias.
 class PackedB {

@@ -25,20 +25,6 @@ const char* bf16_kernel_name(Bf16Kernel kernel) {
   }
 }
 
-AlignedBf16::AlignedBf16(int64_t n) : size_(n) {
-  if (n <= 0) {
-    size_ = 0;
-    return;
-  }
-  const size_t bytes = (size_t(n) * 2 + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, bytes);
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, bytes);
-  data_.reset(static_cast<uint16_t*>(p));
-}
-
-void AlignedBf16::Free::operator()(uint16_t* p) const { std::free(p); }
-
 PackedBf16B PackedBf16B::pack_linear(const float* w, int64_t n, int64_t k, int64_t ldw, const float* bias) {
   PackedBf16B out;
   out.n_ = n;

@@ -62,22 +62,8 @@ inline float from_bf16(uint16_t h) {
   return f;
 }
 
-// 64-byte aligned storage of bf16 values (zero-initialised).
-class AlignedBf16 {
- public:
-  AlignedBf16() = default;
-  explicit AlignedBf16(int64_t n);
-  uint16_t* data() { return data_.get(); }
-  const uint16_t* data() const { return data_.get(); }
-  int64_t size() const { return size_; }
-
- private:
-  struct Free {
-    void operator()(uint16_t* p) const;
-  };
-  std::unique_ptr<uint16_t, Free> data_;
-  int64_t size_ = 0;
-};
+// 64-byte aligned storage of bf16 values (kernels/aligned.h).
+using AlignedBf16 = AlignedArray<uint16_t>;
 
 // A weight W [n × k] (nn.Linear layout) rounded to bf16 and packed as B = Wᵀ, with its fp32 bias.
 class PackedBf16B {

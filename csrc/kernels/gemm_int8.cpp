@@ -8,9 +8,6 @@
 
 #include "kernels/gemm_int8_isa.h"
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 namespace vitfast {
 namespace gemm8 {
@@ -18,7 +15,6 @@ namespace gemm8 {
 using gemm::kNr;
 
 namespace {
-constexpr size_t kHugePageBytes = size_t(2) << 20;
 
 bool compiled(Int8Kernel kernel) {
   switch (kernel) {
@@ -57,31 +53,6 @@ const char* int8_kernel_name(Int8Kernel kernel) {
   }
   return "unknown";
 }
-
-AlignedBytes::AlignedBytes(int64_t n) : size_(n) {
-  if (n <= 0) {
-    size_ = 0;
-    return;
-  }
-  const size_t bytes = (size_t(n) + 63) / 64 * 64;
-  void* p = nullptr;
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (bytes >= kHugePageBytes) {
-    // Packed weights are streamed whole on every call: 2 MiB pages over the whole 2 MiB blocks, as AlignedFloats.
-    if (posix_memalign(&p, kHugePageBytes, bytes) != 0) p = nullptr;
-    if (p != nullptr) madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);  // a hint: may fail
-  } else {
-    p = std::aligned_alloc(64, bytes);
-  }
-#else
-  p = std::aligned_alloc(64, bytes);
-#endif
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, bytes);
-  data_.reset(static_cast<int8_t*>(p));
-}
-
-void AlignedBytes::Free::operator()(int8_t* p) const { std::free(p); }
 
 PackedInt8B PackedInt8B::pack(const int8_t* qw, int64_t n, int64_t k, int64_t ldw, const float* w_scale,
                               const float* bias, Int8Kernel kernel) {

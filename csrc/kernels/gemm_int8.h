@@ -53,22 +53,8 @@ const char* int8_kernel_name(Int8Kernel kernel);  // "scalar", "avx2", "avx512_v
 // k rounded up to whole groups of 4: the smallest legal lda of quantized activations.
 inline int64_t padded_k(int64_t k) { return (k + 3) / 4 * 4; }
 
-// 64-byte aligned byte storage (zero-initialised).
-class AlignedBytes {
- public:
-  AlignedBytes() = default;
-  explicit AlignedBytes(int64_t n);
-  int8_t* data() { return data_.get(); }
-  const int8_t* data() const { return data_.get(); }
-  int64_t size() const { return size_; }
-
- private:
-  struct Free {
-    void operator()(int8_t* p) const;
-  };
-  std::unique_ptr<int8_t, Free> data_;
-  int64_t size_ = 0;
-};
+// 64-byte aligned int8 storage (kernels/aligned.h).
+using AlignedBytes = AlignedArray<int8_t>;
 
 // A quantized weight qw [n × k] (nn.Linear layout) packed as B = qwᵀ, with its per-channel scales and bias.
 class PackedInt8B {
