@@ -280,6 +280,18 @@ def test_convert_loads_local_pretrained_weights(tmp_path):
         torch.testing.assert_close(converted(x), reference(x), atol=1e-5, rtol=1e-5)
 
 
+def test_convert_random_weights_follow_seed(tmp_path):
+    """Random weights (no --checkpoint) and USDC's gate logits come from --seed: a rerun writes the same tensors."""
+    from safetensors.torch import load_file
+
+    paths = {name: tmp_path / f"{name}.safetensors" for name in ("a", "b", "c")}
+    for name, seed in (("a", []), ("b", ["--seed", "0"]), ("c", ["--seed", "1"])):
+        assert main(["convert", *TINY, "--gates", "--flops-target", "0.7", *seed, "-o", str(paths[name])]) == 0
+    a, b, c = (load_file(paths[n]) for n in "abc")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # default seed 0
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
 def test_convert_repavit_then_verify(tmp_path, capsys):
     import vitfast
     from vitfast.io.trainable import load_trainable

@@ -54,6 +54,9 @@ def add_parser(sub) -> None:
     p.add_argument("--repavit", type=existing_file, default=None, metavar="PATH",
                    help="official RePaViT ViT/DeiT state dict to convert instead of MODEL")
     p.add_argument("--num-heads", type=positive_int, default=None, help="--repavit only: heads (default: from the width)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random initialisation (weights that no file gives, gate logits): the same "
+                        "command writes the same file [default: 0]")
     add_recipe_args(p, convert=True)
     add_gate_args(p)
     add_dwconv_args(p)
@@ -78,6 +81,9 @@ def run(args) -> int:
     weights_args(args, "model")
     out = output_path(args.output)
     check_gate_options(args)
+    from vitfast.training.rng import seed_everything
+
+    seed_everything(args.seed)  # timm's init and the methods' new parameters draw from the global RNGs
     if args.repavit is not None:
         if getattr(args, "gates", False):
             raise CLIError("--gates: only for timm ViT/DeiT names (MODEL), not --repavit")
@@ -116,7 +122,7 @@ def run(args) -> int:
             "source": "timm", "model": args.model,
             "pretrained": os.path.basename(args.checkpoint) if args.checkpoint else "timm" if args.pretrained else None,
             "img_size": args.img_size, "num_classes": args.num_classes, "model_kwargs": args.model_kwargs or {},
-            "channel_idle": theta, "norm": args.norm, "heuristic": args.heuristic,
+            "channel_idle": theta, "norm": args.norm, "heuristic": args.heuristic, "seed": args.seed,
         }
         if getattr(args, "gates", False):
             recipe.update(channel_idle=args.channel_idle, gates=True, flops_target=args.flops_target,
