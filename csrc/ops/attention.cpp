@@ -96,6 +96,20 @@ int64_t check_attention_args(const at::Tensor& qkv, int64_t num_heads, const std
 }
 
 
+namespace {
+// The prefetch hint for the thread's next task (nb = -1: none); `out` nullptr: its output is not prefetched.
+AttentionNext next_task(const float* qp, int64_t ld_qkv, int64_t tokens, float* out, int64_t attn_dim, int64_t nb,
+                        int64_t nh, int64_t nq0, int64_t nq1) {
+  AttentionNext next;
+  if (nb >= 0) {
+    next.qkv = qp + nb * tokens * ld_qkv;
+    next.out = out != nullptr ? out + nb * tokens * attn_dim : nullptr;
+    next.h = nh, next.q0 = nq0, next.q1 = nq1;
+  }
+  return next;
+}
+}  // namespace
+
 void attention_run_bf16(const float* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
                         float scale, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* o16,
                         int64_t ld_o16) {
@@ -104,12 +118,8 @@ void attention_run_bf16(const float* qp, int64_t ld_qkv, int64_t batch, int64_t 
       batch, tokens, heads, isa,
       [&](int64_t rows) { return thread_workspace_bf16(attention_workspace_floats_bf16(tokens, d, rows)); },
       [&](float* ws, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t nb, int64_t nh, int64_t nq0, int64_t nq1) {
-        AttentionNext next;
-        if (nb >= 0) {
-          next.qkv = qp + nb * tokens * ld_qkv;
-          next.out = o16 != nullptr ? nullptr : op + nb * tokens * attn_dim;
-          next.h = nh, next.q0 = nq0, next.q1 = nq1;
-        }
+        const AttentionNext next = next_task(qp, ld_qkv, tokens, o16 != nullptr ? nullptr : op, attn_dim, nb, nh,
+                                             nq0, nq1);
         attention_head_bf16(qp + b * tokens * ld_qkv, ld_qkv, tokens, heads, d, h, q0, q1, scale,
                             o16 != nullptr ? nullptr : op + b * tokens * attn_dim, attn_dim, ws, isa, kernel, next,
                             o16 != nullptr ? o16 + b * tokens * ld_o16 : nullptr, ld_o16);
@@ -123,12 +133,7 @@ void attention_run(const float* qp, int64_t ld_qkv, int64_t batch, int64_t token
       batch, tokens, heads, isa,
       [&](int64_t rows) { return thread_workspace(attention_workspace_floats(tokens, d, rows)); },
       [&](float* ws, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t nb, int64_t nh, int64_t nq0, int64_t nq1) {
-        AttentionNext next;
-        if (nb >= 0) {
-          next.qkv = qp + nb * tokens * ld_qkv;
-          next.out = op + nb * tokens * attn_dim;
-          next.h = nh, next.q0 = nq0, next.q1 = nq1;
-        }
+        const AttentionNext next = next_task(qp, ld_qkv, tokens, op, attn_dim, nb, nh, nq0, nq1);
         attention_head(qp + b * tokens * ld_qkv, ld_qkv, tokens, heads, d, h, q0, q1, scale,
                        op + b * tokens * attn_dim, attn_dim, ws, isa, next);
       });
