@@ -77,8 +77,11 @@ PackedInt8B PackedInt8B::pack(const int8_t* qw, int64_t n, int64_t k, int64_t ld
   for (int64_t j = 0; j < n; ++j) {
     const int8_t* src = qw + j * ldw;
     int8_t* panel = dst + (j / kNr) * out.panel_stride() + (j % kNr) * 4;
-    for (int64_t c = 0; c < k; ++c)
-      panel[(c / 4) * 4 * kNr + (c % 4)] = int8_t(uint8_t(int(src[c]) + offset));
+    for (int64_t c = 0; c < k; ++c) {
+      int8_t* at = panel + (c / 4) * out.group_bytes() + (c % 4);
+      at[0] = int8_t(uint8_t(int(src[c]) + offset));
+      if (kernel == Int8Kernel::kAvx2) at[4 * kNr] = int8_t(src[c] < 0 ? -src[c] : src[c]);  // |qw|, no −128
+    }
   }
   out.scale_ = gemm::AlignedFloats(out.padded_n());
   if (n > 0) std::memcpy(out.scale_.data(), w_scale, size_t(n) * sizeof(float));
@@ -141,6 +144,7 @@ void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa,
   g.rowsum = rowsum;
   g.b = b.panel_data();
   g.b_panel_stride = b.panel_stride();
+  g.b_abs = b.kernel() == Int8Kernel::kAvx2;
   g.panel_begin = panel_begin;
   g.panel_end = panel_end;
   g.w_scale = b.scale();

@@ -6,7 +6,7 @@
 //
 // qa: int8 activations, symmetric per row (token), made by `quantize_rows`:
 //       amax = max_k |x[r][k]|,  inv = 127 / amax (fp32),  qa = clamp(rne(x · inv), −127, 127),  sa = amax / 127
-//     (rne: round half to even, as torch.round and cvtps2dq).  An all-zero row gives sa = 0, qa = 0; a row with a
+//     (rne: round half to even, as torch.round and cvtps2dq; never −128, which the AVX2 kernel negates).  An all-zero row gives sa = 0, qa = 0; a row with a
 //     NaN or ±Inf gives sa = NaN and qa = 0, so its output row is NaN as in fp32.  A row whose 127 / amax overflows
 //     fp32 (amax < 127 / FLT_MAX ≈ 3.7e-37) counts as all-zero (x · inf would turn its zeros into NaN).  Row-major with row stride lda
 //     (a multiple of 4, >= round_up(k, 4)); the bytes in [k, round_up(k, 4)) are zero.
@@ -18,8 +18,10 @@
 //                so that A, the s8 operand, can be the instruction's embedded broadcast; the offset is removed
 //                per row in the epilogue: Σ qa·(qw + 128) = Σ qa·qw + 128·rowsum[r], rowsum[r] = Σ_k qa[r][k]
 //                (written by quantize_rows).
-//   kAvx2        `vpmaddubsw` + `vpmaddwd` with the sign trick |qa| × (sign(qa)·qw): u8 ≤ 127 times s8 ≥ −127, so a
+//   kAvx2        `vpmaddubsw` + `vpmaddwd` with the sign trick |qw| × (sign(qw)·qa): u8 ≤ 127 times s8 ≥ −127, so a
 //                pair sum is at most 2·127·127 = 32258 < 2^15 (vpmaddubsw saturates at 2^15 − 1: never reached).
+//                Its pack stores |qw| beside qw, so the sign trick costs one `vpsignb` per row and B vector
+//                (x86/gemm_int8_avx2.cpp has the instruction counts).
 //   kNeonDot     `sdot` (s8 × s8, four products into s32).
 //   kScalar      int32 loops (also the exact reference of the C++ tests).
 // Epilogue (every kernel, fp32): v = fma(float(dot) · sa[r], sw[j], accumulate ? C : 0), + bias, GELU, + addend
@@ -28,9 +30,10 @@
 // differ between kernels only by the fp32 rounding of the epilogue.
 //
 // Packed B layout (all kernels): panels of kNr = 16 columns; inside a panel, for each group of 4 k, the 16 columns'
-// 4 bytes in order: [k4][16][4], 64 bytes per group (one zmm, two ymm, four NEON q registers).  Padding (k past the
-// last group, columns past n) holds weight 0 (byte 128 in the u8 form).  A pack is made for one kernel (the u8 form
-// is the VNNI kernel's only); gemm_int8 refuses a pack made for another kernel.
+// 4 bytes in order: [k4][16][4], 64 bytes per group (one zmm, two ymm, four NEON q registers).  The AVX2 form
+// follows each group's 64 bytes with their absolute values (128 bytes per group).  Padding (k past the last group,
+// columns past n) holds weight 0 (byte 128 in the u8 form).  A pack is made for one kernel (the u8 form is the
+// VNNI kernel's only, the |qw| halves the AVX2 kernel's); gemm_int8 refuses a pack made for another kernel.
 #pragma once
 
 #include <cstddef>
@@ -70,7 +73,9 @@ class PackedInt8B {
   int64_t k4() const { return padded_k(k_); }
   int64_t panels() const { return (n_ + gemm::kNr - 1) / gemm::kNr; }
   int64_t padded_n() const { return panels() * gemm::kNr; }
-  int64_t panel_stride() const { return k4() * gemm::kNr; }  // bytes between panels
+  // Bytes per group of 4 k in a panel: 64, or 128 in the AVX2 form (qw then |qw|).
+  int64_t group_bytes() const { return kernel_ == Int8Kernel::kAvx2 ? 8 * gemm::kNr : 4 * gemm::kNr; }
+  int64_t panel_stride() const { return k4() / 4 * group_bytes(); }  // bytes between panels
   const int8_t* panel_data() const { return panels_.data(); }
   const float* scale() const { return scale_.data(); }        // padded_n() values (zeros past n)
   const float* bias() const { return has_bias_ ? bias_.data() : nullptr; }  // padded_n() values, or nullptr

@@ -31,7 +31,9 @@ struct Int8BlockArgs {
   const float* sa;        // m row scales
   const int32_t* rowsum;  // m row sums Σ_k qa (used by the VNNI kernel only)
   const int8_t* b;        // packed panels; panel p starts at b + p · b_panel_stride
-  int64_t b_panel_stride; // bytes between panels (= k4 · 16)
+  int64_t b_panel_stride; // bytes between panels (= k4 · 16, or k4 · 32 with b_abs)
+  bool b_abs;             // AVX2 kernel only: each 4-k group is 128 bytes, its 64 bytes of qw then their |qw|
+                          // (PackedInt8B's kAvx2 form); false: 64-byte groups, |qw| made in the kernel
   int64_t panel_begin;
   int64_t panel_end;
   const float* w_scale;   // >= panel_end · 16 values (zero padded)
