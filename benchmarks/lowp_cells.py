@@ -1,0 +1,188 @@
+"""The low-precision CPU cells of the int8/bf16 work, on this host, in one command: RePa-DeiT-S/B θ = 0.75 at batch
+1 on one thread and batch 8 on two, vitfast fp32 / int8 / bf16 against ONNX Runtime (fp32 and its one-call dynamic
+int8) and OpenVINO (f32 and its default precision) on the same fused graph, then each target checked on the paired
+ratios of the same rounds.
+
+    python benchmarks/lowp_cells.py [--models deit_small deit_base] [--isa avx2] [--record] [--quick]
+
+Each (model, setting) is one `vitfast bench --json` process (the rounds interleave every provider, so a ratio's
+two times come from the same seconds).  The targets:
+
+    vitfast int8  ÷  ORT dynamic int8      >= 1.2   every cell
+    vitfast fp32  ÷  vitfast int8          >= 2.0   every cell (int8 speed-up over fp32)
+    OpenVINO default ÷ vitfast bf16        >= 1.1   batch 1, one thread, where the CPU has a bf16 kernel
+    OpenVINO f32  ÷  vitfast fp32          >  1.0   every cell (fp32 stays ahead)
+
+--isa runs vitfast on another of its CPU paths (VITFAST_CPU_ISA; e.g. `avx2` on an AVX-512 host).  The anchors
+keep their own ISA choice then, so the anchor ratios are not an AVX2-only host's: such tables are recorded as
+`avx2_path_lowp_*`, a host's own as `lowp_anchors_*` (benchmarks/results/<date>-<machine>.json, with the targets
+in `lowp_targets` / `avx2_path_lowp_targets`).  Run it on a quiet host: an OpenMP job on the other core slows
+vitfast and the anchors unequally.  The exit status is 0 whether or not a target is met (it measures, it does not
+gate); a failed benchmark process is 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+MODELS = {"deit_small": "deit_small_patch16_224", "deit_base": "deit_base_patch16_224"}
+SHORT = {"deit_small": "DeiT-S", "deit_base": "DeiT-B"}
+TAG = {"deit_small": "deit_s", "deit_base": "deit_b"}  # the tables' names
+# (threads, batch, repeats): the two settings of the targets
+SETTINGS = ((1, 1, 20), (2, 8, 10))
+
+
+def providers(bf16: bool, openvino: bool) -> List[str]:
+    keys = ["ort-fused", "ort-int8"] + (["openvino-f32", "openvino"] if openvino else [])
+    return keys + ["vitfast", "vitfast-int8"] + (["vitfast-bf16"] if bf16 else [])
+
+
+def bench(model: str, threads: int, batch: int, repeats: int, keys: List[str], isa: Optional[str],
+          out: str) -> Dict[str, Any]:
+    cmd = [sys.executable, "-m", "vitfast", "bench", MODELS[model], "--channel-idle", "0.75", "--providers",
+           ",".join(keys), "--threads", str(threads), "--batch-sizes", str(batch), "--repeats", str(repeats),
+           "--json", out]
+    env = dict(os.environ)
+    if isa:
+        env["VITFAST_CPU_ISA"] = isa
+    print("$", ("VITFAST_CPU_ISA=" + isa + " " if isa else "") + " ".join(cmd[2:]), flush=True)
+    subprocess.run(cmd, check=True, env=env)
+    with open(out, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _row(report: Dict[str, Any], key: str) -> Optional[Dict[str, Any]]:
+    return next((r for r in report["results"] if r["provider"] == key), None)
+
+
+def checks(report: Dict[str, Any], model: str, bf16: bool) -> List[Dict[str, Any]]:
+    """The targets of one report (one model and setting), each as a row with the paired ratio (median, p10, p90)."""
+    from vitfast.bench import paired_speedups
+
+    rows: List[Dict[str, Any]] = []
+    fp32, int8, b16 = _row(report, "vitfast"), _row(report, "vitfast-int8"), _row(report, "vitfast-bf16")
+    if fp32 is None:
+        return rows
+    threads, batch = fp32["threads"], fp32["batch"]
+
+    def add(check: str, ratio: Optional[Tuple[float, float, float]], target: float, strict: bool = False) -> None:
+        if ratio is None:
+            met = "unmeasured"
+        else:
+            met = "met" if (ratio[0] > target if strict else ratio[0] >= target) else "NOT met"
+        rows.append({"model": SHORT[model], "threads": threads, "batch": batch, "check": check,
+                     "ratio": "–" if ratio is None else f"{ratio[0]:.3f}× ({ratio[1]:.2f}–{ratio[2]:.2f})",
+                     "target": f"{'>' if strict else '≥'} {target:g}×", "met": met})
+
+    if int8 is not None:
+        add("ORT dynamic int8 ÷ vitfast int8", (int8.get("paired_vs") or {}).get("ort-int8"), 1.2)
+        add("vitfast fp32 ÷ vitfast int8", paired_speedups(fp32["round_ms"], int8["round_ms"]), 2.0)
+    if bf16 and b16 is not None and threads == 1 and batch == 1:
+        add("OpenVINO default ÷ vitfast bf16", (b16.get("paired_vs") or {}).get("openvino"), 1.1)
+    add("OpenVINO f32 ÷ vitfast fp32", (fp32.get("paired_vs") or {}).get("openvino-f32"), 1.0, strict=True)
+    return rows
+
+
+def print_checks(rows: List[Dict[str, Any]]) -> None:
+    print(f"\n{'model':7s} {'thr':>3s} {'batch':>5s}  {'check':34s} {'paired ratio':24s} {'target':8s} result")
+    for r in rows:
+        print(f"{r['model']:7s} {r['threads']:>3d} {r['batch']:>5d}  {r['check']:34s} {r['ratio']:24s} "
+              f"{r['target']:8s} {r['met']}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["deit_small", "deit_base"])
+    p.add_argument("--isa", choices=("avx512", "avx2", "neon", "scalar"), default=None,
+                   help="vitfast's CPU path for the benchmark processes (VITFAST_CPU_ISA); default: this CPU's own")
+    p.add_argument("--quick", action="store_true", help="5 rounds per setting (a smoke run; not for the record)")
+    p.add_argument("--record", action="store_true", help="write the tables into benchmarks/results/")
+    args = p.parse_args(argv)
+    if args.record and args.quick:
+        p.error("--record: a --quick run is not recorded (5 rounds; run without --quick)")
+    import importlib.util
+
+    import vitfast
+
+    native = vitfast.ops.cpu_isa()
+    forced = args.isa is not None and args.isa != native
+    if forced:  # the bf16 kernel of the forced path: ask a process that runs on it
+        out = subprocess.run([sys.executable, "-c", "import vitfast; print(vitfast.ops.bf16_kernel())"], check=True,
+                             capture_output=True, text=True, env={**os.environ, "VITFAST_CPU_ISA": args.isa})
+        bf16_kernel = out.stdout.strip()
+    else:
+        bf16_kernel = vitfast.ops.bf16_kernel()
+    bf16 = bf16_kernel != "none"
+    openvino = importlib.util.find_spec("openvino") is not None
+    if not openvino:
+        print("openvino is not installed: its rows and the bf16 / f32 targets are unmeasured "
+              "(pip install openvino, or 'vitfast[bench]')")
+    if not bf16:
+        print(f"no bf16 kernel on vitfast's {args.isa or native} path: vitfast bf16 would compute in fp32 (no row)")
+    keys = providers(bf16, openvino)
+    all_checks: List[Dict[str, Any]] = []
+    failed = False
+    prefix = "avx2_path_lowp" if forced and args.isa == "avx2" else ("lowp_path_" + args.isa if forced else "lowp")
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            reports = []
+            for threads, batch, repeats in SETTINGS:
+                out = os.path.join(tmp, f"{model}-{threads}-{batch}.json")
+                try:
+                    reports.append(bench(model, threads, batch, 5 if args.quick else repeats, keys, args.isa, out))
+                except subprocess.CalledProcessError as exc:
+                    print(f"{model} threads {threads} batch {batch}: the benchmark failed ({exc})", file=sys.stderr)
+                    failed = True
+                    continue
+                all_checks += checks(reports[-1], model, bf16)
+            if args.record and reports:
+                record_model(model, reports, args.isa if forced else None, prefix)
+    print_checks(all_checks)
+    if args.record and all_checks:
+        record_checks(all_checks, args.isa if forced else None, prefix)
+    return 1 if failed else 0
+
+
+def _conditions(isa: Optional[str]) -> str:
+    path = (f"vitfast forced to its {isa} path (VITFAST_CPU_ISA={isa}); ONNX Runtime and OpenVINO on their own ISA "
+            f"choice, so the anchor ratios are not those of a {isa}-only host. " if isa else "")
+    return (f"RePa-DeiT θ = 0.75, random weights. {path}Two runs (1 thread batch 1: 20 interleaved rounds; 2 threads "
+            f"batch 8: 10 rounds), each a separate process; ratios paired (median, p10-p90)")
+
+
+def record_model(model: str, reports: List[Dict[str, Any]], isa: Optional[str], prefix: str) -> None:
+    import results_file
+
+    name = f"lowp_anchors_{TAG[model]}" if prefix == "lowp" else f"{prefix}_{TAG[model]}"
+    title = f"{SHORT[model]}/0.75 in low precision against the deployed anchors on the same fused graph"
+    table = results_file.from_bench_reports(reports, title=title, conditions=_conditions(isa),
+                                            command=results_file.command_line())
+    print(results_file.record(name, table))
+
+
+def record_checks(rows: List[Dict[str, Any]], isa: Optional[str], prefix: str) -> None:
+    import results_file
+
+    table = {
+        "title": "The low-precision targets, each on the paired ratio of one run's interleaved rounds",
+        "script": "benchmarks/lowp_cells.py", "command": results_file.command_line(), "conditions": _conditions(isa),
+        "columns": [{"label": "model", "fmt": "{model}"}, {"label": "threads", "fmt": "{threads}"},
+                    {"label": "batch", "fmt": "{batch}"}, {"label": "check (above 1: vitfast faster)",
+                                                           "fmt": "{check}"},
+                    {"label": "paired ratio (p10–p90)", "fmt": "{ratio}"}, {"label": "target", "fmt": "{target}"},
+                    {"label": "result", "fmt": "{met}"}],
+        "rows": rows,
+    }
+    print(results_file.record(f"{prefix}_targets", table))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
