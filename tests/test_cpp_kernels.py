@@ -31,19 +31,21 @@ def test_native_cmake_ctest(request):
 
 def int8_kernel_lines():
     """The "[kernel] gemm_int8 parity: ok" / "[path] quantize_rows parity: ok" lines test_gemm_int8 must print here."""
-    lines = ["[scalar] gemm_int8 parity: ok", "[scalar] quantize_rows parity: ok"]
+    lines = ["[scalar] gemm_int8 parity: ok", "[scalar] quantize_rows parity: ok",
+             "[scalar] softmax_quantize_rows parity: ok"]
     machine = platform.machine().lower()
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     words = set(flags.split())
     if machine in ("x86_64", "amd64"):
         if {"avx2", "fma"} <= words:
-            lines += ["[avx2] gemm_int8 parity: ok", "[avx2] quantize_rows parity: ok"]
+            lines += ["[avx2] gemm_int8 parity: ok", "[avx2] quantize_rows parity: ok",
+                      "[avx2] softmax_quantize_rows parity: ok"]
         if {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= words:
-            lines.append("[avx512] quantize_rows parity: ok")
+            lines += ["[avx512] quantize_rows parity: ok", "[avx512] softmax_quantize_rows parity: ok"]
             if "avx512_vnni" in words:
                 lines.append("[avx512_vnni] gemm_int8 parity: ok")
     elif machine in ("aarch64", "arm64"):
-        lines.append("[neon] quantize_rows parity: ok")
+        lines += ["[neon] quantize_rows parity: ok", "[neon] softmax_quantize_rows parity: ok"]
         if "asimddp" in words:
             lines.append("[neon_dot] gemm_int8 parity: ok")
     return lines

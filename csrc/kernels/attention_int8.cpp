@@ -17,7 +17,7 @@ int64_t padded16(int64_t n) { return (n + gemm::kNr - 1) / gemm::kNr * gemm::kNr
 
 struct Layout {
   // floats
-  int64_t vt, scores, sk, sv, sq, sp, row_max, row_sum, total_floats;
+  int64_t vt, scores, sk, sv, sq, sp, total_floats;
   // bytes
   int64_t qk, kpan, vpan, qq, qp, total_bytes;
   int64_t ld_s, lda_d, lda_n, chunk, k_panels, v_panels;
@@ -36,14 +36,13 @@ struct Layout {
     sv = take(d);
     sq = take(std::max(chunk, d + gemm::kNr));
     sp = take(chunk);
-    row_max = take(chunk);
-    row_sum = take(chunk);
     total_floats = f;
     int64_t b = 0;
     auto takeb = [&](int64_t n) { const int64_t at = b; b += (n + 63) / 64 * 64; return at; };
     qk = takeb(tokens * lda_d);
-    kpan = takeb(k_panels * gemm::kNr * lda_d);
-    vpan = takeb(v_panels * gemm::kNr * lda_n);
+    // room for the AVX2 kernel's form: 128-byte groups (qw then |qw|, gemm_int8.h), twice the others' 64
+    kpan = takeb(2 * k_panels * gemm::kNr * lda_d);
+    vpan = takeb(2 * v_panels * gemm::kNr * lda_n);
     qq = takeb(chunk * lda_d);
     qp = takeb(chunk * lda_n);
     total_bytes = b;
@@ -134,8 +133,8 @@ __attribute__((always_inline)) inline void v_columns(const float* v, int64_t ld_
 // the last and channels past d are weight 0 (byte `offset`).
 __attribute__((always_inline)) inline void v_pack(const float* v, int64_t ld_qkv, int64_t tokens, int64_t d,
                                                   int64_t d16, int64_t k4, int64_t panels, int64_t panel_stride,
-                                                  int32_t offset, const float* inv, const int32_t* keep,
-                                                  uint32_t* words, int8_t* dst) {
+                                                  int64_t group_bytes, int32_t offset, const float* inv,
+                                                  const int32_t* keep, uint32_t* words, int8_t* dst) {
   for (int64_t t0 = 0; t0 < k4; t0 += 4) {
     for (int64_t j = 0; j < d16; ++j) words[j] = 0;
     for (int64_t tt = 0; tt < 4; ++tt) {
@@ -162,7 +161,7 @@ __attribute__((always_inline)) inline void v_pack(const float* v, int64_t ld_qkv
       for (int64_t j = d; j < d16; ++j) words[j] |= uint32_t(offset) << (8 * tt);
     }
     for (int64_t p = 0; p < panels; ++p)
-      std::memcpy(dst + p * panel_stride + t0 * gemm::kNr, words + p * gemm::kNr, 4 * gemm::kNr);
+      std::memcpy(dst + p * panel_stride + t0 / 4 * group_bytes, words + p * gemm::kNr, 4 * gemm::kNr);
   }
 }
 
@@ -173,9 +172,17 @@ __attribute__((target("avx2"))) void v_columns_avx2(const float* v, int64_t ld_q
 }
 __attribute__((target("avx2"))) void v_pack_avx2(const float* v, int64_t ld_qkv, int64_t tokens, int64_t d,
                                                  int64_t d16, int64_t k4, int64_t panels, int64_t panel_stride,
-                                                 int32_t offset, const float* inv, const int32_t* keep,
-                                                 uint32_t* words, int8_t* dst) {
-  v_pack(v, ld_qkv, tokens, d, d16, k4, panels, panel_stride, offset, inv, keep, words, dst);
+                                                 int64_t group_bytes, int32_t offset, const float* inv,
+                                                 const int32_t* keep, uint32_t* words, int8_t* dst) {
+  v_pack(v, ld_qkv, tokens, d, d16, k4, panels, panel_stride, group_bytes, offset, inv, keep, words, dst);
+}
+// The AVX2 kernel's |qw| halves: each 128-byte group's second 64 bytes = |first 64| (gemm_int8.h; no −128 here:
+// the codes are clamped to ±127).  A loop the compiler vectorises.
+__attribute__((target("avx2"))) void fill_abs_halves(int8_t* panels, int64_t groups) {
+  for (int64_t g = 0; g < groups; ++g) {
+    int8_t* p = panels + g * 128;
+    for (int i = 0; i < 64; ++i) p[64 + i] = int8_t(p[i] < 0 ? -p[i] : p[i]);
+  }
 }
 #endif
 
@@ -234,7 +241,7 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   float* fb = ws.floats.data();
   int8_t* bb = ws.bytes.data();
   float *vt = fb + l.vt, *scores = fb + l.scores, *sk = fb + l.sk, *sv = fb + l.sv, *sq = fb + l.sq,
-        *sp = fb + l.sp, *row_max = fb + l.row_max, *row_sum = fb + l.row_sum;
+        *sp = fb + l.sp;
   int8_t *qk = bb + l.qk, *kpan = bb + l.kpan, *vpan = bb + l.vpan, *qq = bb + l.qq, *qp = bb + l.qp;
   int32_t* rs = rowsums(tokens + 2 * (d + gemm::kNr) + 2 * l.chunk);
   int32_t *rs_k = rs, *rs_v = rs + tokens, *rs_q = rs_v + d + gemm::kNr, *rs_p = rs_q + std::max(l.chunk, d + gemm::kNr);
@@ -252,7 +259,10 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   // The VNNI kernel's B is u8 = q + 128 (= q ^ 0x80): padding (weight 0) is byte 0x80.
   const bool u8 = kernel == gemm8::Int8Kernel::kAvx512Vnni;
   const uint32_t flip = u8 ? 0x80808080u : 0u;
-  const int64_t k_stride = l.lda_d * gemm::kNr, v_stride = l.lda_n * gemm::kNr;
+  // The AVX2 kernel reads |qw| beside qw (b_abs): its groups are 128 bytes, filled in after the codes.
+  const bool with_abs = kernel == gemm8::Int8Kernel::kAvx2;
+  const int64_t group_bytes = with_abs ? 8 * gemm::kNr : 4 * gemm::kNr;
+  const int64_t k_stride = l.lda_d / 4 * group_bytes, v_stride = l.lda_n / 4 * group_bytes;
   if (tokens % gemm::kNr != 0) std::memset(kpan, u8 ? 0x80 : 0, size_t(l.k_panels * k_stride));
   for (int64_t t = 0; t < tokens; ++t) {
     const int8_t* src = qk + t * l.lda_d;
@@ -261,7 +271,7 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
       uint32_t w;
       std::memcpy(&w, src + g, 4);
       w ^= flip;
-      std::memcpy(dst + g * gemm::kNr, &w, 4);
+      std::memcpy(dst + g / 4 * group_bytes, &w, 4);
     }
   }
   // V: per channel d over the tokens (quantize_rows' rule on V_hᵀ, written out: amax, inv = 127 / amax,
@@ -291,10 +301,17 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   const int32_t offset = u8 ? 128 : 0;
 #if defined(__x86_64__) || defined(__i386__)
   if (isa != CpuIsa::kScalar)
-    v_pack_avx2(v, ld_qkv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, offset, inv, keep, words, vpan);
+    v_pack_avx2(v, ld_qkv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv, keep, words,
+                vpan);
   else
 #endif
-    v_pack(v, ld_qkv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, offset, inv, keep, words, vpan);
+    v_pack(v, ld_qkv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv, keep, words, vpan);
+#if defined(__x86_64__) || defined(__i386__)
+  if (with_abs) {
+    fill_abs_halves(kpan, l.k_panels * l.lda_d / 4);
+    fill_abs_halves(vpan, l.v_panels * l.lda_n / 4);
+  }
+#endif
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const NextRows prefetch(next, qkv, h, ld_qkv, tokens, heads, d, ld_out);
@@ -303,13 +320,13 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
     const int64_t rows = std::min(q1, r0 + kAttentionInt8Chunk) - r0;
     gemm8::quantize_rows(q + r0 * ld_qkv, ld_qkv, rows, d, nullptr, qq, l.lda_d, sq, rs_q, isa);
     run_gemm(kernel, rows, tokens, qq, l.lda_d, sq, rs_q, kpan, k_stride, l.k_panels, sk, scores, l.ld_s, true);
+    // E = exp(S·scale − max) and its quantization, a pair of rows at a time (one pass on x86: gemm_int8.h)
     for (int64_t i = 0; i < rows; i += 2) {
       const int64_t pair = std::min<int64_t>(2, rows - i);
-      for (int64_t r = i; r < i + pair; ++r) row_max[r] = -std::numeric_limits<float>::infinity();
-      gemm::softmax_exp_rows(scores + i * l.ld_s, pair, tokens, l.ld_s, scale, row_max + i, row_sum + i, isa);
+      gemm8::softmax_quantize_rows(scores + i * l.ld_s, pair, tokens, l.ld_s, scale, qp + i * l.lda_n, l.lda_n,
+                                   sp + i, rs_p + i, isa);
       prefetch.rows((r0 - q0 + i) * pf_total / m, (r0 - q0 + i + pair) * pf_total / m);
     }
-    gemm8::quantize_rows(scores, l.ld_s, rows, tokens, nullptr, qp, l.lda_n, sp, rs_p, isa);
     // The softmax's normalisation: 1 / Σ codes of the quantized row (>= 127: its maximum is code 127).
     for (int64_t i = 0; i < rows; ++i)
       sp[i] = (keys_nan || std::isnan(sq[i]) || std::isnan(sp[i]) || rs_p[i] <= 0) ? nan : 1.0f / float(rs_p[i]);

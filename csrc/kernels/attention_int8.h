@@ -7,8 +7,9 @@
 //   the B operand [N × D] with the channels' scales.  Both are O(N·D) beside the O(N²·D) products.
 //   Per chunk of at most kAttentionInt8Chunk query rows:
 //     Q rows quantized per token → S = Q·Kᵀ (int8 GEMM, fp32 scores from the epilogue) into a chunk × N tile
-//     → E = exp(S·scale − max) in place (gemm::softmax_exp_rows, fp32; the row maximum becomes 1)
-//     → E quantized per row (its 1 maps to code 127) → the row's scale replaced by 1 / Σ codes (the quantized
+//     → E = exp(S·scale − max) (gemm::softmax_exp_rows, fp32; the row maximum becomes 1)
+//     → E quantized per row (its 1 maps to code 127; on x86 in the exp pass: gemm8::softmax_quantize_rows)
+//     → the row's scale replaced by 1 / Σ codes (the quantized
 //       row's exact integer sum, which the quantizer writes anyway: the softmax normalisation, folded in)
 //     → O = P·V (int8 GEMM) straight into the head's output columns.
 //   NaN: a query row with NaN/±Inf gives a NaN output row, a key row with one a NaN head, a V channel with one a

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -119,6 +120,29 @@ void quantize_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, const f
   }
 }
 
+void softmax_quantize_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, int8_t* qp, int64_t lda,
+                           float* sa, int32_t* rowsum, CpuIsa isa) {
+  if (rows <= 0) return;
+  if (lda % 4 != 0 || lda < padded_k(n))
+    throw std::invalid_argument("softmax_quantize_rows: lda must be a multiple of 4 >= padded_k(n)");
+  const SoftmaxQuantizeArgs a{s, rows, n, ld, scale, qp, lda, sa, rowsum};
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case CpuIsa::kAvx512: softmax_quantize_rows_avx512(a); return;
+    case CpuIsa::kAvx2: softmax_quantize_rows_avx2(a); return;
+#endif
+    default:
+      for (int64_t r = 0; r < rows; r += 2) {
+        const int64_t pair = rows - r < 2 ? rows - r : 2;
+        float row_max[2] = {-std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+        float row_sum[2];
+        gemm::softmax_exp_rows(s + r * ld, pair, n, ld, scale, row_max, row_sum, isa);
+        quantize_rows(s + r * ld, ld, pair, n, nullptr, qp + r * lda, lda, sa + r, rowsum + r, isa);
+      }
+      return;
+  }
+}
+
 void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa, const int32_t* rowsum,
                       const PackedInt8B& b, int64_t panel_begin, int64_t panel_end, float* c, int64_t ldc,
                       const gemm::Epilogue& ep, Int8Kernel kernel) {
@@ -144,7 +168,6 @@ void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa,
   g.rowsum = rowsum;
   g.b = b.panel_data();
   g.b_panel_stride = b.panel_stride();
-  g.b_abs = b.kernel() == Int8Kernel::kAvx2;
   g.panel_begin = panel_begin;
   g.panel_end = panel_end;
   g.w_scale = b.scale();

@@ -98,6 +98,16 @@ class PackedInt8B {
 void quantize_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, const float* col_scale, int8_t* qa,
                    int64_t lda, float* sa, int32_t* rowsum, CpuIsa isa);
 
+// Attention's P (attention_int8.h): gemm::softmax_exp_rows of rows [0, rows) of s (row stride ld, n columns, each
+// row's maximum starting from −inf), then quantize_rows of the exps into qp (row stride lda), sa and rowsum: the
+// same bytes, scales and sums, bit for bit (s is scratch afterwards).  Why it can be one pass: softmax_exp_rows
+// stores the scaled scores its maximum was taken over, so the maximum's own exp is exp(0) = 1 exactly; a row whose
+// largest exp is exactly 1 (and holds no NaN) has quantize_rows' amax = 1, inv = 127 and codes rne(e · 127) with
+// nothing to clamp.  The AVX2 and AVX-512 paths write those codes from the exp pass, skipping quantize_rows' two
+// passes over the row; any other row (a NaN, an all −inf row) takes the two steps.  Other paths: the two steps.
+void softmax_quantize_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, int8_t* qp, int64_t lda,
+                           float* sa, int32_t* rowsum, CpuIsa isa);
+
 // Rows [0, m) of C, panels [panel_begin, panel_end) of b (columns [16·panel_begin, min(n, 16·panel_end))), on the
 // calling thread.  ep: as in gemm.h (ep.bias adds b.bias(); addend must not alias C).  `kernel` must be
 // b.kernel() (std::invalid_argument otherwise).  No K blocking: the int32 accumulators live across all of K.

@@ -31,9 +31,8 @@ struct Int8BlockArgs {
   const float* sa;        // m row scales
   const int32_t* rowsum;  // m row sums Σ_k qa (used by the VNNI kernel only)
   const int8_t* b;        // packed panels; panel p starts at b + p · b_panel_stride
-  int64_t b_panel_stride; // bytes between panels (= k4 · 16, or k4 · 32 with b_abs)
-  bool b_abs;             // AVX2 kernel only: each 4-k group is 128 bytes, its 64 bytes of qw then their |qw|
-                          // (PackedInt8B's kAvx2 form); false: 64-byte groups, |qw| made in the kernel
+  int64_t b_panel_stride; // bytes between panels (= k4 · 16; k4 · 32 in the AVX2 kernel's form: each 4-k group
+                          // is 128 bytes, its 64 bytes of qw then their |qw|)
   int64_t panel_begin;
   int64_t panel_end;
   const float* w_scale;   // >= panel_end · 16 values (zero padded)
@@ -62,6 +61,22 @@ struct QuantizeArgs {
   int32_t* rowsum;
 };
 
+// Attention's P (gemm_int8.h: softmax_quantize_rows): rows [0, rows) of s (row stride ld, n columns) through
+// gemm::softmax_exp_rows (row maxima from −inf), then quantize_rows of the exps into q (row stride lda), sa, rowsum.
+// The x86 versions (vec_avx2.cpp, vec_avx512.cpp) quantize in the exp pass and so skip both passes of
+// quantize_rows, falling back to the two steps for a row where the shortcut would not give their bits.
+struct SoftmaxQuantizeArgs {
+  float* s;
+  int64_t rows;
+  int64_t n;
+  int64_t ld;
+  float scale;
+  int8_t* q;
+  int64_t lda;
+  float* sa;
+  int32_t* rowsum;
+};
+
 void gemm_int8_block_scalar(const Int8BlockArgs& args);
 void quantize_rows_scalar(const QuantizeArgs& args);
 
@@ -70,6 +85,8 @@ void gemm_int8_block_avx2(const Int8BlockArgs& args);
 void quantize_rows_avx2(const QuantizeArgs& args);
 void gemm_int8_block_avx512_vnni(const Int8BlockArgs& args);
 void quantize_rows_avx512(const QuantizeArgs& args);
+void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& args);
+void softmax_quantize_rows_avx512(const SoftmaxQuantizeArgs& args);
 #endif
 
 #if defined(__aarch64__)

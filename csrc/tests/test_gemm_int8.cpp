@@ -290,6 +290,53 @@ void test_quantize(CpuIsa isa) {
   if (failures() == failures_before) std::printf("[%s] quantize_rows parity: ok\n", cpu_isa_name(isa));
 }
 
+// softmax_quantize_rows (attention's P) against its definition on the same path: softmax_exp_rows from −inf, then
+// quantize_rows of the exps.  Bytes [0, padded_k(n)), sa (NaN as NaN) and rowsum identical.  Rows that take the
+// fused pass (ordinary scores, huge ones, a row with one finite score among −infs) and rows that must fall back
+// (a NaN, all −inf, +Inf), odd row counts (the pairs' tail), widths with and without vector tails.
+void test_softmax_quantize(CpuIsa isa) {
+  const int failures_before = failures();
+  std::mt19937 rng(11);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t n : {1, 3, 4, 7, 8, 9, 16, 17, 31, 64, 197}) {
+    for (int64_t rows : {1, 2, 9}) {
+      const int64_t ld = n + 3, lda = padded_k(n) + 4;
+      std::vector<float> s = random_vector(rng, size_t(rows * ld), 4.0f);
+      if (rows == 9) {
+        for (int64_t c = 0; c < n; ++c) {
+          s[1 * ld + c] *= 1e28f;       // huge scores (the max's own t must still give exp(0) = 1)
+          s[3 * ld + c] = -inf;         // all −inf: every exp 0, no max of 1 (falls back)
+          s[5 * ld + c] = c == n / 2 ? 2.0f : -inf;  // one finite score: a single code 127
+        }
+        s[2 * ld + n / 2] = nan;        // a NaN (falls back: sa NaN, codes 0)
+        s[4 * ld + n - 1] = inf;        // +Inf: inf − inf = NaN (falls back)
+      }
+      std::vector<float> s_ref = s, row_max(size_t(rows), -inf), row_sum(static_cast<size_t>(rows));
+      std::vector<int8_t> q_ref(size_t(rows * lda), 99), q(size_t(rows * lda), 99);
+      std::vector<float> sa_ref(static_cast<size_t>(rows)), sa(static_cast<size_t>(rows));
+      std::vector<int32_t> rs_ref(static_cast<size_t>(rows)), rs(static_cast<size_t>(rows));
+      gemm::softmax_exp_rows(s_ref.data(), rows, n, ld, 0.125f, row_max.data(), row_sum.data(), isa);
+      quantize_rows(s_ref.data(), ld, rows, n, nullptr, q_ref.data(), lda, sa_ref.data(), rs_ref.data(), isa);
+      softmax_quantize_rows(s.data(), rows, n, ld, 0.125f, q.data(), lda, sa.data(), rs.data(), isa);
+      int64_t bad_q = 0, bad_s = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < padded_k(n); ++c) bad_q += q_ref[r * lda + c] != q[r * lda + c];
+        for (int64_t c = padded_k(n); c < lda; ++c) bad_q += q[r * lda + c] != 99;  // nothing past padded_k(n)
+        const bool same_sa = std::isnan(sa_ref[r]) ? std::isnan(sa[r])
+                                                   : std::memcmp(&sa_ref[r], &sa[r], sizeof(float)) == 0;
+        bad_s += !same_sa || rs_ref[r] != rs[r];
+      }
+      VT_CHECK(bad_q == 0 && bad_s == 0, "[%s] softmax_quantize_rows n=%lld rows=%lld: %lld bytes, %lld rows differ",
+               cpu_isa_name(isa), (long long)n, (long long)rows, (long long)bad_q, (long long)bad_s);
+      if (rows == 9) {
+        VT_CHECK(std::isnan(sa[2]) && std::isnan(sa[4]) && rs[2] == 0, "[%s] NaN rows not NaN", cpu_isa_name(isa));
+        VT_CHECK(rs[5] == 127 && sa[0] == 1.0f / 127.0f, "[%s] one-score row: rowsum %d", cpu_isa_name(isa), rs[5]);
+      }
+    }
+  }
+  if (failures() == failures_before) std::printf("[%s] softmax_quantize_rows parity: ok\n", cpu_isa_name(isa));
+}
+
 // quantize_rows then gemm_int8 approximates the fp32 product: |err| <= Σ_k |x||w| · (1/127 + 1/127) per value
 // (each operand off by at most half a step of its scale), checked loosely on random data.
 void test_end_to_end(CpuIsa isa) {
@@ -355,6 +402,7 @@ int main() {
     }
     for (CpuExt ext : {CpuExt::kAvx512Vnni, CpuExt::kNeonDotProd}) set_cpu_ext_enabled(ext, true);
     test_quantize(isa);
+    test_softmax_quantize(isa);
   }
   std::printf("int8 kernels under test:");
   for (Int8Kernel kern : done) std::printf(" %s", int8_kernel_name(kern));

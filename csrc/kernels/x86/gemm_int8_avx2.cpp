@@ -8,8 +8,8 @@
 // four products of one column).
 // Per row and 4-k group: 1 broadcast, 2 vpsignb, 2 vpmaddubsw, 2 vpmaddwd, 2 vpaddd for 64 MACs.  The four
 // multiplies are the instruction peak (`int8_gemm_peaks`); every other vector op competes with them for the same
-// four pipes, so each one taken out of the loop counts.  |qw| comes with the pack (PackedInt8B's AVX2 form, b_abs)
-// or, for the attention's per-head panels, is made once per group and shared by the four rows.  The former
+// four pipes, so each one taken out of the loop counts.  |qw| comes with the pack (the AVX2 form of gemm_int8.h's
+// layout: 128-byte groups, qw then |qw|; PackedInt8B and attention_int8's per-head panels write it).  The former
 // arrangement, |qa| per row (vpabsb) and sign(qa) on both B vectors, took one op more per row: 193 against 224
 // GOPS at 197 × 256 × 256 on one Zen 4 core (int8_gemm_shapes has the current figures).
 // Four rows: 8 accumulators + 4 B vectors + ones + the per-row temporaries fit the 16 ymm registers.
@@ -73,13 +73,12 @@ static inline void store_row(__m256i acc0, __m256i acc1, float sa, const Epi& e,
   }
 }
 
-template <int MR, bool kAbs>
+template <int MR>
 static inline __attribute__((always_inline)) void tile(int64_t groups, const int8_t* a, int64_t lda, const int8_t* b,
                                                        const float* sa, float* c, int64_t ldc, const Epi& e) {
   __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
           c31 = c00;
   const __m256i ones = _mm256_set1_epi16(1);
-  constexpr int64_t kGroup = kAbs ? 128 : 64;  // bytes per 4-k group
 #define VITFAST_AVX2_I8_ROW(row)                                                      \
   if (MR > row) {                                                                     \
     const __m256i t = bcast4(a + row * lda);                                          \
@@ -91,11 +90,11 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
   for (int64_t p = 0; p < groups; ++p) {
     const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
     const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 32));
-    const __m256i u0 = kAbs ? _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 64)) : _mm256_abs_epi8(b0);
-    const __m256i u1 = kAbs ? _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 96)) : _mm256_abs_epi8(b1);
+    const __m256i u0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 64));
+    const __m256i u1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 96));
     _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64), _MM_HINT_T0);
-    if (kAbs) _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64 + 64), _MM_HINT_T0);
-    b += kGroup;
+    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64 + 64), _MM_HINT_T0);
+    b += 128;  // a group: qw (64 bytes), then |qw|
     VITFAST_AVX2_I8_ROW(0)
     VITFAST_AVX2_I8_ROW(1)
     VITFAST_AVX2_I8_ROW(2)
@@ -110,8 +109,9 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
   if (MR > 3) store_row(c30, c31, sa[3], e, c + 3 * ldc, 3);
 }
 
-template <bool kAbs>
-void block(const Int8BlockArgs& g) {
+}  // namespace
+
+void gemm_int8_block_avx2(const Int8BlockArgs& g) {
   const int64_t groups = g.k4 / 4;
   for (int64_t p = g.panel_begin; p < g.panel_end; ++p) {
     const int8_t* bp = g.b + p * g.b_panel_stride;
@@ -129,22 +129,13 @@ void block(const Int8BlockArgs& g) {
       float* c = g.c + i * g.ldc + col;
       e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
       switch (g.m - i >= kMrAvx2 ? kMrAvx2 : g.m - i) {
-        case 4: tile<4, kAbs>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        case 3: tile<3, kAbs>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        case 2: tile<2, kAbs>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        default: tile<1, kAbs>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 4: tile<4>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 3: tile<3>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 2: tile<2>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        default: tile<1>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
       }
     }
   }
-}
-
-}  // namespace
-
-void gemm_int8_block_avx2(const Int8BlockArgs& g) {
-  if (g.b_abs)
-    block<true>(g);
-  else
-    block<false>(g);
 }
 
 // The scalar definition 8 lanes at a time (see quantize_rows_avx512 for why the bits agree).

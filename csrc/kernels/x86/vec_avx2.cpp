@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "kernels/gemm_int8_isa.h"
 #include "kernels/gemm_isa.h"
 #include "kernels/x86/avx2_math.h"
 #include "kernels/x86/vec_body.inc"
@@ -35,6 +36,37 @@ void softmax_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scal
   softmax_rows<Avx2>(s, rows, n, ld, scale);
 }
 
+namespace {
+// Pass 1 of softmax_exp_rows_avx2: t = s · scale stored back, and max(init, max_j t) (NaN lanes skipped).  The
+// fused P path of attention_int8 (softmax_quantize_rows_avx2 below) runs this same code, so it takes the same
+// maximum and can fall back to pass 2 on the stored t.
+//
+// The scaled scores are stored back and the exp pass reads them, so exp(t − m) has t rounded exactly as in the
+// max: the max's own term is exactly 0.  fma(s, scale, −m) was up to half an ulp off (~1e22 for scores near
+// 1e29), exp of which made the row NaN where torch stays finite; a separate mul/sub GCC contracts again.
+inline __attribute__((always_inline)) float scale_store_max(float* row, int64_t n, __m256 vscale, float init) {
+  const __m256i tail = x86::lane_mask(int(n % 8));
+  const int64_t body = n - n % 8;
+  __m256 vmax = _mm256_set1_ps(init);
+  int64_t j = 0;
+  for (; j < body; j += 8) {
+    const __m256 t = _mm256_mul_ps(_mm256_loadu_ps(row + j), vscale);
+    _mm256_storeu_ps(row + j, t);
+    vmax = _mm256_max_ps(t, vmax);  // t first: maxps returns its second operand for a NaN t (the max skips it)
+  }
+  if (j < n) {
+    const __m256 t = _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), vscale);
+    _mm256_maskstore_ps(row + j, tail, t);
+    vmax = _mm256_max_ps(_mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), t, _mm256_castsi256_ps(tail)), vmax);
+  }
+  return x86::hmax8(vmax);
+}
+
+// The exp pass's subtrahend: a row whose scores so far are all -inf subtracts 0 (see softmax_exp_row_group in
+// vec_avx512.cpp).
+inline __m256 exp_shift(float mx) { return _mm256_set1_ps(mx == -__builtin_inff() ? 0.0f : mx); }
+}  // namespace
+
 // Two passes (gemm_isa.h): the scaled scores and their maximum, then exp(t − m) stored with its sum.
 void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                            float* row_sum) {
@@ -43,30 +75,78 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
   const int64_t body = n - n % 8;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
-    __m256 vmax = _mm256_set1_ps(row_max[r]);
-    int64_t j = 0;
-    // The scaled scores are stored back and the exp pass reads them, so exp(t − m) has t rounded exactly as in
-    // the max: the max's own term is exactly 0.  fma(s, scale, −m) was up to half an ulp off (~1e22 for scores
-    // near 1e29), exp of which made the row NaN where torch stays finite; a separate mul/sub GCC contracts again.
-    for (; j < body; j += 8) {
-      const __m256 t = _mm256_mul_ps(_mm256_loadu_ps(row + j), vscale);
-      _mm256_storeu_ps(row + j, t);
-      vmax = _mm256_max_ps(t, vmax);  // t first: maxps returns its second operand for a NaN t (the max skips it)
-    }
-    if (j < n) {
-      const __m256 t = _mm256_mul_ps(_mm256_maskload_ps(row + j, tail), vscale);
-      _mm256_maskstore_ps(row + j, tail, t);
-      vmax = _mm256_max_ps(_mm256_blendv_ps(_mm256_set1_ps(-__builtin_inff()), t, _mm256_castsi256_ps(tail)),
-                           vmax);
-    }
-    const float mx = x86::hmax8(vmax);
-    // A row whose scores so far are all -inf subtracts 0: see softmax_exp_row_group in vec_avx512.cpp.
-    const __m256 vmx = _mm256_set1_ps(mx == -__builtin_inff() ? 0.0f : mx);
-    const __m256 vsum = exp_and_sum<Avx2>(row, body, n, tail, vmx);
+    const float mx = scale_store_max(row, n, vscale, row_max[r]);
+    const __m256 vsum = exp_and_sum<Avx2>(row, body, n, tail, exp_shift(mx));
     row_max[r] = mx;
     row_sum[r] = x86::hsum8(vsum);
   }
 }
+
+}  // namespace gemm
+
+namespace gemm8 {
+
+// gemm_int8.h: softmax_quantize_rows.  Per row: pass 1 as softmax_exp_rows_avx2, then one pass that takes each
+// exp e, keeps the row's max e and a NaN flag, and stores the code rne(e · 127) (quantize_rows' rule when the
+// row's amax is 1) with the codes' sum.  A row whose max e is not exactly 1 or that holds a NaN runs the two steps
+// on its stored t instead.  Codes 32 at a time: two vpackssdw, one vpacksswb (codes are in [0, 127]: nothing
+// saturates) and one vpermd to undo the packs' lane interleave; four shuffles where 8 at a time (as
+// quantize_rows_avx2 does) takes twelve, and the shuffles, not the exp, set this pass's pace.
+void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
+  const __m256 vscale = _mm256_set1_ps(a.scale), k127 = _mm256_set1_ps(127.0f);
+  const __m256i gather = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i unlace = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const int64_t n = a.n, body = n - n % 8, n4 = (n + 3) / 4 * 4;
+  const __m256i tail = x86::lane_mask(int(n % 8));
+  for (int64_t r = 0; r < a.rows; ++r) {
+    float* row = a.s + r * a.ld;
+    int8_t* out = a.q + r * a.lda;
+    const __m256 vmx = gemm::exp_shift(gemm::scale_store_max(row, n, vscale, -__builtin_inff()));
+    __m256 emax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    __m256i vsum = _mm256_setzero_si256();
+    auto code = [&](__m256 e) {
+      emax = _mm256_max_ps(e, emax);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(e, e, _CMP_UNORD_Q));
+      const __m256i i = _mm256_cvtps_epi32(_mm256_mul_ps(e, k127));
+      vsum = _mm256_add_epi32(vsum, i);
+      return i;
+    };
+    auto exp_at = [&](int64_t j) { return x86::exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), vmx)); };
+    auto bytes8 = [&](__m256i i) {  // the low byte of each s32 lane, in order
+      const __m256i b = _mm256_shuffle_epi8(i, gather);
+      return _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    };
+    int64_t j = 0;
+    for (; j + 32 <= body; j += 32) {
+      const __m256i i0 = code(exp_at(j)), i1 = code(exp_at(j + 8)), i2 = code(exp_at(j + 16)),
+                    i3 = code(exp_at(j + 24));
+      const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), _mm256_permutevar8x32_epi32(b, unlace));
+    }
+    for (; j < body; j += 8) _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), bytes8(code(exp_at(j))));
+    if (j < n) {  // masked-off lanes: e = 0, code 0
+      const __m256 e = x86::exp8_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(row + j, tail), vmx));
+      int8_t tmp[16];
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(tmp), bytes8(code(_mm256_and_ps(e, _mm256_castsi256_ps(tail)))));
+      for (int64_t c = j; c < n; ++c) out[c] = tmp[c - j];
+    }
+    for (int64_t c = n; c < n4; ++c) out[c] = 0;
+    if (_mm256_movemask_ps(bad) == 0 && x86::hmax8(emax) == 1.0f) {
+      a.sa[r] = 1.0f / 127.0f;  // amax / 127 with amax = 1
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vsum), _mm256_extracti128_si256(vsum, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      a.rowsum[r] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+    } else {  // the two steps: pass 2 of softmax_exp_rows_avx2 on the stored t, then quantize_rows
+      gemm::exp_and_sum<x86::Avx2>(row, body, n, tail, vmx);
+      quantize_rows_avx2(QuantizeArgs{row, a.ld, 1, n, nullptr, out, a.lda, a.sa + r, a.rowsum + r});
+    }
+  }
+}
+
+}  // namespace gemm8
+
+namespace gemm {
 
 // Same two passes as layer_norm_rows_avx512 (gemm_isa.h), 8 lanes, one row at a time, masked tails.
 void layer_norm_rows_avx2(const float* x, float* y, int64_t rows, int64_t c, const float* gamma, const float* beta,

@@ -20,12 +20,82 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include "kernels/gemm_int8_isa.h"
 #include "kernels/gemm_isa.h"
 #include "kernels/x86/avx512_math.h"
 #include "kernels/x86/vec_body.inc"
 
 namespace vitfast {
 #include "kernels/x86/softmax_exp_avx512.inc"
+
+namespace x86 {
+namespace {
+// softmax_exp_row_group's output for attention_int8's P (gemm8::softmax_quantize_rows_avx512 below): each exp e
+// becomes the code rne(e · 127), stored as a byte, with the row's codes summed, its max e kept and NaNs flagged.
+struct ToInt8 {
+  int8_t* q;
+  int64_t lda;
+  __m512* emax;     // per row
+  __mmask16* bad;   // per row
+  __m512i* sum;     // per row
+  inline __attribute__((always_inline)) __m512i code(int r, __m512 e) const {
+    emax[r] = _mm512_max_ps(e, emax[r]);
+    bad[r] |= _mm512_cmp_ps_mask(e, e, _CMP_UNORD_Q);
+    const __m512i i = _mm512_cvtps_epi32(_mm512_mul_ps(e, _mm512_set1_ps(127.0f)));
+    sum[r] = _mm512_add_epi32(sum[r], i);
+    return i;
+  }
+  inline __attribute__((always_inline)) void store(int r, int64_t j, __m512 e) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + r * lda + j), _mm512_cvtsepi32_epi8(code(r, e)));
+  }
+  inline __attribute__((always_inline)) void store_tail(int r, int64_t j, __mmask16 m, __m512 e) const {
+    _mm512_mask_cvtsepi32_storeu_epi8(q + r * lda + j, m, code(r, _mm512_maskz_mov_ps(m, e)));
+  }
+  inline __attribute__((always_inline)) void finish(int r, int64_t n) const {
+    for (int64_t c = n; c < (n + 3) / 4 * 4; ++c) q[r * lda + c] = 0;
+  }
+};
+
+// R rows of gemm8::softmax_quantize_rows_avx512 (see there).
+template <int R>
+inline __attribute__((always_inline)) void softmax_quantize_group(const gemm8::SoftmaxQuantizeArgs& a, int64_t r0) {
+  __m512 emax[R];
+  __mmask16 bad[R];
+  __m512i sum[R];
+  float row_max[R], row_sum[R];
+  for (int r = 0; r < R; ++r) {
+    emax[r] = _mm512_setzero_ps();
+    bad[r] = 0;
+    sum[r] = _mm512_setzero_si512();
+    row_max[r] = -__builtin_inff();
+  }
+  softmax_exp_row_group<R, ToInt8>(a.s + r0 * a.ld, a.n, a.ld, _mm512_set1_ps(a.scale), row_max, row_sum,
+                                   ToInt8{a.q + r0 * a.lda, a.lda, emax, bad, sum});
+  for (int r = 0; r < R; ++r) {
+    if (bad[r] == 0 && _mm512_reduce_max_ps(emax[r]) == 1.0f) {
+      a.sa[r0 + r] = 1.0f / 127.0f;  // amax / 127 with amax = 1
+      a.rowsum[r0 + r] = _mm512_reduce_add_epi32(sum[r]);
+    } else {  // the two steps on the stored t: pass 1 reads only (t · 1 = t), the same maximum, exps in place
+      float* row = a.s + (r0 + r) * a.ld;
+      float m1 = -__builtin_inff(), s1;
+      softmax_exp_row_group<1, InPlace, false>(row, a.n, a.ld, _mm512_set1_ps(1.0f), &m1, &s1, InPlace{row, a.ld});
+      gemm8::quantize_rows_avx512(gemm8::QuantizeArgs{row, a.ld, 1, a.n, nullptr, a.q + (r0 + r) * a.lda, a.lda,
+                                                      a.sa + r0 + r, a.rowsum + r0 + r});
+    }
+  }
+}
+}  // namespace
+}  // namespace x86
+
+namespace gemm8 {
+// gemm_int8.h: softmax_quantize_rows.  softmax_exp_rows_avx512's row pairs with the exps turned into int8 codes as
+// they are made (ToInt8); a row whose max exp is not exactly 1, or that holds a NaN, takes the two steps.
+void softmax_quantize_rows_avx512(const SoftmaxQuantizeArgs& a) {
+  int64_t r = 0;
+  for (; r + 2 <= a.rows; r += 2) x86::softmax_quantize_group<2>(a, r);
+  if (r < a.rows) x86::softmax_quantize_group<1>(a, r);
+}
+}  // namespace gemm8
 }  // namespace vitfast
 
 namespace vitfast {
