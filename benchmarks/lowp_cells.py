@@ -28,7 +28,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -40,13 +40,13 @@ TAG = {"deit_small": "deit_s", "deit_base": "deit_b"}  # the tables' names
 SETTINGS = ((1, 1, 20), (2, 8, 10))
 
 
-def providers(bf16: bool, openvino: bool) -> List[str]:
-    keys = ["ort-fused", "ort-int8"] + (["openvino-f32", "openvino"] if openvino else [])
+def providers(bf16: bool, openvino: bool) -> list[str]:
+    keys = ["ort-fused", "ort-int8", "ort-qdq"] + (["openvino-f32", "openvino"] if openvino else [])
     return keys + ["vitfast", "vitfast-int8"] + (["vitfast-bf16"] if bf16 else [])
 
 
-def bench(model: str, threads: int, batch: int, repeats: int, keys: List[str], isa: Optional[str],
-          out: str) -> Dict[str, Any]:
+def bench(model: str, threads: int, batch: int, repeats: int, keys: list[str], isa: str | None,
+          out: str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "vitfast", "bench", MODELS[model], "--channel-idle", "0.75", "--providers",
            ",".join(keys), "--threads", str(threads), "--batch-sizes", str(batch), "--repeats", str(repeats),
            "--json", out]
@@ -59,21 +59,21 @@ def bench(model: str, threads: int, batch: int, repeats: int, keys: List[str], i
         return json.load(f)
 
 
-def _row(report: Dict[str, Any], key: str) -> Optional[Dict[str, Any]]:
+def _row(report: dict[str, Any], key: str) -> dict[str, Any] | None:
     return next((r for r in report["results"] if r["provider"] == key), None)
 
 
-def checks(report: Dict[str, Any], model: str, bf16: bool) -> List[Dict[str, Any]]:
+def checks(report: dict[str, Any], model: str, bf16: bool) -> list[dict[str, Any]]:
     """The targets of one report (one model and setting), each as a row with the paired ratio (median, p10, p90)."""
     from vitfast.bench import paired_speedups
 
-    rows: List[Dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     fp32, int8, b16 = _row(report, "vitfast"), _row(report, "vitfast-int8"), _row(report, "vitfast-bf16")
     if fp32 is None:
         return rows
     threads, batch = fp32["threads"], fp32["batch"]
 
-    def add(check: str, ratio: Optional[Tuple[float, float, float]], target: float, strict: bool = False) -> None:
+    def add(check: str, ratio: tuple[float, float, float] | None, target: float, strict: bool = False) -> None:
         if ratio is None:
             met = "unmeasured"
         else:
@@ -91,14 +91,14 @@ def checks(report: Dict[str, Any], model: str, bf16: bool) -> List[Dict[str, Any
     return rows
 
 
-def print_checks(rows: List[Dict[str, Any]]) -> None:
+def print_checks(rows: list[dict[str, Any]]) -> None:
     print(f"\n{'model':7s} {'thr':>3s} {'batch':>5s}  {'check':34s} {'paired ratio':24s} {'target':8s} result")
     for r in rows:
         print(f"{r['model']:7s} {r['threads']:>3d} {r['batch']:>5d}  {r['check']:34s} {r['ratio']:24s} "
               f"{r['target']:8s} {r['met']}")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["deit_small", "deit_base"])
     p.add_argument("--isa", choices=("avx512", "avx2", "neon", "scalar"), default=None,
@@ -128,7 +128,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not bf16:
         print(f"no bf16 kernel on vitfast's {args.isa or native} path: vitfast bf16 would compute in fp32 (no row)")
     keys = providers(bf16, openvino)
-    all_checks: List[Dict[str, Any]] = []
+    all_checks: list[dict[str, Any]] = []
+    all_reports: list[dict[str, Any]] = []
     failed = False
     prefix = "avx2_path_lowp" if forced and args.isa == "avx2" else ("lowp_path_" + args.isa if forced else "lowp")
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,37 +144,46 @@ def main(argv: Optional[List[str]] = None) -> int:
                     failed = True
                     continue
                 all_checks += checks(reports[-1], model, bf16)
+            all_reports += reports
             if args.record and reports:
                 record_model(model, reports, args.isa if forced else None, prefix)
     print_checks(all_checks)
     if args.record and all_checks:
-        record_checks(all_checks, args.isa if forced else None, prefix)
+        record_checks(all_checks, args.isa if forced else None, prefix, all_reports)
     return 1 if failed else 0
 
 
-def _conditions(isa: Optional[str]) -> str:
+def _conditions(isa: str | None, reports: list[dict[str, Any]]) -> str:
     path = (f"vitfast forced to its {isa} path (VITFAST_CPU_ISA={isa}); ONNX Runtime and OpenVINO on their own ISA "
             f"choice, so the anchor ratios are not those of a {isa}-only host. " if isa else "")
+    loads = [x for r in reports for x in ((r.get("load_average") or {}).get("start") or [None])[:1] if x is not None]
+    load = f"; 1-minute load average at the runs' starts {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     return (f"RePa-DeiT θ = 0.75, random weights. {path}Two runs (1 thread batch 1: 20 interleaved rounds; 2 threads "
-            f"batch 8: 10 rounds), each a separate process; ratios paired (median, p10-p90)")
+            f"batch 8: 10 rounds), each a separate process{load}; ratios paired (the anchor's time / this row's time "
+            f"in the same round, median and p10-p90). vitfast int8 = vitfast.quantize defaults (dynamic per-token "
+            f"activations, int8 attention products); vitfast bf16 = vitfast.quantize(dtype='bf16'); accuracy against "
+            f"the fused fp32 model on the bench's own images (random weights: ORT's per-tensor int8 breaks on the "
+            f"fused channel-idle FFN weights, see docs/performance.md)")
 
 
-def record_model(model: str, reports: List[Dict[str, Any]], isa: Optional[str], prefix: str) -> None:
+def record_model(model: str, reports: list[dict[str, Any]], isa: str | None, prefix: str) -> None:
     import results_file
 
     name = f"lowp_anchors_{TAG[model]}" if prefix == "lowp" else f"{prefix}_{TAG[model]}"
     title = f"{SHORT[model]}/0.75 in low precision against the deployed anchors on the same fused graph"
-    table = results_file.from_bench_reports(reports, title=title, conditions=_conditions(isa),
+    table = results_file.from_bench_reports(reports, title=title, conditions=_conditions(isa, reports),
                                             command=results_file.command_line())
     print(results_file.record(name, table))
 
 
-def record_checks(rows: List[Dict[str, Any]], isa: Optional[str], prefix: str) -> None:
+def record_checks(rows: list[dict[str, Any]], isa: str | None, prefix: str,
+                  reports: list[dict[str, Any]]) -> None:
     import results_file
 
     table = {
         "title": "The low-precision targets, each on the paired ratio of one run's interleaved rounds",
-        "script": "benchmarks/lowp_cells.py", "command": results_file.command_line(), "conditions": _conditions(isa),
+        "script": "benchmarks/lowp_cells.py", "command": results_file.command_line(),
+        "conditions": _conditions(isa, reports),
         "columns": [{"label": "model", "fmt": "{model}"}, {"label": "threads", "fmt": "{threads}"},
                     {"label": "batch", "fmt": "{batch}"}, {"label": "check (above 1: vitfast faster)",
                                                            "fmt": "{check}"},

@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-import lowp_cells  # noqa: E402
+import lowp_cells
 
 
 def _report(threads=1, batch=1, int8_vs_ort=(1.3, 1.2, 1.4), bf16_vs_ov=(1.05, 1.0, 1.1), f32_vs_ov=(1.02, 1.0, 1.1)):
