@@ -1,5 +1,5 @@
-// AVX2/FMA building blocks shared by the AVX2 files (gemm_avx2.cpp, vec_avx2.cpp, dwconv_avx2.cpp): the lane
-// mask of a partial vector, the vectorised erf-GELU and exp, and `Avx2`, the 8-lane vector traits the
+// AVX2/FMA building blocks shared by the AVX2 files (gemm_avx2.cpp, gemm_int8_avx2.cpp, vec_avx2.cpp, dwconv_avx2.cpp):
+// the lane mask of a partial vector, the vectorised erf-GELU and exp, int8 codes to bytes, and `Avx2`, the 8-lane vector traits the
 // width-generic bodies (dwconv_body.inc, vec_body.inc) are instantiated with.
 //
 // Include only after `#pragma GCC target("avx2,fma")` (or clang's attribute push): everything here is compiled
@@ -74,6 +74,29 @@ static inline float hmax8(__m256 v) {
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
   return _mm_cvtss_f32(m);
+}
+
+// int8 codes held in s32 lanes (|c| <= 127), as bytes in lane order.  Eight: the low byte of each lane gathered by
+// one vpshufb per 128-bit half, the halves joined (3 shuffles).  Thirty-two: two vpackssdw, one vpacksswb (nothing
+// saturates at |c| <= 127) and one vpermd undoing the packs' per-half interleave (4 shuffles for 4× the codes; the
+// shuffle port, not the arithmetic, sets the pace of a quantization pass).
+static inline __m128i low_bytes8(__m256i i) {
+  const __m256i gather = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i b = _mm256_shuffle_epi8(i, gather);
+  return _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+}
+
+static inline __m256i low_bytes32(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Sum of the 8 int32 lanes.
+static inline int32_t hsum8_epi32(__m256i v) {
+  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
 }
 
 // The 8-lane vector traits of the width-generic bodies.  A tail (the last n % 8 columns of a row) is handled

@@ -138,12 +138,10 @@ void gemm_int8_block_avx2(const Int8BlockArgs& g) {
   }
 }
 
-// The scalar definition 8 lanes at a time (see quantize_rows_avx512 for why the bits agree).
+// The scalar definition 8 lanes at a time (see quantize_rows_avx512 for why the bits agree); the codes are stored 32
+// at a time where a row has 32 left (x86::low_bytes32), else 8.
 void quantize_rows_avx2(const QuantizeArgs& q) {
   const __m256 fmax = _mm256_set1_ps(3.402823466e+38f), sign = _mm256_set1_ps(-0.0f);
-  // Byte 0 of each s32 lane (the s8 value, |q| <= 127) to bytes 0-3 of each 128-bit half.
-  const __m256i gather = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
-                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
   const int64_t k = q.k, k4 = (k + 3) / 4 * 4;
   for (int64_t r = 0; r < q.rows; ++r) {
     const float* x = q.x + r * q.ldx;
@@ -164,17 +162,23 @@ void quantize_rows_avx2(const QuantizeArgs& q) {
     __m256i vsum = _mm256_setzero_si256();
     if (finite && !zero) {
       const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-      for (int64_t c = 0; c < k; c += 8) {
-        const int lanes = k - c >= 8 ? 8 : int(k - c);
+      // The codes of columns [c, c + lanes), summed (masked-off lanes load 0: code 0).
+      auto code = [&](int64_t c, int lanes) {
         const __m256i m = lane_mask(lanes);
         __m256 v = _mm256_maskload_ps(x + c, m);
         if (q.col_scale != nullptr) v = _mm256_mul_ps(v, _mm256_maskload_ps(q.col_scale + c, m));
-        const __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v, vinv), lo), hi);
-        const __m256i i = _mm256_cvtps_epi32(t);
+        const __m256i i = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v, vinv), lo), hi));
         vsum = _mm256_add_epi32(vsum, i);
-        const __m256i bytes = _mm256_shuffle_epi8(i, gather);
-        const __m128i packed =
-            _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
+        return i;
+      };
+      int64_t c = 0;
+      for (; c + 32 <= k; c += 32) {
+        const __m256i i0 = code(c, 8), i1 = code(c + 8, 8), i2 = code(c + 16, 8), i3 = code(c + 24, 8);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c), x86::low_bytes32(i0, i1, i2, i3));
+      }
+      for (; c < k; c += 8) {
+        const int lanes = k - c >= 8 ? 8 : int(k - c);
+        const __m128i packed = x86::low_bytes8(code(c, lanes));
         if (lanes == 8) {
           _mm_storel_epi64(reinterpret_cast<__m128i*>(out + c), packed);
         } else {
@@ -188,9 +192,7 @@ void quantize_rows_avx2(const QuantizeArgs& q) {
     }
     for (int64_t c = k; c < k4; ++c) out[c] = 0;
     q.sa[r] = !finite ? __builtin_nanf("") : (zero ? 0.0f : amax / 127.0f);
-    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vsum), _mm256_extracti128_si256(vsum, 1));
-    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    q.rowsum[r] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+    q.rowsum[r] = x86::hsum8_epi32(vsum);
   }
 }
 

@@ -89,14 +89,9 @@ namespace gemm8 {
 // gemm_int8.h: softmax_quantize_rows.  Per row: pass 1 as softmax_exp_rows_avx2, then one pass that takes each
 // exp e, keeps the row's max e and a NaN flag, and stores the code rne(e · 127) (quantize_rows' rule when the
 // row's amax is 1) with the codes' sum.  A row whose max e is not exactly 1 or that holds a NaN runs the two steps
-// on its stored t instead.  Codes 32 at a time: two vpackssdw, one vpacksswb (codes are in [0, 127]: nothing
-// saturates) and one vpermd to undo the packs' lane interleave; four shuffles where 8 at a time (as
-// quantize_rows_avx2 does) takes twelve, and the shuffles, not the exp, set this pass's pace.
+// on its stored t instead.  Codes 32 at a time (x86::low_bytes32), then 8.
 void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
   const __m256 vscale = _mm256_set1_ps(a.scale), k127 = _mm256_set1_ps(127.0f);
-  const __m256i gather = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
-                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i unlace = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const int64_t n = a.n, body = n - n % 8, n4 = (n + 3) / 4 * 4;
   const __m256i tail = x86::lane_mask(int(n % 8));
   for (int64_t r = 0; r < a.rows; ++r) {
@@ -113,30 +108,25 @@ void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
       return i;
     };
     auto exp_at = [&](int64_t j) { return x86::exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), vmx)); };
-    auto bytes8 = [&](__m256i i) {  // the low byte of each s32 lane, in order
-      const __m256i b = _mm256_shuffle_epi8(i, gather);
-      return _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-    };
     int64_t j = 0;
     for (; j + 32 <= body; j += 32) {
       const __m256i i0 = code(exp_at(j)), i1 = code(exp_at(j + 8)), i2 = code(exp_at(j + 16)),
                     i3 = code(exp_at(j + 24));
-      const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), _mm256_permutevar8x32_epi32(b, unlace));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), x86::low_bytes32(i0, i1, i2, i3));
     }
-    for (; j < body; j += 8) _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), bytes8(code(exp_at(j))));
+    for (; j < body; j += 8)
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), x86::low_bytes8(code(exp_at(j))));
     if (j < n) {  // masked-off lanes: e = 0, code 0
       const __m256 e = x86::exp8_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(row + j, tail), vmx));
       int8_t tmp[16];
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(tmp), bytes8(code(_mm256_and_ps(e, _mm256_castsi256_ps(tail)))));
+      const __m256 e_in = _mm256_and_ps(e, _mm256_castsi256_ps(tail));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(tmp), x86::low_bytes8(code(e_in)));
       for (int64_t c = j; c < n; ++c) out[c] = tmp[c - j];
     }
     for (int64_t c = n; c < n4; ++c) out[c] = 0;
     if (_mm256_movemask_ps(bad) == 0 && x86::hmax8(emax) == 1.0f) {
       a.sa[r] = 1.0f / 127.0f;  // amax / 127 with amax = 1
-      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vsum), _mm256_extracti128_si256(vsum, 1));
-      const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-      a.rowsum[r] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+      a.rowsum[r] = x86::hsum8_epi32(vsum);
     } else {  // the two steps: pass 2 of softmax_exp_rows_avx2 on the stored t, then quantize_rows
       gemm::exp_and_sum<x86::Avx2>(row, body, n, tail, vmx);
       quantize_rows_avx2(QuantizeArgs{row, a.ld, 1, n, nullptr, out, a.lda, a.sa + r, a.rowsum + r});
