@@ -3,7 +3,9 @@
 //       vpmaddubsw + vpmaddwd + vpaddd ymm chains (the AVX2 int8 kernel's arithmetic), fp32 FMA zmm and ymm;
 //   (b) gemm_int8 (quantized activations in, fp32 out, plain epilogue) at DeiT-S/B shapes, every kernel this CPU
 //       runs, with quantize_rows of the activations timed beside it;
-//   (c) the fp32 gemm of the same shapes with the AVX-512 and AVX2 paths.
+//   (c) the fp32 gemm of the same shapes with the AVX-512 and AVX2 paths;
+//   (d) attention's P: softmax_quantize_rows (one pass on x86) against its definition, softmax_exp_rows then
+//       quantize_rows, on a 197 × 197 score tile in row pairs (as attention_int8 calls it), every SIMD path.
 // Times are the thread's CPU time (see now()).  Each figure is the median over interleaved rounds (every variant
 // of a shape once per round), so a busy neighbour on a shared machine slows all variants alike.  GOPS counts 2
 // operations per multiply-add.
@@ -17,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@ using namespace vitfast;
 using gemm8::Int8Kernel;
 using gemm8::padded_k;
 using gemm8::quantize_rows;
+using gemm8::softmax_quantize_rows;
 
 namespace {
 
@@ -391,6 +395,47 @@ int main(int argc, char** argv) {
       rows_json += row;
     }
   }
+  // (d) softmax_quantize_rows against its two steps, interleaved per round; each call starts from the same scores.
+  std::string softmax_json;
+  {
+    const int64_t n = 197, ld = 208, lda = padded_k(n) + 4;
+    std::normal_distribution<float> nd(0.0f, 8.0f);
+    std::vector<float> scores(static_cast<size_t>(n * ld)), work(scores.size()), sa(static_cast<size_t>(n)),
+        row_max(2), row_sum(2);
+    for (float& v : scores) v = nd(rng);
+    std::vector<int8_t> q(static_cast<size_t>(n * lda));
+    std::vector<int32_t> rs(static_cast<size_t>(n));
+    if (!json) std::printf("\nattention's P, 197 x 197 scores in row pairs:\n");
+    for (CpuIsa isa : fp32_isas) {
+      std::vector<double> fused, steps;
+      for (int r = 0; r < rounds; ++r) {
+        for (int which = 0; which < 2; ++which) {
+          work = scores;
+          const double t0 = now();
+          for (int64_t i = 0; i < n; i += 2) {
+            const int64_t pair = std::min<int64_t>(2, n - i);
+            if (which == 0) {
+              softmax_quantize_rows(work.data() + i * ld, pair, n, ld, 0.125f, q.data() + i * lda, lda,
+                                    sa.data() + i, rs.data() + i, isa);
+            } else {
+              row_max[0] = row_max[1] = -std::numeric_limits<float>::infinity();
+              gemm::softmax_exp_rows(work.data() + i * ld, pair, n, ld, 0.125f, row_max.data(), row_sum.data(), isa);
+              quantize_rows(work.data() + i * ld, ld, pair, n, nullptr, q.data() + i * lda, lda, sa.data() + i,
+                            rs.data() + i, isa);
+            }
+          }
+          (which == 0 ? fused : steps).push_back(now() - t0);
+        }
+      }
+      const double f = median(fused) * 1e6, t = median(steps) * 1e6;
+      if (!json) std::printf("  [%s] softmax_quantize_rows %7.1f us, softmax_exp_rows + quantize_rows %7.1f us (%.2fx)\n",
+                             cpu_isa_name(isa), f, t, t / f);
+      char row[256];
+      std::snprintf(row, sizeof(row), "%s{\"isa\": \"%s\", \"fused_us\": %.2f, \"two_steps_us\": %.2f}",
+                    softmax_json.empty() ? "" : ", ", cpu_isa_name(isa), f, t);
+      softmax_json += row;
+    }
+  }
   for (Peak& p : peaks) p.gops = median(p.all);
   if (!json) {
     std::printf("\npeaks (one core, register-only loops; medians over all rounds; %% peak above uses each shape's own\n"
@@ -401,7 +446,8 @@ int main(int argc, char** argv) {
     std::printf("{\n  \"rounds\": %d,\n  \"quantize_isa\": \"%s\",\n  \"peaks\": [", rounds, cpu_isa_name(quant_isa));
     for (size_t i = 0; i < peaks.size(); ++i)
       std::printf("%s{\"name\": \"%s\", \"gops\": %.2f}", i ? ", " : "", peaks[i].name, peaks[i].gops);
-    std::printf("],\n  \"rows\": [\n%s\n  ]\n}\n", rows_json.c_str());
+    std::printf("],\n  \"rows\": [\n%s\n  ],\n  \"softmax_quantize\": [%s]\n}\n", rows_json.c_str(),
+                softmax_json.c_str());
   }
   return 0;
 }

@@ -176,14 +176,6 @@ __attribute__((target("avx2"))) void v_pack_avx2(const float* v, int64_t ld_qkv,
                                                  const int32_t* keep, uint32_t* words, int8_t* dst) {
   v_pack(v, ld_qkv, tokens, d, d16, k4, panels, panel_stride, group_bytes, offset, inv, keep, words, dst);
 }
-// The AVX2 kernel's |qw| halves: each 128-byte group's second 64 bytes = |first 64| (gemm_int8.h; no −128 here:
-// the codes are clamped to ±127).  A loop the compiler vectorises.
-__attribute__((target("avx2"))) void fill_abs_halves(int8_t* panels, int64_t groups) {
-  for (int64_t g = 0; g < groups; ++g) {
-    int8_t* p = panels + g * 128;
-    for (int i = 0; i < 64; ++i) p[64 + i] = int8_t(p[i] < 0 ? -p[i] : p[i]);
-  }
-}
 #endif
 
 // C[m × n] = (dequantised) qa · B on the block kernel of `kernel` (what gemm8::gemm_int8 does for a PackedInt8B,
@@ -259,7 +251,7 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   // The VNNI kernel's B is u8 = q + 128 (= q ^ 0x80): padding (weight 0) is byte 0x80.
   const bool u8 = kernel == gemm8::Int8Kernel::kAvx512Vnni;
   const uint32_t flip = u8 ? 0x80808080u : 0u;
-  // The AVX2 kernel reads |qw| beside qw (b_abs): its groups are 128 bytes, filled in after the codes.
+  // The AVX2 kernel reads |qw| beside qw (gemm_int8.h's AVX2 form): 128-byte groups, |qw| filled in after the codes.
   const bool with_abs = kernel == gemm8::Int8Kernel::kAvx2;
   const int64_t group_bytes = with_abs ? 8 * gemm::kNr : 4 * gemm::kNr;
   const int64_t k_stride = l.lda_d / 4 * group_bytes, v_stride = l.lda_n / 4 * group_bytes;
@@ -306,12 +298,10 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   else
 #endif
     v_pack(v, ld_qkv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv, keep, words, vpan);
-#if defined(__x86_64__) || defined(__i386__)
   if (with_abs) {
-    fill_abs_halves(kpan, l.k_panels * l.lda_d / 4);
-    fill_abs_halves(vpan, l.v_panels * l.lda_n / 4);
+    gemm8::fill_abs_halves(kpan, l.k_panels * l.lda_d / 4);
+    gemm8::fill_abs_halves(vpan, l.v_panels * l.lda_n / 4);
   }
-#endif
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const NextRows prefetch(next, qkv, h, ld_qkv, tokens, heads, d, ld_out);

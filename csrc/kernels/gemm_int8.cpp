@@ -55,6 +55,13 @@ const char* int8_kernel_name(Int8Kernel kernel) {
   return "unknown";
 }
 
+void fill_abs_halves(int8_t* panels, int64_t groups) {
+  for (int64_t g = 0; g < groups; ++g) {
+    int8_t* p = panels + g * 128;
+    for (int i = 0; i < 64; ++i) p[64 + i] = int8_t(p[i] < 0 ? -p[i] : p[i]);
+  }
+}
+
 PackedInt8B PackedInt8B::pack(const int8_t* qw, int64_t n, int64_t k, int64_t ldw, const float* w_scale,
                               const float* bias, Int8Kernel kernel) {
   if (n < 0 || k < 0 || ldw < k) throw std::invalid_argument("PackedInt8B::pack: bad shape or ldw < k");
@@ -78,12 +85,10 @@ PackedInt8B PackedInt8B::pack(const int8_t* qw, int64_t n, int64_t k, int64_t ld
   for (int64_t j = 0; j < n; ++j) {
     const int8_t* src = qw + j * ldw;
     int8_t* panel = dst + (j / kNr) * out.panel_stride() + (j % kNr) * 4;
-    for (int64_t c = 0; c < k; ++c) {
-      int8_t* at = panel + (c / 4) * out.group_bytes() + (c % 4);
-      at[0] = int8_t(uint8_t(int(src[c]) + offset));
-      if (kernel == Int8Kernel::kAvx2) at[4 * kNr] = int8_t(src[c] < 0 ? -src[c] : src[c]);  // |qw|, no −128
-    }
+    for (int64_t c = 0; c < k; ++c)
+      panel[(c / 4) * out.group_bytes() + (c % 4)] = int8_t(uint8_t(int(src[c]) + offset));
   }
+  if (kernel == Int8Kernel::kAvx2) fill_abs_halves(dst, out.panels() * out.k4() / 4);  // −128 refused above
   out.scale_ = gemm::AlignedFloats(out.padded_n());
   if (n > 0) std::memcpy(out.scale_.data(), w_scale, size_t(n) * sizeof(float));
   if (bias != nullptr) {

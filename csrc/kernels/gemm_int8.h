@@ -59,6 +59,10 @@ inline int64_t padded_k(int64_t k) { return (k + 3) / 4 * 4; }
 // 64-byte aligned int8 storage (kernels/aligned.h).
 using AlignedBytes = AlignedArray<int8_t>;
 
+// The AVX2 form's second halves: in each of `groups` 128-byte groups, bytes [64, 128) = |bytes [0, 64)| (codes in
+// [−127, 127]).  PackedInt8B::pack and attention_int8's per-head K/V panels call it after writing the codes.
+void fill_abs_halves(int8_t* panels, int64_t groups);
+
 // A quantized weight qw [n × k] (nn.Linear layout) packed as B = qwᵀ, with its per-channel scales and bias.
 class PackedInt8B {
  public:
