@@ -1,6 +1,7 @@
 """The int8 GEMM core against the core's instruction peaks and against the fp32 GEMM, on one core: builds the C++
 benchmark `bench_gemm_int8` (csrc/bench/bench_gemm_int8.cpp) with CMake (the helpers of tests/cmake_tree.py), runs
-it and prints its table; --record writes the tables `int8_gemm_peaks` and `int8_gemm_shapes` into
+it and prints its table; --record writes the tables `int8_gemm_peaks`, `int8_gemm_shapes` and
+`softmax_quantize_rows` (attention's P in one pass against its two steps) into
 benchmarks/results/ (results_file.py), --json prints the program's JSON report.
 
     python benchmarks/int8_gemm_peak.py [--rounds 7] [--record] [--json] [--scalar]
@@ -54,6 +55,10 @@ def print_table(report: dict) -> None:
         quant = f"{r['quant_us']:9.1f}" if r["variant"].startswith("int8") else ""
         print(f"{r['shape']:22s} {r['mkn']:14s} {r['variant']:18s} {r['us']:9.1f} {r['gops']:8.1f} "
               f"{r['pct_peak']:6.1f}% {quant}")
+    print("\nattention's P, 197 x 197 scores in row pairs (softmax_quantize_rows against its two steps):")
+    for r in report.get("softmax_quantize", []):
+        print(f"  [{r['isa']}] one pass {r['fused_us']:.1f} us, two steps {r['two_steps_us']:.1f} us "
+              f"({r['two_steps_us'] / r['fused_us']:.2f}x)")
 
 
 def record_tables(report: dict, rounds: int, command: str) -> None:
@@ -82,6 +87,16 @@ def record_tables(report: dict, rounds: int, command: str) -> None:
         ],
         "rows": report["rows"],
     })
+    if report.get("softmax_quantize"):
+        record("softmax_quantize_rows", {
+            "title": "attention's P: softmax_quantize_rows (one pass on x86) against softmax_exp_rows + quantize_rows",
+            "script": "benchmarks/int8_gemm_peak.py", "command": command,
+            "conditions": f"one thread, thread CPU time, medians of {rounds} interleaved rounds; 197 x 197 scores "
+                          "(N(0, 8)), row pairs, scale 1/8",
+            "columns": [{"label": "CPU path", "fmt": "{isa}"}, {"label": "one pass µs", "fmt": "{fused_us:.1f}"},
+                        {"label": "two steps µs", "fmt": "{two_steps_us:.1f}"}],
+            "rows": report["softmax_quantize"],
+        })
     print(path)
 
 
