@@ -62,9 +62,11 @@ import torch.nn as nn
 from .._threads import set_threads
 from ..io.trainer_checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from . import distributed as _dist
+from .callbacks import Callback
 from .checkpoint_state import load_trainer_state, trainer_state
 from .data import _mix
 from .data_order import epoch_batches
+from .evaluation import evaluate_model
 from .optim import make_optimizer, make_scheduler
 from .progress import progress_bar, show_metrics
 from .rng import _set_rng_state, seed_everything
@@ -72,23 +74,6 @@ from .schedules import layer_decay_groups, param_groups
 from .settings import resolve_total_steps, resolve_train_settings
 
 __all__ = ["Trainer", "Callback", "AMP_DTYPES"]
-
-
-class Callback:
-    """Base class (optional): override any of these; the Trainer calls those that exist."""
-
-    def on_step(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:  # after every optimizer step
-        pass
-
-    def on_eval(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:  # after every evaluation
-        pass
-
-    def on_fit_end(self, trainer: "Trainer") -> None:
-        pass
-
-
-def _is_main_process() -> bool:
-    return _dist.is_main_process()
 
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -488,7 +473,7 @@ class Trainer:
         until = self.total_steps if until_step is None else int(until_step)
         if not self.step <= until <= self.total_steps:
             raise ValueError(f"until_step: expected {self.step} <= until_step <= {self.total_steps}, got {until_step!r}")
-        bar = progress_bar(self.total_steps, self.step, self.desc, self.progress and _is_main_process())
+        bar = progress_bar(self.total_steps, self.step, self.desc, self.progress and _dist.is_main_process())
         start = time.perf_counter()
         steps_at_start = self.step
         stopped = False
@@ -582,36 +567,9 @@ class Trainer:
         loader = self.val_loader if loader is None else loader
         if loader is None:
             raise ValueError("loader: evaluate() needs a loader (no val_loader was given)")
-        model = self.model if model is None else model
-        sampler = getattr(loader, "sampler", None)
-        sharded = _dist.is_distributed() and getattr(sampler, "num_replicas", 1) == self.world_size
-        if sharded and isinstance(sampler, torch.utils.data.DistributedSampler):
-            raise ValueError(
-                "loader: a DistributedSampler repeats samples to even out shards, which would count them twice; "
-                "use vitfast.training.data.ShardSampler for evaluation"
-            )
-        was_training = model.training
-        devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            model.eval()
-            try:
-                loss_sum, correct, n = 0.0, 0, 0
-                for batch in loader:
-                    images, targets = self._to_device(batch)
-                    with self._autocast():
-                        logits = model(images)
-                    logits = logits.float()
-                    loss_sum += float(self.eval_loss_fn(logits, targets)) * targets.shape[0]
-                    correct += int((logits.argmax(-1) == targets).sum())
-                    n += int(targets.shape[0])
-            finally:
-                model.train(was_training)
-        if sharded:
-            loss_sum, correct, n = _dist.all_reduce_sum([loss_sum, correct, n], self.device)
-            correct, n = int(correct), int(n)
-        if n == 0:
-            raise ValueError("loader: produced no batches to evaluate")
-        return {"loss": loss_sum / n, "acc": correct / n, "n": n}
+        return evaluate_model(self.model if model is None else model, loader, device=self.device,
+                              world_size=self.world_size, to_device=self._to_device, autocast=self._autocast,
+                              loss_fn=self.eval_loss_fn)
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -625,7 +583,7 @@ class Trainer:
         """Atomically write a resumable checkpoint to `path` (main process only under DDP)."""
         path = os.fspath(path)
         state = self.state_dict(extra)
-        if _is_main_process():
+        if _dist.is_main_process():
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             save_trainer_checkpoint(state, path)
         _dist.barrier()  # nobody goes on (or reads it to resume) before it is complete
