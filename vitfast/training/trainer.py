@@ -51,8 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -72,6 +70,7 @@ from .progress import progress_bar, show_metrics
 from .rng import _set_rng_state, seed_everything
 from .schedules import layer_decay_groups, param_groups
 from .settings import resolve_total_steps, resolve_train_settings
+from .stop_signals import on_stop_signals
 
 __all__ = ["Trainer", "Callback", "AMP_DTYPES"]
 
@@ -482,7 +481,7 @@ class Trainer:
             if self.ddp_model is not None and self.sync_batchnorm:
                 stack.enter_context(_dist.synced_batchnorm(self.model))
             if self.handle_signals:
-                stack.enter_context(self._stop_on_signals())
+                stack.enter_context(on_stop_signals(self.request_stop))
             try:
                 while self.step < until:
                     metrics = self.train_step(*[self._next_batch() for _ in range(self.grad_accum)])
@@ -514,20 +513,6 @@ class Trainer:
             "stopped": stopped,
             "last_eval": self.last_eval,
         }
-
-    @contextlib.contextmanager
-    def _stop_on_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield  # signal handlers can only be installed from the main thread
-            return
-        previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, lambda signum, frame: self.request_stop())
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _finish_fit(self, bar) -> bool:
         """End of `fit` (completed or stopped): final schedule call and evaluation, last checkpoint."""
