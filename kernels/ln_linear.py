@@ -60,9 +60,11 @@ writes its slice's fp32 partial to a workspace, and the last program of the tile
 tile) adds the S partials in the fixed order s = 0 .. S − 1 and runs the epilogue — deterministic, and still one
 launch, so the block keeps its five.
 
-Performance: nothing here has been timed on a GPU yet (the kernels are checked under the Triton interpreter, and
-compiled for sm_90 without running: tests/test_ln_linear_triton.py); whether folding, explicit normalisation or
-cuBLAS wins at a given shape is for a GPU run to decide (benchmarks/gpu_check_blocks.sh).
+Performance: the block path built on this kernel ran slower than inductor on the same fused graph on an H100
+(table `gpu_blocks`, benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3.json); how each GEMM compares with cuBLAS
+at every autotune config is what benchmarks/gpu_profile_blocks.py measures.  Correctness is checked under the
+Triton interpreter, natively when a GPU is present, and by compiling for sm_90 without one
+(tests/test_ln_linear_triton.py).
 """
 from __future__ import annotations
 
@@ -360,6 +362,10 @@ def _ln_linear_kernel(
     """out = [LN](x)·Wᵀ + b, GELU on columns < GELU_COLS, + b2 + add + res; NORM: 0 none, 1 explicit, 2 auto
     (per row tile: folded while κ ≤ kappa_max), 3 folded.  SPLIT_K > 1: program (tile, s) takes the s-th slice of
     K's tiles, and the last program of a tile to finish reduces the slices (launcher docstring)."""
+    # Inductor passes a Python float argument as fp64 when it launches the kernel from a compiled graph (triton's
+    # own launcher passes fp32), and the IEEE-rounded fp32 math below refuses fp64: one type for both callers.
+    eps = tl.cast(eps, tl.float32)
+    kappa_max = tl.cast(kappa_max, tl.float32)
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -281,7 +281,7 @@ import vitfast.kernels.ln_linear as L
 UNIT = ("stride_xk", "stride_wk", "stride_an", "stride_rn", "stride_on")
 ALIGNED = ("M", "N", "K", "stride_xm", "stride_wn", "stride_am", "stride_rm", "stride_om")
 
-def build(fn, consts, dt, floats=(), **opts):
+def build(fn, consts, dt, floats=(), float_type="fp32", **opts):
     consts = dict(consts, **{n: 1 for n in UNIT if n in fn.arg_names})
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
@@ -290,7 +290,7 @@ def build(fn, consts, dt, floats=(), **opts):
             continue
         ptr = "*fp32" if n.startswith(("stats", "ws")) else "*i32" if n.startswith("cnt") else "*" + dt
         sig[n] = ptr if n.endswith("_ptr") else (
-            "fp32" if n in floats else "i32")
+            float_type if n in floats else "i32")
         if n.endswith("_ptr") or n in ALIGNED:
             attrs[(i,)] = [["tt.divisibility", 16]]
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
@@ -299,13 +299,16 @@ def build(fn, consts, dt, floats=(), **opts):
     return k.asm["ttgir"]
 
 build(L._row_stats_kernel, dict(BLOCK_M=16, BLOCK_K=256), "fp32", num_warps=4)
-for dt, prec, split in (("bf16", "tf32", 1), ("fp16", "tf32", 1), ("fp32", "ieee", 1), ("bf16", "tf32", 3)):
+# The float arguments as triton's launcher types them (fp32), and as inductor does when a compiled graph launches the
+# registered op's kernel (fp64: the first torch.compile of the op on an H100 failed in _combine_stats' sqrt_rn).
+for dt, prec, split, ft in (("bf16", "tf32", 1, "fp32"), ("fp16", "tf32", 1, "fp32"), ("fp32", "ieee", 1, "fp32"),
+                            ("bf16", "tf32", 3, "fp32"), ("fp32", "ieee", 1, "fp64")):
     # NORM=2: both K loops (folded, explicit) behind the per-tile branch; every epilogue on, statistics emitted;
     # SPLIT_K=3: the workspace, the tile counter's acq_rel atomic and the last program's reduction as well.
     ttgir = build(L._ln_linear_kernel.fn, dict(NORM=2, T_IN_POW2=32, HAS_BIAS=True, HAS_GELU=True, HAS_BIAS2=True,
                   HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, SPLIT_K=split, INPUT_PRECISION=prec,
                   INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8), dt,
-                  floats=("eps", "kappa_max"), num_warps=8, num_stages=3)
+                  floats=("eps", "kappa_max"), float_type=ft, num_warps=8, num_stages=3)
     assert "scf.if" in ttgir and "async_copy_global_to_local" in ttgir, dt  # the branch, and pipelined loads
     assert dt == "fp32" or "warp_group_dot" in ttgir, dt  # Hopper wgmma for fp16/bf16
     assert (split > 1) == ("atomic_rmw" in ttgir), (dt, split)

@@ -202,7 +202,7 @@ def _cuda_kernels(fn):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         out = fn()
         torch.cuda.synchronize()
-    return out, sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return out, [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 @cuda
@@ -213,7 +213,7 @@ def test_cuda_at_most_five_kernels_per_block(monkeypatch):
     with torch.no_grad():
         out1 = vitfast.ops.vit_block_cuda_eager(*args)
         _, kernels = _cuda_kernels(lambda: vitfast.ops.vit_block_cuda_eager(out1, *args[1:]))
-    assert kernels <= 5
+    assert len(kernels) <= 5, kernels  # the names: which launch is the extra one
 
 
 @cuda

@@ -1,0 +1,318 @@
+"""Where the Triton block path (VITFAST_CUDA_KERNELS=blocks) loses to inductor on the same fused graph: the GPU
+diagnostics that `gpu_blocks.py`'s totals cannot give.
+
+    python benchmarks/gpu_profile_blocks.py [--model deit_small_patch16_224] [--batch 256] [--dtype bfloat16]
+                                            [--sections host,sdpa,gemm,kernels] [--json PATH]
+
+Sections (each independent; a failing one is reported and the next runs):
+
+    host     the eager forward's host time (perf_counter around an unsynchronised call) against its GPU time (CUDA
+             events), the synchronising calls torch reports in it (`torch.cuda.set_sync_debug_mode`), and the host
+             µs of one `ln_linear_triton` call split into our launcher and triton's autotuner + JIT launch
+    sdpa     attention on the packed-qkv views at the model's shape, per SDPA backend (flash, efficient, cuDNN,
+             and torch's own choice): µs, kernels launched with their names, and whether the output reshape is a view
+    gemm     the first block's four GEMMs exactly as the block path calls them (shapes, epilogues, statistics):
+             the autotuned kernel, every autotune config forced, and cuBLAS `F.linear` (GEMM + bias only: a lower
+             bound for the composition), as µs and TFLOP/s
+    kernels  per-kernel GPU time of one forward, block path against inductor max-autotune-no-cudagraphs on the
+             same fused graph (VITFAST_BACKEND=reference), grouped by kernel name
+
+Prints tables and writes every figure to `--json`.  Nothing is recorded in benchmarks/results: these are diagnoses,
+the figures a user compares are gpu_blocks.py's.  `forced_config` (a launch wrapper that bypasses the autotuner) and
+`record_block_gemms` are tested on the CPU under the Triton interpreter (tests/test_gpu_profile_blocks.py).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+SECTIONS = ("host", "sdpa", "gemm", "kernels")
+
+
+class forced_config:
+    """`_wrap` for `ln_linear_triton` that launches its autotuned kernel at one config, skipping the autotuner:
+    `ln_linear_triton(..., _wrap=forced_config(cfg))`.  (The launcher treats any `_wrap` as a traced op's and then
+    allocates split-K counters per call: only split-K launches differ, by one memset.)"""
+
+    def __init__(self, config):
+        self.config = config
+
+    def __call__(self, kernel):
+        if not hasattr(kernel, "configs"):  # not autotuned (the row statistics kernel): launched as it is
+            return kernel
+        fn, cfg = kernel.fn, self.config
+
+        class _Grid:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    return fn[grid](*args, **kwargs, **cfg.kwargs, num_warps=cfg.num_warps,
+                                    num_stages=cfg.num_stages)
+                return launch
+        return _Grid()
+
+
+def record_block_gemms(model, x, blocks: int = 1) -> list:
+    """(args, kwargs) of the `ln_linear_triton` calls that the first `blocks` blocks of `model(x)` make on the block
+    path (the caller has set VITFAST_CUDA_KERNELS=blocks): the GEMMs to replay one by one."""
+    import vitfast.kernels.vit_block as vb
+
+    calls, original = [], vb.ln_linear_triton
+
+    def recorder(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if len(calls) < 4 * blocks:
+            calls.append((args, dict(kwargs)))
+        return out
+
+    vb.ln_linear_triton = recorder
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        vb.ln_linear_triton = original
+    return calls
+
+
+def _bench_us(fn) -> float:
+    import triton
+
+    return 1e3 * triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")
+
+
+def _kernel_names(fn) -> list:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _short(name: str, width: int = 70) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------------- sections
+def section_host(model, x, gemms) -> dict:
+    import vitfast.kernels.ln_linear as L
+
+    out = {}
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        torch.cuda.synchronize()
+        host, gpu = [], []
+        for _ in range(10):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            model(x)
+            end.record()
+            host.append(1e3 * (time.perf_counter() - t0))
+            end.synchronize()
+            gpu.append(start.elapsed_time(end))
+        out["forward_host_ms"] = sorted(host)[len(host) // 2]
+        out["forward_event_ms"] = sorted(gpu)[len(gpu) // 2]
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        out["syncs"] = sorted({str(w.message).splitlines()[0][:160] for w in caught})
+    args, kwargs = gemms[0]
+    best = L._ln_linear_kernel.best_config if hasattr(L._ln_linear_kernel, "best_config") else None
+    cfg = best or L._ln_linear_kernel.configs[0]
+
+    def per_call_us(call, n=200):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        elapsed = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return 1e6 * elapsed / n
+
+    out["ln_linear_host_us"] = per_call_us(lambda: L.ln_linear_triton(*args, **kwargs))
+    out["ln_linear_forced_config_host_us"] = per_call_us(
+        lambda: L.ln_linear_triton(*args, **dict(kwargs, _wrap=forced_config(cfg))))
+    out["f_linear_host_us"] = per_call_us(lambda: F.linear(args[0], args[1], args[2]))
+    print(f"host: forward {out['forward_host_ms']:.2f} ms host vs {out['forward_event_ms']:.2f} ms events; "
+          f"syncs reported: {out['syncs'] or 'none'}")
+    print(f"host: one qkv call: ln_linear_triton {out['ln_linear_host_us']:.1f} µs, at a forced config "
+          f"{out['ln_linear_forced_config_host_us']:.1f} µs, F.linear {out['f_linear_host_us']:.1f} µs")
+    return out
+
+
+def section_sdpa(qkv, heads: int) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, n, three_c = qkv.shape
+    d = three_c // 3 // heads
+    q, k, v = qkv.view(b, n, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
+    rows = {}
+    backends = {"default": None}
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):
+        if hasattr(SDPBackend, name):
+            backends[name.lower()] = getattr(SDPBackend, name)
+    for name, backend in backends.items():
+        def call(backend=backend):
+            if backend is None:
+                return F.scaled_dot_product_attention(q, k, v)
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v)
+        try:
+            with torch.no_grad():
+                o = call()
+                view = o.transpose(1, 2).is_contiguous()
+                rows[name] = {"us": _bench_us(call), "kernels": _kernel_names(call), "reshape_is_view": view}
+        except Exception as exc:  # noqa: BLE001 - an unsupported backend is a finding, not a failure
+            rows[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
+    for name, r in rows.items():
+        if "error" in r:
+            print(f"sdpa {name:<20} {r['error']}")
+        else:
+            print(f"sdpa {name:<20} {r['us']:8.1f} µs  view={r['reshape_is_view']}  kernels: "
+                  + "; ".join(_short(k, 60) for k in r["kernels"]))
+    return rows
+
+
+def _gemm_row(name: str, args, kwargs) -> dict:
+    """One recorded GEMM: autotuned, at every config, and cuBLAS F.linear (µs, do_bench medians)."""
+    import vitfast.kernels.ln_linear as L
+
+    x, w, bias = args[0], args[1], args[2] if len(args) > 2 else kwargs.get("bias")
+    m, k = x.reshape(-1, x.shape[-1]).shape
+    n = w.shape[0]
+    row = {"gemm": name, "m": m, "n": n, "k": k,
+           "epilogue": sorted(key for key, value in kwargs.items()
+                              if value is not None and value is not False and key not in ("_wrap", "norm"))}
+    with torch.no_grad():
+        row["autotuned_us"] = _bench_us(lambda: L.ln_linear_triton(*args, **kwargs))
+        row["configs"] = {}
+        for cfg in L._ln_linear_kernel.configs:
+            label = (f"{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}x{cfg.kwargs['BLOCK_K']}"
+                     f" w{cfg.num_warps} s{cfg.num_stages}")
+            try:
+                row["configs"][label] = _bench_us(
+                    lambda cfg=cfg: L.ln_linear_triton(*args, **dict(kwargs, _wrap=forced_config(cfg))))
+            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory at one config
+                row["configs"][label] = f"{type(exc).__name__}"
+        x2 = x.reshape(m, k)
+        row["cublas_us"] = _bench_us(lambda: F.linear(x2, w, bias))
+    return row
+
+
+def section_gemm(gemms) -> list:
+    rows = []
+    for name, (args, kwargs) in zip(("qkv", "proj", "fc1", "fc2"), gemms):
+        row = _gemm_row(name, args, kwargs)
+        flops = 2.0 * row["m"] * row["n"] * row["k"]
+        best = min((v for v in row["configs"].values() if isinstance(v, float)), default=float("nan"))
+        print(f"gemm {name:<5} {row['m']}x{row['n']}x{row['k']}: autotuned {row['autotuned_us']:.1f} µs "
+              f"({flops / row['autotuned_us'] / 1e6:.0f} TFLOP/s), best forced {best:.1f}, cuBLAS F.linear "
+              f"{row['cublas_us']:.1f} µs ({flops / row['cublas_us'] / 1e6:.0f} TFLOP/s); epilogue {row['epilogue']}")
+        print("      configs: " + ", ".join(f"{lab} {v:.1f}" if isinstance(v, float) else f"{lab} {v}"
+                                            for lab, v in row["configs"].items()))
+        rows.append(row)
+    return rows
+
+
+def _per_kernel(fn) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+    table = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            entry = table[e.name]
+            entry[0] += 1
+            entry[1] += e.time_range.elapsed_us()
+    return {name: {"calls": c / 3, "us": t / 3} for name, (c, t) in table.items()}
+
+
+def section_kernels(fused, x, policy) -> dict:
+    out = {}
+    with policy(cuda_kernels="blocks"):
+        out["vitfast blocks"] = _per_kernel(lambda: fused(x))
+    with policy(backend="reference"):
+        compiled = torch.compile(fused, mode="max-autotune-no-cudagraphs")
+        out["inductor fused"] = _per_kernel(lambda: compiled(x))
+    for row, table in out.items():
+        total = sum(v["us"] for v in table.values())
+        print(f"kernels {row}: {total / 1e3:.3f} ms of GPU time per forward, "
+              f"{sum(v['calls'] for v in table.values()):.0f} launches")
+        for name, v in sorted(table.items(), key=lambda kv: -kv[1]["us"])[:12]:
+            print(f"   {v['us']:9.1f} µs {v['calls']:5.0f}×  {_short(name)}")
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="deit_small_patch16_224")
+    p.add_argument("--theta", type=float, default=0.75)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"a comma-separated subset of {SECTIONS}")
+    p.add_argument("--json", help="write every figure here")
+    args = p.parse_args(argv)
+    sections = [s for s in args.sections.split(",") if s]
+    if not sections or any(s not in SECTIONS for s in sections):
+        p.error(f"--sections: expected a non-empty subset of {','.join(SECTIONS)}, got {args.sections!r}")
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_profile_blocks.py: error: needs a CUDA device")
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from gpu_blocks import build, policy
+
+    dtype = getattr(torch, args.dtype)
+    _, fused = build(args.model, args.theta)
+    fused = fused.to("cuda", dtype)
+    x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=dtype)
+    heads = next(m for m in fused.modules() if hasattr(m, "num_heads")).num_heads
+    report = {"model": args.model, "batch": args.batch, "dtype": args.dtype, "gpu": torch.cuda.get_device_name()}
+    print(f"{report['gpu']}  {args.model} θ {args.theta} batch {args.batch} {args.dtype}", flush=True)
+    with policy(cuda_kernels="blocks"):
+        gemms = record_block_gemms(fused, x)
+    for name in sections:
+        started = time.monotonic()
+        try:
+            if name == "host":
+                with policy(cuda_kernels="blocks"):
+                    report[name] = section_host(fused, x, gemms)
+            elif name == "sdpa":
+                from vitfast.kernels.ln_linear import ln_linear_triton
+
+                with torch.no_grad():
+                    qkv = ln_linear_triton(*gemms[0][0], **gemms[0][1])
+                report[name] = section_sdpa(qkv, heads)
+            elif name == "gemm":
+                report[name] = section_gemm(gemms)
+            else:
+                report[name] = section_kernels(fused, x, policy)
+        except Exception as exc:  # noqa: BLE001 - one failing section must not lose the others
+            report[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+            print(f"{name}: FAILED {report[name]['error']}")
+        print(f"-- {name}: {time.monotonic() - started:.0f} s", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
