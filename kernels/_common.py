@@ -25,6 +25,20 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 SQRT1_2 = tl.constexpr(0.7071067811865476)
 
 
+def cdiv(a, b) -> int:
+    """⌈a / b⌉ for host code (grids, tile counts).  `triton.cdiv` is a constexpr function: a host call goes through
+    its wrapper, ~1.5 µs against ~0.02 µs here, and a block-path GEMM launch made five to seven of them."""
+    a, b = int(a), int(b)
+    return -(-a // b)
+
+
+def next_pow2(n) -> int:
+    """The least power of two ≥ n (0 for 0, as triton's), for host code: `triton.next_power_of_2` without its
+    wrapper."""
+    n = int(n)
+    return 0 if n == 0 else 1 << (n - 1).bit_length()
+
+
 def triton_version() -> tuple:
     """(major, minor) of the installed triton (3.0 ships with torch 2.4, 3.6 with 2.11, 3.8 with 2.14)."""
     # The leading digits of each piece: '3.1rc1' is (3, 1), '3.8.0+git12ab' is (3, 8).

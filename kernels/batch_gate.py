@@ -29,7 +29,7 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
-from vitfast.kernels._common import INTERPRET as _INTERPRET, SQRT1_2, check_device
+from vitfast.kernels._common import INTERPRET as _INTERPRET, SQRT1_2, cdiv, check_device, next_pow2
 
 from vitfast.reference.batch_gate import check_batch_gate_args, check_gate_select_args
 
@@ -150,21 +150,21 @@ def _launch(x, w1, b1, w2, b2, layer_norm, act, eps, logits):
     batch, tokens, channels = x.shape
     rows = batch * tokens
     x, w1, b1, w2, b2 = (_contiguous(t) for t in (x, w1, b1, w2, b2))
-    block_c = min(128, triton.next_power_of_2(max(channels, 1)))  # C = 0: no pooling, the head's biases decide
+    block_c = min(128, next_pow2(max(channels, 1)))  # C = 0: no pooling, the head's biases decide
     block_r = 16 if _INTERPRET else 32
     # ~4 row tiles per program: enough programs to fill the GPU for B·N in the thousands, few partial rows.
-    rows_per_chunk = max(block_r, triton.cdiv(rows, 256 if not _INTERPRET else 4))
-    rows_per_chunk = triton.cdiv(rows_per_chunk, block_r) * block_r
-    chunks = triton.cdiv(rows, rows_per_chunk)
+    rows_per_chunk = max(block_r, cdiv(rows, 256 if not _INTERPRET else 4))
+    rows_per_chunk = cdiv(rows_per_chunk, block_r) * block_r
+    chunks = cdiv(rows, rows_per_chunk)
     partial = torch.empty((chunks, channels), device=x.device, dtype=torch.float32)
     out = torch.empty((2,), device=x.device, dtype=torch.float32 if logits else x.dtype)
-    block_h = max(16, triton.next_power_of_2(hidden))
+    block_h = max(16, next_pow2(hidden))
     # Keep the [BLOCK_H, BLOCK_C] weight tile of the head at ≤ 8K elements (registers of one program).
     head_c = max(16, min(block_c, 8192 // block_h))
     dummy = partial
     with _on_device(x):
         if channels > 0:
-            _pool_partial_kernel[(chunks, triton.cdiv(channels, block_c))](
+            _pool_partial_kernel[(chunks, cdiv(channels, block_c))](
                 x, partial, rows, channels, rows_per_chunk, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4
             )
         _gate_head_kernel[(1,)](
@@ -195,6 +195,6 @@ def gate_select_triton(gate, index, taken, skipped):
         return torch.where(gate[index] != 0, taken, skipped)
     with _on_device(taken):
         # int(index): validated, numpy integers included, which are no kernel argument
-        _gate_select_kernel[(triton.cdiv(numel, block),)](gate, taken, skipped, out, numel, int(index), BLOCK=block,
+        _gate_select_kernel[(cdiv(numel, block),)](gate, taken, skipped, out, numel, int(index), BLOCK=block,
                                                            num_warps=4)
     return out

@@ -28,13 +28,15 @@ import torch
 import triton
 import triton.language as tl
 from vitfast.kernels._common import (
-    split_gelu_epilogue,
     INTERPRET as _INTERPRET,
+    cdiv,
     check_device,
     input_precision,
     load_tile_f32,
     matmul_tile,
+    next_pow2,
     rows,
+    split_gelu_epilogue,
     tile_ids,
     to_dtype,
     tuned_configs,
@@ -79,7 +81,7 @@ def _configs():
 def _m_bucket(m: int) -> int:
     # Autotune key on the power-of-two bucket of M rather than M itself, so every batch size of a ViT
     # (M = B·197) does not trigger a new tuning run.
-    return triton.next_power_of_2(max(int(m), 1))
+    return next_pow2(max(int(m), 1))
 
 
 # ---------------------------------------------------------------------------------------------- kernel 1
@@ -146,7 +148,7 @@ def _channel_idle_ffn_out_kernel(
 def _grid(m: int, n: int):
     # Sizes from the launcher, not from `meta`: older interpreters (triton 3.6) hand the grid function the
     # kernel arguments already converted to interpreter tensors.
-    return lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+    return lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
 
 
 def channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out=None, residual=None) -> torch.Tensor:

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, input_precision, to_dtype
+from vitfast.kernels._common import INTERPRET as _INTERPRET, cdiv, check_device, input_precision, next_pow2, to_dtype
 
 from vitfast.reference.dwconv_attention import check_dwconv_attention_args
 
@@ -257,12 +257,12 @@ def _plan(batch: int, hw: int, halo: int, device: torch.device, path: Optional[s
     round trip.  Under the interpreter: fused unless asked (CI runs both through `path`)."""
     if path not in (None, "fused", "split"):
         raise ValueError(f"path: expected None, 'fused' or 'split', got {path!r}")
-    halo_rows = max(16, triton.next_power_of_2(2 * halo)) if halo > 0 else 16
+    halo_rows = max(16, next_pow2(2 * halo)) if halo > 0 else 16
     if _INTERPRET:
         return path or "fused", 32, halo_rows
     block_m = 128 if hw >= 4096 else 64
     if path is None:
-        path = "fused" if batch * triton.cdiv(hw, block_m) >= _sm_count(device) else "split"
+        path = "fused" if batch * cdiv(hw, block_m) >= _sm_count(device) else "split"
     return path, block_m, halo_rows
 
 
@@ -302,8 +302,8 @@ def dwconv_attention_triton(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, resid
     block_d = 32 if width >= 32 else 16
     block_k = 32
     block_n = 64
-    m_tiles = triton.cdiv(hw, block_m)
-    d_tiles = triton.cdiv(width, block_d)
+    m_tiles = cdiv(hw, block_m)
+    d_tiles = cdiv(width, block_d)
     kflat = kernel.reshape(width, ksize * ksize).contiguous()
     bv = b_v.contiguous() if b_v is not None else None
     bo = b_o.contiguous() if b_o is not None else None
@@ -339,7 +339,7 @@ def dwconv_attention_triton(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, resid
             HAS_BV=bv is not None, KSIZE=ksize, INPUT_PRECISION=precision, INTERPRET_BF16=interpret_bf16,
             BLOCK_M=block_m, HALO_ROWS=halo_rows, BLOCK_D=block_d, BLOCK_K=block_k, num_warps=4,
         )
-        _dwconv_project_kernel[(batch, m_tiles, triton.cdiv(c_out, block_n))](
+        _dwconv_project_kernel[(batch, m_tiles, cdiv(c_out, block_n))](
             u, w_o, bo if bo is not None else dummy, res, out,
             hw, prefix, width, c_out,
             u.stride(0), u.stride(1), u.stride(2), w_o.stride(0), w_o.stride(1),

@@ -39,13 +39,15 @@ import torch
 import triton
 import triton.language as tl
 from vitfast.kernels._common import (
-    split_gelu_epilogue,
     INTERPRET as _INTERPRET,
+    cdiv,
     check_device,
     input_precision,
     matmul_tile,
+    next_pow2,
     operand,
     rows,
+    split_gelu_epilogue,
     tile_ids,
     to_dtype,
     triton_version,
@@ -212,7 +214,7 @@ _MAX_HEAD_DIM = 128
 def _attention_config(head_dim: int):
     """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): flash-attention tiles; BLOCK_D pads D to a power of two >= 16
     (tl.dot's minimum), and wide heads take narrower key tiles to keep q, k, v and acc on chip."""
-    block_d = max(16, triton.next_power_of_2(int(head_dim)))
+    block_d = max(16, next_pow2(int(head_dim)))
     if _INTERPRET:
         return 32, 32, block_d, 4
     if block_d <= 64:
@@ -275,11 +277,11 @@ def gated_layernorm_triton(gate: torch.Tensor, index: int, x: torch.Tensor, eps:
     m = x2.shape[0]
     if m == 0 or c == 0:
         return out
-    block_c = triton.next_power_of_2(c)
+    block_c = next_pow2(c)
     block_m = max(1, min(16, 4096 // block_c))
     dummy = out2
     with _device_ctx(x):
-        _gated_layernorm_kernel[(triton.cdiv(m, block_m),)](
+        _gated_layernorm_kernel[(cdiv(m, block_m),)](
             gate, int(index), x2, weight if weight is not None else dummy, bias if bias is not None else dummy, out2,
             m, c, x2.stride(0), out2.stride(0), float(eps),
             HAS_W=weight is not None, HAS_B=bias is not None, INTERPRET_BF16=_INTERPRET and x.dtype == torch.bfloat16,
@@ -330,7 +332,7 @@ def gated_linear_triton(gate: torch.Tensor, index: int, x: torch.Tensor, weight:
     def strides(t):
         return (t.stride(0), t.stride(1)) if t is not None else (0, 0)
 
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    grid = (cdiv(m, block_m) * cdiv(n, block_n),)
     with _device_ctx(x):
         _gated_linear_kernel[grid](
             gate, int(index), x2, weight, *(t if t is not None else dummy for t in (bias_c, bias2_c, add2, res2, skip2)),
@@ -367,7 +369,7 @@ def gated_attention_triton(gate: torch.Tensor, index: int, qkv: torch.Tensor, nu
         return out.copy_(torch.where(gate[int(index)] != 0, full, out))
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
     block_m, block_n, block_d, warps = _attention_config(head_dim)
-    grid = (batch * heads, triton.cdiv(tokens, block_m))
+    grid = (batch * heads, cdiv(tokens, block_m))
     with _device_ctx(qkv):
         _gated_attention_kernel[grid](
             gate, int(index), qkv, out, tokens, heads, head_dim, scale, *qkv.stride(), *out.stride(),

@@ -80,13 +80,15 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
 from vitfast.kernels._common import (
-    split_gelu_epilogue,
     INTERPRET as _INTERPRET,
+    cdiv,
     check_device,
     input_precision,
     load_tile_f32,
+    next_pow2,
     operand,
     rows as _rows,
+    split_gelu_epilogue,
     tile_ids,
     to_dtype,
     tuned_configs,
@@ -175,7 +177,7 @@ _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature
 
 def _m_bucket(m: int) -> int:
     # Autotune on the power-of-two bucket of M: every batch size of a ViT (M = B·197) does not retune.
-    return triton.next_power_of_2(max(int(m), 1))
+    return next_pow2(max(int(m), 1))
 
 
 # ---------------------------------------------------------------------------------------------- row statistics
@@ -213,9 +215,9 @@ def row_stats_triton(x: torch.Tensor, *, _wrap=None) -> RowStats:
     m = x2.shape[0]
     partials = torch.empty((2, 1, m), dtype=torch.float32, device=x.device)
     if m:
-        block_m, block_k = 16, min(triton.next_power_of_2(max(k, 16)), 256)
+        block_m, block_k = 16, min(next_pow2(max(k, 16)), 256)
         with _on_device(x):
-            _launcher(_row_stats_kernel, _wrap)[(triton.cdiv(m, block_m),)](
+            _launcher(_row_stats_kernel, _wrap)[(cdiv(m, block_m),)](
                 x2, partials, m, k, x2.stride(0), x2.stride(1), BLOCK_M=block_m, BLOCK_K=block_k,
             )
         count_launch()
@@ -453,7 +455,7 @@ def _on_device(x):
 
 def _grid(m: int, n: int, split: int):
     # Sizes from the launcher, not from `meta`: triton 3.6's interpreter hands the grid function converted args.
-    return lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), split)
+    return lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]), split)
 
 
 # Split-K heuristic constants (split_k_factor).
@@ -487,7 +489,7 @@ def split_k_factor(m: int, n: int, k: int, sms: int) -> int:
     DeiT-B at batch 1 on 132 SMs: qkv (197 × 2304 × 768) 36 tiles → S = 3; proj (197 × 768 × 768) 12 tiles →
     S = 3.  At batch 64 (12608 rows) nothing splits.  Unmeasured on a GPU: the thresholds are what the shapes
     suggest, not timings."""
-    tiles = triton.cdiv(max(m, 1), _NOMINAL_TILE) * triton.cdiv(max(n, 1), _NOMINAL_TILE)
+    tiles = cdiv(max(m, 1), _NOMINAL_TILE) * cdiv(max(n, 1), _NOMINAL_TILE)
     if sms <= 0 or 2 * tiles >= sms:
         return 1
     split = min(sms // tiles, k // _MIN_SPLIT_COLS, MAX_SPLIT_K)
@@ -560,7 +562,7 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             raise ValueError(f"{name}: expected {m} rows of {n} (x's leading shape), got shape {list(t.shape)}")
     out = torch.empty(lead + (n,), dtype=x.dtype, device=x.device)
     out2 = out.view(m, n)
-    t_out = triton.cdiv(n, STAT_TILE)
+    t_out = cdiv(n, STAT_TILE)
     stats_out = torch.empty((2, t_out, m), dtype=torch.float32, device=x.device) if emit_stats else None
     result = (out, RowStats(stats_out, STAT_TILE, n)) if emit_stats else out
     if m == 0 or n == 0:
@@ -579,7 +581,7 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if split > 1:
         workspace = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
         # One counter per program of the tile grid, for the smallest tile any config has (16 × 32 bounds them all).
-        tiles = triton.cdiv(m, 16) * triton.cdiv(n, 32)
+        tiles = cdiv(m, 16) * cdiv(n, 32)
         counters = (_counters(x.device, tiles) if _wrap is None
                     else torch.zeros(tiles, dtype=torch.int32, device=x.device))
     else:
@@ -598,7 +600,7 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             add2.stride(0) if add2 is not None else 0, add2.stride(1) if add2 is not None else 0,
             res2.stride(0) if res2 is not None else 0, res2.stride(1) if res2 is not None else 0,
             out2.stride(0), out2.stride(1),
-            NORM=_NORM_MODES[norm] if eps is not None else 0, T_IN_POW2=max(2, triton.next_power_of_2(t_in)),
+            NORM=_NORM_MODES[norm] if eps is not None else 0, T_IN_POW2=max(2, next_pow2(t_in)),
             HAS_BIAS=bias is not None, HAS_GELU=gelu_cols > 0, HAS_BIAS2=bias2 is not None, HAS_ADD=add2 is not None,
             HAS_RES=res2 is not None, EMIT_STATS=emit_stats, STAT=STAT_TILE, SPLIT_K=split,
             INPUT_PRECISION=precision, INTERPRET_BF16=_INTERPRET and x.dtype == torch.bfloat16,

@@ -27,7 +27,15 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
-from vitfast.kernels._common import INTERPRET as _INTERPRET, check_device, input_precision, operand, tuned_configs
+from vitfast.kernels._common import (
+    INTERPRET as _INTERPRET,
+    cdiv,
+    check_device,
+    input_precision,
+    next_pow2,
+    operand,
+    tuned_configs,
+)
 
 from vitfast.reference.xwx_attention import check_xwx_attention_args
 
@@ -166,7 +174,7 @@ _MAX_BLOCK_D = 128
 
 def _dot_width(n: int) -> int:
     # tl.dot needs every tile dimension >= 16 and a power of two.
-    return max(16, triton.next_power_of_2(int(n)))
+    return max(16, next_pow2(int(n)))
 
 
 def xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None) -> torch.Tensor:
@@ -186,12 +194,12 @@ def xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=Non
     dummy = out32  # stands in for absent optional pointers; never dereferenced (constexpr flags)
     b_o_c = b_o.contiguous() if b_o is not None else None
     interpret_bf16 = _INTERPRET and x.dtype == torch.bfloat16
-    n_bucket = triton.next_power_of_2(tokens)
+    n_bucket = next_pow2(tokens)
 
     def strides(t, n):
         return tuple(t.stride()) if t is not None else (0,) * n
 
-    grid = lambda meta: (batch, triton.cdiv(tokens, meta["BLOCK_M"]))  # noqa: E731
+    grid = lambda meta: (batch, cdiv(tokens, meta["BLOCK_M"]))  # noqa: E731
 
     def launch(v, w_o_slice, bias, res, out):
         # `out` = bias + res + the heads through v and w_o_slice; `res` is never `out` (autotuning reruns it).
