@@ -33,8 +33,9 @@ where u_x is the rounding of the raw x as a dot operand (0 for fp16/bf16 x: the 
 their products are exact in the fp32 accumulator; 2⁻¹¹ when an fp32 x goes through TF32; 0 for ieee fp32),
 u_acc = 2⁻²⁴ the fp32 accumulation (√K: random-walk growth over K sums), and c·κ with c = u_acc·log₂K the error of
 the fp32 mean itself (a tree sum of values of size |μ|), which every path shares — torch's own LayerNorm included.
-colsum(w) is accumulated by the same dot as x·Wᵀ (a row of ones times each W tile), so it sees exactly the operand
-rounding of x·Wᵀ and adds no term of its own beyond u_acc.  Normalising first (LN, round to the operand dtype, GEMM:
+colsum(w) is summed from the very W tiles the dot reads, in fp32, so it sees exactly the operands of x·Wᵀ and adds
+no term of its own beyond u_acc: fp16/bf16 W are the operands as stored (an fp32 sum of each tile); an fp32 W may be
+rounded to TF32 inside the dot, so there colsum is a dot as well (a row of ones times each W tile).  Normalising first (LN, round to the operand dtype, GEMM:
 the train-time composition) has
 
     e_norm ≲ u_op + u_acc·√K + c·κ,      u_op = 2⁻⁸ (bf16), 2⁻¹¹ (fp16, TF32), 2⁻²⁴ (ieee fp32).
@@ -252,9 +253,12 @@ def _folded_tile(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """rstd ⊙ (x·Wᵀ − μ·colsum(W)) for one tile over the K tiles [k_first, k_first + k_count) (all of K, or one
-    split-K slice: the expression is linear in x·Wᵀ and colsum, so the slices' results add up to it); colsum by a
-    ones-row dot on the same W tiles (the same operand rounding as x·Wᵀ, and no cached per-weight vector that an
-    in-place weight update could leave stale)."""
+    split-K slice: the expression is linear in x·Wᵀ and colsum, so the slices' results add up to it); colsum from
+    the same W tiles (the same operands as x·Wᵀ, and no cached per-weight vector that an in-place weight update
+    could leave stale).  For fp16/bf16 it is a plain fp32 sum: as a second, 16-row dot it made ptxas serialise the
+    main loop's wgmma (C7515 "non wgmma instructions defining accumulator registers") at every config, which the
+    sm_90 compile test now checks.  For fp32 it stays a ones-row dot: TF32 rounds W inside the dot, and colsum must
+    see that rounding."""
     rows = (pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     cols = (pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     rk = tl.arange(0, BLOCK_K)
@@ -265,16 +269,21 @@ def _folded_tile(
     ones = ones.to(w_ptr.dtype.element_ty)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     sums = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    colsum = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k in range(k_first, k_first + k_count):
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
         w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
         acc = tl.dot(operand(a, INTERPRET_BF16), operand(w, INTERPRET_BF16), acc, input_precision=INPUT_PRECISION)
-        sums = tl.dot(operand(ones, INTERPRET_BF16), operand(w, INTERPRET_BF16), sums,
-                      input_precision=INPUT_PRECISION)
+        if w_ptr.dtype.element_ty == tl.float32:
+            sums = tl.dot(operand(ones, INTERPRET_BF16), operand(w, INTERPRET_BF16), sums,
+                          input_precision=INPUT_PRECISION)
+        else:
+            colsum += tl.sum(w.to(tl.float32), axis=0)
         a_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
-    colsum = tl.sum(sums, axis=0)
+    if w_ptr.dtype.element_ty == tl.float32:
+        colsum = tl.sum(sums, axis=0)
     return rstd[:, None] * (acc - mean[:, None] * colsum[None, :])
 
 
