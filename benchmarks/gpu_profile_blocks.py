@@ -18,8 +18,8 @@ Sections (each independent; a failing one is reported and the next runs):
              same fused graph (VITFAST_BACKEND=reference), grouped by kernel name
 
 Prints tables and writes every figure to `--json`.  Nothing is recorded in benchmarks/results: these are diagnoses,
-the figures a user compares are gpu_blocks.py's.  `forced_config` (a launch wrapper that bypasses the autotuner) and
-`record_block_gemms` are tested on the CPU under the Triton interpreter (tests/test_gpu_profile_blocks.py).
+the figures a user compares are gpu_blocks.py's.  `forced_config` (kernels/_common.py) and `record_block_gemms` are
+tested on the CPU under the Triton interpreter (tests/test_gpu_profile_blocks.py).
 """
 from __future__ import annotations
 
@@ -32,30 +32,9 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from vitfast.kernels._common import forced_config
 
 SECTIONS = ("host", "sdpa", "gemm", "kernels")
-
-
-class forced_config:
-    """`_wrap` for `ln_linear_triton` that launches its autotuned kernel at one config, skipping the autotuner:
-    `ln_linear_triton(..., _wrap=forced_config(cfg))`.  (The launcher treats any `_wrap` as a traced op's and then
-    allocates split-K counters per call: only split-K launches differ, by one memset.)"""
-
-    def __init__(self, config):
-        self.config = config
-
-    def __call__(self, kernel):
-        if not hasattr(kernel, "configs"):  # not autotuned (the row statistics kernel): launched as it is
-            return kernel
-        fn, cfg = kernel.fn, self.config
-
-        class _Grid:
-            def __getitem__(self, grid):
-                def launch(*args, **kwargs):
-                    return fn[grid](*args, **kwargs, **cfg.kwargs, num_warps=cfg.num_warps,
-                                    num_stages=cfg.num_stages)
-                return launch
-        return _Grid()
 
 
 def record_block_gemms(model, x, blocks: int = 1) -> list:
@@ -130,8 +109,8 @@ def section_host(model, x, gemms) -> dict:
             torch.cuda.set_sync_debug_mode("default")
         out["syncs"] = sorted({str(w.message).splitlines()[0][:160] for w in caught})
     args, kwargs = gemms[0]
-    best = L._ln_linear_kernel.best_config if hasattr(L._ln_linear_kernel, "best_config") else None
-    cfg = best or L._ln_linear_kernel.configs[0]
+    best = L._ln_linear_kernel_tma.best_config if hasattr(L._ln_linear_kernel_tma, "best_config") else None
+    cfg = best or L._ln_linear_kernel_tma.configs[0]
 
     def per_call_us(call, n=200):
         torch.cuda.synchronize()
@@ -199,8 +178,9 @@ def _gemm_row(name: str, args, kwargs) -> dict:
     with torch.no_grad():
         row["autotuned_us"] = _bench_us(lambda: L.ln_linear_triton(*args, **kwargs))
         row["configs"] = {}
-        for cfg in L._ln_linear_kernel.configs:
+        for cfg in L._ln_linear_kernel_tma.configs:  # the pointer-load configs and the TMA ones
             label = (f"{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}x{cfg.kwargs['BLOCK_K']}"
+                     f"{' tma' if cfg.kwargs.get('USE_TMA') else ''}"
                      f" w{cfg.num_warps} s{cfg.num_stages}")
             try:
                 row["configs"][label] = _bench_us(

@@ -64,6 +64,29 @@ def tuned_configs(candidates, interpreter):
     return list(candidates) if AUTOTUNE else list(candidates[:1])
 
 
+class forced_config:
+    """A launch wrapper (the `_wrap` argument of the launchers) that runs an autotuned kernel at one given config
+    instead of the autotuner's choice: A/B timing of configs (benchmarks/gpu_profile_blocks.py) and parity tests of
+    candidates the interpreter's single config never reaches.  A kernel that is not autotuned is launched as it is.
+    (A launcher treats any `_wrap` as a traced op's: ln_linear then allocates its split-K counters per call.)"""
+
+    def __init__(self, config):
+        self.config = config
+
+    def __call__(self, kernel):
+        if not hasattr(kernel, "configs"):
+            return kernel
+        fn, cfg = kernel.fn, self.config
+
+        class _Grid:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    return fn[grid](*args, **kwargs, **cfg.kwargs, num_warps=cfg.num_warps,
+                                    num_stages=cfg.num_stages)
+                return launch
+        return _Grid()
+
+
 def check_device(x: torch.Tensor) -> None:
     """The launchers take CUDA tensors, or CPU tensors under the interpreter (tests on machines without a GPU)."""
     if INTERPRET:

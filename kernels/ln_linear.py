@@ -151,23 +151,29 @@ def fold_kappa_max(dtype: torch.dtype, precision: str, k: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- autotune configs
-def _configs():
+def _configs(tma: bool = False):
     # Every BLOCK_N is a multiple of STAT_TILE (the statistics epilogue splits a tile into STAT_TILE columns) and
     # every tile side is >= 16 (tl.dot).  The first candidate is the one used with VITFAST_TRITON_AUTOTUNE=0.
-    cfgs = [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
-        for bm, bn, bk, w, s in (
-            (128, 128, 64, 8, 3),
-            (128, 256, 64, 8, 3),
-            (128, 64, 64, 4, 4),
-            (64, 128, 64, 4, 4),
-            (64, 64, 64, 4, 4),
-            (64, 64, 32, 4, 5),
-        )
-    ]
+    def config(bm, bn, bk, w, s, use_tma=False):
+        return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": use_tma},
+                             num_warps=w, num_stages=s)
+
+    cfgs = [config(*c) for c in (
+        (128, 128, 64, 8, 3),
+        (128, 256, 64, 8, 3),
+        (128, 64, 64, 4, 4),
+        (64, 128, 64, 4, 4),
+        (64, 64, 64, 4, 4),
+        (64, 64, 32, 4, 5),
+    )]
+    if tma:
+        # Hopper's bulk tensor copies (`_descriptors`) at the two middle tiles: candidates beside the pointer loads,
+        # never the untuned default, so the autotuner alone decides whether they pay.
+        cfgs += [config(128, 128, 64, 8, 3, True), config(64, 128, 64, 4, 4, True)]
     # The interpreter runs numpy per Triton op per program: one small GPU-legal tile, so that test shapes of a few
     # dozen rows and columns still cross tile edges in M, N and K.
-    interpreter = triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4}, num_warps=4)
+    interpreter = triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "USE_TMA": False},
+                                num_warps=4)
     return tuned_configs(cfgs, interpreter)
 
 
@@ -246,11 +252,21 @@ def _combine_stats(stats_ptr, rows, M, K, T, TILE, eps, T_POW2: tl.constexpr):
 
 
 @triton.jit
+def _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Tensor-memory-accelerator descriptors of x [M, K] and W [N, K] (unit inner strides, 16-byte aligned: the
+    launcher's `_tma_ok`); each load is one bulk copy into shared memory, zero-filled outside the tensor."""
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[stride_wn, 1], block_shape=[BLOCK_N, BLOCK_K])
+    return x_desc, w_desc
+
+
+@triton.jit
 def _folded_tile(
     x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
     mean, rstd,
     INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """rstd ⊙ (x·Wᵀ − μ·colsum(W)) for one tile over the K tiles [k_first, k_first + k_count) (all of K, or one
     split-K slice: the expression is linear in x·Wᵀ and colsum, so the slices' results add up to it); colsum from
@@ -270,10 +286,16 @@ def _folded_tile(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     sums = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     colsum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if USE_TMA:
+        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
     for k in range(k_first, k_first + k_count):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-        w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        if USE_TMA:  # out-of-range rows, columns and K come back as zeros: no masks
+            a = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+            w = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
         acc = tl.dot(operand(a, INTERPRET_BF16), operand(w, INTERPRET_BF16), acc, input_precision=INPUT_PRECISION)
         if w_ptr.dtype.element_ty == tl.float32:
             sums = tl.dot(operand(ones, INTERPRET_BF16), operand(w, INTERPRET_BF16), sums,
@@ -292,7 +314,7 @@ def _normalised_tile(
     x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
     mean, rstd,
     NORMALISE: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """x·Wᵀ for one tile over the K tiles [k_first, k_first + k_count), each x tile first normalised to
     (x − μ)·rstd in x's dtype when NORMALISE (the train-time composition's rounding of LN(x), done in registers)."""
@@ -302,14 +324,22 @@ def _normalised_tile(
     a_ptrs = x_ptr + rows[:, None] * stride_xm + (k_first * BLOCK_K + rk)[None, :] * stride_xk
     w_ptrs = w_ptr + (k_first * BLOCK_K + rk)[:, None] * stride_wk + cols[None, :] * stride_wn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if USE_TMA:
+        x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
     for k in range(k_first, k_first + k_count):
         k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        if USE_TMA:
+            a = x_desc.load([pid_m * BLOCK_M, k * BLOCK_K])
+        else:
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
         if NORMALISE:
             # Columns past K stay 0: −μ·rstd there could overflow fp16 to inf, and inf · 0 (masked W) is NaN.
             a = tl.where(rk[None, :] < k_left, (a.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
             a = to_dtype(a, x_ptr.dtype.element_ty, INTERPRET_BF16)
-        w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        if USE_TMA:
+            w = w_desc.load([pid_n * BLOCK_N, k * BLOCK_K]).T
+        else:
+            w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
         acc = tl.dot(operand(a, INTERPRET_BF16), operand(w, INTERPRET_BF16), acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
@@ -358,7 +388,6 @@ def _epilogue(
         _emit_stats(out.to(tl.float32), stats_out_ptr, rows, row_ok, pid_n, M, N, T_OUT, STAT, BLOCK_M, BLOCK_N)
 
 
-@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K", "SPLIT_K"], **_CACHE_RESULTS)
 @triton.jit
 def _ln_linear_kernel(
     x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr, cnt_ptr,
@@ -369,6 +398,7 @@ def _ln_linear_kernel(
     HAS_RES: tl.constexpr, EMIT_STATS: tl.constexpr, STAT: tl.constexpr, SPLIT_K: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
 ):
     """out = [LN](x)·Wᵀ + b, GELU on columns < GELU_COLS, + b2 + add + res; NORM: 0 none, 1 explicit, 2 auto
     (per row tile: folded while κ ≤ kappa_max), 3 folded.  SPLIT_K > 1: program (tile, s) takes the s-th slice of
@@ -395,19 +425,19 @@ def _ln_linear_kernel(
         zero = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = _normalised_tile(
             x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
-            zero, zero, False, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+            zero, zero, False, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
         )
     else:
         mean, rstd = _combine_stats(stats_in_ptr, rows % M, M, K, T_IN, STAT_IN_TILE, eps, T_IN_POW2)
         if NORM == 1:
             acc = _normalised_tile(
                 x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
-                mean, rstd, True, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+                mean, rstd, True, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
             )
         elif NORM == 3:
             acc = _folded_tile(
                 x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
-                mean, rstd, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+                mean, rstd, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
             )
         else:
             # Every split of a tile reads the same rows' statistics, so all of them take the same path.
@@ -415,12 +445,12 @@ def _ln_linear_kernel(
             if kappa <= kappa_max:
                 acc = _folded_tile(
                     x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first,
-                    k_count, mean, rstd, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+                    k_count, mean, rstd, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
                 )
             else:
                 acc = _normalised_tile(
                     x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first,
-                    k_count, mean, rstd, True, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K,
+                    k_count, mean, rstd, True, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
                 )
     if SPLIT_K == 1:
         _epilogue(acc, rows, cols, row_ok, col_ok, mask, pid_n, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr,
@@ -450,10 +480,60 @@ def _ln_linear_kernel(
                       BLOCK_M, BLOCK_N)
 
 
+_ln_linear_jit = _ln_linear_kernel
+# Two autotuners over the one kernel: pointer-load configs (anywhere), and those plus the TMA configs (Hopper, triton
+# with device-side tensor descriptors, unit-stride 16-byte-aligned operands, eager launches: `_tma_ok`).
+_AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "SPLIT_K"]
+_ln_linear_kernel = triton.autotune(configs=_configs(), key=_AUTOTUNE_KEY, **_CACHE_RESULTS)(_ln_linear_jit)
+_ln_linear_kernel_tma = triton.autotune(configs=_configs(tma=True), key=_AUTOTUNE_KEY, **_CACHE_RESULTS)(_ln_linear_jit)
+
+
 # ---------------------------------------------------------------------------------------------- launcher
 def _launcher(kernel, wrap):
     # wrap_triton(kernel) inside a registered triton_op, so that torch.compile traces the launch as a Triton kernel.
     return kernel if wrap is None else wrap(kernel)
+
+
+def _tma_runtime() -> bool:
+    # Device-side tensor descriptors (triton >= 3.4) and the allocator hook their scratch memory comes from.
+    try:
+        from triton.runtime import _allocation
+    except ImportError:
+        return False
+    return (hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+            and hasattr(_allocation, "_allocator") and hasattr(_allocation, "NullAllocator"))
+
+
+_TMA_RUNTIME = _tma_runtime()
+_CAPABILITY: dict = {}
+
+
+def _scratch(size: int, alignment: int, stream):
+    # Global scratch for the descriptors a launch creates (128 bytes each): from torch's caching allocator, which
+    # hands out 512-byte-aligned blocks and keeps CUDA-graph captures in their private pool.
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _tma_ok(x2: torch.Tensor, weight: torch.Tensor, wrap) -> bool:
+    """Whether this launch may use the TMA autotuner: an eager launch (not traced: inductor would have to provide the
+    scratch allocator) on a Hopper-or-later GPU, with triton's descriptor runtime, and operands a bulk tensor copy
+    can read: unit inner stride, 16-byte-aligned base and row stride.  On such a GPU it sets triton's scratch
+    allocator when none is set in this thread, also for a wrapped launch (a `forced_config` may pick a TMA config)."""
+    if _INTERPRET or not _TMA_RUNTIME or x2.device.type != "cuda" or isinstance(x2, (FakeTensor, FunctionalTensor)):
+        return False
+    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    if _CAPABILITY[index][0] < 9:
+        return False
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+    if wrap is not None:
+        return False
+    size = x2.element_size()
+    return all(t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x2, weight))
 
 
 def _on_device(x):
@@ -597,7 +677,8 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         workspace = counters = dummy
     t_in = stats.partials.shape[1] if eps is not None else 1
     with _on_device(x):
-        _launcher(_ln_linear_kernel, _wrap)[_grid(m, n, split)](
+        kernel = _ln_linear_kernel_tma if _tma_ok(x2, weight, _wrap) else _ln_linear_kernel
+        _launcher(kernel, _wrap)[_grid(m, n, split)](
             x2, weight, bias if bias is not None else dummy, bias2 if bias2 is not None else dummy,
             add2 if add2 is not None else dummy, res2 if res2 is not None else dummy, out2,
             stats.partials if eps is not None else dummy, stats_out if stats_out is not None else dummy,

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 import vitfast.kernels.ln_linear as lnl
+from vitfast.kernels._common import forced_config
 from helpers import triton_test_device
 from vitfast.kernels.vit_block import vit_block_triton
 
@@ -39,7 +40,7 @@ def test_forced_config_matches_the_autotuned_launch(monkeypatch):
     configs = list(lnl._ln_linear_kernel.configs)
     other = type(configs[0])({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2}, num_warps=4)
     for cfg in configs[:1] + [other]:
-        forced, forced_stats = lnl.ln_linear_triton(x, w, b, **kwargs, _wrap=gpb.forced_config(cfg))
+        forced, forced_stats = lnl.ln_linear_triton(x, w, b, **kwargs, _wrap=forced_config(cfg))
         assert tiles[-1] == cfg.kwargs["BLOCK_M"]
         torch.testing.assert_close(forced, out, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(forced_stats.partials, stats.partials, atol=1e-4, rtol=1e-5)

@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from helpers import triton_test_device
 import vitfast.kernels.ln_linear as lnl
@@ -267,6 +268,27 @@ def test_cuda_split_k_race_free_and_deterministic(dtype, tol):
     assert int(lnl._COUNTERS[x.device].abs().sum()) == 0
 
 
+# ---------------------------------------------------------------------------------------------- TMA candidates
+@pytest.mark.skipif(not hasattr(triton.language, "make_tensor_descriptor"), reason="triton without tensor descriptors")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("norm,split", [("fold", 1), ("explicit", 1), (None, 1), ("fold", 2)])
+def test_tma_loads_give_the_pointer_loads_result(dtype, norm, split):
+    # The same tile config with bulk tensor copies instead of masked pointer loads: zero-filled edges in M, N and K
+    # (37 × 100 × 72 against 32 × 64 × 32 tiles) must give the same bits.
+    from vitfast.kernels._common import forced_config
+
+    x, w, b = operands(dtype, offset=3.0)
+    res = torch.randn(M, N, device=DEVICE).to(dtype)
+    kwargs = {"eps": EPS if norm else None, "norm": norm or "auto", "gelu_cols": 40, "residual": res,
+              "emit_stats": True, "split_k": split}
+    tile = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4}
+    outs = [ln_linear_triton(x, w, b, **kwargs, _wrap=forced_config(triton.Config(dict(tile, USE_TMA=tma),
+                                                                                  num_warps=4)))
+            for tma in (False, True)]
+    assert torch.equal(outs[1][0], outs[0][0])
+    assert torch.equal(outs[1][1].partials, outs[0][1].partials)
+
+
 # ---------------------------------------------------------------------------------------------- GPU legality
 _SM90_COMPILE = r"""
 import os
@@ -320,11 +342,22 @@ for dt in ("bf16", "fp16"):
     for norm in (0, 1, 2, 3):
         k = build(L._ln_linear_kernel.fn, dict(NORM=norm, T_IN_POW2=16, HAS_BIAS=True, HAS_GELU=True, HAS_BIAS2=False,
                   HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, SPLIT_K=1, INPUT_PRECISION="tf32",
-                  INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8), dt,
+                  INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, USE_TMA=False), dt,
                   floats=("eps", "kappa_max"), num_warps=8, num_stages=3)
         report = ptxas_report(k)
         if report is not None:
             assert "C7515" not in report and " 0 bytes spill stores" in report, (dt, norm, report)
+# The TMA candidates (device-side descriptors: triton >= 3.4): bulk tensor copies feed the loop, same checks.
+if hasattr(triton.language, "make_tensor_descriptor"):
+    for norm in (0, 1, 2, 3):
+        k = build(L._ln_linear_kernel.fn, dict(NORM=norm, T_IN_POW2=16, HAS_BIAS=True, HAS_GELU=True, HAS_BIAS2=False,
+                  HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, SPLIT_K=1, INPUT_PRECISION="tf32",
+                  INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, USE_TMA=True), "bf16",
+                  floats=("eps", "kappa_max"), num_warps=8, num_stages=3)
+        assert "tma" in k.asm["ttgir"] and "warp_group_dot" in k.asm["ttgir"], norm
+        report = ptxas_report(k)
+        if report is not None:
+            assert "C7515" not in report and " 0 bytes spill stores" in report, ("tma", norm, report)
 # The float arguments as triton's launcher types them (fp32), and as inductor does when a compiled graph launches the
 # registered op's kernel (fp64: the first torch.compile of the op on an H100 failed in _combine_stats' sqrt_rn).
 for dt, prec, split, ft in (("bf16", "tf32", 1, "fp32"), ("fp16", "tf32", 1, "fp32"), ("fp32", "ieee", 1, "fp32"),
@@ -333,7 +366,7 @@ for dt, prec, split, ft in (("bf16", "tf32", 1, "fp32"), ("fp16", "tf32", 1, "fp
     # SPLIT_K=3: the workspace, the tile counter's acq_rel atomic and the last program's reduction as well.
     ttgir = build(L._ln_linear_kernel.fn, dict(NORM=2, T_IN_POW2=32, HAS_BIAS=True, HAS_GELU=True, HAS_BIAS2=True,
                   HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, SPLIT_K=split, INPUT_PRECISION=prec,
-                  INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8), dt,
+                  INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, USE_TMA=False), dt,
                   floats=("eps", "kappa_max"), float_type=ft, num_warps=8, num_stages=3).asm["ttgir"]
     assert "scf.if" in ttgir and "async_copy_global_to_local" in ttgir, dt  # the branch, and pipelined loads
     assert dt == "fp32" or "warp_group_dot" in ttgir, dt  # Hopper wgmma for fp16/bf16
