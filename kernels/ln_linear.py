@@ -501,7 +501,7 @@ def _tma_runtime() -> bool:
     except ImportError:
         return False
     return (hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
-            and hasattr(_allocation, "_allocator") and hasattr(_allocation, "NullAllocator"))
+            and hasattr(getattr(_allocation, "_allocator", None), "get") and hasattr(_allocation, "NullAllocator"))
 
 
 _TMA_RUNTIME = _tma_runtime()
