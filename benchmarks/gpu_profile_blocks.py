@@ -181,6 +181,7 @@ def _gemm_row(name: str, args, kwargs) -> dict:
         for cfg in L._ln_linear_kernel_tma.configs:  # the pointer-load configs and the TMA ones
             label = (f"{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}x{cfg.kwargs['BLOCK_K']}"
                      f"{' tma' if cfg.kwargs.get('USE_TMA') else ''}"
+                     f"{' persistent' if cfg.kwargs.get('PERSISTENT') else ''}"
                      f" w{cfg.num_warps} s{cfg.num_stages}")
             try:
                 row["configs"][label] = _bench_us(

@@ -120,7 +120,12 @@ def input_precision(dtype: torch.dtype) -> str:
 @triton.jit
 def tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Grouped ordering: GROUP_M row-tiles share each weight column-tile while it is in L2."""
-    pid = tl.program_id(0)
+    return tile_ids_of(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+
+
+@triton.jit
+def tile_ids_of(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of output tile `pid` in the grouped ordering (`tile_ids`; a persistent program's tiles)."""
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     in_group = GROUP_M * num_n

@@ -35,8 +35,8 @@ u_acc = 2⁻²⁴ the fp32 accumulation (√K: random-walk growth over K sums), 
 the fp32 mean itself (a tree sum of values of size |μ|), which every path shares — torch's own LayerNorm included.
 colsum(w) is summed from the very W tiles the dot reads, in fp32, so it sees exactly the operands of x·Wᵀ and adds
 no term of its own beyond u_acc: fp16/bf16 W are the operands as stored (an fp32 sum of each tile); an fp32 W may be
-rounded to TF32 inside the dot, so there colsum is a dot as well (a row of ones times each W tile).  Normalising first (LN, round to the operand dtype, GEMM:
-the train-time composition) has
+rounded to TF32 inside the dot, so there colsum is a dot as well (a row of ones times each W tile).  Normalising
+first (LN, round to the operand dtype, GEMM: the train-time composition) has
 
     e_norm ≲ u_op + u_acc·√K + c·κ,      u_op = 2⁻⁸ (bf16), 2⁻¹¹ (fp16, TF32), 2⁻²⁴ (ieee fp32).
 
@@ -90,7 +90,7 @@ from vitfast.kernels._common import (
     operand,
     rows as _rows,
     split_gelu_epilogue,
-    tile_ids,
+    tile_ids_of,
     to_dtype,
     tuned_configs,
 )
@@ -154,9 +154,9 @@ def fold_kappa_max(dtype: torch.dtype, precision: str, k: int) -> float:
 def _configs(tma: bool = False):
     # Every BLOCK_N is a multiple of STAT_TILE (the statistics epilogue splits a tile into STAT_TILE columns) and
     # every tile side is >= 16 (tl.dot).  The first candidate is the one used with VITFAST_TRITON_AUTOTUNE=0.
-    def config(bm, bn, bk, w, s, use_tma=False):
-        return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": use_tma},
-                             num_warps=w, num_stages=s)
+    def config(bm, bn, bk, w, s, use_tma=False, persistent=False):
+        return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": use_tma,
+                              "PERSISTENT": persistent}, num_warps=w, num_stages=s)
 
     cfgs = [config(*c) for c in (
         (128, 128, 64, 8, 3),
@@ -165,6 +165,9 @@ def _configs(tma: bool = False):
         (64, 128, 64, 4, 4),
         (64, 64, 64, 4, 4),
         (64, 64, 32, 4, 5),
+        # Persistent (`_ln_linear_kernel`): one program per SM looping over the tiles, epilogue overlapped.
+        (128, 128, 64, 8, 3, False, True),
+        (128, 128, 64, 8, 4, False, True),
     )]
     if tma:
         # Hopper's bulk tensor copies (`_descriptors`) at the two middle tiles: candidates beside the pointer loads,
@@ -172,14 +175,19 @@ def _configs(tma: bool = False):
         cfgs += [config(128, 128, 64, 8, 3, True), config(64, 128, 64, 4, 4, True)]
     # The interpreter runs numpy per Triton op per program: one small GPU-legal tile, so that test shapes of a few
     # dozen rows and columns still cross tile edges in M, N and K.
-    interpreter = triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "USE_TMA": False},
-                                num_warps=4)
+    interpreter = triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "USE_TMA": False,
+                                 "PERSISTENT": False}, num_warps=4)
     return tuned_configs(cfgs, interpreter)
 
 
 # Autotune timings cached on disk (triton >= 3.2; ignored under the interpreter): the first call after a process
 # start re-reads the choice per (M bucket, N, K) instead of timing every config again.
 _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+
+
+# triton >= 3.3's loop-nest flattening (tl.range(..., flatten=True)) for the persistent configs; without it they
+# still loop over tiles, without the overlap.
+_FLATTEN = tl.constexpr("flatten" in inspect.signature(tl.range.__init__).parameters)
 
 
 def _m_bucket(m: int) -> int:
@@ -389,8 +397,8 @@ def _epilogue(
 
 
 @triton.jit
-def _ln_linear_kernel(
-    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr, cnt_ptr,
+def _ln_linear_tile(
+    tile, x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr, cnt_ptr,
     M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an, stride_rm, stride_rn, stride_om, stride_on,
     NORM: tl.constexpr, T_IN_POW2: tl.constexpr,
@@ -398,16 +406,10 @@ def _ln_linear_kernel(
     HAS_RES: tl.constexpr, EMIT_STATS: tl.constexpr, STAT: tl.constexpr, SPLIT_K: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    USE_TMA: tl.constexpr = False,
+    USE_TMA: tl.constexpr,
 ):
-    """out = [LN](x)·Wᵀ + b, GELU on columns < GELU_COLS, + b2 + add + res; NORM: 0 none, 1 explicit, 2 auto
-    (per row tile: folded while κ ≤ kappa_max), 3 folded.  SPLIT_K > 1: program (tile, s) takes the s-th slice of
-    K's tiles, and the last program of a tile to finish reduces the slices (launcher docstring)."""
-    # Inductor passes a Python float argument as fp64 when it launches the kernel from a compiled graph (triton's
-    # own launcher passes fp32), and the IEEE-rounded fp32 math below refuses fp64: one type for both callers.
-    eps = tl.cast(eps, tl.float32)
-    kappa_max = tl.cast(kappa_max, tl.float32)
-    pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    """Output tile `tile` of `_ln_linear_kernel` (with SPLIT_K > 1, its K slice tl.program_id(1))."""
+    pid_m, pid_n = tile_ids_of(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < M
@@ -461,7 +463,6 @@ def _ln_linear_kernel(
         # The fp32 partial of this slice to the workspace [SPLIT_K, M, N] (L2 only: .cg), every thread's stores
         # before the barrier, then one acq_rel arrival on the tile's counter: its release publishes the partial,
         # and the program that arrives last (count SPLIT_K − 1) acquires every other slice's partial.
-        tile = tl.program_id(0)
         offsets = rows[:, None] * N + cols[None, :]
         slice_size = M.to(tl.int64) * N
         tl.store(ws_ptr + tl.program_id(1) * slice_size + offsets, acc, mask=mask, cache_modifier=".cg")
@@ -478,6 +479,68 @@ def _ln_linear_kernel(
                       stats_out_ptr, M, N, GELU_COLS, T_OUT, stride_am, stride_an, stride_rm, stride_rn, stride_om,
                       stride_on, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, INTERPRET_BF16,
                       BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _ln_linear_kernel(
+    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr, cnt_ptr,
+    M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an, stride_rm, stride_rn, stride_om, stride_on,
+    NORM: tl.constexpr, T_IN_POW2: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_GELU: tl.constexpr, HAS_BIAS2: tl.constexpr, HAS_ADD: tl.constexpr,
+    HAS_RES: tl.constexpr, EMIT_STATS: tl.constexpr, STAT: tl.constexpr, SPLIT_K: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    USE_TMA: tl.constexpr = False, PERSISTENT: tl.constexpr = False,
+):
+    """out = [LN](x)·Wᵀ + b, GELU on columns < GELU_COLS, + b2 + add + res; NORM: 0 none, 1 explicit, 2 auto
+    (per row tile: folded while κ ≤ kappa_max), 3 folded.  SPLIT_K > 1: program (tile, s) takes the s-th slice of
+    K's tiles, and the last program of a tile to finish reduces the slices (launcher docstring).  PERSISTENT (with
+    SPLIT_K = 1): a grid of at most one program per SM, each taking tiles tile, tile + programs, ...; where the
+    loop nest allows (one K loop per tile: NORM ≠ 2) triton flattens it, so the next tile's loads are issued during
+    this tile's epilogue — what a one-program-per-tile grid cannot overlap when a 128 × 128 tile's registers leave
+    room for one program per SM and K is short (384 at DeiT-S)."""
+    # Inductor passes a Python float argument as fp64 when it launches the kernel from a compiled graph (triton's
+    # own launcher passes fp32), and the IEEE-rounded fp32 math below refuses fp64: one type for both callers.
+    eps = tl.cast(eps, tl.float32)
+    kappa_max = tl.cast(kappa_max, tl.float32)
+    if PERSISTENT and SPLIT_K == 1:
+        num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        if NORM != 2 and _FLATTEN:
+            for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+                _ln_linear_tile(
+                    tile,
+                    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr,
+                    cnt_ptr,
+                    M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
+                    stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an,
+                    stride_rm, stride_rn, stride_om, stride_on,
+                    NORM, T_IN_POW2, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, SPLIT_K,
+                    INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
+                )
+        else:
+            for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+                _ln_linear_tile(
+                    tile,
+                    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr,
+                    cnt_ptr,
+                    M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
+                    stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an,
+                    stride_rm, stride_rn, stride_om, stride_on,
+                    NORM, T_IN_POW2, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, SPLIT_K,
+                    INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
+                )
+    else:
+        _ln_linear_tile(
+            tl.program_id(0),
+            x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr,
+            cnt_ptr,
+            M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
+            stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an,
+            stride_rm, stride_rn, stride_om, stride_on,
+            NORM, T_IN_POW2, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, SPLIT_K,
+            INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
+        )
 
 
 _ln_linear_jit = _ln_linear_kernel
@@ -542,9 +605,21 @@ def _on_device(x):
     return torch.cuda.device(x.device) if real else contextlib.nullcontext()
 
 
-def _grid(m: int, n: int, split: int):
+def _grid(m: int, n: int, split: int, programs: int):
     # Sizes from the launcher, not from `meta`: triton 3.6's interpreter hands the grid function converted args.
-    return lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]), split)
+    # A persistent config (split 1) runs at most `programs` programs (`_persistent_programs`).
+    def grid(meta):
+        tiles = cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])
+        if meta.get("PERSISTENT", False) and split == 1:
+            return (min(tiles, programs), 1)
+        return (tiles, split)
+    return grid
+
+
+def _persistent_programs(device: torch.device) -> int:
+    # One program per SM; 2 without a GPU (the interpreter), so that each program still loops over several tiles.
+    sms = sm_count(device)
+    return sms if sms > 0 else 2
 
 
 # Split-K heuristic constants (split_k_factor).
@@ -678,7 +753,7 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     t_in = stats.partials.shape[1] if eps is not None else 1
     with _on_device(x):
         kernel = _ln_linear_kernel_tma if _tma_ok(x2, weight, _wrap) else _ln_linear_kernel
-        _launcher(kernel, _wrap)[_grid(m, n, split)](
+        _launcher(kernel, _wrap)[_grid(m, n, split, _persistent_programs(x.device))](
             x2, weight, bias if bias is not None else dummy, bias2 if bias2 is not None else dummy,
             add2 if add2 is not None else dummy, res2 if res2 is not None else dummy, out2,
             stats.partials if eps is not None else dummy, stats_out if stats_out is not None else dummy,

@@ -289,6 +289,25 @@ def test_tma_loads_give_the_pointer_loads_result(dtype, norm, split):
     assert torch.equal(outs[1][1].partials, outs[0][1].partials)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("norm", ["fold", "explicit", "auto", None])
+def test_persistent_programs_give_the_per_tile_result(dtype, norm):
+    # Two programs (the launcher's count without a GPU) looping over the 2 × 2 tiles of a 37 × 100 output, flattened
+    # loop nest (NORM ≠ 2) or not (auto): the same bits as one program per tile at the same tile config.
+    from vitfast.kernels._common import forced_config
+
+    x, w, b = operands(dtype, offset=3.0)
+    res = torch.randn(M, N, device=DEVICE).to(dtype)
+    kwargs = {"eps": EPS if norm else None, "norm": norm or "auto", "gelu_cols": 40, "residual": res,
+              "emit_stats": True}
+    tile = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "USE_TMA": False}
+    outs = [ln_linear_triton(x, w, b, **kwargs, _wrap=forced_config(triton.Config(dict(tile, PERSISTENT=p),
+                                                                                  num_warps=4)))
+            for p in (False, True)]
+    assert torch.equal(outs[1][0], outs[0][0])
+    assert torch.equal(outs[1][1].partials, outs[0][1].partials)
+
+
 # ---------------------------------------------------------------------------------------------- GPU legality
 _SM90_COMPILE = r"""
 import os
@@ -304,6 +323,10 @@ UNIT = ("stride_xk", "stride_wk", "stride_an", "stride_rn", "stride_on")
 ALIGNED = ("M", "N", "K", "stride_xm", "stride_wn", "stride_am", "stride_rm", "stride_om")
 
 def build(fn, consts, dt, floats=(), float_type="fp32", **opts):
+    # Every constexpr named: ASTSource ignores the kernel's defaults, and a left-out flag would compile as an i32
+    # argument with both of its branches.
+    missing = [n for i, n in enumerate(fn.arg_names) if i in fn.constexprs and n not in consts]
+    assert not missing, missing
     consts = dict(consts, **{n: 1 for n in UNIT if n in fn.arg_names})
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
@@ -335,25 +358,35 @@ def ptxas_report(k):
                               capture_output=True, text=True, check=True)
     return proc.stderr
 
+
+def gemm(norm, dt, *, tma=False, persistent=False, split=1, prec="tf32", ft="fp32", bias2=False, t_in=16, stages=3):
+    # The GEMM kernel at the default tile (128 × 128 × 64, 8 warps) with every epilogue on and statistics emitted.
+    return build(L._ln_linear_kernel.fn, dict(NORM=norm, T_IN_POW2=t_in, HAS_BIAS=True, HAS_GELU=True,
+                 HAS_BIAS2=bias2, HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, SPLIT_K=split,
+                 INPUT_PRECISION=prec, INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+                 USE_TMA=tma, PERSISTENT=persistent), dt, floats=("eps", "kappa_max"), float_type=ft, num_warps=8,
+                 num_stages=stages)
+
 build(L._row_stats_kernel, dict(BLOCK_M=16, BLOCK_K=256), "fp32", num_warps=4)
 # The default config in 16-bit: every NORM mode keeps the main loop's wgmma asynchronous (the folded path's colsum as
 # a second, 16-row dot made ptxas serialise them: C7515) and spills nothing.
 for dt in ("bf16", "fp16"):
     for norm in (0, 1, 2, 3):
-        k = build(L._ln_linear_kernel.fn, dict(NORM=norm, T_IN_POW2=16, HAS_BIAS=True, HAS_GELU=True, HAS_BIAS2=False,
-                  HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, SPLIT_K=1, INPUT_PRECISION="tf32",
-                  INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, USE_TMA=False), dt,
-                  floats=("eps", "kappa_max"), num_warps=8, num_stages=3)
+        k = gemm(norm, dt)
         report = ptxas_report(k)
         if report is not None:
             assert "C7515" not in report and " 0 bytes spill stores" in report, (dt, norm, report)
+# The persistent candidates: the tile loop (flattened with the K loop where NORM != 2) keeps wgmma asynchronous.
+# (Up to ~260 bytes of spills at 255 registers with every epilogue on: a candidate, kept only if the autotuner
+# finds it faster.)
+for norm in (0, 2, 3):
+    k = gemm(norm, "bf16", persistent=True)
+    report = ptxas_report(k)
+    assert report is None or "C7515" not in report, ("persistent", norm, report)
 # The TMA candidates (device-side descriptors: triton >= 3.4): bulk tensor copies feed the loop, same checks.
 if hasattr(triton.language, "make_tensor_descriptor"):
     for norm in (0, 1, 2, 3):
-        k = build(L._ln_linear_kernel.fn, dict(NORM=norm, T_IN_POW2=16, HAS_BIAS=True, HAS_GELU=True, HAS_BIAS2=False,
-                  HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, SPLIT_K=1, INPUT_PRECISION="tf32",
-                  INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, USE_TMA=True), "bf16",
-                  floats=("eps", "kappa_max"), num_warps=8, num_stages=3)
+        k = gemm(norm, "bf16", tma=True)
         assert "tma" in k.asm["ttgir"] and "warp_group_dot" in k.asm["ttgir"], norm
         report = ptxas_report(k)
         if report is not None:
@@ -364,10 +397,7 @@ for dt, prec, split, ft in (("bf16", "tf32", 1, "fp32"), ("fp16", "tf32", 1, "fp
                             ("bf16", "tf32", 3, "fp32"), ("fp32", "ieee", 1, "fp64")):
     # NORM=2: both K loops (folded, explicit) behind the per-tile branch; every epilogue on, statistics emitted;
     # SPLIT_K=3: the workspace, the tile counter's acq_rel atomic and the last program's reduction as well.
-    ttgir = build(L._ln_linear_kernel.fn, dict(NORM=2, T_IN_POW2=32, HAS_BIAS=True, HAS_GELU=True, HAS_BIAS2=True,
-                  HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, SPLIT_K=split, INPUT_PRECISION=prec,
-                  INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, USE_TMA=False), dt,
-                  floats=("eps", "kappa_max"), float_type=ft, num_warps=8, num_stages=3).asm["ttgir"]
+    ttgir = gemm(2, dt, split=split, prec=prec, ft=ft, bias2=True, t_in=32).asm["ttgir"]
     assert "scf.if" in ttgir and "async_copy_global_to_local" in ttgir, dt  # the branch, and pipelined loads
     assert dt == "fp32" or "warp_group_dot" in ttgir, dt  # Hopper wgmma for fp16/bf16
     assert (split > 1) == ("atomic_rmw" in ttgir), (dt, split)
