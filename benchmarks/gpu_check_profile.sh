@@ -12,8 +12,8 @@
 # About 8 minutes.  Everything lands in $OUT (profile_*.json, *.txt).  Usage from the repo root on the device
 # machine: bash benchmarks/gpu_check_profile.sh
 source benchmarks/gpu_common.sh
-export VITFAST_TRITON_AUTOTUNE=1
-run 150 t_blocks python3 -m pytest -q -rs -p no:cacheprovider --tb=short -k "cuda or constant_rows or forced or record or tma or persistent" \
+export VITFAST_TRITON_AUTOTUNE=1  # the profile times kernels as deployed; the tests pin it off
+run 150 t_blocks env VITFAST_TRITON_AUTOTUNE=0 python3 -m pytest -q -rs -p no:cacheprovider --tb=short -k "cuda or constant_rows or forced or record or tma or persistent" \
   tests/test_vit_block_triton.py tests/test_ln_linear_triton.py tests/test_gpu_profile_blocks.py
 run 240 profile_s python3 benchmarks/gpu_profile_blocks.py --model deit_small_patch16_224 --batch 256 \
   --json "$OUT/profile_s256.json"
