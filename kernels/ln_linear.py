@@ -165,10 +165,10 @@ def _configs(tma: bool = False):
         (64, 128, 64, 4, 4),
         (64, 64, 64, 4, 4),
         (64, 64, 32, 4, 5),
-        # Persistent (`_ln_linear_kernel`): one program per SM looping over the tiles, epilogue overlapped.
-        (128, 128, 64, 8, 3, False, True),
-        (128, 128, 64, 8, 4, False, True),
     )]
+    if _FLATTEN:
+        # Persistent (`_ln_linear_kernel`): one program per SM looping over the tiles, epilogue overlapped.
+        cfgs += [config(128, 128, 64, 8, 3, persistent=True), config(128, 128, 64, 8, 4, persistent=True)]
     if tma:
         # Hopper's bulk tensor copies (`_descriptors`) at the two middle tiles: candidates beside the pointer loads,
         # never the untuned default, so the autotuner alone decides whether they pay.
@@ -185,9 +185,9 @@ def _configs(tma: bool = False):
 _CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
-# triton >= 3.3's loop-nest flattening (tl.range(..., flatten=True)) for the persistent configs; without it they
-# still loop over tiles, without the overlap.
-_FLATTEN = tl.constexpr("flatten" in inspect.signature(tl.range.__init__).parameters)
+# triton >= 3.3's loop-nest flattening (tl.range(..., flatten=...)): the persistent configs need it (without it a
+# persistent program would only serialise its tiles) and are offered only with it.
+_FLATTEN = "flatten" in inspect.signature(tl.range.__init__).parameters
 
 
 def _m_bucket(m: int) -> int:
@@ -505,31 +505,20 @@ def _ln_linear_kernel(
     eps = tl.cast(eps, tl.float32)
     kappa_max = tl.cast(kappa_max, tl.float32)
     if PERSISTENT and SPLIT_K == 1:
+        # (Only offered where tl.range can flatten: `_configs`.)  NORM = 2 has two K loops behind a branch, a nest
+        # the flattening pass does not take: that loop stays nested.
         num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-        if NORM != 2 and _FLATTEN:
-            for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
-                _ln_linear_tile(
-                    tile,
-                    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr,
-                    cnt_ptr,
-                    M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
-                    stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an,
-                    stride_rm, stride_rn, stride_om, stride_on,
-                    NORM, T_IN_POW2, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, SPLIT_K,
-                    INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
-                )
-        else:
-            for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-                _ln_linear_tile(
-                    tile,
-                    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr,
-                    cnt_ptr,
-                    M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
-                    stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an,
-                    stride_rm, stride_rn, stride_om, stride_on,
-                    NORM, T_IN_POW2, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, SPLIT_K,
-                    INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
-                )
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=NORM != 2):
+            _ln_linear_tile(
+                tile,
+                x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr,
+                cnt_ptr,
+                M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
+                stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an,
+                stride_rm, stride_rn, stride_om, stride_on,
+                NORM, T_IN_POW2, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, SPLIT_K,
+                INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
+            )
     else:
         _ln_linear_tile(
             tl.program_id(0),
