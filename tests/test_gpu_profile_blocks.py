@@ -1,14 +1,14 @@
 """benchmarks/gpu_profile_blocks.py's pieces that need no GPU: the config-forcing launch wrapper (every autotune
-candidate launched directly gives the autotuned launch's result) and the recorder of a block's GEMM calls, under
-the Triton interpreter (natively on CUDA)."""
+candidate launched directly gives the autotuned launch's result), the recorder of a block's GEMM calls, and the
+sdpa / gemm sections with their timing stubbed, under the Triton interpreter (natively on CUDA)."""
 import os
 import sys
 
 import pytest
 import torch
 import vitfast.kernels.ln_linear as lnl
-from vitfast.kernels._common import forced_config
 from helpers import triton_test_device
+from vitfast.kernels._common import forced_config
 from vitfast.kernels.vit_block import vit_block_triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -58,3 +58,23 @@ def test_record_block_gemms_captures_the_four_calls_in_order():
     # Replaying a recorded call reproduces the block's own qkv.
     out = lnl.ln_linear_triton(*calls[0][0], **calls[0][1])
     assert out.shape == args[0].shape[:-1] + (args[2].shape[0],)
+
+
+def test_sdpa_and_gemm_sections_run(monkeypatch):
+    # The sections' own code on the interpreter's tensors, timing and profiling stubbed (they need CUDA): what the
+    # device run would otherwise find out first.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_vit_block_triton import FORMS, make_args
+
+    timed = []
+    monkeypatch.setattr(gpb, "_bench_us", lambda fn: (fn(), timed.append(1), 1.0)[2])
+    monkeypatch.setattr(gpb, "_kernel_names", lambda fn: ["k"])
+    args = make_args(FORMS[0])
+    calls = gpb.record_block_gemms(lambda x: vit_block_triton(x, *args[1:]), args[0])
+    rows = gpb.section_gemm(calls)
+    assert [r["gemm"] for r in rows] == ["qkv", "proj", "fc1", "fc2"]
+    assert all(r["autotuned_us"] == 1.0 and r["cublas_us"] == 1.0 and r["configs"] for r in rows)
+    qkv = lnl.ln_linear_triton(*calls[0][0], **calls[0][1])
+    sdpa = gpb.section_sdpa(qkv, heads=args[4])
+    assert sdpa["default"]["us"] == 1.0 and sdpa["default"]["kernels"] == ["k"]
+    assert len(timed) >= 4 * 2 + 1
