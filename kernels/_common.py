@@ -19,6 +19,8 @@ import re
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # 1/√2 for the erf GELU; a constexpr because @jit code may only read constexpr globals.
@@ -62,6 +64,26 @@ def tuned_configs(candidates, interpreter):
     if not candidates:
         raise ValueError("candidates: expected at least one triton.Config, got none")
     return list(candidates) if AUTOTUNE else list(candidates[:1])
+
+
+_PROPERTIES: dict = {}
+
+
+def cuda_properties(device: torch.device):
+    """`torch.cuda.get_device_properties` of a CUDA device, cached per index (launchers read it on every call); None
+    for a CPU device, or for fake CUDA tensors on a machine without a GPU (tracing)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = _PROPERTIES.get(index)
+    if props is None:
+        props = _PROPERTIES[index] = torch.cuda.get_device_properties(index)
+    return props
+
+
+def real_cuda(x: torch.Tensor) -> bool:
+    """A CUDA tensor with memory behind it: not a fake or functional tensor of a traced op (nothing launches then)."""
+    return x.device.type == "cuda" and not isinstance(x, (FakeTensor, FunctionalTensor))
 
 
 class forced_config:

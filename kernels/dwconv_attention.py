@@ -38,7 +38,15 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from vitfast.kernels._common import INTERPRET as _INTERPRET, cdiv, check_device, input_precision, next_pow2, to_dtype
+from vitfast.kernels._common import (
+    INTERPRET as _INTERPRET,
+    cdiv,
+    check_device,
+    cuda_properties,
+    input_precision,
+    next_pow2,
+    to_dtype,
+)
 
 from vitfast.reference.dwconv_attention import check_dwconv_attention_args
 
@@ -242,9 +250,8 @@ def _dwconv_project_kernel(
 
 # ---------------------------------------------------------------------------------------------- launcher
 def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    props = cuda_properties(device)
+    return props.multi_processor_count if props is not None else 1
 
 
 def _plan(batch: int, hw: int, halo: int, device: torch.device, path: Optional[str]) -> tuple:

@@ -77,17 +77,17 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
     cdiv,
     check_device,
+    cuda_properties,
     input_precision,
     load_tile_f32,
     next_pow2,
     operand,
+    real_cuda,
     rows as _rows,
     split_gelu_epilogue,
     tile_ids_of,
@@ -546,18 +546,19 @@ def _launcher(kernel, wrap):
     return kernel if wrap is None else wrap(kernel)
 
 
-def _tma_runtime() -> bool:
-    # Device-side tensor descriptors (triton >= 3.4) and the allocator hook their scratch memory comes from.
+def _tma_allocation():
+    # Triton's allocator module when it has device-side tensor descriptors (triton >= 3.4) and the allocator hook
+    # their scratch memory comes from; else None (no TMA candidates).
     try:
         from triton.runtime import _allocation
     except ImportError:
-        return False
-    return (hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
-            and hasattr(getattr(_allocation, "_allocator", None), "get") and hasattr(_allocation, "NullAllocator"))
+        return None
+    ok = (hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+          and hasattr(getattr(_allocation, "_allocator", None), "get") and hasattr(_allocation, "NullAllocator"))
+    return _allocation if ok else None
 
 
-_TMA_RUNTIME = _tma_runtime()
-_CAPABILITY: dict = {}
+_ALLOCATION = _tma_allocation()
 
 
 def _scratch(size: int, alignment: int, stream):
@@ -571,16 +572,9 @@ def _tma_ok(x2: torch.Tensor, weight: torch.Tensor, wrap) -> bool:
     scratch allocator) on a Hopper-or-later GPU, with triton's descriptor runtime, and operands a bulk tensor copy
     can read: unit inner stride, 16-byte-aligned base and row stride.  On such a GPU it sets triton's scratch
     allocator when none is set in this thread, also for a wrapped launch (a `forced_config` may pick a TMA config)."""
-    if _INTERPRET or not _TMA_RUNTIME or x2.device.type != "cuda" or isinstance(x2, (FakeTensor, FunctionalTensor)):
+    if _INTERPRET or _ALLOCATION is None or not real_cuda(x2) or cuda_properties(x2.device).major < 9:
         return False
-    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABILITY:
-        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    if _CAPABILITY[index][0] < 9:
-        return False
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+    if isinstance(_ALLOCATION._allocator.get(), _ALLOCATION.NullAllocator):
         triton.set_allocator(_scratch)
     if wrap is not None:
         return False
@@ -590,8 +584,7 @@ def _tma_ok(x2: torch.Tensor, weight: torch.Tensor, wrap) -> bool:
 
 def _on_device(x):
     # Not while the registered op is traced (fake / functional tensors; possibly no GPU at all): nothing launches.
-    real = x.device.type == "cuda" and not isinstance(x, (FakeTensor, FunctionalTensor))
-    return torch.cuda.device(x.device) if real else contextlib.nullcontext()
+    return torch.cuda.device(x.device) if real_cuda(x) else contextlib.nullcontext()
 
 
 def _grid(m: int, n: int, split: int, programs: int):
@@ -615,17 +608,11 @@ def _persistent_programs(device: torch.device) -> int:
 _NOMINAL_TILE = 128      # the first (default) config's BLOCK_M and BLOCK_N
 _MIN_SPLIT_COLS = 256    # K columns per slice at least: 4 steps of BLOCK_K = 64, enough to fill a 3-stage pipeline
 MAX_SPLIT_K = 8
-_SM_COUNT: dict = {}
-
-
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (cached); 0 for a CPU tensor (the interpreter: never split)."""
-    if device.type != "cuda" or not torch.cuda.is_available():  # (fake CUDA tensors on a machine without one)
-        return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    """Streaming multiprocessors of a CUDA device (cached); 0 for a CPU tensor (the interpreter: never split) and for
+    fake CUDA tensors on a machine without a GPU."""
+    props = cuda_properties(device)
+    return props.multi_processor_count if props is not None else 0
 
 
 def split_k_factor(m: int, n: int, k: int, sms: int) -> int:
