@@ -17,10 +17,11 @@ from .dwconv_attention import check_dwconv_attention_args, dwconv_attention
 from .gated import check_gated_ffn_args, check_gated_mhsa_args, gated_ffn, gated_mhsa
 from .layer_norm import check_layer_norm_args, layer_norm, layer_norm_unchecked
 from .linear import check_linear_args, linear, linear_unchecked
+from .ln_linear import ln_linear
 from .linear_int8 import check_linear_int8_args, linear_int8
 from .vit_block import check_vit_block_args, compose_vit_block, vit_block
 from .xwx_attention import check_xwx_attention_args, xwx_attention
 
-__all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "vit_block", "xwx_attention", "dwconv_attention",
+__all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "ln_linear", "vit_block", "xwx_attention", "dwconv_attention",
            "batch_gate", "batch_gate_logits", "gate_select", "gated_mhsa", "gated_ffn", "linear_int8",
            "channel_idle_ffn_int8"]
