@@ -2,8 +2,10 @@
 // (TORCH_LIBRARY_IMPL blocks in csrc/ops/*.cpp) with the dispatcher; the schemas live in vitfast/ops/<op>.py.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,9 @@ namespace {
 using vitfast::CpuIsa;
 
 constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kNeon};
+constexpr vitfast::CpuExt kAllExtensions[] = {vitfast::CpuExt::kAvx512Vnni, vitfast::CpuExt::kAvx512Bf16,
+                                              vitfast::CpuExt::kAmxBf16,    vitfast::CpuExt::kAmxInt8,
+                                              vitfast::CpuExt::kNeonDotProd, vitfast::CpuExt::kNeonBf16};
 
 std::vector<std::string> supported_isas() {
   std::vector<std::string> out;
@@ -80,21 +85,24 @@ PYBIND11_MODULE(_C, m) {
       "cpu_extensions",
       []() {
         std::vector<std::string> out;
-        for (auto e : {vitfast::CpuExt::kAvx512Vnni, vitfast::CpuExt::kAvx512Bf16, vitfast::CpuExt::kNeonDotProd,
-                       vitfast::CpuExt::kNeonBf16})
+        for (auto e : kAllExtensions)
           if (vitfast::cpu_has(e)) out.emplace_back(vitfast::cpu_ext_name(e));
         return out;
       },
-      "The low-precision extensions in use: 'avx512_vnni', 'avx512_bf16', 'neon_dotprod', 'neon_bf16' "
-      "(VITFAST_CPU_EXT=none turns them off).");
+      "The low-precision extensions in use: 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_int8', 'neon_dotprod', "
+      "'neon_bf16' (VITFAST_CPU_EXT=none turns them off, VITFAST_CPU_EXT=noamx the AMX ones).");
   m.def(
       "set_cpu_ext_enabled",
-      [](bool enabled) {
-        for (auto e : {vitfast::CpuExt::kAvx512Vnni, vitfast::CpuExt::kAvx512Bf16, vitfast::CpuExt::kNeonDotProd,
-                       vitfast::CpuExt::kNeonBf16})
+      [](bool enabled, std::optional<std::vector<std::string>> names) {
+        for (auto e : kAllExtensions) {
+          const std::string name = vitfast::cpu_ext_name(e);
+          if (names && std::find(names->begin(), names->end(), name) == names->end()) continue;
           vitfast::set_cpu_ext_enabled(e, enabled);  // false (no change) for one the CPU lacks
+        }
       },
-      py::arg("enabled"), "Turn every low-precision extension this CPU has on or off (tests, comparisons).");
+      py::arg("enabled"), py::arg("names") = py::none(),
+      "Turn the low-precision extensions this CPU has on or off: all of them, or those named (cpu_extensions' "
+      "names; e.g. ['amx_bf16', 'amx_int8'] to compare the AMX kernels with the AVX-512 ones).");
   m.def(
       "_weight_cache_stats",
       []() {

@@ -127,9 +127,24 @@ def _rel(a, b):
 def test_bf16_kernel_names_the_hardware():
     flags = _cpu_flags()
     kernel = _C.bf16_kernel()
-    assert kernel in ("avx512_bf16", "neon_bf16", "none")
-    if _C.cpu_isa() == "avx512" and "avx512_bf16" in flags and os.environ.get("VITFAST_CPU_EXT") != "none":
-        assert kernel == "avx512_bf16"
+    assert kernel in ("amx_bf16", "avx512_bf16", "neon_bf16", "none")
+    env = os.environ.get("VITFAST_CPU_EXT")
+    if _C.cpu_isa() == "avx512" and "avx512_bf16" in flags and env != "none":
+        amx = {"amx_tile", "amx_bf16"} <= set(flags.split()) and env != "noamx"
+        assert kernel == ("amx_bf16" if amx else "avx512_bf16")
+
+
+def test_amx_can_be_switched_off_by_name():
+    """set_cpu_ext_enabled(False, names) turns off only the named extensions: the AVX-512 kernels then run."""
+    if "amx_bf16" not in _C.cpu_extensions():
+        pytest.skip("no AMX-BF16 on this CPU")
+    try:
+        _C.set_cpu_ext_enabled(False, ["amx_bf16", "amx_int8"])
+        assert _C.bf16_kernel() == "avx512_bf16" and _C.int8_kernel() == "avx512_vnni"
+        assert "avx512_bf16" in _C.cpu_extensions() and "amx_bf16" not in _C.cpu_extensions()
+    finally:
+        _C.set_cpu_ext_enabled(True)
+    assert _C.bf16_kernel() == "amx_bf16"
     if _C.cpu_isa() in ("avx2", "scalar"):
         assert kernel == "none"  # the bf16 kernel lives inside the AVX-512 / NEON paths
 

@@ -44,6 +44,8 @@ def int8_kernel_lines():
             lines += ["[avx512] quantize_rows parity: ok", "[avx512] softmax_quantize_rows parity: ok"]
             if "avx512_vnni" in words:
                 lines.append("[avx512_vnni] gemm_int8 parity: ok")
+                if {"amx_tile", "amx_int8"} <= words:
+                    lines.append("[amx_int8] gemm_int8 parity: ok")
     elif machine in ("aarch64", "arm64"):
         lines += ["[neon] quantize_rows parity: ok", "[neon] softmax_quantize_rows parity: ok"]
         if "asimddp" in words:

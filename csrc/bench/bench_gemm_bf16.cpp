@@ -66,12 +66,11 @@ std::vector<float> random_values(std::mt19937& g, size_t n) {
   return v;
 }
 
-void attention_parts(const char* model, int64_t heads, int rounds, std::vector<Row>& rows) {
+void attention_parts(const char* model, int64_t heads, Bf16Kernel k16, int rounds, std::vector<Row>& rows) {
   const int64_t n = 197, d = 64, attn = heads * d, ld = 3 * attn, chunk = kAttentionChunk;
   std::mt19937 g(0);
   const std::vector<float> qkv = random_values(g, size_t(n * ld));
   std::vector<float> out(size_t(n * attn));
-  const Bf16Kernel k16 = Bf16Kernel::kAvx512Bf16;
   const CpuIsa isa = CpuIsa::kAvx512;
   const float scale = 0.125f;
   gemm::AlignedFloats ws16(attention_workspace_floats_bf16(n, d, n)), ws32(attention_workspace_floats(n, d, n));
@@ -130,17 +129,17 @@ void attention_parts(const char* model, int64_t heads, int rounds, std::vector<R
   const std::vector<double> us = interleaved(fns, rounds, 5);
   for (size_t i = 0; i < fns.size(); ++i)
     rows.push_back({std::string(model) + " attention (N = 197, D = 64, " + std::to_string(heads) + " heads)",
-                    names[i], us[i], flops[i] > 0 ? flops[i] / us[i] / 1e3 : 0.0});
+                    i == 1 ? std::string(names[i]) : std::string("[") + gemm16::bf16_kernel_name(k16) + "] " + names[i], us[i], flops[i] > 0 ? flops[i] / us[i] / 1e3 : 0.0});
 }
 
-void cold_weights(int rounds, std::vector<Row>& rows) {
+// Each kernel's hot and rotating-weight calls interleaved in the same rounds, so their ratio is a same-seconds one.
+void cold_weights(const std::vector<Bf16Kernel>& kernels, int rounds, std::vector<Row>& rows) {
   struct Shape {
     const char* name;
     int64_t m, n, k;
   };
   const Shape shapes[] = {{"DeiT-S qkv", 197, 1152, 384}, {"DeiT-S FFN in", 197, 768, 384},
                           {"DeiT-B qkv", 197, 2304, 768}, {"DeiT-B FFN in", 197, 1536, 768}};
-  const Bf16Kernel k16 = Bf16Kernel::kAvx512Bf16;
   for (const Shape& sh : shapes) {
     std::mt19937 g(1);
     std::vector<gemm16::PackedBf16B> ws;
@@ -150,22 +149,26 @@ void cold_weights(int rounds, std::vector<Row>& rows) {
     }
     const std::vector<float> x = random_values(g, size_t(sh.m * sh.k));
     std::vector<uint16_t> a(size_t(sh.m * sh.k));
-    gemm16::convert_rows(x.data(), sh.k, sh.m, sh.k, a.data(), sh.k, k16);
+    gemm16::convert_rows(x.data(), sh.k, sh.m, sh.k, a.data(), sh.k, kernels[0]);
     std::vector<float> c(size_t(sh.m * sh.n));
     int next = 0;
-    std::vector<std::function<void()>> fns = {
-        [&] { gemm16::gemm_bf16(sh.m, a.data(), sh.k, ws[0], c.data(), sh.n, gemm::Epilogue(), k16); },
-        [&] {
-          gemm16::gemm_bf16(sh.m, a.data(), sh.k, ws[size_t(next)], c.data(), sh.n, gemm::Epilogue(), k16);
-          next = (next + 1) % 16;
-        },
-    };
+    std::vector<std::function<void()>> fns;
+    for (Bf16Kernel k16 : kernels) {
+      fns.push_back([&, k16] { gemm16::gemm_bf16(sh.m, a.data(), sh.k, ws[0], c.data(), sh.n, gemm::Epilogue(), k16); });
+      fns.push_back([&, k16] {
+        gemm16::gemm_bf16(sh.m, a.data(), sh.k, ws[size_t(next)], c.data(), sh.n, gemm::Epilogue(), k16);
+        next = (next + 1) % 16;
+      });
+    }
     const std::vector<double> us = interleaved(fns, rounds, 16);
     const double flops = 2.0 * sh.m * sh.n * sh.k;
     const std::string group = std::string(sh.name) + " (" + std::to_string(sh.m) + " × " + std::to_string(sh.k) +
                               " × " + std::to_string(sh.n) + ")";
-    rows.push_back({group, "gemm_bf16, hot weight", us[0], flops / us[0] / 1e3});
-    rows.push_back({group, "gemm_bf16, 16 weights in rotation", us[1], flops / us[1] / 1e3});
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      const std::string tag = std::string("[") + gemm16::bf16_kernel_name(kernels[i]) + "] gemm_bf16";
+      rows.push_back({group, tag + ", hot weight", us[2 * i], flops / us[2 * i] / 1e3});
+      rows.push_back({group, tag + ", 16 weights in rotation", us[2 * i + 1], flops / us[2 * i + 1] / 1e3});
+    }
   }
 }
 
@@ -178,14 +181,19 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--json") == 0) json = true;
   }
-  if (!cpu_supports(CpuIsa::kAvx512) || gemm16::bf16_kernel(CpuIsa::kAvx512) != Bf16Kernel::kAvx512Bf16) {
+  if (!cpu_supports(CpuIsa::kAvx512) || !gemm16::uses_avx512_bf16(gemm16::bf16_kernel(CpuIsa::kAvx512))) {
     std::fprintf(stderr, "bench_gemm_bf16: this CPU has no AVX512_BF16 (the kernels measured here)\n");
     return 2;
   }
+  // The AVX-512 kernel always, and the AMX one where the CPU has it.
+  std::vector<Bf16Kernel> kernels = {Bf16Kernel::kAvx512Bf16};
+  if (cpu_has(CpuExt::kAmxBf16)) kernels.push_back(Bf16Kernel::kAmxBf16);
   std::vector<Row> rows;
-  attention_parts("DeiT-S", 6, rounds, rows);
-  attention_parts("DeiT-B", 12, rounds, rows);
-  cold_weights(rounds, rows);
+  for (Bf16Kernel k16 : kernels) {
+    attention_parts("DeiT-S", 6, k16, rounds, rows);
+    attention_parts("DeiT-B", 12, k16, rounds, rows);
+  }
+  cold_weights(kernels, rounds, rows);
   if (json) {
     std::printf("{\"rounds\": %d, \"rows\": [", rounds);
     for (size_t i = 0; i < rows.size(); ++i)

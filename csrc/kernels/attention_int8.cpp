@@ -207,6 +207,7 @@ void run_gemm(gemm8::Int8Kernel kernel, int64_t m, int64_t n, const int8_t* qa, 
   switch (kernel) {
 #if defined(__x86_64__) || defined(__i386__)
     case gemm8::Int8Kernel::kAvx512Vnni: gemm8::gemm_int8_block_avx512_vnni(g); return;
+    case gemm8::Int8Kernel::kAmxInt8: gemm8::gemm_int8_block_amx(g); return;
     case gemm8::Int8Kernel::kAvx2: gemm8::gemm_int8_block_avx2(g); return;
 #endif
 #if defined(__aarch64__)

@@ -11,6 +11,10 @@
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
+#if defined(VITFAST_X86) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace vitfast {
 namespace {
@@ -44,6 +48,29 @@ bool x86_has_avx512() {
   __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
   return (xcr0_lo & 0xE6u) == 0xE6u;
 }
+
+// AMX-TILE (cpuid 7.0 edx bit 24) with AMX-BF16 (bit 22) / AMX-INT8 (bit 25), XCR0 bits 17-18 (tile config and
+// data state), and Linux's permission for this process to use the 8 KiB tile data state (arch_prctl
+// ARCH_REQ_XCOMP_PERM, feature 18, since Linux 5.16): without it the first tile instruction raises SIGILL.  The
+// permission is process-wide and covers threads started later.  Asked once; returns the extension bits.
+unsigned x86_amx_extensions() {
+#if defined(__linux__)
+  unsigned eax, ebx, ecx, edx;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  if (!(edx & (1u << 24))) return 0;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return 0;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return 0;
+  unsigned bits = 0;
+  if (edx & (1u << 22)) bits |= 1u << int(CpuExt::kAmxBf16);
+  if (edx & (1u << 25)) bits |= 1u << int(CpuExt::kAmxInt8);
+  return bits;
+#else
+  return 0;
+#endif
+}
 #endif
 
 // The extensions the hardware and OS have (before VITFAST_CPU_EXT and the test hook), bit i = CpuExt i.
@@ -59,6 +86,10 @@ unsigned hardware_extensions() {
       __cpuid_count(7, 1, eax, ebx, ecx, edx);
       if (eax & (1u << 5)) bits |= 1u << int(CpuExt::kAvx512Bf16);
     }
+    // The AMX kernels keep their epilogues and packing on AVX-512 (BF16 for the bf16 one): AMX counts only with it.
+    static const unsigned amx = x86_amx_extensions();
+    if (bits & (1u << int(CpuExt::kAvx512Bf16))) bits |= amx & (1u << int(CpuExt::kAmxBf16));
+    if (bits & (1u << int(CpuExt::kAvx512Vnni))) bits |= amx & (1u << int(CpuExt::kAmxInt8));
   }
 #endif
 #if defined(__aarch64__) && defined(__linux__)
@@ -72,7 +103,10 @@ unsigned hardware_extensions() {
 std::atomic<unsigned>& extension_slot() {
   static std::atomic<unsigned> slot{[] {
     const char* env = std::getenv("VITFAST_CPU_EXT");
-    return (env != nullptr && std::strcmp(env, "none") == 0) ? 0u : hardware_extensions();
+    if (env != nullptr && std::strcmp(env, "none") == 0) return 0u;
+    const unsigned amx = (1u << int(CpuExt::kAmxBf16)) | (1u << int(CpuExt::kAmxInt8));
+    if (env != nullptr && std::strcmp(env, "noamx") == 0) return hardware_extensions() & ~amx;
+    return hardware_extensions();
   }()};
   return slot;
 }
@@ -150,6 +184,8 @@ const char* cpu_ext_name(CpuExt ext) {
     case CpuExt::kAvx512Vnni: return "avx512_vnni";
     case CpuExt::kAvx512Bf16: return "avx512_bf16";
     case CpuExt::kNeonDotProd: return "neon_dotprod";
+    case CpuExt::kAmxBf16: return "amx_bf16";
+    case CpuExt::kAmxInt8: return "amx_int8";
     default: return "neon_bf16";
   }
 }

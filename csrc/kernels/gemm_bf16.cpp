@@ -11,8 +11,13 @@ namespace gemm16 {
 
 using gemm::kNr;
 
+bool uses_avx512_bf16(Bf16Kernel kernel) {
+  return kernel == Bf16Kernel::kAvx512Bf16 || kernel == Bf16Kernel::kAmxBf16;
+}
+
 Bf16Kernel bf16_kernel(CpuIsa isa) {
-  if (isa == CpuIsa::kAvx512 && cpu_has(CpuExt::kAvx512Bf16)) return Bf16Kernel::kAvx512Bf16;
+  if (isa == CpuIsa::kAvx512 && cpu_has(CpuExt::kAvx512Bf16))
+    return cpu_has(CpuExt::kAmxBf16) ? Bf16Kernel::kAmxBf16 : Bf16Kernel::kAvx512Bf16;
   if (isa == CpuIsa::kNeon && cpu_has(CpuExt::kNeonBf16)) return Bf16Kernel::kNeonBf16;
   return Bf16Kernel::kScalar;
 }
@@ -20,6 +25,7 @@ Bf16Kernel bf16_kernel(CpuIsa isa) {
 const char* bf16_kernel_name(Bf16Kernel kernel) {
   switch (kernel) {
     case Bf16Kernel::kAvx512Bf16: return "avx512_bf16";
+    case Bf16Kernel::kAmxBf16: return "amx_bf16";
     case Bf16Kernel::kNeonBf16: return "neon_bf16";
     default: return "scalar";
   }
@@ -57,7 +63,7 @@ void PackedBf16B::add_to_bias(const float* v) {
 void convert_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld,
                   Bf16Kernel kernel) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (kernel == Bf16Kernel::kAvx512Bf16 && cpu_has(CpuExt::kAvx512Bf16)) {
+  if (uses_avx512_bf16(kernel) && cpu_has(CpuExt::kAvx512Bf16)) {
     convert_rows_avx512(x, ldx, rows, k, dst, ld);
     return;
   }
@@ -92,7 +98,7 @@ void narrow_to_bf16(const float* src, int64_t n, uint16_t* dst, Bf16Kernel kerne
 void softmax_exp_rows_bf16(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max, float* row_sum,
                            uint16_t* p, int64_t ldp, CpuIsa isa, Bf16Kernel kernel) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (kernel == Bf16Kernel::kAvx512Bf16 && isa == CpuIsa::kAvx512 && cpu_has(CpuExt::kAvx512Bf16)) {
+  if (uses_avx512_bf16(kernel) && isa == CpuIsa::kAvx512 && cpu_has(CpuExt::kAvx512Bf16)) {
     softmax_exp_rows_bf16_avx512(s, rows, n, ld, scale, row_max, row_sum, p, ldp);
     return;
   }
@@ -103,7 +109,7 @@ void softmax_exp_rows_bf16(float* s, int64_t rows, int64_t n, int64_t ld, float 
 
 void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst, Bf16Kernel kernel) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (kernel == Bf16Kernel::kAvx512Bf16 && cpu_has(CpuExt::kAvx512Bf16)) {
+  if (uses_avx512_bf16(kernel) && cpu_has(CpuExt::kAvx512Bf16)) {
     pack_b_transposed_bf16_avx512(w, n, k, ldw, dst);
     return;
   }
@@ -128,7 +134,7 @@ void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, u
 
 void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst, Bf16Kernel kernel) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (kernel == Bf16Kernel::kAvx512Bf16 && cpu_has(CpuExt::kAvx512Bf16)) {
+  if (uses_avx512_bf16(kernel) && cpu_has(CpuExt::kAvx512Bf16)) {
     pack_b_bf16_avx512(b, k, n, ldb, dst);
     return;
   }
@@ -158,6 +164,10 @@ void run_block(const Bf16BlockArgs& g, Bf16Kernel kernel) {
   switch (kernel) {
 #if defined(__x86_64__) || defined(__i386__)
     case Bf16Kernel::kAvx512Bf16:
+      if (cpu_has(CpuExt::kAvx512Bf16)) return gemm_bf16_block_avx512(g);
+      break;
+    case Bf16Kernel::kAmxBf16:
+      if (cpu_has(CpuExt::kAmxBf16) && cpu_has(CpuExt::kAvx512Bf16)) return gemm_bf16_block_amx(g);
       if (cpu_has(CpuExt::kAvx512Bf16)) return gemm_bf16_block_avx512(g);
       break;
 #endif

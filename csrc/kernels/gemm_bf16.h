@@ -19,6 +19,8 @@
 // Kernels (Bf16Kernel), chosen from the CPU path and its extensions (bf16_kernel):
 //   kAvx512Bf16  `vdpbf16ps`, 14 × 32 tiles (x86/gemm_bf16_avx512.cpp).  The instruction flushes denormal inputs
 //                and outputs to zero (bf16 operands below 2^-126 in magnitude: irrelevant for ViT activations).
+//   kAmxBf16     `tdpbf16ps` on AMX tiles, 32 × 32 blocks (x86/gemm_bf16_amx.cpp), with kAvx512Bf16's epilogue and
+//                helpers (conversion, packing, softmax): chosen over it where the CPU has AMX-BF16.
 //   kNeonBf16    `bfdot` (arm/gemm_bf16_neon.cpp).
 //   kScalar      the exact products of the bf16 values in fp32, fp32 accumulation (gemm_bf16_scalar.cpp): the
 //                reference of the C++ tests.  The ops never use it: without a bf16 extension they keep their fp32
@@ -36,12 +38,16 @@
 namespace vitfast {
 namespace gemm16 {
 
-enum class Bf16Kernel { kScalar = 0, kAvx512Bf16 = 1, kNeonBf16 = 2 };
+enum class Bf16Kernel { kScalar = 0, kAvx512Bf16 = 1, kNeonBf16 = 2, kAmxBf16 = 3 };
 
-// The kernel the given CPU path runs on this CPU: kAvx512 → kAvx512Bf16 if cpu_has(kAvx512Bf16); kNeon →
+// True for the kernels whose helpers (convert_rows, packing, softmax) run on AVX512_BF16: kAvx512Bf16 and kAmxBf16.
+bool uses_avx512_bf16(Bf16Kernel kernel);
+
+// The kernel the given CPU path runs on this CPU: kAvx512 → kAmxBf16 if cpu_has(kAmxBf16) (and kAvx512Bf16), else
+// kAvx512Bf16 if cpu_has(kAvx512Bf16); kNeon →
 // kNeonBf16 if cpu_has(kNeonBf16); otherwise kScalar (= no bf16 hardware: the ops then stay on fp32).
 Bf16Kernel bf16_kernel(CpuIsa isa);
-const char* bf16_kernel_name(Bf16Kernel kernel);  // "scalar", "avx512_bf16", "neon_bf16"
+const char* bf16_kernel_name(Bf16Kernel kernel);  // "scalar", "avx512_bf16", "amx_bf16", "neon_bf16"
 
 // k rounded up to whole pairs: the smallest legal lda of bf16 activations.
 inline int64_t padded_k(int64_t k) { return (k + 1) / 2 * 2; }

@@ -41,6 +41,8 @@ struct Bf16BlockArgs {
 void gemm_bf16_block_scalar(const Bf16BlockArgs& args);
 #if defined(__x86_64__) || defined(__i386__)
 void gemm_bf16_block_avx512(const Bf16BlockArgs& args);
+// AMX-BF16 tiles (x86/gemm_bf16_amx.cpp), the same contract.
+void gemm_bf16_block_amx(const Bf16BlockArgs& args);
 // convert_rows (gemm_bf16.h) with AVX-512 F/BW: the same bits as the portable loop, ~5× faster (measured 197 × 384:
 // 20.7 -> 3.9 µs), which matters next to the ~110-330 µs bf16 GEMMs (n = 384..1152) that read those rows.
 void convert_rows_avx512(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld);

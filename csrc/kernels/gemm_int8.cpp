@@ -22,7 +22,8 @@ bool compiled(Int8Kernel kernel) {
     case Int8Kernel::kScalar: return true;
 #if defined(__x86_64__) || defined(__i386__)
     case Int8Kernel::kAvx2:
-    case Int8Kernel::kAvx512Vnni: return true;
+    case Int8Kernel::kAvx512Vnni:
+    case Int8Kernel::kAmxInt8: return true;
 #endif
 #if defined(__aarch64__)
     case Int8Kernel::kNeonDot: return true;
@@ -35,7 +36,9 @@ bool compiled(Int8Kernel kernel) {
 Int8Kernel int8_kernel(CpuIsa isa) {
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
-    case CpuIsa::kAvx512: return cpu_has(CpuExt::kAvx512Vnni) ? Int8Kernel::kAvx512Vnni : Int8Kernel::kAvx2;
+    case CpuIsa::kAvx512:
+      if (!cpu_has(CpuExt::kAvx512Vnni)) return Int8Kernel::kAvx2;
+      return cpu_has(CpuExt::kAmxInt8) ? Int8Kernel::kAmxInt8 : Int8Kernel::kAvx512Vnni;
     case CpuIsa::kAvx2: return Int8Kernel::kAvx2;
 #endif
 #if defined(__aarch64__)
@@ -50,6 +53,7 @@ const char* int8_kernel_name(Int8Kernel kernel) {
     case Int8Kernel::kScalar: return "scalar";
     case Int8Kernel::kAvx2: return "avx2";
     case Int8Kernel::kAvx512Vnni: return "avx512_vnni";
+    case Int8Kernel::kAmxInt8: return "amx_int8";
     case Int8Kernel::kNeonDot: return "neon_dot";
   }
   return "unknown";
@@ -157,6 +161,8 @@ void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa,
   if (!compiled(kernel))
     throw std::invalid_argument(std::string("gemm_int8: kernel ") + int8_kernel_name(kernel) +
                                 " is not compiled into this binary");
+  if (kernel == Int8Kernel::kAmxInt8 && !cpu_has(CpuExt::kAmxInt8))
+    throw std::invalid_argument("gemm_int8: kernel amx_int8 is not available on this CPU (or is switched off)");
   if (panel_begin < 0 || panel_end > b.panels())
     throw std::invalid_argument("gemm_int8: panels [" + std::to_string(panel_begin) + ", " + std::to_string(panel_end) +
                                 ") outside the weight's " + std::to_string(b.panels()));
@@ -187,6 +193,7 @@ void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa,
   switch (kernel) {
 #if defined(__x86_64__) || defined(__i386__)
     case Int8Kernel::kAvx512Vnni: gemm_int8_block_avx512_vnni(g); return;
+    case Int8Kernel::kAmxInt8: gemm_int8_block_amx(g); return;
     case Int8Kernel::kAvx2: gemm_int8_block_avx2(g); return;
 #endif
 #if defined(__aarch64__)

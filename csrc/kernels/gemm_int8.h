@@ -22,6 +22,8 @@
 //                pair sum is at most 2·127·127 = 32258 < 2^15 (vpmaddubsw saturates at 2^15 − 1: never reached).
 //                Its pack stores |qw| beside qw, so the sign trick costs one `vpsignb` per row and B vector
 //                (x86/gemm_int8_avx2.cpp has the instruction counts).
+//   kAmxInt8     `tdpbssd` (s8 × s8) on AMX tiles, 32 × 32 blocks (x86/gemm_int8_amx.cpp), the VNNI kernel's
+//                epilogue: chosen over kAvx512Vnni where the CPU has AMX-INT8.  B is the plain s8 form (as kScalar's).
 //   kNeonDot     `sdot` (s8 × s8, four products into s32).
 //   kScalar      int32 loops (also the exact reference of the C++ tests).
 // Epilogue (every kernel, fp32): v = fma(float(dot) · sa[r], sw[j], accumulate ? C : 0), + bias, GELU, + addend
@@ -46,12 +48,13 @@
 namespace vitfast {
 namespace gemm8 {
 
-enum class Int8Kernel { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kNeonDot = 3 };
+enum class Int8Kernel { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kNeonDot = 3, kAmxInt8 = 4 };
 
-// The kernel the given CPU path runs on this CPU: kAvx512 → kAvx512Vnni if cpu_has(kAvx512Vnni), else kAvx2;
+// The kernel the given CPU path runs on this CPU: kAvx512 → kAmxInt8 if cpu_has(kAmxInt8) (and kAvx512Vnni), else
+// kAvx512Vnni if cpu_has(kAvx512Vnni), else kAvx2;
 // kAvx2 → kAvx2; kNeon → kNeonDot if cpu_has(kNeonDotProd), else kScalar; kScalar → kScalar.
 Int8Kernel int8_kernel(CpuIsa isa);
-const char* int8_kernel_name(Int8Kernel kernel);  // "scalar", "avx2", "avx512_vnni", "neon_dot"
+const char* int8_kernel_name(Int8Kernel kernel);  // "scalar", "avx2", "avx512_vnni", "amx_int8", "neon_dot"
 
 // k rounded up to whole groups of 4: the smallest legal lda of quantized activations.
 inline int64_t padded_k(int64_t k) { return (k + 3) / 4 * 4; }

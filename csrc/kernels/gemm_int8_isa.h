@@ -84,6 +84,7 @@ void quantize_rows_scalar(const QuantizeArgs& args);
 void gemm_int8_block_avx2(const Int8BlockArgs& args);
 void quantize_rows_avx2(const QuantizeArgs& args);
 void gemm_int8_block_avx512_vnni(const Int8BlockArgs& args);
+void gemm_int8_block_amx(const Int8BlockArgs& args);  // x86/gemm_int8_amx.cpp (kAmxInt8; rowsum unused)
 void quantize_rows_avx512(const QuantizeArgs& args);
 void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& args);
 void softmax_quantize_rows_avx512(const SoftmaxQuantizeArgs& args);

@@ -205,7 +205,7 @@ void test_parity(Bf16Kernel kernel) {
                         {false, false, false, true, false},  {true, true, true, true, false}};
   g_cases = 0;
   for (const Case& cs : cases)
-    for (int64_t m : {1, 5, 13, 14, 15, 29, 43})
+    for (int64_t m : {1, 5, 13, 14, 15, 29, 32, 43})
       for (int64_t n : {1, 16, 17, 33, 48, 70})
         for (int64_t k : {0, 1, 7, 16, 64, 301}) check_case(kernel, rng, m, n, k, cs);
   // ViT-like shapes, deep K (accumulation error grows with K).
@@ -219,7 +219,7 @@ void test_parity(Bf16Kernel kernel) {
 
 // The CPU path a kernel belongs to (softmax_exp_rows_bf16 takes both).
 CpuIsa isa_of(Bf16Kernel kernel) {
-  return kernel == Bf16Kernel::kAvx512Bf16 ? CpuIsa::kAvx512
+  return gemm16::uses_avx512_bf16(kernel) ? CpuIsa::kAvx512
          : kernel == Bf16Kernel::kNeonBf16 ? CpuIsa::kNeon
                                            : CpuIsa::kScalar;
 }
@@ -307,6 +307,8 @@ int main() {
     if (!cpu_supports(isa)) continue;
     const Bf16Kernel k = gemm16::bf16_kernel(isa);
     if (k != Bf16Kernel::kScalar) kernels.push_back(k);
+    // Where AMX is chosen, the AVX-512 kernel it replaces stays under test (VITFAST_CPU_EXT=noamx selects it).
+    if (k == Bf16Kernel::kAmxBf16) kernels.push_back(Bf16Kernel::kAvx512Bf16);
   }
   std::printf("bf16 kernels under test:");
   for (Bf16Kernel k : kernels) std::printf(" %s", gemm16::bf16_kernel_name(k));
@@ -321,6 +323,12 @@ int main() {
       VT_CHECK(gemm16::bf16_kernel(isa) == Bf16Kernel::kScalar, "%s disabled, bf16_kernel(%s) still %s",
                cpu_ext_name(ext), cpu_isa_name(isa), gemm16::bf16_kernel_name(gemm16::bf16_kernel(isa)));
     set_cpu_ext_enabled(ext, true);
+  }
+  if (cpu_has(CpuExt::kAmxBf16)) {
+    set_cpu_ext_enabled(CpuExt::kAmxBf16, false);
+    VT_CHECK(gemm16::bf16_kernel(CpuIsa::kAvx512) == Bf16Kernel::kAvx512Bf16, "amx_bf16 disabled, bf16_kernel is %s",
+             gemm16::bf16_kernel_name(gemm16::bf16_kernel(CpuIsa::kAvx512)));
+    set_cpu_ext_enabled(CpuExt::kAmxBf16, true);
   }
   return finish("test_gemm_bf16");
 }

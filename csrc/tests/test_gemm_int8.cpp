@@ -144,6 +144,8 @@ void test_kernel(Int8Kernel kern) {
   };
   // Tails: k not a multiple of 4, n not a multiple of 16 / 32, m from 1 to 30 (every row-tile remainder).
   for (int64_t m = 1; m <= 30; ++m) check_gemm8(kern, rng, m, 37, 13, cases[m % 8]);
+  // Past 30 rows: the AMX kernel's 32-row blocks, whole and with a partial last one, with a K tail (133 = 2 · 64 + 5).
+  for (int64_t m : {31, 32, 33, 48, 49, 64, 70}) check_gemm8(kern, rng, m, 37, 133, cases[m % 8]);
   for (const Case& cs : cases) {
     for (int64_t k : {1, 3, 4, 5, 64, 67, 130})
       for (int64_t n : {1, 15, 16, 17, 32, 33, 48, 70}) check_gemm8(kern, rng, 15, n, k, cs);
@@ -382,11 +384,17 @@ int main() {
   std::vector<Int8Kernel> done;
   for (CpuIsa isa : isas) {
     VT_CHECK(set_active_cpu_isa(isa) && active_cpu_isa() == isa, "could not force %s", cpu_isa_name(isa));
-    // Each kernel the path can take: with its extension (if the CPU has it) and with the extension turned off.
-    for (int with_ext = 1; with_ext >= 0; --with_ext) {
+    // Each kernel the path can take: with every extension (if the CPU has it: AMX where present), without AMX,
+    // and with the extensions turned off.
+    for (int level = 2; level >= 0; --level) {
+      const int with_ext = level >= 1 ? 1 : 0;
       // (Enabling is refused, and changes nothing, for an extension the hardware lacks; it overrides
       // VITFAST_CPU_EXT=none, so every kernel the CPU can run is tested whatever the environment says.)
       for (CpuExt ext : {CpuExt::kAvx512Vnni, CpuExt::kNeonDotProd}) set_cpu_ext_enabled(ext, with_ext == 1);
+      set_cpu_ext_enabled(CpuExt::kAmxInt8, level == 2);
+      if (level == 1 && isa == CpuIsa::kAvx512 && cpu_has(CpuExt::kAvx512Vnni))
+        VT_CHECK(int8_kernel(isa) == Int8Kernel::kAvx512Vnni, "without AMX int8_kernel is %s",
+                 int8_kernel_name(int8_kernel(isa)));
       const Int8Kernel kern = int8_kernel(isa);
       if (with_ext == 0) {
         const Int8Kernel want = isa == CpuIsa::kAvx512 ? Int8Kernel::kAvx2
@@ -400,7 +408,7 @@ int main() {
       }
       test_end_to_end(isa);
     }
-    for (CpuExt ext : {CpuExt::kAvx512Vnni, CpuExt::kNeonDotProd}) set_cpu_ext_enabled(ext, true);
+    for (CpuExt ext : {CpuExt::kAvx512Vnni, CpuExt::kNeonDotProd, CpuExt::kAmxInt8}) set_cpu_ext_enabled(ext, true);
     test_quantize(isa);
     test_softmax_quantize(isa);
   }

@@ -113,20 +113,20 @@ def cpu_isa() -> str:
 
 
 def int8_kernel() -> str:
-    """The int8 GEMM kernel of that path (csrc/kernels/gemm_int8.h): 'avx512_vnni', 'avx2', 'neon_dot' or 'scalar'
-    ('reference' without the extension)."""
+    """The int8 GEMM kernel of that path (csrc/kernels/gemm_int8.h): 'amx_int8', 'avx512_vnni', 'avx2', 'neon_dot' or
+    'scalar' ('reference' without the extension)."""
     return "reference" if _C is None else _C.int8_kernel()
 
 
 def bf16_kernel() -> str:
-    """The bf16 GEMM kernel of that path (csrc/kernels/gemm_bf16.h): 'avx512_bf16', 'neon_bf16', or 'none' (bf16
+    """The bf16 GEMM kernel of that path (csrc/kernels/gemm_bf16.h): 'amx_bf16', 'avx512_bf16', 'neon_bf16', or 'none' (bf16
     tensors are then computed in fp32 and rounded once: no faster than fp32)."""
     return "none" if _C is None else _C.bf16_kernel()
 
 
 def cpu_extensions() -> list:
-    """The low-precision extensions the kernels use on this CPU: 'avx512_vnni', 'avx512_bf16', 'neon_dotprod',
-    'neon_bf16' (VITFAST_CPU_EXT=none turns them off)."""
+    """The low-precision extensions the kernels use on this CPU: 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_int8',
+    'neon_dotprod', 'neon_bf16' (VITFAST_CPU_EXT=none turns them off, VITFAST_CPU_EXT=noamx the AMX ones)."""
     return [] if _C is None else list(_C.cpu_extensions())
 
 

@@ -45,43 +45,7 @@ constexpr int64_t kPrefetchLines = 64;
 // of 128 B of B each, in the same bytes of B streamed.
 constexpr int64_t kCPrefetchSteps = 128;
 
-// The epilogue in two parts, each under 64 bytes: a local aggregate of 64 bytes or more gets 64-byte alignment from
-// GCC (for zmm copies), which the frames of ASan's detect_stack_use_after_return (32-byte aligned) do not honour — a
-// local copy of the earlier 96-byte struct faulted there.  TileEpilogue: what one panel pair's tiles share; TileRows: one row tile's.
-struct TileEpilogue {
-  bool load_c;
-  bool gelu;
-  __mmask16 mask[2];
-  const float* bias;     // 32 values (zero padded), or nullptr
-  int64_t ld_addend;
-  int64_t ldc16;
-};
-static_assert(sizeof(TileEpilogue) < 64, "see above");
-struct TileRows {
-  const float* addend;     // at this tile's (row 0, col 0), or nullptr
-  const float* row_scale;  // at this tile's row 0, or nullptr
-  uint16_t* c16;           // the bf16 copy at this tile's (row 0, col 0), or nullptr (C itself may then be nullptr)
-  const char* pf;          // this tile's share of the next panel pair (pf_lines lines), spread over its k-pair steps
-  int64_t pf_lines;
-};
-static_assert(sizeof(TileRows) < 64, "see TileEpilogue");
-
-// Forced inline: GCC kept it out of line, a call per row and panel (~3% of a bf16 DeiT-S block in perf); inlined the
-// block ran 1.10 -> 1.08 ms (one thread, alternating builds).
-static inline __attribute__((always_inline)) __m512 epilogue16(__m512 v, const TileEpilogue& e, const TileRows& t, const float* ci, int q,
-                                                                 int64_t row) {
-  const __mmask16 m = e.mask[q];
-  if (t.row_scale != nullptr) v = _mm512_mul_ps(v, _mm512_set1_ps(t.row_scale[row]));
-  if (e.load_c) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, ci + 16 * q));
-  if (e.bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(e.bias + 16 * q));
-  if (e.gelu) v = gelu16(v);
-  if (t.addend != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, t.addend + row * e.ld_addend + 16 * q));
-  return v;
-}
-
-static inline __attribute__((always_inline)) void store_bf16(uint16_t* p, __mmask16 m, __m512 v) {
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(round_bf16_16(_mm512_castps_si512(v))));
-}
+#include "kernels/x86/bf16_epilogue_avx512.inc"
 
 static inline __attribute__((always_inline)) __m512i broadcast_pair(const uint16_t* p) {
   int32_t v;
@@ -292,17 +256,7 @@ void gemm_bf16_block_avx512(const Bf16BlockArgs& g) {
     const int np = g.panel_end - p >= 2 ? 2 : 1;
     const uint16_t* bp = g.b + p * g.b_panel_stride;
     const int64_t col = p * kNr;
-    TileEpilogue e;
-    e.load_c = g.accumulate;
-    e.bias = g.bias != nullptr ? g.bias + col : nullptr;
-    e.gelu = g.gelu;
-    e.ld_addend = g.ld_addend;
-    e.ldc16 = g.ldc16;
-    for (int q = 0; q < 2; ++q) {
-      const int64_t valid = g.n - (col + q * kNr);
-      const bool whole = valid >= kNr || (g.c_padded && g.addend == nullptr);
-      e.mask[q] = q < np ? (whole ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1u)) : __mmask16(0);
-    }
+    const TileEpilogue e = pair_epilogue(g, p, np);
     const int64_t next_np = g.panel_end - (p + np) < 2 ? g.panel_end - (p + np) : 2;
     const char* next = next_np > 0 ? reinterpret_cast<const char*>(g.b + (p + np) * g.b_panel_stride) : nullptr;
     const int64_t next_lines = next_np * g.b_panel_stride * 2 / 64;

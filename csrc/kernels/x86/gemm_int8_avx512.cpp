@@ -47,15 +47,7 @@ constexpr int64_t kPrefetchLines = 64;
 // in gemm_avx512.cpp: one group step is 28 instructions here, as one k step there).
 constexpr int64_t kCPrefetchSteps = 128;
 
-struct Epi {
-  bool load_c;
-  const float* bias;     // 32 values at this tile's column, or nullptr
-  const float* w_scale;  // 32 values at this tile's column
-  bool gelu;
-  const float* addend;   // at this tile's (row 0, col 0), or nullptr
-  int64_t ld_addend;
-  __mmask16 mask[2];
-};
+#include "kernels/x86/int8_epilogue_avx512.inc"
 
 // Four A bytes to all 16 lanes.  GCC emits one vpbroadcastd per row, shared by the row's two vpdpbusd; forcing the
 // {1to16} memory form into both instead (inline asm) measured slower at every DeiT shape: 71-86% of the vpdpbusd
@@ -64,19 +56,6 @@ static inline __attribute__((always_inline)) __m512i bcast4(const int8_t* p) {
   int32_t v;
   __builtin_memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
-}
-
-static inline __m512 epilogue16(__m512i acc, int32_t rowsum, float sa, const Epi& e, const float* ci, int q,
-                                int64_t row) {
-  const __mmask16 m = e.mask[q];
-  __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(rowsum * 128)));
-  v = _mm512_mul_ps(v, _mm512_set1_ps(sa));
-  v = _mm512_fmadd_ps(v, _mm512_loadu_ps(e.w_scale + 16 * q),
-                      e.load_c ? _mm512_maskz_loadu_ps(m, ci + 16 * q) : _mm512_setzero_ps());
-  if (e.bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(e.bias + 16 * q));
-  if (e.gelu) v = gelu16(v);
-  if (e.addend != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, e.addend + row * e.ld_addend + 16 * q));
-  return v;
 }
 
 template <int MR, int NP>
@@ -214,19 +193,7 @@ void gemm_int8_block_avx512_vnni(const Int8BlockArgs& g) {
     const int np = g.panel_end - p >= 2 ? 2 : 1;
     const int8_t* bp = g.b + p * g.b_panel_stride;
     const int64_t col = p * kNr;
-    Epi e;
-    e.load_c = g.accumulate;
-    e.bias = g.bias != nullptr ? g.bias + col : nullptr;
-    e.w_scale = g.w_scale + col;
-    e.gelu = g.gelu;
-    e.ld_addend = g.ld_addend;
-    e.addend = nullptr;
-    for (int q = 0; q < 2; ++q) {
-      const int64_t valid = g.n - (col + q * kNr);
-      const bool whole = valid >= kNr || (g.c_padded && g.addend == nullptr);
-      e.mask[q] = q < np ? (whole ? __mmask16(0xFFFF) : (valid > 0 ? __mmask16((1u << valid) - 1u) : __mmask16(0)))
-                         : __mmask16(0);
-    }
+    const Epi e = pair_epilogue(g, p, np);
     if (np == 2)
       row_tiles<2>(g, bp, col, e);
     else

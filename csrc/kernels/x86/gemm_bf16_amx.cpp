@@ -1,0 +1,106 @@
+// AMX-BF16 GEMM kernel (Bf16Kernel::kAmxBf16): `tdpbf16ps` on 16-row tiles, blocks of 32 rows × 2 panels
+// (x86/amx_tiles.inc), then the AVX-512 epilogue of the `vdpbf16ps` kernel (bf16_epilogue_avx512.inc) on each row
+// of the block's stored tiles.  Same packed B, same A rows, same numerics as gemm_bf16.h describes: the products of
+// two bf16 values are exact in fp32 and accumulate in fp32, so results differ from the other kernels only by the
+// order of the fp32 sums (and, as `vdpbf16ps`, denormal inputs are flushed to zero).
+//
+// Why: one tdpbf16ps is 16 × 16 × 32 products; a core issues one every 16 cycles, 16× the products per cycle of
+// one zmm `vdpbf16ps` per cycle (measured in benchmarks/results, table bf16_kernel_parts).
+//
+// The ISA is enabled for this file only (cpu_features checks cpuid, XCR0 and the kernel's permission for the tile
+// state); it includes only immintrin.h and plain headers (gemm_bf16_isa.h explains why).
+#if defined(__clang__)
+#pragma clang attribute push(                                                                                  \
+    __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16"))), \
+    apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16")
+#endif
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#include "kernels/gemm_bf16_isa.h"
+#include "kernels/x86/avx512_math.h"
+
+namespace vitfast {
+namespace gemm16 {
+namespace {
+
+using gemm::kNr;
+using x86::gelu16;
+using x86::round_bf16_16;
+
+#include "kernels/x86/amx_tiles.inc"
+#include "kernels/x86/bf16_epilogue_avx512.inc"
+
+struct DotBf16 {
+  static inline __attribute__((always_inline)) void c0() { _tile_dpbf16ps(0, 4, 6); }
+  static inline __attribute__((always_inline)) void c1() { _tile_dpbf16ps(1, 4, 7); }
+  static inline __attribute__((always_inline)) void c2() { _tile_dpbf16ps(2, 5, 6); }
+  static inline __attribute__((always_inline)) void c3() { _tile_dpbf16ps(3, 5, 7); }
+};
+
+// Rows [0, rows) of the block in s.c through the epilogue to C (row 0 at c, column 0 of the pair) and/or c16.
+static inline void store_rows(const float* acc, int rows, int np, float* c, int64_t ldc, const TileEpilogue& e,
+                              const TileRows& t) {
+  for (int r = 0; r < rows; ++r) {
+    float* ci = c != nullptr ? c + r * ldc : nullptr;
+    for (int q = 0; q < np; ++q) {
+      const __m512 v = epilogue16(_mm512_load_ps(acc + 32 * r + 16 * q), e, t, ci, q, r);
+      if (ci != nullptr) _mm512_mask_storeu_ps(ci + 16 * q, e.mask[q], v);
+      if (t.c16 != nullptr) store_bf16(t.c16 + r * e.ldc16 + 16 * q, e.mask[q], v);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_bf16_block_amx(const Bf16BlockArgs& g) {
+  if (g.m <= 0 || g.panel_end <= g.panel_begin) return;
+  AmxScratch& s = amx_scratch();
+  prepare_configs(g.m, s);
+  const TileConfig* loaded = nullptr;
+  const int64_t k_bytes = g.k2 * 2, steps = k_bytes / 64, tail = k_bytes % 64;
+  const int64_t lda = g.lda * 2, bs = g.b_panel_stride * 2;
+  const uint8_t* a = reinterpret_cast<const uint8_t*>(g.a);
+  for (int64_t p = g.panel_begin; p < g.panel_end; p += 2) {
+    const int np = g.panel_end - p >= 2 ? 2 : 1;
+    const uint8_t* b0 = reinterpret_cast<const uint8_t*>(g.b) + p * bs;
+    const uint8_t* b1 = np == 2 ? b0 + bs : nullptr;
+    if (tail > 0) b_tails(b0, b1, steps, tail, s);
+    const int64_t col = p * kNr;
+    const TileEpilogue e = pair_epilogue(g, p, np);
+    row_blocks(g.m, (p - g.panel_begin) / 2, s, loaded, [&](int64_t i, int rows) {
+      const uint8_t* ai = a + i * lda;
+      const bool two = rows > 16;
+      if (two && np == 2) block_products<DotBf16, true, true>(ai, lda, b0, b1, steps, tail, rows, s);
+      else if (two) block_products<DotBf16, true, false>(ai, lda, b0, b1, steps, tail, rows, s);
+      else if (np == 2) block_products<DotBf16, false, true>(ai, lda, b0, b1, steps, tail, rows, s);
+      else block_products<DotBf16, false, false>(ai, lda, b0, b1, steps, tail, rows, s);
+      TileRows t;
+      t.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
+      t.row_scale = g.row_scale != nullptr ? g.row_scale + i : nullptr;
+      t.c16 = g.c16 != nullptr ? g.c16 + i * g.ldc16 + col : nullptr;
+      t.pf = nullptr;
+      t.pf_lines = 0;
+      store_rows(reinterpret_cast<const float*>(s.c), rows, np, g.c != nullptr ? g.c + i * g.ldc + col : nullptr,
+                 g.ldc, e, t);
+    });
+  }
+  // Back to the initial tile state: the next context switch saves no tile data, and code after us (oneDNN in the
+  // same thread) configures its own tiles anyway.
+  _tile_release();
+}
+
+}  // namespace gemm16
+}  // namespace vitfast
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

@@ -1,0 +1,92 @@
+// AMX-INT8 GEMM kernel (Int8Kernel::kAmxInt8): `tdpbssd` (s8 × s8, four products summed into s32) on 16-row tiles,
+// blocks of 32 rows × 2 panels (x86/amx_tiles.inc), then the AVX-512 epilogue of the VNNI kernel
+// (int8_epilogue_avx512.inc) on each row of the block's stored tiles.  B is the plain s8 pack ([k4][16][4], qw
+// itself, as the scalar and NEON kernels'): with a signed × signed product there is no u8 offset and no rowsum
+// correction.  The int32 sums are exact, as in every kernel (gemm_int8.h), so results equal theirs bit for bit
+// wherever the epilogue's fp32 operations are the same.
+//
+// Why: one tdpbssd is 16 × 16 × 64 products, issued every 16 cycles: 16× the products per cycle of one zmm
+// `vpdpbusd` per cycle.
+//
+// The ISA is enabled for this file only (cpu_features checks cpuid, XCR0 and the kernel's permission for the tile
+// state); it includes only immintrin.h and plain headers (gemm_int8_isa.h explains why).
+#if defined(__clang__)
+#pragma clang attribute push(                                                                                   \
+    __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,amx-tile,amx-int8"))), \
+    apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,amx-tile,amx-int8")
+#endif
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#include "kernels/gemm_int8_isa.h"
+#include "kernels/x86/avx512_math.h"
+
+namespace vitfast {
+namespace gemm8 {
+namespace {
+
+using x86::gelu16;
+
+constexpr int kNr = 16;
+
+#include "kernels/x86/amx_tiles.inc"
+#include "kernels/x86/int8_epilogue_avx512.inc"
+
+struct DotInt8 {
+  static inline __attribute__((always_inline)) void c0() { _tile_dpbssd(0, 4, 6); }
+  static inline __attribute__((always_inline)) void c1() { _tile_dpbssd(1, 4, 7); }
+  static inline __attribute__((always_inline)) void c2() { _tile_dpbssd(2, 5, 6); }
+  static inline __attribute__((always_inline)) void c3() { _tile_dpbssd(3, 5, 7); }
+};
+
+}  // namespace
+
+void gemm_int8_block_amx(const Int8BlockArgs& g) {
+  if (g.m <= 0 || g.panel_end <= g.panel_begin) return;
+  AmxScratch& s = amx_scratch();
+  prepare_configs(g.m, s);
+  const TileConfig* loaded = nullptr;
+  const int64_t steps = g.k4 / 64, tail = g.k4 % 64;
+  const uint8_t* a = reinterpret_cast<const uint8_t*>(g.a);
+  for (int64_t p = g.panel_begin; p < g.panel_end; p += 2) {
+    const int np = g.panel_end - p >= 2 ? 2 : 1;
+    const uint8_t* b0 = reinterpret_cast<const uint8_t*>(g.b) + p * g.b_panel_stride;
+    const uint8_t* b1 = np == 2 ? b0 + g.b_panel_stride : nullptr;
+    if (tail > 0) b_tails(b0, b1, steps, tail, s);
+    const int64_t col = p * kNr;
+    Epi e = pair_epilogue(g, p, np);
+    row_blocks(g.m, (p - g.panel_begin) / 2, s, loaded, [&](int64_t i, int rows) {
+      const uint8_t* ai = a + i * g.lda;
+      const bool two = rows > 16;
+      if (two && np == 2) block_products<DotInt8, true, true>(ai, g.lda, b0, b1, steps, tail, rows, s);
+      else if (two) block_products<DotInt8, true, false>(ai, g.lda, b0, b1, steps, tail, rows, s);
+      else if (np == 2) block_products<DotInt8, false, true>(ai, g.lda, b0, b1, steps, tail, rows, s);
+      else block_products<DotInt8, false, false>(ai, g.lda, b0, b1, steps, tail, rows, s);
+      e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
+      float* c = g.c + i * g.ldc + col;
+      for (int r = 0; r < rows; ++r) {
+        float* ci = c + r * g.ldc;
+        const float sa = g.sa[i + r];
+        for (int q = 0; q < np; ++q)
+          _mm512_mask_storeu_ps(ci + 16 * q, e.mask[q],
+                                epilogue16(_mm512_load_si512(s.c + 32 * r + 16 * q), 0, sa, e, ci, q, r));
+      }
+    });
+  }
+  _tile_release();  // as gemm_bf16_block_amx
+}
+
+}  // namespace gemm8
+}  // namespace vitfast
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
