@@ -46,7 +46,8 @@ def machine(device: str = "cpu") -> Dict[str, str]:
     info = machine_info()
     words = _slug(info["cpu"]).split("-")[:3]
     return {"id": "-".join(words + [info["cpu_isa"]]),
-            "description": f"{info['cpu']}, {info['cores']} cores, CPU path {info['cpu_isa']}"}
+            "description": f"{info['cpu']}, {info['cores']} cores, CPU path {info['cpu_isa']}"
+                           + (f" ({', '.join(info['cpu_extensions'])})" if info.get("cpu_extensions") else "")}
 
 
 def software() -> Dict[str, str]:

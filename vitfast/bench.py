@@ -211,7 +211,9 @@ def machine_info() -> Dict[str, Any]:
 
     # The OpenMP wait policy changes multi-thread latency by 1.5x on quiet cores and 10x on busy ones
     # (docs/performance.md#threads): a figure without it cannot be compared.
-    return {"cpu": cpu, "cores": os.cpu_count(), "cpu_isa": ops.cpu_isa(),
+    # The extensions inside the path (AVX512_VNNI/BF16, AMX, NEON dot/BF16) pick the low-precision kernels: an
+    # int8 or bf16 figure means little without them.
+    return {"cpu": cpu, "cores": os.cpu_count(), "cpu_isa": ops.cpu_isa(), "cpu_extensions": ops.cpu_extensions(),
             "extension_loaded": ops.extension_loaded(), "omp_wait_policy": wait_policy(), "versions": versions}
 
 

@@ -17,6 +17,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     in_dtype = "" if report.get("dtype", "float32") == "float32" else f" in {report['dtype']}"
     lines.append(f"{report.get('title', 'vitfast bench')}: input {tuple(report['input_shape'])}{in_dtype} on {report['device']} "
                  f"({m['cpu']}, {m['cores']} cores; vitfast CPU path {m['cpu_isa']}"
+                 + (f" with {', '.join(m['cpu_extensions'])}" if m.get("cpu_extensions") else "")
                  + (f"; OpenMP wait policy {m['omp_wait_policy']})" if "omp_wait_policy" in m else ")"))
     if report.get("note"):
         lines.append(report["note"])

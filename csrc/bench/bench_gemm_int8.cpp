@@ -1,5 +1,6 @@
 // Int8 GEMM core against the machine and against the fp32 core, on one core:
-//   (a) peaks from register-only loops of independent instructions: `vpdpbusd` zmm (AVX-512 VNNI),
+//   (a) peaks from register-only loops of independent instructions: `tdpbssd` (AMX-INT8, four independent tiles),
+//       `vpdpbusd` zmm (AVX-512 VNNI),
 //       vpmaddubsw + vpmaddwd + vpaddd ymm chains (the AVX2 int8 kernel's arithmetic), fp32 FMA zmm and ymm;
 //   (b) gemm_int8 (quantized activations in, fp32 out, plain epilogue) at DeiT-S/B shapes, every kernel this CPU
 //       runs, with quantize_rows of the activations timed beside it;
@@ -23,6 +24,10 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
@@ -103,6 +108,44 @@ __attribute__((target("avx512f,avx512vnni"))) double peak_vnni_gops(int64_t iter
         : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
           "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
   return 2.0 * double(iters) * 16 * 64 / (now() - t0) * 1e-9;  // 64 MACs per vpdpbusd zmm
+}
+
+// AMX: four independent tile products (C tiles 0-3 from A tiles 4-5 and B tiles 6-7, loaded once) per iteration,
+// the kernel's own block; 16 × 16 × 64 MACs per tdpbssd.  Needs the tile permission (cpu_has(kAmxInt8) asked for it).
+struct AmxPeakConfig {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+__attribute__((target("amx-tile,amx-int8"))) double peak_amx_int8_gops(int64_t iters) {
+  static AmxPeakConfig cfg;  // static: ldtilecfg's 64 bytes, off the stack (see x86/amx_tiles.inc)
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  static int8_t ab[16 * 64];
+  std::memset(ab, 1, sizeof ab);
+  _tile_loadconfig(&cfg);
+  _tile_loadd(4, ab, 64);
+  _tile_loadd(5, ab, 64);
+  _tile_loadd(6, ab, 64);
+  _tile_loadd(7, ab, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const double t0 = now();
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  const double t = now() - t0;
+  _tile_release();
+  return 2.0 * double(iters) * 4 * 16 * 16 * 64 / t * 1e-9;
 }
 
 // The AVX2 kernel's arithmetic per 32 MACs: vpmaddubsw (u8·s8 pairs -> s16), vpmaddwd by ones (-> s32), vpaddd;
@@ -268,6 +311,7 @@ int main(int argc, char** argv) {
   std::vector<Peak> peaks;
 #if defined(__x86_64__)
   // ~1-2 ms per measurement.
+  if (cpu_has(CpuExt::kAmxInt8)) peaks.push_back({"int8 tdpbssd amx", peak_amx_int8_gops, 20000, {}, {}, 0.0});
   if (cpu_has(CpuExt::kAvx512Vnni)) peaks.push_back({"int8 vpdpbusd zmm", peak_vnni_gops, 200000, {}, {}, 0.0});
   if (cpu_supports(CpuIsa::kAvx2))
     peaks.push_back({"int8 vpmaddubsw+vpmaddwd+vpaddd ymm", peak_avx2_int8_gops, 400000, {}, {}, 0.0});
@@ -289,6 +333,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Int8Kernel> kernels;
 #if defined(__x86_64__)
+  if (cpu_has(CpuExt::kAmxInt8)) kernels.push_back(Int8Kernel::kAmxInt8);
   if (cpu_has(CpuExt::kAvx512Vnni)) kernels.push_back(Int8Kernel::kAvx512Vnni);
   if (cpu_supports(CpuIsa::kAvx2)) kernels.push_back(Int8Kernel::kAvx2);
 #endif
@@ -331,7 +376,8 @@ int main(int argc, char** argv) {
       const Int8Kernel kern = kernels[i];
       Variant v;
       v.name = std::string("int8 ") + gemm8::int8_kernel_name(kern);
-      v.peak = kern == Int8Kernel::kAvx512Vnni ? "int8 vpdpbusd zmm"
+      v.peak = kern == Int8Kernel::kAmxInt8      ? "int8 tdpbssd amx"
+               : kern == Int8Kernel::kAvx512Vnni ? "int8 vpdpbusd zmm"
                : kern == Int8Kernel::kAvx2     ? "int8 vpmaddubsw+vpmaddwd+vpaddd ymm"
                                                : "";
       v.run = [&, b, kern] {
