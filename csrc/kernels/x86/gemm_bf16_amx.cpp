@@ -64,35 +64,30 @@ static inline void store_rows(const float* acc, int rows, int np, float* c, int6
 void gemm_bf16_block_amx(const Bf16BlockArgs& g) {
   if (g.m <= 0 || g.panel_end <= g.panel_begin) return;
   AmxScratch& s = amx_scratch();
-  prepare_configs(g.m, s);
-  const TileConfig* loaded = nullptr;
   const int64_t k_bytes = g.k2 * 2, steps = k_bytes / 64, tail = k_bytes % 64;
   const int64_t lda = g.lda * 2, bs = g.b_panel_stride * 2;
   const uint8_t* a = reinterpret_cast<const uint8_t*>(g.a);
-  for (int64_t p = g.panel_begin; p < g.panel_end; p += 2) {
-    const int np = g.panel_end - p >= 2 ? 2 : 1;
+  schedule(g.m, g.panel_begin, g.panel_end, bs, s, [&](int64_t i, int rows, int64_t p, int np) {
     const uint8_t* b0 = reinterpret_cast<const uint8_t*>(g.b) + p * bs;
     const uint8_t* b1 = np == 2 ? b0 + bs : nullptr;
     if (tail > 0) b_tails(b0, b1, steps, tail, s);
+    const uint8_t* ai = a + i * lda;
+    const bool two = rows > 16;
+    if (two && np == 2) block_products<DotBf16, true, true>(ai, lda, b0, b1, steps, tail, rows, s);
+    else if (two) block_products<DotBf16, true, false>(ai, lda, b0, b1, steps, tail, rows, s);
+    else if (np == 2) block_products<DotBf16, false, true>(ai, lda, b0, b1, steps, tail, rows, s);
+    else block_products<DotBf16, false, false>(ai, lda, b0, b1, steps, tail, rows, s);
     const int64_t col = p * kNr;
     const TileEpilogue e = pair_epilogue(g, p, np);
-    row_blocks(g.m, (p - g.panel_begin) / 2, s, loaded, [&](int64_t i, int rows) {
-      const uint8_t* ai = a + i * lda;
-      const bool two = rows > 16;
-      if (two && np == 2) block_products<DotBf16, true, true>(ai, lda, b0, b1, steps, tail, rows, s);
-      else if (two) block_products<DotBf16, true, false>(ai, lda, b0, b1, steps, tail, rows, s);
-      else if (np == 2) block_products<DotBf16, false, true>(ai, lda, b0, b1, steps, tail, rows, s);
-      else block_products<DotBf16, false, false>(ai, lda, b0, b1, steps, tail, rows, s);
-      TileRows t;
-      t.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
-      t.row_scale = g.row_scale != nullptr ? g.row_scale + i : nullptr;
-      t.c16 = g.c16 != nullptr ? g.c16 + i * g.ldc16 + col : nullptr;
-      t.pf = nullptr;
-      t.pf_lines = 0;
-      store_rows(reinterpret_cast<const float*>(s.c), rows, np, g.c != nullptr ? g.c + i * g.ldc + col : nullptr,
-                 g.ldc, e, t);
-    });
-  }
+    TileRows t;
+    t.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
+    t.row_scale = g.row_scale != nullptr ? g.row_scale + i : nullptr;
+    t.c16 = g.c16 != nullptr ? g.c16 + i * g.ldc16 + col : nullptr;
+    t.pf = nullptr;
+    t.pf_lines = 0;
+    store_rows(reinterpret_cast<const float*>(s.c), rows, np, g.c != nullptr ? g.c + i * g.ldc + col : nullptr, g.ldc,
+               e, t);
+  });
   // Back to the initial tile state: the next context switch saves no tile data, and code after us (oneDNN in the
   // same thread) configures its own tiles anyway.
   _tile_release();

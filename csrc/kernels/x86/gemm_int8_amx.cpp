@@ -52,35 +52,30 @@ struct DotInt8 {
 void gemm_int8_block_amx(const Int8BlockArgs& g) {
   if (g.m <= 0 || g.panel_end <= g.panel_begin) return;
   AmxScratch& s = amx_scratch();
-  prepare_configs(g.m, s);
-  const TileConfig* loaded = nullptr;
   const int64_t steps = g.k4 / 64, tail = g.k4 % 64;
   const uint8_t* a = reinterpret_cast<const uint8_t*>(g.a);
-  for (int64_t p = g.panel_begin; p < g.panel_end; p += 2) {
-    const int np = g.panel_end - p >= 2 ? 2 : 1;
+  schedule(g.m, g.panel_begin, g.panel_end, g.b_panel_stride, s, [&](int64_t i, int rows, int64_t p, int np) {
     const uint8_t* b0 = reinterpret_cast<const uint8_t*>(g.b) + p * g.b_panel_stride;
     const uint8_t* b1 = np == 2 ? b0 + g.b_panel_stride : nullptr;
     if (tail > 0) b_tails(b0, b1, steps, tail, s);
+    const uint8_t* ai = a + i * g.lda;
+    const bool two = rows > 16;
+    if (two && np == 2) block_products<DotInt8, true, true>(ai, g.lda, b0, b1, steps, tail, rows, s);
+    else if (two) block_products<DotInt8, true, false>(ai, g.lda, b0, b1, steps, tail, rows, s);
+    else if (np == 2) block_products<DotInt8, false, true>(ai, g.lda, b0, b1, steps, tail, rows, s);
+    else block_products<DotInt8, false, false>(ai, g.lda, b0, b1, steps, tail, rows, s);
     const int64_t col = p * kNr;
     Epi e = pair_epilogue(g, p, np);
-    row_blocks(g.m, (p - g.panel_begin) / 2, s, loaded, [&](int64_t i, int rows) {
-      const uint8_t* ai = a + i * g.lda;
-      const bool two = rows > 16;
-      if (two && np == 2) block_products<DotInt8, true, true>(ai, g.lda, b0, b1, steps, tail, rows, s);
-      else if (two) block_products<DotInt8, true, false>(ai, g.lda, b0, b1, steps, tail, rows, s);
-      else if (np == 2) block_products<DotInt8, false, true>(ai, g.lda, b0, b1, steps, tail, rows, s);
-      else block_products<DotInt8, false, false>(ai, g.lda, b0, b1, steps, tail, rows, s);
-      e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
-      float* c = g.c + i * g.ldc + col;
-      for (int r = 0; r < rows; ++r) {
-        float* ci = c + r * g.ldc;
-        const float sa = g.sa[i + r];
-        for (int q = 0; q < np; ++q)
-          _mm512_mask_storeu_ps(ci + 16 * q, e.mask[q],
-                                epilogue16(_mm512_load_si512(s.c + 32 * r + 16 * q), 0, sa, e, ci, q, r));
-      }
-    });
-  }
+    e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
+    float* c = g.c + i * g.ldc + col;
+    for (int r = 0; r < rows; ++r) {
+      float* ci = c + r * g.ldc;
+      const float sa = g.sa[i + r];
+      for (int q = 0; q < np; ++q)
+        _mm512_mask_storeu_ps(ci + 16 * q, e.mask[q],
+                              epilogue16(_mm512_load_si512(s.c + 32 * r + 16 * q), 0, sa, e, ci, q, r));
+    }
+  });
   _tile_release();  // as gemm_bf16_block_amx
 }
 
