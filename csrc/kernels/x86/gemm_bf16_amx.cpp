@@ -18,16 +18,8 @@
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16")
 #endif
 
-#include <immintrin.h>
-#include <stdint.h>
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
 #include "kernels/gemm_bf16_isa.h"
-#include "kernels/x86/avx512_math.h"
+#include "kernels/x86/avx512_prelude.h"
 
 namespace vitfast {
 namespace gemm16 {

@@ -20,16 +20,8 @@
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,amx-tile,amx-int8")
 #endif
 
-#include <immintrin.h>
-#include <stdint.h>
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
 #include "kernels/gemm_int8_isa.h"
-#include "kernels/x86/avx512_math.h"
+#include "kernels/x86/avx512_prelude.h"
 
 namespace vitfast {
 namespace gemm8 {

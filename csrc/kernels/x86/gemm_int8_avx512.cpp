@@ -20,18 +20,8 @@
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma")
 #endif
 
-#include <immintrin.h>
-#include <stdint.h>
-
-// GCC 12 reports the `_mm512_undefined_*()` pass-throughs inside its own avx512fintrin.h (_mm512_reduce_*, masked
-// min/max) as (maybe-)uninitialized: false positives in the header, not in this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-
 #include "kernels/gemm_int8_isa.h"
-#include "kernels/x86/avx512_math.h"
+#include "kernels/x86/avx512_prelude.h"
 
 namespace vitfast {
 namespace gemm8 {
