@@ -149,6 +149,25 @@ def test_amx_can_be_switched_off_by_name():
         assert kernel == "none"  # the bf16 kernel lives inside the AVX-512 / NEON paths
 
 
+def test_amx_kernels_interleave_with_torchs_own_bf16_matmuls():
+    """The AMX kernels configure the tile unit on every call and release it after; torch's bf16 matmul (oneDNN, on
+    the same tiles) configures its own.  Alternating the two on one thread must give each one's own bits every time:
+    neither may run on the other's tile configuration."""
+    if "amx_bf16" not in _C.cpu_extensions():
+        pytest.skip("no AMX-BF16 on this CPU")
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(197, 384, generator=g).bfloat16()
+    w = torch.randn(1152, 384, generator=g).bfloat16()
+    b = torch.randn(1152, generator=g).bfloat16()
+    first_ours = torch.ops.vitfast.linear(x, w, b)
+    first_torch = torch.nn.functional.linear(x, w, b)
+    for _ in range(3):
+        assert torch.equal(torch.nn.functional.linear(x, w, b), first_torch)
+        assert torch.equal(torch.ops.vitfast.linear(x, w, b), first_ours)
+    # And both are the bf16 product of the same operands (different summation orders).
+    assert _rel(first_ours.float(), first_torch.float()) < 1e-2
+
+
 def test_other_paths_turn_bf16_off():
     previous = _C.cpu_isa()
     try:
