@@ -256,15 +256,24 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   const bool with_abs = kernel == gemm8::Int8Kernel::kAvx2;
   const int64_t group_bytes = with_abs ? 8 * gemm::kNr : 4 * gemm::kNr;
   const int64_t k_stride = l.lda_d / 4 * group_bytes, v_stride = l.lda_n / 4 * group_bytes;
-  if (tokens % gemm::kNr != 0) std::memset(kpan, u8 ? 0x80 : 0, size_t(l.k_panels * k_stride));
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int8_t* src = qk + t * l.lda_d;
-    int8_t* dst = kpan + (t / gemm::kNr) * k_stride + (t % gemm::kNr) * 4;
-    for (int64_t g = 0; g < l.lda_d; g += 4) {
-      uint32_t w;
-      std::memcpy(&w, src + g, 4);
-      w ^= flip;
-      std::memcpy(dst + g / 4 * group_bytes, &w, 4);
+  // (One key row's words are one column of the panel: a register transpose on AVX-512, ~6% of an int8 DeiT-S
+  // forward word by word.)
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == CpuIsa::kAvx512 && !with_abs) {
+    gemm8::pack_words_transposed_avx512(qk, l.lda_d, tokens, l.lda_d / 4, flip, kpan, k_stride);
+  } else
+#endif
+  {
+    if (tokens % gemm::kNr != 0) std::memset(kpan, u8 ? 0x80 : 0, size_t(l.k_panels * k_stride));
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int8_t* src = qk + t * l.lda_d;
+      int8_t* dst = kpan + (t / gemm::kNr) * k_stride + (t % gemm::kNr) * 4;
+      for (int64_t g = 0; g < l.lda_d; g += 4) {
+        uint32_t w;
+        std::memcpy(&w, src + g, 4);
+        w ^= flip;
+        std::memcpy(dst + g / 4 * group_bytes, &w, 4);
+      }
     }
   }
   // V: per channel d over the tokens (quantize_rows' rule on V_hᵀ, written out: amax, inv = 127 / amax,

@@ -104,4 +104,13 @@ void test_attention_int8(CpuIsa isa) {
 
 }  // namespace
 
-int main() { return run_on_every_isa("test_attention_int8", test_attention_int8); }
+// On the AVX-512 path, where the CPU has AMX-INT8, once more on the VNNI kernel: its K/V panels are the u8 form.
+void test_attention_int8_kernels(CpuIsa isa) {
+  test_attention_int8(isa);
+  if (isa == CpuIsa::kAvx512 && cpu_has(CpuExt::kAmxInt8) && set_cpu_ext_enabled(CpuExt::kAmxInt8, false)) {
+    test_attention_int8(isa);
+    set_cpu_ext_enabled(CpuExt::kAmxInt8, true);
+  }
+}
+
+int main() { return run_on_every_isa("test_attention_int8", test_attention_int8_kernels); }

@@ -105,5 +105,34 @@ struct Avx512 {
 #undef VITFAST_AVX512_INLINE
 
 }  // namespace
+// In-register transpose of 16 rows of 16 32-bit elements: on return r[c] holds element c of every input row (row i
+// in element i).  Unpacks within 128-bit lanes (rows 4g..4g+3, columns 4L + j), then a 4 × 4 transpose of the
+// 128-bit lanes: 64 shuffles for 256 elements.
+static inline __attribute__((always_inline)) void transpose16_epi32(__m512i r[16]) {
+  __m512i t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  __m512i u[4][4];  // u[g][j], lane L: column 4L + j of rows 4g..4g+3
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {
+    u[g][0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[g][1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[g][2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __m512i a = _mm512_shuffle_i32x4(u[0][j], u[1][j], 0x44), b = _mm512_shuffle_i32x4(u[0][j], u[1][j], 0xEE);
+    const __m512i c = _mm512_shuffle_i32x4(u[2][j], u[3][j], 0x44), d = _mm512_shuffle_i32x4(u[2][j], u[3][j], 0xEE);
+    r[j] = _mm512_shuffle_i32x4(a, c, 0x88);
+    r[4 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
+    r[8 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
+  }
+}
+
 }  // namespace x86
 }  // namespace vitfast

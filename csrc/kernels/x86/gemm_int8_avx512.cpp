@@ -191,6 +191,26 @@ void gemm_int8_block_avx512_vnni(const Int8BlockArgs& g) {
   }
 }
 
+void pack_words_transposed_avx512(const int8_t* src, int64_t ld, int64_t rows, int64_t words, uint32_t flip,
+                                  int8_t* dst, int64_t panel_stride) {
+  const __m512i vflip = _mm512_set1_epi32(int32_t(flip));
+  for (int64_t t0 = 0; t0 < rows; t0 += 16) {
+    int8_t* panel = dst + (t0 / 16) * panel_stride;
+    for (int64_t w0 = 0; w0 < words; w0 += 16) {
+      const int64_t nw = words - w0 < 16 ? words - w0 : 16;
+      const __mmask16 m = nw == 16 ? __mmask16(0xFFFF) : __mmask16((1u << nw) - 1u);
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        r[i] = _mm512_xor_si512(t0 + i < rows ? _mm512_maskz_loadu_epi32(m, src + (t0 + i) * ld + 4 * w0)
+                                              : _mm512_setzero_si512(),
+                                vflip);
+      x86::transpose16_epi32(r);
+      for (int64_t c = 0; c < nw; ++c) _mm512_storeu_si512(panel + (w0 + c) * 64, r[c]);
+    }
+  }
+}
+
 // The scalar definition (gemm_int8_scalar.cpp) 16 lanes at a time: the row maximum is exact whatever the order,
 // x · inv is one fp32 multiply in both, and clamping to ±127 before the round-half-to-even conversion
 // (vcvtps2dq under the default MXCSR) equals rounding then clamping, the bounds being integers.
