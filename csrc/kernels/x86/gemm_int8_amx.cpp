@@ -6,7 +6,7 @@
 // wherever the epilogue's fp32 operations are the same.
 //
 // Why: one tdpbssd is 16 × 16 × 64 products, issued every 16 cycles: 16× the products per cycle of one zmm
-// `vpdpbusd` per cycle.  Measured 2.7-4.3× the VNNI kernel at DeiT shapes, at 25-50% of the register-only tdpbssd
+// `vpdpbusd` per cycle.  Measured 2.8-4.3× the VNNI kernel at DeiT shapes, at 27-50% of the register-only tdpbssd
 // rate (table int8_gemm_shapes, benchmarks/results/2026-11-28-intel-r-xeon-avx512.json; amx_tiles.inc says what
 // was tried about the gap).
 //
