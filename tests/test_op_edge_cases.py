@@ -36,7 +36,7 @@ def _good_args(name):
         return [x, _uni(8, 16, fan_in=16), _uni(8, fan_in=16), torch.randn(2, 5, 8)]
     if name == "layer_norm":
         return [x, torch.rand(16) + 0.5, torch.randn(16), 1e-5]
-    if name in ("attention", "attention_int8"):
+    if name in ("attention", "attention_int8", "attention_bf16"):
         return [torch.randn(2, 5, 24), 2, 0.4]
     if name == "channel_idle_ffn":
         return [x, *_ffn(16, 32), torch.randn(2, 5, 16)]
@@ -91,8 +91,9 @@ BAD = [
     ("linear", "weight", None),
     ("layer_norm", "weight", 1.0), ("layer_norm", "bias", [0.0]),
     *[("layer_norm", "eps", v) for v in (*_FLOATS, -1.0, float("nan"), float("inf"))],
-    *[(op, "num_heads", v) for op in ("attention", "attention_int8") for v in (*_INTS, 0, -1, 5, 2**70)],
-    *[(op, "scale", v) for op in ("attention", "attention_int8")
+    *[(op, "num_heads", v) for op in ("attention", "attention_int8", "attention_bf16")
+      for v in (*_INTS, 0, -1, 5, 2**70)],
+    *[(op, "scale", v) for op in ("attention", "attention_int8", "attention_bf16")
       for v in (True, "a", torch.tensor(0.5), float("inf"), float("nan"))],
     *[("channel_idle_ffn", a, v) for a in ("b_in", "b_out", "residual") for v in (1.0, True)],
     *[("dwconv_attention", a, v) for a in ("grid_h", "grid_w") for v in (*_INTS, 0, 3)],
@@ -133,6 +134,8 @@ GOOD = [
     ("attention", "scale", np.float32(0.5)),
     ("attention_int8", "num_heads", np.int64(2)), ("attention_int8", "scale", None), ("attention_int8", "scale", 1),
     ("attention_int8", "scale", np.float32(0.5)),
+    ("attention_bf16", "num_heads", np.int64(2)), ("attention_bf16", "scale", None), ("attention_bf16", "scale", 1),
+    ("attention_bf16", "scale", np.float32(0.5)),
     ("dwconv_attention", "grid_h", np.int64(2)), ("dwconv_attention", "residual", None),
     ("batch_gate", "eps", np.float32(1e-5)), ("batch_gate", "eps", 1), ("batch_gate", "layer_norm", False),
     ("gate_select", "index", np.int64(0)),

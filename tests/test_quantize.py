@@ -120,7 +120,7 @@ def test_attention_products_int8_or_fp32(tmp_path):
                   vitfast.quantize(fused, torch.randn(4, 3, 32, 32), activations="static")):  # static: fp32 default
         assert not any(b.attn.__dict__.get("int8_attention") for b in model.blocks)
         assert "attention score/value products" in vitfast.quant.describe(model).split("fp32: ")[1]
-    with pytest.raises(ValueError, match="attention: expected 'int8' or 'fp32'"):
+    with pytest.raises(ValueError, match="attention: expected 'int8', 'bf16' or 'fp32'"):
         vitfast.quantize(fused, attention="int4")
 
 

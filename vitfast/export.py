@@ -283,6 +283,11 @@ def _int8_layers(model: nn.Module) -> List[str]:
         raise ValueError(f"model: int8 layers with per-token (dynamic) activation scales have no ONNX operator "
                          f"({len(dynamic)} layers, e.g. {dynamic[0]}); export the fp32 model, or quantize with "
                          f"activations='static' (calibrated scales; attention='fp32', its default there) to export a QDQ graph")
+    bf16 = [name for name, m in model.named_modules() if m.__dict__.get("bf16_attention")]
+    if bf16:
+        raise ValueError(f"model: {len(bf16)} attentions compute on bf16 operands (e.g. {bf16[0]}, quantize(..., "
+                         f"attention='bf16')), which ONNX has no operator for; quantize with attention='fp32' to "
+                         f"export a QDQ graph")
     return [name for name, _ in layers]
 
 

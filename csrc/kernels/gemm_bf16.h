@@ -23,7 +23,8 @@
 //                helpers (conversion, packing, softmax): chosen over it where the CPU has AMX-BF16.
 //   kNeonBf16    `bfdot` (arm/gemm_bf16_neon.cpp).
 //   kScalar      the exact products of the bf16 values in fp32, fp32 accumulation (gemm_bf16_scalar.cpp): the
-//                reference of the C++ tests.  The ops never use it: without a bf16 extension they keep their fp32
+//                reference of the C++ tests.  Only attention_bf16 runs it (its definition is the bf16 products on any
+//                CPU); the other ops, without a bf16 extension, keep their fp32
 //                path (fp32 weights, no operand rounding), which is as fast and more accurate.
 // All kernels compute the same exact products; results differ only by the order of the fp32 sums.
 #pragma once

@@ -65,6 +65,28 @@ at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional
   return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());
 }
 
+// `torch.ops.vitfast.attention_bf16` (schema: vitfast/ops/attention_bf16.py): qkv in its dtype (computed from its
+// fp32 values), the output in qkv's dtype, the products
+// on the bf16 GEMMs of this CPU path — or on the portable bf16 kernel where it has none (the same products, slowly):
+// the op's definition does not depend on the hardware.
+at::Tensor attention_bf16_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional<double> scale_opt) {
+  const int64_t d = check_attention_args(qkv, num_heads, scale_opt);
+  TORCH_CHECK_VALUE(qkv.device().is_cpu(), "qkv: expected device cpu (the CPU kernel), got ", qkv.device());
+  const int64_t batch = qkv.size(0), tokens = qkv.size(1), heads = num_heads, attn_dim = heads * d;
+  if (batch == 0 || tokens == 0) return at::empty({batch, tokens, attn_dim}, qkv.options());
+  // fp16/bf16 qkv: its fp32 conversion, the output rounded back once (as `attention_int8`).
+  at::Tensor src = qkv;
+  if (src.scalar_type() != at::kFloat || src.stride(2) != 1 || src.stride(0) != src.stride(1) * tokens ||
+      src.stride(1) < 3 * attn_dim)
+    src = src.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({batch, tokens, attn_dim}, qkv.options().dtype(at::kFloat));
+  const float scale = scale_opt.has_value() ? float(*scale_opt) : 1.0f / std::sqrt(float(d));
+  const CpuIsa isa = active_cpu_isa();
+  attention_run_bf16(src.data_ptr<float>(), src.stride(1), batch, tokens, heads, d, scale, out.data_ptr<float>(), isa,
+                     gemm16::bf16_kernel(isa));
+  return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());
+}
+
 // Per-thread scratch of the bf16 heads (a separate buffer: its layout differs from the fp32 one).
 float* thread_workspace_bf16(int64_t floats) {
   thread_local gemm::AlignedFloats buffer;
@@ -142,4 +164,7 @@ void attention_run(const float* qp, int64_t ld_qkv, int64_t batch, int64_t token
 }  // namespace ops
 }  // namespace vitfast
 
-TORCH_LIBRARY_IMPL(vitfast, CPU, m) { m.impl("attention", &vitfast::ops::attention_cpu); }
+TORCH_LIBRARY_IMPL(vitfast, CPU, m) {
+  m.impl("attention", &vitfast::ops::attention_cpu);
+  m.impl("attention_bf16", &vitfast::ops::attention_bf16_cpu);
+}

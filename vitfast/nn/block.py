@@ -87,8 +87,11 @@ class FusedAttention(nn.Module):
         # An int8 model's layers (vitfast.nn.int8.Int8Linear, put in by vitfast.quantize) run themselves.
         qkv = ops.linear(x, qkv_layer.weight, qkv_layer.bias) if isinstance(qkv_layer, nn.Linear) else qkv_layer(x)
         if attn_mask is None and not is_causal and type(self.q_norm) is nn.Identity:
-            # int8 models (vitfast.quantize, attention="int8"): the score and value products on the int8 core
-            x = (ops.attention_int8 if self.__dict__.get("int8_attention") else ops.attention)(qkv, self.num_heads)
+            # int8 models (vitfast.quantize, attention="int8" / "bf16"): the score and value products on the int8
+            # core / the bf16 GEMMs
+            flags = self.__dict__
+            x = (ops.attention_int8 if flags.get("int8_attention") else
+                 ops.attention_bf16 if flags.get("bf16_attention") else ops.attention)(qkv, self.num_heads)
         else:
             batch, tokens, _ = x.shape
             q, k, v = qkv.reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)

@@ -27,6 +27,7 @@ from ._autocast import _fp32_weights, autocast_enabled as _autocast_enabled
 from ._policy import TRITON_FFN_MIN_ROWS, TRITON_FFN_MIN_WIDTH, TRITON_XWX_MAX_WIDTH
 from ._spec import SCHEMAS, onnx_exporting
 from .attention import attention
+from .attention_bf16 import attention_bf16
 from .attention_int8 import attention_int8
 from .batch_gate import batch_gate, gate_select
 from .channel_idle_ffn import channel_idle_ffn, use_triton_channel_idle_ffn
@@ -46,4 +47,5 @@ from ._extension import (_C, _REFERENCE_CPU_FALLBACKS, bf16_kernel, clear_weight
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa",
            "batch_gate", "gate_select", "prepack", "clear_weight_cache", "vit_block", "dwconv_attention",
            "gated_mhsa", "gated_ffn", "onnx_exporting", "linear_int8", "channel_idle_ffn_int8", "attention_int8",
+           "attention_bf16",
            "int8_kernel", "bf16_kernel", "cpu_extensions", "warmup"]

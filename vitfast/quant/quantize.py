@@ -199,8 +199,9 @@ def quantize(
     alpha = _check_args(model, calibration, dtype, activations, per_token, smooth, skip)
     if attention is None:  # per-token int8 attention with per-token activations; none in the all-static (QDQ) mode
         attention = "int8" if activations == "dynamic" else "fp32"
-    if attention not in ("int8", "fp32"):
-        raise ValueError(f"attention: expected 'int8' or 'fp32' (the score and value products), got {attention!r}")
+    if attention not in ("int8", "bf16", "fp32"):
+        raise ValueError(f"attention: expected 'int8', 'bf16' or 'fp32' (the score and value products), got "
+                         f"{attention!r}")
     if split_identity not in (True, False):
         raise ValueError(f"split_identity: expected True or False, got {split_identity!r}")
     if dtype == "bf16":
@@ -266,14 +267,14 @@ def quantize(
         set_submodule(out, path, _build(path, kind, module, stats.get(path), alphas.get(path, alpha), static,
                                         split_identity))
     attentions = 0
-    if attention == "int8":
+    if attention in ("int8", "bf16"):
         for name, m in out.named_modules():
             # the fused ViT attention's products (not Swin's windows: its bias table and masks stay on fp32 SDPA);
             # a block whose qkv a skip= pattern kept in fp32 keeps its attention fp32 too
             patterns = [skip] if isinstance(skip, str) else list(skip) if isinstance(skip, (list, tuple)) else []
             if type(m) is FusedAttention and f"{name}.qkv" not in kept and not any(
                     fnmatch.fnmatchcase(name, p) for p in patterns):
-                m.int8_attention = True
+                setattr(m, f"{attention}_attention", True)
                 attentions += 1
     out.vitfast_quantization = {
         "dtype": "int8", "activations": activations, "smooth": alpha, "fp32": sorted(kept), "attention": attention,
@@ -305,8 +306,13 @@ def describe(model: nn.Module) -> str:
     n_ffn = sum(isinstance(m, Int8ChannelIdleFFN) for _, m in int8)
     static = any(getattr(m, "act_scale", 0.0) > 0 or getattr(m, "act_scale_in", 0.0) > 0 for _, m in int8)
     n_att = sum(bool(m.__dict__.get("int8_attention")) for m in model.modules())
+    n_bf16 = sum(bool(m.__dict__.get("bf16_attention")) for m in model.modules())
     all_att = sum(type(m) is FusedAttention for m in model.modules())
     att = f", {n_att} attentions' score/value products" if n_att else ""
+    if n_bf16:
+        from .. import ops
+
+        att += f"; bf16: {n_bf16} attentions' score/value products (the {ops.bf16_kernel()} kernels)"
     parts = [f"int8: {n_ffn} channel-idle FFNs (2 GEMMs each), {n_lin} attention linears (qkv/proj){att}; "
              f"activations {'static per tensor' if static else 'dynamic per token'}"]
     if record.get("smooth") == "auto":
@@ -315,8 +321,9 @@ def describe(model: nn.Module) -> str:
             f"{'none' if a is None else f'{a:g}'}: {chosen.count(a)}" for a in AUTO_ALPHAS if chosen.count(a)) + ")")
     elif record.get("smooth"):
         parts.append(f"SmoothQuant α = {record['smooth']:g}")
-    products = ("attention score/value products" if n_att == 0 else
-                f"{all_att - n_att} attentions' score/value products" if all_att > n_att else None)
+    n_low = n_att + n_bf16
+    products = ("attention score/value products" if n_low == 0 else
+                f"{all_att - n_low} attentions' score/value products" if all_att > n_low else None)
     fp32 = ["norms, softmax, GELU, residual adds", *([products] if products else []), "patch embedding", "head"]
     fp32 += fp32_kinds(model)
     if record.get("fp32"):

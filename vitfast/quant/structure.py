@@ -24,8 +24,8 @@ _MAX_INT = 2**31 - 1
 def quant_config(model: nn.Module) -> Optional[Dict[str, Any]]:
     """The model's quantization record, or None for a model without int8 modules."""
     modules = {name: m.quant_config() for name, m in model.named_modules() if is_int8_module(m)}
-    modules.update({name: {"kind": "int8_attention"} for name, m in model.named_modules()
-                    if m.__dict__.get("int8_attention")})
+    for flag in ("int8_attention", "bf16_attention"):
+        modules.update({name: {"kind": flag} for name, m in model.named_modules() if m.__dict__.get(flag)})
     if not modules:
         return None
     static = any(cfg.get("act_scale", 0.0) > 0 or cfg.get("act_scale_in", 0.0) > 0 for cfg in modules.values())
@@ -63,16 +63,16 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
         except AttributeError:
             raise ValueError(f"{where}: no module {path!r} in the rebuilt model") from None
         kind = cfg.get("kind") if isinstance(cfg, dict) else None
-        if kind not in ("int8_linear", "int8_channel_idle_ffn", "int8_attention"):
-            raise ValueError(f"{where}['kind']: expected 'int8_linear', 'int8_channel_idle_ffn' or 'int8_attention', "
-                             f"got {cfg!r:.200}")
-        if kind == "int8_attention":  # a flag on the fused attention: its products on attention_int8
+        if kind not in ("int8_linear", "int8_channel_idle_ffn", "int8_attention", "bf16_attention"):
+            raise ValueError(f"{where}['kind']: expected 'int8_linear', 'int8_channel_idle_ffn', 'int8_attention' or "
+                             f"'bf16_attention', got {cfg!r:.200}")
+        if kind in ("int8_attention", "bf16_attention"):  # a flag on the fused attention: its products' op
             from ..nn.block import FusedAttention
 
             if type(target) is not FusedAttention or set(cfg) != {"kind"}:
                 raise ValueError(f"{where}: expected a fused attention at {path!r} and no other keys, found "
                                  f"{type(target).__name__}, keys {sorted(cfg)}")
-            target.int8_attention = True
+            setattr(target, kind, True)
             continue
         try:
             module = int8_module_from_config(cfg, device=device)

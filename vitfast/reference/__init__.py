@@ -8,6 +8,7 @@ the input dtype.  Tests compare every kernel against these, benchmarks use them 
 launchers (`kernels/`) import the checks from here, so nothing here imports either of them.
 """
 from .attention import attention, attention_unchecked, check_attention_args
+from .attention_bf16 import attention_bf16, check_attention_bf16_args
 from .attention_int8 import attention_int8, check_attention_int8_args
 from .batch_gate import (GATE_ACTS, batch_gate, batch_gate_logits, check_batch_gate_args, check_gate_select_args,
                          gate_select)

@@ -1,0 +1,163 @@
+"""`torch.ops.vitfast.attention_bf16` (csrc/ops/attention.cpp on kernels/attention.h's attention_head_bf16) against its
+reference (vitfast/reference/attention_bf16.py: the products of the bf16-rounded Q, K, P, V in fp64): every CPU
+path this machine runs, with its bf16 extension on and off (off: the portable bf16 kernel, the same products), at 1
+and 2 threads (the same bits); odd N and D; strided qkv; fp16/bf16 input; NaN; argument errors; opcheck; and the
+int8 models that take it (`vitfast.quantize(..., attention="bf16")`).
+
+Tolerance.  The kernel's only other roundings are its fp32 sums: S and the row sums differ from the fp64 reference in
+their last fp32 bits, and such a difference can move one exp across a bf16 rounding boundary, which changes an output
+by at most 2^-8 · E_j / Σ E · |V_j| <= 2^-8 · max |V|.  So: relative error (norm) under 1e-4 — 30× under the
+distance to fp32 attention — and every element within 2^-8 · max |V| of the reference.
+"""
+import pytest
+import torch
+
+import vitfast
+from helpers import at_1_and_2_threads
+from vitfast import reference
+
+if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
+    raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
+
+from vitfast import _C  # noqa: E402
+
+op = torch.ops.vitfast.attention_bf16
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def assert_attention_bf16_close(out, qkv, heads, scale=None):
+    ref = reference.attention_bf16(qkv, heads, scale)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    nan = ref.isnan()
+    assert torch.equal(out.isnan(), nan), "NaN positions differ from the reference's"
+    o, r = out.float().masked_fill(nan, 0), ref.float().masked_fill(nan, 0)
+    if r.numel() == 0 or not r.abs().max() > 0:
+        return
+    assert _rel(o, r) < 1e-4, f"relative error {_rel(o, r):.3g} against the bf16-operand reference"
+    v = qkv.float()[..., 2 * (qkv.shape[-1] // 3):]
+    bound = 2.0 ** -8 * v.masked_fill(~v.isfinite(), 0).abs().max()
+    assert (o - r).abs().max() <= bound, f"max |diff| {(o - r).abs().max():.3g} beyond one bf16 flip's bound"
+
+
+SHAPES = [(1, 197, 6, 64), (2, 197, 12, 64), (2, 5, 12, 32), (3, 1, 1, 16), (1, 50, 2, 32), (2, 17, 5, 20),
+          (1, 33, 4, 3)]
+
+
+@pytest.mark.parametrize("batch, tokens, heads, d", SHAPES)
+def test_parity(isa, restore_threads, batch, tokens, heads, d):
+    g = torch.Generator().manual_seed(tokens * 131 + heads * 7 + d)
+    qkv = torch.randn(batch, tokens, 3 * heads * d, generator=g)
+    out = at_1_and_2_threads(op, [qkv, heads, None])
+    assert_attention_bf16_close(out, qkv, heads)
+
+
+@pytest.mark.parametrize("batch, tokens, heads, d", [(2, 197, 6, 64), (1, 17, 5, 20)])
+def test_without_bf16_hardware_the_same_products(isa, batch, tokens, heads, d):
+    """With the extensions off the portable bf16 kernel runs: the same definition (not fp32 attention)."""
+    qkv = torch.randn(batch, tokens, 3 * heads * d, generator=torch.Generator().manual_seed(5))
+    _C.set_cpu_ext_enabled(False)
+    try:
+        off = op(qkv, heads)
+    finally:
+        _C.set_cpu_ext_enabled(True)
+    assert_attention_bf16_close(off, qkv, heads)
+
+
+def test_scale_and_strided_qkv(isa):
+    wide = torch.randn(2, 37, 3 * 4 * 16 + 40)
+    qkv = wide[..., 8:8 + 3 * 4 * 16]
+    assert not qkv.is_contiguous()
+    out = op(qkv, 4, 0.3)
+    torch.testing.assert_close(out, op(qkv.contiguous(), 4, 0.3), atol=0, rtol=0)
+    assert_attention_bf16_close(out, qkv, 4, 0.3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_input(dtype):
+    qkv = torch.randn(2, 21, 3 * 2 * 32).to(dtype)
+    out = op(qkv, 2)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, op(qkv.float(), 2).to(dtype), atol=0, rtol=0)
+
+
+def test_between_fp32_and_int8_attention():
+    """The point of the op: bf16 operands' error (~0.3% on random activations), several times under int8's."""
+    qkv = torch.randn(2, 197, 3 * 6 * 64, generator=torch.Generator().manual_seed(3))
+    ref = reference.attention(qkv, 6)
+    e16, e8 = _rel(op(qkv, 6), ref), _rel(torch.ops.vitfast.attention_int8(qkv, 6), ref)
+    assert e16 < 0.01 and e16 * 3 < e8, (e16, e8)
+    assert _rel(op(qkv, 6), reference.attention_bf16(qkv, 6)) * 30 < e16  # its definition, not fp32 attention
+
+
+def test_nan_positions():
+    heads, d, n = 3, 16, 9
+    qkv = torch.randn(2, n, 3 * heads * d)
+    qkv[0, 4, 1 * d + 2] = float("nan")                    # image 0, query 4 of head 1
+    qkv[0, 7, 2 * heads * d + 0 * d + 3] = float("nan")    # image 0, V[7, 3] of head 0
+    assert_attention_bf16_close(op(qkv, heads), qkv, heads)
+
+
+def test_empty():
+    assert op(torch.randn(0, 5, 24), 2).shape == (0, 5, 8)
+    assert op(torch.randn(2, 0, 24), 2).shape == (2, 0, 8)
+
+
+def test_bad_arguments_as_attention():
+    for args in ([torch.randn(2, 5), 2], [torch.randn(2, 5, 24), 5], [torch.randn(2, 5, 24), 0],
+                 [torch.randn(2, 5, 24, dtype=torch.float64), 2], [torch.randn(2, 5, 24), 2, float("inf")]):
+        with pytest.raises(ValueError) as ours:
+            vitfast.ops.attention_bf16(*args)
+        with pytest.raises(ValueError) as theirs:
+            reference.attention(*args)
+        assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("scale", [None, 0.2])
+def test_opcheck(scale):
+    torch.library.opcheck(op.default, (torch.randn(2, 7, 3 * 2 * 8), 2, scale))
+
+
+# ------------------------------------------------------------------------------------------- in int8 models
+def _digits_sized_model():
+    import timm
+
+    m = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32, depth=2).eval()
+    return vitfast.fuse(vitfast.convert.from_timm(m, channel_idle=0.75)).eval()
+
+
+def test_quantize_attention_bf16_runs_the_op_and_survives_save_load(tmp_path):
+    model = _digits_sized_model()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    q = vitfast.quantize(model, attention="bf16")
+    assert all(b.attn.__dict__.get("bf16_attention") and not b.attn.__dict__.get("int8_attention") for b in q.blocks)
+    assert "bf16: 2 attentions' score/value products" in vitfast.quant.describe(q)
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        y = q(x)
+    names = [e.name for e in prof.events()]
+    assert names.count("vitfast::attention_bf16") == 2 and "vitfast::attention_int8" not in names
+    path = tmp_path / "q.safetensors"
+    vitfast.save(q, path)
+    r = vitfast.load(path)
+    assert all(b.attn.__dict__.get("bf16_attention") for b in r.blocks)
+    with torch.no_grad():
+        torch.testing.assert_close(r(x), y, atol=0, rtol=0)
+        ref = model(x)
+        y8 = vitfast.quantize(model)(x)
+    assert _rel(y, ref) < _rel(y8, ref) * 1.5  # no worse than int8 attention (the linears' int8 error dominates)
+
+
+def test_quantize_refuses_other_attention_names():
+    with pytest.raises(ValueError, match="attention: expected 'int8', 'bf16' or 'fp32'"):
+        vitfast.quantize(_digits_sized_model(), attention="fp16")
+
+
+def test_onnx_export_refuses_bf16_attention(tmp_path):
+    from vitfast.export import to_onnx
+
+    q = vitfast.quantize(_digits_sized_model(), torch.randn(4, 3, 32, 32), activations="static", attention="bf16")
+    with pytest.raises(ValueError, match="attentions compute on bf16 operands"):
+        to_onnx(q, tmp_path / "q.onnx", input_shape=(3, 32, 32))
+    assert not (tmp_path / "q.onnx").exists()
