@@ -42,26 +42,17 @@ float* thread_workspace(int64_t floats) {
 }
 
 at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional<double> scale_opt) {
-  const int64_t d = check_attention_args(qkv, num_heads, scale_opt);
-  TORCH_CHECK_VALUE(qkv.device().is_cpu(), "qkv: expected device cpu (the CPU kernel), got ", qkv.device());
-  const int64_t batch = qkv.size(0), tokens = qkv.size(1), heads = num_heads, attn_dim = heads * d;
-  if (batch == 0 || tokens == 0) return at::empty({batch, tokens, attn_dim}, qkv.options());
-  // Rows of one image and across images must be uniformly strided with a unit inner stride to be read in
-  // place (true for the qkv Linear's output and for slices of it); anything else is made contiguous.
-  at::Tensor src = qkv;
-  if (src.scalar_type() != at::kFloat || src.stride(2) != 1 || src.stride(0) != src.stride(1) * tokens ||
-      src.stride(1) < 3 * attn_dim)
-    src = src.to(at::kFloat).contiguous();
-  const int64_t ld_qkv = src.stride(1);
-  const float* qp = src.data_ptr<float>();
-  at::Tensor out = at::empty({batch, tokens, attn_dim}, qkv.options().dtype(at::kFloat));
-  float* op = out.data_ptr<float>();
-  const float scale = scale_opt.has_value() ? float(*scale_opt) : 1.0f / std::sqrt(float(d));
+  const AttentionInput in = attention_input(qkv, num_heads, scale_opt);
+  if (in.empty()) return at::empty({in.batch, in.tokens, in.attn_dim}, qkv.options());
+  at::Tensor out = at::empty({in.batch, in.tokens, in.attn_dim}, qkv.options().dtype(at::kFloat));
+  const float* qp = in.src.data_ptr<float>();
   const gemm16::Bf16Kernel kernel = bf16_gemm_kernel(qkv.scalar_type());
   if (kernel != gemm16::Bf16Kernel::kScalar)
-    attention_run_bf16(qp, ld_qkv, batch, tokens, heads, d, scale, op, active_cpu_isa(), kernel);
+    attention_run_bf16(qp, in.ld_qkv, in.batch, in.tokens, in.heads, in.d, in.scale, out.data_ptr<float>(),
+                       active_cpu_isa(), kernel);
   else
-    attention_run(qp, ld_qkv, batch, tokens, heads, d, scale, op, active_cpu_isa());
+    attention_run(qp, in.ld_qkv, in.batch, in.tokens, in.heads, in.d, in.scale, out.data_ptr<float>(),
+                  active_cpu_isa());
   return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());
 }
 
@@ -70,20 +61,13 @@ at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional
 // on the bf16 GEMMs of this CPU path — or on the portable bf16 kernel where it has none (the same products, slowly):
 // the op's definition does not depend on the hardware.
 at::Tensor attention_bf16_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional<double> scale_opt) {
-  const int64_t d = check_attention_args(qkv, num_heads, scale_opt);
-  TORCH_CHECK_VALUE(qkv.device().is_cpu(), "qkv: expected device cpu (the CPU kernel), got ", qkv.device());
-  const int64_t batch = qkv.size(0), tokens = qkv.size(1), heads = num_heads, attn_dim = heads * d;
-  if (batch == 0 || tokens == 0) return at::empty({batch, tokens, attn_dim}, qkv.options());
-  // fp16/bf16 qkv: its fp32 conversion, the output rounded back once (as `attention_int8`).
-  at::Tensor src = qkv;
-  if (src.scalar_type() != at::kFloat || src.stride(2) != 1 || src.stride(0) != src.stride(1) * tokens ||
-      src.stride(1) < 3 * attn_dim)
-    src = src.to(at::kFloat).contiguous();
-  at::Tensor out = at::empty({batch, tokens, attn_dim}, qkv.options().dtype(at::kFloat));
-  const float scale = scale_opt.has_value() ? float(*scale_opt) : 1.0f / std::sqrt(float(d));
+  const AttentionInput in = attention_input(qkv, num_heads, scale_opt);
+  if (in.empty()) return at::empty({in.batch, in.tokens, in.attn_dim}, qkv.options());
+  at::Tensor out = at::empty({in.batch, in.tokens, in.attn_dim}, qkv.options().dtype(at::kFloat));
   const CpuIsa isa = active_cpu_isa();
-  attention_run_bf16(src.data_ptr<float>(), src.stride(1), batch, tokens, heads, d, scale, out.data_ptr<float>(), isa,
-                     gemm16::bf16_kernel(isa));
+  attention_run_bf16(in.src.data_ptr<float>(), in.ld_qkv, in.batch, in.tokens, in.heads, in.d, in.scale,
+                     out.data_ptr<float>(), isa, gemm16::bf16_kernel(isa));
+  // fp16/bf16 qkv: computed from its fp32 values, the output rounded back once (as `attention_int8`).
   return qkv.scalar_type() == at::kFloat ? out : out.to(qkv.scalar_type());
 }
 
@@ -115,6 +99,21 @@ int64_t check_attention_args(const at::Tensor& qkv, int64_t num_heads, const std
   TORCH_CHECK_VALUE(qkv.layout() == at::kStrided, "qkv: expected a dense (strided) tensor, got layout ",
                     qkv.layout());
   return width / 3 / num_heads;
+}
+
+AttentionInput attention_input(const at::Tensor& qkv, int64_t num_heads, const std::optional<double>& scale) {
+  AttentionInput in{};
+  in.d = check_attention_args(qkv, num_heads, scale);
+  TORCH_CHECK_VALUE(qkv.device().is_cpu(), "qkv: expected device cpu (the CPU kernel), got ", qkv.device());
+  in.batch = qkv.size(0), in.tokens = qkv.size(1), in.heads = num_heads, in.attn_dim = num_heads * in.d;
+  in.scale = scale.has_value() ? float(*scale) : 1.0f / std::sqrt(float(in.d));
+  in.src = qkv;
+  if (in.empty()) return in;
+  if (qkv.scalar_type() != at::kFloat || qkv.stride(2) != 1 || qkv.stride(0) != qkv.stride(1) * in.tokens ||
+      qkv.stride(1) < 3 * in.attn_dim)
+    in.src = qkv.to(at::kFloat).contiguous();
+  in.ld_qkv = in.src.stride(1);
+  return in;
 }
 
 

@@ -37,20 +37,14 @@ AttentionInt8Workspace& thread_workspace() {
 }
 
 at::Tensor attention_int8_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional<double> scale_opt) {
-  const int64_t d = check_attention_args(qkv, num_heads, scale_opt);
-  TORCH_CHECK_VALUE(qkv.device().is_cpu(), "qkv: expected device cpu (the CPU kernel), got ", qkv.device());
-  const int64_t batch = qkv.size(0), tokens = qkv.size(1), heads = num_heads, attn_dim = heads * d;
-  if (batch == 0 || tokens == 0) return at::empty({batch, tokens, attn_dim}, qkv.options());
-  at::Tensor src = qkv;
-  if (src.scalar_type() != at::kFloat || src.stride(2) != 1 || src.stride(0) != src.stride(1) * tokens ||
-      src.stride(1) < 3 * attn_dim)
-    src = src.to(at::kFloat).contiguous();
-  const int64_t ld_qkv = src.stride(1);
-  const float* qp = src.data_ptr<float>();
+  const AttentionInput in = attention_input(qkv, num_heads, scale_opt);
+  if (in.empty()) return at::empty({in.batch, in.tokens, in.attn_dim}, qkv.options());
+  const int64_t batch = in.batch, tokens = in.tokens, heads = in.heads, d = in.d, attn_dim = in.attn_dim;
+  const int64_t ld_qkv = in.ld_qkv;
+  const float scale = in.scale;
+  const float* qp = in.src.data_ptr<float>();
   at::Tensor out = at::empty({batch, tokens, attn_dim}, qkv.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
-  // The default scale as the reference computes it: 1 / sqrt(D) in fp32.
-  const float scale = scale_opt.has_value() ? float(*scale_opt) : 1.0f / std::sqrt(float(d));
   const CpuIsa isa = active_cpu_isa();
 
   // Prefetching the next task pays when qkv is larger than the caches hold (measured, 1 thread, interleaved with

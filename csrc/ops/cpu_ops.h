@@ -31,6 +31,18 @@ ChannelIdleFfnDims check_channel_idle_ffn_args(const at::Tensor& x, const at::Te
 // attention's (and attention_int8's) argument check (ValueError worded like vitfast.reference.attention): the head dim.
 int64_t check_attention_args(const at::Tensor& qkv, int64_t num_heads, const std::optional<double>& scale);
 
+// The attention ops' shared start (attention, attention_bf16, attention_int8): the argument check, the device, and
+// qkv as fp32 rows the kernels read in place — uniformly strided with a unit inner stride, as the qkv Linear's
+// output and slices of it are — or else its contiguous fp32 copy.  With B or N = 0 nothing is converted (`empty`:
+// the op returns an empty output).  `scale`: the default 1 / sqrt(D) in fp32, as the reference computes it.
+struct AttentionInput {
+  at::Tensor src;
+  int64_t batch, tokens, heads, d, attn_dim, ld_qkv;
+  float scale;
+  bool empty() const { return batch == 0 || tokens == 0; }
+};
+AttentionInput attention_input(const at::Tensor& qkv, int64_t num_heads, const std::optional<double>& scale);
+
 // Packed weights from the process-wide cache (ops/weight_cache.h): validated (finite) and packed on a miss.
 // weight_name / bias_name: how a non-finite value is reported (the block op names its own arguments).
 std::shared_ptr<const gemm::PackedB> packed_linear_weight(const at::Tensor& weight, const at::Tensor& bias,
