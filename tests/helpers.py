@@ -231,3 +231,24 @@ def run_cli(argv, capsys):
     code = main(argv)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def assert_attention_variant_contract(op_entry, op):
+    """What an attention variant (attention_int8, attention_bf16) shares with `attention`: empty batches and sequences,
+    the same ValueError messages for bad arguments, and torch.library.opcheck (schema, fake, autograd registration)."""
+    import pytest
+    import torch
+
+    from vitfast import reference
+
+    assert op(torch.randn(0, 5, 24), 2).shape == (0, 5, 8)
+    assert op(torch.randn(2, 0, 24), 2).shape == (2, 0, 8)
+    for args in ([torch.randn(2, 5), 2], [torch.randn(2, 5, 24), 5], [torch.randn(2, 5, 24), 0],
+                 [torch.randn(2, 5, 24, dtype=torch.float64), 2], [torch.randn(2, 5, 24), 2, float("inf")]):
+        with pytest.raises(ValueError) as ours:
+            op_entry(*args)
+        with pytest.raises(ValueError) as theirs:
+            reference.attention(*args)
+        assert str(ours.value) == str(theirs.value)
+    for scale in (None, 0.2):
+        torch.library.opcheck(op.default, (torch.randn(2, 7, 3 * 2 * 8), 2, scale))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import vitfast
-from helpers import at_1_and_2_threads
+from helpers import assert_attention_variant_contract, at_1_and_2_threads
 from vitfast import reference
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
@@ -100,24 +100,8 @@ def test_nan_positions():
     assert_attention_bf16_close(op(qkv, heads), qkv, heads)
 
 
-def test_empty():
-    assert op(torch.randn(0, 5, 24), 2).shape == (0, 5, 8)
-    assert op(torch.randn(2, 0, 24), 2).shape == (2, 0, 8)
-
-
-def test_bad_arguments_as_attention():
-    for args in ([torch.randn(2, 5), 2], [torch.randn(2, 5, 24), 5], [torch.randn(2, 5, 24), 0],
-                 [torch.randn(2, 5, 24, dtype=torch.float64), 2], [torch.randn(2, 5, 24), 2, float("inf")]):
-        with pytest.raises(ValueError) as ours:
-            vitfast.ops.attention_bf16(*args)
-        with pytest.raises(ValueError) as theirs:
-            reference.attention(*args)
-        assert str(ours.value) == str(theirs.value)
-
-
-@pytest.mark.parametrize("scale", [None, 0.2])
-def test_opcheck(scale):
-    torch.library.opcheck(op.default, (torch.randn(2, 7, 3 * 2 * 8), 2, scale))
+def test_empty_bad_arguments_and_opcheck_as_attention():
+    assert_attention_variant_contract(vitfast.ops.attention_bf16, op)
 
 
 # ------------------------------------------------------------------------------------------- in int8 models
