@@ -9,6 +9,8 @@
 //
 //   bench_gemm_bf16 [--rounds N] [--json]
 //
+// Every part is measured on the `vdpbf16ps` kernel and, where the CPU has AMX-BF16, on the tile kernel too (rows
+// tagged [avx512_bf16] / [amx_bf16]; the GEMMs' kernels interleaved in the same rounds).
 // Not a CTest test (it measures); benchmarks/bf16_kernel_parts.py builds and runs it.  Needs AVX512_BF16.
 #include <algorithm>
 #include <cmath>

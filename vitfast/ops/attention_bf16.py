@@ -23,10 +23,8 @@ def _attention_bf16_cuda(*args):
 
 
 def _attention_bf16_entry(args):
-    if onnx_exporting():
-        return reference.attention(*args)
-    if use_reference():
-        return call_reference("attention_bf16", args)
+    if use_reference():  # (an ONNX export traces fp32 attention: the module doc)
+        return reference.attention(*args) if onnx_exporting() else call_reference("attention_bf16", args)
     check_tensor("qkv", args[0])  # its only tensor: with None the dispatcher has nothing to dispatch on
     return run("attention_bf16", args)
 

@@ -61,15 +61,7 @@ void gemm_bf16_block_amx(const Bf16BlockArgs& g) {
   const int64_t lda = g.lda * 2, bs = g.b_panel_stride * 2;
   const uint8_t* a = reinterpret_cast<const uint8_t*>(g.a);
   schedule(g.m, g.panel_begin, g.panel_end, bs, s, [&](int64_t i, int rows, int64_t p, int np) {
-    const uint8_t* b0 = reinterpret_cast<const uint8_t*>(g.b) + p * bs;
-    const uint8_t* b1 = np == 2 ? b0 + bs : nullptr;
-    if (tail > 0) b_tails(b0, b1, steps, tail, s);
-    const uint8_t* ai = a + i * lda;
-    const bool two = rows > 16;
-    if (two && np == 2) block_products<DotBf16, true, true>(ai, lda, b0, b1, steps, tail, rows, s);
-    else if (two) block_products<DotBf16, true, false>(ai, lda, b0, b1, steps, tail, rows, s);
-    else if (np == 2) block_products<DotBf16, false, true>(ai, lda, b0, b1, steps, tail, rows, s);
-    else block_products<DotBf16, false, false>(ai, lda, b0, b1, steps, tail, rows, s);
+    products<DotBf16>(a + i * lda, lda, reinterpret_cast<const uint8_t*>(g.b), bs, p, np, steps, tail, rows, s);
     const int64_t col = p * kNr;
     const TileEpilogue e = pair_epilogue(g, p, np);
     TileRows t;

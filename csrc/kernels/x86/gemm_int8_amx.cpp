@@ -49,15 +49,8 @@ void gemm_int8_block_amx(const Int8BlockArgs& g) {
   const int64_t steps = g.k4 / 64, tail = g.k4 % 64;
   const uint8_t* a = reinterpret_cast<const uint8_t*>(g.a);
   schedule(g.m, g.panel_begin, g.panel_end, g.b_panel_stride, s, [&](int64_t i, int rows, int64_t p, int np) {
-    const uint8_t* b0 = reinterpret_cast<const uint8_t*>(g.b) + p * g.b_panel_stride;
-    const uint8_t* b1 = np == 2 ? b0 + g.b_panel_stride : nullptr;
-    if (tail > 0) b_tails(b0, b1, steps, tail, s);
-    const uint8_t* ai = a + i * g.lda;
-    const bool two = rows > 16;
-    if (two && np == 2) block_products<DotInt8, true, true>(ai, g.lda, b0, b1, steps, tail, rows, s);
-    else if (two) block_products<DotInt8, true, false>(ai, g.lda, b0, b1, steps, tail, rows, s);
-    else if (np == 2) block_products<DotInt8, false, true>(ai, g.lda, b0, b1, steps, tail, rows, s);
-    else block_products<DotInt8, false, false>(ai, g.lda, b0, b1, steps, tail, rows, s);
+    products<DotInt8>(a + i * g.lda, g.lda, reinterpret_cast<const uint8_t*>(g.b), g.b_panel_stride, p, np, steps,
+                      tail, rows, s);
     const int64_t col = p * kNr;
     Epi e = pair_epilogue(g, p, np);
     e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
