@@ -1,8 +1,13 @@
 """The int8 GEMM core against the core's instruction peaks and against the fp32 GEMM, on one core: builds the C++
 benchmark `bench_gemm_int8` (csrc/bench/bench_gemm_int8.cpp) with CMake (the helpers of tests/cmake_tree.py), runs
-it and prints its table; --record writes the tables `int8_gemm_peaks`, `int8_gemm_shapes` and
-`softmax_quantize_rows` (attention's P in one pass against its two steps) into
-benchmarks/results/ (results_file.py), --json prints the program's JSON report.
+it and prints its table; --record writes the tables `int8_gemm_peaks`, `int8_gemm_shapes`,
+`softmax_quantize_rows` (attention's P in one pass against its two steps) and, on AMX hosts, `amx_int8_bounds`
+(the AMX kernel's distance from the `tdpbssd` peak split into its parts) into benchmarks/results/
+(results_file.py), --json prints the program's JSON report.
+
+The anchor: ONNX Runtime's `MatMulInteger` (u8 activations × s8 weights -> int32, the GEMM of its dynamic int8
+quantization, MLAS) at the same shapes on one thread, timed by this script right after the program (rows
+"ORT MatMulInteger"; a lighter job than vitfast's, which also applies the fp32 epilogue).  --no-ort skips it.
 
     python benchmarks/int8_gemm_peak.py [--rounds 7] [--record] [--json] [--scalar]
 
@@ -45,6 +50,53 @@ def measure(program: str, rounds: int, scalar: bool) -> dict:
     return json.loads(out)
 
 
+ORT_SHAPES = [("DeiT-S qkv", 197, 384, 1152), ("DeiT-S proj", 197, 384, 384), ("DeiT-S fc1", 197, 384, 1536),
+              ("DeiT-S fc2", 197, 1536, 384), ("DeiT-B qkv", 197, 768, 2304), ("DeiT-B proj", 197, 768, 768),
+              ("DeiT-B fc1", 197, 768, 3072), ("DeiT-B fc2", 197, 3072, 768)]
+
+
+def ort_matmul_integer_rows(report: dict, rounds: int) -> list[dict]:
+    """ORT's MatMulInteger at ORT_SHAPES, one thread: median over `rounds` timings of ~20 ms each, against the best
+    int8 peak the program measured (the AMX one where there is one)."""
+    import time
+
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    peak = next((p for p in report["peaks"] if p["name"].startswith("int8")), None)
+    rng = np.random.default_rng(1)
+    rows = []
+    for name, m, k, n in ORT_SHAPES:
+        w = rng.integers(-127, 128, (k, n), dtype=np.int8)
+        graph = helper.make_graph(
+            [helper.make_node("MatMulInteger", ["A", "B"], ["Y"])], "mm",
+            [helper.make_tensor_value_info("A", TensorProto.UINT8, [m, k])],
+            [helper.make_tensor_value_info("Y", TensorProto.INT32, [m, n])], [numpy_helper.from_array(w, "B")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = so.inter_op_num_threads = 1
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        a = {"A": rng.integers(0, 256, (m, k), dtype=np.uint8)}
+        sess.run(None, a)
+        t0 = time.process_time()
+        sess.run(None, a)
+        reps = max(1, int(0.02 / max(time.process_time() - t0, 1e-6)))
+        times = []
+        for _ in range(rounds):
+            t0 = time.process_time()  # CPU time, as the program's figures
+            for _ in range(reps):
+                sess.run(None, a)
+            times.append((time.process_time() - t0) / reps)
+        us = float(np.median(times)) * 1e6
+        gops = 2.0 * m * k * n / us * 1e-3
+        rows.append({"shape": name, "mkn": f"{m}x{k}x{n}", "variant": "ORT MatMulInteger (MLAS, int32 out)",
+                     "us": round(us, 2), "gops": round(gops, 2), "peak": peak["name"] if peak else "",
+                     "pct_peak": round(100.0 * gops / peak["gops"], 1) if peak else 0.0, "quant_us": 0.0})
+    return rows
+
+
 def print_table(report: dict) -> None:
     print("peaks (one core, register-only loops):")
     for p in report["peaks"]:
@@ -55,6 +107,10 @@ def print_table(report: dict) -> None:
         quant = f"{r['quant_us']:9.1f}" if r["variant"].startswith("int8") else ""
         print(f"{r['shape']:22s} {r['mkn']:14s} {r['variant']:18s} {r['us']:9.1f} {r['gops']:8.1f} "
               f"{r['pct_peak']:6.1f}% {quant}")
+    if report.get("amx_bounds"):
+        print("\nAMX kernel against the tdpbssd peak, split (n = 1152, 192 rows):")
+        for r in report["amx_bounds"]:
+            print(f"  k = {r['k']:4d}  {r['part']:40s} {r['gops']:8.1f} GOPS {r['pct_peak']:6.1f}%")
     print("\nattention's P, 197 x 197 scores in row pairs (softmax_quantize_rows against its two steps):")
     for r in report.get("softmax_quantize", []):
         print(f"  [{r['isa']}] one pass {r['fused_us']:.1f} us, two steps {r['two_steps_us']:.1f} us "
@@ -97,6 +153,18 @@ def record_tables(report: dict, rounds: int, command: str) -> None:
                         {"label": "two steps µs", "fmt": "{two_steps_us:.1f}"}],
             "rows": report["softmax_quantize"],
         })
+    if report.get("amx_bounds"):
+        record("amx_int8_bounds", {
+            "title": "The AMX int8 kernel against the tdpbssd peak, split: its 32 × 32 block with every operand in L1, "
+                     "with B's panel pairs streamed from L2, and the whole kernel",
+            "script": "benchmarks/int8_gemm_peak.py", "command": command,
+            "conditions": f"one thread, thread CPU time, medians of {rounds} interleaved rounds with the peak measured "
+                          "in each; n = 1152 (36 panel pairs), 192 rows (6 row blocks), 64-byte aligned operands; "
+                          "kernel = gemm_int8 on kAmxInt8 (A rows from memory, fp32 epilogue)",
+            "columns": [{"label": "k (bytes)", "fmt": "{k}"}, {"label": "what runs", "fmt": "{part}"},
+                        {"label": "GOPS", "fmt": "{gops:.1f}"}, {"label": "% of tdpbssd peak", "fmt": "{pct_peak:.1f}%"}],
+            "rows": report["amx_bounds"],
+        })
     print(path)
 
 
@@ -106,9 +174,15 @@ def main() -> int:
     parser.add_argument("--scalar", action="store_true", help="also the scalar int8 kernel (slow)")
     parser.add_argument("--record", action="store_true", help="write the tables into benchmarks/results/")
     parser.add_argument("--json", action="store_true", help="print the program's JSON report instead of the table")
+    parser.add_argument("--no-ort", action="store_true", help="skip the ONNX Runtime MatMulInteger anchor rows")
     parser.add_argument("--build-dir", default=os.path.join(ROOT, "build", "int8-bench"))
     args = parser.parse_args()
     report = measure(build(args.build_dir), args.rounds, args.scalar)
+    if not args.no_ort:
+        try:
+            report["rows"] += ort_matmul_integer_rows(report, args.rounds)
+        except ImportError as e:
+            print(f"onnxruntime/onnx not importable ({e}): no ORT anchor rows")
     if args.json:
         print(json.dumps(report, indent=2))
     else:

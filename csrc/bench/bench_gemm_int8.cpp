@@ -6,7 +6,8 @@
 //       runs, with quantize_rows of the activations timed beside it;
 //   (c) the fp32 gemm of the same shapes with the AVX-512 and AVX2 paths;
 //   (d) attention's P: softmax_quantize_rows (one pass on x86) against its definition, softmax_exp_rows then
-//       quantize_rows, on a 197 × 197 score tile in row pairs (as attention_int8 calls it), every SIMD path.
+//       quantize_rows, on a 197 × 197 score tile in row pairs (as attention_int8 calls it), every SIMD path;
+//   (e) on AMX hosts, the AMX kernel's distance from the tdpbssd peak split into its parts (amx_block_gops).
 // Times are the thread's CPU time (see now()).  Each figure is the median over interleaved rounds (every variant
 // of a shape once per round), so a busy neighbour on a shared machine slows all variants alike.  GOPS counts 2
 // operations per multiply-add.
@@ -18,9 +19,11 @@
 #include <ctime>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -146,6 +149,52 @@ __attribute__((target("amx-tile,amx-int8"))) double peak_amx_int8_gops(int64_t i
   const double t = now() - t0;
   _tile_release();
   return 2.0 * double(iters) * 4 * 16 * 16 * 64 / t * 1e-9;
+}
+
+// The AMX kernel's block (x86/amx_tiles.inc: 32 rows × 2 panels, per 64-byte K step 2 A + 2 B tile loads for four
+// tdpbssd, then the four C tiles stored) without the rest of the kernel, to split its distance from the
+// register-only rate: `blocks` blocks of k bytes over B pairs [0, pairs) of b (pairs = 1: the same 32 columns every
+// block, so every operand is in L1 after the first; more: the pairs stream from L2 as in the kernel, loaded with
+// the same non-temporal hint), the same 32 rows of a (lda = k) every time.  Returns GOPS.
+__attribute__((target("amx-tile,amx-int8"))) double amx_block_gops(const int8_t* a, const int8_t* b, int64_t k,
+                                                                   int64_t pairs, int64_t blocks) {
+  static AmxPeakConfig cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  alignas(64) static int32_t c[32 * 32];
+  _tile_loadconfig(&cfg);
+  const int64_t steps = k / 64;
+  const double t0 = now();
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int8_t* b0 = b + (blk % pairs) * 32 * k;
+    const int8_t* b1 = b0 + 16 * k;
+    const int8_t* a1 = a + 16 * k;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t q = 0; q < steps; ++q) {
+      _tile_loadd(4, a + 64 * q, k);
+      _tile_stream_loadd(6, b0 + 1024 * q, 64);
+      _tile_dpbssd(0, 4, 6);
+      _tile_stream_loadd(7, b1 + 1024 * q, 64);
+      _tile_dpbssd(1, 4, 7);
+      _tile_loadd(5, a1 + 64 * q, k);
+      _tile_dpbssd(2, 5, 6);
+      _tile_dpbssd(3, 5, 7);
+    }
+    _tile_stored(0, c, 128);
+    _tile_stored(1, c + 16, 128);
+    _tile_stored(2, c + 512, 128);
+    _tile_stored(3, c + 528, 128);
+  }
+  const double t = now() - t0;
+  _tile_release();
+  return 2.0 * double(blocks) * 32 * 32 * double(k) / t * 1e-9;
 }
 
 // The AVX2 kernel's arithmetic per 32 MACs: vpmaddubsw (u8·s8 pairs -> s16), vpmaddwd by ones (-> s32), vpaddd;
@@ -275,6 +324,19 @@ double peak_fma256_gflops(int64_t iters) {
 }
 #endif
 
+// 64-byte aligned bytes, as the ops' activation rows and the packs are: an AMX tile row across two cache lines
+// costs 1.6× (std::vector's 16-byte alignment measured the AMX kernel at ~0.6-0.8× its speed in the ops).
+struct FreeBytes {
+  void operator()(int8_t* p) const { std::free(p); }
+};
+using AlignedBytes = std::unique_ptr<int8_t[], FreeBytes>;
+AlignedBytes aligned_bytes(int64_t n, int8_t fill) {
+  const size_t size = (size_t(n) + 63) / 64 * 64;
+  AlignedBytes p(static_cast<int8_t*>(std::aligned_alloc(64, size)));
+  std::memset(p.get(), fill, size);
+  return p;
+}
+
 struct Shape {
   const char* name;
   int64_t m, k, n;
@@ -359,11 +421,12 @@ int main(int argc, char** argv) {
     std::vector<float> x(size_t(s.m * s.k)), w(size_t(s.n * s.k)), c(size_t(s.m * s.n)), sw(size_t(s.n), 0.01f);
     for (float& v : x) v = nd(rng);
     for (float& v : w) v = 0.05f * nd(rng);
-    std::vector<int8_t> qw(size_t(s.n * s.k)), qa(size_t(s.m * lda8));
+    std::vector<int8_t> qw(size_t(s.n * s.k));
+    const AlignedBytes qa = aligned_bytes(s.m * lda8, 0);
     for (int8_t& v : qw) v = int8_t(qd(rng));
     std::vector<float> sa(size_t(s.m));
     std::vector<int32_t> rowsum(size_t(s.m));
-    quantize_rows(x.data(), s.k, s.m, s.k, nullptr, qa.data(), lda8, sa.data(), rowsum.data(), quant_isa);
+    quantize_rows(x.data(), s.k, s.m, s.k, nullptr, qa.get(), lda8, sa.data(), rowsum.data(), quant_isa);
     const double ops = 2.0 * double(s.m) * s.k * s.n;
 
     std::vector<gemm8::PackedInt8B> packs8;
@@ -381,7 +444,7 @@ int main(int argc, char** argv) {
                : kern == Int8Kernel::kAvx2     ? "int8 vpmaddubsw+vpmaddwd+vpaddd ymm"
                                                : "";
       v.run = [&, b, kern] {
-        gemm8::gemm_int8(s.m, qa.data(), lda8, sa.data(), rowsum.data(), *b, c.data(), s.n, gemm::Epilogue(), kern);
+        gemm8::gemm_int8(s.m, qa.get(), lda8, sa.data(), rowsum.data(), *b, c.data(), s.n, gemm::Epilogue(), kern);
       };
       variants.push_back(v);
     }
@@ -395,7 +458,7 @@ int main(int argc, char** argv) {
     Variant quant;
     quant.name = "quantize_rows";
     quant.run = [&] {
-      quantize_rows(x.data(), s.k, s.m, s.k, nullptr, qa.data(), lda8, sa.data(), rowsum.data(), quant_isa);
+      quantize_rows(x.data(), s.k, s.m, s.k, nullptr, qa.get(), lda8, sa.data(), rowsum.data(), quant_isa);
     };
     variants.push_back(quant);
     // Calls per timing: ~20 ms each (one warm-up call sizes it).
@@ -482,6 +545,51 @@ int main(int argc, char** argv) {
       softmax_json += row;
     }
   }
+  // (e) The AMX kernel's distance from the tdpbssd peak, split (AMX hosts only): its block with every operand in
+  // L1, with B's panel pairs streamed from L2 (n = 1152: 36 pairs), and the whole kernel (A rows from memory, the
+  // fp32 epilogue, 192 × k × 1152), interleaved per round like the shapes above.
+  std::string amx_json;
+#if defined(__x86_64__)
+  if (cpu_has(CpuExt::kAmxInt8)) {
+    if (!json) std::printf("\nAMX kernel against the tdpbssd peak, split (n = 1152, 192 rows = 6 row blocks):\n");
+    const int64_t m = 192, n = 1152, pairs = n / 32;
+    for (int64_t k : {int64_t(384), int64_t(768), int64_t(1536)}) {
+      const AlignedBytes a = aligned_bytes(m * k, 1), bq = aligned_bytes(n * k, 1);
+      std::vector<float> sa(size_t(m), 1.0f), sw(size_t(n), 1.0f), c(size_t(m * n));
+      std::vector<int32_t> rowsum(static_cast<size_t>(m));
+      const gemm8::PackedInt8B pack =
+          gemm8::PackedInt8B::pack(bq.get(), n, k, k, sw.data(), nullptr, Int8Kernel::kAmxInt8);
+      const int64_t blocks = 6 * pairs * 20, reps = 20;  // ~1-5 ms per measurement
+      std::vector<double> in_l1, from_l2, kernel, peak;
+      for (int r = 0; r < rounds; ++r) {
+        peak.push_back(peak_amx_int8_gops(20000));
+        in_l1.push_back(amx_block_gops(a.get(), bq.get(), k, 1, blocks));
+        from_l2.push_back(amx_block_gops(a.get(), bq.get(), k, pairs, blocks));
+        const double t0 = now();
+        for (int64_t i = 0; i < reps; ++i)
+          gemm8::gemm_int8(m, a.get(), k, sa.data(), rowsum.data(), pack, c.data(), n, gemm::Epilogue(),
+                           Int8Kernel::kAmxInt8);
+        kernel.push_back(2.0 * double(m) * k * n * double(reps) / (now() - t0) * 1e-9);
+      }
+      const double pk = median(peak);
+      const struct {
+        const char* name;
+        double gops;
+      } parts[] = {{"block, operands in L1", median(in_l1)},
+                   {"block, B pairs from L2", median(from_l2)},
+                   {"kernel (A from memory, fp32 epilogue)", median(kernel)}};
+      for (const auto& part : parts) {
+        if (!json)
+          std::printf("  k = %4lld  %-40s %8.1f GOPS %6.1f%%\n", (long long)k, part.name, part.gops,
+                      100.0 * part.gops / pk);
+        char row[256];
+        std::snprintf(row, sizeof(row), "%s{\"k\": %lld, \"part\": \"%s\", \"gops\": %.1f, \"pct_peak\": %.1f}",
+                      amx_json.empty() ? "" : ", ", (long long)k, part.name, part.gops, 100.0 * part.gops / pk);
+        amx_json += row;
+      }
+    }
+  }
+#endif
   for (Peak& p : peaks) p.gops = median(p.all);
   if (!json) {
     std::printf("\npeaks (one core, register-only loops; medians over all rounds; %% peak above uses each shape's own\n"
@@ -492,8 +600,8 @@ int main(int argc, char** argv) {
     std::printf("{\n  \"rounds\": %d,\n  \"quantize_isa\": \"%s\",\n  \"peaks\": [", rounds, cpu_isa_name(quant_isa));
     for (size_t i = 0; i < peaks.size(); ++i)
       std::printf("%s{\"name\": \"%s\", \"gops\": %.2f}", i ? ", " : "", peaks[i].name, peaks[i].gops);
-    std::printf("],\n  \"rows\": [\n%s\n  ],\n  \"softmax_quantize\": [%s]\n}\n", rows_json.c_str(),
-                softmax_json.c_str());
+    std::printf("],\n  \"rows\": [\n%s\n  ],\n  \"softmax_quantize\": [%s],\n  \"amx_bounds\": [%s]\n}\n",
+                rows_json.c_str(), softmax_json.c_str(), amx_json.c_str());
   }
   return 0;
 }
