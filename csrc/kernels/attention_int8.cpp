@@ -113,7 +113,8 @@ class NextRows {
 
 // V's per-channel quantization, over the channels j (contiguous in a qkv row) with no branches: the compiler
 // vectorises these loops.  Written once (always inlined) and instantiated for the baseline target and, on x86,
-// under target("avx2") for the AVX2 and AVX-512 paths (twice the lanes of the baseline's SSE2).  No "fma" in that
+// under target("avx2") for the AVX2 path (twice the lanes of the baseline's SSE2); the AVX-512 path has them
+// written with intrinsics (gemm8::attention_v_columns_avx512 / attention_v_pack_avx512, gemm_int8_isa.h).  No "fma" in that
 // target: the rounding below must stay a separate product and sum (GCC contracts a · b + c where FMA exists).
 // Column amax and Σ v · 0 (NaN iff the column holds a NaN or ±Inf).
 __attribute__((always_inline)) inline void v_columns(const float* v, int64_t ld_qkv, int64_t tokens, int64_t d,
@@ -285,7 +286,9 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   const int64_t d16 = l.v_panels * gemm::kNr;
   for (int64_t j = 0; j < d16; ++j) inv[j] = chk[j] = 0.0f;
 #if defined(__x86_64__) || defined(__i386__)
-  if (isa != CpuIsa::kScalar)
+  if (isa == CpuIsa::kAvx512)
+    gemm8::attention_v_columns_avx512(v, ld_qkv, tokens, d, inv, chk);
+  else if (isa != CpuIsa::kScalar)
     v_columns_avx2(v, ld_qkv, tokens, d, inv, chk);
   else
 #endif
@@ -302,7 +305,10 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   uint32_t* words = reinterpret_cast<uint32_t*>(rs_q);  // d16 words (rs_q has >= d16 int32s, free until the chunks)
   const int32_t offset = u8 ? 128 : 0;
 #if defined(__x86_64__) || defined(__i386__)
-  if (isa != CpuIsa::kScalar)
+  if (isa == CpuIsa::kAvx512)
+    gemm8::attention_v_pack_avx512(v, ld_qkv, tokens, d, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv,
+                                   keep, vpan);
+  else if (isa != CpuIsa::kScalar)
     v_pack_avx2(v, ld_qkv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv, keep, words,
                 vpan);
   else

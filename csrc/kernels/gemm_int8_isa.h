@@ -94,6 +94,15 @@ void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& args);
 void pack_words_transposed_avx512(const int8_t* src, int64_t ld, int64_t rows, int64_t words, uint32_t flip,
                                   int8_t* dst, int64_t panel_stride);
 void softmax_quantize_rows_avx512(const SoftmaxQuantizeArgs& args);
+// Attention's V (attention_int8.cpp's v_columns / v_pack, 16 channels per register): per channel j < d over rows
+// [0, tokens) of v (`ld` floats apart), amax[j] = max |v| and chk[j] += Σ v · 0 (NaN iff the column holds a NaN or
+// ±Inf); then the codes (clamp(rne(v · inv[j]), ±127) & keep[j]) + offset, four tokens per 32-bit word (token t in
+// byte t % 4), panel p's group g of 16 words at dst + p · panel_stride + g · group_bytes, for groups [0, k4 / 4):
+// tokens past `tokens` and channels past d are byte `offset` (inv and keep hold panels · 16 values, 0 past d).
+void attention_v_columns_avx512(const float* v, int64_t ld, int64_t tokens, int64_t d, float* amax, float* chk);
+void attention_v_pack_avx512(const float* v, int64_t ld, int64_t tokens, int64_t d, int64_t k4, int64_t panels,
+                             int64_t panel_stride, int64_t group_bytes, int32_t offset, const float* inv,
+                             const int32_t* keep, int8_t* dst);
 #endif
 
 #if defined(__aarch64__)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/attention_int8.h"
+#include "kernels/gemm_int8_isa.h"
 #include "tests/test_util.h"
 
 using namespace vitfast;
@@ -102,6 +103,74 @@ void test_attention_int8(CpuIsa isa) {
               worst_ref, worst_scalar);
 }
 
+#if defined(__x86_64__)
+// The AVX-512 V statistics and pack against their definitions (gemm_int8_isa.h), written here element by element:
+// every code bit for bit, at head widths with partial panels, token counts with and without a partial group, both
+// offsets (s8 and the VNNI kernel's u8 form), a NaN column, a zero column and a kept-back (keep = 0) column.
+void test_v_pack_avx512(CpuIsa isa) {
+  if (isa != CpuIsa::kAvx512) return;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  int cases = 0;
+  for (int64_t d : {int64_t(64), int64_t(40), int64_t(80), int64_t(7)})
+    for (int64_t tokens : {int64_t(197), int64_t(16), int64_t(3)})
+      for (int32_t offset : {0, 128}) {
+        const int64_t ld = 3 * d + 5, panels = (d + 15) / 16, d16 = panels * 16, k4 = (tokens + 3) / 4 * 4;
+        std::vector<float> v(size_t(tokens * ld));
+        for (float& x : v) x = nd(rng);
+        for (int64_t t = 0; t < tokens; ++t) {
+          if (d > 2) v[size_t(t * ld + 1)] = 0.0f;                   // a zero column
+          if (d > 3 && t == tokens / 2) v[size_t(t * ld + 2)] = NAN;  // a NaN in column 2
+        }
+        std::vector<float> amax(size_t(d16), 0.0f), chk(size_t(d16), 0.0f), ref_amax(amax), ref_chk(chk);
+        gemm8::attention_v_columns_avx512(v.data(), ld, tokens, d, amax.data(), chk.data());
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int64_t j = 0; j < d; ++j) {
+            const float x = v[size_t(t * ld + j)], ax = std::fabs(x);
+            ref_amax[size_t(j)] = ax > ref_amax[size_t(j)] ? ax : ref_amax[size_t(j)];
+            ref_chk[size_t(j)] += x * 0.0f;
+          }
+        for (int64_t j = 0; j < d16; ++j) {
+          VT_CHECK(amax[size_t(j)] == ref_amax[size_t(j)], "v_columns d=%lld: amax[%lld] %g, expected %g",
+                   (long long)d, (long long)j, amax[size_t(j)], ref_amax[size_t(j)]);
+          VT_CHECK(std::isnan(chk[size_t(j)]) == std::isnan(ref_chk[size_t(j)]), "v_columns d=%lld: chk[%lld]",
+                   (long long)d, (long long)j);
+        }
+        std::vector<float> inv(size_t(d16), 0.0f);
+        std::vector<int32_t> keep(size_t(d16), 0);
+        for (int64_t j = 0; j < d; ++j) {
+          const bool bad = std::isnan(chk[size_t(j)]) || amax[size_t(j)] == 0.0f || j == d - 1;  // last: kept back
+          inv[size_t(j)] = bad && !std::isnan(chk[size_t(j)]) ? 0.0f : 127.0f / amax[size_t(j)];
+          keep[size_t(j)] = bad ? 0 : -1;
+        }
+        const int64_t group_bytes = 64, panel_stride = k4 / 4 * group_bytes + 64;
+        std::vector<int8_t> got(size_t(panels * panel_stride), 0x55), want(got);
+        gemm8::attention_v_pack_avx512(v.data(), ld, tokens, d, k4, panels, panel_stride, group_bytes, offset,
+                                       inv.data(), keep.data(), got.data());
+        for (int64_t p = 0; p < panels; ++p)
+          for (int64_t t = 0; t < k4; ++t)
+            for (int64_t c = 0; c < 16; ++c) {
+              const int64_t j = p * 16 + c;
+              int32_t code = offset;
+              if (t < tokens && j < d) {
+                float q = std::nearbyint(v[size_t(t * ld + j)] * inv[size_t(j)]);
+                q = -127.0f < q ? q : -127.0f;
+                q = q < 127.0f ? q : 127.0f;
+                code = (int32_t(q) & keep[size_t(j)]) + offset;
+              }
+              want[size_t(p * panel_stride + t / 4 * group_bytes + c * 4 + t % 4)] = int8_t(uint8_t(code & 255));
+            }
+        for (size_t i = 0; i < got.size(); ++i)
+          VT_CHECK(got[i] == want[i], "v_pack d=%lld tokens=%lld offset=%d: byte %zu is %d, expected %d",
+                   (long long)d, (long long)tokens, offset, i, int(got[i]), int(want[i]));
+        ++cases;
+      }
+  std::printf("[avx512] attention V columns and pack: %d cases bit for bit\n", cases);
+}
+#else
+void test_v_pack_avx512(CpuIsa) {}
+#endif
+
 }  // namespace
 
 // On the AVX-512 path, where the CPU has AMX-INT8, once more on the VNNI kernel: its K/V panels are the u8 form.
@@ -113,4 +182,4 @@ void test_attention_int8_kernels(CpuIsa isa) {
   }
 }
 
-int main() { return run_on_every_isa("test_attention_int8", test_attention_int8_kernels); }
+int main() { return run_on_every_isa("test_attention_int8", test_attention_int8_kernels, test_v_pack_avx512); }
