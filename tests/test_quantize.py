@@ -105,6 +105,78 @@ def test_int8_block_runs_the_int8_ops_not_the_block_op(norm):
     assert counts.get("vitfast::attention_int8", 0) == 2 and counts.get("vitfast::attention", 0) == 0
 
 
+def _spy_int8_block_forward(monkeypatch):
+    """Records what each call of vitfast.nn.block.int8_block_forward returned: True where it ran the block."""
+    import vitfast.nn.block as block_mod
+
+    taken, original = [], block_mod.int8_block_forward
+
+    def spy(block, x):
+        out = original(block, x)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(block_mod, "int8_block_forward", spy)
+    return taken
+
+
+def _module_path(model, x, monkeypatch):
+    import vitfast.nn.block as block_mod
+
+    with monkeypatch.context() as m:
+        m.setattr(block_mod, "int8_block_forward", lambda block, x: None)
+        with torch.no_grad():
+            return model(x)
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer"])
+@pytest.mark.parametrize("options", [{}, {"attention": "bf16"}, {"attention": "fp32"}, {"split_identity": False},
+                                     {"activations": "static", "smooth": 0.5}], ids=str)
+def test_int8_block_calls_the_ops_straight_with_the_module_paths_bits(norm, options, monkeypatch):
+    model = _fused(norm)
+    calib = torch.randn(8, 3, 32, 32) if options.get("activations") == "static" else None
+    q = vitfast.quantize(model, calib, **options)
+    x = torch.randn(2, 3, 32, 32)
+    expected = _module_path(q, x, monkeypatch)
+    taken = _spy_int8_block_forward(monkeypatch)
+    with torch.no_grad():
+        got = q(x)
+    assert taken == [True, True]
+    assert torch.equal(got, expected)
+
+
+def test_int8_block_runs_its_modules_where_they_would_differ(monkeypatch):
+    q = vitfast.quantize(_fused())
+    x = torch.randn(2, 3, 32, 32)
+    expected = _module_path(q, x, monkeypatch)
+    taken = _spy_int8_block_forward(monkeypatch)
+    seen = []
+    # A forward hook on an Int8Linear (the module path calls it as a module) must fire.
+    handle = q.blocks[0].attn.qkv.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    with torch.no_grad():
+        assert torch.equal(q(x), expected)
+    handle.remove()
+    assert seen == [torch.Size([2, 5, 576])] and taken == [False, True]
+    # Recording gradients, the reference backend: the module path.
+    taken.clear()
+    q(x)
+    vitfast.set_backend("reference")
+    try:
+        with torch.no_grad():
+            q(x)
+    finally:
+        vitfast.set_backend("auto")
+    assert taken == [False] * 4
+    # A forward patched on the class runs.
+    taken.clear()
+    calls = []
+    original = Int8ChannelIdleFFN.forward
+    monkeypatch.setattr(Int8ChannelIdleFFN, "forward", lambda self, x: calls.append(1) or original(self, x))
+    with torch.no_grad():
+        assert torch.equal(q(x), expected)
+    assert taken == [False, False] and calls == [1, 1]
+
+
 def test_attention_products_int8_or_fp32(tmp_path):
     fused = _fused()
     q = vitfast.quantize(fused)  # dynamic: int8 attention by default
