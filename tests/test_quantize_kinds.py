@@ -174,3 +174,27 @@ def test_a_sub_block_no_calibration_image_reaches():
     with torch.no_grad():
         y, yq = model(x), q(x)
     assert ((yq - y).norm() / y.norm()).item() < 0.1
+
+
+def test_open_gated_int8_block_calls_its_ops_straight(monkeypatch):
+    """Both gates open: an int8 gated block runs as vitfast.nn.block.int8_block_forward (as an int8 FusedBlock), with
+    the bits of its sub-block modules."""
+    import vitfast.nn.gated as gated_mod
+
+    q = vitfast.quantize(gated())
+    x = images(4)
+    with monkeypatch.context() as m:
+        m.setattr(gated_mod, "int8_block_forward", lambda block, x: None)
+        with torch.no_grad():
+            expected = q(x)
+    taken, original = [], gated_mod.int8_block_forward
+
+    def spy(block, x):
+        out = original(block, x)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(gated_mod, "int8_block_forward", spy)
+    with torch.no_grad():
+        assert torch.equal(q(x), expected)
+    assert taken == [True] * len(q.blocks)

@@ -17,7 +17,7 @@ from .. import ops
 from .._env import get_cuda_kernels
 from ._base import ConfigReader, apply_norm, tracing
 from ._fold import fold_attention
-from .block import FusedAttention, plan_whole_block, whole_block_args
+from .block import FusedAttention, int8_block_forward, plan_whole_block, whole_block_args
 from .ffn import FusedChannelIdleFFN
 from .registry import register_fused
 
@@ -107,6 +107,9 @@ class FusedGatedBlock(nn.Module):
                 args = whole_block_args(self, x)
                 if args is not None:
                     return torch.ops.vitfast.vit_block(*args)
+                out = int8_block_forward(self, x)  # an int8 block's five ops straight through torch.ops
+                if out is not None:
+                    return out
             if self.attn is not None and run_attn:
                 # The ungated FusedBlock's norm call (the LayerNorm kernel on CPU): an open gate gives its bits.
                 x = self.attn(apply_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)
