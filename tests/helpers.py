@@ -171,6 +171,20 @@ def count_linear_calls(monkeypatch) -> list:
     return calls
 
 
+def spy_returned_something(monkeypatch, owner, name: str) -> list:
+    """Wraps `owner.<name>` (a function that returns None where it declines) for the test: the list gets, per call,
+    whether it returned something."""
+    original, taken = getattr(owner, name), []
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(owner, name, spy)
+    return taken
+
+
 def at_1_and_2_threads(op, args):
     """op(*args) at 1 and at 2 threads, which must give the same bits (NaN in the same places); returns the first.
     The int8 kernels split token rows (or heads) between threads without changing any row's arithmetic."""

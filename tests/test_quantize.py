@@ -11,6 +11,7 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
+from helpers import spy_returned_something
 
 import vitfast
 from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear
@@ -109,15 +110,7 @@ def _spy_int8_block_forward(monkeypatch):
     """Records what each call of vitfast.nn.block.int8_block_forward returned: True where it ran the block."""
     import vitfast.nn.block as block_mod
 
-    taken, original = [], block_mod.int8_block_forward
-
-    def spy(block, x):
-        out = original(block, x)
-        taken.append(out is not None)
-        return out
-
-    monkeypatch.setattr(block_mod, "int8_block_forward", spy)
-    return taken
+    return spy_returned_something(monkeypatch, block_mod, "int8_block_forward")
 
 
 def _module_path(model, x, monkeypatch):

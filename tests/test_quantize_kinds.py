@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from helpers import randomize
+from helpers import randomize, spy_returned_something
 from timm.models.swin_transformer import SwinTransformer, WindowAttention
 from timm.models.vision_transformer import VisionTransformer
 
@@ -187,14 +187,7 @@ def test_open_gated_int8_block_calls_its_ops_straight(monkeypatch):
         m.setattr(gated_mod, "int8_block_forward", lambda block, x: None)
         with torch.no_grad():
             expected = q(x)
-    taken, original = [], gated_mod.int8_block_forward
-
-    def spy(block, x):
-        out = original(block, x)
-        taken.append(out is not None)
-        return out
-
-    monkeypatch.setattr(gated_mod, "int8_block_forward", spy)
+    taken = spy_returned_something(monkeypatch, gated_mod, "int8_block_forward")
     with torch.no_grad():
         assert torch.equal(q(x), expected)
     assert taken == [True] * len(q.blocks)
