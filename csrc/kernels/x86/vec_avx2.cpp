@@ -87,7 +87,7 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
 namespace gemm8 {
 
 // gemm_int8.h: softmax_quantize_rows.  Per row: pass 1 as softmax_exp_rows_avx2, then one pass that takes each
-// exp e, keeps the row's max e and a NaN flag, and stores the code rne(e · 127) (quantize_rows' rule when the
+// exp e, keeps the maximum of the exps' bits (the row's max e, NaN above all), and stores the code rne(e · 127) (quantize_rows' rule when the
 // row's amax is 1) with the codes' sum.  A row whose max e is not exactly 1 or that holds a NaN runs the two steps
 // on its stored t instead.  Codes 32 at a time (x86::low_bytes32), then 8.
 void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
@@ -98,11 +98,12 @@ void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
     float* row = a.s + r * a.ld;
     int8_t* out = a.q + r * a.lda;
     const __m256 vmx = gemm::exp_shift(gemm::scale_store_max(row, n, vscale, -__builtin_inff()));
-    __m256 emax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    // The unsigned maximum of the exps' bit patterns: 1.0f's exactly when the max exp is 1 and no exp is NaN
+    // (softmax_quantize_rows_avx512's ToInt8 explains it).
+    __m256i emax = _mm256_setzero_si256();
     __m256i vsum = _mm256_setzero_si256();
     auto code = [&](__m256 e) {
-      emax = _mm256_max_ps(e, emax);
-      bad = _mm256_or_ps(bad, _mm256_cmp_ps(e, e, _CMP_UNORD_Q));
+      emax = _mm256_max_epu32(_mm256_castps_si256(e), emax);
       const __m256i i = _mm256_cvtps_epi32(_mm256_mul_ps(e, k127));
       vsum = _mm256_add_epi32(vsum, i);
       return i;
@@ -124,7 +125,10 @@ void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
       for (int64_t c = j; c < n; ++c) out[c] = tmp[c - j];
     }
     for (int64_t c = n; c < n4; ++c) out[c] = 0;
-    if (_mm256_movemask_ps(bad) == 0 && x86::hmax8(emax) == 1.0f) {
+    __m128i h = _mm_max_epu32(_mm256_castsi256_si128(emax), _mm256_extracti128_si256(emax, 1));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xB1));
+    if (uint32_t(_mm_cvtsi128_si32(h)) == 0x3F800000u) {  // max exp exactly 1.0f, no NaN
       a.sa[r] = 1.0f / 127.0f;  // amax / 127 with amax = 1
       a.rowsum[r] = x86::hsum8_epi32(vsum);
     } else {  // the two steps: pass 2 of softmax_exp_rows_avx2 on the stored t, then quantize_rows
