@@ -6,9 +6,9 @@
 // wherever the epilogue's fp32 operations are the same.
 //
 // Why: one tdpbssd is 16 × 16 × 64 products, issued every 16 cycles: 16× the products per cycle of one zmm
-// `vpdpbusd` per cycle.  Measured 3.1-4.0× the VNNI kernel at DeiT shapes and 1.17-1.39× ONNX Runtime's AMX
-// MatMulInteger, at 30-42% of the register-only tdpbssd rate (table int8_gemm_shapes); the block alone reaches
-// 73-82% with its operands in L1 and the fp32 epilogue is 35-45% of the time (table amx_int8_bounds, both in
+// `vpdpbusd` per cycle.  Measured 2.6-3.8× the VNNI kernel at DeiT shapes and 1.18-1.92× ONNX Runtime's AMX
+// MatMulInteger, at 25-40% of the register-only tdpbssd rate (table int8_gemm_shapes); the block alone reaches
+// 72-85% with its operands in L1 and the fp32 epilogue is 35-45% of the time (table amx_int8_bounds, both in
 // benchmarks/results/2026-11-29-intel-r-xeon-avx512.json; amx_tiles.inc says what was tried about the gap).
 //
 // The ISA is enabled for this file only (cpu_features checks cpuid, XCR0 and the kernel's permission for the tile
