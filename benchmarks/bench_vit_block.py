@@ -10,9 +10,12 @@ Providers, all on the same RePaViT block (θ = 0.75, BN variant: the FFN's norm 
 The op's whole point is a fixed cost per block (dispatch, argument boxing, output allocations), so it shows at
 small widths and batch 1: DeiT-Ti b1 saves the most, DeiT-B b8 almost nothing.  `test_vit_block_interleaved`
 calls cpp, six_ops and eager in alternation (harness.run_interleaved), the robust ratio on a drifting machine.
+`test_int8_block_interleaved` does the same for an int8 block (`vitfast.quantize`): its five ops called straight
+through torch.ops (`vitfast.nn.block.int8_block_forward`, what the block runs) against its module path.
 
     .venv/bin/python -m pytest benchmarks/bench_vit_block.py
     .venv/bin/python -m pytest benchmarks/bench_vit_block.py -k interleaved
+    .venv/bin/python -m pytest benchmarks/bench_vit_block.py -k int8
 """
 from __future__ import annotations
 
@@ -79,4 +82,43 @@ def test_vit_block_interleaved(benchmark, shape_name, batch, threads):
     flops = block_flops(shape, batch)
     rounds = int(min(300, max(15, 4.0 / (3 * max(flops / 50e9 / threads, 1e-4)))))
     entry = run_interleaved(benchmark, fns, make_args(shape, batch), case, threads, flops, rounds=rounds)
+    benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})
+
+
+def int8_block(shape_name):
+    """One int8 block (`vitfast.quantize` defaults: per-token int8 activations, int8 attention products) of a fused
+    RePa-DeiT of that shape (θ = 0.75, random weights)."""
+    import timm
+
+    from vitfast.nn._base import apply_norm
+
+    name = {"deit_tiny": "deit_tiny_patch16_224", "deit_small": "deit_small_patch16_224",
+            "deit_base": "deit_base_patch16_224"}[shape_name]
+    model = timm.create_model(name, depth=1, num_classes=10).eval()
+    block = vitfast.quantize(vitfast.fuse(vitfast.convert.from_timm(model, channel_idle=THETA)).eval()).blocks[0]
+
+    def modules(x):  # what FusedBlock.forward runs when int8_block_forward declines
+        return block.mlp(block.attn(apply_norm(block.norm1, x), residual=x))
+
+    return block, modules
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
+@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("shape_name", ["deit_small", "deit_base"])
+def test_int8_block_interleaved(benchmark, shape_name, batch, threads):
+    """An int8 block's five ops called straight through torch.ops (vitfast.nn.block.int8_block_forward, what the
+    block runs) against its module path (the baseline of the ratios), one call of each per round."""
+    from vitfast.nn.block import int8_block_forward
+
+    shape = VIT_SHAPES[shape_name]
+    block, modules = int8_block(shape_name)
+    x = torch.randn(batch, shape.tokens, shape.width, generator=torch.Generator().manual_seed(0))
+    case = (shape.name, f"theta{THETA}", "int8", f"b{batch}", f"t{threads}", "interleaved")
+    flops = block_flops(shape, batch)
+    with torch.no_grad():
+        assert torch.equal(int8_block_forward(block, x), modules(x))
+        fns = {"modules": modules, "direct": lambda x: int8_block_forward(block, x)}
+        rounds = int(min(300, max(15, 4.0 / (2 * max(flops / 400e9 / threads, 1e-4)))))
+        entry = run_interleaved(benchmark, fns, (x,), case, threads, flops, rounds=rounds)
     benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})
