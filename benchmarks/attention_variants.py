@@ -24,7 +24,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import vitfast  # noqa: E402
-from shapes import VIT_SHAPES  # noqa: E402
+from shapes import VIT_SHAPES, attention_qkv  # noqa: E402
 
 OPS = {"fp32": "attention", "int8": "attention_int8", "bf16": "attention_bf16"}
 
@@ -36,7 +36,7 @@ def _quantiles(values):
 
 def measure(shape_name: str, batch: int, rounds: int) -> list:
     shape = VIT_SHAPES[shape_name]
-    qkv = torch.randn(batch, shape.tokens, 3 * shape.width, generator=torch.Generator().manual_seed(0))
+    qkv = attention_qkv(shape, batch)
     fns = {k: getattr(torch.ops.vitfast, name) for k, name in OPS.items()}
     with torch.inference_mode():
         ref = fns["fp32"](qkv, shape.heads)

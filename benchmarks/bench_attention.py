@@ -15,10 +15,9 @@ prints GFLOP/s, % of the measured sgemm rate and the ratios vs eager and vs comp
 from __future__ import annotations
 
 import pytest
-import torch
 
 from harness import op_provider, run_case
-from shapes import VIT_SHAPES, attention_flops
+from shapes import VIT_SHAPES, attention_flops, attention_qkv
 
 PROVIDERS = ["cpp", "eager", "compile"]
 
@@ -36,7 +35,7 @@ def provider_fn(provider, case):
 @pytest.mark.parametrize("shape_name", ["deit_tiny", "deit_small", "deit_base"])
 def test_attention(benchmark, shape_name, batch, threads, provider):
     shape = VIT_SHAPES[shape_name]
-    qkv = torch.randn(batch, shape.tokens, 3 * shape.width, generator=torch.Generator().manual_seed(0))
+    qkv = attention_qkv(shape, batch)
     case = (shape.name, f"b{batch}", f"t{threads}")
     run_case(benchmark, provider_fn(provider, case), (qkv, shape.heads), case, provider,
              attention_flops(shape, batch), threads)

@@ -17,10 +17,9 @@ FLOPs = 4·B·H·N²·D, as bench_attention.py.
 from __future__ import annotations
 
 import pytest
-import torch
 
-from harness import op_provider, run_case, run_interleaved
-from shapes import VIT_SHAPES, attention_flops
+from harness import interleaved_rounds, op_provider, run_case, run_interleaved
+from shapes import VIT_SHAPES, attention_flops, attention_qkv
 
 PROVIDERS = ["cpp_fp32", "cpp_int8", "cpp_bf16"]
 _OPS = {"cpp_fp32": "attention", "cpp_int8": "attention_int8", "cpp_bf16": "attention_bf16"}
@@ -32,10 +31,6 @@ def provider_fn(provider, case):
     return op_provider(_OPS[provider], "cpp", case)
 
 
-def _qkv(shape, batch):
-    return torch.randn(batch, shape.tokens, 3 * shape.width, generator=torch.Generator().manual_seed(0))
-
-
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
@@ -43,7 +38,7 @@ def _qkv(shape, batch):
 def test_attention_bf16(benchmark, shape_name, batch, threads, provider):
     shape = VIT_SHAPES[shape_name]
     case = (shape.name, f"b{batch}", f"t{threads}")
-    run_case(benchmark, provider_fn(provider, case), (_qkv(shape, batch), shape.heads), case, provider,
+    run_case(benchmark, provider_fn(provider, case), (attention_qkv(shape, batch), shape.heads), case, provider,
              attention_flops(shape, batch), threads)
 
 
@@ -56,6 +51,6 @@ def test_attention_bf16_interleaved(benchmark, shape_name, batch, threads):
     case = (shape.name, f"b{batch}", f"t{threads}", "interleaved")
     fns = {p: provider_fn(p, case) for p in PROVIDERS}
     flops = attention_flops(shape, batch)
-    rounds = int(min(300, max(15, 3.0 / (3 * max(flops / 50e9 / threads, 1e-4)))))
-    entry = run_interleaved(benchmark, fns, (_qkv(shape, batch), shape.heads), case, threads, flops, rounds=rounds)
+    rounds = interleaved_rounds(flops, threads, 3)
+    entry = run_interleaved(benchmark, fns, (attention_qkv(shape, batch), shape.heads), case, threads, flops, rounds=rounds)
     benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})

@@ -16,11 +16,9 @@ both: the int8 op does the same products on int8).
 from __future__ import annotations
 
 import pytest
-import torch
 
-import vitfast
-from harness import op_provider, run_case, run_interleaved
-from shapes import VIT_SHAPES, attention_flops
+from harness import interleaved_rounds, op_provider, run_case, run_interleaved
+from shapes import VIT_SHAPES, attention_flops, attention_qkv
 
 PROVIDERS = ["cpp_fp32", "cpp_int8", "eager"]
 
@@ -35,10 +33,6 @@ def provider_fn(provider, case):
     raise ValueError(provider)
 
 
-def _qkv(shape, batch):
-    return torch.randn(batch, shape.tokens, 3 * shape.width, generator=torch.Generator().manual_seed(0))
-
-
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
@@ -46,7 +40,7 @@ def _qkv(shape, batch):
 def test_attention_int8(benchmark, shape_name, batch, threads, provider):
     shape = VIT_SHAPES[shape_name]
     case = (shape.name, f"b{batch}", f"t{threads}")
-    run_case(benchmark, provider_fn(provider, case), (_qkv(shape, batch), shape.heads), case, provider,
+    run_case(benchmark, provider_fn(provider, case), (attention_qkv(shape, batch), shape.heads), case, provider,
              attention_flops(shape, batch), threads)
 
 
@@ -59,6 +53,6 @@ def test_attention_int8_interleaved(benchmark, shape_name, batch, threads):
     case = (shape.name, f"b{batch}", f"t{threads}", "interleaved")
     fns = {p: provider_fn(p, case) for p in ("cpp_fp32", "cpp_int8")}
     flops = attention_flops(shape, batch)
-    rounds = int(min(300, max(15, 3.0 / (2 * max(flops / 50e9 / threads, 1e-4)))))
-    entry = run_interleaved(benchmark, fns, (_qkv(shape, batch), shape.heads), case, threads, flops, rounds=rounds)
+    rounds = interleaved_rounds(flops, threads, 2)
+    entry = run_interleaved(benchmark, fns, (attention_qkv(shape, batch), shape.heads), case, threads, flops, rounds=rounds)
     benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import vitfast
-from harness import op_provider, run_case, run_interleaved
+from harness import interleaved_rounds, op_provider, run_case, run_interleaved
 from shapes import VIT_SHAPES, channel_idle_dims, channel_idle_ffn_flops
 
 PROVIDERS = ["cpp", "six_ops", "eager", "compile"]
@@ -80,7 +80,7 @@ def test_vit_block_interleaved(benchmark, shape_name, batch, threads):
     case = (shape.name, f"theta{THETA}", f"b{batch}", f"t{threads}", "interleaved")
     fns = {p: provider_fn(p, case) for p in ("six_ops", "cpp", "eager")}
     flops = block_flops(shape, batch)
-    rounds = int(min(300, max(15, 4.0 / (3 * max(flops / 50e9 / threads, 1e-4)))))
+    rounds = interleaved_rounds(flops, threads, 3, seconds=4.0)
     entry = run_interleaved(benchmark, fns, make_args(shape, batch), case, threads, flops, rounds=rounds)
     benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})
 
@@ -119,6 +119,6 @@ def test_int8_block_interleaved(benchmark, shape_name, batch, threads):
     with torch.no_grad():
         assert torch.equal(int8_block_forward(block, x), modules(x))
         fns = {"modules": modules, "direct": lambda x: int8_block_forward(block, x)}
-        rounds = int(min(300, max(15, 4.0 / (2 * max(flops / 400e9 / threads, 1e-4)))))
+        rounds = interleaved_rounds(flops, threads, 2, seconds=4.0, gflops_per_thread=400.0)
         entry = run_interleaved(benchmark, fns, (x,), case, threads, flops, rounds=rounds)
     benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})

@@ -132,6 +132,13 @@ def run_case(benchmark, fn, args, case: tuple, provider: str, flops: int, thread
     benchmark.extra_info.update(record(case, provider, median, flops, threads))
 
 
+def interleaved_rounds(flops: int, threads: int, providers: int, seconds: float = 3.0,
+                       gflops_per_thread: float = 50.0) -> int:
+    """Rounds for run_interleaved: about `seconds` in all at `gflops_per_thread` per thread, 15 to 300."""
+    per_call = max(flops / (gflops_per_thread * 1e9) / threads, 1e-4)
+    return int(min(300, max(15, seconds / (providers * per_call))))
+
+
 def run_interleaved(benchmark, fns: "dict[str, object]", args, case: tuple, threads: int, flops: int,
                     rounds: int = 60) -> dict:
     """Call each provider of `fns` (name → callable, the first is the baseline of the ratios) once per round,

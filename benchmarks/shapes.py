@@ -61,6 +61,13 @@ def linear_flops(k: int, n: int, rows: int) -> int:
     return 2 * rows * k * n
 
 
+def attention_qkv(shape: VitShape, batch: int):
+    """The attention benchmarks' input: qkv [B, N, 3·C] from N(0, 1), seeded (the same in every attention bench)."""
+    import torch
+
+    return torch.randn(batch, shape.tokens, 3 * shape.width, generator=torch.Generator().manual_seed(0))
+
+
 def attention_flops(shape: VitShape, batch: int) -> int:
     """Q·Kᵀ and P·V: 4·B·H·N²·D (softmax not counted)."""
     head_dim = shape.width // shape.heads
