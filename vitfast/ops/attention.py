@@ -8,28 +8,35 @@ from __future__ import annotations
 from .. import reference
 from ..reference._check import check_tensor
 from ..reference.attention import check_attention_args
-from ._spec import call_reference, define_op, run, use_reference
+from ._spec import call_reference, define_op, onnx_exporting, run, use_reference
 
 
-def _attention_fake(qkv, num_heads, scale):
-    heads, head_dim = check_attention_args(qkv, num_heads, scale)
-    return qkv.new_empty((qkv.shape[0], qkv.shape[1], heads * head_dim))
+def define_attention_op(name: str, check, doc: str, *, onnx_as_attention: bool = False):
+    """`define_op` for `attention` and its product variants (`attention_int8`, `attention_bf16`): one schema
+    `name(Tensor qkv, int num_heads, float? scale=None) -> Tensor`, a fake impl of shape [B, N, H·D], the reference
+    as the CUDA impl, and the entry: the reference under VITFAST_BACKEND=reference (fp32 `attention`'s when
+    `onnx_as_attention` and an ONNX export traces the call), else the op on qkv, the only tensor (checked first:
+    with None the dispatcher has nothing to dispatch on)."""
+
+    def fake(qkv, num_heads, scale):
+        heads, head_dim = check(qkv, num_heads, scale)
+        return qkv.new_empty((qkv.shape[0], qkv.shape[1], heads * head_dim))
+
+    def cuda(*args):
+        return getattr(reference, name)(*args)
+
+    def entry(args):
+        if use_reference():
+            return reference.attention(*args) if onnx_as_attention and onnx_exporting() else call_reference(name, args)
+        check_tensor("qkv", args[0])
+        return run(name, args)
+
+    return define_op(f"{name}(Tensor qkv, int num_heads, float? scale=None) -> Tensor", check=check, fake=fake,
+                     cuda=cuda, entry=entry, doc=doc)
 
 
-def _attention_cuda(*args):
-    return reference.attention(*args)
-
-
-def _attention_entry(args):
-    if use_reference():
-        return call_reference("attention", args)
-    check_tensor("qkv", args[0])  # its only tensor: with None the dispatcher has nothing to dispatch on
-    return run("attention", args)
-
-
-attention = define_op(
-    "attention(Tensor qkv, int num_heads, float? scale=None) -> Tensor",
-    check=check_attention_args, fake=_attention_fake, cuda=_attention_cuda, entry=_attention_entry,
+attention = define_attention_op(
+    "attention", check_attention_args,
     doc="`torch.ops.vitfast.attention` (heads of packed qkv → [B, N, H·D]), or the reference when\n"
         "    VITFAST_BACKEND=reference.",
 )
