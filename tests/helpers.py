@@ -249,7 +249,8 @@ def run_cli(argv, capsys):
 
 def assert_attention_variant_contract(op_entry, op):
     """What an attention variant (attention_int8, attention_bf16) shares with `attention`: empty batches and sequences,
-    the same ValueError messages for bad arguments, and torch.library.opcheck (schema, fake, autograd registration)."""
+    fp16 / bf16 input computed as its fp32 conversion and rounded once, the same ValueError messages for bad
+    arguments, and torch.library.opcheck (schema, fake, autograd registration)."""
     import pytest
     import torch
 
@@ -257,6 +258,11 @@ def assert_attention_variant_contract(op_entry, op):
 
     assert op(torch.randn(0, 5, 24), 2).shape == (0, 5, 8)
     assert op(torch.randn(2, 0, 24), 2).shape == (2, 0, 8)
+    for dtype in (torch.float16, torch.bfloat16):
+        qkv = torch.randn(2, 21, 3 * 2 * 32).to(dtype)
+        out = op(qkv, 2)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out, op(qkv.float(), 2).to(dtype), atol=0, rtol=0)
     for args in ([torch.randn(2, 5), 2], [torch.randn(2, 5, 24), 5], [torch.randn(2, 5, 24), 0],
                  [torch.randn(2, 5, 24, dtype=torch.float64), 2], [torch.randn(2, 5, 24), 2, float("inf")]):
         with pytest.raises(ValueError) as ours:
