@@ -52,5 +52,6 @@ def test_attention_bf16_interleaved(benchmark, shape_name, batch, threads):
     fns = {p: provider_fn(p, case) for p in PROVIDERS}
     flops = attention_flops(shape, batch)
     rounds = interleaved_rounds(flops, threads, 3)
-    entry = run_interleaved(benchmark, fns, (attention_qkv(shape, batch), shape.heads), case, threads, flops, rounds=rounds)
+    entry = run_interleaved(benchmark, fns, (attention_qkv(shape, batch), shape.heads), case, threads, flops,
+                            rounds=rounds)
     benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})

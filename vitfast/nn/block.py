@@ -185,17 +185,12 @@ def whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
             return None
     else:
         return None
-    plan = block.__dict__.get("_whole_block_plan")
-    children = _children(block)
-    if plan is None or any(a is not b for a, b in zip(plan.children, children)):
-        plan = plan_whole_block(block)  # built without a plan, or children replaced since
+    plan, children = _current_plan(block)
     if not plan.runs_as_one_op:
         return None
     norm1, attn, mlp = children[:3]
-    if _hooked(attn) or _hooked(mlp) or _global_forward_hooks or _global_forward_pre_hooks:
-        return None
     # A forward patched on the class must run.
-    if FusedAttention.forward is not _ATTENTION_FORWARD or FusedChannelIdleFFN.forward is not _FFN_FORWARD:
+    if _hooked(attn, mlp) or FusedChannelIdleFFN.forward is not _FFN_FORWARD:
         return None
     # Parameters straight from the dicts: each nn.Module attribute lookup costs ~2 µs, and this runs once per block
     # per forward.  (A parametrized tensor is not in the dict, its property is: the six-op path reads it through that.)
@@ -217,10 +212,22 @@ def whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
             mlp.residual)
 
 
-def _hooked(module: nn.Module) -> bool:
-    """Forward hooks on `module`, or a forward patched on the instance (accelerate's add_hook_to_module does this):
-    calling it as a module would run them, so the block calls it."""
-    return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__)
+def _current_plan(block: nn.Module) -> tuple:
+    """(the block's WholeBlockPlan, its children now): planned again if it was built without a plan or its children
+    were replaced since."""
+    plan = block.__dict__.get("_whole_block_plan")
+    children = _children(block)
+    if plan is None or any(a is not b for a, b in zip(plan.children, children)):
+        plan = plan_whole_block(block)
+    return plan, children
+
+
+def _hooked(*modules: nn.Module) -> bool:
+    """Whether calling the block's `modules` as modules would run something a direct call does not: forward hooks
+    (theirs or global ones), a forward patched on an instance (accelerate's add_hook_to_module does this) or on
+    FusedAttention."""
+    return (bool(_global_forward_hooks or _global_forward_pre_hooks) or FusedAttention.forward is not _ATTENTION_FORWARD
+            or any(m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__ for m in modules))
 
 
 # The int8 modules' forwards as defined (a later patch of either makes the block call the modules).
@@ -237,19 +244,15 @@ def int8_block_forward(block: nn.Module, x: torch.Tensor) -> Optional[torch.Tens
     a non-fp32 or non-CPU input, hooks or patched forwards on the block's modules, children replaced since the plan."""
     if torch.is_grad_enabled() or x.dim() != 3 or not x.is_cpu or x.dtype != torch.float32:
         return None
-    plan = block.__dict__.get("_whole_block_plan")
-    children = _children(block)
-    if plan is None or any(a is not b for a, b in zip(plan.children, children)):
-        plan = plan_whole_block(block)
+    plan, children = _current_plan(block)
     if not plan.int8_ops:
         return None
     norm1, attn, mlp, _, _, ffn_norm = children
     attn_modules = attn._modules
     qkv, proj = attn_modules["qkv"], attn_modules["proj"]
-    if (_hooked(attn) or _hooked(mlp) or _hooked(qkv) or _hooked(proj) or _global_forward_hooks
-            or _global_forward_pre_hooks or FusedAttention.forward is not _ATTENTION_FORWARD
-            or Int8Linear.forward is not _INT8_LINEAR_FORWARD or Int8ChannelIdleFFN.forward is not _INT8_FFN_FORWARD
-            or ops.get_backend() == "reference" or tracing() or not ops.extension_loaded()):
+    if (_hooked(attn, mlp, qkv, proj) or Int8Linear.forward is not _INT8_LINEAR_FORWARD
+            or Int8ChannelIdleFFN.forward is not _INT8_FFN_FORWARD or ops.get_backend() == "reference" or tracing()
+            or not ops.extension_loaded()):
         return None
     vf = torch.ops.vitfast
     q, p, f = qkv.__dict__, proj.__dict__, mlp.__dict__  # plain attributes (act_scale) beside the buffers
