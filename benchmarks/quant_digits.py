@@ -48,6 +48,8 @@ VARIANTS = [
     # dynamic variants run the attentions' score/value products on attention_int8 (the default): with them in fp32
     ("dynamic, fp32 attention", dict(activations="dynamic", attention="fp32")),
     ("dynamic + smooth auto, fp32 attention", dict(activations="dynamic", smooth="auto", attention="fp32")),
+    # the patch embedding is int8 by default: with it in fp32 (as before it was)
+    ("dynamic, fp32 patch embedding", dict(activations="dynamic", skip=["patch_embed.proj"])),
     # bf16 (vitfast.quantize(dtype="bf16"): the avx512_bf16 / neon_bf16 GEMMs where the CPU has them)
     ("bf16", dict(dtype="bf16")),
 ]

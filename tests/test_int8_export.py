@@ -25,11 +25,12 @@ def test_static_int8_exports_as_qdq(tmp_path):
     ops = report.op_types
     assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
     proto = onnx.load(str(tmp_path / "q.onnx"))
-    # One QuantizeLinear per GEMM for its activation (4 attention linears, 2 FFNs × 2 GEMMs); the weights are int8
-    # initializers read by DequantizeLinear (vitfast/onnx_qdq.py), not fp32 constants through QuantizeLinear.
-    assert sum(n.op_type == "QuantizeLinear" for n in proto.graph.node) == 4 + 2 * 2
+    # One QuantizeLinear per GEMM for its activation (the patch embedding, 4 attention linears, 2 FFNs × 2 GEMMs); the
+    # weights are int8 initializers read by DequantizeLinear (vitfast/onnx_qdq.py), not fp32 constants through
+    # QuantizeLinear.
+    assert sum(n.op_type == "QuantizeLinear" for n in proto.graph.node) == 1 + 4 + 2 * 2
     int8_weights = [t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 2]
-    assert len(int8_weights) == 4 + 2 * 2
+    assert len(int8_weights) == 1 + 4 + 2 * 2
     dq_inputs = {n.input[0] for n in proto.graph.node if n.op_type == "DequantizeLinear"}
     assert all(t.name in dq_inputs for t in int8_weights)
     n_weights = sum(m.qweight.numel() for m in q.modules() if hasattr(m, "qweight"))

@@ -14,7 +14,7 @@ import torch.nn as nn
 from helpers import spy_returned_something
 
 import vitfast
-from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear
+from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
 from vitfast.reference._int8 import int8_matmul, quantize_rows, quantize_weight
 
 
@@ -82,16 +82,18 @@ def test_quantize_returns_an_int8_copy():
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the model itself is unchanged
     kinds = [type(m) for m in q.modules()]
     assert kinds.count(Int8ChannelIdleFFN) == 2 and kinds.count(Int8Linear) == 4
+    assert isinstance(q.patch_embed.proj, Int8PatchProjection)
     assert isinstance(q.head, nn.Linear) or not any(isinstance(m, Int8Linear) for m in [q.head])
     x = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
         y, yq = model(x), q(x)
-    # Six int8 layers of a random-weight model each add a 1-3% relative error (their own errors are measured in
+    # Seven int8 layers of a random-weight model each add a 1-3% relative error (their own errors are measured in
     # test_calibrated_options_and_per_layer_errors), compounding to ~5% at the logits; a wrong scale, a transposed
     # or mis-packed weight gives > 50%.  Accuracy on trained models: docs/quantization.md.
     assert ((yq - y).norm() / y.norm()).item() < 0.1
     text = vitfast.quant.describe(q)
-    assert "int8: 2 channel-idle FFNs" in text and "4 attention linears" in text and "head" in text
+    assert "int8: the patch embedding, 2 channel-idle FFNs" in text and "4 attention linears" in text
+    assert "fp32: " in text and "head" in text.split("fp32: ")[1] and "patch" not in text.split("fp32: ")[1]
 
 
 @pytest.mark.parametrize("norm", ["batch", "layer"])
@@ -102,7 +104,8 @@ def test_int8_block_runs_the_int8_ops_not_the_block_op(norm):
         q(x)
     counts = {e.key: e.count for e in prof.key_averages()}
     assert counts.get("vitfast::vit_block", 0) == 0
-    assert counts.get("vitfast::linear_int8", 0) == 4 and counts.get("vitfast::channel_idle_ffn_int8", 0) == 2
+    # qkv and proj of each block, and the patch embedding
+    assert counts.get("vitfast::linear_int8", 0) == 4 + 1 and counts.get("vitfast::channel_idle_ffn_int8", 0) == 2
     assert counts.get("vitfast::attention_int8", 0) == 2 and counts.get("vitfast::attention", 0) == 0
 
 
@@ -194,16 +197,17 @@ def test_calibrated_options_and_per_layer_errors():
     calib = torch.randn(8, 3, 32, 32)
     q = vitfast.quantize(model, calib, activations="static", smooth=0.5)
     layers = q.vitfast_quantization["layers"]
-    assert len(layers) == 6 and all(layer["relative_error"] is not None for layer in layers)
-    assert all(m.act_scale > 0 for m in q.modules() if isinstance(m, Int8Linear))
-    assert all(m.smooth is not None for m in q.modules() if isinstance(m, Int8Linear))
+    assert len(layers) == 7 and all(layer["relative_error"] is not None for layer in layers)
+    assert layers[0]["path"] == "patch_embed.proj" and layers[0]["kind"] == "patch"
+    assert all(m.act_scale > 0 for m in q.modules() if isinstance(m, (Int8Linear, Int8PatchProjection)))
+    assert all(m.smooth is not None for m in q.modules() if isinstance(m, (Int8Linear, Int8PatchProjection)))
     assert "static per tensor" in vitfast.quant.describe(q) and "worst layer" in vitfast.quant.describe(q)
     # an error budget below every layer's error keeps them all in fp32; above all of them, none
     worst = max(layer["relative_error"] for layer in layers)
     none_int8 = vitfast.quantize(model, calib, skip=min(layer["relative_error"] for layer in layers) / 2)
-    assert not any(isinstance(m, (Int8Linear, Int8ChannelIdleFFN)) for m in none_int8.modules())
+    assert not any(isinstance(m, (Int8Linear, Int8ChannelIdleFFN, Int8PatchProjection)) for m in none_int8.modules())
     all_int8 = vitfast.quantize(model, calib, skip=worst * 2)
-    assert sum(isinstance(m, (Int8Linear, Int8ChannelIdleFFN)) for m in all_int8.modules()) == 6
+    assert sum(isinstance(m, (Int8Linear, Int8ChannelIdleFFN, Int8PatchProjection)) for m in all_int8.modules()) == 7
 
 
 def test_skip_patterns_keep_layers_fp32():
@@ -281,8 +285,12 @@ def _rewrite_config(src, dst, edit):
     (lambda c: c["quantization"].update(dtype="int4"), "expected an object with 'dtype': 'int8'"),
     (lambda c: c["quantization"]["modules"].update({"blocks.9.mlp": c["quantization"]["modules"]["blocks.0.mlp"]}),
      "no module 'blocks.9.mlp'"),
+    (lambda c: c["quantization"]["modules"]["patch_embed.proj"].update(out_channels=7), "expected to replace a patch"),
+    (lambda c: c["quantization"]["modules"]["patch_embed.proj"].update(patch_size=[4, 4]),
+     "expected to replace a patch"),
     (lambda c: c["quantization"]["modules"]["blocks.0.attn.qkv"].update(in_features=2**40), "expected an int of magnitude <= "),
-    (lambda c: c["quantization"]["modules"]["blocks.0.attn.qkv"].update(kind="int8_conv"), "expected 'int8_linear'"),
+    (lambda c: c["quantization"]["modules"]["blocks.0.attn.qkv"].update(kind="int8_conv"),
+     "expected one of 'int8_linear', 'int8_channel_idle_ffn', 'int8_patch_projection'"),
     (lambda c: c["quantization"]["modules"]["blocks.0.attn.qkv"].update(out_features=7), "expected to replace"),
 ])
 def test_bad_quantization_records_are_refused(tmp_path, edit, message):
@@ -293,6 +301,63 @@ def test_bad_quantization_records_are_refused(tmp_path, edit, message):
         warnings.simplefilter("ignore")  # the rewritten file has no checksum record: a warning, not the point here
         vitfast.load(tmp_path / "bad.safetensors")
     assert message in str(e.value) and "bad.safetensors" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------ patch embedding
+def _patch_conv(seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    conv = nn.Conv2d(3, 24, kernel_size=4, stride=4, bias=bias)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(conv.weight.shape, generator=g) * 0.1)
+        if bias:
+            conv.bias.copy_(torch.randn(24, generator=g))
+    return conv
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_patch_projection_is_linear_int8_over_the_patch_rows(bias):
+    """y[b, :, i, j] = W · patch(b, i, j) + bias with the patch in the weight's (channel, row, column) order: the op on
+    the patch rows, as the conv's [B, C_out, H/p, W/q]; within the int8 error of the fp32 conv."""
+    from vitfast.nn.patch_embed import patch_rows
+
+    conv = _patch_conv(bias=bias)
+    m = Int8PatchProjection.from_conv(conv)
+    x = torch.randn(2, 3, 16, 12)
+    with torch.no_grad():
+        y, ref_conv = m(x), conv(x)
+        rows, grid = patch_rows(x, (4, 4))
+        ref = vitfast.reference.linear_int8(rows, m.qweight, m.w_scale, m.bias)
+    assert y.shape == ref_conv.shape == (2, 24, 4, 3) and grid == (4, 3)
+    torch.testing.assert_close(y, ref.transpose(1, 2).reshape(2, 24, 4, 3), rtol=1e-5, atol=1e-5)
+    # per-token patches × per-channel weights: ~1% (test_linear_int8_error_is_the_quantization_error); a transposed
+    # patch (row, column, channel order) or a lost bias gives ~100%
+    assert ((y - ref_conv).norm() / ref_conv.norm()).item() < 0.03
+    assert ((m.dequantized_weight() - conv.weight).norm() / conv.weight.norm()).item() < 0.01
+
+
+def test_int8_patch_projection_drops_partial_patches_and_reads_any_layout():
+    conv = _patch_conv()
+    m = Int8PatchProjection.from_conv(conv)
+    x = torch.randn(2, 3, 18, 15)  # 2 and 3 pixels past the last whole patch: the strided conv drops them
+    with torch.no_grad():
+        y = m(x)
+        assert y.shape == conv(x).shape == (2, 24, 4, 3)
+        assert torch.equal(y, m(x[:, :, :16, :12].contiguous()))
+        assert torch.equal(y, m(x.contiguous(memory_format=torch.channels_last)))
+        # the token-major result: timm's flatten(2).transpose(1, 2) is contiguous without a copy
+        assert y.flatten(2).transpose(1, 2).is_contiguous()
+    with pytest.raises(ValueError, match=r"x: expected images \[B, 3, H, W\], got shape \[2, 4, 16, 16\]"):
+        m(torch.randn(2, 4, 16, 16))
+    with pytest.raises(ValueError, match="conv: expected a patch projection"):
+        Int8PatchProjection.from_conv(nn.Conv2d(3, 8, kernel_size=3, stride=1))
+
+
+def test_patch_embedding_can_stay_fp32():
+    q = vitfast.quantize(_fused(), skip=["patch_embed.proj"])
+    assert type(q.patch_embed.proj).__name__ == "GemmPatchProjection"
+    text = vitfast.quant.describe(q)
+    assert text.startswith("int8: 2 channel-idle FFNs") and "patch embedding" in text.split("fp32: ")[1]
+    assert q.vitfast_quantization["fp32"] == ["patch_embed.proj"]
 
 
 # ------------------------------------------------------------------------------------------ split_identity
@@ -356,6 +421,6 @@ def test_smooth_auto_picks_each_layers_best_alpha():
         assert layer["relative_error"] == min(fixed[a][path] for a in AUTO_ALPHAS)
         assert layer["relative_error"] == fixed[layer["alpha"]][path]
         module = q.get_submodule(path)
-        has_smooth = (module.smooth if isinstance(module, Int8Linear) else module.smooth_in) is not None
+        has_smooth = (module.smooth_in if isinstance(module, Int8ChannelIdleFFN) else module.smooth) is not None
         assert has_smooth == (layer["alpha"] is not None)
     assert "SmoothQuant α per layer (" in vitfast.quant.describe(q)

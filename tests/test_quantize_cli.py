@@ -6,7 +6,7 @@ import torch
 
 import vitfast
 from vitfast.cli import main
-from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear
+from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,9 +33,10 @@ def test_dynamic_int8_file(tmp_path, capsys, fused_file):
     out = tmp_path / "int8.safetensors"
     assert main(["quantize", str(fused_file), "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "int8: 2 channel-idle FFNs" in text and "dynamic per token" in text
+    assert "int8: the patch embedding, 2 channel-idle FFNs" in text and "dynamic per token" in text
     model = vitfast.load(out)
     assert sum(isinstance(m, (Int8Linear, Int8ChannelIdleFFN)) for m in model.modules()) == 6
+    assert isinstance(model.patch_embed.proj, Int8PatchProjection)
 
 
 def test_static_smoothed_with_digits_reports_accuracy(tmp_path, capsys, fused_file):

@@ -16,7 +16,7 @@ from timm.models.vision_transformer import VisionTransformer
 import vitfast
 from vitfast.nn import FusedChannelIdleFFN
 from vitfast.nn.block import FusedAttention
-from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear
+from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -99,8 +99,8 @@ def test_quantize_every_kind(fused, option, tmp_path):
     calib = images(16, seed=2)
     q = vitfast.quantize(model, calib, **OPTIONS[option])
 
-    # the int8 modules are where expected: every FusedChannelIdleFFN, every fused / window attention's qkv and proj
-    # (not the XWX and DW-conv attentions, nor the patch embedding and the head), and nothing is left fp32
+    # the int8 modules are where expected: the patch embedding, every FusedChannelIdleFFN, every fused / window
+    # attention's qkv and proj (not the XWX and DW-conv attentions, nor the head), and nothing is left fp32
     found = _int8_paths(q)
     assert sum(t is Int8ChannelIdleFFN for t in found.values()) == n_ffn
     assert sum(t is Int8Linear for t in found.values()) == n_lin
@@ -110,8 +110,10 @@ def test_quantize_every_kind(fused, option, tmp_path):
                   if type(m) is FusedAttention or isinstance(m, WindowAttention) for c in ("qkv", "proj")}
     assert {n for n, t in found.items() if t is Int8Linear} == attn_paths
     assert not any(type(m) is FusedChannelIdleFFN for m in q.modules())  # (the sets above: nothing else is int8)
+    assert isinstance(q.patch_embed.proj, Int8PatchProjection)
     if option == "static_smooth":
-        assert all(m.act_scale > 0 and m.smooth is not None for m in q.modules() if isinstance(m, Int8Linear))
+        assert all(m.act_scale > 0 and m.smooth is not None for m in q.modules()
+                   if isinstance(m, (Int8Linear, Int8PatchProjection)))
         assert all(m.act_scale_in > 0 and m.smooth_in is not None for m in q.modules()
                    if isinstance(m, Int8ChannelIdleFFN))
 
@@ -121,7 +123,7 @@ def test_quantize_every_kind(fused, option, tmp_path):
     # for heavy-tailed inputs (GELU outputs, a per-tensor static scale set by the largest token); a wrong scale, a
     # transposed or mis-packed weight, a lost smooth factor gives errors of order 100%.
     layers = q.vitfast_quantization["layers"]
-    assert len(layers) == n_ffn + n_lin and all(layer["relative_error"] is not None for layer in layers)
+    assert len(layers) == 1 + n_ffn + n_lin and all(layer["relative_error"] is not None for layer in layers)
     assert max(layer["relative_error"] for layer in layers) < 0.04, layers
     # The model's output: the per-layer errors add through the residual stream (at most ~linearly in their number:
     # 3-6 int8 sub-layers on each path to the logits here), so a few times the worst layer's error; 10% bounds it,
@@ -133,8 +135,8 @@ def test_quantize_every_kind(fused, option, tmp_path):
 
     # describe names the int8 parts and what stays fp32
     text = vitfast.quant.describe(q)
-    assert f"int8: {n_ffn} channel-idle FFNs" in text and f"{n_lin} attention linears" in text
-    assert "patch embedding" in text and "head" in text
+    assert f"int8: the patch embedding, {n_ffn} channel-idle FFNs" in text and f"{n_lin} attention linears" in text
+    assert "head" in text.split("fp32: ")[1]
     if fp32_phrase:
         assert fp32_phrase in text, text
     assert ("static per tensor" if option.startswith("static") else "dynamic per token") in text

@@ -230,7 +230,10 @@ def _patch_embed(model: nn.Module) -> Tuple[nn.Module, nn.Conv2d]:
     proj = getattr(pe, "proj", None)
     # Exact type: a hybrid ViT's HybridEmbed (a CNN stem, then a Conv2d 'proj') also has a Conv2d 'proj' but no
     # 'norm' nor the PatchEmbed constructor the rebuild would call.
-    if type(pe) is not PatchEmbed or not isinstance(proj, nn.Conv2d):
+    # An int8 model's projection (vitfast.quantize) keeps the conv's geometry attributes, which is all read here.
+    from .nn.int8 import Int8PatchProjection
+
+    if type(pe) is not PatchEmbed or not isinstance(proj, (nn.Conv2d, Int8PatchProjection)):
         raise ValueError(
             f"model.patch_embed: expected timm PatchEmbed with a Conv2d 'proj' (a hybrid ViT's CNN stem is not "
             f"described), got {type(pe).__qualname__}"

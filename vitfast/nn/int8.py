@@ -4,6 +4,9 @@
   output channel, int8 activations per token (or one static scale), on `vitfast.ops.linear_int8`.
 * `Int8ChannelIdleFFN` replaces a `FusedChannelIdleFFN` (the FFN of every fused block kind): both GEMMs int8, the
   norm, GELU, linear path and shortcut in fp32, on `vitfast.ops.channel_idle_ffn_int8`.
+* `Int8PatchProjection` replaces the patch embedding's projection (a patch Conv2d / `GemmPatchProjection`): the same
+  one copy of the image into patch rows, then `linear_int8` over them (int8 weight per output channel, int8 patches
+  per token), returned in the conv's shape.
 
 They are not fused kinds of their own: the file keeps the fp32 structure (an `Int8ChannelIdleFFN` describes itself
 with its fp32 FFN's config, so a block that embeds its FFN's config still writes the same one), and the quantization
@@ -31,8 +34,9 @@ from .. import ops
 from ..reference._int8 import quantize_weight
 from ._base import ConfigReader, apply_norm
 from .ffn import FusedChannelIdleFFN
+from .patch_embed import is_patch_projection, patch_rows, tokens_as_conv_output
 
-__all__ = ["Int8Linear", "Int8ChannelIdleFFN", "is_int8_module"]
+__all__ = ["Int8Linear", "Int8ChannelIdleFFN", "Int8PatchProjection", "is_int8_module"]
 
 
 def _smooth_weight(w: torch.Tensor, smooth: Optional[torch.Tensor]) -> torch.Tensor:
@@ -200,11 +204,90 @@ class Int8ChannelIdleFFN(nn.Module):
                 f"residual={self.residual}, int8 GEMMs{', shortcut split off the linear path' if self.split_identity else ''}")
 
 
-_QUANT_KINDS = {"int8_linear": Int8Linear, "int8_channel_idle_ffn": Int8ChannelIdleFFN}
+class Int8PatchProjection(nn.Module):
+    """The patch embedding's projection (kernel = stride p × q, C → C_out) with int8 weights per output channel and
+    int8 patches per token (or `act_scale` > 0: one static scale): y[b, :, i, j] = W · patch(b, i, j) + bias, the conv
+    as a dense layer over the flattened patches (vitfast/nn/patch_embed.py), on `linear_int8`.  Buffers: `qweight` int8
+    [C_out, C·p·q] (each row in the conv weight's (channel, row, column) order), `w_scale` fp32 [C_out], optional
+    `smooth` fp32 [C·p·q]; `bias` a Parameter like the conv's.  Keeps the conv's geometry attributes (`in_channels`,
+    `out_channels`, `kernel_size`, `stride`), which the model description and the export read."""
+
+    def __init__(self, in_channels: int, out_channels: int, patch_size, bias: bool = True, *, smooth: bool = False,
+                 act_scale: float = 0.0, device=None) -> None:
+        super().__init__()
+        patch = tuple(int(v) for v in (patch_size if isinstance(patch_size, (tuple, list)) else (patch_size,) * 2))
+        if len(patch) != 2 or min(patch) < 1:
+            raise ValueError(f"patch_size: expected a positive int or a pair of them, got {patch_size!r}")
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size = self.stride = patch
+        self.in_features = self.in_channels * patch[0] * patch[1]
+        self.act_scale = _float_or_zero("act_scale", act_scale)
+        dd = {"device": device}
+        self.register_buffer("qweight", torch.zeros(self.out_channels, self.in_features, dtype=torch.int8, **dd))
+        self.register_buffer("w_scale", torch.zeros(self.out_channels, dtype=torch.float32, **dd))
+        self.register_buffer("smooth", torch.ones(self.in_features, dtype=torch.float32, **dd) if smooth else None)
+        self.bias = nn.Parameter(torch.zeros(self.out_channels, **dd), requires_grad=False) if bias else None
+
+    @staticmethod
+    def weight_matrix(conv: nn.Module) -> torch.Tensor:
+        """A patch conv's weight as the [C_out, C·p·q] matrix its GEMM multiplies (columns (channel, row, column))."""
+        return conv.weight.detach().reshape(conv.out_channels, -1)
+
+    @classmethod
+    def from_conv(cls, conv: nn.Module, *, smooth: Optional[torch.Tensor] = None,
+                  act_scale: float = 0.0) -> "Int8PatchProjection":
+        if not is_patch_projection(conv):
+            raise ValueError(f"conv: expected a patch projection (nn.Conv2d or GemmPatchProjection with kernel = "
+                             f"stride, no padding, dilation or groups), got {conv!r:.200}")
+        module = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.bias is not None,
+                     smooth=smooth is not None, act_scale=act_scale, device=conv.weight.device)
+        q, s = quantize_weight(_smooth_weight(cls.weight_matrix(conv), smooth))
+        with torch.no_grad():
+            module.qweight.copy_(q)
+            module.w_scale.copy_(s)
+            if smooth is not None:
+                module.smooth.copy_(smooth.float())
+            if conv.bias is not None:
+                module.bias.copy_(conv.bias.float())
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"x: expected images [B, {self.in_channels}, H, W], got shape {list(x.shape)}")
+        patches, grid = patch_rows(x, self.kernel_size)
+        return tokens_as_conv_output(ops.linear_int8(patches, self.qweight, self.w_scale, self.bias, None, self.smooth,
+                                                     self.act_scale), grid)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The fp32 conv weight [C_out, C, p, q] this layer computes with."""
+        w = self.qweight.float() * self.w_scale.unsqueeze(1)
+        w = w if self.smooth is None else w * self.smooth
+        return w.reshape(self.out_channels, self.in_channels, *self.kernel_size)
+
+    def quant_config(self) -> Dict[str, Any]:
+        return {"kind": "int8_patch_projection", "in_channels": self.in_channels, "out_channels": self.out_channels,
+                "patch_size": list(self.kernel_size), "bias": self.bias is not None, "smooth": self.smooth is not None,
+                "act_scale": self.act_scale}
+
+    @classmethod
+    def from_quant_config(cls, cfg: Dict[str, Any], device=None) -> "Int8PatchProjection":
+        read = ConfigReader(cfg, "int8_patch_projection",
+                            ("in_channels", "out_channels", "patch_size", "bias", "smooth", "act_scale"))
+        return cls(read.int("in_channels"), read.int("out_channels"), read.pair("patch_size", 1),
+                   bias=read.bool("bias"), smooth=read.bool("smooth"), act_scale=read.eps("act_scale"), device=device)
+
+    def extra_repr(self) -> str:
+        acts = f"static scale {self.act_scale:.4g}" if self.act_scale > 0 else "per token"
+        return (f"{self.in_channels}, {self.out_channels}, patch_size={self.kernel_size}, bias={self.bias is not None}, "
+                f"int8 weights per channel, int8 patches {acts}{', smoothed' if self.smooth is not None else ''}")
+
+
+_QUANT_KINDS = {"int8_linear": Int8Linear, "int8_channel_idle_ffn": Int8ChannelIdleFFN,
+                "int8_patch_projection": Int8PatchProjection}
 
 
 def is_int8_module(module: nn.Module) -> bool:
-    return type(module) in (Int8Linear, Int8ChannelIdleFFN)
+    return type(module) in _QUANT_KINDS.values()
 
 
 def int8_module_from_config(cfg: Dict[str, Any], device=None) -> nn.Module:

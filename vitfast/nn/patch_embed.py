@@ -112,19 +112,13 @@ class GemmPatchProjection(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._gemm_applies(x):
             return super().forward(x)
-        batch, channels, height, width = x.shape
-        p, q = self.kernel_size
-        rows, cols = height // p, width // q
-        # One copy: [B, C, H, W] -> [B, rows·cols, C·p·q], each patch in the order the input's layout reads fastest.
-        order = _HWC if channels > 1 and x.is_contiguous(memory_format=torch.channels_last) else _CHW
-        grid = x.reshape(batch, channels, rows, p, cols, q)
-        grid = grid.permute(0, 2, 4, 1, 3, 5) if order == _CHW else grid.permute(0, 2, 4, 3, 5, 1)
-        patches = grid.reshape(batch, rows * cols, channels * p * q)
+        # Each patch in the order the input's layout reads fastest.
+        order = _HWC if x.shape[1] > 1 and x.is_contiguous(memory_format=torch.channels_last) else _CHW
+        patches, grid = patch_rows(x, self.kernel_size, order)
         # Under CPU autocast the op runs in fp32 (ops/_autocast.py): a low-precision weight's fp32 matrix is kept
         # too, as the rule keeps a parameter's (the flattened view is no parameter: it was cast, so packed, per call).
         dtype = torch.float32 if autocast_enabled("cpu") else self.weight.dtype
-        tokens = ops.linear(patches, self._weight_matrix(order, dtype), self.bias)
-        return tokens.transpose(1, 2).reshape(batch, self.out_channels, rows, cols)
+        return tokens_as_conv_output(ops.linear(patches, self._weight_matrix(order, dtype), self.bias), grid)
 
     def vitfast_prepack(self) -> bool:
         """Pack the weight matrix for the CPU GEMM now (see `vitfast.ops.prepack`), in the column order of NCHW
@@ -135,15 +129,42 @@ class GemmPatchProjection(nn.Conv2d):
         ops.linear(w.new_zeros(1, w.shape[1]), w, self.bias)
         return True
 
-def _is_patch_conv(conv: nn.Module) -> bool:
+def patch_rows(x: torch.Tensor, patch_size, order: str = _CHW) -> tuple:
+    """([B, rows·cols, C·p·q] patch rows of the image x [B, C, H, W], (rows, cols)): one copy, each patch's values in
+    `order` ("chw": the conv weight's (channel, row, column); "hwc": (row, column, channel)).  Pixels past the last
+    whole patch are dropped, as the strided convolution drops them."""
+    batch, channels, height, width = x.shape
+    p, q = patch_size
+    rows, cols = height // p, width // q
+    if height != rows * p or width != cols * q:
+        x = x[:, :, : rows * p, : cols * q]
+    grid = x.reshape(batch, channels, rows, p, cols, q)
+    grid = grid.permute(0, 2, 4, 1, 3, 5) if order == _CHW else grid.permute(0, 2, 4, 3, 5, 1)
+    return grid.reshape(batch, rows * cols, channels * p * q), (rows, cols)
+
+
+def tokens_as_conv_output(tokens: torch.Tensor, grid: tuple) -> torch.Tensor:
+    """The token-major GEMM output [B, rows·cols, C_out] as the conv's [B, C_out, rows, cols] (a view: timm's
+    `flatten(2).transpose(1, 2)`, or Swin's NHWC permute, gives the contiguous tokens back without a copy)."""
+    batch, _, out_channels = tokens.shape
+    return tokens.transpose(1, 2).reshape(batch, out_channels, *grid)
+
+
+def is_patch_projection(conv: nn.Module) -> bool:
+    """A non-overlapping patch convolution (kernel = stride, no padding, dilation or groups): an nn.Conv2d or a
+    `GemmPatchProjection`, whichever the model holds."""
     return (
-        type(conv) is nn.Conv2d
+        type(conv) in (nn.Conv2d, GemmPatchProjection)
         and tuple(conv.kernel_size) == tuple(conv.stride)
         and tuple(conv.padding) == (0, 0)
         and tuple(conv.dilation) == (1, 1)
         and conv.groups == 1
         and conv.padding_mode == "zeros"
     )
+
+
+def _is_patch_conv(conv: nn.Module) -> bool:
+    return type(conv) is nn.Conv2d and is_patch_projection(conv)
 
 
 def patch_projection(model: nn.Module):

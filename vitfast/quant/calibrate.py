@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..nn.ffn import FusedChannelIdleFFN
 from ..nn._base import apply_norm
+from ..nn.patch_embed import patch_rows
 from .structure import set_submodule
 
 
@@ -97,6 +98,28 @@ class FfnRecorder(nn.Module):
         return y
 
 
+class PatchRecorder(nn.Module):
+    """Stands in for the patch projection (a patch conv): its fp32 output, statistics of its GEMM input — the patch
+    rows, each patch's values in the conv weight's (channel, row, column) order — and the candidate's error."""
+
+    def __init__(self, conv: nn.Module) -> None:
+        super().__init__()
+        self.conv = conv
+        self.stats = Stats()
+        self.candidate: Optional[nn.Module] = None
+        self.error = ErrorSum()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        self.stats.add(patch_rows(x, self.conv.kernel_size)[0])
+        if self.candidate is not None:
+            self.error.add(self.candidate(x), y)
+        return y
+
+
+_RECORDERS = {"linear": (LinearRecorder, "linear"), "ffn": (FfnRecorder, "ffn"), "patch": (PatchRecorder, "conv")}
+
+
 def batches(calibration, limit: Optional[int] = None) -> Iterator[torch.Tensor]:
     """Image batches from `calibration`: a tensor [B, C, H, W], or an iterable of tensors / (images, labels, ...)."""
     if isinstance(calibration, torch.Tensor):
@@ -137,19 +160,24 @@ def run_model(model: nn.Module, calibration, *, max_batches: Optional[int], prog
 
 
 def install(model: nn.Module, layers: Dict[str, str]) -> Dict[str, nn.Module]:
-    """Put a recorder in place of every layer in `layers` (path -> "linear" | "ffn"); returns them by path."""
+    """Put a recorder in place of every layer in `layers` (path -> "linear" | "ffn" | "patch"); returns them by
+    path."""
     recorders: Dict[str, nn.Module] = {}
     for path, kind in layers.items():
-        target = model.get_submodule(path)
-        recorder = LinearRecorder(target) if kind == "linear" else FfnRecorder(target)
+        recorder = _RECORDERS[kind][0](model.get_submodule(path))
         set_submodule(model, path, recorder)
         recorders[path] = recorder
     return recorders
 
 
+def recorded_layer(recorder: nn.Module) -> nn.Module:
+    """The fp32 layer a recorder stands in for."""
+    return next(getattr(recorder, attr) for cls, attr in _RECORDERS.values() if isinstance(recorder, cls))
+
+
 def remove(model: nn.Module, recorders: Dict[str, nn.Module]) -> None:
     for path, recorder in recorders.items():
-        set_submodule(model, path, recorder.linear if isinstance(recorder, LinearRecorder) else recorder.ffn)
+        set_submodule(model, path, recorded_layer(recorder))
 
 
 def with_recorders(model: nn.Module, layers: Dict[str, str], body: Callable[[Dict[str, nn.Module]], None]) -> None:

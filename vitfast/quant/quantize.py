@@ -1,11 +1,13 @@
 """`vitfast.quantize`: a fused model → an int8 (or bf16) copy.
 
-int8 (the default): every GEMM of the fused blocks' FFNs (`FusedChannelIdleFFN`, in every block kind) and of the
-fused / Swin attentions (qkv, proj) gets symmetric per-output-channel int8 weights and int8 activations, per token
-computed at run time (`activations="dynamic"`, needs no data) or one scale per tensor from calibration images
-(`"static"`).  LayerNorm, softmax, GELU, the residual adds and the attention's score/value products stay fp32; so do
-the patch embedding and the head (first and last layers: the usual practice, they are ~1% of the FLOPs), and the
-non-deep XWX and DW-conv attentions (their ops have no int8 form): `describe(model)` lists what stays fp32.
+int8 (the default): every GEMM of the fused blocks' FFNs (`FusedChannelIdleFFN`, in every block kind), of the
+fused / Swin attentions (qkv, proj) and of the patch embedding (`Int8PatchProjection`) gets symmetric
+per-output-channel int8 weights and int8 activations, per token computed at run time (`activations="dynamic"`, needs
+no data) or one scale per tensor from calibration images (`"static"`).  LayerNorm, softmax, GELU and the residual
+adds stay fp32; so do the head (the last layer, a few hundred MACs per class) and the non-deep XWX and DW-conv
+attentions (their ops have no int8 form); the attention's score/value products are int8 in the dynamic mode
+(`attention=`): `describe(model)` lists what stays fp32.  The patch embedding was fp32 too until measured: ~2% of
+the FLOPs but 7% of an int8 DeiT-S forward (docs/quantization.md); `skip=["patch_embed.proj"]` keeps it fp32.
 
 Reparameterization-aware options, each measured by the caller (`vitfast verify`, the demo, benchmarks):
 * `smooth=α` (0 < α < 1; True = 0.5): SmoothQuant's per-channel migration (arXiv 2211.10438), s_j = max|X_j|^α /
@@ -35,7 +37,8 @@ import torch.nn as nn
 
 from ..nn.block import FusedAttention
 from ..nn.ffn import FusedChannelIdleFFN
-from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear
+from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
+from ..nn.patch_embed import is_patch_projection
 from . import calibrate
 from .structure import _replan_blocks, set_submodule
 
@@ -49,12 +52,15 @@ MAX_CALIBRATION_BATCHES = 64
 
 
 def quantizable_layers(model: nn.Module) -> Dict[str, str]:
-    """path -> "linear" | "ffn" for every layer `quantize` turns into int8."""
+    """path -> "linear" | "ffn" | "patch" for every layer `quantize` turns into int8."""
     try:
         from timm.models.swin_transformer import WindowAttention
     except ImportError:  # pragma: no cover - timm is a dependency
         WindowAttention = ()
     layers: Dict[str, str] = {}
+    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
+    if proj is not None and is_patch_projection(proj):
+        layers["patch_embed.proj"] = "patch"
     for name, m in model.named_modules():
         if type(m) is FusedChannelIdleFFN:
             layers[name] = "ffn"
@@ -141,7 +147,7 @@ def _calibrated(kind: str, recorder) -> bool:
     """Whether the layer saw calibration inputs (a USDC gate can skip a sub-block on every calibration batch)."""
     if recorder is None:
         return False
-    return (recorder.stats if kind == "linear" else recorder.stats_in).channel is not None
+    return (recorder.stats_in if kind == "ffn" else recorder.stats).channel is not None
 
 
 def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[float], static: bool,
@@ -149,15 +155,17 @@ def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[fl
     if not _calibrated(kind, recorder):
         # No statistics (no calibration, or the layer never ran on it): no migration, per-token scales.
         alpha, static, recorder = None, False, None
-    if kind == "linear":
+    if kind in ("linear", "patch"):
         stats = recorder.stats if recorder is not None else None
-        sm = _smooth_scale(stats.channel, module.weight, alpha) if alpha is not None else None
+        weight = module.weight if kind == "linear" else Int8PatchProjection.weight_matrix(module)
+        sm = _smooth_scale(stats.channel, weight, alpha) if alpha is not None else None
         act = 0.0
         if static:
             # the static scale is of the smoothed activation: x · smooth
             m = (stats.channel * sm).max() if sm is not None else torch.tensor(stats.tensor)
             act = float(m) / 127.0
-        return Int8Linear.from_linear(module, smooth=sm, act_scale=act if act > 0 else 0.0)
+        build = Int8Linear.from_linear if kind == "linear" else Int8PatchProjection.from_conv
+        return build(module, smooth=sm, act_scale=act if act > 0 else 0.0)
     stats_in = recorder.stats_in if recorder is not None else None
     stats_out = recorder.stats_out if recorder is not None else None
     a = module.active_features
@@ -232,7 +240,7 @@ def quantize(
 
             def pass_two(recorders):
                 for path, rec in recorders.items():
-                    module = rec.linear if layers[path] == "linear" else rec.ffn
+                    module = calibrate.recorded_layer(rec)
                     rec.candidate = _build(path, layers[path], module, stats[path], alpha_of[path], static,
                                            split_identity)
                 calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
@@ -313,7 +321,9 @@ def describe(model: nn.Module) -> str:
         from .. import ops
 
         att += f"; bf16: {n_bf16} attentions' score/value products (the {ops.bf16_kernel()} kernels)"
-    parts = [f"int8: {n_ffn} channel-idle FFNs (2 GEMMs each), {n_lin} attention linears (qkv/proj){att}; "
+    n_patch = sum(isinstance(m, Int8PatchProjection) for _, m in int8)
+    patch = "the patch embedding, " if n_patch else ""
+    parts = [f"int8: {patch}{n_ffn} channel-idle FFNs (2 GEMMs each), {n_lin} attention linears (qkv/proj){att}; "
              f"activations {'static per tensor' if static else 'dynamic per token'}"]
     if record.get("smooth") == "auto":
         chosen = [layer.get("alpha") for layer in record.get("layers", []) if layer.get("int8")]
@@ -324,7 +334,8 @@ def describe(model: nn.Module) -> str:
     n_low = n_att + n_bf16
     products = ("attention score/value products" if n_low == 0 else
                 f"{all_att - n_low} attentions' score/value products" if all_att > n_low else None)
-    fp32 = ["norms, softmax, GELU, residual adds", *([products] if products else []), "patch embedding", "head"]
+    fp32 = ["norms, softmax, GELU, residual adds", *([products] if products else []),
+            *([] if n_patch else ["patch embedding"]), "head"]
     fp32 += fp32_kinds(model)
     if record.get("fp32"):
         fp32.append(f"{len(record['fp32'])} skipped layers ({', '.join(record['fp32'][:4])}"

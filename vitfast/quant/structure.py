@@ -2,7 +2,9 @@
 
     {"dtype": "int8", "activations": "dynamic" | "static",
      "modules": {"blocks.0.attn.qkv": {"kind": "int8_linear", ...}, "blocks.0.mlp": {"kind": "int8_channel_idle_ffn",
-                 ...}, ...},                     # path -> Int8Linear / Int8ChannelIdleFFN .quant_config()
+                 ...}, "patch_embed.proj": {"kind": "int8_patch_projection", ...}, ...},
+                                                # path -> Int8Linear / Int8ChannelIdleFFN / Int8PatchProjection
+                                                #         .quant_config()
      "fp32": ["blocks.11.mlp", ...]}            # quantizable layers kept in fp32 (skip=), informational
 
 `vitfast.load` rebuilds the fp32 structure from the file's fused configs, then `apply` swaps these paths for empty
@@ -15,9 +17,12 @@ from typing import Any, Dict, Optional
 
 import torch.nn as nn
 
-from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear, int8_module_from_config, is_int8_module
+from ..nn.patch_embed import is_patch_projection
+from ..nn.int8 import (Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection, int8_module_from_config,
+                       is_int8_module)
 
 KEY = "quantization"
+_KINDS = ("int8_linear", "int8_channel_idle_ffn", "int8_patch_projection", "int8_attention", "bf16_attention")
 _MAX_INT = 2**31 - 1
 
 
@@ -63,9 +68,8 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
         except AttributeError:
             raise ValueError(f"{where}: no module {path!r} in the rebuilt model") from None
         kind = cfg.get("kind") if isinstance(cfg, dict) else None
-        if kind not in ("int8_linear", "int8_channel_idle_ffn", "int8_attention", "bf16_attention"):
-            raise ValueError(f"{where}['kind']: expected 'int8_linear', 'int8_channel_idle_ffn', 'int8_attention' or "
-                             f"'bf16_attention', got {cfg!r:.200}")
+        if kind not in _KINDS:
+            raise ValueError(f"{where}['kind']: expected one of {', '.join(map(repr, _KINDS))}, got {cfg!r:.200}")
         if kind in ("int8_attention", "bf16_attention"):  # a flag on the fused attention: its products' op
             from ..nn.block import FusedAttention
 
@@ -86,6 +90,13 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
         elif isinstance(module, Int8ChannelIdleFFN):
             if not hasattr(target, "vitfast_config") or target.vitfast_config() != module.vitfast_config():
                 raise ValueError(f"{where}['ffn']: expected the config of the FFN at {path!r}, got another")
+        elif isinstance(module, Int8PatchProjection):
+            geometry = (module.in_channels, module.out_channels, module.kernel_size, module.bias is not None)
+            if not is_patch_projection(target) or (target.in_channels, target.out_channels, tuple(target.kernel_size),
+                                                   target.bias is not None) != geometry:
+                raise ValueError(f"{where}: expected to replace a patch Conv2d({module.in_channels}, "
+                                 f"{module.out_channels}, kernel_size=stride={module.kernel_size}, "
+                                 f"bias={geometry[3]}), found {target!r:.200} at {path!r}")
         set_submodule(model, path, module)
     if not prefix:
         model.vitfast_quantization = {"dtype": "int8", "activations": record.get("activations"),
