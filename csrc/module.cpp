@@ -12,6 +12,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_int8.h"
+#include "ops/output_pool.h"
 #include "ops/weight_cache.h"
 
 namespace {
@@ -116,6 +117,19 @@ PYBIND11_MODULE(_C, m) {
       },
       "Packed-weight cache counters (entries, bytes, hits, misses) — for tests and diagnostics.");
   m.def("_weight_cache_clear", &vitfast::ops::weight_cache_clear, "Drop every packed weight.");
+  m.def(
+      "_output_pool_stats",
+      []() {
+        const vitfast::ops::OutputPoolStats s = vitfast::ops::output_pool_stats();
+        py::dict d;
+        d["cached_bytes"] = s.cached_bytes;
+        d["reused"] = s.reused;
+        d["enabled"] = s.enabled;
+        return d;
+      },
+      "The op-output cache (csrc/ops/output_pool.h): bytes held now, blocks reused so far, whether it is on.");
+  m.def("_output_pool_clear", &vitfast::ops::output_pool_clear,
+        "Give every cached op-output block back to malloc (outputs still alive are not affected).");
   m.def(
       "bf16_kernel",
       []() {

@@ -29,6 +29,7 @@
 #include "ops/attention_tasks.h"
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
+#include "ops/output_pool.h"
 
 namespace vitfast {
 namespace ops {
@@ -44,7 +45,7 @@ float* thread_workspace(int64_t floats) {
 at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional<double> scale_opt) {
   const AttentionInput in = attention_input(qkv, num_heads, scale_opt);
   if (in.empty()) return at::empty({in.batch, in.tokens, in.attn_dim}, qkv.options());
-  at::Tensor out = at::empty({in.batch, in.tokens, in.attn_dim}, qkv.options().dtype(at::kFloat));
+  at::Tensor out = empty_output({in.batch, in.tokens, in.attn_dim}, at::kFloat);
   const float* qp = in.src.data_ptr<float>();
   const gemm16::Bf16Kernel kernel = bf16_gemm_kernel(qkv.scalar_type());
   if (kernel != gemm16::Bf16Kernel::kScalar)
@@ -63,7 +64,7 @@ at::Tensor attention_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional
 at::Tensor attention_bf16_cpu(const at::Tensor& qkv, int64_t num_heads, std::optional<double> scale_opt) {
   const AttentionInput in = attention_input(qkv, num_heads, scale_opt);
   if (in.empty()) return at::empty({in.batch, in.tokens, in.attn_dim}, qkv.options());
-  at::Tensor out = at::empty({in.batch, in.tokens, in.attn_dim}, qkv.options().dtype(at::kFloat));
+  at::Tensor out = empty_output({in.batch, in.tokens, in.attn_dim}, at::kFloat);
   const CpuIsa isa = active_cpu_isa();
   attention_run_bf16(in.src.data_ptr<float>(), in.ld_qkv, in.batch, in.tokens, in.heads, in.d, in.scale,
                      out.data_ptr<float>(), isa, gemm16::bf16_kernel(isa));

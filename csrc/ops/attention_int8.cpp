@@ -25,6 +25,7 @@
 #include "ops/attention_tasks.h"
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
+#include "ops/output_pool.h"
 
 namespace vitfast {
 namespace ops {
@@ -43,7 +44,7 @@ at::Tensor attention_int8_cpu(const at::Tensor& qkv, int64_t num_heads, std::opt
   const int64_t ld_qkv = in.ld_qkv;
   const float scale = in.scale;
   const float* qp = in.src.data_ptr<float>();
-  at::Tensor out = at::empty({batch, tokens, attn_dim}, qkv.options().dtype(at::kFloat));
+  at::Tensor out = empty_output({batch, tokens, attn_dim}, at::kFloat);
   float* op = out.data_ptr<float>();
   const CpuIsa isa = active_cpu_isa();
 

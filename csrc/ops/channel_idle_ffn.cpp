@@ -28,6 +28,7 @@
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 #include "ops/weight_cache.h"
+#include "ops/output_pool.h"
 
 namespace vitfast {
 namespace ops {
@@ -69,7 +70,7 @@ at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, con
     int64_t ldx = x.size(-1);
     const uint16_t* xp = bf16_rows_view(x.contiguous(), x.size(-1), xh, ldx, kernel);
     const at::Tensor rf = as_float_contiguous(residual);
-    at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+    at::Tensor out = empty_output(out_shape, at::kFloat);
     channel_idle_ffn_run_bf16(*w, rows, xp, ldx, rf.defined() ? rf.data_ptr<float>() : nullptr, out.data_ptr<float>(),
                               active_cpu_isa(), kernel);
     return out.to(x.scalar_type());
@@ -77,7 +78,7 @@ at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, con
   const std::shared_ptr<const ChannelIdleFfnWeights> w = packed_channel_idle_ffn_weights(w_in, b_in, w_out, b_out);
   const at::Tensor xf = as_float_contiguous(x);
   const at::Tensor rf = as_float_contiguous(residual);
-  at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+  at::Tensor out = empty_output(out_shape, at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const float* rp = rf.defined() ? rf.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();

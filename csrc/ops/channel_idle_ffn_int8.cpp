@@ -24,6 +24,7 @@
 #include "kernels/gemm_int8.h"
 #include "ops/int8_common.h"
 #include "ops/op_utils.h"
+#include "ops/output_pool.h"
 
 namespace vitfast {
 namespace ops {
@@ -109,7 +110,7 @@ at::Tensor channel_idle_ffn_int8_cpu(const at::Tensor& x, const at::Tensor& qw_i
 
   const at::Tensor xf = contiguous_float(x), rf = contiguous_float(residual);
   const at::Tensor si = smooth_in.contiguous(), so = smooth_out.contiguous();
-  at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+  at::Tensor out = empty_output(out_shape, at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const float* rp = rf.defined() ? rf.data_ptr<float>() : nullptr;
   const float* sip = si.defined() ? si.data_ptr<float>() : nullptr;

@@ -21,6 +21,7 @@
 #include "kernels/dwconv_attention.h"
 #include "ops/op_utils.h"
 #include "ops/weight_cache.h"
+#include "ops/output_pool.h"
 
 namespace vitfast {
 namespace ops {
@@ -125,7 +126,7 @@ at::Tensor dwconv_attention_cpu(const at::Tensor& x, const at::Tensor& w_v, cons
   const std::shared_ptr<const DwconvAttentionWeights> w = packed_weights(w_v, b_v, kernel, w_o, b_o, d);
   const at::Tensor xf = as_float_contiguous(x);
   const at::Tensor rf = as_float_contiguous(residual);
-  at::Tensor out = at::empty({batch, tokens, d.c_out}, x.options().dtype(at::kFloat));
+  at::Tensor out = empty_output({batch, tokens, d.c_out}, at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const float* rp = rf.defined() ? rf.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();

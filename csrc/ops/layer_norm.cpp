@@ -20,6 +20,7 @@
 #include "kernels/layer_norm.h"
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
+#include "ops/output_pool.h"
 
 namespace vitfast {
 namespace ops {
@@ -54,7 +55,7 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const OptTensor& weight_opt, cons
   const int64_t rows = c > 0 ? x.numel() / c : 0;
   if (rows == 0 || c == 0) return at::empty(x.sizes(), x.options());
   const at::Tensor xf = as_float_contiguous(x), wf = as_float_contiguous(weight), bf = as_float_contiguous(bias);
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  at::Tensor out = empty_output(x.sizes(), at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const float* gp = wf.defined() ? wf.data_ptr<float>() : nullptr;
   const float* bp = bf.defined() ? bf.data_ptr<float>() : nullptr;

@@ -29,6 +29,7 @@
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 #include "ops/weight_cache.h"
+#include "ops/output_pool.h"
 
 namespace vitfast {
 namespace ops {
@@ -91,7 +92,7 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const OptTe
     int64_t ldx = k, ldr = n;
     const uint16_t* xp = bf16_rows_view(x, k, xh, ldx, kernel);
     const float* rp = residual.defined() ? rows_view(residual, n, rh, ldr) : nullptr;
-    at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+    at::Tensor out = empty_output(out_shape, at::kFloat);
     linear_run_bf16(*w, rows, xp, ldx, rp, ldr, out.data_ptr<float>(), isa, kernel);
     return out.to(x.scalar_type());
   }
@@ -100,7 +101,7 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const OptTe
   int64_t ldx = k, ldr = n;
   const float* xp = rows_view(x, k, xh, ldx);
   const float* rp = residual.defined() ? rows_view(residual, n, rh, ldr) : nullptr;
-  at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+  at::Tensor out = empty_output(out_shape, at::kFloat);
   float* op = out.data_ptr<float>();
   linear_run(*w, rows, xp, ldx, rp, ldr, op, isa);
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());

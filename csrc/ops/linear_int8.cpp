@@ -23,6 +23,7 @@
 #include "kernels/gemm_int8.h"
 #include "ops/int8_common.h"
 #include "ops/op_utils.h"
+#include "ops/output_pool.h"
 
 namespace vitfast {
 namespace ops {
@@ -67,7 +68,7 @@ at::Tensor linear_int8_cpu(const at::Tensor& x, const at::Tensor& qweight, const
   const auto w = packed_int8_weight("linear_int8", qweight, w_scale, bias, 0, n, at::Tensor(), kernel, "qweight",
                                     "w_scale", "bias");
   const at::Tensor xf = contiguous_float(x), rf = contiguous_float(residual), sf = smooth.contiguous();
-  at::Tensor out = at::empty(out_shape, x.options().dtype(at::kFloat));
+  at::Tensor out = empty_output(out_shape, at::kFloat);
   const float* xp = xf.data_ptr<float>();
   const float* rp = rf.defined() ? rf.data_ptr<float>() : nullptr;
   const float* sp = sf.defined() ? sf.data_ptr<float>() : nullptr;

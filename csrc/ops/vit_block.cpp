@@ -33,6 +33,7 @@
 #include "kernels/cpu_features.h"
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
+#include "ops/output_pool.h"
 
 namespace vitfast {
 namespace ops {
@@ -96,10 +97,10 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   const bool x_bf16 = x.scalar_type() == at::kBFloat16;
   const at::Tensor xc = x.contiguous();
   // fp32 scratch: qkv, x1 [, x_f32]; the LayerNorms' and the heads' outputs exist only as bf16 rows (scratch16).
-  at::Tensor scratch = at::empty({rows * (3 * attn_dim + c) + (x_bf16 ? rows * c : 0)}, x.options().dtype(at::kFloat));
+  at::Tensor scratch = empty_output({rows * (3 * attn_dim + c) + (x_bf16 ? rows * c : 0)}, at::kFloat);
   const int64_t ld_c = gemm16::padded_k(c), ld_a = gemm16::padded_k(attn_dim);
-  at::Tensor scratch16 = at::empty({rows * (std::max(ld_c, ld_a) + ld_c)}, x.options().dtype(at::kBFloat16));
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  at::Tensor scratch16 = empty_output({rows * (std::max(ld_c, ld_a) + ld_c)}, at::kBFloat16);
+  at::Tensor out = empty_output(x.sizes(), at::kFloat);
   float* qkv = scratch.data_ptr<float>();
   float* x1 = qkv + rows * 3 * attn_dim;
   uint16_t* a16 = static_cast<uint16_t*>(scratch16.data_ptr());
@@ -132,7 +133,7 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   channel_idle_ffn_run_bf16(*ffn_w, rows, ffn16, ld_c, ffn_residual ? x1 : nullptr, out.data_ptr<float>(), isa,
                             kernel);
   if (!x_bf16) return out;
-  at::Tensor out16 = at::empty(x.sizes(), x.options());
+  at::Tensor out16 = empty_output(x.sizes(), x.scalar_type());
   gemm16::narrow_to_bf16(out.data_ptr<float>(), rows * c, static_cast<uint16_t*>(out16.data_ptr()), kernel);
   return out16;
 }
@@ -160,8 +161,8 @@ at::Tensor vit_block_cpu(const at::Tensor& x, double norm1_eps, const at::Tensor
   const at::Tensor xc = x.to(at::kFloat).contiguous();  // bf16 without the extension: its fp32 conversion
   // One scratch for the intermediates: the normed rows (norm1's, later the FFN norm's: the first is dead once
   // qkv is computed), qkv, the heads' output and the attention sub-block's result x1.
-  at::Tensor scratch = at::empty({rows * (c + 3 * attn_dim + attn_dim + c)}, x.options().dtype(at::kFloat));
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  at::Tensor scratch = empty_output({rows * (c + 3 * attn_dim + attn_dim + c)}, at::kFloat);
+  at::Tensor out = empty_output(x.sizes(), at::kFloat);
   float* normed = scratch.data_ptr<float>();
   float* qkv = normed + rows * c;
   float* heads_out = qkv + rows * 3 * attn_dim;

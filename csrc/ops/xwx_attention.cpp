@@ -23,6 +23,7 @@
 #include "kernels/xwx_attention.h"
 #include "ops/op_utils.h"
 #include "ops/weight_cache.h"
+#include "ops/output_pool.h"
 
 namespace vitfast {
 namespace ops {
@@ -128,7 +129,7 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
   const int64_t batch = x.size(0), tokens = x.size(1), C = s.channels, CO = s.out_channels;
   const auto packed = packed_weights(s, w_q, w_k, key_bias, w_v, w_o, b_o);
   const XwxPacked& w = *packed;
-  at::Tensor out = at::empty({batch, tokens, CO}, x.options().dtype(at::kFloat));
+  at::Tensor out = empty_output({batch, tokens, CO}, at::kFloat);
   if (batch == 0 || tokens == 0) return out.to(x.scalar_type());
   const at::Tensor xf = f32(x), res = f32(residual);
   const float* xp = xf.data_ptr<float>();

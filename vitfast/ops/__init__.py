@@ -41,11 +41,11 @@ from .linear_int8 import linear_int8
 from .vit_block import _vit_block_composed, vit_block, vit_block_cuda_eager
 from .warmup import warmup
 from .xwx_attention import _xwx_attention_cuda, use_triton_xwx_attention, xwx_attention
-from ._extension import (_C, _REFERENCE_CPU_FALLBACKS, bf16_kernel, clear_weight_cache, cpu_extensions, cpu_isa,
-                         extension_loaded, int8_kernel, prepack)
+from ._extension import (_C, _REFERENCE_CPU_FALLBACKS, bf16_kernel, clear_output_cache, clear_weight_cache,
+                         cpu_extensions, cpu_isa, extension_loaded, int8_kernel, prepack)
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa",
-           "batch_gate", "gate_select", "prepack", "clear_weight_cache", "vit_block", "dwconv_attention",
+           "batch_gate", "gate_select", "prepack", "clear_weight_cache", "clear_output_cache", "vit_block", "dwconv_attention",
            "gated_mhsa", "gated_ffn", "onnx_exporting", "linear_int8", "channel_idle_ffn_int8", "attention_int8",
            "attention_bf16",
            "int8_kernel", "bf16_kernel", "cpu_extensions", "warmup"]

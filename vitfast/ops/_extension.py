@@ -100,6 +100,14 @@ def clear_weight_cache() -> None:
         _C._weight_cache_clear()
 
 
+def clear_output_cache() -> None:
+    """Give back to malloc the freed op-output blocks the CPU ops keep for their next outputs of the same size
+    (csrc/ops/output_pool.h: at most 512 MiB, blocks of 1 MiB and more; `VITFAST_OUTPUT_POOL=0` turns the cache
+    off).  Tensors still alive are not affected; the next forward fills the cache again."""
+    if _C is not None:
+        _C._output_pool_clear()
+
+
 def extension_loaded() -> bool:
     """True when the C++ CPU kernels are registered (False: CPU falls back to the reference)."""
     return _C is not None
