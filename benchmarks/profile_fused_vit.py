@@ -3,58 +3,31 @@
     .venv/bin/python benchmarks/profile_fused_vit.py                       # DeiT-Ti/S/B, batch 1 and 8, 1 and 2 threads
     .venv/bin/python benchmarks/profile_fused_vit.py --models deit_base --batches 1 --threads 1
 
-For each (model, batch, threads): median latency of timm eager, of the fused model (random weights,
-`vitfast.fuse(vitfast.convert.from_timm(m, channel_idle=θ))`) and of the same fused model with the attention
-sub-block as it was before `vitfast.ops.linear`/`attention` existed ("fused-before": qkv/proj as nn.Linear =
-MKL addmm, permute + SDPA + transpose/reshape, a separate residual add; the FFN on channel_idle_ffn in both),
-all in the same run, the speed-ups, each one's FLOP count
-(`vitfast.measure.flops_per_image`, as `vitfast bench` counts them: matmuls and attention, the fused model
-through its reference path), % of the floor
-(= FLOPs / measured torch.mm 2048³ rate at that thread count, measured in the same run), and the fused
-model's self-CPU-time share per op from torch.profiler.  Not a pytest suite: a report for the notes
-(end-to-end benchmarks proper live in benchmarks/bench_models.py).
+For each (model, batch, threads): median latency of timm eager and of the fused model (random weights,
+`vitfast.fuse(vitfast.convert.from_timm(m, channel_idle=θ))`, whose blocks run as whole-block `vit_block` ops) in the
+same run, the speed-up, each one's FLOP count (`vitfast.measure.flops_per_image`, as `vitfast bench` counts them:
+matmuls and attention, the fused model through its reference path), % of the floor (= FLOPs / measured torch.mm
+2048³ rate at that thread count, measured in the same run), and the fused model's self-CPU-time share per op from
+torch.profiler (inside a `vit_block`, `perf` sees the kernels: docs/performance.md).  Not a pytest suite: a report
+for the notes (end-to-end benchmarks proper live in benchmarks/bench_models.py; the deployed anchors in
+benchmarks/lowp_cells.py).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 
 import timm
 
 import vitfast
-import vitfast.nn.block as fused_nn
 from vitfast.measure import flops_per_image
 
 TIMM_NAMES = {"deit_tiny": "deit_tiny_patch16_224", "deit_small": "deit_small_patch16_224",
               "deit_base": "deit_base_patch16_224"}
-
-
-def _legacy_attention_forward(self, x, attn_mask=None, is_causal=False, *, residual=None):
-    """The fused Attention's forward before this change (kept here only as the "before" of the report)."""
-    batch, tokens, _ = x.shape
-    qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
-    q, k = self.q_norm(q), self.k_norm(k)
-    x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
-    x = x.transpose(1, 2).reshape(batch, tokens, self.attn_dim)
-    x = self.proj(self.norm(x))
-    return x if residual is None else residual + x
-
-
-@contextlib.contextmanager
-def legacy_attention():
-    original = fused_nn.Attention.forward
-    fused_nn.Attention.forward = _legacy_attention_forward
-    try:
-        yield
-    finally:
-        fused_nn.Attention.forward = original
 
 
 def sgemm_now(threads, n=2048, repeats=7):
@@ -117,25 +90,19 @@ def main(argv=None):
             for threads in args.threads:
                 sg = sgemm_now(threads)
                 # Alternating measurements, best median kept: less drift on a shared machine.
-                t = {"timm": [], "before": [], "after": []}
+                t = {"timm": [], "fused": []}
                 for _ in range(2):
                     t["timm"].append(median_latency(base, x))
-                    with legacy_attention():
-                        t["before"].append(median_latency(fused, x))
-                    t["after"].append(median_latency(fused, x))
+                    t["fused"].append(median_latency(fused, x))
                 t = {k: min(v) for k, v in t.items()}
                 sg = max(sg, sgemm_now(threads))
                 pct = lambda f, s: 100 * f / (sg * 1e9) / s  # noqa: E731
                 print(f"{name} b{batch} t{threads}: sgemm {sg:.1f} GFLOP/s | timm eager {t['timm'] * 1e3:.1f} ms "
                       f"({f_base / 1e9:.2f} GFLOP, {pct(f_base, t['timm']):.0f}% of floor) | fused θ={args.theta} "
-                      f"({f_fused / 1e9:.2f} GFLOP) before {t['before'] * 1e3:.1f} ms "
-                      f"({pct(f_fused, t['before']):.0f}%), after {t['after'] * 1e3:.1f} ms "
-                      f"({pct(f_fused, t['after']):.0f}%) | speed-up vs timm: before "
-                      f"{t['timm'] / t['before']:.2f}x, after {t['timm'] / t['after']:.2f}x", flush=True)
-                for label, ctx in (("before", legacy_attention), ("after", contextlib.nullcontext)):
-                    with ctx():
-                        top = op_breakdown(fused, x)[: args.top]
-                    print(f"    fused-{label} self-CPU: " + ", ".join(f"{k} {v:.1f}%" for k, v in top), flush=True)
+                      f"{t['fused'] * 1e3:.1f} ms ({f_fused / 1e9:.2f} GFLOP, {pct(f_fused, t['fused']):.0f}% of floor) | "
+                      f"speed-up vs timm {t['timm'] / t['fused']:.2f}x", flush=True)
+                top = op_breakdown(fused, x)[: args.top]
+                print("    fused self-CPU: " + ", ".join(f"{k} {v:.1f}%" for k, v in top), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,13 @@ constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, 
 constexpr vitfast::CpuExt kAllExtensions[] = {vitfast::CpuExt::kAvx512Vnni, vitfast::CpuExt::kAvx512Bf16,
                                               vitfast::CpuExt::kAmxBf16,    vitfast::CpuExt::kAmxInt8,
                                               vitfast::CpuExt::kNeonDotProd, vitfast::CpuExt::kNeonBf16};
+
+// A Python dict of named counters (the caches' stats functions).
+py::dict counters(std::initializer_list<std::pair<const char*, py::object>> items) {
+  py::dict d;
+  for (const auto& kv : items) d[kv.first] = kv.second;
+  return d;
+}
 
 std::vector<std::string> supported_isas() {
   std::vector<std::string> out;
@@ -108,12 +117,8 @@ PYBIND11_MODULE(_C, m) {
       "_weight_cache_stats",
       []() {
         const vitfast::ops::WeightCacheStats s = vitfast::ops::weight_cache_stats();
-        py::dict d;
-        d["entries"] = s.entries;
-        d["bytes"] = s.bytes;
-        d["hits"] = s.hits;
-        d["misses"] = s.misses;
-        return d;
+        return counters({{"entries", py::int_(s.entries)}, {"bytes", py::int_(s.bytes)}, {"hits", py::int_(s.hits)},
+                         {"misses", py::int_(s.misses)}});
       },
       "Packed-weight cache counters (entries, bytes, hits, misses) — for tests and diagnostics.");
   m.def("_weight_cache_clear", &vitfast::ops::weight_cache_clear, "Drop every packed weight.");
@@ -121,11 +126,8 @@ PYBIND11_MODULE(_C, m) {
       "_output_pool_stats",
       []() {
         const vitfast::ops::OutputPoolStats s = vitfast::ops::output_pool_stats();
-        py::dict d;
-        d["cached_bytes"] = s.cached_bytes;
-        d["reused"] = s.reused;
-        d["enabled"] = s.enabled;
-        return d;
+        return counters({{"cached_bytes", py::int_(s.cached_bytes)}, {"reused", py::int_(s.reused)},
+                         {"enabled", py::bool_(s.enabled)}});
       },
       "The op-output cache (csrc/ops/output_pool.h): bytes held now, blocks reused so far, whether it is on.");
   m.def("_output_pool_clear", &vitfast::ops::output_pool_clear,

@@ -45,6 +45,25 @@ def _smooth_weight(w: torch.Tensor, smooth: Optional[torch.Tensor]) -> torch.Ten
     return w if smooth is None else w / smooth.double()
 
 
+def _load_weight(module: nn.Module, w: torch.Tensor, bias: Optional[torch.Tensor],
+                 smooth: Optional[torch.Tensor]) -> None:
+    """module.qweight / w_scale from the weight matrix w [N, K] (after the migration), and its smooth and bias."""
+    q, s = quantize_weight(_smooth_weight(w, smooth))
+    with torch.no_grad():
+        module.qweight.copy_(q)
+        module.w_scale.copy_(s)
+        if smooth is not None:
+            module.smooth.copy_(smooth.float())
+        if bias is not None:
+            module.bias.copy_(bias.float())
+
+
+def _dequantized(module: nn.Module) -> torch.Tensor:
+    """diag(w_scale) · qweight · diag(1/smooth) of a module holding them (smooth = 1/s multiplies back)."""
+    w = module.qweight.float() * module.w_scale.unsqueeze(1)
+    return w if module.smooth is None else w * module.smooth
+
+
 def _float_or_zero(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) < float("inf"):
         raise ValueError(f"{name}: expected a finite number >= 0 (0: per-token scales), got {value!r}")
@@ -73,14 +92,7 @@ class Int8Linear(nn.Module):
         w = linear.weight
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, smooth=smooth is not None,
                      act_scale=act_scale, device=w.device)
-        q, s = quantize_weight(_smooth_weight(w, smooth))
-        with torch.no_grad():
-            module.qweight.copy_(q)
-            module.w_scale.copy_(s)
-            if smooth is not None:
-                module.smooth.copy_(smooth.float())
-            if linear.bias is not None:
-                module.bias.copy_(linear.bias.float())
+        _load_weight(module, w, linear.bias, smooth)
         return module
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -88,8 +100,7 @@ class Int8Linear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """The fp32 weight this layer computes with: diag(w_scale) · qweight · diag(1/smooth)."""
-        w = self.qweight.float() * self.w_scale.unsqueeze(1)
-        return w if self.smooth is None else w * self.smooth
+        return _dequantized(self)
 
     def quant_config(self) -> Dict[str, Any]:
         return {"kind": "int8_linear", "in_features": self.in_features, "out_features": self.out_features,
@@ -241,14 +252,7 @@ class Int8PatchProjection(nn.Module):
                              f"stride, no padding, dilation or groups), got {conv!r:.200}")
         module = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.bias is not None,
                      smooth=smooth is not None, act_scale=act_scale, device=conv.weight.device)
-        q, s = quantize_weight(_smooth_weight(cls.weight_matrix(conv), smooth))
-        with torch.no_grad():
-            module.qweight.copy_(q)
-            module.w_scale.copy_(s)
-            if smooth is not None:
-                module.smooth.copy_(smooth.float())
-            if conv.bias is not None:
-                module.bias.copy_(conv.bias.float())
+        _load_weight(module, cls.weight_matrix(conv), conv.bias, smooth)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -260,9 +264,7 @@ class Int8PatchProjection(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """The fp32 conv weight [C_out, C, p, q] this layer computes with."""
-        w = self.qweight.float() * self.w_scale.unsqueeze(1)
-        w = w if self.smooth is None else w * self.smooth
-        return w.reshape(self.out_channels, self.in_channels, *self.kernel_size)
+        return _dequantized(self).reshape(self.out_channels, self.in_channels, *self.kernel_size)
 
     def quant_config(self) -> Dict[str, Any]:
         return {"kind": "int8_patch_projection", "in_channels": self.in_channels, "out_channels": self.out_channels,
