@@ -72,3 +72,39 @@ def test_env_turns_it_off():
     env = dict(os.environ, VITFAST_OUTPUT_POOL="0")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "0"]
+
+
+def _child_forward(queue):
+    torch.set_num_threads(1)  # as DataLoader workers do: libgomp's team does not survive a fork
+    y = vitfast.ops.linear(torch.randn(4, 197, 384), torch.randn(1152, 384))
+    del y  # frees into the child's copy of the cache
+    y = vitfast.ops.linear(torch.randn(4, 197, 384), torch.randn(1152, 384))
+    queue.put(float(y.abs().sum()) > 0)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork")
+def test_a_forked_child_uses_its_copy_of_the_cache():
+    import multiprocessing as mp
+    import threading
+
+    stop = threading.Event()
+
+    def churn():  # another thread allocating and freeing outputs while the process forks
+        x, w = torch.randn(4, 197, 384), torch.randn(1152, 384)
+        while not stop.is_set():
+            vitfast.ops.linear(x, w)
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        ctx = mp.get_context("fork")
+        for _ in range(3):
+            q = ctx.Queue()
+            p = ctx.Process(target=_child_forward, args=(q,))
+            p.start()
+            assert q.get(timeout=60) is True
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:
+        stop.set()
+        t.join()

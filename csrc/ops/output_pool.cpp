@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#endif
 #include <unordered_map>
 #include <vector>
 
@@ -57,6 +60,9 @@ class OutputPool final : public c10::Allocator {
     return s;
   }
 
+  void lock() { mutex_.lock(); }
+  void unlock() { mutex_.unlock(); }
+
   void clear() {
     std::vector<void*> freed;
     {
@@ -94,7 +100,15 @@ class OutputPool final : public c10::Allocator {
 
 // Never destroyed: a tensor may outlive static destruction (a global in the user's program) and still free into it.
 OutputPool& pool() {
-  static OutputPool* p = new OutputPool();
+  static OutputPool* p = [] {
+    OutputPool* created = new OutputPool();
+#if defined(__unix__) || defined(__APPLE__)
+    // fork() copies the mutex as it is: taken by another thread at that instant, the child's first free would wait
+    // for ever (DataLoader workers are forked).  Hold it across the fork, release it on both sides.
+    pthread_atfork([] { pool().lock(); }, [] { pool().unlock(); }, [] { pool().unlock(); });
+#endif
+    return created;
+  }();
   return *p;
 }
 
