@@ -103,12 +103,29 @@ def int8_block(shape_name):
     return block, modules
 
 
+def int8_block_torch_ops(block, x):
+    """The block's five ops called one by one through torch.ops (what int8_block_forward did before its one C++
+    call, csrc/ops/int8_block.h): the same bits, a dispatch and some Python per op."""
+    vf, attn, mlp = torch.ops.vitfast, block.attn, block.mlp
+    qkv, proj = attn.qkv, attn.proj
+    h = vf.linear_int8(vf.layer_norm(x, None, None, float(block.norm1.eps)), qkv.qweight, qkv.w_scale, qkv.bias, None,
+                       qkv.smooth, qkv.act_scale)
+    h = (vf.attention_int8 if attn.__dict__.get("int8_attention") else
+         vf.attention_bf16 if attn.__dict__.get("bf16_attention") else vf.attention)(h, attn.num_heads)
+    x1 = vf.linear_int8(h, proj.qweight, proj.w_scale, proj.bias, x, proj.smooth, proj.act_scale)
+    y = x1 if mlp.norm is None else vf.layer_norm(x1, None, None, float(mlp.norm.eps))
+    return vf.channel_idle_ffn_int8(y, mlp.qw_in, mlp.s_in, mlp.b_in, mlp.qw_out, mlp.s_out, mlp.b_out,
+                                    x1 if mlp.residual or mlp.split_identity else None, mlp.smooth_in, mlp.smooth_out,
+                                    mlp.act_scale_in, mlp.act_scale_out)
+
+
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
 @pytest.mark.parametrize("shape_name", ["deit_small", "deit_base"])
 def test_int8_block_interleaved(benchmark, shape_name, batch, threads):
-    """An int8 block's five ops called straight through torch.ops (vitfast.nn.block.int8_block_forward, what the
-    block runs) against its module path (the baseline of the ratios), one call of each per round."""
+    """An int8 block's five ops in one C++ call (vitfast.nn.block.int8_block_forward, what the block runs), the same
+    five ops called one by one through torch.ops, and its module path (the baseline of the ratios), one call of each
+    per round."""
     from vitfast.nn.block import int8_block_forward
 
     shape = VIT_SHAPES[shape_name]
@@ -118,7 +135,9 @@ def test_int8_block_interleaved(benchmark, shape_name, batch, threads):
     flops = block_flops(shape, batch)
     with torch.no_grad():
         assert torch.equal(int8_block_forward(block, x), modules(x))
-        fns = {"modules": modules, "direct": lambda x: int8_block_forward(block, x)}
-        rounds = interleaved_rounds(flops, threads, 2, seconds=4.0, gflops_per_thread=400.0)
+        assert torch.equal(int8_block_torch_ops(block, x), modules(x))
+        fns = {"modules": modules, "torch_ops": lambda x: int8_block_torch_ops(block, x),
+               "direct": lambda x: int8_block_forward(block, x)}
+        rounds = interleaved_rounds(flops, threads, 3, seconds=4.0, gflops_per_thread=400.0)
         entry = run_interleaved(benchmark, fns, (x,), case, threads, flops, rounds=rounds)
     benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})

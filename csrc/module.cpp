@@ -14,6 +14,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_int8.h"
+#include "ops/int8_block.h"
 #include "ops/output_pool.h"
 #include "ops/weight_cache.h"
 
@@ -130,6 +131,33 @@ PYBIND11_MODULE(_C, m) {
                          {"enabled", py::bool_(s.enabled)}});
       },
       "The op-output cache (csrc/ops/output_pool.h): bytes held now, blocks reused so far, whether it is on.");
+  m.def(
+      "_int8_block",
+      [](const at::Tensor& x, double norm1_eps, const at::Tensor& qkv_qweight, const at::Tensor& qkv_w_scale,
+         const std::optional<at::Tensor>& qkv_bias, const std::optional<at::Tensor>& qkv_smooth, double qkv_act_scale,
+         int64_t num_heads, int64_t attention, const at::Tensor& proj_qweight, const at::Tensor& proj_w_scale,
+         const std::optional<at::Tensor>& proj_bias, const std::optional<at::Tensor>& proj_smooth,
+         double proj_act_scale, std::optional<double> ffn_norm_eps, const at::Tensor& qw_in, const at::Tensor& s_in,
+         const std::optional<at::Tensor>& b_in, const at::Tensor& qw_out, const at::Tensor& s_out,
+         const std::optional<at::Tensor>& b_out, const std::optional<at::Tensor>& smooth_in,
+         const std::optional<at::Tensor>& smooth_out, double act_scale_in, double act_scale_out, bool ffn_residual) {
+        if (attention < 0 || attention > 2) throw py::value_error("attention: expected 0 (fp32), 1 (int8) or 2 (bf16)");
+        const vitfast::ops::Int8LinearArgs qkv{qkv_qweight, qkv_w_scale, qkv_bias, qkv_smooth, qkv_act_scale};
+        const vitfast::ops::Int8LinearArgs proj{proj_qweight, proj_w_scale, proj_bias, proj_smooth, proj_act_scale};
+        const vitfast::ops::Int8FfnArgs ffn{qw_in,     s_in,       b_in,         qw_out,        s_out,       b_out,
+                                            smooth_in, smooth_out, act_scale_in, act_scale_out, ffn_residual};
+        try {
+          py::gil_scoped_release no_gil;  // the kernels need no Python; other Python threads may run meanwhile
+          return vitfast::ops::int8_block(x, norm1_eps, qkv, num_heads,
+                                          static_cast<vitfast::ops::BlockAttention>(attention), proj, ffn_norm_eps,
+                                          ffn);
+        } catch (const c10::ValueError& e) {  // the ops' argument errors keep their Python type
+          throw py::value_error(e.what_without_backtrace());
+        } catch (const c10::TypeError& e) {
+          throw py::type_error(e.what_without_backtrace());
+        }
+      },
+      "An int8 fused block's five CPU ops in one call (csrc/ops/int8_block.h; vitfast.nn.block.int8_block_forward).");
   m.def("_output_pool_clear", &vitfast::ops::output_pool_clear,
         "Give every cached op-output block back to malloc (outputs still alive are not affected).");
   m.def(

@@ -30,6 +30,7 @@
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 #include "ops/output_pool.h"
+#include "ops/int8_block.h"
 
 namespace vitfast {
 namespace ops {
@@ -159,6 +160,11 @@ void attention_run(const float* qp, int64_t ld_qkv, int64_t batch, int64_t token
         attention_head(qp + b * tokens * ld_qkv, ld_qkv, tokens, heads, d, h, q0, q1, scale,
                        op + b * tokens * attn_dim, attn_dim, ws, isa, next);
       });
+}
+
+at::Tensor attention_op(const at::Tensor& qkv, int64_t num_heads) { return attention_cpu(qkv, num_heads, std::nullopt); }
+at::Tensor attention_bf16_op(const at::Tensor& qkv, int64_t num_heads) {
+  return attention_bf16_cpu(qkv, num_heads, std::nullopt);
 }
 
 }  // namespace ops

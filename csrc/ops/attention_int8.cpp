@@ -26,6 +26,7 @@
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 #include "ops/output_pool.h"
+#include "ops/int8_block.h"
 
 namespace vitfast {
 namespace ops {
@@ -69,6 +70,10 @@ at::Tensor attention_int8_cpu(const at::Tensor& qkv, int64_t num_heads, std::opt
 }
 
 }  // namespace
+at::Tensor attention_int8_op(const at::Tensor& qkv, int64_t num_heads) {
+  return attention_int8_cpu(qkv, num_heads, std::nullopt);
+}
+
 }  // namespace ops
 }  // namespace vitfast
 

@@ -25,6 +25,7 @@
 #include "ops/int8_common.h"
 #include "ops/op_utils.h"
 #include "ops/output_pool.h"
+#include "ops/int8_block.h"
 
 namespace vitfast {
 namespace ops {
@@ -155,6 +156,16 @@ at::Tensor channel_idle_ffn_int8_cpu(const at::Tensor& x, const at::Tensor& qw_i
 }
 
 }  // namespace
+at::Tensor channel_idle_ffn_int8_op(const at::Tensor& x, const at::Tensor& qw_in, const at::Tensor& s_in,
+                                    const std::optional<at::Tensor>& b_in, const at::Tensor& qw_out,
+                                    const at::Tensor& s_out, const std::optional<at::Tensor>& b_out,
+                                    const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& smooth_in,
+                                    const std::optional<at::Tensor>& smooth_out, double act_scale_in,
+                                    double act_scale_out) {
+  return channel_idle_ffn_int8_cpu(x, qw_in, s_in, b_in, qw_out, s_out, b_out, residual, smooth_in, smooth_out,
+                                   act_scale_in, act_scale_out);
+}
+
 }  // namespace ops
 }  // namespace vitfast
 

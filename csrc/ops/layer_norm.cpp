@@ -21,6 +21,7 @@
 #include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 #include "ops/output_pool.h"
+#include "ops/int8_block.h"
 
 namespace vitfast {
 namespace ops {
@@ -89,6 +90,10 @@ void layer_norm_run_bf16(const float* xp, uint16_t* o16, int64_t ld16, int64_t r
       gemm16::convert_rows(buf.data(), c, n, c, o16 + r0 * ld16, ld16, kernel);
     }
   });
+}
+
+at::Tensor layer_norm_op(const at::Tensor& x, double eps) {
+  return layer_norm_cpu(x, std::nullopt, std::nullopt, eps);
 }
 
 }  // namespace ops

@@ -24,6 +24,7 @@
 #include "ops/int8_common.h"
 #include "ops/op_utils.h"
 #include "ops/output_pool.h"
+#include "ops/int8_block.h"
 
 namespace vitfast {
 namespace ops {
@@ -87,6 +88,12 @@ at::Tensor linear_int8_cpu(const at::Tensor& x, const at::Tensor& qweight, const
 }
 
 }  // namespace
+at::Tensor linear_int8_op(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& w_scale,
+                          const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
+                          const std::optional<at::Tensor>& smooth, double act_scale) {
+  return linear_int8_cpu(x, qweight, w_scale, bias, residual, smooth, act_scale);
+}
+
 }  // namespace ops
 }  // namespace vitfast
 

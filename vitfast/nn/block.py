@@ -236,11 +236,12 @@ _INT8_FFN_FORWARD = Int8ChannelIdleFFN.forward
 
 
 def int8_block_forward(block: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
-    """An int8 block's forward (vitfast.quantize: `plan.int8_ops`) as its five ops called straight through
-    `torch.ops.vitfast` — LayerNorm, qkv, attention (int8 / bf16 / fp32 products as flagged), proj + x, [LayerNorm,]
-    FFN — the calls and bits of the module path without its module calls and the ops' Python entries (which
-    repeat, in Python, checks the C++ ops make): measured ~70 µs less per DeiT-S block at batch 1 on one thread,
-    ~9% of it.  None where the module path must run instead: gradients, tracing / export, the reference backend,
+    """An int8 block's forward (vitfast.quantize: `plan.int8_ops`) as its five CPU ops in one C++ call
+    (`vitfast._C._int8_block`, csrc/ops/int8_block.h) — LayerNorm, qkv, attention (int8 / bf16 / fp32 products as
+    flagged), proj + x, [LayerNorm,] FFN — the bits of the module path without its module calls, the ops' Python
+    entries (which repeat, in Python, checks the C++ ops make) and their dispatches: measured ~70 µs less per DeiT-S
+    block at batch 1 on one thread than the module path with the five ops called through torch.ops, ~25 µs less
+    again in one call.  None where the module path must run instead: gradients, tracing / export, the reference backend,
     a non-fp32 or non-CPU input, hooks or patched forwards on the block's modules, children replaced since the plan."""
     if torch.is_grad_enabled() or x.dim() != 3 or not x.is_cpu or x.dtype != torch.float32:
         return None
@@ -254,21 +255,21 @@ def int8_block_forward(block: nn.Module, x: torch.Tensor) -> Optional[torch.Tens
             or Int8ChannelIdleFFN.forward is not _INT8_FFN_FORWARD or ops.get_backend() == "reference" or tracing()
             or not ops.extension_loaded()):
         return None
-    vf = torch.ops.vitfast
     q, p, f = qkv.__dict__, proj.__dict__, mlp.__dict__  # plain attributes (act_scale) beside the buffers
     qb, pb, fb = qkv._buffers, proj._buffers, mlp._buffers
     flags = attn.__dict__
-    h = vf.linear_int8(vf.layer_norm(x, None, None, float(norm1.eps)), qb["qweight"], qb["w_scale"],
-                       qkv._parameters.get("bias"), None, qb.get("smooth"), q["act_scale"])
-    h = (vf.attention_int8 if flags.get("int8_attention") else
-         vf.attention_bf16 if flags.get("bf16_attention") else vf.attention)(h, attn.num_heads)
-    x1 = vf.linear_int8(h, pb["qweight"], pb["w_scale"], proj._parameters.get("bias"), x, pb.get("smooth"),
-                        p["act_scale"])
-    y = x1 if ffn_norm is None else vf.layer_norm(x1, None, None, float(ffn_norm.eps))
     params = mlp._parameters
-    return vf.channel_idle_ffn_int8(y, fb["qw_in"], fb["s_in"], params.get("b_in"), fb["qw_out"], fb["s_out"],
-                                    params.get("b_out"), x1 if f["residual"] or f["split_identity"] else None,
-                                    fb.get("smooth_in"), fb.get("smooth_out"), f["act_scale_in"], f["act_scale_out"])
+    # The five ops in one C++ call (csrc/ops/int8_block.h): each is the op's CPU binding, so the same bits as
+    #   h = linear_int8(layer_norm(x)); h = attention[_int8|_bf16](h); x1 = linear_int8(h, residual=x);
+    #   out = channel_idle_ffn_int8([layer_norm](x1), residual=x1 if the FFN adds its shortcut)
+    # through torch.ops, without their dispatches and the Python between them (~25 µs per block).
+    return ops._C._int8_block(
+        x, float(norm1.eps), qb["qweight"], qb["w_scale"], qkv._parameters.get("bias"), qb.get("smooth"),
+        q["act_scale"], attn.num_heads, 1 if flags.get("int8_attention") else 2 if flags.get("bf16_attention") else 0,
+        pb["qweight"], pb["w_scale"], proj._parameters.get("bias"), pb.get("smooth"), p["act_scale"],
+        None if ffn_norm is None else float(ffn_norm.eps), fb["qw_in"], fb["s_in"], params.get("b_in"), fb["qw_out"],
+        fb["s_out"], params.get("b_out"), fb.get("smooth_in"), fb.get("smooth_out"), f["act_scale_in"],
+        f["act_scale_out"], bool(f["residual"] or f["split_identity"]))
 
 
 @register_fused("block")
