@@ -161,7 +161,7 @@ def plan_whole_block(block: nn.Module) -> WholeBlockPlan:
     return plan
 
 
-def whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
+def whole_block_args(block: nn.Module, x: torch.Tensor, current: Optional[tuple] = None) -> Optional[tuple]:
     """The arguments of `torch.ops.vitfast.vit_block` for this forward of `block`, or None to run its sub-blocks.
 
     The structure was decided when the block was built (`plan_whole_block`); what can change between two forwards
@@ -169,7 +169,7 @@ def whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
     extension (the C++ op) or CUDA without autocast (`ops.vit_block_cuda_eager`: the same torch calls as the six ops'
     CUDA impls, with one check and no dispatch per op), the auto backend, no tracing (exported graphs keep the per-op
     calls), the planned children still in place, and no forward hooks or patched forwards that calling `attn` / `mlp`
-    as modules would run.
+    as modules would run.  `current`: `_current_plan(block)` when the caller has it.
     """
     if torch.is_grad_enabled() or x.dim() != 3:
         return None
@@ -185,7 +185,7 @@ def whole_block_args(block: nn.Module, x: torch.Tensor) -> Optional[tuple]:
             return None
     else:
         return None
-    plan, children = _current_plan(block)
+    plan, children = current or _current_plan(block)
     if not plan.runs_as_one_op:
         return None
     norm1, attn, mlp = children[:3]
@@ -235,7 +235,7 @@ _INT8_LINEAR_FORWARD = Int8Linear.forward
 _INT8_FFN_FORWARD = Int8ChannelIdleFFN.forward
 
 
-def int8_block_forward(block: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
+def int8_block_forward(block: nn.Module, x: torch.Tensor, current: Optional[tuple] = None) -> Optional[torch.Tensor]:
     """An int8 block's forward (vitfast.quantize: `plan.int8_ops`) as its five CPU ops in one C++ call
     (`vitfast._C._int8_block`, csrc/ops/int8_block.h) — LayerNorm, qkv, attention (int8 / bf16 / fp32 products as
     flagged), proj + x, [LayerNorm,] FFN — the bits of the module path without its module calls, the ops' Python
@@ -245,7 +245,7 @@ def int8_block_forward(block: nn.Module, x: torch.Tensor) -> Optional[torch.Tens
     a non-fp32 or non-CPU input, hooks or patched forwards on the block's modules, children replaced since the plan."""
     if torch.is_grad_enabled() or x.dim() != 3 or not x.is_cpu or x.dtype != torch.float32:
         return None
-    plan, children = _current_plan(block)
+    plan, children = current or _current_plan(block)
     if not plan.int8_ops:
         return None
     norm1, attn, mlp, _, _, ffn_norm = children
@@ -270,6 +270,21 @@ def int8_block_forward(block: nn.Module, x: torch.Tensor) -> Optional[torch.Tens
         None if ffn_norm is None else float(ffn_norm.eps), fb["qw_in"], fb["s_in"], params.get("b_in"), fb["qw_out"],
         fb["s_out"], params.get("b_out"), fb.get("smooth_in"), fb.get("smooth_out"), f["act_scale_in"],
         f["act_scale_out"], bool(f["residual"] or f["split_identity"]))
+
+
+def direct_forward(block: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """`block`'s forward without calling its modules — one `vit_block` op (fp32, or bf16 on a bf16 extension), or an
+    int8 block's five ops in one C++ call — or None where its modules must run (see `whole_block_args` and
+    `int8_block_forward`).  The plan is looked up once for both."""
+    if torch.is_grad_enabled() or x.dim() != 3:
+        return None
+    current = _current_plan(block)
+    if current[0].int8_ops:
+        return int8_block_forward(block, x, current=current)
+    args = whole_block_args(block, x, current=current)
+    if args is None:
+        return None
+    return torch.ops.vitfast.vit_block(*args) if x.is_cpu else ops.vit_block_cuda_eager(*args)
 
 
 @register_fused("block")
@@ -372,10 +387,7 @@ class FusedBlock(nn.Module):
         self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
     ) -> torch.Tensor:
         if attn_mask is None and not is_causal:
-            args = whole_block_args(self, x)
-            if args is not None:
-                return torch.ops.vitfast.vit_block(*args) if x.is_cpu else ops.vit_block_cuda_eager(*args)
-            out = int8_block_forward(self, x)
+            out = direct_forward(self, x)
             if out is not None:
                 return out
         x = self.attn(apply_norm(self.norm1, x), attn_mask=attn_mask, is_causal=is_causal, residual=x)  # x + attn(...)

@@ -17,7 +17,7 @@ from .. import ops
 from .._env import get_cuda_kernels
 from ._base import ConfigReader, apply_norm, tracing
 from ._fold import fold_attention
-from .block import FusedAttention, int8_block_forward, plan_whole_block, whole_block_args
+from .block import FusedAttention, direct_forward, plan_whole_block
 from .ffn import FusedChannelIdleFFN
 from .registry import register_fused
 
@@ -104,10 +104,7 @@ class FusedGatedBlock(nn.Module):
                 # Both sub-blocks open: the whole block as one op, as vitfast.nn.FusedBlock runs it (same kernels and
                 # bits as the two sub-block calls below; None when anything those calls would do differently is
                 # in play, e.g. a pruned sub-block, grad mode, hooks, fp16).
-                args = whole_block_args(self, x)
-                if args is not None:
-                    return torch.ops.vitfast.vit_block(*args)
-                out = int8_block_forward(self, x)  # an int8 block's five ops straight through torch.ops
+                out = direct_forward(self, x)
                 if out is not None:
                     return out
             if self.attn is not None and run_attn:

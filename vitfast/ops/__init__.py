@@ -45,7 +45,8 @@ from ._extension import (_C, _REFERENCE_CPU_FALLBACKS, bf16_kernel, clear_output
                          cpu_extensions, cpu_isa, extension_loaded, int8_kernel, prepack)
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attention", "extension_loaded", "cpu_isa",
-           "batch_gate", "gate_select", "prepack", "clear_weight_cache", "clear_output_cache", "vit_block", "dwconv_attention",
+           "batch_gate", "gate_select", "prepack", "clear_weight_cache", "clear_output_cache", "vit_block",
+           "dwconv_attention",
            "gated_mhsa", "gated_ffn", "onnx_exporting", "linear_int8", "channel_idle_ffn_int8", "attention_int8",
            "attention_bf16",
            "int8_kernel", "bf16_kernel", "cpu_extensions", "warmup"]

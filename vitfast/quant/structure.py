@@ -18,11 +18,11 @@ from typing import Any, Dict, Optional
 import torch.nn as nn
 
 from ..nn.patch_embed import is_patch_projection
-from ..nn.int8 import (Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection, int8_module_from_config,
+from ..nn.int8 import (_QUANT_KINDS, Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection, int8_module_from_config,
                        is_int8_module)
 
 KEY = "quantization"
-_KINDS = ("int8_linear", "int8_channel_idle_ffn", "int8_patch_projection", "int8_attention", "bf16_attention")
+_KINDS = (*_QUANT_KINDS, "int8_attention", "bf16_attention")  # the int8 modules, and the attentions' product flags
 _MAX_INT = 2**31 - 1
 
 
