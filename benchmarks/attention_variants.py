@@ -9,6 +9,14 @@ benchmarks/results/.
 One thread.  Each round calls the three ops once in rotating order; a ratio is the fp32 op's time over the variant's
 in the same round, median and p10-p90 over the rounds (a busy neighbour slows a round's calls alike).  Which bf16
 kernel runs is in the table's conditions (`vitfast.ops.bf16_kernel()`; without one the portable kernel is slow).
+
+    python benchmarks/attention_variants.py --grid [--configs default,noamx,avx2] [--rounds 9] [--record]
+
+`--grid`: where int8 products pay, the data of `attention="auto"` (vitfast/quant/attention_choice.py): fp32
+attention ÷ attention_int8, paired, over token counts N 17-577 and head dims 16-64 (6 heads), batch 1 and 8, for
+each int8 kernel this CPU can run — each configuration in its own process (`default`: the best kernel; `noamx`:
+VITFAST_CPU_EXT=noamx, the AVX-512 VNNI kernel of a CPU without AMX; `avx2`: VITFAST_CPU_ISA=avx2).  Table
+`attention_crossover`; a cell marked * is one where attention="auto" picks int8 on that kernel.
 """
 from __future__ import annotations
 
@@ -60,14 +68,117 @@ def measure(shape_name: str, batch: int, rounds: int) -> list:
     return rows
 
 
+GRID_TOKENS = (17, 50, 65, 101, 197, 577)
+GRID_HEAD_DIMS = (16, 24, 32, 64)
+GRID_HEADS = 6
+CONFIGS = {"default": {}, "noamx": {"VITFAST_CPU_EXT": "noamx"}, "avx2": {"VITFAST_CPU_ISA": "avx2"}}
+
+
+def grid_cell(batch: int, tokens: int, head_dim: int, rounds: int) -> dict:
+    """fp32 ÷ int8 attention at one shape on this process's int8 kernel: median and p10 of the paired ratios."""
+    torch.manual_seed(0)
+    qkv = torch.randn(batch, tokens, 3 * GRID_HEADS * head_dim)
+    fns = [torch.ops.vitfast.attention, torch.ops.vitfast.attention_int8]
+    reps = max(1, int(0.004 / max(2e-6, 4.0 * batch * GRID_HEADS * tokens ** 2 * head_dim / 60e9)))
+    times = ([], [])
+    with torch.inference_mode():
+        for r in range(rounds + 2):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fns[i](qkv, GRID_HEADS)
+                if r >= 2:
+                    times[i].append((time.perf_counter() - t0) / reps)
+    ratio, lo, _ = _quantiles([a / b for a, b in zip(*times)])
+    return {"batch": batch, "tokens": tokens, "head_dim": head_dim, "ratio": ratio, "lo": lo,
+            "fp32_us": statistics.median(times[0]) * 1e6}
+
+
+def grid_child(rounds: int) -> int:
+    """One configuration's cells as JSON lines on stdout (run by `grid` in a fresh process)."""
+    import json
+
+    torch.set_num_threads(1)
+    kernel = vitfast.ops.int8_kernel()
+    for batch in (1, 8):
+        for tokens in GRID_TOKENS:
+            for head_dim in GRID_HEAD_DIMS:
+                print(json.dumps({"kernel": kernel, **grid_cell(batch, tokens, head_dim, rounds)}), flush=True)
+    return 0
+
+
+def grid(configs: list, rounds: int, record_table: bool) -> int:
+    import json
+    import subprocess
+
+    from vitfast.quant.attention_choice import int8_attention_pays
+
+    cells, kernels = [], []
+    for name in configs:
+        env = {**os.environ, **CONFIGS[name], "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--grid-child", "--rounds", str(rounds)],
+                              env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"attention_variants: configuration {name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+            return 1
+        got = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        if got and got[0]["kernel"] in kernels:  # this CPU has no such kernel: the same one again
+            print(f"{name}: the {got[0]['kernel']} kernel again, left out")
+            continue
+        kernels.append(got[0]["kernel"])
+        cells += got
+    rows = []
+    for kernel in kernels:
+        for batch in (1, 8):
+            for head_dim in GRID_HEAD_DIMS:
+                row = {"kernel": kernel, "batch": batch, "head_dim": head_dim}
+                for c in cells:
+                    if (c["kernel"], c["batch"], c["head_dim"]) == (kernel, batch, head_dim):
+                        mark = "*" if int8_attention_pays(c["tokens"], head_dim, kernel) else ""
+                        row[f"n{c['tokens']}"] = f"{c['ratio']:.2f}×{mark}"
+                        row[f"n{c['tokens']}_ratio"] = c["ratio"]
+                        row[f"n{c['tokens']}_p10"] = c["lo"]
+                rows.append(row)
+                print(f"{kernel:12s} b{batch} D{head_dim:3d}  " + "  ".join(
+                    f"N{n}: {row[f'n{n}']:7s}" for n in GRID_TOKENS))
+    if record_table:
+        from results_file import command_line, record
+
+        print(record("attention_crossover", {
+            "title": "Where int8 attention products pay: fp32 attention ÷ attention_int8 per int8 kernel, one core",
+            "script": "benchmarks/attention_variants.py", "command": command_line(),
+            "conditions": f"one thread, {GRID_HEADS} heads, random N(0, 1) qkv; {rounds} rounds of the two ops in "
+                          f"alternating order, median of the paired ratios (above 1 int8 products are faster); each "
+                          f"kernel in its own process (noamx: VITFAST_CPU_EXT=noamx; avx2: VITFAST_CPU_ISA=avx2); "
+                          f"* = attention='auto' picks int8 products there (vitfast/quant/attention_choice.py)",
+            "columns": [{"label": "int8 kernel", "fmt": "{kernel}"}, {"label": "batch", "fmt": "{batch}"},
+                        {"label": "head dim", "fmt": "{head_dim}"},
+                        *[{"label": f"N = {n}", "fmt": f"{{n{n}}}"} for n in GRID_TOKENS]],
+            "rows": rows,
+        }))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--record", action="store_true", help="write the table into benchmarks/results/")
+    parser.add_argument("--grid", action="store_true", help="the int8 crossover grid (table attention_crossover)")
+    parser.add_argument("--configs", default="default,noamx,avx2",
+                        help=f"--grid: comma-separated configurations of {', '.join(CONFIGS)}")
+    parser.add_argument("--grid-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not vitfast.ops.extension_loaded():
         print("attention_variants: the C++ extension is not built (scripts/setup.sh)", file=sys.stderr)
         return 1
+    if args.grid_child:
+        return grid_child(args.rounds)
+    if args.grid:
+        configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+        unknown = [c for c in configs if c not in CONFIGS]
+        if unknown or not configs:
+            parser.error(f"--configs: expected names of {', '.join(CONFIGS)}, got {args.configs!r}")
+        return grid(configs, args.rounds, args.record)
     torch.set_num_threads(1)
     rows = []
     for shape_name in ("deit_small", "deit_base"):

@@ -126,7 +126,7 @@ def test_quantize_attention_bf16_runs_the_op_and_survives_save_load(tmp_path):
 
 
 def test_quantize_refuses_other_attention_names():
-    with pytest.raises(ValueError, match="attention: expected 'int8', 'bf16' or 'fp32'"):
+    with pytest.raises(ValueError, match="attention: expected 'auto', 'int8', 'bf16' or 'fp32'"):
         vitfast.quantize(_digits_sized_model(), attention="fp16")
 
 

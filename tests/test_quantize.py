@@ -98,7 +98,7 @@ def test_quantize_returns_an_int8_copy():
 
 @pytest.mark.parametrize("norm", ["batch", "layer"])
 def test_int8_block_runs_the_int8_ops_not_the_block_op(norm):
-    q = vitfast.quantize(_fused(norm))
+    q = vitfast.quantize(_fused(norm), attention="int8")
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         q(x)
@@ -189,7 +189,7 @@ def test_int8_block_runs_its_modules_where_they_would_differ(monkeypatch):
 
 def test_attention_products_int8_or_fp32(tmp_path):
     fused = _fused()
-    q = vitfast.quantize(fused)  # dynamic: int8 attention by default
+    q = vitfast.quantize(fused, attention="int8")
     assert all(b.attn.__dict__.get("int8_attention") for b in q.blocks)
     assert "2 attentions' score/value products" in vitfast.quant.describe(q)
     vitfast.save(q, tmp_path / "q.safetensors")
@@ -202,8 +202,78 @@ def test_attention_products_int8_or_fp32(tmp_path):
                   vitfast.quantize(fused, torch.randn(4, 3, 32, 32), activations="static")):  # static: fp32 default
         assert not any(b.attn.__dict__.get("int8_attention") for b in model.blocks)
         assert "attention score/value products" in vitfast.quant.describe(model).split("fp32: ")[1]
-    with pytest.raises(ValueError, match="attention: expected 'int8', 'bf16' or 'fp32'"):
+    with pytest.raises(ValueError, match="attention: expected 'auto', 'int8', 'bf16' or 'fp32'"):
         vitfast.quantize(fused, attention="int4")
+
+
+def test_attention_auto_rule():
+    from vitfast.quant.attention_choice import int8_attention_pays as pays
+
+    # AMX: DeiT shapes yes, few tokens or narrow heads no (the measured table in attention_choice.py)
+    assert pays(197, 64, "amx_int8") and pays(65, 64, "amx_int8") and pays(577, 32, "amx_int8")
+    assert not pays(17, 64, "amx_int8") and not pays(197, 32, "amx_int8") and not pays(17, 24, "amx_int8")
+    # VNNI: head dim 64 at any token count; narrower heads from 101 / 197 tokens
+    assert pays(17, 64, "avx512_vnni") and pays(101, 24, "avx512_vnni") and pays(197, 16, "avx512_vnni")
+    assert not pays(65, 24, "avx512_vnni") and not pays(101, 16, "avx512_vnni")
+    # AVX2: only wide heads over many tokens
+    assert pays(577, 64, "avx2") and not any(pays(n, d, "avx2") for n in (17, 197) for d in (16, 64, 128))
+    # a kernel without a measurement keeps int8; an unknown token count is taken as 197
+    assert pays(5, 8, "neon_dot") and pays(5, 8, "reference")
+    assert pays(None, 64, "amx_int8") and not pays(None, 32, "amx_int8") and not pays(None, 64, "avx2")
+
+
+def test_attention_auto_rule_agrees_with_the_recorded_crossover():
+    """The rule against its data (benchmarks/attention_variants.py --grid, every recorded table: a rule must hold on
+    every machine measured): where it picks int8 products they measured no slower at either batch (0.95: a shared
+    host's noise), and where it keeps fp32 no cell measured a clear win (1.15) at both batches."""
+    import glob
+    import os
+
+    from vitfast.quant.attention_choice import RULES, int8_attention_pays
+
+    root = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
+    tables = [json.load(open(f))["tables"]["attention_crossover"] for f in sorted(glob.glob(os.path.join(root, "*.json")))
+              if "attention_crossover" in json.load(open(f)).get("tables", {})]
+    assert tables, "no attention_crossover table recorded"
+    worst: dict = {}
+    for row in (row for table in tables for row in table["rows"]):
+        for key, ratio in row.items():
+            if key.startswith("n") and key.endswith("_ratio"):
+                cell = (row["kernel"], row["head_dim"], int(key[1:-6]))
+                worst[cell] = min(worst.get(cell, ratio), ratio)
+    assert set(RULES) <= {k for k, _, _ in worst}
+    for (kernel, head_dim, tokens), ratio in worst.items():
+        if int8_attention_pays(tokens, head_dim, kernel):
+            assert ratio >= 0.95, (kernel, head_dim, tokens, ratio)
+        else:
+            assert ratio < 1.15, (kernel, head_dim, tokens, ratio)
+
+
+@pytest.mark.parametrize("kernel", ["amx_int8", "avx512_vnni", "avx2"])
+def test_attention_auto_follows_the_kernel_and_the_model_shape(kernel, monkeypatch, tmp_path):
+    from vitfast.quant.attention_choice import int8_attention_pays, model_tokens
+
+    monkeypatch.setattr(vitfast.ops, "int8_kernel", lambda: kernel)
+    # 65 tokens (8 x 8 patches + class token), head dim 64 / 17 tokens, head dim 32
+    wide = _fused(depth=1, patch_size=4, embed_dim=128, num_heads=2)
+    narrow = _fused(depth=1, patch_size=8, embed_dim=64, num_heads=2)
+    assert model_tokens(wide) == 65 and model_tokens(narrow) == 17
+    for fused, tokens, head_dim in ((wide, 65, 64), (narrow, 17, 32)):
+        q = vitfast.quantize(fused)  # dynamic: attention="auto"
+        expected = int8_attention_pays(tokens, head_dim, kernel)
+        assert all(bool(b.attn.__dict__.get("int8_attention")) == expected for b in q.blocks)
+        text = vitfast.quant.describe(q)
+        assert f"{tokens} tokens, head dim {head_dim} on {kernel}" in text
+        assert ("put the score/value products on int8" if expected else "kept the score/value products fp32") in text
+        vitfast.save(q, tmp_path / "q.safetensors")  # the choice and its reason survive the file
+        r = vitfast.load(tmp_path / "q.safetensors")
+        assert [bool(b.attn.__dict__.get("int8_attention")) for b in r.blocks] == [expected]
+        assert f"on {kernel}" in vitfast.quant.describe(r)
+    # the two shapes take both branches except on AVX2, where neither pays
+    assert [int8_attention_pays(65, 64, kernel), int8_attention_pays(17, 32, kernel)] == [kernel != "avx2", False]
+    # static activations: fp32 products whatever the kernel (no QDQ form for per-token scales)
+    s = vitfast.quantize(wide, torch.randn(4, 3, 32, 32), activations="static", attention="auto")
+    assert not any(b.attn.__dict__.get("int8_attention") for b in s.blocks)
 
 
 def test_calibrated_options_and_per_layer_errors():

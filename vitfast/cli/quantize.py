@@ -58,9 +58,10 @@ def add_parser(sub) -> None:
                    help="module paths or patterns kept in fp32, e.g. 'blocks.0.*'")
     p.add_argument("--skip-budget", type=_budget, default=None, metavar="ERR",
                    help="keep in fp32 every layer whose own relative output error on the calibration images exceeds ERR")
-    p.add_argument("--attention", choices=("int8", "fp32"), default=None,
-                   help="the attentions' score and value products [default: int8 with dynamic activations, fp32 with "
-                        "static ones (a QDQ-exportable model)]")
+    p.add_argument("--attention", choices=("auto", "int8", "bf16", "fp32"), default=None,
+                   help="the attentions' score and value products [default: auto with dynamic activations (int8 where "
+                        "int8 products measured faster on this CPU at the model's shape), fp32 with static ones (a "
+                        "QDQ-exportable model)]")
     p.add_argument("--calibration-images", type=positive_int, default=256, metavar="N",
                    help="calibration images read")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads")

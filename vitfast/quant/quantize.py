@@ -5,8 +5,9 @@ fused / Swin attentions (qkv, proj) and of the patch embedding (`Int8PatchProjec
 per-output-channel int8 weights and int8 activations, per token computed at run time (`activations="dynamic"`, needs
 no data) or one scale per tensor from calibration images (`"static"`).  LayerNorm, softmax, GELU and the residual
 adds stay fp32; so do the head (the last layer, a few hundred MACs per class) and the non-deep XWX and DW-conv
-attentions (their ops have no int8 form); the attention's score/value products are int8 in the dynamic mode
-(`attention=`): `describe(model)` lists what stays fp32.  The patch embedding was fp32 too until measured: ~2% of
+attentions (their ops have no int8 form); the attention's score/value products are int8 in the dynamic mode where
+int8 products measured faster on this CPU's int8 kernel at the model's token count and head dim (`attention="auto"`,
+vitfast/quant/attention_choice.py; "int8", "bf16" or "fp32" force one): `describe(model)` lists what stays fp32.  The patch embedding was fp32 too until measured: ~2% of
 the FLOPs but 7% of an int8 DeiT-S forward (docs/quantization.md); `skip=["patch_embed.proj"]` keeps it fp32.
 
 Reparameterization-aware options, each measured by the caller (`vitfast verify`, the demo, benchmarks):
@@ -40,6 +41,7 @@ from ..nn.ffn import FusedChannelIdleFFN
 from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
 from ..nn.patch_embed import is_patch_projection
 from . import calibrate
+from .attention_choice import int8_attention_pays, model_tokens, why
 from .structure import _replan_blocks, set_submodule
 
 DTYPES = ("int8", "bf16")
@@ -205,11 +207,13 @@ def quantize(
     if per_token is None:
         per_token = activations == "dynamic"
     alpha = _check_args(model, calibration, dtype, activations, per_token, smooth, skip)
-    if attention is None:  # per-token int8 attention with per-token activations; none in the all-static (QDQ) mode
-        attention = "int8" if activations == "dynamic" else "fp32"
-    if attention not in ("int8", "bf16", "fp32"):
-        raise ValueError(f"attention: expected 'int8', 'bf16' or 'fp32' (the score and value products), got "
+    if attention is None:  # int8 products where they pay (attention_choice.py); none in the all-static (QDQ) mode
+        attention = "auto" if activations == "dynamic" else "fp32"
+    if attention not in ("auto", "int8", "bf16", "fp32"):
+        raise ValueError(f"attention: expected 'auto', 'int8', 'bf16' or 'fp32' (the score and value products), got "
                          f"{attention!r}")
+    if attention == "auto" and activations == "static":
+        attention = "fp32"  # per-token Q/K/P scales have no QDQ form: the static mode's products stay fp32
     if split_identity not in (True, False):
         raise ValueError(f"split_identity: expected True or False, got {split_identity!r}")
     if dtype == "bf16":
@@ -274,18 +278,27 @@ def quantize(
         module = out.get_submodule(path)
         set_submodule(out, path, _build(path, kind, module, stats.get(path), alphas.get(path, alpha), static,
                                         split_identity))
-    attentions = 0
-    if attention in ("int8", "bf16"):
+    auto: Dict[str, Any] = {}
+    if attention == "auto":
+        from .. import ops
+
+        auto = {"kernel": ops.int8_kernel(), "tokens": model_tokens(out)}
+    if attention != "fp32":
+        patterns = [skip] if isinstance(skip, str) else list(skip) if isinstance(skip, (list, tuple)) else []
         for name, m in out.named_modules():
             # the fused ViT attention's products (not Swin's windows: its bias table and masks stay on fp32 SDPA);
             # a block whose qkv a skip= pattern kept in fp32 keeps its attention fp32 too
-            patterns = [skip] if isinstance(skip, str) else list(skip) if isinstance(skip, (list, tuple)) else []
-            if type(m) is FusedAttention and f"{name}.qkv" not in kept and not any(
+            if type(m) is not FusedAttention or f"{name}.qkv" in kept or any(
                     fnmatch.fnmatchcase(name, p) for p in patterns):
+                continue
+            if attention == "auto":
+                if int8_attention_pays(auto["tokens"], m.head_dim, auto["kernel"]):
+                    m.int8_attention = True
+            else:
                 setattr(m, f"{attention}_attention", True)
-                attentions += 1
     out.vitfast_quantization = {
         "dtype": "int8", "activations": activations, "smooth": alpha, "fp32": sorted(kept), "attention": attention,
+        **({"attention_auto": auto} if auto else {}),
         "uncalibrated": uncalibrated, "split_identity": split_identity,
         "layers": [{"path": p, "kind": layers[p], "relative_error": errors.get(p), "int8": p not in kept,
                     **({"alpha": alphas.get(p)} if alpha == "auto" else {})} for p in layers],
@@ -325,6 +338,12 @@ def describe(model: nn.Module) -> str:
     patch = "the patch embedding, " if n_patch else ""
     parts = [f"int8: {patch}{n_ffn} channel-idle FFNs (2 GEMMs each), {n_lin} attention linears (qkv/proj){att}; "
              f"activations {'static per tensor' if static else 'dynamic per token'}"]
+    auto = record.get("attention_auto")
+    if isinstance(auto, dict) and isinstance(auto.get("kernel"), str):
+        heads = sorted({m.head_dim for m in model.modules() if type(m) is FusedAttention})
+        if len(heads) == 1:
+            tokens = auto.get("tokens") if isinstance(auto.get("tokens"), int) else None
+            parts.append(why(tokens, heads[0], auto["kernel"], n_att > 0))
     if record.get("smooth") == "auto":
         chosen = [layer.get("alpha") for layer in record.get("layers", []) if layer.get("int8")]
         parts.append("SmoothQuant α per layer (" + ", ".join(

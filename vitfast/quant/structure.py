@@ -5,7 +5,9 @@
                  ...}, "patch_embed.proj": {"kind": "int8_patch_projection", ...}, ...},
                                                 # path -> Int8Linear / Int8ChannelIdleFFN / Int8PatchProjection
                                                 #         .quant_config()
-     "fp32": ["blocks.11.mlp", ...]}            # quantizable layers kept in fp32 (skip=), informational
+     "fp32": ["blocks.11.mlp", ...],            # quantizable layers kept in fp32 (skip=), informational
+     "attention_auto": {"kernel": "amx_int8", "tokens": 197}}  # optional: the int8 kernel and token count
+                                                # attention="auto" chose the products for, informational
 
 `vitfast.load` rebuilds the fp32 structure from the file's fused configs, then `apply` swaps these paths for empty
 int8 modules (on the meta device first, so the file's tensors are compared with the result before anything real is
@@ -35,8 +37,11 @@ def quant_config(model: nn.Module) -> Optional[Dict[str, Any]]:
         return None
     static = any(cfg.get("act_scale", 0.0) > 0 or cfg.get("act_scale_in", 0.0) > 0 for cfg in modules.values())
     record = getattr(model, "vitfast_quantization", None) or {}
-    return {"dtype": "int8", "activations": "static" if static else "dynamic", "modules": modules,
-            "fp32": list(record.get("fp32", []))}
+    out = {"dtype": "int8", "activations": "static" if static else "dynamic", "modules": modules,
+           "fp32": list(record.get("fp32", []))}
+    if isinstance(record.get("attention_auto"), dict):  # what attention="auto" chose for (describe says it)
+        out["attention_auto"] = dict(record["attention_auto"])
+    return out
 
 
 def _check_ints(path: str, value: Any) -> None:
@@ -101,6 +106,10 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
     if not prefix:
         model.vitfast_quantization = {"dtype": "int8", "activations": record.get("activations"),
                                       "fp32": [p for p in record.get("fp32", []) if isinstance(p, str)]}
+        auto = record.get("attention_auto")
+        if isinstance(auto, dict) and isinstance(auto.get("kernel"), str):
+            model.vitfast_quantization["attention_auto"] = {
+                "kernel": auto["kernel"], "tokens": auto.get("tokens") if isinstance(auto.get("tokens"), int) else None}
     _replan_blocks(model)
     return model
 
