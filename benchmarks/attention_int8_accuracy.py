@@ -74,7 +74,7 @@ def main(argv):
                 den += float(ref.double().pow(2).sum())
             errs.append((num / den) ** 0.5)
         print(f"  {name:20s} " + " ".join(f"{e:.4f}" for e in errs))
-    qmodel = vitfast.quantize(vitfast.load(path).eval())
+    qmodel = vitfast.quantize(vitfast.load(path).eval(), attention="int8")
     q_logits, _ = _run(qmodel, batches)
     fp32_pred = fp32_logits.argmax(1)
 

@@ -161,7 +161,8 @@ def _conditions(isa: str | None, reports: list[dict[str, Any]]) -> str:
     return (f"RePa-DeiT θ = 0.75, random weights. {path}Two runs (1 thread batch 1: 20 interleaved rounds; 2 threads "
             f"batch 8: 10 rounds), each a separate process{load}; ratios paired (the anchor's time / this row's time "
             f"in the same round, median and p10-p90). vitfast int8 = vitfast.quantize defaults (dynamic per-token "
-            f"activations, int8 attention products); vitfast bf16 = vitfast.quantize(dtype='bf16'); accuracy against "
+            f"activations; attention products by attention='auto': int8 at these shapes on the AMX and VNNI kernels, "
+            f"fp32 on the AVX2 kernel); vitfast bf16 = vitfast.quantize(dtype='bf16'); accuracy against "
             f"the fused fp32 model on the bench's own images (random weights: ORT's per-tensor int8 breaks on the "
             f"fused channel-idle FFN weights, see docs/performance.md)")
 
