@@ -84,8 +84,14 @@ def _same_weights(a: str, b: str) -> bool:
     return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
-def _source(recipe: str, work: str, steps: int, common: List[str]) -> List[str]:
-    """SOURCE and method flags of `vitfast train` for this recipe's model (files made once, under `work`)."""
+def _teacher_dir(work: str, teacher_length: Sequence[str]) -> str:
+    """distill: a 4-block ViT trained with the defaults, then a 2-block student; one teacher per length."""
+    return os.path.join(work, "teacher-" + "-".join(a.lstrip("-") for a in teacher_length))
+
+
+def _source(recipe: str, work: str, teacher_length: List[str], common: List[str]) -> List[str]:
+    """SOURCE and method flags of `vitfast train` for this recipe's model (files made once, under `work`);
+    `teacher_length`: the distillation teacher's --steps/--epochs."""
     if recipe in METHOD_FLAGS:
         return MODEL + METHOD_FLAGS[recipe]
     if recipe == "usdc":
@@ -93,9 +99,10 @@ def _source(recipe: str, work: str, steps: int, common: List[str]) -> List[str]:
         if not os.path.exists(path):
             _cli(["convert", *MODEL, "--num-classes", "10", "--gates", "--flops-target", "0.7", "-o", path])
         return [path]
-    teacher = os.path.join(work, "teacher")  # distill: a 4-block ViT trained with the defaults, then a 2-block student
+    teacher = _teacher_dir(work, teacher_length)
     if not os.path.exists(os.path.join(teacher, "model.safetensors")):
-        _cli(["train", *MODEL, "--steps", str(steps), *common, "--out", teacher])
+        _cli(["train", *MODEL, *teacher_length, *common, "--eval-every", str(10 ** 9), "--out", teacher])
+    print(json.dumps({"teacher": teacher, "top1": _acc(teacher)}), flush=True)
     return ["--teacher", os.path.join(teacher, "model.safetensors"), "--student-depth", "2"]
 
 
@@ -143,10 +150,13 @@ def _cell(recipe: str, kind: str, base: List[str], length: List[str], work: str,
 
 
 def run(recipes: List[str], steps: int, batch: int, work: str, folder: bool, length: str = "steps",
-        jobs: int = 1, variants: Sequence[Tuple[str, str, Tuple[str, ...]]] = ()) -> List[Dict[str, Any]]:
+        jobs: int = 1, variants: Sequence[Tuple[str, str, Tuple[str, ...]]] = (),
+        teacher_length: Sequence[str] = (), variants_only: bool = False) -> List[Dict[str, Any]]:
     """Every (recipe, data) cell; `length` "steps": `steps` for both sides, "paper": each recipe its paper's epochs
     on this data (the defaults the same number of steps).  `variants` (recipe, label, flags): that recipe run again
-    on the digits with the flags added.  `jobs` cells run at once, each in its own process (one thread each)."""
+    on the digits with the flags added.  `jobs` cells run at once, each in its own process (one thread each).
+    `teacher_length`: the distillation teacher's `vitfast train` length flags (default `--steps steps`);
+    `variants_only`: only the variant cells (the recipe's own cells measured before)."""
     from vitfast.training.data import write_digits_image_folder
 
     os.makedirs(work, exist_ok=True)
@@ -161,10 +171,11 @@ def run(recipes: List[str], steps: int, batch: int, work: str, folder: bool, len
     run_length = ["--steps", str(steps)] if length == "steps" else []
     cells, extra = [], []
     for recipe in recipes:
-        source = _source(recipe, work, steps, common)  # made here, once, before any cell runs
+        source = _source(recipe, work, list(teacher_length) or ["--steps", str(steps)], common)  # made once, here
         for kind, data_flags in data.items():
             base = [*source, *data_flags, *common, "--eval-every", str(10 ** 9)]
-            cells.append((recipe, kind, base, run_length, work, kind == "digits"))
+            if not variants_only:
+                cells.append((recipe, kind, base, run_length, work, kind == "digits"))
             if kind == "digits":
                 extra.extend((recipe, kind, base, run_length, work, False, label, flags)
                              for of, label, flags in variants if of == recipe)
@@ -210,8 +221,11 @@ def record(rows: List[Dict[str, Any]], conditions: str, name: str = "recipe_digi
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipes", nargs="+", default=["repavit", "nondeep", "dwconv", "usdc", "distill"])
-    p.add_argument("--steps", type=int, default=300,
-                   help="steps of every run (--length steps), or of the distillation teacher (--length paper)")
+    p.add_argument("--steps", type=int, default=300, help="steps of every run (--length steps)")
+    p.add_argument("--teacher-epochs", type=int, default=None,
+                   help="epochs of the distillation teacher (trained with the defaults) [default: --steps steps; "
+                        "with --length paper 300 epochs, the from-scratch papers' length: the paper distils from a "
+                        "fine-tuned teacher, and a teacher of a few hundred steps is not one]")
     p.add_argument("--length", choices=("steps", "paper"), default="steps",
                    help="steps: --steps for both sides; paper: each recipe runs its paper's epochs on this data and "
                         "the defaults run the same number of steps")
@@ -223,6 +237,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--work", default="recipe-digits", help="runs are written here")
     p.add_argument("--no-folder", action="store_true", help="digits only (no image-folder runs)")
+    p.add_argument("--variants-only", action="store_true",
+                   help="run only the --variant cells (the recipes' own cells and the defaults are not run)")
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -235,8 +251,12 @@ def main(argv=None) -> int:
             p.error(f"--variant: expected RECIPE:LABEL=FLAGS with RECIPE one of {', '.join(args.recipes)}, such as "
                     f"'repavit:no mixup=--mixup 0 --cutmix 0', got {text!r}")
         variants.append((recipe, label.strip(), tuple(shlex.split(flags))))
+    if args.variants_only and not variants:
+        p.error("--variants-only: expected at least one --variant, got none")
+    teacher_epochs = args.teacher_epochs or (300 if args.length == "paper" else None)
+    teacher_length = ["--epochs", str(teacher_epochs)] if teacher_epochs else ["--steps", str(args.steps)]
     rows = run(args.recipes, args.steps, args.batch_size, args.work, not args.no_folder, args.length,
-               args.jobs, variants)
+               args.jobs, variants, teacher_length, args.variants_only)
     print(f"\n{'recipe':<9} {'data':<7} {'steps':>6} {'default':>8} {'recipe':>8}  resume  lr")
     for r in rows:
         exact = {None: "-", True: "exact", False: "DIFFERS"}[r["resume_exact"]]
@@ -246,6 +266,9 @@ def main(argv=None) -> int:
     if not args.no_record:
         length = ("each recipe its paper's epochs (the steps column), the defaults the same steps"
                   if args.length == "paper" else f"{args.steps} steps")
+        if "distill" in args.recipes:
+            length += (f"; distillation teacher: defaults, {' '.join(teacher_length).replace('--', '')}, top-1 "
+                       f"{_acc(_teacher_dir(args.work, teacher_length)):.4f}")
         conditions = (f"{length}, batch {args.batch_size}, seed 0, one thread; validation: 360 digits "
                       f"(20%, stratified); model: ViT 32x32, patch 8, width 64, 4 blocks, 2 heads, per method as in "
                       f"the script's docstring; recipe lr scaled to the batch by each recipe's rule")

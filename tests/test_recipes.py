@@ -71,15 +71,18 @@ def test_lr_follows_the_batch_by_the_recipes_rule():
     # linear (non-deep, App. A.3): lr x batch / base
     assert lr("nondeep", 256).value == pytest.approx(1e-3 * 256 / 1024)
     assert "linear rule" in lr("nondeep", 256).note
-    # sqrt (timm's rule for LAMB, the paper gives none)
-    assert lr("repavit", 1024).value == pytest.approx(4e-3 * math.sqrt(1024 / 4096))
+    # sqrt (timm's rule for the Adam family; the USDC paper gives none)
+    assert lr("usdc", 1024).value == pytest.approx(5e-4 * math.sqrt(1024 / 256))
+    assert "sqrt rule" in lr("usdc", 1024).note
+    # none (RePaViT: the authors' command passes --unscale-lr): as given at any batch, and --print says so
+    assert lr("repavit", 64).value == 4e-3 and "used as given for batch 64" in lr("repavit", 64).note
     assert lr("repavit", 4096).value == 4e-3 and lr("repavit", 4096).origin == "recipe"
     # no batch in the paper: unchanged
     assert lr("distill", 32).value == 2e-4
     # an explicit lr is the user's: never scaled
     assert lr("repavit", 64, lr=1e-3).value == 1e-3 and lr("repavit", 64, lr=1e-3).origin == "explicit"
     # a scaled lr below the recipe's floor takes the floor down with it (the cosine must not rise)
-    tiny = resolve("repavit:lvvit", {}, batch_size=1)
+    tiny = resolve("nondeep", {}, batch_size=1)  # 1e-3 x 1/1024 < min lr 1e-5
     assert tiny["min_lr"].value <= tiny["lr"].value
 
 
@@ -98,7 +101,7 @@ def test_print_shows_values_sources_and_what_is_not_applied(capsys):
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert out.splitlines()[0].startswith("recipe repavit: RePaViT")
     assert "lamb" in lines["optimizer"] and "Table 7" in lines["optimizer"]
-    assert "0.001" in lines["lr"] and "sqrt rule" in lines["lr"]  # 4e-3 x sqrt(256/4096)
+    assert "0.004" in lines["lr"] and "used as given for batch 256" in lines["lr"]  # lr_scaling none
     assert "0.1" in lines["weight_decay"] and "explicit" in lines["weight_decay"]
     assert "explicit" in lines["batch_size"] and "4096" in lines["batch_size"]
     assert lines["repeated_aug"].split()[1] == "3" and "RASampler" in lines["repeated_aug"]
@@ -120,7 +123,7 @@ def test_trainer_recipe_builds_timms_optimizer_and_scheduler():
     train, _ = digits_loaders(img_size=16, batch_size=64)
     trainer = Trainer(tiny_vit(), train, recipe="repavit", total_steps=20, progress=False)
     assert isinstance(trainer.optimizer, Lamb) and isinstance(trainer.scheduler, CosineLRScheduler)
-    assert trainer.lr == pytest.approx(4e-3 * math.sqrt(64 / 4096)) and trainer.min_lr == 5e-5
+    assert trainer.lr == 4e-3 and trainer.min_lr == 5e-5  # RePaViT's lr is not scaled with the batch
     assert trainer.mixup_fn is not None and trainer.settings["mixup"].origin == "recipe"
     assert {"drop_path", "auto_augment", "reprob"} <= set(trainer.unapplied)  # the loader and model are built
     # explicit wins; the recipe's epochs apply when no length is given

@@ -52,7 +52,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
             "optimizer": ("lamb", "Table 7; App. A (LAMB for the large batch)"),
             "lr": (4e-3, "Table 7 (DeiT-Tiny/Small/Base row)"),
             "batch_size": (4096, "Table 7; App. A"),
-            "lr_scaling": ("sqrt", _TIMM_SCALING),
+            "lr_scaling": ("none", "not in the paper; the authors' released training command passes DeiT's "
+                                   "--unscale-lr, so the lr is used as given at any batch"),
             "min_lr": (5e-5, "Table 7"),
             "warmup_lr": (1e-6, "Table 7; sec. 4.1"),
             "warmup_epochs": (20, "sec. 4.1 (20 epochs of warm-up)"),

@@ -103,6 +103,10 @@ def resolve(recipe: Union[str, Mapping[str, Any], None], explicit: Mapping[str, 
         if "min_lr" in entries and explicit.get("min_lr") is None and entries["min_lr"][0] > out["lr"].value:
             m0, msource = entries["min_lr"]
             out["min_lr"] = Setting(m0 * factor, "recipe", f"{m0:g} ({msource}) scaled with lr")
+    elif "lr" in entries and base and batch_size and batch_size != base and explicit.get("lr") is None:
+        lr0, source = entries["lr"]
+        out["lr"] = Setting(lr0, "recipe", f"{lr0:g} at batch {base} ({source}), used as given for batch "
+                                           f"{batch_size} (lr_scaling none)")
     for key, value in explicit.items():
         if value is not None:
             out[key] = Setting(value, "explicit")
