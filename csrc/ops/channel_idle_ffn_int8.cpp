@@ -118,7 +118,7 @@ at::Tensor channel_idle_ffn_int8_cpu(const at::Tensor& x, const at::Tensor& qw_i
   const float* sop = so.defined() ? so.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
 
-  for_each_token_tile(rows, isa, [&](int64_t r0, int64_t m) {
+  for_each_token_tile(rows, isa, c_in * (a + d.linear) + a * c_out, kernel, [&](int64_t r0, int64_t m) {
     const QuantizedRows q1 = thread_quantized_rows(m, c_in, 0);
     quantize_activations(xp + r0 * c_in, c_in, m, c_in, sip, act_scale_in, q1, isa);
     float* o = op + r0 * c_out;

@@ -53,9 +53,18 @@ at::Tensor contiguous_float(const at::Tensor& t);
 
 // The int8 ops' thread split: balanced shares of `rows` token rows (gemm::RowShares), each run as tiles of at most
 // kInt8TokenTile rows (one ViT image: the quantized tile and its output rows stay in L2 while every weight panel
-// streams once per tile).  body(r0, m) runs on torch's intra-op threads.
+// streams once per tile).  body(r0, m) runs on torch's intra-op threads — or all of it on the calling thread when
+// rows × macs_per_row is below min_parallel_macs(kernel): a few µs of work, where the parallel region's fork and
+// join cost more than the second thread saves.
 constexpr int64_t kInt8TokenTile = 198;
-void for_each_token_tile(int64_t rows, CpuIsa isa, const std::function<void(int64_t r0, int64_t m)>& body);
+void for_each_token_tile(int64_t rows, CpuIsa isa, int64_t macs_per_row, gemm8::Int8Kernel kernel,
+                         const std::function<void(int64_t r0, int64_t m)>& body);
+
+// Multiply-adds below which an int8 op runs on one thread.  Measured with linear_int8 at 17-68 token rows, one
+// thread against two (the demo model's shapes; the parity tests run both sides of it at 1 and 2 threads): AMX lost
+// up to 2 µs on two threads at 1.9 M multiply-adds and gained from 7.5 M; the VNNI kernel broke even at 0.94 M; the
+// AVX2 kernel (4× slower per multiply-add) lost at 0.16 M and gained from 0.47 M.
+int64_t min_parallel_macs(gemm8::Int8Kernel kernel);
 
 // Floats of the calling thread's fp32 scratch (the FFN's GELU channels), 64-byte aligned.
 float* thread_int8_scratch(int64_t floats);

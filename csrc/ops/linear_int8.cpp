@@ -75,7 +75,7 @@ at::Tensor linear_int8_cpu(const at::Tensor& x, const at::Tensor& qweight, const
   const float* sp = sf.defined() ? sf.data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
 
-  for_each_token_tile(rows, isa, [&](int64_t r0, int64_t m) {
+  for_each_token_tile(rows, isa, k * n, kernel, [&](int64_t r0, int64_t m) {
     const QuantizedRows q = thread_quantized_rows(m, k, 0);
     quantize_activations(xp + r0 * k, k, m, k, sp, act_scale, q, isa);
     gemm::Epilogue ep;
