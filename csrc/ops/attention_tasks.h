@@ -9,6 +9,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "ops/op_threads.h"
 
 namespace vitfast {
 namespace ops {
@@ -22,7 +23,7 @@ namespace ops {
 template <class WorkspaceFor, class Body>
 void for_each_attention_task(int64_t batch, int64_t tokens, int64_t heads, CpuIsa isa, WorkspaceFor workspace_for,
                              Body body) {
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t threads = op_threads();
   const int64_t pairs = batch * heads;
   const int64_t row_blocks = (tokens + gemm::kMr - 1) / gemm::kMr;
   const int64_t splits = std::min(row_blocks, pairs >= 2 * threads ? int64_t(1) : (2 * threads + pairs - 1) / pairs);
@@ -34,7 +35,8 @@ void for_each_attention_task(int64_t batch, int64_t tokens, int64_t heads, CpuIs
     q0 = shares.begin(part);
     q1 = shares.end(part);
   };
-  at::parallel_for(0, pairs * splits, 1, [&](int64_t begin, int64_t end) {
+  // one thread (op_threads() == 1): a grain of every task runs them inline, on the calling thread
+  at::parallel_for(0, pairs * splits, threads == 1 ? pairs * splits : 1, [&](int64_t begin, int64_t end) {
     auto ws = workspace_for(shares.max_share());
     for (int64_t t = begin; t < end; ++t) {
       int64_t b, h, q0, q1, nb = -1, nh = 0, nq0 = 0, nq1 = 0;

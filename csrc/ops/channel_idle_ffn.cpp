@@ -26,6 +26,7 @@
 #include "kernels/channel_idle_ffn.h"
 #include "kernels/cpu_features.h"
 #include "ops/cpu_ops.h"
+#include "ops/op_threads.h"
 #include "ops/op_utils.h"
 #include "ops/weight_cache.h"
 #include "ops/output_pool.h"
@@ -162,7 +163,7 @@ void channel_idle_ffn_run_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows,
   const int64_t c_out = w.c_out();
   const ChannelIdleFfnTiling tiling;
   const int64_t ws_floats = channel_idle_ffn_workspace_floats(w, tiling);
-  const gemm::RowShares shares(rows, at::get_num_threads(), isa);
+  const gemm::RowShares shares(rows, op_threads(), isa);
   at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
     float* ws = thread_workspace(ws_floats);
     for (int64_t c = begin; c < end; ++c) {
@@ -180,7 +181,7 @@ void channel_idle_ffn_run(const ChannelIdleFfnWeights& w, int64_t rows, const fl
   const int64_t ws_floats = channel_idle_ffn_workspace_floats(w, tiling);
 
   // One balanced share of the token rows per thread (gemm::RowShares).
-  const gemm::RowShares shares(rows, at::get_num_threads(), isa);
+  const gemm::RowShares shares(rows, op_threads(), isa);
   at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
     float* ws = thread_workspace(ws_floats);
     for (int64_t c = begin; c < end; ++c) {

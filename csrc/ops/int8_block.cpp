@@ -2,6 +2,12 @@
 
 #include <ATen/record_function.h>
 
+#include <optional>
+
+#include "kernels/cpu_features.h"
+#include "ops/int8_common.h"
+#include "ops/op_threads.h"
+
 namespace vitfast {
 namespace ops {
 
@@ -19,7 +25,15 @@ at::Tensor recorded(const char* name, const at::Tensor& input, F&& f) {
 at::Tensor int8_block(const at::Tensor& x, double norm1_eps, const Int8LinearArgs& qkv, int64_t num_heads,
                       BlockAttention attention, const Int8LinearArgs& proj, std::optional<double> ffn_norm_eps,
                       const Int8FfnArgs& ffn) {
+  std::optional<SerialOps> serial;
   RECORD_FUNCTION("vitfast::int8_block", std::vector<c10::IValue>({x}));
+  // A block this small runs on the calling thread (op_threads.h, min_parallel_block_macs in int8_common.h).
+  if (x.dim() == 3) {
+    const int64_t rows = x.size(0) * x.size(1), tokens = x.size(1);
+    const int64_t macs = rows * (qkv.qweight.numel() + proj.qweight.numel() + ffn.qw_in.numel() + ffn.qw_out.numel()) +
+                         2 * x.size(0) * tokens * tokens * proj.qweight.size(-1);
+    serial.emplace(macs < min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa())));
+  }
   const auto norm = [](const at::Tensor& t, double eps) {
     return recorded("vitfast::layer_norm", t, [&] { return layer_norm_op(t, eps); });
   };

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "ops/op_threads.h"
 #include "ops/op_utils.h"
 #include "ops/weight_cache.h"
 
@@ -91,10 +92,18 @@ int64_t min_parallel_macs(gemm8::Int8Kernel kernel) {
   }
 }
 
+int64_t min_parallel_block_macs(gemm8::Int8Kernel kernel) {
+  switch (kernel) {
+    case gemm8::Int8Kernel::kAmxInt8: return int64_t(1) << 23;
+    case gemm8::Int8Kernel::kAvx512Vnni: return int64_t(1) << 22;
+    default: return int64_t(1) << 21;
+  }
+}
+
 void for_each_token_tile(int64_t rows, CpuIsa isa, int64_t macs_per_row, gemm8::Int8Kernel kernel,
                          const std::function<void(int64_t r0, int64_t m)>& body) {
   const bool small = macs_per_row > 0 && rows < min_parallel_macs(kernel) / macs_per_row;
-  const gemm::RowShares shares(rows, small ? 1 : at::get_num_threads(), isa);
+  const gemm::RowShares shares(rows, small ? 1 : op_threads(), isa);
   if (shares.chunks == 1) {  // one share: the calling thread, no parallel region
     for (int64_t r0 = 0; r0 < rows; r0 += kInt8TokenTile) body(r0, std::min(kInt8TokenTile, rows - r0));
     return;

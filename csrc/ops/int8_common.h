@@ -66,6 +66,12 @@ void for_each_token_tile(int64_t rows, CpuIsa isa, int64_t macs_per_row, gemm8::
 // AVX2 kernel (4× slower per multiply-add) lost at 0.16 M and gained from 0.47 M.
 int64_t min_parallel_macs(gemm8::Int8Kernel kernel);
 
+// Multiply-adds of a whole int8 block (int8_block.cpp) below which it runs on one thread (op_threads.h): its ops'
+// own split alone left attention on two threads, whose output rows the next (one-thread) GEMM then read from the
+// other core.  Measured at the demo model's shape (1.4 M multiply-adds per image), one thread ÷ two, paired: AMX
+// 1.00 up to batch 8 (11 M); VNNI 1.06 at 5.6 M, 1.33 at 11 M; AVX2 0.95 at 1.4 M (two threads slower), 1.25 at 2.8 M.
+int64_t min_parallel_block_macs(gemm8::Int8Kernel kernel);
+
 // Floats of the calling thread's fp32 scratch (the FFN's GELU channels), 64-byte aligned.
 float* thread_int8_scratch(int64_t floats);
 

@@ -27,6 +27,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/linear.h"
 #include "ops/cpu_ops.h"
+#include "ops/op_threads.h"
 #include "ops/op_utils.h"
 #include "ops/weight_cache.h"
 #include "ops/output_pool.h"
@@ -177,7 +178,7 @@ namespace {
 // rows_fn(r0, r1) / panels_fn(p0, p1) run on torch's intra-op threads.
 template <class RowsFn, class PanelsFn>
 void split_linear(int64_t rows, int64_t panels, CpuIsa isa, const RowsFn& rows_fn, const PanelsFn& panels_fn) {
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t threads = op_threads();
   const int64_t blocks = (rows + gemm::kMr - 1) / gemm::kMr;
   if (blocks >= threads || panels < 2) {
     const gemm::RowShares shares(rows, threads, isa);

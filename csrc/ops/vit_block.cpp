@@ -32,6 +32,7 @@
 
 #include "kernels/cpu_features.h"
 #include "ops/cpu_ops.h"
+#include "ops/op_threads.h"
 #include "ops/op_utils.h"
 #include "ops/output_pool.h"
 
@@ -150,6 +151,10 @@ at::Tensor vit_block_cpu(const at::Tensor& x, double norm1_eps, const at::Tensor
   const int64_t batch = x.size(0), tokens = x.size(1), c = x.size(2), rows = batch * tokens;
   const int64_t heads = num_heads, attn_dim = heads * d;
   if (rows == 0 || c == 0) return at::empty(x.sizes(), x.options());
+  // A block this small runs on the calling thread (op_threads.h): its multiply-adds, the GEMMs' and attention's.
+  const int64_t macs = rows * (w_qkv.numel() + w_proj.numel() + w_in.numel() + w_out.numel()) +
+                       2 * batch * heads * tokens * tokens * d;
+  const SerialOps serial(macs < kMinParallelBlockMacs);
 
   const gemm16::Bf16Kernel kernel = bf16_gemm_kernel(x.scalar_type());
   if (kernel != gemm16::Bf16Kernel::kScalar)

@@ -1,0 +1,34 @@
+// How many threads a CPU op splits its work over.
+//
+// torch's intra-op threads (at::get_num_threads(), so torch.set_num_threads is respected), or one inside a SerialOps
+// scope.  A whole-block op (vit_block, int8_block) opens one when its block is too small for a parallel region's
+// fork and join to pay: at the demo model's shape (17 tokens, width 96) a block's six parallel regions on two threads
+// cost more than the second thread saves (fp32 block 34.8 µs on one thread, 41.9 on two).  Inside the scope every
+// op runs its work as one share on the calling thread (at::parallel_for over one chunk runs inline); the shares only
+// change which thread computes a row, never its arithmetic, so the bits are the same.
+#pragma once
+
+#include <cstdint>
+
+namespace vitfast {
+namespace ops {
+
+int64_t op_threads();
+
+class SerialOps {
+ public:
+  explicit SerialOps(bool on);
+  ~SerialOps();
+  SerialOps(const SerialOps&) = delete;
+  SerialOps& operator=(const SerialOps&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Multiply-adds of a block below which vit_block (fp32 / bf16) runs on one thread.  At the demo model's shape, one
+// thread ÷ two, paired: 1.4 M (batch 1) 1.01 with this rule (two threads were 20% slower without it), 2.8 M 1.16.
+constexpr int64_t kMinParallelBlockMacs = int64_t(1) << 21;
+
+}  // namespace ops
+}  // namespace vitfast
