@@ -32,14 +32,10 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import vitfast  # noqa: E402
+from vitfast.bench import paired_speedups  # noqa: E402
 from shapes import VIT_SHAPES, attention_qkv  # noqa: E402
 
 OPS = {"fp32": "attention", "int8": "attention_int8", "bf16": "attention_bf16"}
-
-
-def _quantiles(values):
-    v = sorted(values)
-    return statistics.median(v), v[len(v) // 10], v[(len(v) * 9) // 10]
 
 
 def measure(shape_name: str, batch: int, rounds: int) -> list:
@@ -61,8 +57,8 @@ def measure(shape_name: str, batch: int, rounds: int) -> list:
                     times[k].append((time.perf_counter() - t0) / reps)
     rows = []
     for k in fns:
-        med, _, _ = _quantiles(times[k])
-        ratio, lo, hi = _quantiles([a / b for a, b in zip(times["fp32"], times[k])])
+        med = statistics.median(times[k])
+        ratio, lo, hi = paired_speedups(times["fp32"], times[k])
         rows.append({"shape": VIT_SHAPES[shape_name].name, "batch": batch, "products": k, "op": OPS[k],
                      "us": med * 1e6, "ratio": ratio, "lo": lo, "hi": hi, "rel_err": err[k]})
     return rows
@@ -89,7 +85,7 @@ def grid_cell(batch: int, tokens: int, head_dim: int, rounds: int) -> dict:
                     fns[i](qkv, GRID_HEADS)
                 if r >= 2:
                     times[i].append((time.perf_counter() - t0) / reps)
-    ratio, lo, _ = _quantiles([a / b for a, b in zip(*times)])
+    ratio, lo, _ = paired_speedups(*times)
     return {"batch": batch, "tokens": tokens, "head_dim": head_dim, "ratio": ratio, "lo": lo,
             "fp32_us": statistics.median(times[0]) * 1e6}
 

@@ -24,6 +24,7 @@ import timm  # noqa: E402
 import torch  # noqa: E402
 
 import vitfast  # noqa: E402
+from vitfast.bench import paired_speedups  # noqa: E402
 from vitfast.demos.demo import DEMO_MODEL  # noqa: E402
 
 CELLS = [(1, 1), (2, 1), (1, 64), (2, 64)]  # (threads, batch)
@@ -55,10 +56,9 @@ def measure(nets: dict, threads: int, batch: int, rounds: int) -> list:
                 times[k].append((time.perf_counter() - t0) / calls)
     rows = []
     for k in names:
-        ratios = sorted(a / b for a, b in zip(times["fp32"], times[k]))
+        ratio, lo, hi = paired_speedups(times["fp32"], times[k])
         rows.append({"threads": threads, "batch": batch, "model": k, "ms": statistics.median(times[k]) * 1e3,
-                     "ratio": statistics.median(ratios), "lo": ratios[len(ratios) // 10],
-                     "hi": ratios[(len(ratios) * 9) // 10]})
+                     "ratio": ratio, "lo": lo, "hi": hi})
     return rows
 
 

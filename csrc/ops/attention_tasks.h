@@ -35,8 +35,7 @@ void for_each_attention_task(int64_t batch, int64_t tokens, int64_t heads, CpuIs
     q0 = shares.begin(part);
     q1 = shares.end(part);
   };
-  // one thread (op_threads() == 1): a grain of every task runs them inline, on the calling thread
-  at::parallel_for(0, pairs * splits, threads == 1 ? pairs * splits : 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, pairs * splits, 1, [&](int64_t begin, int64_t end) {
     auto ws = workspace_for(shares.max_share());
     for (int64_t t = begin; t < end; ++t) {
       int64_t b, h, q0, q1, nb = -1, nh = 0, nq0 = 0, nq1 = 0;

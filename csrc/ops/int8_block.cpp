@@ -29,9 +29,8 @@ at::Tensor int8_block(const at::Tensor& x, double norm1_eps, const Int8LinearArg
   RECORD_FUNCTION("vitfast::int8_block", std::vector<c10::IValue>({x}));
   // A block this small runs on the calling thread (op_threads.h, min_parallel_block_macs in int8_common.h).
   if (x.dim() == 3) {
-    const int64_t rows = x.size(0) * x.size(1), tokens = x.size(1);
-    const int64_t macs = rows * (qkv.qweight.numel() + proj.qweight.numel() + ffn.qw_in.numel() + ffn.qw_out.numel()) +
-                         2 * x.size(0) * tokens * tokens * proj.qweight.size(-1);
+    const int64_t macs = block_macs(x.size(0), x.size(1), qkv.qweight.numel() + proj.qweight.numel() +
+                                    ffn.qw_in.numel() + ffn.qw_out.numel(), proj.qweight.size(-1));
     serial.emplace(macs < min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa())));
   }
   const auto norm = [](const at::Tensor& t, double eps) {

@@ -103,11 +103,7 @@ int64_t min_parallel_block_macs(gemm8::Int8Kernel kernel) {
 void for_each_token_tile(int64_t rows, CpuIsa isa, int64_t macs_per_row, gemm8::Int8Kernel kernel,
                          const std::function<void(int64_t r0, int64_t m)>& body) {
   const bool small = macs_per_row > 0 && rows < min_parallel_macs(kernel) / macs_per_row;
-  const gemm::RowShares shares(rows, small ? 1 : op_threads(), isa);
-  if (shares.chunks == 1) {  // one share: the calling thread, no parallel region
-    for (int64_t r0 = 0; r0 < rows; r0 += kInt8TokenTile) body(r0, std::min(kInt8TokenTile, rows - r0));
-    return;
-  }
+  const gemm::RowShares shares(rows, small ? 1 : op_threads(), isa);  // one share runs inline: no parallel region
   at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const int64_t r_end = shares.end(c);

@@ -70,8 +70,8 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const OptTensor& weight_opt, cons
 
 void layer_norm_run(const float* xp, float* op, int64_t rows, int64_t c, const float* gp, const float* bp,
                     float eps, CpuIsa isa) {
-  const int64_t grain = op_threads() == 1 ? rows : std::max<int64_t>(1, (int64_t(1) << 14) / c);
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / c);
+  parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     layer_norm_rows(xp + begin * c, op + begin * c, end - begin, c, gp, bp, eps, isa);
   });
 }
@@ -82,7 +82,7 @@ void layer_norm_run_bf16(const float* xp, uint16_t* o16, int64_t ld16, int64_t r
   // of layer_norm_rows), so the bits are layer_norm_run's followed by convert_rows.
   constexpr int64_t kRows = 16;
   const int64_t blocks = (rows + kRows - 1) / kRows;
-  at::parallel_for(0, blocks, op_threads() == 1 ? blocks : 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> buf;
     if (buf.size() < size_t(kRows * c)) buf.resize(size_t(kRows * c));
     for (int64_t b = begin; b < end; ++b) {

@@ -8,6 +8,9 @@
 // change which thread computes a row, never its arithmetic, so the bits are the same.
 #pragma once
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cstdint>
 
 namespace vitfast {
@@ -25,6 +28,18 @@ class SerialOps {
  private:
   bool previous_;
 };
+
+// at::parallel_for over [begin, end) in chunks of at least `grain`; inside a SerialOps scope, the whole range in one
+// call on the calling thread.
+template <class F>
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
+  at::parallel_for(begin, end, op_threads() == 1 ? std::max<int64_t>(grain, end - begin) : grain, f);
+}
+
+// Multiply-adds of a ViT block: its GEMMs' (rows × the four weight matrices' elements) and attention's two products.
+inline int64_t block_macs(int64_t batch, int64_t tokens, int64_t weight_elements, int64_t attn_dim) {
+  return batch * tokens * weight_elements + 2 * batch * tokens * tokens * attn_dim;
+}
 
 // Multiply-adds of a block below which vit_block (fp32 / bf16) runs on one thread.  At the demo model's shape, one
 // thread ÷ two, paired: 1.4 M (batch 1) 1.01 with this rule (two threads were 20% slower without it), 2.8 M 1.16.
