@@ -7,8 +7,9 @@ no data) or one scale per tensor from calibration images (`"static"`).  LayerNor
 adds stay fp32; so do the head (the last layer, a few hundred MACs per class) and the non-deep XWX and DW-conv
 attentions (their ops have no int8 form); the attention's score/value products are int8 in the dynamic mode where
 int8 products measured faster on this CPU's int8 kernel at the model's token count and head dim (`attention="auto"`,
-vitfast/quant/attention_choice.py; "int8", "bf16" or "fp32" force one): `describe(model)` lists what stays fp32.  The patch embedding was fp32 too until measured: ~2% of
-the FLOPs but 7% of an int8 DeiT-S forward (docs/quantization.md); `skip=["patch_embed.proj"]` keeps it fp32.
+vitfast/quant/attention_choice.py; "int8", "bf16" or "fp32" force one): `describe(model)` lists what stays fp32.
+The patch embedding was fp32 too until measured: ~2% of the FLOPs but 7% of an int8 DeiT-S forward
+(docs/quantization.md); `skip=["patch_embed.proj"]` keeps it fp32.
 
 Reparameterization-aware options, each measured by the caller (`vitfast verify`, the demo, benchmarks):
 * `smooth=α` (0 < α < 1; True = 0.5): SmoothQuant's per-channel migration (arXiv 2211.10438), s_j = max|X_j|^α /
@@ -342,8 +343,7 @@ def describe(model: nn.Module) -> str:
     if isinstance(auto, dict) and isinstance(auto.get("kernel"), str):
         heads = sorted({m.head_dim for m in model.modules() if type(m) is FusedAttention})
         if len(heads) == 1:
-            tokens = auto.get("tokens") if isinstance(auto.get("tokens"), int) else None
-            parts.append(why(tokens, heads[0], auto["kernel"], n_att > 0))
+            parts.append(why(auto.get("tokens"), heads[0], auto["kernel"], n_att > 0))  # (structure.apply checked it)
     if record.get("smooth") == "auto":
         chosen = [layer.get("alpha") for layer in record.get("layers", []) if layer.get("int8")]
         parts.append("SmoothQuant α per layer (" + ", ".join(

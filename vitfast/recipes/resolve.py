@@ -93,20 +93,19 @@ def resolve(recipe: Union[str, Mapping[str, Any], None], explicit: Mapping[str, 
         out["warmup"] = Setting(warm[0] / epochs, "recipe", f"{warm[0]} of {epochs} epochs; {warm[1]}")
     base = entries.get("batch_size", (None, ""))[0]
     rule = entries.get("lr_scaling", ("none", ""))[0]
-    if "lr" in entries and base and batch_size and batch_size != base and rule in ("linear", "sqrt") \
-            and explicit.get("lr") is None:
-        factor = _scale(rule, batch_size, base)
+    if "lr" in entries and base and batch_size and batch_size != base and explicit.get("lr") is None:
         lr0, source = entries["lr"]
-        out["lr"] = Setting(lr0 * factor, "recipe",
-                            f"{lr0:g} at batch {base} ({source}) x {'' if rule == 'linear' else 'sqrt '}"
-                            f"({batch_size}/{base}), {rule} rule for batch {batch_size}")
-        if "min_lr" in entries and explicit.get("min_lr") is None and entries["min_lr"][0] > out["lr"].value:
-            m0, msource = entries["min_lr"]
-            out["min_lr"] = Setting(m0 * factor, "recipe", f"{m0:g} ({msource}) scaled with lr")
-    elif "lr" in entries and base and batch_size and batch_size != base and explicit.get("lr") is None:
-        lr0, source = entries["lr"]
-        out["lr"] = Setting(lr0, "recipe", f"{lr0:g} at batch {base} ({source}), used as given for batch "
-                                           f"{batch_size} (lr_scaling none)")
+        if rule in ("linear", "sqrt"):
+            factor = _scale(rule, batch_size, base)
+            out["lr"] = Setting(lr0 * factor, "recipe",
+                                f"{lr0:g} at batch {base} ({source}) x {'' if rule == 'linear' else 'sqrt '}"
+                                f"({batch_size}/{base}), {rule} rule for batch {batch_size}")
+            if "min_lr" in entries and explicit.get("min_lr") is None and entries["min_lr"][0] > out["lr"].value:
+                m0, msource = entries["min_lr"]
+                out["min_lr"] = Setting(m0 * factor, "recipe", f"{m0:g} ({msource}) scaled with lr")
+        else:
+            out["lr"] = Setting(lr0, "recipe", f"{lr0:g} at batch {base} ({source}), used as given for batch "
+                                               f"{batch_size} (lr_scaling none)")
     for key, value in explicit.items():
         if value is not None:
             out[key] = Setting(value, "explicit")
