@@ -129,3 +129,34 @@ def ext(request):
     yield _C.int8_kernel()
     _C.set_cpu_ext_enabled(True)
     assert _C.int8_kernel() == previous or not on
+
+
+def _descendants(pid: int):
+    """Pids of the processes below `pid`, children first (Linux /proc; empty elsewhere)."""
+    parent = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                parent[int(stat.split("/")[2])] = int(f.read().rsplit(")", 1)[1].split()[1])  # "(comm) state ppid"
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for child, ppid in parent.items() if ppid in frontier]
+        found += frontier
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A child a failed test left hanging would hold the run's output pipe open, and the CI job would wait for it
+    until its own time limit: end every process still alive below the run when it ends (and say so)."""
+    import signal
+
+    for pid in _descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        print(f"\nconftest: killed process {pid} left running by the tests: {cmd}")

@@ -143,11 +143,16 @@ def test_sigterm_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path, caps
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "vitfast", *common, "--out", str(killed)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not (killed / "trainer.pt").exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # mid-run: after the first checkpoint, long before step 40
-    out, err = proc.communicate(timeout=300)
+    try:
+        deadline = time.time() + 300
+        while not (killed / "trainer.pt").exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # mid-run: after the first checkpoint, long before step 40
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130, err[-3000:]  # checkpoint written, training not done: not status 0
     assert "stopped at step" in out, out
     stopped_at = load_trainer_checkpoint(killed / "trainer.pt")["step"]

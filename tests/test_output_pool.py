@@ -87,20 +87,26 @@ def test_a_forked_child_uses_its_copy_of_the_cache():
     import multiprocessing as mp
     import threading
 
-    stop = threading.Event()
+    stop, running = threading.Event(), threading.Event()
+    # The inputs are made here, not in the thread: torch.randn holds the default generator's mutex (GIL released),
+    # and a fork at that instant leaves the child's copy locked for ever -- torch's lock, not the cache's.
+    x, w = torch.randn(4, 197, 384), torch.randn(1152, 384)
 
     def churn():  # another thread allocating and freeing outputs while the process forks
-        x, w = torch.randn(4, 197, 384), torch.randn(1152, 384)
         while not stop.is_set():
             vitfast.ops.linear(x, w)
+            running.set()
 
     t = threading.Thread(target=churn)
     t.start()
+    children = []
     try:
+        assert running.wait(timeout=60)
         ctx = mp.get_context("fork")
         for _ in range(3):
             q = ctx.Queue()
             p = ctx.Process(target=_child_forward, args=(q,))
+            children.append(p)
             p.start()
             assert q.get(timeout=60) is True
             p.join(timeout=60)
@@ -108,3 +114,7 @@ def test_a_forked_child_uses_its_copy_of_the_cache():
     finally:
         stop.set()
         t.join()
+        for p in children:  # a hung child would outlive the run and hold its output pipe open
+            if p.is_alive():
+                p.kill()
+                p.join()
