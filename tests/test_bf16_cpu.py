@@ -193,6 +193,30 @@ def test_block_op_is_the_bf16_emulation(norm):
 
 
 @needs_bf16
+@pytest.mark.parametrize("width", [21, 22])
+@pytest.mark.parametrize("ffn", ["layer norm, residual", "folded, no linear path"])
+def test_block_op_widens_and_rounds_in_its_steps(width, ffn):
+    """A bf16 block's input is widened by its first LayerNorm step by step and its output rounded by the FFN's last
+    GEMM epilogue (an even width) or after it (an odd one: no whole bf16 pairs per row): the emulation bound either
+    way."""
+    g = torch.Generator().manual_seed(width)
+
+    def r(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g) * s).to(torch.bfloat16)
+
+    heads, d, active = 3, 8, 10
+    attn_dim = heads * d
+    linear = width if ffn.startswith("layer") else 0
+    x = r(2, 13, width)
+    args = (x, 1e-6, r(3 * attn_dim, width, s=0.2), r(3 * attn_dim), heads, r(width, attn_dim, s=0.2), r(width),
+            1e-6 if ffn.startswith("layer") else None, r(active + linear, width, s=0.2), r(active + linear),
+            r(width, active, s=0.2), r(width), ffn.startswith("layer"))
+    got = torch.ops.vitfast.vit_block(*args)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    assert_bf16_of(got, emu_vit_block(*args), f"vit_block, width {width}, {ffn}")
+
+
+@needs_bf16
 def test_ops_are_the_bf16_emulation():
     g = torch.Generator().manual_seed(1)
 

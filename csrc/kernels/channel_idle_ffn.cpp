@@ -141,7 +141,7 @@ int64_t channel_idle_ffn_workspace_floats(const ChannelIdleFfnBf16Weights& w, co
 
 void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
                                 const float* residual, float* out, float* workspace, gemm16::Bf16Kernel kernel,
-                                const ChannelIdleFfnTiling& tiling) {
+                                const ChannelIdleFfnTiling& tiling, uint16_t* out16) {
   if (rows <= 0) return;
   const int64_t c_out = w.c_out(), active = w.active();
   const bool has_linear = w.linear() > 0;
@@ -150,6 +150,7 @@ void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < c_out; ++j)
         out[r * c_out + j] = (b.empty() ? 0.0f : b[j]) + (residual ? residual[r * c_out + j] : 0.0f);
+    if (out16 != nullptr) gemm16::narrow_to_bf16(out, rows * c_out, out16, kernel);
     return;
   }
   // Balanced token tiles, as channel_idle_ffn_rows.
@@ -164,6 +165,7 @@ void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows
     const uint16_t* xt = x + r0 * ldx;
     const float* rt = residual != nullptr ? residual + r0 * c_out : nullptr;
     float* ot = out + r0 * c_out;
+    uint16_t* ot16 = out16 != nullptr ? out16 + r0 * c_out : nullptr;  // the last GEMM's bf16 copy of ot
     if (active > 0) {
       gemm::Epilogue ep;
       ep.bias = true;
@@ -180,6 +182,10 @@ void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows
       ep.bias = true;
       ep.addend = rt;
       ep.ld_addend = c_out;
+      if (active == 0) {
+        ep.c16 = ot16;
+        ep.ldc16 = c_out;
+      }
       gemm16::gemm_bf16(m, xt, ldx, w.lin(), ot, c_out, ep, kernel);
     }
     if (active > 0) {
@@ -191,6 +197,8 @@ void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows
         ep.addend = rt;
         ep.ld_addend = c_out;
       }
+      ep.c16 = ot16;
+      ep.ldc16 = c_out;
       gemm16::gemm_bf16(m, h16, ld_h, w.out(), ot, c_out, ep, kernel);
     }
   }

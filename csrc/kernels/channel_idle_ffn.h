@@ -105,9 +105,11 @@ int64_t channel_idle_ffn_workspace_floats(const ChannelIdleFfnBf16Weights& w,
                                           const ChannelIdleFfnTiling& tiling = ChannelIdleFfnTiling());
 
 // Rows [0, rows): x [rows × c_in] bf16 rows ldx apart (ldx even, pad elements zero: gemm16::convert_rows),
-// residual [rows × c_out] fp32 or nullptr, out [rows × c_out] fp32; workspace 64-byte aligned.
+// residual [rows × c_out] fp32 or nullptr, out [rows × c_out] fp32; workspace 64-byte aligned.  out16 != nullptr
+// (c_out even): out rounded to bf16 there as well (c_out apart, convert_rows' bits), by the last GEMM's epilogue.
 void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
                                 const float* residual, float* out, float* workspace, gemm16::Bf16Kernel kernel,
-                                const ChannelIdleFfnTiling& tiling = ChannelIdleFfnTiling());
+                                const ChannelIdleFfnTiling& tiling = ChannelIdleFfnTiling(),
+                                uint16_t* out16 = nullptr);
 
 }  // namespace vitfast

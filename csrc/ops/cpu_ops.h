@@ -59,8 +59,11 @@ void layer_norm_run(const float* x, float* out, int64_t rows, int64_t c, const f
                     float eps, CpuIsa isa);
 // The same rows rounded to bf16 into out16 (row stride ld16, even; gemm16::convert_rows' bits, pad zeroed), for a bf16
 // GEMM: normalised a few rows at a time into a thread's small fp32 buffer and rounded while in cache, on every thread.
+// x16 != nullptr: the rows come as bf16 (c apart) and are first widened into `widened` (rows × c fp32: the caller's
+// copy for later steps) in the same few-row steps, and x is not read.
 void layer_norm_run_bf16(const float* x, uint16_t* out16, int64_t ld16, int64_t rows, int64_t c, const float* gamma,
-                         const float* beta, float eps, CpuIsa isa, gemm16::Bf16Kernel kernel);
+                         const float* beta, float eps, CpuIsa isa, gemm16::Bf16Kernel kernel,
+                         const uint16_t* x16 = nullptr, float* widened = nullptr);
 
 // out[rows × w.n()] (row stride w.n()) = x · Wᵀ + b + residual; x and residual rows ldx / ld_residual apart.
 void linear_run(const gemm::PackedB& w, int64_t rows, const float* x, int64_t ldx, const float* residual,
@@ -106,9 +109,11 @@ void linear_run_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t*
 void attention_run_bf16(const float* qkv, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
                         float scale, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* out16 = nullptr,
                         int64_t ld_out16 = 0);
-// channel_idle_ffn_run on bf16 rows x (ldx even, pad zero); residual and out fp32.
+// channel_idle_ffn_run on bf16 rows x (ldx even, pad zero); residual and out fp32.  out16 != nullptr (c_out even):
+// out also rounded to bf16 there (c_out apart; convert_rows' bits) by the last GEMM's epilogue.
 void channel_idle_ffn_run_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
-                               const float* residual, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel);
+                               const float* residual, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel,
+                               uint16_t* out16 = nullptr);
 
 }  // namespace ops
 }  // namespace vitfast

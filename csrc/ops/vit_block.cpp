@@ -93,8 +93,8 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   const auto qkv_w = packed_linear_weight_bf16(w_qkv, b_qkv, "w_qkv", "b_qkv");
   const auto proj_w = packed_linear_weight_bf16(w_proj, b_proj, "w_proj", "b_proj");
   const auto ffn_w = packed_channel_idle_ffn_weights_bf16(w_in, b_in, w_out, b_out);
-  // A bf16 x is widened into the scratch (x_f32), and the fp32 result narrowed into the bf16 output, with the bf16
-  // core's conversions: two at::Tensor::to calls and their allocations fewer per block.
+  // A bf16 x is widened into the scratch (x_f32) by the first LayerNorm as it reads it, and the result rounded into
+  // the bf16 output by the FFN's last GEMM as it stores it: no at::Tensor::to and no pass of its own for either.
   const bool x_bf16 = x.scalar_type() == at::kBFloat16;
   const at::Tensor xc = x.contiguous();
   // fp32 scratch: qkv, x1 [, x_f32]; the LayerNorms' and the heads' outputs exist only as bf16 rows (scratch16).
@@ -105,11 +105,12 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   float* qkv = scratch.data_ptr<float>();
   float* x1 = qkv + rows * 3 * attn_dim;
   uint16_t* a16 = static_cast<uint16_t*>(scratch16.data_ptr());
-  const float* xp = x_bf16 ? x1 + rows * c : xc.data_ptr<float>();
-  if (x_bf16) gemm16::widen_bf16(static_cast<const uint16_t*>(xc.data_ptr()), rows * c, x1 + rows * c);
+  float* x_f32 = x_bf16 ? x1 + rows * c : nullptr;
+  const float* xp = x_bf16 ? x_f32 : xc.data_ptr<float>();
   const CpuIsa isa = active_cpu_isa();
 
-  layer_norm_run_bf16(xp, a16, ld_c, rows, c, nullptr, nullptr, float(norm1_eps), isa, kernel);
+  layer_norm_run_bf16(xp, a16, ld_c, rows, c, nullptr, nullptr, float(norm1_eps), isa, kernel,
+                      x_bf16 ? static_cast<const uint16_t*>(xc.data_ptr()) : nullptr, x_f32);
   linear_run_bf16(*qkv_w, rows, a16, ld_c, nullptr, 0, qkv, isa, kernel);
   // Q·Kᵀ and P·V on the bf16 GEMMs too: measured on the DeiT-S block (batch 1, one thread, alternating runs)
   // 1.24 -> 1.18 ms, the relative error against the fp32 block 0.223% -> 0.226%.
@@ -131,11 +132,14 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   }
   if (c % 2 != 0 && x1_is_ffn_in)
     for (int64_t r = 0; r < rows; ++r) x1_16[r * ld_c + c] = 0;  // the pad of odd rows (the GEMM writes c columns)
+  // (An odd width has no whole bf16 pairs per row for the epilogue: its result is narrowed after.)
+  at::Tensor out16 = x_bf16 ? empty_output(x.sizes(), x.scalar_type()) : at::Tensor();
+  uint16_t* o16 = x_bf16 ? static_cast<uint16_t*>(out16.data_ptr()) : nullptr;
+  const bool epilogue16 = o16 != nullptr && c % 2 == 0;
   channel_idle_ffn_run_bf16(*ffn_w, rows, ffn16, ld_c, ffn_residual ? x1 : nullptr, out.data_ptr<float>(), isa,
-                            kernel);
+                            kernel, epilogue16 ? o16 : nullptr);
   if (!x_bf16) return out;
-  at::Tensor out16 = empty_output(x.sizes(), x.scalar_type());
-  gemm16::narrow_to_bf16(out.data_ptr<float>(), rows * c, static_cast<uint16_t*>(out16.data_ptr()), kernel);
+  if (!epilogue16) gemm16::narrow_to_bf16(out.data_ptr<float>(), rows * c, o16, kernel);
   return out16;
 }
 
