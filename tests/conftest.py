@@ -160,3 +160,54 @@ def pytest_sessionfinish(session, exitstatus):
         except OSError:
             continue
         print(f"\nconftest: killed process {pid} left running by the tests: {cmd}")
+
+
+# A test that hangs (a deadlock in C++ code, where no Python-level timeout can fire) would otherwise hold the run
+# until CI's own limit and say nothing.  One watchdog thread: a test running longer than VITFAST_TEST_TIMEOUT
+# seconds (default 1200; the slowest case takes ~2 minutes) gets every thread's stack printed, the processes below
+# the run killed, and the run ended with status 3.
+_TEST_TIMEOUT = float(os.environ.get("VITFAST_TEST_TIMEOUT", "1200"))
+_running: dict = {}
+
+
+def _watchdog() -> None:
+    import faulthandler
+    import signal
+    import sys
+    import time
+
+    while True:
+        time.sleep(5)
+        current = dict(_running)
+        if current and time.monotonic() - current["since"] > _TEST_TIMEOUT:
+            capture = current["config"].pluginmanager.getplugin("capturemanager")
+            if capture is not None:  # the output goes to the terminal, not to the test's capture
+                capture.suspend_global_capture(in_=True)
+            sys.stderr.write(f"\nconftest: {current['nodeid']} ran over {_TEST_TIMEOUT:.0f} s "
+                             "(VITFAST_TEST_TIMEOUT): every thread's stack, then the run ends\n")
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            for pid in _descendants(os.getpid()):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            sys.stderr.flush()
+            os._exit(3)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import time
+
+    _running.update(nodeid=item.nodeid, since=time.monotonic(), config=item.config)
+    try:
+        yield
+    finally:
+        _running.clear()
+
+
+def pytest_configure(config):
+    import threading
+
+    if _TEST_TIMEOUT > 0:
+        threading.Thread(target=_watchdog, name="vitfast-test-watchdog", daemon=True).start()
