@@ -164,8 +164,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 # A test that hangs (a deadlock in C++ code, where no Python-level timeout can fire) would otherwise hold the run
 # until CI's own limit and say nothing.  One watchdog thread: a test running longer than VITFAST_TEST_TIMEOUT
-# seconds (default 1200; the slowest case, the ASan+UBSan CTest run, takes ~90 s) gets every thread's stack printed, the processes below
-# the run killed, and the run ended with status 3.
+# seconds (default 1200; the slowest case, the ASan+UBSan CTest run, takes ~90 s) gets every thread's stack
+# printed, the processes below the run killed, and the run ended with status 3.
 _TEST_TIMEOUT = float(os.environ.get("VITFAST_TEST_TIMEOUT", "1200"))
 _running: dict = {}
 
