@@ -147,9 +147,8 @@ def _descendants(pid: int):
     return found
 
 
-def pytest_sessionfinish(session, exitstatus):
-    """A child a failed test left hanging would hold the run's output pipe open, and the CI job would wait for it
-    until its own time limit: end every process still alive below the run when it ends (and say so)."""
+def _kill_descendants(say) -> None:
+    """SIGKILL every process below this one; say(line) for each, naming its command."""
     import signal
 
     for pid in _descendants(os.getpid()):
@@ -159,7 +158,15 @@ def pytest_sessionfinish(session, exitstatus):
             os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
-        print(f"\nconftest: killed process {pid} left running by the tests: {cmd}")
+        say(f"\nconftest: killed process {pid} left running by the tests: {cmd}\n")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A child a failed test left hanging would hold the run's output pipe open, and the CI job would wait for it
+    until its own time limit: end every process still alive below the run when it ends (and say so)."""
+    import sys
+
+    _kill_descendants(sys.stdout.write)
 
 
 # A test that hangs (a deadlock in C++ code, where no Python-level timeout can fire) would otherwise hold the run
@@ -172,7 +179,6 @@ _running: dict = {}
 
 def _watchdog() -> None:
     import faulthandler
-    import signal
     import sys
     import time
 
@@ -186,11 +192,7 @@ def _watchdog() -> None:
             sys.stderr.write(f"\nconftest: {current['nodeid']} ran over {_TEST_TIMEOUT:.0f} s "
                              "(VITFAST_TEST_TIMEOUT): every thread's stack, then the run ends\n")
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-            for pid in _descendants(os.getpid()):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            _kill_descendants(sys.stderr.write)
             sys.stderr.flush()
             os._exit(3)
 
