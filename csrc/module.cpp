@@ -14,6 +14,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_int8.h"
+#include "kernels/huge_arena.h"
 #include "ops/int8_block.h"
 #include "ops/output_pool.h"
 #include "ops/weight_cache.h"
@@ -158,6 +159,16 @@ PYBIND11_MODULE(_C, m) {
         }
       },
       "An int8 fused block's five CPU ops in one call (csrc/ops/int8_block.h; vitfast.nn.block.int8_block_forward).");
+  m.def(
+      "_huge_arena_stats",
+      []() {
+        const vitfast::HugeArenaStats s = vitfast::huge_arena_stats();
+        return counters({{"enabled", py::bool_(vitfast::huge_arena_enabled())}, {"chunks", py::int_(s.chunks)},
+                         {"mapped_bytes", py::int_(s.mapped_bytes)}, {"live_blocks", py::int_(s.live_blocks)},
+                         {"live_bytes", py::int_(s.live_bytes)}});
+      },
+      "The huge-page arena of packed weights and scratch (csrc/kernels/huge_arena.h): on or off, chunks and bytes "
+      "mapped, live blocks and their bytes.");
   m.def("_output_pool_clear", &vitfast::ops::output_pool_clear,
         "Give every cached op-output block back to malloc (outputs still alive are not affected).");
   m.def(

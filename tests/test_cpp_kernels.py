@@ -24,6 +24,7 @@ def test_native_cmake_ctest(request):
     assert_every_isa_ran(out)
     assert "pack_cache: all checks passed" in out, out
     assert "gemm_int8: all checks passed" in out, out
+    assert "huge_arena threads: ok" in out and "huge_arena: all checks passed" in out, out
     # The int8 GEMM kernels this host has, each forced and checked against the exact integer reference.
     for line in int8_kernel_lines():
         assert line in out, f"missing {line!r} in the native run:\n{out}"

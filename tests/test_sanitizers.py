@@ -1,6 +1,6 @@
 """The torch-free C++ tier under sanitizers: every CTest program (the kernels on every ISA path this CPU has, and the
 packed-weight cache's core, csrc/cache/pack_cache.h) built with AddressSanitizer + UndefinedBehaviorSanitizer, and
-the cache (its thread stress) with ThreadSanitizer.  CMake option VITFAST_SANITIZE (CMakeLists.txt); each flavour
+the cache and the huge-page arena (their thread stress) with ThreadSanitizer.  CMake option VITFAST_SANITIZE (CMakeLists.txt); each flavour
 has its own cached build tree (tests/cmake_tree.py).  Any sanitizer report stops the program (halt_on_error,
 -fno-sanitize-recover), so it is a failed test with the report in its output.
 
@@ -115,6 +115,8 @@ def test_ctest_under_asan_ubsan(request, tmp_path):
     _assert_clean(out)
     assert_every_isa_ran(out)
     assert "pack_cache: all checks passed" in out, out
+    # ASan must see every allocation's bounds, so the arena is off in this build and its fallback is tested.
+    assert "huge_arena: off in this build" in out and "huge_arena: all checks passed" in out, out
     programs = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "csrc" / "tests").glob("test_*.cpp"))
     _assert_instrumented(build, "address,undefined", programs)
 
@@ -122,9 +124,12 @@ def test_ctest_under_asan_ubsan(request, tmp_path):
 def test_pack_cache_under_tsan(request, tmp_path):
     launcher = _launcher_for(tmp_path, "thread", PLANTED_RACE, "WARNING: ThreadSanitizer: data race", TSAN_ENV)
     build = build_dir(request, "tsan")
-    # Only the cache: the kernels start no threads (callers split the work), and it keeps this build to one file.
-    out = configure_build_test(build, ["-DVITFAST_SANITIZE=thread"], targets=["test_pack_cache"],
-                               tests="^test_pack_cache$", env=TSAN_ENV, launcher=launcher)
+    # Only the cache and the huge-page arena (the two pieces with a lock): the kernels start no threads (callers
+    # split the work), and it keeps this build to four files.
+    programs = ["test_pack_cache", "test_huge_arena"]
+    out = configure_build_test(build, ["-DVITFAST_SANITIZE=thread"], targets=programs,
+                               tests="^(test_pack_cache|test_huge_arena)$", env=TSAN_ENV, launcher=launcher)
     _assert_clean(out)
     assert "pack_cache threads:" in out and "pack_cache: all checks passed" in out, out
-    _assert_instrumented(build, "thread", ["test_pack_cache"])
+    assert "huge_arena threads: ok" in out and "huge_arena: all checks passed" in out, out
+    _assert_instrumented(build, "thread", programs)
