@@ -11,27 +11,17 @@ streams ~50 MB of weights from L3 or memory.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
-from switch_ab import measure, record_rows
+import switch_ab
 
 CELLS = [("fp32", 1, 1), ("int8", 1, 1), ("bf16", 1, 1), ("fp32", 8, 2), ("int8", 8, 2), ("bf16", 8, 2)]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--calls", type=int, default=10)
-    p.add_argument("--record", action="store_true", help="write the table into benchmarks/results/")
-    args = p.parse_args(argv)
-    rows = measure("VITFAST_HUGE_PAGES", "huge pages", CELLS, args.rounds, args.calls)
-    if args.record:
-        path = record_rows("huge_pages_ab", "Packed weights on huge pages off (VITFAST_HUGE_PAGES=0) and on: "
-                           "RePa-DeiT-S/0.75 forwards", "benchmarks/huge_pages_ab.py", "huge pages", rows,
-                           args.rounds, args.calls)
-        print(f"recorded: {path}")
-    return 0
+    return switch_ab.main(argv, env_var="VITFAST_HUGE_PAGES", what="huge pages", cells=CELLS, table="huge_pages_ab",
+                          title="Packed weights on huge pages off (VITFAST_HUGE_PAGES=0) and on: RePa-DeiT-S/0.75 forwards",
+                          script="benchmarks/huge_pages_ab.py", description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -11,27 +11,17 @@ VITFAST_OUTPUT_POOL=0 (every output from the CPU allocator, as before the cache)
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
-from switch_ab import measure, record_rows
+import switch_ab
 
 CELLS = [("int8", 8, 2), ("bf16", 8, 2), ("fp32", 8, 2), ("int8", 1, 1)]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--calls", type=int, default=10)
-    p.add_argument("--record", action="store_true", help="write the table into benchmarks/results/")
-    args = p.parse_args(argv)
-    rows = measure("VITFAST_OUTPUT_POOL", "cache", CELLS, args.rounds, args.calls)
-    if args.record:
-        path = record_rows("output_pool_ab", "The op-output cache off (VITFAST_OUTPUT_POOL=0) and on: "
-                           "RePa-DeiT-S/0.75 forwards", "benchmarks/output_pool_ab.py", "cache", rows, args.rounds,
-                           args.calls)
-        print(f"recorded: {path}")
-    return 0
+    return switch_ab.main(argv, env_var="VITFAST_OUTPUT_POOL", what="cache", cells=CELLS, table="output_pool_ab",
+                          title="The op-output cache off (VITFAST_OUTPUT_POOL=0) and on: RePa-DeiT-S/0.75 forwards",
+                          script="benchmarks/output_pool_ab.py", description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """One environment switch of vitfast's CPU path off and on, in fresh processes: forward latency, page faults and system
-time of fused RePa-DeiT-S/0.75 models (fp32, int8, bf16), settings interleaved over rounds.  The measuring half of
+time of fused RePa-DeiT-S/0.75 models (fp32, int8, bf16), settings interleaved over rounds.  The measurement and command line of
 `output_pool_ab.py` (VITFAST_OUTPUT_POOL) and `huge_pages_ab.py` (VITFAST_HUGE_PAGES).
 
 Why a fresh process per measurement: both switches change where memory comes from (glibc's heap, the kernel's pages),
@@ -110,3 +110,19 @@ def record_rows(name: str, title: str, script: str, what: str, rows: List[dict],
                     {"label": "sys ms off / on", "fmt": "{sys_off} / {sys_on}"}],
         "rows": rows,
     })
+
+
+def main(argv, *, env_var: str, what: str, cells: Sequence[Cell], table: str, title: str, script: str,
+         description: str) -> int:
+    """The command line both scripts share: --rounds, --calls, --record (table `table` of today's results file)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--record", action="store_true", help="write the table into benchmarks/results/")
+    args = p.parse_args(argv)
+    rows = measure(env_var, what, cells, args.rounds, args.calls)
+    if args.record:
+        print(f"recorded: {record_rows(table, title, script, what, rows, args.rounds, args.calls)}")
+    return 0

@@ -1,4 +1,4 @@
-"""benchmarks/switch_ab.py (the measuring half of output_pool_ab.py and huge_pages_ab.py): one small cell, one
+"""benchmarks/switch_ab.py (the measurement behind output_pool_ab.py and huge_pages_ab.py): one small cell, one
 round, both settings in fresh processes, the row it reports."""
 import sys
 from pathlib import Path
