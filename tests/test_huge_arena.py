@@ -71,3 +71,34 @@ def test_off_switch_and_same_bits(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert torch.equal(torch.load(tmp_path / "off.pt"), on)
+
+
+def test_a_forked_child_frees_and_allocates_in_its_copy():
+    """A DataLoader-style fork: the child inherits the parent's arena (its chunks copy-on-write), drops and repacks
+    weights in it, and computes the same bits; the parent's arena is untouched by the child."""
+    import multiprocessing as mp
+
+    x, w, b = torch.randn(37, 384), torch.randn(1152, 384), torch.randn(1152)
+    expected = _linear(x, w, b)
+    parent_before = _C._huge_arena_stats()
+
+    def child(q):
+        torch.set_num_threads(1)  # as DataLoader workers do: libgomp's team does not survive a fork
+        _C._weight_cache_clear()  # frees the inherited blocks into the child's copy of the arena
+        y = _linear(x, w, b)      # and packs again from it
+        q.put((torch.equal(y, expected), _C._huge_arena_stats()["live_blocks"]))
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    try:
+        same, live = q.get(timeout=60)
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    finally:
+        if p.is_alive():  # a hung child would outlive the run and hold its output pipe open
+            p.kill()
+            p.join()
+    assert same and live >= 1
+    assert _C._huge_arena_stats()["live_blocks"] == parent_before["live_blocks"]
