@@ -4,9 +4,9 @@
 // Why: at batch 1 a model's packed weights are read once per forward from L3 or memory, and in 4 KiB pages
 // every 4 KiB of a weight costs a TLB miss, a two-level page walk under a hypervisor.  The packed qkv weight of
 // DeiT-S (1.77 MiB, under the 2 MiB a single allocation needs before the kernel can back it with a huge page)
-// was 1.32-1.45× slower cold (24 weights in turn) than hot on 4 KiB pages, 1.09-1.14× on 2 MiB pages; the whole
-// fused DeiT-S/0.75 forward (batch 1, one thread, fp32) was 1.09× faster with its weights on huge pages
-// (docs/performance.md, "Packed weights on huge pages").  One allocation per weight cannot get there: most
+// was 1.32-1.45× slower cold (24 weights in turn) than hot on 4 KiB pages, 1.08-1.11× in this arena; the whole
+// fused DeiT-S/0.75 forward (batch 1, one thread, fp32) is 1.09× faster with it (table huge_pages_ab,
+// docs/performance.md, "Prepacking and huge pages").  One allocation per weight cannot get there: most
 // weights are < 2 MiB, and rounding each up to 2 MiB would triple a DeiT-S's weight memory.  So weights are
 // carved from 2 MiB-aligned chunks of kHugeArenaChunkBytes that are advised for huge pages (MADV_HUGEPAGE; THP in
 // its default "madvise" mode backs nothing else), and packed densely.
