@@ -47,6 +47,15 @@ constexpr int64_t kPrefetchLines = 64;
 // (three 197 × 768 × 768 GEMMs, one thread, alternating builds): ~2% faster; 16 steps ahead was too late
 // (docs/performance.md).
 constexpr int64_t kCPrefetchSteps = 128;
+// At batch 1 a panel pair's B (K × 128 B) is read from L3 or memory by the first row tile and from L2 by the other
+// 13, and the first tile waits on it: measured per tile (rdtsc) in a DeiT-S forward it ran at half the others' rate,
+// and in a C++ loop over 12 rotating weights at a quarter (~6 GB/s: the misses a tile keeps in flight, not the
+// bandwidth).  So the other row tiles of a pair ask L2 for the next pair's lines, spread out: one prefetch every
+// kNextPairStride k steps (branch-free: the pointer stops at the tile's last line), each tile a contiguous share.
+// The same loop, 196 × K × N with 12 weights in rotation, one thread (flops per TSC cycle, whole GEMM):
+// 384 × 1152 59.6 -> 65.3, 768 × 768 59.4 -> 64.5, 768 × 2304 57.5 -> 63.1, hot weights unchanged (±1%).
+// A prefetch every k step, or a branch per step, slowed the other tiles more than the first one gained.
+constexpr int64_t kNextPairStride = 4;  // the k loop below issues it once per four unrolled steps
 
 struct Tile512Epilogue {
   bool load_c;           // acc += C (a later K block, or accumulate mode)
@@ -55,6 +64,10 @@ struct Tile512Epilogue {
   const float* addend;   // at this tile's (row 0, col 0), or nullptr (only in the last K block)
   int64_t ld_addend;
   __mmask16 mask[2];     // columns of each panel that may be loaded/stored (all 16 except on a tail panel)
+  // Lines of the next panel pair for this tile to ask L2 for, one every kNextPairStride k steps: [next, next_end)
+  // (next == next_end: none).  See kNextPairStride.
+  const char* next;
+  const char* next_end;
 };
 
 static inline __m512 epilogue16(__m512 v, const Tile512Epilogue& e, const float* ci, int q, int64_t row) {
@@ -107,39 +120,59 @@ static inline __attribute__((always_inline)) void tile(int64_t k, const float* a
   // Two ranges of k: [0, k_tail) and [k_tail, k), with the C tile's lines prefetched in between.  A short K
   // (attention's K = 64 score GEMM) has not evicted them and skips it: at 197 × 64 × 197 the prefetches cost
   // 3% (100.0 vs 102.9 GFLOP/s).
+  // One k step: two B lines, the prefetch of this pair's lines ahead (the first row tile of a pair reads B from L3;
+  // see gemm_avx2.cpp), 14 broadcasts of A.
+#define VITFAST_AVX512_STEP()                                                                    \
+  {                                                                                              \
+    const __m512 b0 = _mm512_load_ps(b);                                                         \
+    const __m512 b1 = NP > 1 ? _mm512_load_ps(b1p) : b0;                                         \
+    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * kNr), _MM_HINT_T0);          \
+    if (NP > 1) _mm_prefetch(reinterpret_cast<const char*>(b1p + kPrefetchLines * kNr), _MM_HINT_T0); \
+    b += kNr;                                                                                    \
+    b1p += kNr;                                                                                  \
+    VITFAST_AVX512_ROW(0, a0, 0)                                                                 \
+    VITFAST_AVX512_ROW(1, a0, lda)                                                               \
+    VITFAST_AVX512_ROW(2, a0, 2 * lda)                                                           \
+    VITFAST_AVX512_ROW(3, a3, 0)                                                                 \
+    VITFAST_AVX512_ROW(4, a3, lda)                                                               \
+    VITFAST_AVX512_ROW(5, a3, 2 * lda)                                                           \
+    VITFAST_AVX512_ROW(6, a6, 0)                                                                 \
+    VITFAST_AVX512_ROW(7, a6, lda)                                                               \
+    VITFAST_AVX512_ROW(8, a6, 2 * lda)                                                           \
+    VITFAST_AVX512_ROW(9, a9, 0)                                                                 \
+    VITFAST_AVX512_ROW(10, a9, lda)                                                              \
+    VITFAST_AVX512_ROW(11, a9, 2 * lda)                                                          \
+    VITFAST_AVX512_ROW(12, a12, 0)                                                               \
+    VITFAST_AVX512_ROW(13, a12, lda)                                                             \
+    ++a0;                                                                                        \
+    ++a3;                                                                                        \
+    ++a6;                                                                                        \
+    ++a9;                                                                                        \
+    ++a12;                                                                                       \
+  }
+  // The next pair's lines: one per kNextPairStride steps; the pointer stays on the last one when the share is done
+  // (a repeated prefetch of a line on its way is nearly free; a branch in the loop is not).
+  const char* next = e.next;
+  const char* const next_last = e.next_end - 64;
+  const bool has_next = e.next != e.next_end;
   const int64_t k_tail = k > kCPrefetchSteps ? k - kCPrefetchSteps : 0;
   for (int64_t p_begin = 0, p_end = k_tail, pass = 0; pass < 2; ++pass, p_begin = p_end, p_end = k) {
     if (pass == 1 && k_tail > 0) prefetch_tile_rows<MR, NP>(c, ldc, e);
-#pragma GCC unroll 2
-    for (int64_t p = p_begin; p < p_end; ++p) {
-      const __m512 b0 = _mm512_load_ps(b);
-      const __m512 b1 = NP > 1 ? _mm512_load_ps(b1p) : b0;
-      // The first row tile of a panel pair reads B from L3: ask for the lines ahead (see gemm_avx2.cpp).
-      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * kNr), _MM_HINT_T0);
-      if (NP > 1) _mm_prefetch(reinterpret_cast<const char*>(b1p + kPrefetchLines * kNr), _MM_HINT_T0);
-      b += kNr;
-      b1p += kNr;
-      VITFAST_AVX512_ROW(0, a0, 0)
-      VITFAST_AVX512_ROW(1, a0, lda)
-      VITFAST_AVX512_ROW(2, a0, 2 * lda)
-      VITFAST_AVX512_ROW(3, a3, 0)
-      VITFAST_AVX512_ROW(4, a3, lda)
-      VITFAST_AVX512_ROW(5, a3, 2 * lda)
-      VITFAST_AVX512_ROW(6, a6, 0)
-      VITFAST_AVX512_ROW(7, a6, lda)
-      VITFAST_AVX512_ROW(8, a6, 2 * lda)
-      VITFAST_AVX512_ROW(9, a9, 0)
-      VITFAST_AVX512_ROW(10, a9, lda)
-      VITFAST_AVX512_ROW(11, a9, 2 * lda)
-      VITFAST_AVX512_ROW(12, a12, 0)
-      VITFAST_AVX512_ROW(13, a12, lda)
-      ++a0;
-      ++a3;
-      ++a6;
-      ++a9;
-      ++a12;
+    int64_t p = p_begin;
+    if (has_next) {
+      for (; p + kNextPairStride <= p_end; p += kNextPairStride) {
+        _mm_prefetch(next, _MM_HINT_T1);
+        next += next < next_last ? 64 : 0;
+        VITFAST_AVX512_STEP()
+        VITFAST_AVX512_STEP()
+        VITFAST_AVX512_STEP()
+        VITFAST_AVX512_STEP()
+      }
     }
+#pragma GCC unroll 2
+    for (; p < p_end; ++p) VITFAST_AVX512_STEP()
   }
+#undef VITFAST_AVX512_STEP
 #undef VITFAST_AVX512_ROW
   // Epilogue row by row (C is written once per tile; masked loads/stores never touch a column past n).
 #define VITFAST_AVX512_STORE(row)                                                                   \
@@ -165,9 +198,25 @@ static inline __attribute__((always_inline)) void tile(int64_t k, const float* a
 #undef VITFAST_AVX512_STORE
 }
 
+// Tile t's share of the next pair's lines (kNextPairStride): the pair's np_next panels × kk lines, numbered panel by
+// panel, split evenly over tiles 1 .. tiles-1 (tile 0 reads this pair from afar itself); a share that would cross
+// from one panel into the other stops at the panel's end (no gather in the loop; at most one line per tile lost).
+static inline void next_pair_share(const float* next_b, int64_t np_next, int64_t b_panel_stride, int64_t kk,
+                                   int64_t t, int64_t tiles, Tile512Epilogue& e) {
+  e.next = e.next_end = nullptr;
+  if (next_b == nullptr || t == 0 || tiles < 2 || kk <= 0) return;
+  const int64_t total = np_next * kk, shares = tiles - 1;
+  const int64_t l0 = total * (t - 1) / shares, l1 = total * t / shares;
+  if (l1 <= l0) return;
+  const int64_t q = l0 / kk, end_in_panel = (l1 - 1) / kk == q ? l1 - q * kk : kk;
+  const char* panel = reinterpret_cast<const char*>(next_b + q * b_panel_stride);
+  e.next = panel + (l0 - q * kk) * 64;
+  e.next_end = panel + end_in_panel * 64;
+}
+
 template <int NP>
 void row_tiles(const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, int64_t col,
-               const Tile512Epilogue& base, bool last) {
+               const Tile512Epilogue& base, bool last, const float* next_b, int64_t np_next) {
   Tile512Epilogue e = base;
   // Balanced row tiles: 197 rows become 2 × 14 + 13 × 13, not 14 × 14 + 1 (a 1-row tile has only two
   // accumulator chains, so it runs at the FMA latency, not its throughput).
@@ -175,6 +224,7 @@ void row_tiles(const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, 
   const int64_t rows_small = tiles > 0 ? g.m / tiles : 0, n_big = tiles > 0 ? g.m % tiles : 0;
   for (int64_t t = 0, i = 0; t < tiles; ++t) {
     const int64_t rows = rows_small + (t < n_big ? 1 : 0);
+    next_pair_share(next_b, np_next, g.b_panel_stride, k1 - k0, t, tiles, e);
     const float* a = g.a + i * g.lda + k0;
     float* c = g.c + i * g.ldc + col;
     e.addend = (last && g.addend != nullptr) ? g.addend + i * g.ld_addend + col : nullptr;
@@ -220,6 +270,11 @@ void gemm_block_avx512(const GemmBlockArgs& g) {
       e.gelu = last && g.gelu;
       e.ld_addend = g.ld_addend;
       e.addend = nullptr;
+      e.next = e.next_end = nullptr;
+      // The next pair of this K block; none after the last one (what runs next, another K block or another op,
+      // is not known to be cold).
+      const int64_t np_next = p + 2 < g.panel_end ? (g.panel_end - (p + 2) >= 2 ? 2 : 1) : 0;
+      const float* next_b = np_next > 0 ? bp + 2 * g.b_panel_stride : nullptr;
       for (int q = 0; q < 2; ++q) {
         // A partial tail panel is stored whole only into a padded C with no addend (as in gemm_driver.h).
         const int64_t valid = g.n - (col + q * kNr);
@@ -227,9 +282,9 @@ void gemm_block_avx512(const GemmBlockArgs& g) {
         e.mask[q] = q < np ? (whole ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1u)) : __mmask16(0);
       }
       if (np == 2)
-        row_tiles<2>(g, k0, k1, bp, col, e, last);
+        row_tiles<2>(g, k0, k1, bp, col, e, last, next_b, np_next);
       else
-        row_tiles<1>(g, k0, k1, bp, col, e, last);
+        row_tiles<1>(g, k0, k1, bp, col, e, last, next_b, np_next);
     }
   }
 }
