@@ -101,15 +101,16 @@ def test_attention_next_task_prefetch_is_emitted(tmp_path, compiler, instruction
     assert instruction in asm.read_text(), f"{compiler} emitted no {instruction} for attention's next-task prefetch"
 
 
-def test_gemm_next_pair_prefetch_is_emitted(tmp_path):
-    """The AVX-512 GEMM's row tiles ask L2 for the next panel pair's weights (`prefetcht1`, kNextPairStride in
-    csrc/kernels/x86/gemm_avx512.cpp): the kernel is as correct without it, only slower at batch 1, so nothing else
-    would notice if a compiler dropped it.  Compiles the file as the build does (-O3) and looks for the instruction."""
+@pytest.mark.parametrize("source", ["gemm_avx512.cpp", "gemm_int8_avx512.cpp", "gemm_avx2.cpp"])
+def test_gemm_next_pair_prefetch_is_emitted(tmp_path, source):
+    """The fp32 (AVX-512 and AVX2) and VNNI int8 GEMMs' row tiles ask L2 for the next panels' weights (`prefetcht1`,
+    csrc/kernels/next_pair_prefetch.h): a kernel is as correct without it, only slower at batch 1, so nothing else
+    would notice if a compiler dropped it.  Compiles each file as the build does (-O3) and looks for the instruction."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("x86 only")
     if shutil.which("c++") is None:
         pytest.skip("c++ not found")
-    asm = tmp_path / "gemm_avx512.s"
+    asm = tmp_path / (source + ".s")
     run(["c++", "-O3", "-fno-math-errno", "-std=c++17", f"-I{ROOT / 'csrc'}", "-S",
-         str(ROOT / "csrc" / "kernels" / "x86" / "gemm_avx512.cpp"), "-o", str(asm)])
-    assert "prefetcht1" in asm.read_text(), "c++ emitted no prefetcht1 for the GEMM's next-pair prefetch"
+         str(ROOT / "csrc" / "kernels" / "x86" / source), "-o", str(asm)])
+    assert "prefetcht1" in asm.read_text(), f"c++ emitted no prefetcht1 for {source}'s next-panel prefetch"

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "kernels/gemm_isa.h"
+#include "kernels/next_pair_prefetch.h"
 
 namespace vitfast {
 namespace gemm {
@@ -26,6 +27,8 @@ struct TileEpilogue {
   const float* addend; // at this tile's (row 0, col 0), or nullptr (only in the last K block)
   int64_t ld_addend;
   int n_store;         // columns to load/store, 1..kNr (< kNr only on the tail panel of an unpadded C)
+  NextPairShare next;  // this tile's share of the next panel's lines, for a tile that prefetches them to L2
+                       // (next_pair_prefetch.h: the AVX2 tile does; NEON and scalar ignore it)
 };
 
 template <class Isa>
@@ -49,10 +52,13 @@ void run_gemm_block(const GemmBlockArgs& g) {
       // A partial tail panel is stored whole only into a padded C with no addend (the addend is a real
       // [m × n] matrix whose padding columns must never be read).
       e.n_store = (valid >= kNr || (g.c_padded && g.addend == nullptr)) ? int(kNr) : int(valid);
+      // The next panel of this K block, whose lines the row tiles after the first ask L2 for.
+      const char* next = p + 1 < g.panel_end ? reinterpret_cast<const char*>(bp + g.b_panel_stride) : nullptr;
       for (int64_t i = 0; i < g.m; i += kMr) {
         const float* a = g.a + i * g.lda + k0;
         float* c = g.c + i * g.ldc + col;
         e.addend = (last && g.addend != nullptr) ? g.addend + i * g.ld_addend + col : nullptr;
+        e.next = next_pair_share(next, 0, next != nullptr ? 1 : 0, k1 - k0, k1 - k0, i / kMr);
         switch (g.m - i >= kMr ? kMr : g.m - i) {
           case 6: Isa::template tile<6>(k1 - k0, a, g.lda, bp, c, g.ldc, e); break;
           case 5: Isa::template tile<5>(k1 - k0, a, g.lda, bp, c, g.ldc, e); break;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "kernels/next_pair_prefetch.h"
 #include "tests/test_util.h"
 
 using namespace vitfast;
@@ -293,8 +294,44 @@ void test_aligned_floats() {
   }
 }
 
+// The row tiles' shares of the next panels (next_pair_prefetch.h): tile 0 takes none; every share is whole lines
+// inside one panel, at most steps / kNextPairStride of them (what the tile's loop issues); no line is in two shares;
+// and when the tiles after the first can issue them all, every line of the next panels is in one.
+void test_next_pair_share() {
+  alignas(64) static char buf[2 * 1024 * 64];
+  const int64_t stride = 1024 * 64;  // bytes between the panels (>= lines · 64)
+  int cases = 0;
+  for (int64_t np : {0, 1, 2})
+    for (int64_t lines : {1, 3, 4, 64, 197, 384, 768})
+      for (int64_t steps : {int64_t(0), int64_t(3), lines, 2 * lines})
+        for (int64_t tiles : {1, 2, 6, 14, 57}) {
+          std::vector<int> hits(size_t(2 * lines), 0);
+          for (int64_t t = 0; t < tiles; ++t) {
+            const NextPairShare sh = next_pair_share(np > 0 ? buf : nullptr, stride, np, lines, steps, t);
+            if (sh.next == sh.next_end) continue;
+            VT_CHECK(t > 0 && sh.next < sh.next_end, "tile %lld: a share for tile 0, or a reversed one", (long long)t);
+            const int64_t b0 = sh.next - buf, b1 = sh.next_end - buf, q = b0 / stride;
+            const int64_t l0 = (b0 - q * stride) / 64, l1 = (b1 - q * stride) / 64;
+            VT_CHECK(b0 % 64 == 0 && b1 % 64 == 0 && q < np && (b1 - 1) / stride == q && l1 <= lines,
+                     "tile %lld: share [%lld, %lld) is not whole lines of one of the %lld panels", (long long)t,
+                     (long long)b0, (long long)b1, (long long)np);
+            VT_CHECK(l1 - l0 <= steps / kNextPairStride, "tile %lld: share longer than its loop issues", (long long)t);
+            for (int64_t l = l0; l < l1; ++l) ++hits[size_t(q * lines + l)];
+          }
+          const int64_t cap = steps / kNextPairStride;
+          const bool all = np > 0 && cap > 0 && tiles - 1 >= np * ((lines + cap - 1) / cap);
+          for (int64_t l = 0; l < np * lines; ++l)
+            VT_CHECK(hits[size_t(l)] <= 1 && (!all || hits[size_t(l)] == 1),
+                     "np=%lld lines=%lld steps=%lld tiles=%lld: line %lld in %d shares", (long long)np,
+                     (long long)lines, (long long)steps, (long long)tiles, (long long)l, hits[size_t(l)]);
+          ++cases;
+        }
+  std::printf("next_pair_share: %d cases\n", cases);
+}
+
 int main() {
   test_aligned_floats();
+  test_next_pair_share();
   test_runtime_packing();  // ISA-independent (plain C++, SSE2 on x86-64)
   return run_on_every_isa("test_gemm", test_gemm_parity, test_gemm_panel_range, test_gelu, test_gelu_epilogue,
                           test_row_shares);

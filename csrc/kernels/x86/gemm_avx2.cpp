@@ -58,7 +58,6 @@ struct Avx2Tile {
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float* a0 = a;
     const float* a3 = MR > 3 ? a + 3 * lda : a;  // never form a pointer past a short tile's rows
-    // The hot loop: per k two B loads (one 64-byte line of the packed panel), MR broadcasts, 2·MR FMAs.
 #define VITFAST_AVX2_ROW(row, ptr, off)                    \
   if (MR > row) {                                          \
     const __m256 t = _mm256_broadcast_ss(ptr + off);       \
@@ -71,29 +70,55 @@ struct Avx2Tile {
     // ~5% slower than the same GEMM without a residual; with it, same bits, and attention's P·V (K = N = 197 or
     // 577) unchanged (docs/performance.md).  A short K (the K = 64 score GEMM) has nothing to hide it behind and
     // skips it.  Whether C is read (accumulate) or only written made no difference: always prefetched.
+    // One k step: one 64-byte line of the packed panel, MR broadcasts, 2·MR FMAs.  B arrives from L3 on the first
+    // row tile of each panel; the hardware prefetcher alone left ~5% on the table at DeiT-B shapes
+    // (docs/performance.md), so ask for the line kPrefetchLines k-steps ahead.  For later row tiles the line is
+    // already in L1/L2 and the prefetch is a spare load-port slot.  (Prefetches past the buffer never fault.)
+#define VITFAST_AVX2_STEP()                                                              \
+  {                                                                                      \
+    const __m256 b0 = _mm256_load_ps(b);                                                 \
+    const __m256 b1 = _mm256_load_ps(b + 8);                                             \
+    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * kNr), _MM_HINT_T0);  \
+    b += kNr;                                                                            \
+    VITFAST_AVX2_ROW(0, a0, 0)                                                           \
+    VITFAST_AVX2_ROW(1, a0, lda)                                                         \
+    VITFAST_AVX2_ROW(2, a0, 2 * lda)                                                     \
+    VITFAST_AVX2_ROW(3, a3, 0)                                                           \
+    VITFAST_AVX2_ROW(4, a3, lda)                                                         \
+    VITFAST_AVX2_ROW(5, a3, 2 * lda)                                                     \
+    ++a0;                                                                                \
+    ++a3;                                                                                \
+  }
+    // The next panel's lines to L2, one per kNextPairStride steps, for the tiles that have a share
+    // (next_pair_prefetch.h): the first tile of each panel otherwise waits on L3.
+    static_assert(kNextPairStride == 4, "the loop below issues one next-panel prefetch per four written-out steps");
+    const bool has_next = e.next.next != e.next.next_end;
+    const char* next = e.next.next;
+    const char* const next_last = has_next ? e.next.next_end - 64 : nullptr;
+    // Two ranges of k, with the epilogue's C and addend lines prefetched in between.  A row tile reads one
+    // 64-byte line from each of 6 rows of the residual (3 KiB apart at DeiT-B), which neither stays in L2 between
+    // panels nor is caught by the hardware prefetcher: without this, the residual GEMM of channel_idle_ffn ran
+    // ~5% slower than the same GEMM without a residual; with it, same bits, and attention's P·V (K = N = 197 or
+    // 577) unchanged (docs/performance.md).  A short K (the K = 64 score GEMM) has nothing to hide it behind and
+    // skips it.  Whether C is read (accumulate) or only written made no difference: always prefetched.
     const int64_t k_tail = k > kCPrefetchSteps ? k - kCPrefetchSteps : 0;
     for (int64_t p_begin = 0, p_end = k_tail, pass = 0; pass < 2; ++pass, p_begin = p_end, p_end = k) {
       if (pass == 1 && k_tail > 0) prefetch_tile_rows<MR>(c, ldc, e);
-#pragma GCC unroll 4
-      for (int64_t p = p_begin; p < p_end; ++p) {
-        const __m256 b0 = _mm256_load_ps(b);
-        const __m256 b1 = _mm256_load_ps(b + 8);
-        // B arrives from L3 on the first row tile of each panel; the hardware prefetcher alone left ~5% on
-        // the table at DeiT-B shapes (docs/performance.md), so ask for the line kPrefetchLines k-steps ahead.
-        // For later row tiles the line is already in L1/L2 and the prefetch is a spare load-port slot.
-        // (Prefetching past the end of the buffer is harmless: prefetches never fault.)
-        _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * kNr), _MM_HINT_T0);
-        b += kNr;
-        VITFAST_AVX2_ROW(0, a0, 0)
-        VITFAST_AVX2_ROW(1, a0, lda)
-        VITFAST_AVX2_ROW(2, a0, 2 * lda)
-        VITFAST_AVX2_ROW(3, a3, 0)
-        VITFAST_AVX2_ROW(4, a3, lda)
-        VITFAST_AVX2_ROW(5, a3, 2 * lda)
-        ++a0;
-        ++a3;
+      int64_t p = p_begin;
+      if (has_next) {
+        for (; p + kNextPairStride <= p_end; p += kNextPairStride) {
+          _mm_prefetch(next, _MM_HINT_T1);
+          next += next < next_last ? 64 : 0;
+          VITFAST_AVX2_STEP()
+          VITFAST_AVX2_STEP()
+          VITFAST_AVX2_STEP()
+          VITFAST_AVX2_STEP()
+        }
       }
+#pragma GCC unroll 4
+      for (; p < p_end; ++p) VITFAST_AVX2_STEP()
     }
+#undef VITFAST_AVX2_STEP
 #undef VITFAST_AVX2_ROW
     // Back to arrays for the epilogue loop (`r % MR` only keeps the dead branches' indices in range).
     __m256 acc0[MR], acc1[MR];

@@ -29,6 +29,7 @@
 
 #include "kernels/gemm_isa.h"
 #include "kernels/x86/avx512_math.h"
+#include "kernels/next_pair_prefetch.h"
 
 namespace vitfast {
 namespace gemm {
@@ -47,15 +48,6 @@ constexpr int64_t kPrefetchLines = 64;
 // (three 197 × 768 × 768 GEMMs, one thread, alternating builds): ~2% faster; 16 steps ahead was too late
 // (docs/performance.md).
 constexpr int64_t kCPrefetchSteps = 128;
-// At batch 1 a panel pair's B (K × 128 B) is read from L3 or memory by the first row tile and from L2 by the other
-// 13, and the first tile waits on it: measured per tile (rdtsc) in a DeiT-S forward it ran at half the others' rate,
-// and in a C++ loop over 12 rotating weights at a quarter (~6 GB/s: the misses a tile keeps in flight, not the
-// bandwidth).  So the other row tiles of a pair ask L2 for the next pair's lines, spread out: one prefetch every
-// kNextPairStride k steps (branch-free: the pointer stops at the tile's last line), each tile a contiguous share.
-// The same loop, 196 × K × N with 12 weights in rotation, one thread (flops per TSC cycle, whole GEMM):
-// 384 × 1152 59.6 -> 65.3, 768 × 768 59.4 -> 64.5, 768 × 2304 57.5 -> 63.1, hot weights unchanged (±1%).
-// A prefetch every k step, or a branch per step, slowed the other tiles more than the first one gained.
-constexpr int64_t kNextPairStride = 4;  // the k loop below issues it once per four unrolled steps
 
 struct Tile512Epilogue {
   bool load_c;           // acc += C (a later K block, or accumulate mode)
@@ -64,10 +56,7 @@ struct Tile512Epilogue {
   const float* addend;   // at this tile's (row 0, col 0), or nullptr (only in the last K block)
   int64_t ld_addend;
   __mmask16 mask[2];     // columns of each panel that may be loaded/stored (all 16 except on a tail panel)
-  // Lines of the next panel pair for this tile to ask L2 for, one every kNextPairStride k steps: [next, next_end)
-  // (next == next_end: none).  See kNextPairStride.
-  const char* next;
-  const char* next_end;
+  NextPairShare next;  // this tile's share of the next pair's lines, to L2 (next_pair_prefetch.h)
 };
 
 static inline __m512 epilogue16(__m512 v, const Tile512Epilogue& e, const float* ci, int q, int64_t row) {
@@ -152,9 +141,10 @@ static inline __attribute__((always_inline)) void tile(int64_t k, const float* a
   }
   // The next pair's lines: one per kNextPairStride steps; the pointer stays on the last one when the share is done
   // (a repeated prefetch of a line on its way is nearly free; a branch in the loop is not).
-  const char* next = e.next;
-  const char* const next_last = e.next_end - 64;
-  const bool has_next = e.next != e.next_end;
+  static_assert(kNextPairStride == 4, "the loop below issues one next-pair prefetch per four written-out steps");
+  const bool has_next = e.next.next != e.next.next_end;
+  const char* next = e.next.next;
+  const char* const next_last = has_next ? e.next.next_end - 64 : nullptr;
   const int64_t k_tail = k > kCPrefetchSteps ? k - kCPrefetchSteps : 0;
   for (int64_t p_begin = 0, p_end = k_tail, pass = 0; pass < 2; ++pass, p_begin = p_end, p_end = k) {
     if (pass == 1 && k_tail > 0) prefetch_tile_rows<MR, NP>(c, ldc, e);
@@ -198,22 +188,6 @@ static inline __attribute__((always_inline)) void tile(int64_t k, const float* a
 #undef VITFAST_AVX512_STORE
 }
 
-// Tile t's share of the next pair's lines (kNextPairStride): the pair's np_next panels × kk lines, numbered panel by
-// panel, split evenly over tiles 1 .. tiles-1 (tile 0 reads this pair from afar itself); a share that would cross
-// from one panel into the other stops at the panel's end (no gather in the loop; at most one line per tile lost).
-static inline void next_pair_share(const float* next_b, int64_t np_next, int64_t b_panel_stride, int64_t kk,
-                                   int64_t t, int64_t tiles, Tile512Epilogue& e) {
-  e.next = e.next_end = nullptr;
-  if (next_b == nullptr || t == 0 || tiles < 2 || kk <= 0) return;
-  const int64_t total = np_next * kk, shares = tiles - 1;
-  const int64_t l0 = total * (t - 1) / shares, l1 = total * t / shares;
-  if (l1 <= l0) return;
-  const int64_t q = l0 / kk, end_in_panel = (l1 - 1) / kk == q ? l1 - q * kk : kk;
-  const char* panel = reinterpret_cast<const char*>(next_b + q * b_panel_stride);
-  e.next = panel + (l0 - q * kk) * 64;
-  e.next_end = panel + end_in_panel * 64;
-}
-
 template <int NP>
 void row_tiles(const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, int64_t col,
                const Tile512Epilogue& base, bool last, const float* next_b, int64_t np_next) {
@@ -224,7 +198,8 @@ void row_tiles(const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, 
   const int64_t rows_small = tiles > 0 ? g.m / tiles : 0, n_big = tiles > 0 ? g.m % tiles : 0;
   for (int64_t t = 0, i = 0; t < tiles; ++t) {
     const int64_t rows = rows_small + (t < n_big ? 1 : 0);
-    next_pair_share(next_b, np_next, g.b_panel_stride, k1 - k0, t, tiles, e);
+    e.next = next_pair_share(reinterpret_cast<const char*>(next_b), g.b_panel_stride * int64_t(sizeof(float)),
+                                  np_next, k1 - k0, k1 - k0, t);
     const float* a = g.a + i * g.lda + k0;
     float* c = g.c + i * g.ldc + col;
     e.addend = (last && g.addend != nullptr) ? g.addend + i * g.ld_addend + col : nullptr;
@@ -270,7 +245,7 @@ void gemm_block_avx512(const GemmBlockArgs& g) {
       e.gelu = last && g.gelu;
       e.ld_addend = g.ld_addend;
       e.addend = nullptr;
-      e.next = e.next_end = nullptr;
+      e.next = NextPairShare();
       // The next pair of this K block; none after the last one (what runs next, another K block or another op,
       // is not known to be cold).
       const int64_t np_next = p + 2 < g.panel_end ? (g.panel_end - (p + 2) >= 2 ? 2 : 1) : 0;

@@ -22,6 +22,7 @@
 
 #include "kernels/gemm_int8_isa.h"
 #include "kernels/x86/avx512_prelude.h"
+#include "kernels/next_pair_prefetch.h"
 
 namespace vitfast {
 namespace gemm8 {
@@ -63,7 +64,8 @@ static inline __attribute__((always_inline)) void prefetch_tile_rows(const float
 template <int MR, int NP>
 static inline __attribute__((always_inline)) void tile(int64_t groups, const int8_t* a, int64_t lda, const int8_t* b,
                                                        int64_t b_stride, const float* sa, const int32_t* rowsum,
-                                                       float* c, int64_t ldc, const Epi& e) {
+                                                       float* c, int64_t ldc, const Epi& e,
+                                                       const NextPairShare& nx) {
   __m512i c0_0 = _mm512_setzero_si512(), c0_1 = c0_0, c1_0 = c0_0, c1_1 = c0_0, c2_0 = c0_0, c2_1 = c0_0;
   __m512i c3_0 = c0_0, c3_1 = c0_0, c4_0 = c0_0, c4_1 = c0_0, c5_0 = c0_0, c5_1 = c0_0;
   __m512i c6_0 = c0_0, c6_1 = c0_0, c7_0 = c0_0, c7_1 = c0_0, c8_0 = c0_0, c8_1 = c0_0;
@@ -81,38 +83,58 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
     c##row##_0 = _mm512_dpbusd_epi32(c##row##_0, b0, t);               \
     if (NP > 1) c##row##_1 = _mm512_dpbusd_epi32(c##row##_1, b1, t);   \
   }
+  // One group of 4 k: two B lines, the prefetch of this pair's lines ahead, 14 broadcasts of A.
+#define VITFAST_VNNI_STEP()                                                                         \
+  {                                                                                                 \
+    const __m512i b0 = _mm512_load_si512(b);                                                        \
+    const __m512i b1 = NP > 1 ? _mm512_load_si512(b1p) : b0;                                        \
+    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64), _MM_HINT_T0);              \
+    if (NP > 1) _mm_prefetch(reinterpret_cast<const char*>(b1p + kPrefetchLines * 64), _MM_HINT_T0); \
+    b += 64;                                                                                        \
+    b1p += 64;                                                                                      \
+    VITFAST_VNNI_ROW(0, a0, 0)                                                                      \
+    VITFAST_VNNI_ROW(1, a0, lda)                                                                    \
+    VITFAST_VNNI_ROW(2, a0, 2 * lda)                                                                \
+    VITFAST_VNNI_ROW(3, a3, 0)                                                                      \
+    VITFAST_VNNI_ROW(4, a3, lda)                                                                    \
+    VITFAST_VNNI_ROW(5, a3, 2 * lda)                                                                \
+    VITFAST_VNNI_ROW(6, a6, 0)                                                                      \
+    VITFAST_VNNI_ROW(7, a6, lda)                                                                    \
+    VITFAST_VNNI_ROW(8, a6, 2 * lda)                                                                \
+    VITFAST_VNNI_ROW(9, a9, 0)                                                                      \
+    VITFAST_VNNI_ROW(10, a9, lda)                                                                   \
+    VITFAST_VNNI_ROW(11, a9, 2 * lda)                                                               \
+    VITFAST_VNNI_ROW(12, a12, 0)                                                                    \
+    VITFAST_VNNI_ROW(13, a12, lda)                                                                  \
+    a0 += 4;                                                                                        \
+    a3 += 4;                                                                                        \
+    a6 += 4;                                                                                        \
+    a9 += 4;                                                                                        \
+    a12 += 4;                                                                                       \
+  }
+  // The next pair's lines to L2, one per kNextPairStride groups (next_pair_prefetch.h).
+  static_assert(kNextPairStride == 4, "the loop below issues one next-pair prefetch per four written-out steps");
+  const bool has_next = nx.next != nx.next_end;
+  const char* next = nx.next;
+  const char* const next_last = has_next ? nx.next_end - 64 : nullptr;
   const int64_t g_tail = groups > kCPrefetchSteps ? groups - kCPrefetchSteps : 0;
   for (int64_t p_begin = 0, p_end = g_tail, pass = 0; pass < 2; ++pass, p_begin = p_end, p_end = groups) {
     if (pass == 1 && g_tail > 0) prefetch_tile_rows<MR, NP>(c, ldc, e);
-#pragma GCC unroll 2
-    for (int64_t p = p_begin; p < p_end; ++p) {
-      const __m512i b0 = _mm512_load_si512(b);
-      const __m512i b1 = NP > 1 ? _mm512_load_si512(b1p) : b0;
-      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64), _MM_HINT_T0);
-      if (NP > 1) _mm_prefetch(reinterpret_cast<const char*>(b1p + kPrefetchLines * 64), _MM_HINT_T0);
-      b += 64;
-      b1p += 64;
-      VITFAST_VNNI_ROW(0, a0, 0)
-      VITFAST_VNNI_ROW(1, a0, lda)
-      VITFAST_VNNI_ROW(2, a0, 2 * lda)
-      VITFAST_VNNI_ROW(3, a3, 0)
-      VITFAST_VNNI_ROW(4, a3, lda)
-      VITFAST_VNNI_ROW(5, a3, 2 * lda)
-      VITFAST_VNNI_ROW(6, a6, 0)
-      VITFAST_VNNI_ROW(7, a6, lda)
-      VITFAST_VNNI_ROW(8, a6, 2 * lda)
-      VITFAST_VNNI_ROW(9, a9, 0)
-      VITFAST_VNNI_ROW(10, a9, lda)
-      VITFAST_VNNI_ROW(11, a9, 2 * lda)
-      VITFAST_VNNI_ROW(12, a12, 0)
-      VITFAST_VNNI_ROW(13, a12, lda)
-      a0 += 4;
-      a3 += 4;
-      a6 += 4;
-      a9 += 4;
-      a12 += 4;
+    int64_t p = p_begin;
+    if (has_next) {
+      for (; p + kNextPairStride <= p_end; p += kNextPairStride) {
+        _mm_prefetch(next, _MM_HINT_T1);
+        next += next < next_last ? 64 : 0;
+        VITFAST_VNNI_STEP()
+        VITFAST_VNNI_STEP()
+        VITFAST_VNNI_STEP()
+        VITFAST_VNNI_STEP()
+      }
     }
+#pragma GCC unroll 2
+    for (; p < p_end; ++p) VITFAST_VNNI_STEP()
   }
+#undef VITFAST_VNNI_STEP
 #undef VITFAST_VNNI_ROW
 #define VITFAST_VNNI_STORE(row)                                                                                   \
   if (MR > row) {                                                                                                 \
@@ -140,7 +162,8 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
 }
 
 template <int NP>
-void row_tiles(const Int8BlockArgs& g, const int8_t* bp, int64_t col, const Epi& base) {
+void row_tiles(const Int8BlockArgs& g, const int8_t* bp, int64_t col, const Epi& base, const int8_t* next_b,
+               int64_t np_next) {
   Epi e = base;
   // Balanced row tiles, as the fp32 kernel: 197 rows = 2 × 14 + 13 × 13 (a 1-row tile would run at the
   // vpdpbusd latency with only two accumulator chains).
@@ -149,6 +172,8 @@ void row_tiles(const Int8BlockArgs& g, const int8_t* bp, int64_t col, const Epi&
   const int64_t groups = g.k4 / 4, bs = g.b_panel_stride;
   for (int64_t t = 0, i = 0; t < tiles; ++t) {
     const int64_t rows = rows_small + (t < n_big ? 1 : 0);
+    const NextPairShare nx =
+        next_pair_share(reinterpret_cast<const char*>(next_b), bs, np_next, groups, groups, t);
     const int8_t* a = g.a + i * g.lda;
     float* c = g.c + i * g.ldc + col;
     const float* sa = g.sa + i;
@@ -156,20 +181,20 @@ void row_tiles(const Int8BlockArgs& g, const int8_t* bp, int64_t col, const Epi&
     e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
     i += rows;
     switch (rows) {
-      case 14: tile<14, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 13: tile<13, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 12: tile<12, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 11: tile<11, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 10: tile<10, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 9: tile<9, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 8: tile<8, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 7: tile<7, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 6: tile<6, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 5: tile<5, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 4: tile<4, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 3: tile<3, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      case 2: tile<2, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
-      default: tile<1, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e); break;
+      case 14: tile<14, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 13: tile<13, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 12: tile<12, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 11: tile<11, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 10: tile<10, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 9: tile<9, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 8: tile<8, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 7: tile<7, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 6: tile<6, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 5: tile<5, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 4: tile<4, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 3: tile<3, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      case 2: tile<2, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
+      default: tile<1, NP>(groups, a, g.lda, bp, bs, sa, rs, c, g.ldc, e, nx); break;
     }
   }
 }
@@ -184,10 +209,12 @@ void gemm_int8_block_avx512_vnni(const Int8BlockArgs& g) {
     const int8_t* bp = g.b + p * g.b_panel_stride;
     const int64_t col = p * kNr;
     const Epi e = pair_epilogue(g, p, np);
+    const int64_t np_next = p + 2 < g.panel_end ? (g.panel_end - (p + 2) >= 2 ? 2 : 1) : 0;
+    const int8_t* next_b = np_next > 0 ? bp + 2 * g.b_panel_stride : nullptr;
     if (np == 2)
-      row_tiles<2>(g, bp, col, e);
+      row_tiles<2>(g, bp, col, e, next_b, np_next);
     else
-      row_tiles<1>(g, bp, col, e);
+      row_tiles<1>(g, bp, col, e, next_b, np_next);
   }
 }
 
