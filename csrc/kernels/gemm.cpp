@@ -1,4 +1,5 @@
 #include "kernels/gemm.h"
+#include "kernels/next_pair_prefetch.h"
 
 #include <cassert>
 
@@ -11,6 +12,15 @@
 #endif
 
 namespace vitfast {
+
+bool next_panel_prefetch_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("VITFAST_NEXT_PANEL_PREFETCH");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return on;
+}
+
 namespace gemm {
 
 PackedB PackedB::pack_linear(const float* w, int64_t n, int64_t k, int64_t ldw, const float* bias) {

@@ -33,6 +33,7 @@ struct TileEpilogue {
 
 template <class Isa>
 void run_gemm_block(const GemmBlockArgs& g) {
+  const bool prefetch = next_panel_prefetch_enabled();
   // Equal K blocks no deeper than kc (so a K of 384 with kc 256 gives 2 × 192, not 256 + 128).
   const int64_t kc_max = g.kc > 0 ? g.kc : (g.k > 0 ? g.k : 1);
   const int64_t n_kblocks = g.k > 0 ? (g.k + kc_max - 1) / kc_max : 1;
@@ -53,7 +54,8 @@ void run_gemm_block(const GemmBlockArgs& g) {
       // [m × n] matrix whose padding columns must never be read).
       e.n_store = (valid >= kNr || (g.c_padded && g.addend == nullptr)) ? int(kNr) : int(valid);
       // The next panel of this K block, whose lines the row tiles after the first ask L2 for.
-      const char* next = p + 1 < g.panel_end ? reinterpret_cast<const char*>(bp + g.b_panel_stride) : nullptr;
+      const char* next =
+          p + 1 < g.panel_end && prefetch ? reinterpret_cast<const char*>(bp + g.b_panel_stride) : nullptr;
       for (int64_t i = 0; i < g.m; i += kMr) {
         const float* a = g.a + i * g.lda + k0;
         float* c = g.c + i * g.ldc + col;

@@ -11,12 +11,18 @@
 // already on its way is nearly free; a branch in the K loop is not).  Measured on that loop, 196 × K × N, one
 // thread, flops per TSC cycle over the whole GEMM: 384 × 1152 59.6 -> 65.3, 768 × 768 59.4 -> 64.5, 768 × 2304
 // 57.5 -> 63.1, hot weights unchanged (±1%); one prefetch every k step, or a branch per step, slowed the other
-// tiles more than the first gained.  (The bf16 kernel, gemm_bf16_avx512.cpp, keeps its own measured variant.)
+// tiles more than the first gained.  Whole forwards, off ÷ on: table next_panel_prefetch_ab in docs/performance.md
+// (benchmarks/next_panel_prefetch_ab.py).  The AVX-512 bf16 kernel (gemm_bf16_avx512.cpp) keeps its own variant:
+// this one measured slower there.
 #pragma once
 
 #include <stdint.h>
 
 namespace vitfast {
+
+// False when VITFAST_NEXT_PANEL_PREFETCH=0 (read once; for A/B runs: benchmarks/next_panel_prefetch_ab.py): the kernels
+// then give no tile a share.  Defined in gemm.cpp, outside the ISA-targeted files.
+bool next_panel_prefetch_enabled();
 
 // k steps (fp32) or 4-k groups (int8) per prefetched line; the kernels' K loops issue one per four unrolled steps.
 constexpr int64_t kNextPairStride = 4;

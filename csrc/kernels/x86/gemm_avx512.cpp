@@ -229,6 +229,7 @@ void row_tiles(const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, 
 // Same contract and loop order as run_gemm_block (gemm_driver.h), over pairs of panels: for each K block,
 // for each pair of panels (a last odd panel alone), for each 14-row tile.
 void gemm_block_avx512(const GemmBlockArgs& g) {
+  const bool prefetch = next_panel_prefetch_enabled();
   const int64_t kc_max = g.kc > 0 ? g.kc : (g.k > 0 ? g.k : 1);
   const int64_t n_kblocks = g.k > 0 ? (g.k + kc_max - 1) / kc_max : 1;
   for (int64_t kb = 0; kb < n_kblocks; ++kb) {
@@ -248,7 +249,7 @@ void gemm_block_avx512(const GemmBlockArgs& g) {
       e.next = NextPairShare();
       // The next pair of this K block; none after the last one (what runs next, another K block or another op,
       // is not known to be cold).
-      const int64_t np_next = p + 2 < g.panel_end ? (g.panel_end - (p + 2) >= 2 ? 2 : 1) : 0;
+      const int64_t np_next = p + 2 < g.panel_end && prefetch ? (g.panel_end - (p + 2) >= 2 ? 2 : 1) : 0;
       const float* next_b = np_next > 0 ? bp + 2 * g.b_panel_stride : nullptr;
       for (int q = 0; q < 2; ++q) {
         // A partial tail panel is stored whole only into a padded C with no addend (as in gemm_driver.h).

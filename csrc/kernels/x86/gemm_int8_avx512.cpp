@@ -204,12 +204,13 @@ void row_tiles(const Int8BlockArgs& g, const int8_t* bp, int64_t col, const Epi&
 // For each pair of panels (a last odd panel alone), for each row tile; no K blocking (s32 accumulators live
 // across all of K; a DeiT-B fc2 pair of panels is 3072 × 32 B = 96 KiB, streamed from L2 with the prefetch).
 void gemm_int8_block_avx512_vnni(const Int8BlockArgs& g) {
+  const bool prefetch = next_panel_prefetch_enabled();
   for (int64_t p = g.panel_begin; p < g.panel_end; p += 2) {
     const int np = g.panel_end - p >= 2 ? 2 : 1;
     const int8_t* bp = g.b + p * g.b_panel_stride;
     const int64_t col = p * kNr;
     const Epi e = pair_epilogue(g, p, np);
-    const int64_t np_next = p + 2 < g.panel_end ? (g.panel_end - (p + 2) >= 2 ? 2 : 1) : 0;
+    const int64_t np_next = p + 2 < g.panel_end && prefetch ? (g.panel_end - (p + 2) >= 2 ? 2 : 1) : 0;
     const int8_t* next_b = np_next > 0 ? bp + 2 * g.b_panel_stride : nullptr;
     if (np == 2)
       row_tiles<2>(g, bp, col, e, next_b, np_next);
