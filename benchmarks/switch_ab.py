@@ -3,8 +3,9 @@ time of fused RePa-DeiT/0.75 models (fp32, int8, bf16), settings interleaved ove
 line of `output_pool_ab.py` (VITFAST_OUTPUT_POOL), `huge_pages_ab.py` (VITFAST_HUGE_PAGES) and
 `next_panel_prefetch_ab.py` (VITFAST_NEXT_PANEL_PREFETCH).
 
-Why a fresh process per measurement: both switches change where memory comes from (glibc's heap, the kernel's pages),
-and a process carries one setting's heap and page tables into the other's.  Per process: 3 warm-up forwards, then
+Why a fresh process per measurement: the memory switches change where memory comes from (glibc's heap, the kernel's
+pages), and a process carries one setting's heap and page tables into the other's; the prefetch switch is read once
+per process.  Per process: 3 warm-up forwards, then
 `calls` timed ones (median); minor page faults and system CPU time per forward from getrusage around the timed calls.
 """
 from __future__ import annotations
@@ -57,10 +58,15 @@ def cell_parts(cell: Cell, model: str) -> Tuple[str, int, int, str, str]:
     return precision, batch, threads, cell[3] if len(cell) > 3 else model, cell[4] if len(cell) > 4 else ""
 
 
+def short_name(model: str) -> str:
+    """"deit_base" for "deit_base_patch16_224"."""
+    return model.split("_patch")[0]
+
+
 def cell_label(cell: Cell) -> str:
     """"fp32 b1 t1", with the model and the path when the cell names them: "deit_base fp32 avx2 b1 t1"."""
     precision, batch, threads, model, path = cell_parts(cell, "")
-    head = " ".join(x for x in (model.split("_patch")[0], precision, path) if x)
+    head = " ".join(x for x in (short_name(model), precision, path) if x)
     return f"{head} b{batch} t{threads}"
 
 
@@ -112,7 +118,7 @@ def measure(env_var: str, what: str, cells: Sequence[Cell], rounds: int, calls: 
                "faults_on": round(med(on, "faults")), "sys_off": round(med(off, "sys_ms"), 2),
                "sys_on": round(med(on, "sys_ms"), 2)}
         if len(cell) > 3:
-            row.update(model=model_name.split("_patch")[0], path=path or "default")
+            row.update(model=short_name(model_name), path=path or "default")
         rows.append(row)
         print(f"{cell_label(cell):<28} {row['off_ms']:>20.2f} {row['on_ms']:>19.2f} {row['ratio']:>18} "
               f"{row['faults_off']:>8}/{row['faults_on']:<7} {row['sys_off']:>6.2f}/{row['sys_on']:<6.2f}")

@@ -54,13 +54,13 @@ void run_gemm_block(const GemmBlockArgs& g) {
       // [m × n] matrix whose padding columns must never be read).
       e.n_store = (valid >= kNr || (g.c_padded && g.addend == nullptr)) ? int(kNr) : int(valid);
       // The next panel of this K block, whose lines the row tiles after the first ask L2 for.
-      const char* next =
-          p + 1 < g.panel_end && prefetch ? reinterpret_cast<const char*>(bp + g.b_panel_stride) : nullptr;
+      const int64_t np_next = next_panels(p + 1, g.panel_end, 1, prefetch);
+      const char* next = np_next > 0 ? reinterpret_cast<const char*>(bp + g.b_panel_stride) : nullptr;
       for (int64_t i = 0; i < g.m; i += kMr) {
         const float* a = g.a + i * g.lda + k0;
         float* c = g.c + i * g.ldc + col;
         e.addend = (last && g.addend != nullptr) ? g.addend + i * g.ld_addend + col : nullptr;
-        e.next = next_pair_share(next, 0, next != nullptr ? 1 : 0, k1 - k0, k1 - k0, i / kMr);
+        e.next = next_pair_share(next, 0, np_next, k1 - k0, k1 - k0, i / kMr);
         switch (g.m - i >= kMr ? kMr : g.m - i) {
           case 6: Isa::template tile<6>(k1 - k0, a, g.lda, bp, c, g.ldc, e); break;
           case 5: Isa::template tile<5>(k1 - k0, a, g.lda, bp, c, g.ldc, e); break;

@@ -32,6 +32,13 @@ struct NextPairShare {
   const char* next_end = nullptr;  // one past the last (next == next_end: nothing)
 };
 
+// Panels of the next group for the current one's tiles to prefetch: those of [first, first + width) below panel_end,
+// none when the prefetch is off (width 2 for the 14 × 32 kernels' pairs, 1 for the AVX2 driver's single panels).
+static inline int64_t next_panels(int64_t first, int64_t panel_end, int64_t width, bool on) {
+  const int64_t left = panel_end - first;
+  return !on || left <= 0 ? 0 : (left < width ? left : width);
+}
+
 // Tile t's share of the next pair: np_next panels (0 = no next pair) of `lines` 64-byte lines each, the first at
 // `next_panel0` and the second `panel_stride` bytes on.  Tile 0 reads its own pair from afar and takes none; tiles
 // 1, 2, ... take `steps / kNextPairStride` lines each (as many as their K loop of `steps` steps issues), panel by

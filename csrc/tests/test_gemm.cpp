@@ -326,6 +326,10 @@ void test_next_pair_share() {
                      (long long)lines, (long long)steps, (long long)tiles, (long long)l, hits[size_t(l)]);
           ++cases;
         }
+  // next_panels: the next group's panels below panel_end, none when off.
+  VT_CHECK(next_panels(4, 10, 2, true) == 2 && next_panels(9, 10, 2, true) == 1 && next_panels(10, 10, 2, true) == 0 &&
+               next_panels(3, 10, 1, true) == 1 && next_panels(4, 10, 2, false) == 0,
+           "next_panels: wrong count");
   std::printf("next_pair_share: %d cases\n", cases);
 }
 

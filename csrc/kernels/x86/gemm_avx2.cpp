@@ -64,12 +64,6 @@ struct Avx2Tile {
     c##row##0 = _mm256_fmadd_ps(t, b0, c##row##0);         \
     c##row##1 = _mm256_fmadd_ps(t, b1, c##row##1);         \
   }
-    // Two ranges of k, with the epilogue's C and addend lines prefetched in between.  A row tile reads one
-    // 64-byte line from each of 6 rows of the residual (3 KiB apart at DeiT-B), which neither stays in L2 between
-    // panels nor is caught by the hardware prefetcher: without this, the residual GEMM of channel_idle_ffn ran
-    // ~5% slower than the same GEMM without a residual; with it, same bits, and attention's P·V (K = N = 197 or
-    // 577) unchanged (docs/performance.md).  A short K (the K = 64 score GEMM) has nothing to hide it behind and
-    // skips it.  Whether C is read (accumulate) or only written made no difference: always prefetched.
     // One k step: one 64-byte line of the packed panel, MR broadcasts, 2·MR FMAs.  B arrives from L3 on the first
     // row tile of each panel; the hardware prefetcher alone left ~5% on the table at DeiT-B shapes
     // (docs/performance.md), so ask for the line kPrefetchLines k-steps ahead.  For later row tiles the line is

@@ -106,9 +106,6 @@ static inline __attribute__((always_inline)) void tile(int64_t k, const float* a
     c##row##_0 = _mm512_fmadd_ps(t, b0, c##row##_0); \
     if (NP > 1) c##row##_1 = _mm512_fmadd_ps(t, b1, c##row##_1); \
   }
-  // Two ranges of k: [0, k_tail) and [k_tail, k), with the C tile's lines prefetched in between.  A short K
-  // (attention's K = 64 score GEMM) has not evicted them and skips it: at 197 × 64 × 197 the prefetches cost
-  // 3% (100.0 vs 102.9 GFLOP/s).
   // One k step: two B lines, the prefetch of this pair's lines ahead (the first row tile of a pair reads B from L3;
   // see gemm_avx2.cpp), 14 broadcasts of A.
 #define VITFAST_AVX512_STEP()                                                                    \
@@ -145,6 +142,9 @@ static inline __attribute__((always_inline)) void tile(int64_t k, const float* a
   const bool has_next = e.next.next != e.next.next_end;
   const char* next = e.next.next;
   const char* const next_last = has_next ? e.next.next_end - 64 : nullptr;
+  // Two ranges of k: [0, k_tail) and [k_tail, k), with the C tile's lines prefetched in between.  A short K
+  // (attention's K = 64 score GEMM) has not evicted them and skips it: at 197 × 64 × 197 the prefetches cost
+  // 3% (100.0 vs 102.9 GFLOP/s).
   const int64_t k_tail = k > kCPrefetchSteps ? k - kCPrefetchSteps : 0;
   for (int64_t p_begin = 0, p_end = k_tail, pass = 0; pass < 2; ++pass, p_begin = p_end, p_end = k) {
     if (pass == 1 && k_tail > 0) prefetch_tile_rows<MR, NP>(c, ldc, e);
@@ -198,8 +198,8 @@ void row_tiles(const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, 
   const int64_t rows_small = tiles > 0 ? g.m / tiles : 0, n_big = tiles > 0 ? g.m % tiles : 0;
   for (int64_t t = 0, i = 0; t < tiles; ++t) {
     const int64_t rows = rows_small + (t < n_big ? 1 : 0);
-    e.next = next_pair_share(reinterpret_cast<const char*>(next_b), g.b_panel_stride * int64_t(sizeof(float)),
-                                  np_next, k1 - k0, k1 - k0, t);
+    e.next = next_pair_share(reinterpret_cast<const char*>(next_b), g.b_panel_stride * int64_t(sizeof(float)), np_next,
+                             k1 - k0, k1 - k0, t);
     const float* a = g.a + i * g.lda + k0;
     float* c = g.c + i * g.ldc + col;
     e.addend = (last && g.addend != nullptr) ? g.addend + i * g.ld_addend + col : nullptr;
@@ -249,7 +249,7 @@ void gemm_block_avx512(const GemmBlockArgs& g) {
       e.next = NextPairShare();
       // The next pair of this K block; none after the last one (what runs next, another K block or another op,
       // is not known to be cold).
-      const int64_t np_next = p + 2 < g.panel_end && prefetch ? (g.panel_end - (p + 2) >= 2 ? 2 : 1) : 0;
+      const int64_t np_next = next_panels(p + 2, g.panel_end, 2, prefetch);
       const float* next_b = np_next > 0 ? bp + 2 * g.b_panel_stride : nullptr;
       for (int q = 0; q < 2; ++q) {
         // A partial tail panel is stored whole only into a padded C with no addend (as in gemm_driver.h).

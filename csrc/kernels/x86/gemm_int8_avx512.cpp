@@ -210,7 +210,7 @@ void gemm_int8_block_avx512_vnni(const Int8BlockArgs& g) {
     const int8_t* bp = g.b + p * g.b_panel_stride;
     const int64_t col = p * kNr;
     const Epi e = pair_epilogue(g, p, np);
-    const int64_t np_next = p + 2 < g.panel_end && prefetch ? (g.panel_end - (p + 2) >= 2 ? 2 : 1) : 0;
+    const int64_t np_next = next_panels(p + 2, g.panel_end, 2, prefetch);
     const int8_t* next_b = np_next > 0 ? bp + 2 * g.b_panel_stride : nullptr;
     if (np == 2)
       row_tiles<2>(g, bp, col, e, next_b, np_next);
