@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 
+from vitfast.bench import paired_speedups
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -68,11 +70,6 @@ def paired(fns: dict, rounds: int, calls: int = 1) -> dict:
             # A function that returns a time (OpenVINO's own node times) is timed by it, else by the wall clock.
             times[k].append((sum(own) if own[0] is not None else wall) / calls)
     return times
-
-
-def ratio_stats(anchor: list[float], ours: list[float]) -> tuple[float, float, float]:
-    r = [a / b for a, b in zip(anchor, ours)]
-    return statistics.median(r), min(r), max(r)
 
 
 def ov_config(threads: int, profile: bool = False) -> dict:
@@ -124,7 +121,7 @@ def gemm_rows(model: str, width: int, threads: int, batch: int, rounds: int) -> 
         flops = 2.0 * rows_n * k * n * LAYERS
         calls = max(1, round(0.15 / (flops / (100e9 * threads))))  # ~0.15 s a timing at ~100 GFLOP/s a thread
         times = paired({"openvino": run_ov, "vitfast": run_vitfast}, rounds, calls)
-        med, lo, hi = ratio_stats(times["openvino"], times["vitfast"])
+        med, lo, hi = paired_speedups(times["openvino"], times["vitfast"])
         out.append({"model": model, "threads": threads, "batch": batch, "layer": name,
                     "shape": f"{rows_n} x {k} x {n}",
                     "ov_gflops": flops / statistics.median(times["openvino"]) / 1e9,
@@ -166,7 +163,7 @@ def whole_rows(model: str, threads: int, batch: int, rounds: int, workdir: str) 
             fused(x)
 
     times = paired({"openvino": run_ov, "vitfast": run_vitfast}, rounds)
-    med, lo, hi = ratio_stats(times["openvino"], times["vitfast"])
+    med, lo, hi = paired_speedups(times["openvino"], times["vitfast"])
     ov_ms, vf_ms = 1e3 * statistics.median(times["openvino"]), 1e3 * statistics.median(times["vitfast"])
     by_node: collections.Counter = collections.Counter()
     profiled.infer({0: xn})
@@ -218,7 +215,7 @@ def main() -> int:
         command = command_line()
         conditions = (f"RePa-DeiT θ = {THETA}, random weights; batch 1 on one thread and batch 8 on two; "
                       f"{args.rounds} interleaved rounds (the order alternating), ratio = OpenVINO's time ÷ vitfast's "
-                      "in the same round, median (min–max); OpenVINO f32 = INFERENCE_PRECISION_HINT=f32, LATENCY hint, "
+                      "in the same round, median (p10–p90); OpenVINO f32 = INFERENCE_PRECISION_HINT=f32, LATENCY hint, "
                       "one stream, INFERENCE_NUM_THREADS = threads")
         setting = [{"label": "model", "fmt": "{model}"}, {"label": "threads", "fmt": "{threads}"},
                    {"label": "batch", "fmt": "{batch}"}]

@@ -13,7 +13,9 @@
 // 57.5 -> 63.1, hot weights unchanged (±1%); one prefetch every k step, or a branch per step, slowed the other
 // tiles more than the first gained.  Whole forwards, off ÷ on: table next_panel_prefetch_ab in docs/performance.md
 // (benchmarks/next_panel_prefetch_ab.py).  The AVX-512 bf16 kernel (gemm_bf16_avx512.cpp) keeps its own variant:
-// this one measured slower there.
+// this one measured slower there.  The K loop that issues the share (has_next / next / next_last and the four-step
+// body) is written out in each kernel rather than shared as a cursor object here: that refactor changed GCC's
+// register allocation of the 28-accumulator loops and measured no better in alternating builds, so it was not kept.
 #pragma once
 
 #include <stdint.h>
