@@ -174,6 +174,7 @@ void run_blocks(const GemmBlockArgs& g, CpuIsa isa) {
     part.lda = ld;
     part.c = g.c + r0 * g.ldc;
     part.addend = g.addend != nullptr ? g.addend + r0 * g.ld_addend : nullptr;
+    part.row_scale = g.row_scale != nullptr ? g.row_scale + r0 : nullptr;
     run_block(part, isa);
   }
 }
@@ -181,7 +182,8 @@ void run_blocks(const GemmBlockArgs& g, CpuIsa isa) {
 void gemm_raw(int64_t m, const float* a, int64_t lda, const float* b_panels, int64_t n, int64_t k, float* c,
               int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc) {
   if (m <= 0 || n <= 0) return;
-  assert(ep.row_scale == nullptr && ep.c16 == nullptr && "row_scale, c16: bf16 kernels only (gemm.h)");
+  assert(ep.c16 == nullptr && "c16: bf16 kernels only (gemm.h)");
+  assert(!(ep.row_scale != nullptr && ep.accumulate) && "row_scale with accumulate (gemm.h)");
   GemmBlockArgs g;
   g.m = m;
   g.n = n;
@@ -200,6 +202,7 @@ void gemm_raw(int64_t m, const float* a, int64_t lda, const float* b_panels, int
   g.gelu = ep.gelu;
   g.addend = ep.addend;
   g.ld_addend = ep.ld_addend;
+  g.row_scale = ep.row_scale;
   g.kc = kc;
   run_blocks(g, isa);
 }
@@ -234,7 +237,8 @@ void softmax_exp_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale
 void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64_t panel_begin,
                  int64_t panel_end, float* c, int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc) {
   if (m <= 0 || panel_end <= panel_begin) return;
-  assert(ep.row_scale == nullptr && ep.c16 == nullptr && "row_scale, c16: bf16 kernels only (gemm.h)");
+  assert(ep.c16 == nullptr && "c16: bf16 kernels only (gemm.h)");
+  assert(!(ep.row_scale != nullptr && ep.accumulate) && "row_scale with accumulate (gemm.h)");
   GemmBlockArgs g;
   g.m = m;
   g.n = b.n();
@@ -253,6 +257,7 @@ void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64
   g.gelu = ep.gelu;
   g.addend = ep.addend;
   g.ld_addend = ep.ld_addend;
+  g.row_scale = ep.row_scale;
   g.kc = kc;
   run_blocks(g, isa);
 }

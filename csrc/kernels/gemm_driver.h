@@ -26,6 +26,7 @@ struct TileEpilogue {
   bool gelu;           // only in the last K block
   const float* addend; // at this tile's (row 0, col 0), or nullptr (only in the last K block)
   int64_t ld_addend;
+  const float* row_scale;  // at this tile's row 0, or nullptr (only in the last K block): after load_c, before bias
   int n_store;         // columns to load/store, 1..kNr (< kNr only on the tail panel of an unpadded C)
   NextPairShare next;  // this tile's share of the next panel's lines, for a tile that prefetches them to L2
                        // (next_pair_prefetch.h: the AVX2 tile does; NEON and scalar ignore it)
@@ -60,6 +61,7 @@ void run_gemm_block(const GemmBlockArgs& g) {
         const float* a = g.a + i * g.lda + k0;
         float* c = g.c + i * g.ldc + col;
         e.addend = (last && g.addend != nullptr) ? g.addend + i * g.ld_addend + col : nullptr;
+        e.row_scale = (last && g.row_scale != nullptr) ? g.row_scale + i : nullptr;
         e.next = next_pair_share(next, 0, np_next, k1 - k0, k1 - k0, i / kMr);
         switch (g.m - i >= kMr ? kMr : g.m - i) {
           case 6: Isa::template tile<6>(k1 - k0, a, g.lda, bp, c, g.ldc, e); break;

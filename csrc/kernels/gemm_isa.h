@@ -44,6 +44,9 @@ struct GemmBlockArgs {
                            // the panels that hold activated channels)
   const float* addend;     // nullptr or a [m × n] matrix added last (the residual)
   int64_t ld_addend;
+  const float* row_scale = nullptr;  // nullptr or m values: row i's whole sum × row_scale[i], before bias, GELU and
+                                     // addend, in the last K block (after earlier blocks' partial sums); not with
+                                     // accumulate (gemm.h)
   int64_t kc;  // K block (cache blocking): the B micro-panel kc × kNr stays in L1 across the row tiles
 };
 

@@ -42,6 +42,7 @@ struct ScalarTile {
       for (int j = 0; j < e.n_store; ++j) {
         float v = acc[i][j];
         if (e.load_c) v += ci[j];
+        if (e.row_scale != nullptr) v *= e.row_scale[i];
         if (e.bias != nullptr) v += e.bias[j];
         if (e.gelu) v = gelu1(v);
         if (e.addend != nullptr) v += e.addend[i * e.ld_addend + j];

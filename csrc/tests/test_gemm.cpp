@@ -17,6 +17,7 @@ namespace {
 
 struct Case {
   bool bias, gelu, addend, accumulate, c_padded;
+  bool row_scale = false;  // the whole sum (accumulated C included) × a per-row factor, before the bias
 };
 
 void check_gemm(CpuIsa isa, std::mt19937& rng, int64_t m, int64_t n, int64_t k, int64_t kc, const Case& cs,
@@ -31,6 +32,7 @@ void check_gemm(CpuIsa isa, std::mt19937& rng, int64_t m, int64_t n, int64_t k, 
   const float sentinel = 12345.0f;
   std::vector<float> c(size_t(m * ldc), sentinel);
   std::vector<float> c0 = random_vector(rng, size_t(m * n));
+  std::vector<float> row_scale = random_vector(rng, size_t(m), 2.0f);
   if (cs.accumulate)
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = c0[i * n + j];
@@ -42,6 +44,7 @@ void check_gemm(CpuIsa isa, std::mt19937& rng, int64_t m, int64_t n, int64_t k, 
   ep.ld_addend = n;
   ep.accumulate = cs.accumulate;
   ep.c_padded = cs.c_padded;
+  ep.row_scale = cs.row_scale ? row_scale.data() : nullptr;
   gemm::gemm(m, a.data(), lda, b, c.data(), ldc, ep, isa, kc);
 
   double worst = 0.0;
@@ -53,6 +56,10 @@ void check_gemm(CpuIsa isa, std::mt19937& rng, int64_t m, int64_t n, int64_t k, 
         mag += std::fabs(double(a[i * lda + p]) * w[j * k + p]);
       }
       if (cs.accumulate) acc += c0[i * n + j];
+      if (cs.row_scale) {
+        acc *= row_scale[i];
+        mag *= std::fabs(row_scale[i]);
+      }
       if (cs.bias) acc += bias[j];
       if (cs.gelu) acc = gelu_ref(acc);
       if (cs.addend) acc += addend[i * n + j];
@@ -68,9 +75,9 @@ void check_gemm(CpuIsa isa, std::mt19937& rng, int64_t m, int64_t n, int64_t k, 
       VT_CHECK(c[i * ldc + j] == sentinel, "[%s] wrote column %lld of %lld (m=%lld n=%lld k=%lld)",
                cpu_isa_name(isa), (long long)j, (long long)n, (long long)m, (long long)n, (long long)k);
   }
-  VT_CHECK(worst <= 1.0, "[%s] m=%lld n=%lld k=%lld kc=%lld bias=%d gelu=%d addend=%d acc=%d padded=%d: "
+  VT_CHECK(worst <= 1.0, "[%s] m=%lld n=%lld k=%lld kc=%lld bias=%d gelu=%d addend=%d acc=%d padded=%d row_scale=%d: "
            "error %.3g x tolerance", cpu_isa_name(isa), (long long)m, (long long)n, (long long)k, (long long)kc,
-           cs.bias, cs.gelu, cs.addend, cs.accumulate, cs.c_padded, worst);
+           cs.bias, cs.gelu, cs.addend, cs.accumulate, cs.c_padded, cs.row_scale, worst);
 }
 
 void test_gemm_parity(CpuIsa isa) {
@@ -79,6 +86,9 @@ void test_gemm_parity(CpuIsa isa) {
       {false, false, false, false, false}, {true, false, false, false, false}, {true, true, false, false, true},
       {true, true, false, false, false},   {true, false, true, false, false},  {false, false, false, true, false},
       {true, false, true, true, false},
+      // row_scale alone (AVX-512: the row-scaled store), on a padded C, and with every epilogue it may go with
+      {false, false, false, false, false, true}, {false, false, false, false, true, true},
+      {true, true, true, false, false, true},
   };
   int count = 0;
   // m and n around both register blocks: 6 × 16 (AVX2/NEON/scalar) and 14 × 32 (AVX-512: pairs of panels,
@@ -100,7 +110,7 @@ void test_gemm_parity(CpuIsa isa) {
   }
   // A row stride of 1024 floats (4 KiB: the AVX-512 path copies A to a padded stride, gemm.cpp), over more rows
   // than one copied chunk (448), with the residual and accumulate epilogues that the chunks must offset too.
-  for (const Case& cs : {cases[4], cases[6]}) {
+  for (const Case& cs : {cases[4], cases[6], cases[7], cases[9]}) {
     check_gemm(isa, rng, 460, 33, 1000, gemm::kDefaultKc, cs, 1024);
     ++count;
   }

@@ -41,6 +41,7 @@ struct NeonTile {
         for (int j = 0; j < 4; ++j) {
           float32x4_t v = acc[i][j];
           if (e.load_c) v = vaddq_f32(v, vld1q_f32(ci + 4 * j));
+          if (e.row_scale != nullptr) v = vmulq_n_f32(v, e.row_scale[i]);
           if (e.bias != nullptr) v = vaddq_f32(v, vld1q_f32(e.bias + 4 * j));
           if (e.gelu) v = gelu4(v);
           if (e.addend != nullptr) v = vaddq_f32(v, vld1q_f32(e.addend + i * e.ld_addend + 4 * j));
@@ -52,6 +53,8 @@ struct NeonTile {
         for (int j = 0; j < 4; ++j) vst1q_f32(t + 4 * j, acc[i][j]);
         if (e.load_c)
           for (int j = 0; j < e.n_store; ++j) t[j] += ci[j];
+        if (e.row_scale != nullptr)
+          for (int j = 0; j < kNr; ++j) t[j] *= e.row_scale[i];
         for (int j = 0; j < 4; ++j) {
           float32x4_t v = vld1q_f32(t + 4 * j);
           if (e.bias != nullptr) v = vaddq_f32(v, vld1q_f32(e.bias + 4 * j));

@@ -130,6 +130,11 @@ struct Avx2Tile {
           acc0[i] = _mm256_add_ps(acc0[i], _mm256_loadu_ps(ci));
           acc1[i] = _mm256_add_ps(acc1[i], _mm256_loadu_ps(ci + 8));
         }
+        if (e.row_scale != nullptr) {
+          const __m256 rs = _mm256_set1_ps(e.row_scale[i]);
+          acc0[i] = _mm256_mul_ps(acc0[i], rs);
+          acc1[i] = _mm256_mul_ps(acc1[i], rs);
+        }
         if (e.bias != nullptr) {
           acc0[i] = _mm256_add_ps(acc0[i], _mm256_loadu_ps(e.bias));
           acc1[i] = _mm256_add_ps(acc1[i], _mm256_loadu_ps(e.bias + 8));
@@ -154,6 +159,11 @@ struct Avx2Tile {
         if (e.load_c) {
           acc0[i] = _mm256_add_ps(acc0[i], _mm256_maskload_ps(ci, m0));
           acc1[i] = _mm256_add_ps(acc1[i], _mm256_maskload_ps(ci + 8, m1));
+        }
+        if (e.row_scale != nullptr) {
+          const __m256 rs = _mm256_set1_ps(e.row_scale[i]);
+          acc0[i] = _mm256_mul_ps(acc0[i], rs);
+          acc1[i] = _mm256_mul_ps(acc1[i], rs);
         }
         if (e.bias != nullptr) {
           acc0[i] = _mm256_add_ps(acc0[i], _mm256_loadu_ps(e.bias));
