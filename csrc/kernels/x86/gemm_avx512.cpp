@@ -243,6 +243,17 @@ void row_tiles(const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, 
   }
 }
 
+// row_tiles with the epilogue kind chosen at run time.
+template <int NP>
+void row_tiles_of(TileEpi epi, const GemmBlockArgs& g, int64_t k0, int64_t k1, const float* bp, int64_t col,
+                  const Tile512Epilogue& e, bool last, const float* next_b, int64_t np_next) {
+  switch (epi) {
+    case kEpiStore: row_tiles<NP, kEpiStore>(g, k0, k1, bp, col, e, last, next_b, np_next); return;
+    case kEpiRowScaled: row_tiles<NP, kEpiRowScaled>(g, k0, k1, bp, col, e, last, next_b, np_next); return;
+    default: row_tiles<NP, kEpiGeneral>(g, k0, k1, bp, col, e, last, next_b, np_next); return;
+  }
+}
+
 }  // namespace
 
 // Same contract and loop order as run_gemm_block (gemm_driver.h), over pairs of panels: for each K block,
@@ -280,15 +291,10 @@ void gemm_block_avx512(const GemmBlockArgs& g) {
       const bool bare = !e.load_c && e.bias == nullptr && !e.gelu && (!last || g.addend == nullptr);
       const bool scaled = last && g.row_scale != nullptr;
       const TileEpi epi = !bare ? kEpiGeneral : scaled ? kEpiRowScaled : kEpiStore;
-      if (np == 2) {
-        if (epi == kEpiStore) row_tiles<2, kEpiStore>(g, k0, k1, bp, col, e, last, next_b, np_next);
-        else if (epi == kEpiRowScaled) row_tiles<2, kEpiRowScaled>(g, k0, k1, bp, col, e, last, next_b, np_next);
-        else row_tiles<2, kEpiGeneral>(g, k0, k1, bp, col, e, last, next_b, np_next);
-      } else {
-        if (epi == kEpiStore) row_tiles<1, kEpiStore>(g, k0, k1, bp, col, e, last, next_b, np_next);
-        else if (epi == kEpiRowScaled) row_tiles<1, kEpiRowScaled>(g, k0, k1, bp, col, e, last, next_b, np_next);
-        else row_tiles<1, kEpiGeneral>(g, k0, k1, bp, col, e, last, next_b, np_next);
-      }
+      if (np == 2)
+        row_tiles_of<2>(epi, g, k0, k1, bp, col, e, last, next_b, np_next);
+      else
+        row_tiles_of<1>(epi, g, k0, k1, bp, col, e, last, next_b, np_next);
     }
   }
 }
