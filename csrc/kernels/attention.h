@@ -10,8 +10,8 @@
 // (N·D floats each: cheap next to the 4·N²·D FLOPs), then per chunk of at most kAttentionChunk query rows:
 // S = Q_h · K_hᵀ with the micro-kernels into a chunk × N scratch tile (42 × 208 floats at N = 197: 35 KiB, about
 // L1), the two-pass unnormalised softmax in place (gemm::softmax_exp_rows: exp(s·scale − max), fp32 statistics),
-// P · V_h straight into the output columns, and the chunk's rows divided by their sums there (D columns
-// instead of N: the softmax's third pass is gone).  The whole row of scores of a chunk fits in cache at ViT
+// P · V_h straight into the output columns, each row multiplied by 1/Σ in that GEMM's epilogue (row_scale: the
+// softmax's third pass over N columns, and a pass over the D output columns, are both gone).  The whole row of scores of a chunk fits in cache at ViT
 // token counts, so the exact row maximum is used (no online rescaling) and there is no N × N matrix beyond
 // one chunk.
 //
