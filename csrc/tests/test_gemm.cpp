@@ -17,7 +17,7 @@ namespace {
 
 struct Case {
   bool bias, gelu, addend, accumulate, c_padded;
-  bool row_scale = false;  // the whole sum (accumulated C included) × a per-row factor, before the bias
+  bool row_scale = false;  // the whole sum × a per-row factor, before the bias (never with accumulate: gemm.h)
 };
 
 void check_gemm(CpuIsa isa, std::mt19937& rng, int64_t m, int64_t n, int64_t k, int64_t kc, const Case& cs,
