@@ -1,8 +1,10 @@
 """The bf16 kernels' parts on one core: builds the C++ benchmark `bench_gemm_bf16` (csrc/bench/bench_gemm_bf16.cpp)
 with CMake, runs it and prints its table — attention_head_bf16 for every head of a DeiT-S / DeiT-B image against the
 fp32 head and its steps alone (K/V packing, Q rounding, S = Q·Kᵀ, the softmax to bf16 P, P·V with the 1/Σ epilogue),
-and gemm_bf16 at DeiT linear shapes with a hot weight and with 16 weights in rotation (a model's blocks: the weights
-come from L3 or memory each forward).  --record writes the table `bf16_kernel_parts` into benchmarks/results/.
+gemm_bf16 at DeiT linear shapes with a hot weight and with 16 weights in rotation (a model's blocks: the weights
+come from L3 or memory each forward), the bf16 block's GEMM epilogues against a plain store, and the core's
+`vdpbf16ps` peak (a register-only loop), each row's GFLOP/s also as a share of that peak.  --record writes the
+table `bf16_kernel_parts` into benchmarks/results/.
 
     python benchmarks/bf16_kernel_parts.py [--rounds 9] [--record]
 
@@ -38,9 +40,12 @@ def main() -> int:
         print(done.stderr.strip() or f"bench_gemm_bf16 exited with {done.returncode}", file=sys.stderr)
         return done.returncode
     report = json.loads(done.stdout)
+    # Each row's share of the core's vdpbf16ps peak (the program's register-only loop, same process).
+    peak = next((r["gflops"] for r in report["rows"] if r["name"] == "vdpbf16ps zmm"), None)
     for r in report["rows"]:
-        flops = f"{r['gflops']:8.1f} GFLOP/s" if r["gflops"] else ""
-        print(f"{r['group']:52s} {r['name']:36s} {r['us']:9.1f} us {flops}")
+        r["pct_peak"] = f"{100.0 * r['gflops'] / peak:.1f}%" if peak and r["gflops"] else "–"
+        flops = f"{r['gflops']:8.1f} GFLOP/s {r['pct_peak']:>6s}" if r["gflops"] else ""
+        print(f"{r['group']:52s} {r['name']:44s} {r['us']:9.1f} us {flops}")
     if args.record:
         from results_file import command_line, record
 
@@ -50,7 +55,8 @@ def main() -> int:
             "script": "benchmarks/bf16_kernel_parts.py", "command": command_line(),
             "conditions": f"one thread, thread CPU time, medians of {args.rounds} interleaved rounds",
             "columns": [{"label": "case", "fmt": "{group}"}, {"label": "kernel / step", "fmt": "{name}"},
-                        {"label": "µs", "fmt": "{us:.1f}"}, {"label": "GFLOP/s", "fmt": "{gflops:.1f}"}],
+                        {"label": "µs", "fmt": "{us:.1f}"}, {"label": "GFLOP/s", "fmt": "{gflops:.1f}"},
+                        {"label": "% of vdpbf16ps peak", "fmt": "{pct_peak}"}],
             "rows": report["rows"],
         })
         print(path)

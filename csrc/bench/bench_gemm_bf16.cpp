@@ -3,7 +3,12 @@
 //       and its steps alone: K/V packing, Q rounding, S = Q·Kᵀ, the softmax to bf16 P, P·V (with the 1/Σ row scale);
 //   (b) gemm_bf16 at DeiT-S/B linear shapes with a hot weight (the same one every call) and cold weights (16 weight
 //       sets in rotation, as a model's blocks: each comes from L3 or memory), which the next-panel-pair prefetch of
-//       the AVX-512 kernel is for.
+//       the AVX-512 kernel is for;
+//   (c) the epilogues a bf16 block gives its 768 × 768 GEMMs (DeiT-B: proj with the residual and a bf16 copy, the
+//       FFN's GELU straight to bf16, its linear path with the residual, its second GEMM accumulating with a bf16
+//       copy) against a plain store, interleaved in the same rounds: what each costs beyond the products;
+//   (d) the `vdpbf16ps` peak of one core, a register-only loop of 16 independent instructions (no loads): the
+//       ceiling of every row above (2 × 16 × 2 operations per instruction).
 // Times are the thread's CPU time over several calls per reading (one clock read costs about a microsecond in a VM);
 // each figure is the median over interleaved rounds.  GFLOP/s counts 2 operations per multiply-add.
 //
@@ -134,6 +139,87 @@ void attention_parts(const char* model, int64_t heads, Bf16Kernel k16, int round
                     i == 1 ? std::string(names[i]) : std::string("[") + gemm16::bf16_kernel_name(k16) + "] " + names[i], us[i], flops[i] > 0 ? flops[i] / us[i] / 1e3 : 0.0});
 }
 
+// (d): 16 independent accumulators (the instruction's latency hidden), written in assembly so the compiler cannot
+// merge the identical chains.
+__attribute__((target("avx512f,avx512bf16"))) double peak_vdpbf16ps_gflops(int64_t iters) {
+  const float one = 1.0f;
+  const double t0 = now();
+  int64_t n = iters;
+  asm volatile(
+      "vbroadcastss %1, %%zmm16\n\t"
+      "vbroadcastss %1, %%zmm17\n\t"
+      "vxorps %%xmm0, %%xmm0, %%xmm0\n\t"
+      ".irp r,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15\n\t"
+      "vmovaps %%zmm0, %%zmm\\r\n\t"
+      ".endr\n\t"
+      "1:\n\t"
+      ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15\n\t"
+      "vdpbf16ps %%zmm17, %%zmm16, %%zmm\\r\n\t"
+      ".endr\n\t"
+      "dec %0\n\t"
+      "jnz 1b\n\t"
+      : "+r"(n)
+      : "m"(one)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+        "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+  return 2.0 * double(iters) * 16 * 32 / (now() - t0) * 1e-9;  // 32 multiply-adds per vdpbf16ps zmm
+}
+
+// (c): one weight, one input; each epilogue as the block calls gemm_bf16 (ops/vit_block.cpp,
+// kernels/channel_idle_ffn.cpp).
+void block_epilogues(const std::vector<Bf16Kernel>& kernels, int rounds, std::vector<Row>& rows) {
+  const int64_t m = 197, n = 768, k = 768;
+  std::mt19937 g(2);
+  const std::vector<float> w = random_values(g, size_t(n * k)), bias = random_values(g, size_t(n));
+  const gemm16::PackedBf16B pw = gemm16::PackedBf16B::pack_linear(w.data(), n, k, k, bias.data());
+  const std::vector<float> x = random_values(g, size_t(m * k)), residual = random_values(g, size_t(m * n));
+  std::vector<uint16_t> a(size_t(m * k)), c16(size_t(m * n));
+  gemm16::convert_rows(x.data(), k, m, k, a.data(), k, kernels[0]);
+  std::vector<float> c(size_t(m * n));
+  struct Variant {
+    const char* name;
+    gemm::Epilogue ep;
+    bool store_c;
+  };
+  std::vector<Variant> variants(5);
+  variants[0] = {"plain store", gemm::Epilogue(), true};
+  variants[1] = {"bias + residual, bf16 copy (proj)", gemm::Epilogue(), true};
+  variants[1].ep.bias = true;
+  variants[1].ep.addend = residual.data();
+  variants[1].ep.ld_addend = n;
+  variants[1].ep.c16 = c16.data();
+  variants[1].ep.ldc16 = n;
+  variants[2] = {"bias + GELU to bf16 only (FFN act)", gemm::Epilogue(), false};
+  variants[2].ep.bias = true;
+  variants[2].ep.gelu = true;
+  variants[2].ep.c_padded = true;
+  variants[2].ep.c16 = c16.data();
+  variants[2].ep.ldc16 = n;
+  variants[3] = {"bias + residual (FFN linear path)", gemm::Epilogue(), true};
+  variants[3].ep.bias = true;
+  variants[3].ep.addend = residual.data();
+  variants[3].ep.ld_addend = n;
+  variants[4] = {"accumulate, bf16 copy (FFN out)", gemm::Epilogue(), true};
+  variants[4].ep.accumulate = true;
+  variants[4].ep.c16 = c16.data();
+  variants[4].ep.ldc16 = n;
+  std::vector<std::function<void()>> fns;
+  for (Bf16Kernel k16 : kernels)
+    for (const Variant& v : variants)
+      fns.push_back([&, k16] {
+        gemm16::gemm_bf16(m, a.data(), k, pw, v.store_c ? c.data() : nullptr, n, v.ep, k16);
+      });
+  const std::vector<double> us = interleaved(fns, rounds, 8);
+  const double flops = 2.0 * m * n * k;
+  for (size_t i = 0; i < kernels.size(); ++i)
+    for (size_t j = 0; j < variants.size(); ++j) {
+      const double t = us[i * variants.size() + j];
+      rows.push_back({"DeiT-B block GEMM epilogues (197 × 768 × 768)",
+                      std::string("[") + gemm16::bf16_kernel_name(kernels[i]) + "] " + variants[j].name, t,
+                      flops / t / 1e3});
+    }
+}
+
 // Each kernel's hot and rotating-weight calls interleaved in the same rounds, so their ratio is a same-seconds one.
 void cold_weights(const std::vector<Bf16Kernel>& kernels, int rounds, std::vector<Row>& rows) {
   struct Shape {
@@ -196,6 +282,16 @@ int main(int argc, char** argv) {
     attention_parts("DeiT-B", 12, k16, rounds, rows);
   }
   cold_weights(kernels, rounds, rows);
+  block_epilogues(kernels, rounds, rows);
+  {
+    constexpr int64_t kIters = 20000000;
+    std::vector<double> peaks;
+    for (int r = 0; r < rounds; ++r) peaks.push_back(peak_vdpbf16ps_gflops(kIters));
+    std::sort(peaks.begin(), peaks.end());
+    const double peak = peaks[peaks.size() / 2];  // GFLOP/s; the row's µs: one reading of kIters iterations
+    rows.push_back({"peak of one core (register-only loop)", "vdpbf16ps zmm", 2.0 * 16 * 32 * kIters / (peak * 1e3),
+                    peak});
+  }
   if (json) {
     std::printf("{\"rounds\": %d, \"rows\": [", rounds);
     for (size_t i = 0; i < rows.size(); ++i)

@@ -90,6 +90,8 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
 void gemm_block_avx512(const GemmBlockArgs& args);
 void layer_norm_rows_avx512(const float* x, float* y, int64_t rows, int64_t c, const float* gamma,
                             const float* beta, float eps);
+void layer_norm_rows_bf16_avx512(const float* x, const uint16_t* x16, float* widened, uint16_t* y16, int64_t ld16,
+                                 int64_t rows, int64_t c, const float* gamma, const float* beta, float eps);
 void softmax_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
 void softmax_exp_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                              float* row_sum);

@@ -91,9 +91,9 @@ void layer_norm_run_bf16(const float* xp, uint16_t* o16, int64_t ld16, int64_t r
     if (buf.size() < size_t(kRows * c)) buf.resize(size_t(kRows * c));
     for (int64_t b = begin; b < end; ++b) {
       const int64_t r0 = b * kRows, n = std::min(kRows, rows - r0);
-      if (x16 != nullptr) gemm16::widen_bf16(x16 + r0 * c, n * c, widened + r0 * c);
-      layer_norm_rows(xp + r0 * c, buf.data(), n, c, gp, bp, eps, isa);
-      gemm16::convert_rows(buf.data(), c, n, c, o16 + r0 * ld16, ld16, kernel);
+      layer_norm_rows_bf16(xp + r0 * c, x16 != nullptr ? x16 + r0 * c : nullptr,
+                           x16 != nullptr ? widened + r0 * c : nullptr, o16 + r0 * ld16, ld16, n, c, gp, bp, eps, isa,
+                           kernel, buf.data());
     }
   });
 }

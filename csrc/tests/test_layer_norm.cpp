@@ -1,9 +1,12 @@
 // layer_norm_rows on every ISA path this CPU runs, against a double-precision oracle: widths around every
 // vector width and its tails (1..33) and the ViT widths, 1-5 rows (the AVX-512 path pairs rows), with and without
 // gamma/beta, and rows whose mean is 1000× their spread (a one-pass E[x²] − mean² would lose every digit there).
+// layer_norm_rows_bf16 (the bf16 GEMMs' LayerNorm) against its definition, bit for bit: widen_bf16, layer_norm_rows,
+// then convert_rows' portable rounding.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "kernels/layer_norm.h"
@@ -100,6 +103,62 @@ void test_outlier_first_value(CpuIsa isa) {
   }
 }
 
+// The fused bf16 output (AVX-512: one pass per row pair) against the three steps it replaces, bit for bit, with
+// fp32 and bf16 inputs, odd widths (the pad element), a row stride wider than the row (nothing written past the pad),
+// and gammas small enough that outputs are fp32 denormals and round to bf16 denormals (the portable rounding keeps
+// them) or NaN (a quiet NaN either way).
+void test_bf16_output(CpuIsa isa) {
+  using gemm16::Bf16Kernel;
+  std::mt19937 rng(23);
+  int cases = 0;
+  for (int64_t c : {1, 2, 3, 15, 16, 17, 31, 33, 100, 384, 768}) {
+    for (int64_t rows : {1, 2, 3, 5}) {
+      for (int affine = 0; affine < 4; ++affine) {  // none, gamma, gamma and beta, denormal-scale gamma with a NaN
+        for (int bf16_in = 0; bf16_in < 2; ++bf16_in) {
+          std::vector<float> x = random_vector(rng, size_t(rows * c), 3.0f);
+          for (float& v : x) v += 0.25f;
+          std::vector<float> g = random_vector(rng, size_t(c)), b = random_vector(rng, size_t(c));
+          if (affine == 3) {
+            for (float& v : g) v *= 1e-38f;
+            if (c > 2) g[1] = std::nanf("");
+          }
+          const float* gamma = affine >= 1 ? g.data() : nullptr;
+          const float* beta = affine == 2 ? b.data() : nullptr;
+          std::vector<uint16_t> x16(size_t(rows * c));
+          gemm16::convert_rows(x.data(), c, rows, c, x16.data(), c, Bf16Kernel::kScalar);
+          const int64_t ld16 = c + 5;
+          // The three steps.
+          std::vector<float> want_wide(size_t(rows * c)), want_y(size_t(rows * c));
+          std::vector<uint16_t> want16(size_t(rows * ld16), 0xABCD);
+          const float* src = x.data();
+          if (bf16_in) {
+            gemm16::widen_bf16(x16.data(), rows * c, want_wide.data());
+            src = want_wide.data();
+          }
+          layer_norm_rows(src, want_y.data(), rows, c, gamma, beta, 1e-6f, isa);
+          gemm16::convert_rows(want_y.data(), c, rows, c, want16.data(), ld16, Bf16Kernel::kScalar);
+          // The fused call.
+          std::vector<float> wide(size_t(rows * c), -7.0f), scratch(size_t(rows * c));
+          std::vector<uint16_t> got16(size_t(rows * ld16), 0xABCD);
+          layer_norm_rows_bf16(x.data(), bf16_in ? x16.data() : nullptr, bf16_in ? wide.data() : nullptr,
+                               got16.data(), ld16, rows, c, gamma, beta, 1e-6f, isa,
+                               gemm16::bf16_kernel(isa), scratch.data());
+          VT_CHECK(std::memcmp(got16.data(), want16.data(), got16.size() * 2) == 0,
+                   "[%s] layer_norm_rows_bf16 c=%lld rows=%lld affine=%d bf16 input=%d: bf16 rows differ from "
+                   "convert_rows(layer_norm_rows(x))", cpu_isa_name(isa), (long long)c, (long long)rows, affine,
+                   bf16_in);
+          if (bf16_in)
+            VT_CHECK(std::memcmp(wide.data(), want_wide.data(), wide.size() * 4) == 0,
+                     "[%s] layer_norm_rows_bf16 c=%lld rows=%lld: the widened input differs from widen_bf16",
+                     cpu_isa_name(isa), (long long)c, (long long)rows);
+          ++cases;
+        }
+      }
+    }
+  }
+  std::printf("[%s] layer_norm_rows_bf16: %d cases bit-exact\n", cpu_isa_name(isa), cases);
+}
+
 }  // namespace
 
-int main() { return run_on_every_isa("test_layer_norm", test_parity, test_outlier_first_value); }
+int main() { return run_on_every_isa("test_layer_norm", test_parity, test_outlier_first_value, test_bf16_output); }

@@ -124,11 +124,32 @@ void softmax_exp_rows_avx512(float* s, int64_t rows, int64_t n, int64_t ld, floa
 
 namespace {
 
+// Where layer_norm_group puts a normalised vector: fp32 rows (c apart), or bf16 rows (ld apart) rounded as
+// gemm16::convert_rows rounds (round_bf16_16, the portable bits) with an odd c's pad element zero.
+struct StoreF32 {
+  float* y;
+  int64_t c;
+  inline __attribute__((always_inline)) void store(int r, int64_t j, __mmask16 m, __m512 v) const {
+    _mm512_mask_storeu_ps(y + r * c + j, m, v);
+  }
+  void finish(int) const {}
+};
+struct StoreBf16 {
+  uint16_t* y;
+  int64_t ld, c;
+  inline __attribute__((always_inline)) void store(int r, int64_t j, __mmask16 m, __m512 v) const {
+    _mm256_mask_storeu_epi16(y + r * ld + j, m, _mm512_cvtepi32_epi16(x86::round_bf16_16(_mm512_castps_si512(v))));
+  }
+  void finish(int r) const {
+    if (c % 2 != 0) y[r * ld + c] = 0;
+  }
+};
+
 // R rows of layer_norm_rows at once (two passes and the normalisation), their reductions interleaved: one row
 // alone waits on its sum's cross-lane reduction before the variance pass, and on the variance's before the
 // normalisation; at ViT widths (12-48 vectors a row) those latencies, not the loads, set the pace.
-template <int R>
-static inline __attribute__((always_inline)) void layer_norm_group(const float* x, float* y, int64_t c,
+template <int R, class Out>
+static inline __attribute__((always_inline)) void layer_norm_group(const float* x, const Out& y, int64_t c,
                                                                    const float* gamma, const float* beta, float eps) {
   const __mmask16 tail = __mmask16((1u << (c % 16)) - 1u);
   const int64_t body = c - c % 16;
@@ -191,9 +212,10 @@ static inline __attribute__((always_inline)) void layer_norm_group(const float* 
       __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + r * c + j), mean[r]), rstd[r]);
       if (gamma != nullptr) v = _mm512_mul_ps(v, g);
       if (beta != nullptr) v = _mm512_add_ps(v, b);
-      _mm512_mask_storeu_ps(y + r * c + j, m, v);
+      y.store(r, j, m, v);
     }
   }
+  for (int r = 0; r < R; ++r) y.finish(r);
 }
 
 }  // namespace
@@ -203,8 +225,30 @@ static inline __attribute__((always_inline)) void layer_norm_group(const float* 
 void layer_norm_rows_avx512(const float* x, float* y, int64_t rows, int64_t c, const float* gamma,
                             const float* beta, float eps) {
   int64_t r = 0;
-  for (; r + 2 <= rows; r += 2) layer_norm_group<2>(x + r * c, y + r * c, c, gamma, beta, eps);
-  if (r < rows) layer_norm_group<1>(x + r * c, y + r * c, c, gamma, beta, eps);
+  for (; r + 2 <= rows; r += 2) layer_norm_group<2>(x + r * c, StoreF32{y + r * c, c}, c, gamma, beta, eps);
+  if (r < rows) layer_norm_group<1>(x + r * c, StoreF32{y + r * c, c}, c, gamma, beta, eps);
+}
+
+// The bf16 GEMMs' LayerNorm (kernels/layer_norm.h layer_norm_rows_bf16): each row pair widened (if bf16), normalised
+// and rounded while it sits in L1, where widen_bf16 + layer_norm_rows + convert_rows made three passes over the
+// rows with an fp32 copy of the output between them.  Same operations per value, so the same bits.
+void layer_norm_rows_bf16_avx512(const float* x, const uint16_t* x16, float* widened, uint16_t* y16, int64_t ld16,
+                                 int64_t rows, int64_t c, const float* gamma, const float* beta, float eps) {
+  if (x16 != nullptr) x = widened;
+  for (int64_t r = 0; r < rows; r += 2) {
+    const int pair = rows - r >= 2 ? 2 : 1;
+    if (x16 != nullptr)
+      for (int64_t i = r * c, e = (r + pair) * c; i < e; i += 16) {  // bf16 -> fp32 is exact: the bits shifted up
+        const __mmask16 m = e - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (e - i)) - 1u);
+        const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x16 + i));
+        _mm512_mask_storeu_ps(widened + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+      }
+    const StoreBf16 out{y16 + r * ld16, ld16, c};
+    if (pair == 2)
+      layer_norm_group<2>(x + r * c, out, c, gamma, beta, eps);
+    else
+      layer_norm_group<1>(x + r * c, out, c, gamma, beta, eps);
+  }
 }
 
 }  // namespace gemm
