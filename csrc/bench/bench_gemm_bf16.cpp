@@ -139,6 +139,7 @@ void attention_parts(const char* model, int64_t heads, Bf16Kernel k16, int round
                     i == 1 ? std::string(names[i]) : std::string("[") + gemm16::bf16_kernel_name(k16) + "] " + names[i], us[i], flops[i] > 0 ? flops[i] / us[i] / 1e3 : 0.0});
 }
 
+#if defined(__x86_64__)
 // (d): 16 independent accumulators (the instruction's latency hidden), written in assembly so the compiler cannot
 // merge the identical chains.
 __attribute__((target("avx512f,avx512bf16"))) double peak_vdpbf16ps_gflops(int64_t iters) {
@@ -164,6 +165,7 @@ __attribute__((target("avx512f,avx512bf16"))) double peak_vdpbf16ps_gflops(int64
         "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
   return 2.0 * double(iters) * 16 * 32 / (now() - t0) * 1e-9;  // 32 multiply-adds per vdpbf16ps zmm
 }
+#endif
 
 // (c): one weight, one input; each epilogue as the block calls gemm_bf16 (ops/vit_block.cpp,
 // kernels/channel_idle_ffn.cpp).
@@ -283,6 +285,7 @@ int main(int argc, char** argv) {
   }
   cold_weights(kernels, rounds, rows);
   block_epilogues(kernels, rounds, rows);
+#if defined(__x86_64__)
   {
     constexpr int64_t kIters = 20000000;
     std::vector<double> peaks;
@@ -292,6 +295,7 @@ int main(int argc, char** argv) {
     rows.push_back({"peak of one core (register-only loop)", "vdpbf16ps zmm", 2.0 * 16 * 32 * kIters / (peak * 1e3),
                     peak});
   }
+#endif
   if (json) {
     std::printf("{\"rounds\": %d, \"rows\": [", rounds);
     for (size_t i = 0; i < rows.size(); ++i)

@@ -124,7 +124,8 @@ void test_bf16_output(CpuIsa isa) {
           }
           const float* gamma = affine >= 1 ? g.data() : nullptr;
           const float* beta = affine == 2 ? b.data() : nullptr;
-          std::vector<uint16_t> x16(size_t(rows * c));
+          // bf16 rows c apart, as a block's input (+1: convert_rows writes an odd row's pad element after it).
+          std::vector<uint16_t> x16(size_t(rows * c + 1));
           gemm16::convert_rows(x.data(), c, rows, c, x16.data(), c, Bf16Kernel::kScalar);
           const int64_t ld16 = c + 5;
           // The three steps.
