@@ -31,6 +31,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
+#include "zmm_peak_loop.h"
 
 using namespace vitfast;
 using gemm16::Bf16Kernel;
@@ -140,29 +141,12 @@ void attention_parts(const char* model, int64_t heads, Bf16Kernel k16, int round
 }
 
 #if defined(__x86_64__)
-// (d): 16 independent accumulators (the instruction's latency hidden), written in assembly so the compiler cannot
-// merge the identical chains.
+// (d): zmm_peak_loop.h; the operand 1.0f is the bf16 pair (0, 1.0).
 __attribute__((target("avx512f,avx512bf16"))) double peak_vdpbf16ps_gflops(int64_t iters) {
   const float one = 1.0f;
-  const double t0 = now();
   int64_t n = iters;
-  asm volatile(
-      "vbroadcastss %1, %%zmm16\n\t"
-      "vbroadcastss %1, %%zmm17\n\t"
-      "vxorps %%xmm0, %%xmm0, %%xmm0\n\t"
-      ".irp r,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15\n\t"
-      "vmovaps %%zmm0, %%zmm\\r\n\t"
-      ".endr\n\t"
-      "1:\n\t"
-      ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15\n\t"
-      "vdpbf16ps %%zmm17, %%zmm16, %%zmm\\r\n\t"
-      ".endr\n\t"
-      "dec %0\n\t"
-      "jnz 1b\n\t"
-      : "+r"(n)
-      : "m"(one)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-        "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+  const double t0 = now();
+  VITFAST_ZMM_PEAK_LOOP("vdpbf16ps", n, one);
   return 2.0 * double(iters) * 16 * 32 / (now() - t0) * 1e-9;  // 32 multiply-adds per vdpbf16ps zmm
 }
 #endif

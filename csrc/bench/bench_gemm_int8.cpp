@@ -35,6 +35,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_int8.h"
+#include "zmm_peak_loop.h"
 
 
 using namespace vitfast;
@@ -63,53 +64,12 @@ double median(std::vector<double> v) {
 // Register-only loops in inline asm (in C++ GCC spilled an array of 16 accumulators to the stack every iteration,
 // halving the figure): N independent accumulators, more than latency × throughput of each instruction (vpdpbusd
 // and FMA: 4-5 cycles latency, up to 2 per cycle), so the loop runs at the issue rate.  The loop counter's
-// dec/jnz is one fused op per 16 instructions.
+// dec/jnz is one fused op per 16 instructions.  vpdpbusd's is zmm_peak_loop.h's, shared with bench_gemm_bf16.
 __attribute__((target("avx512f,avx512vnni"))) double peak_vnni_gops(int64_t iters) {
   const int32_t one = 0x01010101;
   int64_t n = iters;
   const double t0 = now();
-  asm volatile(
-        "vpbroadcastd %1, %%zmm16\n\t"
-        "vpbroadcastd %1, %%zmm17\n\t"
-        "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-        "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"
-        "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"
-        "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"
-        "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"
-        "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"
-        "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"
-        "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"
-        "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"
-        "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"
-        "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"
-        "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"
-        "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
-        "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
-        "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"
-        "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
-        "1:\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm0\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm1\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm2\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm3\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm4\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm5\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm6\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm7\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm8\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm9\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm10\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm11\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm12\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm13\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm14\n\t"
-        "vpdpbusd %%zmm17, %%zmm16, %%zmm15\n\t"
-        "dec %0\n\t"
-        "jnz 1b\n\t"
-        : "+r"(n)
-        : "m"(one)
-        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-          "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "cc");
+  VITFAST_ZMM_PEAK_LOOP("vpdpbusd", n, one);
   return 2.0 * double(iters) * 16 * 64 / (now() - t0) * 1e-9;  // 64 MACs per vpdpbusd zmm
 }
 
