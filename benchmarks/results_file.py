@@ -45,9 +45,14 @@ def machine(device: str = "cpu") -> Dict[str, str]:
         return {"id": _slug(name), "description": f"{name}, torch {torch.__version__}"}
     info = machine_info()
     words = _slug(info["cpu"]).split("-")[:3]
-    return {"id": "-".join(words + [info["cpu_isa"]]),
-            "description": f"{info['cpu']}, {info['cores']} cores, CPU path {info['cpu_isa']}"
-                           + (f" ({', '.join(info['cpu_extensions'])})" if info.get("cpu_extensions") else "")}
+    signature = info.get("cpu_signature")
+    box = {"id": "-".join(words + [info["cpu_isa"]]),
+           "description": f"{info['cpu']}" + (f" ({signature})" if signature else "")
+                          + f", {info['cores']} cores, CPU path {info['cpu_isa']}"
+                          + (f" ({', '.join(info['cpu_extensions'])})" if info.get("cpu_extensions") else "")}
+    if signature:
+        box["signature"] = signature
+    return box
 
 
 def software() -> Dict[str, str]:
@@ -76,13 +81,24 @@ def record(name: str, table: Dict[str, Any], *, device: str = "cpu", directory: 
 
     date = date or datetime.date.today().isoformat()
     box = box or machine(device)
-    path = os.path.join(directory, f"{date}-{box['id']}.json")
-    data: Dict[str, Any] = {"schema": SCHEMA, "date": date, "machine": box, "software": software(), "tables": {}}
-    if os.path.exists(path):
+    # Two kinds of core can share a model name and so an id (a Zen 4 "AMD EPYC" and a faster one): a file of the same
+    # date and id from another signature is not this machine's, and its tables stay apart, in <id>-2, <id>-3, ...
+    # (a file without a signature, written before they were recorded, is taken as this machine's).
+    base_id, n, versions = box["id"], 1, software()
+    while True:
+        path = os.path.join(directory, f"{date}-{box['id']}.json")
+        data: Dict[str, Any] = {"schema": SCHEMA, "date": date, "machine": box, "software": versions, "tables": {}}
+        if not os.path.exists(path):
+            break
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         if data.get("schema") != SCHEMA:
             raise ValueError(f"{path}: expected schema {SCHEMA!r}, got {data.get('schema')!r}")
+        other = data.get("machine", {}).get("signature")
+        if other is None or other == box.get("signature"):
+            break
+        n += 1
+        box = dict(box, id=f"{base_id}-{n}")
     data["tables"][name] = table
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 

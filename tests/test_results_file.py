@@ -78,3 +78,44 @@ def test_reports_with_low_precision_anchors_become_one_table(tmp_path):
             "ORT int8 dynamic: 0.500× SLOWER (0.45–0.55) |") in rendered
     assert ("| vitfast | 2 | 8 | 2.0 | 1.9–2.2 | – | – | 1.200× (1.10–1.30) | – | "
             "ORT int8 dynamic: 1.200× (1.10–1.30) |") in rendered
+
+
+def test_another_core_of_the_same_name_gets_its_own_file(tmp_path, monkeypatch):
+    """Two kinds of core can share a model name, so an id ("AMD EPYC": a Zen 4 and a faster core): a same-day file
+    recorded on another signature keeps its tables, the new ones go to <id>-2; a file without a signature (written
+    before signatures were recorded) is taken as this machine's."""
+    table = results_file.from_bench_report(_report(), title="t")
+
+    def on(signature):
+        box = {"id": "amd-epyc-avx512", "description": f"AMD EPYC ({signature}), 2 cores", "signature": signature}
+        monkeypatch.setattr(results_file, "machine", lambda device="cpu": dict(box))
+
+    on("family 25 model 17")
+    first = results_file.record("a", table, directory=str(tmp_path), date="2026-01-02")
+    on("family 26 model 2")
+    second = results_file.record("a", dict(table, title="other core"), directory=str(tmp_path), date="2026-01-02")
+    assert os.path.basename(first) == "2026-01-02-amd-epyc-avx512.json"
+    assert os.path.basename(second) == "2026-01-02-amd-epyc-avx512-2.json"
+    data = json.loads(open(second, encoding="utf-8").read())
+    assert data["machine"]["id"] == "amd-epyc-avx512-2" and data["machine"]["signature"] == "family 26 model 2"
+    on("family 25 model 17")
+    assert results_file.record("b", table, directory=str(tmp_path), date="2026-01-02") == first
+    tables = json.loads(open(first, encoding="utf-8").read())["tables"]
+    assert sorted(tables) == ["a", "b"] and tables["a"]["title"] == "t"
+    # a file from before signatures: merged into, as before
+    legacy = tmp_path / "2026-01-03-amd-epyc-avx512.json"
+    legacy.write_text(json.dumps({"schema": make_tables.SCHEMA, "date": "2026-01-03",
+                                  "machine": {"id": "amd-epyc-avx512", "description": "AMD EPYC, 2 cores"},
+                                  "software": {}, "tables": {"old": table}}))
+    assert results_file.record("new", table, directory=str(tmp_path), date="2026-01-03") == str(legacy)
+    assert sorted(json.loads(legacy.read_text())["tables"]) == ["new", "old"]
+
+
+def test_the_machine_description_names_the_core():
+    from vitfast.bench import machine_info
+
+    info = machine_info()
+    box = results_file.machine()
+    if info["cpu_signature"] is None:
+        pytest.skip("/proc/cpuinfo gives no family/model or CPU part here")
+    assert f"({info['cpu_signature']})" in box["description"] and box["signature"] == info["cpu_signature"]

@@ -190,11 +190,25 @@ def machine_info() -> Dict[str, Any]:
     from ._version import __version__
 
     cpu = platform.processor() or platform.machine()
+    fields: Dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            for line in f:  # the first processor's fields
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    cpu = fields.get("model name", cpu)
+    # The core's generation, which the model name does not always give ("AMD EPYC" is a Zen 4 that runs 512-bit
+    # instructions as two halves, or a core that does not: 2× apart in every figure): x86 family/model, Arm part.
+    if "cpu family" in fields and "model" in fields:
+        signature = f"family {fields['cpu family']} model {fields['model']}"
+    elif "CPU part" in fields:
+        signature = f"implementer {fields.get('CPU implementer', '?')} part {fields['CPU part']}"
+    else:
+        signature = None
     versions = {"python": platform.python_version(), "torch": torch.__version__, "vitfast": __version__}
     for name in ("timm", "onnx", "onnxruntime"):
         try:
@@ -213,7 +227,8 @@ def machine_info() -> Dict[str, Any]:
     # (docs/performance.md#threads): a figure without it cannot be compared.
     # The extensions inside the path (AVX512_VNNI/BF16, AMX, NEON dot/BF16) pick the low-precision kernels: an
     # int8 or bf16 figure means little without them.
-    return {"cpu": cpu, "cores": os.cpu_count(), "cpu_isa": ops.cpu_isa(), "cpu_extensions": ops.cpu_extensions(),
+    return {"cpu": cpu, "cpu_signature": signature, "cores": os.cpu_count(), "cpu_isa": ops.cpu_isa(),
+            "cpu_extensions": ops.cpu_extensions(),
             "extension_loaded": ops.extension_loaded(), "omp_wait_policy": wait_policy(), "versions": versions}
 
 
