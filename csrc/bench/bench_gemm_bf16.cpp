@@ -7,8 +7,10 @@
 //   (c) the epilogues a bf16 block gives its 768 × 768 GEMMs (DeiT-B: proj with the residual and a bf16 copy, the
 //       FFN's GELU straight to bf16, its linear path with the residual, its second GEMM accumulating with a bf16
 //       copy) against a plain store, interleaved in the same rounds: what each costs beyond the products;
-//   (d) the `vdpbf16ps` peak of one core, a register-only loop of 16 independent instructions (no loads): the
-//       ceiling of every row above (2 × 16 × 2 operations per instruction).
+//   (d) layer_norm_rows_bf16 (the block's LayerNorm to bf16 rows, from a bf16 input) against the three steps it
+//       replaces (widen_bf16, layer_norm_rows, convert_rows), 16-row blocks at 197 × 768 as the block runs them;
+//   (e) the `vdpbf16ps` peak of one core, a register-only loop of 16 independent instructions (no loads): the
+//       ceiling of every GFLOP/s above (2 × 16 × 2 operations per instruction).
 // Times are the thread's CPU time over several calls per reading (one clock read costs about a microsecond in a VM);
 // each figure is the median over interleaved rounds.  GFLOP/s counts 2 operations per multiply-add.
 //
@@ -31,6 +33,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/layer_norm.h"
 #include "zmm_peak_loop.h"
 
 using namespace vitfast;
@@ -141,7 +144,7 @@ void attention_parts(const char* model, int64_t heads, Bf16Kernel k16, int round
 }
 
 #if defined(__x86_64__)
-// (d): zmm_peak_loop.h; the operand 1.0f is the bf16 pair (0, 1.0).
+// (e): zmm_peak_loop.h; the operand 1.0f is the bf16 pair (0, 1.0).
 __attribute__((target("avx512f,avx512bf16"))) double peak_vdpbf16ps_gflops(int64_t iters) {
   const float one = 1.0f;
   int64_t n = iters;
@@ -204,6 +207,36 @@ void block_epilogues(const std::vector<Bf16Kernel>& kernels, int rounds, std::ve
                       std::string("[") + gemm16::bf16_kernel_name(kernels[i]) + "] " + variants[j].name, t,
                       flops / t / 1e3});
     }
+}
+
+// (d): the same bits (csrc/tests/test_layer_norm.cpp); k16 is convert_rows' kernel in the three steps.
+void layer_norm_to_bf16(Bf16Kernel k16, int rounds, std::vector<Row>& rows) {
+  const int64_t m = 197, c = 768, block = 16;  // ops/layer_norm.cpp layer_norm_run_bf16's row blocks
+  std::mt19937 g(3);
+  const std::vector<float> x = random_values(g, size_t(m * c));
+  std::vector<uint16_t> x16(size_t(m * c)), y16(size_t(m * c));
+  gemm16::convert_rows(x.data(), c, m, c, x16.data(), c, k16);
+  std::vector<float> wide(size_t(m * c)), y(size_t(block * c));
+  const std::vector<std::function<void()>> fns = {
+      [&] {
+        for (int64_t r0 = 0; r0 < m; r0 += block) {
+          const int64_t n = std::min(block, m - r0);
+          gemm16::widen_bf16(x16.data() + r0 * c, n * c, wide.data() + r0 * c);
+          layer_norm_rows(wide.data() + r0 * c, y.data(), n, c, nullptr, nullptr, 1e-6f, CpuIsa::kAvx512);
+          gemm16::convert_rows(y.data(), c, n, c, y16.data() + r0 * c, c, k16);
+        }
+      },
+      [&] {
+        for (int64_t r0 = 0; r0 < m; r0 += block) {
+          const int64_t n = std::min(block, m - r0);
+          layer_norm_rows_bf16(nullptr, x16.data() + r0 * c, wide.data() + r0 * c, y16.data() + r0 * c, c, n, c,
+                               nullptr, nullptr, 1e-6f, CpuIsa::kAvx512, k16, y.data());
+        }
+      }};
+  const std::vector<double> us = interleaved(fns, rounds, 16);
+  const std::string group = "LayerNorm to bf16, bf16 input (197 × 768)";
+  rows.push_back({group, "widen_bf16 + layer_norm_rows + convert_rows", us[0], 0.0});
+  rows.push_back({group, "layer_norm_rows_bf16", us[1], 0.0});
 }
 
 // Each kernel's hot and rotating-weight calls interleaved in the same rounds, so their ratio is a same-seconds one.
@@ -269,6 +302,7 @@ int main(int argc, char** argv) {
   }
   cold_weights(kernels, rounds, rows);
   block_epilogues(kernels, rounds, rows);
+  layer_norm_to_bf16(kernels[0], rounds, rows);
 #if defined(__x86_64__)
   {
     constexpr int64_t kIters = 20000000;

@@ -11,9 +11,9 @@
 // S = Q_h · K_hᵀ with the micro-kernels into a chunk × N scratch tile (42 × 208 floats at N = 197: 35 KiB, about
 // L1), the two-pass unnormalised softmax in place (gemm::softmax_exp_rows: exp(s·scale − max), fp32 statistics),
 // P · V_h straight into the output columns, each row multiplied by 1/Σ in that GEMM's epilogue (row_scale: the
-// softmax's third pass over N columns, and a pass over the D output columns, are both gone).  The whole row of scores of a chunk fits in cache at ViT
-// token counts, so the exact row maximum is used (no online rescaling) and there is no N × N matrix beyond
-// one chunk.
+// softmax's third pass over N columns, and a pass over the D output columns, are both gone).  The whole row of scores
+// of a chunk fits in cache at ViT token counts, so the exact row maximum is used (no online rescaling) and there is no
+// N × N matrix beyond one chunk.
 //
 // Prefetch (measured at DeiT-B shapes, 1 thread, in a model-like sequence of ops on a loaded machine): in a model
 // the head's K/V rows arrive cold — each qkv row is 9 KiB at DeiT-B, so every head's 256-byte slice of a row

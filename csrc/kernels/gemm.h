@@ -69,8 +69,8 @@ struct Epilogue {
   bool c_padded = false;           // C rows have >= b.padded_n() writable columns (scratch buffers)
   // Row i's sums multiplied by row_scale[i] before the rest of the epilogue (attention's 1/Σ of the unnormalised
   // softmax, applied where P·V is stored instead of in a pass over the output).  fp32: C = (A·B)·row_scale[i] [+ bias
-  // ...], the whole sum over K blocks, rounded then multiplied: the bits of a pass over the stored sums afterwards;
-  // not with accumulate (the partial sums of K blocks live in C, so C's own values could not be told from them).
+  // ...], the whole sum over K blocks, rounded then multiplied: the bits of a pass over the stored sums afterwards; not
+  // with accumulate (the partial sums of K blocks live in C, so C's own values could not be told from them).
   const float* row_scale = nullptr;
   // Also (or, with C = nullptr, only) the result rounded to bf16 (gemm16::to_bf16's bits) into c16, row stride ldc16:
   // the next GEMM's operand written by this one's epilogue, without an fp32 round trip.  Same columns as C (c_padded
