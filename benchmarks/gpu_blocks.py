@@ -3,7 +3,7 @@ same fused graph and against timm compiled, with kernel launches per forward.
 
     python benchmarks/gpu_blocks.py [--models deit_small_patch16_224,deit_base_patch16_224] [--batches 64,256]
                                     [--dtype bfloat16] [--rows R1,R2] [--budget-s 420] [--json PATH] [--record DIR]
-                                    [--dry-run]
+                                    [--dry-run] [--from-json ROWS --env ENV --record DIR [--command C]]
 
 Models: RePa-DeiT (timm DeiT, `vitfast.convert.from_timm(channel_idle=0.75)`, then `vitfast.fuse`), random weights.
 Rows per (model, batch), run row by row over every model and batch in this order (the most wanted first, so a run
@@ -21,6 +21,10 @@ torch.profiler (for a graph-replayed row, the kernels inside the graph).  Error:
 logits against the fused model in fp32 on the reference ops (TF32 off), same input.  Compiles are autotuned; once
 `--budget-s` seconds have passed, the compile rows not yet started are skipped (reported as such), so the run fits
 the device slot.  The JSON is rewritten after every row, so a kill keeps what was measured.
+
+`--from-json` (no GPU needed): records the rows of an earlier run's `--json` for the machine its env.txt names
+(a device call cut short by its timeout returns the JSON; `--record` now also rewrites the results file after every
+row).
 
 `--dry-run` (no GPU needed): builds the models on the CPU, checks the fused model's blocks can take the block path
 (every block a FusedBlock the planner accepts), prints the planned rows and exits before anything needs CUDA.
@@ -176,6 +180,8 @@ def run(args) -> list:
                 if args.json:
                     with open(args.json, "w") as f:
                         json.dump(rows, f, indent=1)
+                if args.record:  # after every row too: a run cut by its device call's timeout keeps what it measured
+                    record_results(rows, args.record, "python " + " ".join(sys.argv))
     return rows
 
 
@@ -196,21 +202,36 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def record_results(rows, directory: str, command: str) -> str:
+def record_results(rows, directory: str, command: str, env: str | None = None) -> str:
+    """Record the rows as table `gpu_blocks` for this machine's GPU, or for the machine whose env.txt is `env`."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from results_file import record
+    from results_file import device_env, record
+
+    box, versions = device_env(env) if env else (None, None)
+    inductor = {(r["model"], r["batch"]): r["median_ms"] for r in rows
+                if r["row"] == "inductor fused" and "median_ms" in r}
+
+    def vs_inductor(r) -> str:
+        # inductor's ms ÷ this row's (above 1: this row is faster), for vitfast's rows with both measured.
+        theirs = inductor.get((r["model"], r["batch"]))
+        if not r["row"].startswith("vitfast") or theirs is None or "median_ms" not in r:
+            return "–"
+        ratio = theirs / r["median_ms"]
+        return f"{ratio:.2f}×" + (" SLOWER" if ratio < 1 else "")
 
     measured = [dict(r, ms=r.get("median_ms", "–"), kernels=r.get("kernels", "–"), err=r.get("rel_err_vs_fp32", "–"),
-                     note=r.get("skipped") or r.get("error") or "") for r in rows]
+                     vs_inductor=vs_inductor(r), note=r.get("skipped") or r.get("error") or "") for r in rows]
     return record("gpu_blocks", {
         "title": "Triton block path vs inductor on the same fused graph vs timm max-autotune",
         "script": "benchmarks/gpu_blocks.py", "command": command,
         "conditions": "RePa-DeiT θ 0.75 (BN variant), random weights; CUDA-event medians; kernels per forward by "
-                      "torch.profiler; rel err of the logits vs the fused fp32 model (reference ops, TF32 off)",
+                      "torch.profiler; rel err of the logits vs the fused fp32 model (reference ops, TF32 off); speed "
+                      "vs inductor = inductor max-autotune-no-cudagraphs ms ÷ row ms (above 1 vitfast is faster)",
         "columns": [{"label": k, "fmt": "{" + k + "}"} for k in ("model", "batch", "dtype", "row", "ms", "kernels",
-                                                                  "err", "note")],
+                                                                  "err")]
+                   + [{"label": "speed vs inductor fused", "fmt": "{vs_inductor}"}, {"label": "note", "fmt": "{note}"}],
         "rows": measured,
-    }, device="cuda", directory=directory)
+    }, device="cuda", directory=directory, box=box, versions=versions)
 
 
 def main(argv=None) -> int:
@@ -225,7 +246,20 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="rewrite the rows to this file after each one")
     p.add_argument("--record", metavar="DIR", help="also record the table in DIR/<date>-<gpu>.json (results_file.py)")
     p.add_argument("--dry-run", action="store_true", help="build and plan on the CPU, stop before CUDA is needed")
+    p.add_argument("--from-json", metavar="ROWS", help="no measuring: record the rows of an earlier run's --json "
+                   "(with --record DIR and --env, the env.txt of that run's machine)")
+    p.add_argument("--env", help="with --from-json: the device run's env.txt (benchmarks/gpu_common.sh)")
+    p.add_argument("--command", help="with --from-json: the command that measured the rows")
     args = p.parse_args(argv)
+    if args.from_json:
+        if not (args.record and args.env):
+            p.error("--from-json: expected --record DIR and --env PATH with it")
+        with open(args.from_json, encoding="utf-8") as f:
+            rows = json.load(f)
+        print(table(rows))
+        command = args.command or "python benchmarks/gpu_blocks.py ..."
+        print("recorded in", record_results(rows, args.record, command, env=args.env))
+        return 0
     args.models = [m for m in args.models.split(",") if m]
     args.batches = [int(b) for b in args.batches.split(",") if b]
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]

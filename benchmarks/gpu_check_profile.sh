@@ -1,21 +1,27 @@
 #!/bin/bash
-# Prepared GPU run that diagnoses the Triton block path (VITFAST_CUDA_KERNELS=blocks) where gpu_blocks.py measured it
-# slower than inductor on the same fused graph (benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3.json):
-#   1. the CUDA-only block tests natively: the kernel names when a block launches more than five, the TMA and
-#      persistent candidates against the pointer loads (same bits), and the constant-rows test that failed on the
-#      first H100 run (its traceback: that run was cut before pytest's summary) (~150 s);
-#   2. benchmarks/gpu_profile_blocks.py on RePa-DeiT-S/0.75 bf16 at batch 256 (the worst ratio, 0.70× with graphs):
-#      eager host time and synchronising calls, SDPA per backend on the packed-qkv views, the four GEMMs autotuned,
-#      at each of the ten candidates and against cuBLAS, and per-kernel GPU time against inductor
-#      max-autotune-no-cudagraphs (~200 s);
-#   3. the GEMM and SDPA sections again for RePa-DeiT-B/0.75 at batch 64 (~60 s).
-# About 8 minutes.  Everything lands in $OUT (profile_*.json, *.txt).  Usage from the repo root on the device
-# machine: bash benchmarks/gpu_check_profile.sh
+# Prepared GPU run that checks and diagnoses the Triton block path (VITFAST_CUDA_KERNELS=blocks).  Two device calls
+# fit a 15-minute lease (each start ~35 s):
+#
+#   call 1 (~270 s):  bash benchmarks/gpu_check_profile.sh
+#     1. the CUDA block tests natively, 16 processes (~130 s): every autotune candidate of the four RePa-DeiT-S GEMMs
+#        against the fp64 reference (the H200 run of benchmarks/results/2026-11-30-nvidia-h200.json had the block
+#        path's logits 7-12% off fp32 with autotuning on, 1.4-1.8% on the H100 before the TMA and persistent
+#        candidates: this names the wrong one), split-K race freedom, the constant-rows fallback, the launch count,
+#        TMA and persistent parity, the CUDA patch-embedding GEMM;
+#     2. benchmarks/gpu_profile_blocks.py on RePa-DeiT-S/0.75 bf16 batch 256, sections gemm and blocks (~60 s): each
+#        GEMM's GPU time (profiler, not events: the host is slower than the kernels) at every candidate against
+#        cuBLAS, the block path's GEMMs by their place in the block, the configs the autotuners chose.
+#   call 2 (~350 s):
+#     SKIP_TESTS=1 bash benchmarks/gpu_check_blocks.sh --rows "vitfast blocks,vitfast blocks graph,inductor fused"
+#     the table against inductor on the same fused graph (four inductor max-autotune compiles, ~60 s each).
+#
+# Everything lands in $OUT (t_blocks.txt, profile_*.json/txt).  Usage from the repo root on the device machine.
 source benchmarks/gpu_common.sh
 export VITFAST_TRITON_AUTOTUNE=1  # the profile times kernels as deployed; the tests pin it off
-run 150 t_blocks env VITFAST_TRITON_AUTOTUNE=0 python3 -m pytest -q -rs -p no:cacheprovider --tb=short -k "cuda or constant_rows or forced or record or tma or persistent" \
-  tests/test_vit_block_triton.py tests/test_ln_linear_triton.py tests/test_gpu_profile_blocks.py
-run 240 profile_s python3 benchmarks/gpu_profile_blocks.py --model deit_small_patch16_224 --batch 256 \
-  --json "$OUT/profile_s256.json"
-run 90 profile_b python3 benchmarks/gpu_profile_blocks.py --model deit_base_patch16_224 --batch 64 \
-  --sections sdpa,gemm --json "$OUT/profile_b64.json"
+run 150 t_blocks env VITFAST_TRITON_AUTOTUNE=0 python3 -m pytest -q -rfs -n 16 -p no:cacheprovider --tb=short \
+  -k "cuda or constant_rows or forced or record or tma or persistent or colsum" \
+  tests/test_vit_block_triton.py tests/test_ln_linear_triton.py tests/test_gpu_profile_blocks.py \
+  tests/test_patch_embed.py
+grep -E "^(FAILED|ERROR)|^E  " "$OUT/t_blocks.txt" | head -60
+run 100 profile_s python3 benchmarks/gpu_profile_blocks.py --model deit_small_patch16_224 --batch 256 \
+  --sections gemm,blocks --json "$OUT/profile_s256.json"

@@ -13,12 +13,17 @@ Sections (each independent; a failing one is reported and the next runs):
              and torch's own choice): µs, kernels launched with their names, and whether the output reshape is a view
     gemm     the first block's four GEMMs exactly as the block path calls them (shapes, epilogues, statistics):
              the autotuned kernel, every autotune config forced, and cuBLAS `F.linear` (GEMM + bias only: a lower
-             bound for the composition), as µs and TFLOP/s
+             bound for the composition), as GPU µs (profiler: `_bench_us`) and TFLOP/s
     kernels  per-kernel GPU time of one forward, block path against inductor max-autotune-no-cudagraphs on the
-             same fused graph (VITFAST_BACKEND=reference), grouped by kernel name
+             same fused graph (VITFAST_BACKEND=reference), grouped by kernel name; the block path's GEMMs by
+             their place in the block, and the config each autotuner chose
+    blocks   the block path's half of `kernels` alone (no inductor compile)
 
-Prints tables and writes every figure to `--json`.  Nothing is recorded in benchmarks/results: these are diagnoses,
-the figures a user compares are gpu_blocks.py's.  `forced_config` (kernels/_common.py) and `record_block_gemms` are
+Prints tables and writes every figure to `--json`.  `--record DIR` records the gemm section (with the kernels
+section's forward totals when it ran) as table `gpu_block_gemms` of DIR/<date>-<gpu>.json: each block-path GEMM's
+GPU time against cuBLAS, the kernel benchmark of kernels/ln_linear.py on a GPU; `--from-json REPORT --env ENV
+--record DIR` records an earlier run's report without a GPU.  The forward-level figures a user compares are
+gpu_blocks.py's.  `forced_config` (kernels/_common.py) and `record_block_gemms` are
 tested on the CPU under the Triton interpreter (tests/test_gpu_profile_blocks.py).
 """
 from __future__ import annotations
@@ -34,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from vitfast.kernels._common import forced_config
 
-SECTIONS = ("host", "sdpa", "gemm", "kernels")
+SECTIONS = ("host", "sdpa", "gemm", "kernels", "blocks")
 
 
 def record_block_gemms(model, x, blocks: int = 1) -> list:
@@ -59,10 +64,25 @@ def record_block_gemms(model, x, blocks: int = 1) -> list:
     return calls
 
 
-def _bench_us(fn) -> float:
-    import triton
+def _bench_us(fn, reps: int = 20) -> float:
+    """GPU time of one `fn()` in µs: the summed durations of the kernels it launches (profiler), averaged over `reps`
+    calls, each after a 256 MB fill that evicts L2 (as triton's do_bench).  Not events around the call: on a host
+    slower than the kernel (a block-path GEMM launch took 163 µs of host time on the H200 machine against a 48 µs
+    cuBLAS call) the events measure the launch instead, and every config looked alike."""
+    from torch.profiler import ProfilerActivity, profile
 
-    return 1e3 * triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")
+    flush = torch.empty(256 * 2 ** 20, dtype=torch.int8, device="cuda")
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                flush.fill_(1)
+                fn()
+            torch.cuda.synchronize()
+    total = sum(e.time_range.elapsed_us() for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA and "FillFunctor" not in e.name)
+    return total / reps
 
 
 def _kernel_names(fn) -> list:
@@ -208,39 +228,120 @@ def section_gemm(gemms) -> list:
     return rows
 
 
-def _per_kernel(fn) -> dict:
+def _profile(fn, reps: int = 3):
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
         fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
+            for _ in range(reps):
                 fn()
             torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(events, key=lambda e: e.time_range.start)
+
+
+def _per_kernel(events, reps: int = 3) -> dict:
     table = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            entry = table[e.name]
-            entry[0] += 1
-            entry[1] += e.time_range.elapsed_us()
-    return {name: {"calls": c / 3, "us": t / 3} for name, (c, t) in table.items()}
+    for e in events:
+        entry = table[e.name]
+        entry[0] += 1
+        entry[1] += e.time_range.elapsed_us()
+    return {name: {"calls": c / reps, "us": t / reps} for name, (c, t) in table.items()}
 
 
-def section_kernels(fused, x, policy) -> dict:
+def _gemm_positions(events) -> dict:
+    """Mean GPU µs of the block path's GEMM launches by their place in a block (qkv, proj, fc1, fc2: the order
+    `vit_block_triton` launches them in)."""
+    durations = [e.time_range.elapsed_us() for e in events if e.name == "_ln_linear_kernel"]
+    names = ("qkv", "proj", "fc1", "fc2")
+    return {name: sum(durations[i::4]) / max(len(durations[i::4]), 1) for i, name in enumerate(names)}
+
+
+def _autotuner_choices() -> dict:
+    """The config each `ln_linear` autotuner settled on, per key (M bucket, N, K, split-K, dtypes)."""
+    import vitfast.kernels.ln_linear as L
+
+    out = {}
+    for label, tuner in (("pointer", L._ln_linear_kernel), ("tma", L._ln_linear_kernel_tma)):
+        for key, cfg in getattr(tuner, "cache", {}).items():
+            out[f"{label} {key}"] = str(cfg)
+    return out
+
+
+def section_kernels(fused, x, policy, inductor: bool = True) -> dict:
+    """Per-kernel GPU time of one forward on the block path (and, with `inductor`, of inductor max-autotune on the
+    same fused graph: its compile takes about a minute)."""
     out = {}
     with policy(cuda_kernels="blocks"):
-        out["vitfast blocks"] = _per_kernel(lambda: fused(x))
-    with policy(backend="reference"):
-        compiled = torch.compile(fused, mode="max-autotune-no-cudagraphs")
-        out["inductor fused"] = _per_kernel(lambda: compiled(x))
-    for row, table in out.items():
+        events = _profile(lambda: fused(x))
+    out["vitfast blocks"] = _per_kernel(events)
+    out["block gemms"] = _gemm_positions(events)
+    out["autotuned configs"] = _autotuner_choices()
+    print("block GEMMs, GPU µs per launch: " + ", ".join(f"{k} {v:.1f}" for k, v in out["block gemms"].items()))
+    for key, cfg in out["autotuned configs"].items():
+        print(f"autotuned {key}: {cfg}")
+    if inductor:
+        with policy(backend="reference"):
+            compiled = torch.compile(fused, mode="max-autotune-no-cudagraphs")
+            out["inductor fused"] = _per_kernel(_profile(lambda: compiled(x)))
+    for row in ("vitfast blocks", "inductor fused")[: 2 if inductor else 1]:
+        table = out[row]
         total = sum(v["us"] for v in table.values())
         print(f"kernels {row}: {total / 1e3:.3f} ms of GPU time per forward, "
               f"{sum(v['calls'] for v in table.values()):.0f} launches")
-        for name, v in sorted(table.items(), key=lambda kv: -kv[1]["us"])[:12]:
+        for name, v in sorted(table.items(), key=lambda kv: -kv[1]["us"])[:14]:
             print(f"   {v['us']:9.1f} µs {v['calls']:5.0f}×  {_short(name)}")
     return out
+
+
+def gemm_table(report: dict, command: str) -> dict:
+    """The gemm section (and the kernels section's totals, when present) as a results table."""
+    rows = []
+    for r in report.get("gemm", []):
+        forced = {k: v for k, v in r["configs"].items() if isinstance(v, float)}
+        best = min(forced, key=forced.get) if forced else "–"
+        flops = 2.0 * r["m"] * r["n"] * r["k"]
+        rows.append({"what": f"{r['gemm']} {r['m']}×{r['n']}×{r['k']}", "epilogue": ", ".join(r["epilogue"]) or "–",
+                     "vitfast_us": round(r["autotuned_us"], 1),
+                     "best": f"{best}: {forced[best]:.1f}" if forced else "–",
+                     "cublas_us": round(r["cublas_us"], 1),
+                     "ratio": f"{r['autotuned_us'] / r['cublas_us']:.2f}× SLOWER" if r["autotuned_us"] > r["cublas_us"]
+                     else f"{r['cublas_us'] / r['autotuned_us']:.2f}× faster",
+                     "tflops": f"{flops / r['autotuned_us'] / 1e6:.0f} / {flops / r['cublas_us'] / 1e6:.0f}"})
+    kernels = report.get("kernels") or {}
+    totals = {row: sum(v["us"] for v in kernels[row].values()) for row in ("vitfast blocks", "inductor fused")
+              if isinstance(kernels.get(row), dict)}
+    if len(totals) == 2:
+        ours, theirs = totals["vitfast blocks"], totals["inductor fused"]
+        verdict = f"{ours / theirs:.2f}× SLOWER" if ours > theirs else f"{theirs / ours:.2f}× faster"
+        rows.append({"what": "whole forward, all kernels", "epilogue": "–", "vitfast_us": round(ours, 1),
+                     "best": "–", "cublas_us": "–", "tflops": "–",
+                     "ratio": f"inductor max-autotune {theirs:.1f} µs: vitfast {verdict}"})
+    return {
+        "title": f"Block-path GEMMs (kernels/ln_linear.py) against cuBLAS, GPU time, {report['model']} θ 0.75 "
+                 f"{report['dtype']} batch {report['batch']}",
+        "script": "benchmarks/gpu_profile_blocks.py", "command": command,
+        "conditions": "RePa-DeiT (BN variant), random weights; each GEMM as the block path calls it in the first "
+                      "block; GPU µs = summed kernel durations from torch.profiler per call, mean of 20 calls each "
+                      "after a 256 MB L2-evicting fill; cuBLAS = F.linear (GEMM + bias only, no LayerNorm, no "
+                      "epilogue: a lower bound); TFLOP/s vitfast / cuBLAS",
+        "columns": [{"label": "GEMM", "fmt": "{what}"}, {"label": "epilogue", "fmt": "{epilogue}"},
+                    {"label": "vitfast µs (autotuned)", "fmt": "{vitfast_us}"},
+                    {"label": "best forced config: µs", "fmt": "{best}"},
+                    {"label": "cuBLAS µs", "fmt": "{cublas_us}"},
+                    {"label": "vitfast vs cuBLAS", "fmt": "{ratio}"}, {"label": "TFLOP/s", "fmt": "{tflops}"}],
+        "rows": rows,
+    }
+
+
+def record_report(report: dict, directory: str, command: str, env: str | None = None) -> str:
+    from results_file import device_env, record
+
+    box, versions = device_env(env) if env else (None, None)
+    return record("gpu_block_gemms", gemm_table(report, command), device="cuda", directory=directory, box=box,
+                  versions=versions)
 
 
 def main(argv=None) -> int:
@@ -249,15 +350,28 @@ def main(argv=None) -> int:
     p.add_argument("--theta", type=float, default=0.75)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"a comma-separated subset of {SECTIONS}")
+    p.add_argument("--sections", default="host,sdpa,gemm,kernels", help=f"a comma-separated subset of {SECTIONS}")
     p.add_argument("--json", help="write every figure here")
+    p.add_argument("--record", metavar="DIR", help="record the gemm section in DIR/<date>-<gpu>.json")
+    p.add_argument("--from-json", metavar="REPORT", help="no measuring: record an earlier run's --json (with --record "
+                   "DIR and --env, that run's env.txt)")
+    p.add_argument("--env", help="with --from-json: the device run's env.txt (benchmarks/gpu_common.sh)")
+    p.add_argument("--command", help="with --from-json: the command that measured the report")
     args = p.parse_args(argv)
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    if args.from_json:
+        if not (args.record and args.env):
+            p.error("--from-json: expected --record DIR and --env PATH with it")
+        with open(args.from_json, encoding="utf-8") as f:
+            report = json.load(f)
+        print("recorded in", record_report(report, args.record, args.command or "python benchmarks/"
+                                           "gpu_profile_blocks.py ...", env=args.env))
+        return 0
     sections = [s for s in args.sections.split(",") if s]
     if not sections or any(s not in SECTIONS for s in sections):
         p.error(f"--sections: expected a non-empty subset of {','.join(SECTIONS)}, got {args.sections!r}")
     if not torch.cuda.is_available():
         raise SystemExit("gpu_profile_blocks.py: error: needs a CUDA device")
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from gpu_blocks import build, policy
 
     dtype = getattr(torch, args.dtype)
@@ -284,7 +398,7 @@ def main(argv=None) -> int:
             elif name == "gemm":
                 report[name] = section_gemm(gemms)
             else:
-                report[name] = section_kernels(fused, x, policy)
+                report[name] = section_kernels(fused, x, policy, inductor=name == "kernels")
         except Exception as exc:  # noqa: BLE001 - one failing section must not lose the others
             report[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
             print(f"{name}: FAILED {report[name]['error']}")
@@ -292,6 +406,8 @@ def main(argv=None) -> int:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1, default=str)
+    if args.record and "gemm" in report and "error" not in report["gemm"]:
+        print("recorded in", record_report(report, args.record, "python " + " ".join(sys.argv)))
     return 0
 
 

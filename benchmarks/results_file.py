@@ -68,10 +68,27 @@ def software() -> Dict[str, str]:
     return versions
 
 
+def device_env(path: str) -> tuple:
+    """(box, versions) of the GPU machine that a prepared device run described in its env.txt (benchmarks/
+    gpu_common.sh: nvidia-smi's "name, driver, memory" line, then "torch X triton Y timm Z"): for recording that
+    run's JSON on another machine (`gpu_blocks.py --from-json`)."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    if len(lines) < 2 or "torch" not in lines[1].split():
+        raise ValueError(f"{path}: expected nvidia-smi's name line then 'torch X triton Y ...', got {lines[:2]}")
+    name = lines[0].split(",")[0].strip()
+    words = lines[1].split()
+    versions = dict(zip(words[0::2], words[1::2]))
+    box = {"id": _slug(name), "description": f"{name}, torch {versions['torch']}"}
+    return box, versions
+
+
 def record(name: str, table: Dict[str, Any], *, device: str = "cpu", directory: str = RESULTS,
-           date: Optional[str] = None, box: Optional[Dict[str, str]] = None) -> str:
+           date: Optional[str] = None, box: Optional[Dict[str, str]] = None,
+           versions: Optional[Dict[str, str]] = None) -> str:
     """Put `table` (title, script, command, conditions, columns, rows) under `name` in today's file for this
-    machine (or for `box`, a {"id", "description"} such as an accuracy study's own file); returns the file's path."""
+    machine (or for `box`, a {"id", "description"} such as an accuracy study's own file, or another machine's run;
+    `versions` then its software); returns the file's path."""
     missing = [k for k in ("title", "script", "command", "columns", "rows") if k not in table]
     if missing:
         raise ValueError(f"table: expected the keys {missing}, not found")
@@ -84,7 +101,7 @@ def record(name: str, table: Dict[str, Any], *, device: str = "cpu", directory: 
     # Two kinds of core can share a model name and so an id (a Zen 4 "AMD EPYC" and a faster one): a file of the same
     # date and id from another signature is not this machine's, and its tables stay apart, in <id>-2, <id>-3, ...
     # (a file without a signature, written before they were recorded, is taken as this machine's).
-    base_id, n, versions = box["id"], 1, software()
+    base_id, n, versions = box["id"], 1, versions or software()
     while True:
         path = os.path.join(directory, f"{date}-{box['id']}.json")
         data: Dict[str, Any] = {"schema": SCHEMA, "date": date, "machine": box, "software": versions, "tables": {}}

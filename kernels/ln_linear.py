@@ -33,10 +33,10 @@ where u_x is the rounding of the raw x as a dot operand (0 for fp16/bf16 x: the 
 their products are exact in the fp32 accumulator; 2⁻¹¹ when an fp32 x goes through TF32; 0 for ieee fp32),
 u_acc = 2⁻²⁴ the fp32 accumulation (√K: random-walk growth over K sums), and c·κ with c = u_acc·log₂K the error of
 the fp32 mean itself (a tree sum of values of size |μ|), which every path shares — torch's own LayerNorm included.
-colsum(w) is summed from the very W tiles the dot reads, in fp32, so it sees exactly the operands of x·Wᵀ and adds
-no term of its own beyond u_acc: fp16/bf16 W are the operands as stored (an fp32 sum of each tile); an fp32 W may be
-rounded to TF32 inside the dot, so there colsum is a dot as well (a row of ones times each W tile).  Normalising
-first (LN, round to the operand dtype, GEMM: the train-time composition) has
+colsum(w) is an fp32 sum of exactly the operands of x·Wᵀ, so it adds no term of its own beyond u_acc: fp16/bf16 W
+are the operands as stored (summed once per weight version by the launcher, or per tile in the kernel when traced);
+an fp32 W may be rounded to TF32 inside the dot, so there colsum is a dot as well (a row of ones times each W tile).
+Normalising first (LN, round to the operand dtype, GEMM: the train-time composition) has
 
     e_norm ≲ u_op + u_acc·√K + c·κ,      u_op = 2⁻⁸ (bf16), 2⁻¹¹ (fp16, TF32), 2⁻²⁴ (ieee fp32).
 
@@ -62,9 +62,10 @@ tile) adds the S partials in the fixed order s = 0 .. S − 1 and runs the epilo
 launch, so the block keeps its five.
 
 Performance: the block path built on this kernel ran slower than inductor on the same fused graph on an H100
-(table `gpu_blocks`, benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3.json); how each GEMM compares with cuBLAS
-at every autotune config is what benchmarks/gpu_profile_blocks.py measures.  Correctness is checked under the
-Triton interpreter, natively when a GPU is present, and by compiling for sm_90 without one
+(table `gpu_blocks`, benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3.json), and each of its GEMMs 1.7-3.0x slower
+than cuBLAS on an H200 (table `gpu_block_gemms`, 2026-11-30-nvidia-h200.json; benchmarks/gpu_profile_blocks.py),
+the folded qkv the slowest while colsum(W) was summed in its main loop (`_folded_tile`).  Correctness is checked
+under the Triton interpreter, natively when a GPU is present, and by compiling for sm_90 without one
 (tests/test_ln_linear_triton.py).
 """
 from __future__ import annotations
@@ -72,6 +73,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -95,8 +97,8 @@ from vitfast.kernels._common import (
     tuned_configs,
 )
 
-__all__ = ["MAX_SPLIT_K", "STAT_TILE", "RowStats", "fold_kappa_max", "launch_count", "ln_linear_triton",
-           "row_stats_triton", "split_k_factor"]
+__all__ = ["MAX_SPLIT_K", "STAT_TILE", "RowStats", "clear_colsum_cache", "fold_kappa_max", "launch_count",
+           "ln_linear_triton", "row_stats_triton", "split_k_factor"]
 
 # Column width of one partial-statistics tile emitted by a residual epilogue; every BLOCK_N is a multiple of it.
 STAT_TILE = 32
@@ -271,18 +273,23 @@ def _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn,
 
 @triton.jit
 def _folded_tile(
-    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
+    x_ptr, w_ptr, colsum_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
     mean, rstd,
-    INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    COLSUM_GIVEN: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """rstd ⊙ (x·Wᵀ − μ·colsum(W)) for one tile over the K tiles [k_first, k_first + k_count) (all of K, or one
-    split-K slice: the expression is linear in x·Wᵀ and colsum, so the slices' results add up to it); colsum from
-    the same W tiles (the same operands as x·Wᵀ, and no cached per-weight vector that an in-place weight update
-    could leave stale).  For fp16/bf16 it is a plain fp32 sum: as a second, 16-row dot it made ptxas serialise the
-    main loop's wgmma (C7515 "non wgmma instructions defining accumulator registers") at every config, which the
-    sm_90 compile test now checks.  For fp32 it stays a ones-row dot: TF32 rounds W inside the dot, and colsum must
-    see that rounding."""
+    split-K slice: the expression is linear in x·Wᵀ and colsum, so the slices' results add up to it).
+
+    COLSUM_GIVEN (fp16/bf16 weights, eager launches): colsum is read from `colsum_ptr`, the launcher's fp32 sum of
+    the stored W (`_colsum`), and subtracted by the first K slice only; the main loop is then the plain GEMM's.
+    Summed here from the W tiles instead, it cost the loop a cross-thread reduction of every W tile read back from
+    shared memory: 20 more bar.sync and 30 more ld.shared than the plain loop in the sm_90 PTX at the default
+    config, and qkv (the only folded GEMM of RePa-DeiT-S) took 251 µs of GPU time against 84 µs per 384 columns
+    for the unfolded fc1 (gpu_profile_blocks.py, H200, batch 256).  Otherwise (traced launches: a compiled graph
+    would recompute the vector every call; fp32: TF32 rounds W inside the dot, and colsum must see that rounding)
+    it comes from the same W tiles: a ones-row dot for fp32, a plain fp32 sum for fp16/bf16 (as a 16-row dot it
+    made ptxas serialise the main loop's wgmma, C7515, which the sm_90 compile test checks)."""
     rows = (pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     cols = (pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     rk = tl.arange(0, BLOCK_K)
@@ -294,6 +301,9 @@ def _folded_tile(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     sums = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     colsum = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if COLSUM_GIVEN:
+        if k_first == 0:
+            colsum = tl.load(colsum_ptr + cols)
     if USE_TMA:
         x_desc, w_desc = _descriptors(x_ptr, w_ptr, M, N, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K)
     for k in range(k_first, k_first + k_count):
@@ -305,14 +315,15 @@ def _folded_tile(
             a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
             w = tl.load(w_ptrs, mask=rk[:, None] < k_left, other=0.0)
         acc = tl.dot(operand(a, INTERPRET_BF16), operand(w, INTERPRET_BF16), acc, input_precision=INPUT_PRECISION)
-        if w_ptr.dtype.element_ty == tl.float32:
-            sums = tl.dot(operand(ones, INTERPRET_BF16), operand(w, INTERPRET_BF16), sums,
-                          input_precision=INPUT_PRECISION)
-        else:
-            colsum += tl.sum(w.to(tl.float32), axis=0)
+        if not COLSUM_GIVEN:
+            if w_ptr.dtype.element_ty == tl.float32:
+                sums = tl.dot(operand(ones, INTERPRET_BF16), operand(w, INTERPRET_BF16), sums,
+                              input_precision=INPUT_PRECISION)
+            else:
+                colsum += tl.sum(w.to(tl.float32), axis=0)
         a_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
-    if w_ptr.dtype.element_ty == tl.float32:
+    if not COLSUM_GIVEN and w_ptr.dtype.element_ty == tl.float32:
         colsum = tl.sum(sums, axis=0)
     return rstd[:, None] * (acc - mean[:, None] * colsum[None, :])
 
@@ -399,9 +410,9 @@ def _epilogue(
 @triton.jit
 def _ln_linear_tile(
     tile, x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr, cnt_ptr,
-    M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
+    colsum_ptr, M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an, stride_rm, stride_rn, stride_om, stride_on,
-    NORM: tl.constexpr, T_IN_POW2: tl.constexpr,
+    NORM: tl.constexpr, T_IN_POW2: tl.constexpr, COLSUM_GIVEN: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_GELU: tl.constexpr, HAS_BIAS2: tl.constexpr, HAS_ADD: tl.constexpr,
     HAS_RES: tl.constexpr, EMIT_STATS: tl.constexpr, STAT: tl.constexpr, SPLIT_K: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
@@ -438,16 +449,18 @@ def _ln_linear_tile(
             )
         elif NORM == 3:
             acc = _folded_tile(
-                x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first, k_count,
-                mean, rstd, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
+                x_ptr, w_ptr, colsum_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n,
+                k_first, k_count, mean, rstd, COLSUM_GIVEN, INPUT_PRECISION, INTERPRET_BF16,
+                BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
             )
         else:
             # Every split of a tile reads the same rows' statistics, so all of them take the same path.
             kappa = tl.max(tl.where(row_ok, tl.abs(mean) * rstd, 0.0), axis=0)
             if kappa <= kappa_max:
                 acc = _folded_tile(
-                    x_ptr, w_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n, k_first,
-                    k_count, mean, rstd, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
+                    x_ptr, w_ptr, colsum_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk, pid_m, pid_n,
+                    k_first, k_count, mean, rstd, COLSUM_GIVEN, INPUT_PRECISION, INTERPRET_BF16,
+                    BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
                 )
             else:
                 acc = _normalised_tile(
@@ -483,10 +496,10 @@ def _ln_linear_tile(
 
 @triton.jit
 def _ln_linear_kernel(
-    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr, cnt_ptr,
+    x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr, cnt_ptr, colsum_ptr,
     M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an, stride_rm, stride_rn, stride_om, stride_on,
-    NORM: tl.constexpr, T_IN_POW2: tl.constexpr,
+    NORM: tl.constexpr, T_IN_POW2: tl.constexpr, COLSUM_GIVEN: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_GELU: tl.constexpr, HAS_BIAS2: tl.constexpr, HAS_ADD: tl.constexpr,
     HAS_RES: tl.constexpr, EMIT_STATS: tl.constexpr, STAT: tl.constexpr, SPLIT_K: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
@@ -512,22 +525,24 @@ def _ln_linear_kernel(
             _ln_linear_tile(
                 tile,
                 x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr,
-                cnt_ptr,
+                cnt_ptr, colsum_ptr,
                 M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
                 stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an,
                 stride_rm, stride_rn, stride_om, stride_on,
-                NORM, T_IN_POW2, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, SPLIT_K,
+                NORM, T_IN_POW2, COLSUM_GIVEN, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT,
+                SPLIT_K,
                 INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
             )
     else:
         _ln_linear_tile(
             tl.program_id(0),
             x_ptr, w_ptr, b_ptr, b2_ptr, add_ptr, res_ptr, out_ptr, stats_in_ptr, stats_out_ptr, ws_ptr,
-            cnt_ptr,
+            cnt_ptr, colsum_ptr,
             M, N, K, M_BUCKET, GELU_COLS, T_IN, STAT_IN_TILE, T_OUT, eps, kappa_max,
             stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_an,
             stride_rm, stride_rn, stride_om, stride_on,
-            NORM, T_IN_POW2, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT, SPLIT_K,
+            NORM, T_IN_POW2, COLSUM_GIVEN, HAS_BIAS, HAS_GELU, HAS_BIAS2, HAS_ADD, HAS_RES, EMIT_STATS, STAT,
+            SPLIT_K,
             INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
         )
 
@@ -651,6 +666,38 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     return buf
 
 
+# id(weight) -> (weakref to it, its identity when summed, colsum [N] fp32): `_colsum`.
+_COLSUMS: dict = {}
+
+
+def _weight_identity(w: torch.Tensor) -> tuple:
+    # The autograd version sees in-place updates (load_state_dict, optimizer steps); the data pointer and strides a
+    # replaced `.data`.  Writes through `.data` in place are not seen: `clear_colsum_cache()` (which
+    # `vitfast.ops.clear_weight_cache()` calls) drops every vector.
+    return w._version, w.data_ptr(), w.dtype, tuple(w.shape), tuple(w.stride())
+
+
+def clear_colsum_cache() -> None:
+    """Drop every kept colsum(W) vector (`_colsum`); each is summed again on its next use."""
+    _COLSUMS.clear()
+
+
+def _colsum(weight: torch.Tensor) -> torch.Tensor:
+    """colsum(W)[n] = Σ_k W[n, k] as an fp32 sum of the stored fp16/bf16 W (the exact operands of x·Wᵀ), kept per
+    weight version: the folded LayerNorm's correction term, read by the GEMM's first K slice (`_folded_tile`).
+    An inference tensor has no version to key on: summed per call (one small reduction kernel more)."""
+    if weight.is_inference():
+        return torch.sum(weight, dim=1, dtype=torch.float32)
+    key, identity = id(weight), _weight_identity(weight)
+    entry = _COLSUMS.get(key)
+    if entry is not None and entry[0]() is weight and entry[1] == identity:
+        return entry[2]
+    with torch.inference_mode(False), torch.no_grad():
+        vector = torch.sum(weight.detach(), dim=1, dtype=torch.float32)
+    _COLSUMS[key] = (weakref.ref(weight, lambda _, key=key: _COLSUMS.pop(key, None)), identity, vector)
+    return vector
+
+
 def _check_vector(name, t, n, x):
     if t is not None and (t.dim() != 1 or t.shape[0] != n or t.device != x.device):
         raise ValueError(f"{name}: expected a [{n}] tensor on {x.device}, got shape {list(t.shape)} on {t.device}")
@@ -660,7 +707,7 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
                      eps: float | None = None, stats: RowStats | None = None, gelu_cols: int = 0,
                      bias2: torch.Tensor | None = None, add: torch.Tensor | None = None,
                      residual: torch.Tensor | None = None, emit_stats: bool = False, norm: str = "auto",
-                     split_k: int | None = None, _wrap=None):
+                     split_k: int | None = None, _colsum_in_kernel: bool = False, _wrap=None):
     """out = LN(x)·weightᵀ + bias (LN non-affine, only when `eps` is given), GELU on the first `gelu_cols` columns,
     + bias2 + add + residual; x [..., K], weight [N, K] (nn.Linear layout, any strides), add / residual [..., N].
 
@@ -673,6 +720,10 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     program of a tile to finish adds the S partials in the fixed order s = 0 .. S − 1 and runs the epilogue: still
     one launch, deterministic (no float atomics; the schedule decides only which program adds, not the order).
     Folded LayerNorm splits too: rstd ⊙ (x·Wᵀ − μ·colsum(W)) is linear in the slices' x·Wᵀ and colsum(W).
+
+    colsum(W) of the folded LayerNorm: for fp16/bf16 weights on real tensors, summed once per weight version and
+    kept (`_colsum`); under tracing, for fp32, or with `_colsum_in_kernel=True` (tests), summed inside the kernel from
+    the W tiles it reads (`_folded_tile` says why).
 
     `_wrap`: the registered op's launch wrapper (`torch.library.wrap_triton`, vitfast/ops/triton_ops.py).  Under it
     the split-K counters are allocated zeroed per call (a traced graph cannot hold the module's cached buffer)."""
@@ -727,13 +778,17 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     else:
         workspace = counters = dummy
     t_in = stats.partials.shape[1] if eps is not None else 1
+    # Real tensors only: a traced graph would recompute the vector on every call.
+    colsum_given = (eps is not None and not _colsum_in_kernel and x.dtype in (torch.float16, torch.bfloat16)
+                    and (_INTERPRET or real_cuda(x)))
+    colsum = _colsum(weight) if colsum_given else dummy
     with _on_device(x):
         kernel = _ln_linear_kernel_tma if _tma_ok(x2, weight, _wrap) else _ln_linear_kernel
         _launcher(kernel, _wrap)[_grid(m, n, split, _persistent_programs(x.device))](
             x2, weight, bias if bias is not None else dummy, bias2 if bias2 is not None else dummy,
             add2 if add2 is not None else dummy, res2 if res2 is not None else dummy, out2,
             stats.partials if eps is not None else dummy, stats_out if stats_out is not None else dummy,
-            workspace, counters,
+            workspace, counters, colsum,
             m, n, k, _m_bucket(m), gelu_cols, t_in, stats.tile if eps is not None else 1, t_out,
             float(eps) if eps is not None else 0.0,
             fold_kappa_max(x.dtype, precision, k),
@@ -742,6 +797,7 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
             res2.stride(0) if res2 is not None else 0, res2.stride(1) if res2 is not None else 0,
             out2.stride(0), out2.stride(1),
             NORM=_NORM_MODES[norm] if eps is not None else 0, T_IN_POW2=max(2, next_pow2(t_in)),
+            COLSUM_GIVEN=colsum_given,
             HAS_BIAS=bias is not None, HAS_GELU=gelu_cols > 0, HAS_BIAS2=bias2 is not None, HAS_ADD=add2 is not None,
             HAS_RES=res2 is not None, EMIT_STATS=emit_stats, STAT=STAT_TILE, SPLIT_K=split,
             INPUT_PRECISION=precision, INTERPRET_BF16=_INTERPRET and x.dtype == torch.bfloat16,

@@ -67,7 +67,7 @@ def test_sdpa_and_gemm_sections_run(monkeypatch):
     from test_vit_block_triton import FORMS, make_args
 
     timed = []
-    monkeypatch.setattr(gpb, "_bench_us", lambda fn: (fn(), timed.append(1), 1.0)[2])
+    monkeypatch.setattr(gpb, "_bench_us", lambda fn, reps=20: (fn(), timed.append(1), 1.0)[2])
     monkeypatch.setattr(gpb, "_kernel_names", lambda fn: ["k"])
     args = make_args(FORMS[0])
     calls = gpb.record_block_gemms(lambda x: vit_block_triton(x, *args[1:]), args[0])
@@ -78,3 +78,37 @@ def test_sdpa_and_gemm_sections_run(monkeypatch):
     sdpa = gpb.section_sdpa(qkv, heads=args[4])
     assert sdpa["default"]["us"] == 1.0 and sdpa["default"]["kernels"] == ["k"]
     assert len(timed) >= 4 * 2 + 1
+
+
+def test_kernel_tables_from_profiler_events():
+    # Fake profiler events in launch order: two blocks' GEMMs (qkv, proj, fc1, fc2 each) around an attention kernel.
+    from types import SimpleNamespace
+
+    def event(name, us):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(elapsed_us=lambda us=us: us))
+
+    events = []
+    for block in range(2):
+        events += [event("_ln_linear_kernel", 10 + block), event("sdpa", 5), event("_ln_linear_kernel", 20 + block),
+                   event("_ln_linear_kernel", 30 + block), event("_ln_linear_kernel", 40 + block)]
+    assert gpb._gemm_positions(events) == {"qkv": 10.5, "proj": 20.5, "fc1": 30.5, "fc2": 40.5}
+    table = gpb._per_kernel(events, reps=2)
+    assert table["_ln_linear_kernel"] == {"calls": 4.0, "us": (10 + 20 + 30 + 40 + 11 + 21 + 31 + 41) / 2}
+    assert table["sdpa"] == {"calls": 1.0, "us": 5.0}
+    assert isinstance(gpb._autotuner_choices(), dict)
+
+
+def test_gemm_table_from_a_report():
+    report = {"model": "deit_small_patch16_224", "batch": 256, "dtype": "bfloat16",
+              "gemm": [{"gemm": "qkv", "m": 100, "n": 30, "k": 20, "epilogue": ["eps"], "autotuned_us": 3.0,
+                        "configs": {"a": 4.0, "b": 2.5, "c": "OutOfResources"}, "cublas_us": 1.0},
+                       {"gemm": "proj", "m": 100, "n": 20, "k": 20, "epilogue": [], "autotuned_us": 1.0,
+                        "configs": {"a": 1.0}, "cublas_us": 2.0}],
+              "kernels": {"vitfast blocks": {"k1": {"calls": 1, "us": 30.0}},
+                          "inductor fused": {"k2": {"calls": 2, "us": 20.0}}}}
+    table = gpb.gemm_table(report, "cmd")
+    rows = table["rows"]
+    assert [r["ratio"] for r in rows[:2]] == ["3.00× SLOWER", "2.00× faster"]
+    assert rows[0]["best"] == "b: 2.5" and rows[1]["epilogue"] == "–"
+    assert rows[2]["ratio"] == "inductor max-autotune 20.0 µs: vitfast 1.50× SLOWER"
+    assert len(gpb.gemm_table(dict(report, kernels={}), "cmd")["rows"]) == 2

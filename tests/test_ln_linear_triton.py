@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import triton
 
 from helpers import triton_test_device
+import vitfast
 import vitfast.kernels.ln_linear as lnl
 from vitfast import reference
 from vitfast.kernels.ln_linear import fold_kappa_max, ln_linear_triton, row_stats_triton
@@ -110,8 +111,10 @@ def test_constant_rows_fall_back(dtype, tol):
     torch.testing.assert_close(auto.double(), truth, atol=atol, rtol=rtol)
     assert torch.equal(auto[::3], b.expand(len(range(0, M, 3)), N))
     folded = ln_linear_triton(x, w, b, eps=EPS, norm="fold")
-    # Folded, those rows are off by several ulps of the dtype at the output's scale (auto's are exact).
-    assert err(folded[::3], truth[::3]) > 4 * torch.finfo(dtype).eps * truth.abs().max().item()
+    # Folded, those rows are off where auto's are exact: by several ulps of the dtype at the output's scale under
+    # the interpreter, by fewer natively in bf16 (0.0625 against 4 ulps = 0.074 on an H200), so the bar is relative
+    # to auto's exact rows, not a count of ulps.
+    assert err(folded[::3], truth[::3]) > 0 == err(auto[::3], truth[::3])
 
 
 def test_auto_picks_per_row_tile_by_the_bound():
@@ -271,6 +274,84 @@ def test_cuda_split_k_race_free_and_deterministic(dtype, tol):
     assert int(lnl._COUNTERS[x.device].abs().sum()) == 0
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device: every autotune candidate at its own tile")
+@pytest.mark.parametrize("call", ["qkv", "proj", "fc1", "fc2"])
+def test_cuda_every_candidate_gives_the_reference(call, tol):
+    # The block path's four GEMMs of RePa-DeiT-S/0.75 at batch 64 (12608 rows: more 128-row tiles than SMs, so the
+    # persistent candidates loop over tiles), in bf16, at every autotune candidate forced (the parity tests above
+    # run the first candidate only: VITFAST_TRITON_AUTOTUNE=0).  With autotuning on, the block path's logits were
+    # 7-12% off the fp32 model on an H200 (gpu_blocks.py), against 1.4-1.8% on an H100 before the TMA and
+    # persistent candidates existed: this names the candidate that is wrong.
+    from vitfast.kernels._common import forced_config
+
+    m, k, dtype = 12608, 384, torch.bfloat16
+    n, kwargs = {"qkv": (1152, {"eps": EPS}), "proj": (384, {"residual": True, "emit_stats": True}),
+                 "fc1": (768, {"eps": EPS, "gelu_cols": 384}),
+                 "fc2": (384, {"add": True, "residual": True, "emit_stats": True})}[call]
+    x, w, b = operands(dtype, offset=0.5, m=m, n=n, k=k)
+    extra = {name: torch.randn(m, n, device=DEVICE).to(dtype) for name in ("add", "residual") if kwargs.get(name)}
+    kwargs = dict(kwargs, **extra)
+    want = reference.ln_linear(x.double(), w.double(), b.double(), eps=kwargs.get("eps"),
+                               gelu_cols=kwargs.get("gelu_cols", 0),
+                               **{name: t.double() for name, t in extra.items()})
+    atol, rtol = tol[dtype]
+    wrong = []
+    for cfg in lnl._ln_linear_kernel_tma.configs:
+        got = ln_linear_triton(x, w, b, **kwargs, _wrap=forced_config(cfg))
+        out, stats = got if kwargs.get("emit_stats") else (got, None)
+        if not torch.allclose(out.double(), want, atol=atol, rtol=rtol):
+            wrong.append((str(cfg), err(out, want)))
+        elif stats is not None:
+            mean, var = stats.mean_var()
+            stored = out.double()
+            if not (torch.allclose(mean, stored.mean(-1), atol=1e-4, rtol=1e-4)
+                    and torch.allclose(var, stored.var(-1, unbiased=False), atol=1e-4, rtol=1e-3)):
+                wrong.append((str(cfg), "statistics"))
+    assert not wrong, wrong
+
+
+# ---------------------------------------------------------------------------------------------- colsum(W)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("split", [1, 2])
+def test_kept_colsum_matches_the_in_kernel_sum(dtype, split, tol):
+    # The launcher's kept fp32 colsum (first K slice subtracts it) against the in-kernel per-tile sum (every slice
+    # its own part): the same value up to fp32 summation order, at an offset that folds (κ ≈ 3).
+    x, w, b = operands(dtype, offset=3.0)
+    truth = exact(x, w, b)
+    kept = ln_linear_triton(x, w, b, eps=EPS, norm="fold", split_k=split)
+    in_kernel = ln_linear_triton(x, w, b, eps=EPS, norm="fold", split_k=split, _colsum_in_kernel=True)
+    atol, rtol = tol[dtype]
+    torch.testing.assert_close(kept.double(), truth, atol=atol, rtol=rtol)
+    torch.testing.assert_close(kept, in_kernel, atol=atol, rtol=rtol)
+    # A split subtracting the kept vector in every slice (not only the first) would be off by μ·colsum·(S − 1).
+    torch.testing.assert_close(kept, ln_linear_triton(x, w, b, eps=EPS, norm="fold", split_k=1), atol=atol,
+                               rtol=rtol)
+
+
+def test_kept_colsum_follows_the_weight():
+    # Kept per weight version: an in-place update is seen; a write through .data is not, until clear_colsum_cache.
+    x, w, b = operands(torch.bfloat16, offset=3.0)
+    w = w.clone()
+    before = ln_linear_triton(x, w, b, eps=EPS, norm="fold")
+    assert lnl._COLSUMS[id(w)][2].dtype == torch.float32
+    with torch.no_grad():
+        w.mul_(2)
+    after = ln_linear_triton(x, w, b, eps=EPS, norm="fold")
+    torch.testing.assert_close(after.double(), exact(x, w, b), atol=0.05, rtol=0.02)
+    assert not torch.equal(after, before)
+    w.data.mul_(0.5)  # invisible to the version counter
+    stale = lnl._COLSUMS[id(w)][2].clone()
+    ln_linear_triton(x, w, b, eps=EPS, norm="fold")
+    assert torch.equal(lnl._COLSUMS[id(w)][2], stale)
+    vitfast.ops.clear_weight_cache()  # clears the kept colsum vectors too (lnl.clear_colsum_cache)
+    assert id(w) not in lnl._COLSUMS
+    restored = ln_linear_triton(x, w, b, eps=EPS, norm="fold")
+    assert torch.equal(restored, before)
+    key = id(w)
+    del w
+    assert key not in lnl._COLSUMS  # dropped with its weight
+
+
 # ---------------------------------------------------------------------------------------------- TMA candidates
 @pytest.mark.skipif(not hasattr(triton.language, "make_tensor_descriptor"), reason="triton without tensor descriptors")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -346,7 +427,7 @@ def build(fn, consts, dt, floats=(), float_type="fp32", **opts):
         if n in consts:
             sig[n] = "constexpr"
             continue
-        ptr = "*fp32" if n.startswith(("stats", "ws")) else "*i32" if n.startswith("cnt") else "*" + dt
+        ptr = "*fp32" if n.startswith(("stats", "ws", "colsum")) else "*i32" if n.startswith("cnt") else "*" + dt
         sig[n] = ptr if n.endswith("_ptr") else (
             float_type if n in floats else "i32")
         if n.endswith("_ptr") or n in ALIGNED:
@@ -372,13 +453,14 @@ def ptxas_report(k):
     return proc.stderr
 
 
-def gemm(norm, dt, *, tma=False, persistent=False, split=1, prec="tf32", ft="fp32", bias2=False, t_in=16, stages=3):
+def gemm(norm, dt, *, tma=False, persistent=False, split=1, prec="tf32", ft="fp32", bias2=False, t_in=16, stages=3,
+         colsum=False):
     # The GEMM kernel at the default tile (128 × 128 × 64, 8 warps) with every epilogue on and statistics emitted.
-    return build(L._ln_linear_kernel.fn, dict(NORM=norm, T_IN_POW2=t_in, HAS_BIAS=True, HAS_GELU=True,
-                 HAS_BIAS2=bias2, HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE, SPLIT_K=split,
-                 INPUT_PRECISION=prec, INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
-                 USE_TMA=tma, PERSISTENT=persistent), dt, floats=("eps", "kappa_max"), float_type=ft, num_warps=8,
-                 num_stages=stages)
+    return build(L._ln_linear_kernel.fn, dict(NORM=norm, T_IN_POW2=t_in, COLSUM_GIVEN=colsum, HAS_BIAS=True,
+                 HAS_GELU=True, HAS_BIAS2=bias2, HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE,
+                 SPLIT_K=split, INPUT_PRECISION=prec, INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
+                 GROUP_M=8, USE_TMA=tma, PERSISTENT=persistent), dt, floats=("eps", "kappa_max"), float_type=ft,
+                 num_warps=8, num_stages=stages)
 
 build(L._row_stats_kernel, dict(BLOCK_M=16, BLOCK_K=256), "fp32", num_warps=4)
 # The default config in 16-bit: every NORM mode keeps the main loop's wgmma asynchronous (the folded path's colsum as
@@ -389,6 +471,27 @@ for dt in ("bf16", "fp16"):
         report = ptxas_report(k)
         if report is not None:
             assert "C7515" not in report and " 0 bytes spill stores" in report, (dt, norm, report)
+# With colsum(W) given (fp16/bf16 eager launches), the folded path's main loop is the plain GEMM's: the same PTX
+# lines, without the per-tile reduction of W read back from shared memory that the in-kernel sum adds.
+def wgmma_loops(k):
+    # Each loop (label to its backward branch) that encloses a wgmma; the pipeliner may peel some before the loop.
+    lines, loops = k.asm["ptx"].splitlines(), {}
+    for at in (i for i, line in enumerate(lines) if "wgmma.mma_async" in line):
+        for j in range(at, -1, -1):
+            label = lines[j].split(":")[0].strip()  # "$L__BB0_26:  // comment"
+            if label.startswith("$L__BB") and lines[j].strip().startswith(label + ":"):
+                ends = [t for t in range(at, len(lines)) if lines[t].split()[-1:] == [label + ";"]]
+                if ends:
+                    loops[label] = lines[j:ends[-1]]
+                    break
+    assert loops, "no loop around a wgmma"
+    return list(loops.values())
+(plain,) = wgmma_loops(gemm(0, "bf16"))
+for norm in (2, 3):  # NORM 2 also has the explicit path's loop: the folded one is the shortest
+    given, summed = min(wgmma_loops(gemm(norm, "bf16", colsum=True)), key=len), min(wgmma_loops(gemm(norm, "bf16")),
+                                                                                     key=len)
+    assert len(given) == len(plain) < len(summed), (norm, len(given), len(plain), len(summed))
+    assert sum("ld.shared" in line for line in given) == 0 < sum("ld.shared" in line for line in summed), norm
 # The persistent candidates: the tile loop (flattened with the K loop where NORM != 2) keeps wgmma asynchronous.
 # (Up to ~260 bytes of spills at 255 registers with every epilogue on: a candidate, kept only if the autotuner
 # finds it faster.)

@@ -137,8 +137,8 @@ def test_config_is_checked():
 
 @needs_ext
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_on_cuda_it_is_the_conv(monkeypatch):
-    """`vitfast.load(...).cuda()`: on a GPU the projection is cuDNN's conv, equal to the CPU GEMM path."""
+def test_on_cuda_fp32_it_is_the_conv(monkeypatch):
+    """`vitfast.load(...).cuda()`: on a GPU in fp32 the projection is cuDNN's conv, equal to the CPU GEMM path."""
     conv = _projection()
     use_gemm_patch_projection(_holder(conv))
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # ieee products, like the fp32 CPU GEMM
@@ -149,3 +149,33 @@ def test_on_cuda_it_is_the_conv(monkeypatch):
         on_gpu = conv.cuda()(x.cuda())
     assert calls == []
     torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_on_cuda_16bit_it_is_one_gemm(monkeypatch, dtype, channels_last):
+    """fp16/bf16 on a GPU: patch rows through cuBLAS (no convolution kernel), equal to cuDNN's conv up to the
+    summation order of one rounding in `dtype` (module doc)."""
+    conv = _projection(out=64, patch=(16, 16))
+    reference = nn.Conv2d(3, 64, 16, 16)
+    reference.load_state_dict(conv.state_dict())
+    use_gemm_patch_projection(_holder(conv))
+    conv, reference = conv.cuda().to(dtype), reference.cuda().to(dtype)
+    x = torch.randn(4, 3, 64, 96, generator=torch.Generator().manual_seed(2)).cuda().to(dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    linear_calls = []
+    real_linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: linear_calls.append(1) or real_linear(*a, **k))
+    with torch.no_grad():
+        got, want = conv(x), reference(x)
+    assert linear_calls, "the CUDA GEMM path did not run"
+    exact = reference.float()(x.float())
+    # Both round once to dtype from fp32 accumulation: each within one rounding of the fp32 result, so within two
+    # of each other (a bound that fails for a wrong patch order: those errors are the size of the output).
+    unit = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    scale = exact.abs().amax().item()
+    assert (got.float() - exact).abs().max().item() <= 2 * unit * scale
+    assert (want.float() - exact).abs().max().item() <= 2 * unit * scale
+    assert got.flatten(2).transpose(1, 2).is_contiguous()

@@ -119,3 +119,38 @@ def test_the_machine_description_names_the_core():
     if info["cpu_signature"] is None:
         pytest.skip("/proc/cpuinfo gives no family/model or CPU part here")
     assert f"({info['cpu_signature']})" in box["description"] and box["signature"] == info["cpu_signature"]
+
+
+def test_a_device_runs_rows_are_recorded_for_its_machine(tmp_path):
+    # A GPU run's env.txt (benchmarks/gpu_common.sh) names the machine and software; gpu_blocks.py --from-json
+    # records the rows a cut-short device call returned, with the speed against inductor of the same cell.
+    import gpu_blocks
+
+    env = tmp_path / "env.txt"
+    env.write_text("NVIDIA H200, 580.159.04, 143771 MiB\ntorch 2.11.0+cu130 triton 3.6.0 timm 1.0.29\n")
+    assert results_file.device_env(str(env)) == (
+        {"id": "nvidia-h200", "description": "NVIDIA H200, torch 2.11.0+cu130"},
+        {"torch": "2.11.0+cu130", "triton": "3.6.0", "timm": "1.0.29"})
+    rows = [{"model": "m", "batch": 64, "row": "vitfast blocks graph", "median_ms": 2.0, "kernels": 81,
+             "rel_err_vs_fp32": 0.01},
+            {"model": "m", "batch": 64, "row": "inductor fused", "median_ms": 3.0, "kernels": 112,
+             "rel_err_vs_fp32": 0.01},
+            {"model": "m", "batch": 256, "row": "vitfast blocks", "median_ms": 9.0, "kernels": 80,
+             "rel_err_vs_fp32": 0.01},
+            {"model": "m", "batch": 256, "row": "inductor fused", "skipped": "time budget"}]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    assert gpu_blocks.main(["--from-json", str(tmp_path / "rows.json"), "--env", str(env), "--record",
+                            str(tmp_path), "--command", "measured elsewhere"]) == 0
+    (path,) = tmp_path.glob("*-nvidia-h200.json")
+    data = json.loads(path.read_text())
+    assert data["software"]["triton"] == "3.6.0" and data["machine"]["id"] == "nvidia-h200"
+    table = data["tables"]["gpu_blocks"]
+    assert table["command"] == "measured elsewhere"
+    assert [r["vs_inductor"] for r in table["rows"]] == ["1.50×", "–", "–", "–"]
+    assert table["rows"][3]["note"] == "time budget"
+    bad = tmp_path / "bad.txt"
+    bad.write_text("NVIDIA H200\n")
+    with pytest.raises(ValueError, match="expected nvidia-smi's name line"):
+        results_file.device_env(str(bad))
+    with pytest.raises(SystemExit):  # --from-json without --env: refused before anything is read
+        gpu_blocks.main(["--from-json", str(tmp_path / "rows.json"), "--record", str(tmp_path)])

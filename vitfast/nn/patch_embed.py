@@ -10,9 +10,16 @@ DeiT-S 1.24 → 1.08 ms, DeiT-B 2.49 → 2.14 ms).
 `GemmPatchProjection` is that Conv2d with the same parameters and state-dict keys (checkpoints only add its
 kind, "gemm_patch_projection", to the config of `patch_embed.proj`): its forward returns the conv's [B, C_out, H/p, W/q] result as a view of the token-major
 [B, N, C_out] GEMM output, so timm's `flatten(2).transpose(1, 2)` (or Swin's NHWC permute) gives a contiguous
-tensor back without a copy (with gradients too: `ops.linear` differentiates its reference).  Anything else —
-another device, tracing / torch.compile / ONNX export (standard ops there), VITFAST_BACKEND=reference, an input
-not divisible into whole patches — runs the Conv2d itself.
+tensor back without a copy (with gradients too: `ops.linear` differentiates its reference).
+
+On CUDA in fp16/bf16 the same patch rows go through cuBLAS (`F.linear`, bias in its epilogue): cuDNN picked
+`implicit_convolve_sgemm` for this conv and took 1.66 ms of an 8.8 ms forward (RePa-DeiT-S/0.75, batch 256, bf16, an
+H200; profiler table of benchmarks/gpu_profile_blocks.py), plus a separate bias add, where the copy into patch rows
+and the GEMM are ~0.1 ms of memory traffic and 30 GFLOP.  fp32 keeps the conv there: cuDNN's convolutions follow
+`torch.backends.cudnn.allow_tf32` (on by default) and matmuls `torch.backends.cuda.matmul.allow_tf32` (off), so the
+GEMM would change the default precision, and its speed there is unmeasured.  Anything else — another device,
+tracing / torch.compile / ONNX export (standard ops there), VITFAST_BACKEND=reference, an input not divisible into
+whole patches — runs the Conv2d itself.
 
 Memory formats.  The GEMM's columns follow the input's layout: (channel, row, column) for an NCHW image, (row,
 column, channel) for a channels_last one (gathering NCHW pixels in that order took 180 µs instead of 36 at 224²,
@@ -29,11 +36,12 @@ import weakref
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .. import ops
 from ..ops._autocast import autocast_enabled
 from ..ops._extension import weight_cache_generation
-from ._base import ConfigReader, cpu_kernel_applies
+from ._base import ConfigReader, cpu_kernel_applies, tracing
 from .registry import register_fused
 
 # The GEMM's column order: each patch as the conv weight's (channel, row, column), or as (row, column, channel).
@@ -78,13 +86,26 @@ class GemmPatchProjection(nn.Conv2d):
         return cls(read.int("in_channels"), read.int("out_channels"), read.pair("patch_size", 1),
                    bias=read.bool("bias"), device=device, dtype=dtype)
 
-    def _gemm_applies(self, x: torch.Tensor) -> bool:
+    def _whole_patches(self, x: torch.Tensor) -> bool:
         return (
-            cpu_kernel_applies(x, self.weight)
-            and x.dim() == 4
+            x.dim() == 4
             and x.shape[1] == self.in_channels
             and x.shape[2] % self.kernel_size[0] == 0
             and x.shape[3] % self.kernel_size[1] == 0
+        )
+
+    def _gemm_applies(self, x: torch.Tensor) -> bool:
+        return cpu_kernel_applies(x, self.weight) and self._whole_patches(x)
+
+    def _cuda_gemm_applies(self, x: torch.Tensor) -> bool:
+        # fp16/bf16 only: the module doc says why fp32 keeps cuDNN's conv.
+        return (
+            not tracing()
+            and x.is_cuda
+            and x.dtype == self.weight.dtype
+            and x.dtype in (torch.float16, torch.bfloat16)
+            and ops.get_backend() != "reference"
+            and self._whole_patches(x)
         )
 
     def _weight_matrix(self, order: str, dtype: torch.dtype) -> torch.Tensor:
@@ -110,10 +131,13 @@ class GemmPatchProjection(nn.Conv2d):
         return matrix
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._cuda_gemm_applies(x):
+            order = _input_order(x)
+            patches, grid = patch_rows(x, self.kernel_size, order)
+            return tokens_as_conv_output(F.linear(patches, self._weight_matrix(order, x.dtype), self.bias), grid)
         if not self._gemm_applies(x):
             return super().forward(x)
-        # Each patch in the order the input's layout reads fastest.
-        order = _HWC if x.shape[1] > 1 and x.is_contiguous(memory_format=torch.channels_last) else _CHW
+        order = _input_order(x)
         patches, grid = patch_rows(x, self.kernel_size, order)
         # Under CPU autocast the op runs in fp32 (ops/_autocast.py): a low-precision weight's fp32 matrix is kept
         # too, as the rule keeps a parameter's (the flattened view is no parameter: it was cast, so packed, per call).
@@ -128,6 +152,11 @@ class GemmPatchProjection(nn.Conv2d):
         w = self._weight_matrix(_CHW, self.weight.dtype)
         ops.linear(w.new_zeros(1, w.shape[1]), w, self.bias)
         return True
+
+def _input_order(x: torch.Tensor) -> str:
+    """Each patch's values in the order the input's memory layout reads fastest."""
+    return _HWC if x.shape[1] > 1 and x.is_contiguous(memory_format=torch.channels_last) else _CHW
+
 
 def patch_rows(x: torch.Tensor, patch_size, order: str = _CHW) -> tuple:
     """([B, rows·cols, C·p·q] patch rows of the image x [B, C, H, W], (rows, cols)): one copy, each patch's values in

@@ -8,6 +8,7 @@ too.
 from __future__ import annotations
 
 import re
+import sys
 import warnings
 from typing import Optional
 
@@ -91,11 +92,15 @@ def clear_weight_cache() -> None:
     counter, which in-place ops on the tensor, `load_state_dict` and optimizer steps (fused ones included, see
     vitfast/ops/_optimizer_versions.py) bump, but writes through `w.data`, numpy views or raw pointers do not (nor
     swapping `.data` with another tensor and back, as some EMA code does).  Also drops the fp32 copies that
-    low-precision parameters keep under autocast, and the re-ordered weights of patch projections.
+    low-precision parameters keep under autocast, the re-ordered weights of patch projections, and the colsum(W)
+    vectors of the GPU block path's LayerNorm-folded GEMMs (kernels/ln_linear.py, when it was imported).
     """
     global _clears
     _clears += 1
     _fp32_weights.clear()
+    ln_linear = sys.modules.get("vitfast.kernels.ln_linear")  # never imports triton itself
+    if ln_linear is not None:
+        ln_linear.clear_colsum_cache()
     if _C is not None:
         _C._weight_cache_clear()
 
