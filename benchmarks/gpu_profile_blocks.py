@@ -198,7 +198,9 @@ def _gemm_row(name: str, args, kwargs) -> dict:
     with torch.no_grad():
         row["autotuned_us"] = _bench_us(lambda: L.ln_linear_triton(*args, **kwargs))
         row["configs"] = {}
-        for cfg in L._ln_linear_kernel_tma.configs:  # the pointer-load configs and the TMA ones
+        offered = list(L._ln_linear_kernel_tma.configs)  # the pointer-load configs and the TMA ones
+        # and the persistent candidates, offered to the autotuner only on request (`persistent_configs`)
+        for cfg in offered + [c for c in L.persistent_configs() if str(c) not in {str(o) for o in offered}]:
             label = (f"{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}x{cfg.kwargs['BLOCK_K']}"
                      f"{' tma' if cfg.kwargs.get('USE_TMA') else ''}"
                      f"{' persistent' if cfg.kwargs.get('PERSISTENT') else ''}"
