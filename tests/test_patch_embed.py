@@ -165,6 +165,7 @@ def test_on_cuda_16bit_it_is_one_gemm(monkeypatch, dtype, channels_last):
     x = torch.randn(4, 3, 64, 96, generator=torch.Generator().manual_seed(2)).cuda().to(dtype)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # an ieee fp32 reference below
     linear_calls = []
     real_linear = torch.nn.functional.linear
     monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: linear_calls.append(1) or real_linear(*a, **k))
