@@ -322,7 +322,8 @@ def gemm_table(report: dict, command: str) -> dict:
                      "best": "–", "cublas_us": "–", "tflops": "–",
                      "ratio": f"inductor max-autotune {theirs:.1f} µs: vitfast {verdict}"})
     return {
-        "title": f"Block-path GEMMs (kernels/ln_linear.py) against cuBLAS, GPU time, {report['model']} θ 0.75 "
+        "title": f"Block-path GEMMs (kernels/ln_linear.py) against cuBLAS, GPU time, {report['model']} "
+                 f"θ {report.get('theta', 0.75)} "
                  f"{report['dtype']} batch {report['batch']}",
         "script": "benchmarks/gpu_profile_blocks.py", "command": command,
         "conditions": "RePa-DeiT (BN variant), random weights; each GEMM as the block path calls it in the first "
@@ -381,7 +382,8 @@ def main(argv=None) -> int:
     fused = fused.to("cuda", dtype)
     x = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=dtype)
     heads = next(m for m in fused.modules() if hasattr(m, "num_heads")).num_heads
-    report = {"model": args.model, "batch": args.batch, "dtype": args.dtype, "gpu": torch.cuda.get_device_name()}
+    report = {"model": args.model, "theta": args.theta, "batch": args.batch, "dtype": args.dtype,
+              "gpu": torch.cuda.get_device_name()}
     print(f"{report['gpu']}  {args.model} θ {args.theta} batch {args.batch} {args.dtype}", flush=True)
     with policy(cuda_kernels="blocks"):
         gemms = record_block_gemms(fused, x)
