@@ -694,6 +694,11 @@ def _weight_identity(w: torch.Tensor) -> tuple:
     return w._version, w.data_ptr(), w.dtype, tuple(w.shape), tuple(w.stride())
 
 
+def _capturing(x: torch.Tensor) -> bool:
+    """Whether x's launch is being recorded into a CUDA graph (torch.cuda.graph / vitfast.cuda_graph)."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def clear_colsum_cache() -> None:
     """Drop every kept colsum(W) vector (`_colsum`); each is summed again on its next use."""
     _COLSUMS.clear()
@@ -739,8 +744,8 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     Folded LayerNorm splits too: rstd ⊙ (x·Wᵀ − μ·colsum(W)) is linear in the slices' x·Wᵀ and colsum(W).
 
     colsum(W) of the folded LayerNorm: for fp16/bf16 weights on real tensors, summed once per weight version and
-    kept (`_colsum`); under tracing, for fp32, or with `_colsum_in_kernel=True` (tests), summed inside the kernel from
-    the W tiles it reads (`_folded_tile` says why).
+    kept (`_colsum`), or summed by a captured reduction inside a CUDA-graph capture; under tracing, for fp32, or with
+    `_colsum_in_kernel=True` (tests), summed inside the kernel from the W tiles it reads (`_folded_tile` says why).
 
     `_wrap`: the registered op's launch wrapper (`torch.library.wrap_triton`, vitfast/ops/triton_ops.py).  Under it
     the split-K counters are allocated zeroed per call (a traced graph cannot hold the module's cached buffer)."""
@@ -798,7 +803,15 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     # Real tensors only: a traced graph would recompute the vector on every call.
     colsum_given = (eps is not None and not _colsum_in_kernel and x.dtype in (torch.float16, torch.bfloat16)
                     and (_INTERPRET or real_cuda(x)))
-    colsum = _colsum(weight) if colsum_given else dummy
+    if not colsum_given:
+        colsum = dummy
+    elif _capturing(x):
+        # Inside a CUDA-graph capture the sum is captured too (one small reduction kernel): replays read the
+        # parameters in place (vitfast.cuda_graph's contract), so a kept vector would go stale after an in-place
+        # weight update, and a replaced one would leave the graph reading freed memory.
+        colsum = torch.sum(weight, dim=1, dtype=torch.float32)
+    else:
+        colsum = _colsum(weight)
     with _on_device(x):
         kernel = _ln_linear_kernel_tma if _tma_ok(x2, weight, _wrap) else _ln_linear_kernel
         _launcher(kernel, _wrap)[_grid(m, n, split, _persistent_programs(x.device))](

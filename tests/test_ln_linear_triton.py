@@ -353,6 +353,38 @@ def test_kept_colsum_follows_the_weight():
     assert key not in lnl._COLSUMS  # dropped with its weight
 
 
+def test_colsum_is_not_kept_inside_a_cuda_graph_capture(monkeypatch):
+    # Captured launches sum colsum(W) in the graph itself (replays read the weights in place): nothing kept, and the
+    # same result as the kept vector.
+    x, w, b = operands(torch.bfloat16, offset=3.0)
+    w = w.clone()
+    monkeypatch.setattr(lnl, "_capturing", lambda t: True)
+    captured = ln_linear_triton(x, w, b, eps=EPS, norm="fold")
+    assert id(w) not in lnl._COLSUMS
+    monkeypatch.setattr(lnl, "_capturing", lambda t: False)
+    assert torch.equal(ln_linear_triton(x, w, b, eps=EPS, norm="fold"), captured)
+    assert id(w) in lnl._COLSUMS
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device: a real CUDA-graph capture")
+def test_cuda_graph_replay_sees_in_place_weight_updates():
+    # vitfast.cuda_graph's contract (parameters read in place at every replay) with the folded LayerNorm's colsum.
+    x, w, b = operands(torch.bfloat16, offset=3.0, m=197, n=768, k=384)
+    w = w.clone()
+    static = x.clone()
+    for _ in range(2):  # warm-up: compiles outside the capture
+        ln_linear_triton(static, w, b, eps=EPS)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ln_linear_triton(static, w, b, eps=EPS)
+    with torch.no_grad():
+        w.mul_(-0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, ln_linear_triton(static, w, b, eps=EPS), atol=0, rtol=0)
+
+
 # ---------------------------------------------------------------------------------------------- TMA candidates
 @pytest.mark.skipif(not hasattr(triton.language, "make_tensor_descriptor"), reason="triton without tensor descriptors")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -180,3 +180,19 @@ def test_on_cuda_16bit_it_is_one_gemm(monkeypatch, dtype, channels_last):
     assert (got.float() - exact).abs().max().item() <= 2 * unit * scale
     assert (want.float() - exact).abs().max().item() <= 2 * unit * scale
     assert got.flatten(2).transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_captured_graph_sees_in_place_weight_updates():
+    # channels_last input needs the weight re-ordered: inside a capture the copy is captured too, so a replay after
+    # an in-place update uses the new weight (vitfast.cuda_graph's contract), not a kept copy of the old one.
+    conv = _projection(out=64, patch=(16, 16))
+    use_gemm_patch_projection(_holder(conv))
+    conv = conv.cuda().to(torch.bfloat16).eval()
+    x = torch.randn(2, 3, 64, 64).cuda().to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    graphed = vitfast.cuda_graph(conv)
+    with torch.no_grad():
+        graphed(x)
+        conv.weight.mul_(-2)
+        got, want = graphed(x), conv(x)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)

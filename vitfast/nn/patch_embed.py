@@ -25,7 +25,8 @@ Memory formats.  The GEMM's columns follow the input's layout: (channel, row, co
 column, channel) for a channels_last one (gathering NCHW pixels in that order took 180 µs instead of 36 at 224²,
 DeiT's 16×16 patches).  The weight matrix is a view of the conv weight when its layout matches (a contiguous weight
 for NCHW input, a channels_last one — `model.to(memory_format=torch.channels_last)` — for channels_last input);
-otherwise one re-ordered copy is kept per weight version, so the packed-weight cache packs it once.  Re-ordering on
+otherwise one re-ordered copy is kept per weight version, so the packed-weight cache packs it once (inside a CUDA-graph
+capture the copy is captured instead: replays read the parameters in place).  Re-ordering on
 every call instead made a new tensor each time, repacked on every call (DeiT-Ti's projection 374 µs instead of 263,
 one thread, batch 1), and under torch.inference_mode the copy was an inference tensor, so the op warned that the
 *weights* were.  Under CPU autocast a low-precision weight's fp32 matrix is kept the same way.
@@ -115,6 +116,11 @@ class GemmPatchProjection(nn.Conv2d):
         ordered = w if order == _CHW else w.permute(0, 2, 3, 1)
         if ordered.is_contiguous() and w.dtype == dtype:
             return ordered.reshape(self.out_channels, -1)  # a view: the cache keys on the weight's own storage
+        if w.is_cuda and torch.cuda.is_current_stream_capturing():
+            # Captured into the CUDA graph: replays read the parameters in place (vitfast.cuda_graph), so a kept
+            # copy would go stale after an in-place update, and a replaced one would leave the graph reading freed
+            # memory.
+            return ordered.to(dtype).reshape(self.out_channels, -1)
         if w.is_inference() or (torch.is_grad_enabled() and w.requires_grad):
             # An inference tensor has no version to key a kept copy on (the op then warns that the weight is one,
             # which is the cause); a training step must differentiate through the copy (and the op's autocast
