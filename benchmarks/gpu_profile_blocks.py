@@ -185,6 +185,26 @@ def section_sdpa(qkv, heads: int) -> dict:
     return rows
 
 
+# Tiles the sweep times beside the autotune candidates, offered to no autotuner: at K = 384 (DeiT-S) a 64-deep K step
+# leaves six steps per tile, so fewer, deeper steps (BLOCK_K = 128, two tile shapes) and a wide, short tile are the
+# cheapest variations to look at next.  Each compiles for sm_90 without spills, every epilogue on (ptxas: 152-222,
+# 173-184, 166-255 registers); a 256 × 128 tile at 8 warps and 128 × 128 at 4 warps spilled 108-168 bytes.
+EXPLORE = ((128, 128, 128, 8, 3), (64, 256, 64, 8, 3), (128, 64, 128, 4, 3))
+
+
+def _sweep(L) -> list:
+    """(config, exploratory?) in sweep order: the autotune candidates (pointer loads, TMA where offered), the
+    persistent candidates (offered only on request: `persistent_configs`), then EXPLORE."""
+    import triton
+
+    offered = list(L._ln_linear_kernel_tma.configs)
+    seen = {str(c) for c in offered}
+    out = [(c, False) for c in offered] + [(c, False) for c in L.persistent_configs() if str(c) not in seen]
+    out += [(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": False,
+                            "PERSISTENT": False}, num_warps=w, num_stages=st), True) for bm, bn, bk, w, st in EXPLORE]
+    return out
+
+
 def _gemm_row(name: str, args, kwargs) -> dict:
     """One recorded GEMM: autotuned, at every config, and cuBLAS F.linear (µs, do_bench medians)."""
     import vitfast.kernels.ln_linear as L
@@ -198,13 +218,11 @@ def _gemm_row(name: str, args, kwargs) -> dict:
     with torch.no_grad():
         row["autotuned_us"] = _bench_us(lambda: L.ln_linear_triton(*args, **kwargs))
         row["configs"] = {}
-        offered = list(L._ln_linear_kernel_tma.configs)  # the pointer-load configs and the TMA ones
-        # and the persistent candidates, offered to the autotuner only on request (`persistent_configs`)
-        for cfg in offered + [c for c in L.persistent_configs() if str(c) not in {str(o) for o in offered}]:
+        for cfg, explore in _sweep(L):
             label = (f"{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}x{cfg.kwargs['BLOCK_K']}"
                      f"{' tma' if cfg.kwargs.get('USE_TMA') else ''}"
                      f"{' persistent' if cfg.kwargs.get('PERSISTENT') else ''}"
-                     f" w{cfg.num_warps} s{cfg.num_stages}")
+                     f" w{cfg.num_warps} s{cfg.num_stages}{' (explore)' if explore else ''}")
             try:
                 row["configs"][label] = _bench_us(
                     lambda cfg=cfg: L.ln_linear_triton(*args, **dict(kwargs, _wrap=forced_config(cfg))))

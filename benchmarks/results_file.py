@@ -98,6 +98,7 @@ def record(name: str, table: Dict[str, Any], *, device: str = "cpu", directory: 
 
     date = date or datetime.date.today().isoformat()
     box = box or machine(device)
+    os.makedirs(directory, exist_ok=True)
     # Two kinds of core can share a model name and so an id (a Zen 4 "AMD EPYC" and a faster one): a file of the same
     # date and id from another signature is not this machine's, and its tables stay apart, in <id>-2, <id>-3, ...
     # (a file without a signature, written before they were recorded, is taken as this machine's).

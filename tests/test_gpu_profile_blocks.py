@@ -112,3 +112,11 @@ def test_gemm_table_from_a_report():
     assert rows[0]["best"] == "b: 2.5" and rows[1]["epilogue"] == "–"
     assert rows[2]["ratio"] == "inductor max-autotune 20.0 µs: vitfast 1.50× SLOWER"
     assert len(gpb.gemm_table(dict(report, kernels={}), "cmd")["rows"]) == 2
+
+
+def test_the_sweep_covers_every_candidate_and_the_exploratory_tiles():
+    sweep = gpb._sweep(lnl)
+    labels = [str(c) for c, _ in sweep]
+    assert len(labels) == len(set(labels))
+    assert all(str(c) in labels for c in list(lnl._ln_linear_kernel_tma.configs) + lnl.persistent_configs())
+    assert sum(explore for _, explore in sweep) == len(gpb.EXPLORE)
