@@ -363,3 +363,43 @@ def test_isa_environment_override():
     assert proc.returncode == 0, proc.stderr
     assert "VITFAST_CPU_ISA" in proc.stderr and "avx512-magic" in proc.stderr
     assert proc.stdout.strip() in ISAS
+
+
+# ---------------------------------------------------------------------------------------------- the CUDA composition
+@pytest.mark.parametrize("linear,b_out,residual", [(True, True, True), (True, False, True), (True, True, False),
+                                                   (False, True, True), (False, True, False), (False, False, False)])
+@pytest.mark.parametrize("theta", [0.0, 0.75, 1.0])
+def test_the_cuda_composition_is_the_reference_in_fewer_kernels(linear, b_out, residual, theta):
+    # ops.channel_idle_ffn_composed (the CUDA path below the Triton kernel's threshold) is device-agnostic torch:
+    # checked here on CPU tensors, fp32 against the reference, and the aten calls it makes (each one a CUDA kernel
+    # there) counted against the reference's.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vitfast.ops.channel_idle_ffn import channel_idle_ffn_composed
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket not in (torch.ops.aten.view, torch.ops.aten.slice, torch.ops.aten.t,
+                                           torch.ops.aten._unsafe_view, torch.ops.aten.reshape, torch.ops.aten.empty,
+                                           torch.ops.aten.transpose):
+                self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    args = make_args(64, theta, (2, 5), linear=linear, b_out=b_out, residual=residual)
+    with Calls() as ref_calls:
+        want = reference.channel_idle_ffn(*args)
+    with Calls() as calls:
+        got = channel_idle_ffn_composed(*args)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.shape == want.shape and got.is_contiguous()
+    # One launch fewer where the reference adds two terms to the product (the sum goes first, the product into it)
+    # or a bias alone (it rides in the product's epilogue); as many otherwise.
+    # (θ = 1 has no activated channel: no second product at all, where the reference runs an empty one.)
+    has_linear = args[1].shape[0] > args[3].shape[1]
+    saved = 1 if (has_linear and residual) or b_out else 0
+    if args[3].shape[1] > 0:
+        assert len(calls.names) == len(ref_calls.names) - saved, (calls.names, ref_calls.names)

@@ -283,7 +283,7 @@ def test_cuda_path_policy():
 
 def test_cuda_dispatch_asks_the_policy_with_the_models_width(monkeypatch):
     """The CUDA impl passes x's rows and channels to the policy (run here on CPU tensors: the policy's answer is
-    forced to "composition", which is the reference on any device)."""
+    forced to "composition", torch code that runs on any device)."""
     ops = importlib.import_module("vitfast.ops.channel_idle_ffn")  # the op's module (vitfast.ops.<op> is its entry)
 
     asked = []
