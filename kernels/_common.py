@@ -81,9 +81,14 @@ def cuda_properties(device: torch.device):
     return props
 
 
+def traced(x: torch.Tensor) -> bool:
+    """A fake or functional tensor: the op is being traced (torch.compile, export), nothing launches now."""
+    return isinstance(x, (FakeTensor, FunctionalTensor))
+
+
 def real_cuda(x: torch.Tensor) -> bool:
     """A CUDA tensor with memory behind it: not a fake or functional tensor of a traced op (nothing launches then)."""
-    return x.device.type == "cuda" and not isinstance(x, (FakeTensor, FunctionalTensor))
+    return x.device.type == "cuda" and not traced(x)
 
 
 class forced_config:

@@ -34,7 +34,7 @@ their products are exact in the fp32 accumulator; 2⁻¹¹ when an fp32 x goes t
 u_acc = 2⁻²⁴ the fp32 accumulation (√K: random-walk growth over K sums), and c·κ with c = u_acc·log₂K the error of
 the fp32 mean itself (a tree sum of values of size |μ|), which every path shares — torch's own LayerNorm included.
 colsum(w) is an fp32 sum of exactly the operands of x·Wᵀ, so it adds no term of its own beyond u_acc: fp16/bf16 W
-are the operands as stored (summed once per weight version by the launcher, or per tile in the kernel when traced);
+are the operands as stored (summed by the launcher: once per weight version, or inside a captured or traced graph);
 an fp32 W may be rounded to TF32 inside the dot, so there colsum is a dot as well (a row of ones times each W tile).
 Normalising first (LN, round to the operand dtype, GEMM: the train-time composition) has
 
@@ -95,6 +95,7 @@ from vitfast.kernels._common import (
     split_gelu_epilogue,
     tile_ids_of,
     to_dtype,
+    traced,
     tuned_configs,
 )
 
@@ -298,15 +299,18 @@ def _folded_tile(
     """rstd ⊙ (x·Wᵀ − μ·colsum(W)) for one tile over the K tiles [k_first, k_first + k_count) (all of K, or one
     split-K slice: the expression is linear in x·Wᵀ and colsum, so the slices' results add up to it).
 
-    COLSUM_GIVEN (fp16/bf16 weights, eager launches): colsum is read from `colsum_ptr`, the launcher's fp32 sum of
-    the stored W (`_colsum`), and subtracted by the first K slice only; the main loop is then the plain GEMM's.
+    COLSUM_GIVEN (fp16/bf16 weights): colsum is read from `colsum_ptr`, an fp32 sum of the stored W made by the
+    launcher (`_colsum`), and subtracted by the first K slice only; the main loop is then the plain GEMM's.
     Summed here from the W tiles instead, it cost the loop a cross-thread reduction of every W tile read back from
-    shared memory: 20 more bar.sync and 30 more ld.shared than the plain loop in the sm_90 PTX at the default
-    config, and qkv (the only folded GEMM of RePa-DeiT-S) took 251 µs of GPU time against 84 µs per 384 columns
-    for the unfolded fc1 (gpu_profile_blocks.py, H200, batch 256).  Otherwise (traced launches: a compiled graph
-    would recompute the vector every call; fp32: TF32 rounds W inside the dot, and colsum must see that rounding)
-    it comes from the same W tiles: a ones-row dot for fp32, a plain fp32 sum for fp16/bf16 (as a 16-row dot it
-    made ptxas serialise the main loop's wgmma, C7515, which the sm_90 compile test checks)."""
+    the shared memory the wgmma pipeline fills: 20 more bar.sync and 30 more ld.shared than the plain loop in the
+    sm_90 PTX at the default config, and qkv (the only folded GEMM of RePa-DeiT-S) took 251 µs of GPU time against
+    84 µs per 384 columns for the unfolded fc1 (gpu_profile_blocks.py, H200, batch 256).  That in-loop sum is also
+    what the H200 run's wrong results had in common (the block path's logits 7-12% off fp32 at the autotuned
+    configs, 7 outputs of the bf16 split-K test off by up to 0.23 at the default one; not proven the cause), so
+    16-bit weights use it only when a test asks (`_colsum_in_kernel=True`: `test_kept_colsum_matches_the_in_kernel_
+    sum` compares the two, natively too).  fp32 keeps a ones-row dot over the same W tiles: TF32 rounds W inside
+    the dot, and colsum must see that rounding (as a 16-row dot in fp16/bf16 it made ptxas serialise the main
+    loop's wgmma, C7515, which the sm_90 compile test checks)."""
     rows = (pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     cols = (pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     rk = tl.arange(0, BLOCK_K)
@@ -696,7 +700,7 @@ def _weight_identity(w: torch.Tensor) -> tuple:
 
 def _capturing(x: torch.Tensor) -> bool:
     """Whether x's launch is being recorded into a CUDA graph (torch.cuda.graph / vitfast.cuda_graph)."""
-    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+    return x.is_cuda and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def clear_colsum_cache() -> None:
@@ -743,9 +747,9 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     one launch, deterministic (no float atomics; the schedule decides only which program adds, not the order).
     Folded LayerNorm splits too: rstd ⊙ (x·Wᵀ − μ·colsum(W)) is linear in the slices' x·Wᵀ and colsum(W).
 
-    colsum(W) of the folded LayerNorm: for fp16/bf16 weights on real tensors, summed once per weight version and
-    kept (`_colsum`), or summed by a captured reduction inside a CUDA-graph capture; under tracing, for fp32, or with
-    `_colsum_in_kernel=True` (tests), summed inside the kernel from the W tiles it reads (`_folded_tile` says why).
+    colsum(W) of the folded LayerNorm: for fp16/bf16 weights, summed once per weight version and kept (`_colsum`),
+    or by a reduction inside the graph when the launch is captured into a CUDA graph or traced by torch.compile; for
+    fp32 (or with `_colsum_in_kernel=True`, tests) inside the kernel from the W tiles it reads (`_folded_tile`).
 
     `_wrap`: the registered op's launch wrapper (`torch.library.wrap_triton`, vitfast/ops/triton_ops.py).  Under it
     the split-K counters are allocated zeroed per call (a traced graph cannot hold the module's cached buffer)."""
@@ -800,15 +804,14 @@ def ln_linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     else:
         workspace = counters = dummy
     t_in = stats.partials.shape[1] if eps is not None else 1
-    # Real tensors only: a traced graph would recompute the vector on every call.
-    colsum_given = (eps is not None and not _colsum_in_kernel and x.dtype in (torch.float16, torch.bfloat16)
-                    and (_INTERPRET or real_cuda(x)))
+    colsum_given = eps is not None and not _colsum_in_kernel and x.dtype in (torch.float16, torch.bfloat16)
     if not colsum_given:
         colsum = dummy
-    elif _capturing(x):
-        # Inside a CUDA-graph capture the sum is captured too (one small reduction kernel): replays read the
-        # parameters in place (vitfast.cuda_graph's contract), so a kept vector would go stale after an in-place
-        # weight update, and a replaced one would leave the graph reading freed memory.
+    elif traced(x) or _capturing(x):
+        # Inside a CUDA-graph capture, or traced into a compiled graph (fake tensors), the sum is part of the graph
+        # (one small reduction kernel): a replay reads the parameters in place (vitfast.cuda_graph's contract), so a
+        # kept vector would go stale after an in-place weight update, and a replaced one would leave the graph
+        # reading freed memory.
         colsum = torch.sum(weight, dim=1, dtype=torch.float32)
     else:
         colsum = _colsum(weight)

@@ -366,6 +366,26 @@ def test_colsum_is_not_kept_inside_a_cuda_graph_capture(monkeypatch):
     assert id(w) in lnl._COLSUMS
 
 
+def test_traced_launches_sum_colsum_in_the_graph(monkeypatch):
+    # Under tracing (fake tensors: torch.compile of the registered op) the sum is a graph op, never a kept vector.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(lnl, "_launcher", lambda kernel, wrap: NoLaunch())
+    summed = []
+    real_sum = torch.sum
+    monkeypatch.setattr(torch, "sum", lambda *a, **k: summed.append(k.get("dtype")) or real_sum(*a, **k))
+    before = dict(lnl._COLSUMS)
+    with FakeTensorMode():
+        x, w, b = (torch.empty(8, 32, dtype=torch.bfloat16), torch.empty(16, 32, dtype=torch.bfloat16),
+                   torch.empty(16, dtype=torch.bfloat16))
+        ln_linear_triton(x, w, b, eps=EPS, stats=lnl.RowStats(torch.empty(2, 1, 8), 32, 32))
+    assert summed == [torch.float32] and lnl._COLSUMS == before
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device: a real CUDA-graph capture")
 def test_cuda_graph_replay_sees_in_place_weight_updates():
     # vitfast.cuda_graph's contract (parameters read in place at every replay) with the folded LayerNorm's colsum.
