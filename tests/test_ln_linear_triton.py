@@ -380,9 +380,10 @@ def test_traced_launches_sum_colsum_in_the_graph(monkeypatch):
     monkeypatch.setattr(torch, "sum", lambda *a, **k: summed.append(k.get("dtype")) or real_sum(*a, **k))
     before = dict(lnl._COLSUMS)
     with FakeTensorMode():
-        x, w, b = (torch.empty(8, 32, dtype=torch.bfloat16), torch.empty(16, 32, dtype=torch.bfloat16),
-                   torch.empty(16, dtype=torch.bfloat16))
-        ln_linear_triton(x, w, b, eps=EPS, stats=lnl.RowStats(torch.empty(2, 1, 8), 32, 32))
+        x, w, b = (torch.empty(8, 32, dtype=torch.bfloat16, device=DEVICE),
+                   torch.empty(16, 32, dtype=torch.bfloat16, device=DEVICE),
+                   torch.empty(16, dtype=torch.bfloat16, device=DEVICE))
+        ln_linear_triton(x, w, b, eps=EPS, stats=lnl.RowStats(torch.empty(2, 1, 8, device=DEVICE), 32, 32))
     assert summed == [torch.float32] and lnl._COLSUMS == before
 
 
