@@ -20,6 +20,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemm_int8_isa.h"
 #include "kernels/gemm_isa.h"
 #include "kernels/x86/avx512_math.h"
@@ -237,12 +238,7 @@ void layer_norm_rows_bf16_avx512(const float* x, const uint16_t* x16, float* wid
   if (x16 != nullptr) x = widened;
   for (int64_t r = 0; r < rows; r += 2) {
     const int pair = rows - r >= 2 ? 2 : 1;
-    if (x16 != nullptr)
-      for (int64_t i = r * c, e = (r + pair) * c; i < e; i += 16) {  // bf16 -> fp32 is exact: the bits shifted up
-        const __mmask16 m = e - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (e - i)) - 1u);
-        const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x16 + i));
-        _mm512_mask_storeu_ps(widened + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
-      }
+    if (x16 != nullptr) gemm16::widen_bf16(x16 + r * c, pair * c, widened + r * c);  // exact: the bits shifted up
     const StoreBf16 out{y16 + r * ld16, ld16, c};
     if (pair == 2)
       layer_norm_group<2>(x + r * c, out, c, gamma, beta, eps);
