@@ -10,14 +10,21 @@ Providers (baselines imported from vitfast.reference, so they are the same code 
 N = 197, head dim 64, heads 3/6/12 (DeiT-Ti/S/B).  FLOPs = 4·B·H·N²·D (Q·Kᵀ and P·V).  The terminal summary
 prints GFLOP/s, % of the measured sgemm rate and the ratios vs eager and vs compile.
 
+On a GPU (`test_attention_cuda`, bf16, skipped without CUDA), the Triton kernel against SDPA on the same qkv:
+  triton   kernels/attention.py attention_triton, autotuned (the Triton block path's attention)
+  sdpa     vitfast.reference.attention on CUDA: SDPA on permuted views of qkv (torch picks cuDNN or flash)
+  compile  torch.compile of that reference
+
     .venv/bin/python -m pytest benchmarks/bench_attention.py
 """
 from __future__ import annotations
 
 import pytest
+import torch
 
-from harness import op_provider, run_case
+from harness import median_seconds_of, op_provider, record, run_case
 from shapes import VIT_SHAPES, attention_flops, attention_qkv
+from vitfast import reference
 
 PROVIDERS = ["cpp", "eager", "compile"]
 
@@ -39,3 +46,38 @@ def test_attention(benchmark, shape_name, batch, threads, provider):
     case = (shape.name, f"b{batch}", f"t{threads}")
     run_case(benchmark, provider_fn(provider, case), (qkv, shape.heads), case, provider,
              attention_flops(shape, batch), threads)
+
+
+CUDA_PROVIDERS = ["triton", "sdpa", "compile"]
+
+
+def cuda_provider_fn(provider, case):
+    if provider == "triton":
+        from vitfast.kernels.attention import attention_triton
+
+        base = attention_triton
+    else:
+        base = reference.attention if provider == "sdpa" else op_provider("attention", "compile", case)
+
+    def fn(qkv, heads):
+        out = base(qkv, heads)
+        torch.cuda.synchronize()  # time the kernel, not the launch
+        return out
+    return fn
+
+
+@pytest.mark.parametrize("provider", CUDA_PROVIDERS)
+@pytest.mark.parametrize("batch", [1, 8, 64, 256], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("shape_name", ["deit_small", "deit_base"])
+def test_attention_cuda(benchmark, shape_name, batch, provider):
+    if not torch.cuda.is_available():
+        pytest.skip("the GPU providers need CUDA")
+    shape = VIT_SHAPES[shape_name]
+    qkv = attention_qkv(shape, batch).to("cuda", torch.bfloat16)
+    case = (shape.name, f"b{batch}", "bfloat16")
+    fn = cuda_provider_fn(provider, case)
+    with torch.no_grad():
+        fn(qkv, shape.heads)  # warm-up: autotunes (triton) / compiles (compile) outside the timed rounds
+        benchmark.pedantic(fn, args=(qkv, shape.heads), rounds=20, iterations=1, warmup_rounds=2)
+        median = median_seconds_of(benchmark, fn, (qkv, shape.heads))
+    benchmark.extra_info.update(record(case, provider, median, attention_flops(shape, batch), 1))

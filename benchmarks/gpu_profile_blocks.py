@@ -10,7 +10,9 @@ Sections (each independent; a failing one is reported and the next runs):
              events), the synchronising calls torch reports in it (`torch.cuda.set_sync_debug_mode`), and the host
              µs of one `ln_linear_triton` call split into our launcher and triton's autotuner + JIT launch
     sdpa     attention on the packed-qkv views at the model's shape, per SDPA backend (flash, efficient, cuDNN,
-             and torch's own choice): µs, kernels launched with their names, and whether the output reshape is a view
+             and torch's own choice): µs, kernels launched with their names, and whether the output reshape is a
+             view; beside them vitfast's Triton attention (kernels/attention.py, the block path's default),
+             autotuned and at every candidate forced
     gemm     the first block's four GEMMs exactly as the block path calls them (shapes, epilogues, statistics):
              the autotuned kernel, every autotune config forced, and cuBLAS `F.linear` (GEMM + bias only: a lower
              bound for the composition), as GPU µs (profiler: `_bench_us`) and TFLOP/s
@@ -176,12 +178,32 @@ def section_sdpa(qkv, heads: int) -> dict:
                 rows[name] = {"us": _bench_us(call), "kernels": _kernel_names(call), "reshape_is_view": view}
         except Exception as exc:  # noqa: BLE001 - an unsupported backend is a finding, not a failure
             rows[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
+    rows.update(_triton_attention_rows(qkv, heads))
     for name, r in rows.items():
         if "error" in r:
             print(f"sdpa {name:<20} {r['error']}")
         else:
             print(f"sdpa {name:<20} {r['us']:8.1f} µs  view={r['reshape_is_view']}  kernels: "
                   + "; ".join(_short(k, 60) for k in r["kernels"]))
+    return rows
+
+
+def _triton_attention_rows(qkv, heads: int) -> dict:
+    """vitfast's Triton attention on the same qkv: autotuned ("vitfast triton") and at each candidate forced."""
+    import vitfast.kernels.attention as A
+
+    calls = {"vitfast triton": lambda: A.attention_triton(qkv, heads)}
+    for cfg in A.candidates():
+        label = f"triton {cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']} w{cfg.num_warps} s{cfg.num_stages}"
+        calls[label] = lambda cfg=cfg: A.attention_triton(qkv, heads, _wrap=forced_config(cfg))
+    rows = {}
+    for name, call in calls.items():
+        try:
+            with torch.no_grad():
+                call()
+                rows[name] = {"us": _bench_us(call), "kernels": _kernel_names(call), "reshape_is_view": True}
+        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory at one config
+            rows[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
     return rows
 
 
@@ -197,7 +219,7 @@ def _sweep(L) -> list:
     persistent candidates (offered only on request: `persistent_configs`), then EXPLORE."""
     import triton
 
-    offered = list(L._ln_linear_kernel_tma.configs)
+    offered = L.candidates(tma=True)
     seen = {str(c) for c in offered}
     out = [(c, False) for c in offered] + [(c, False) for c in L.persistent_configs() if str(c) not in seen]
     out += [(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": False,

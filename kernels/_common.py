@@ -13,6 +13,7 @@ Read once at import, like TRITON_INTERPRET (which must be set before triton is i
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 
@@ -112,6 +113,19 @@ class forced_config:
                                     num_stages=cfg.num_stages)
                 return launch
         return _Grid()
+
+
+def launcher(kernel, wrap):
+    """The kernel to launch: itself, or `wrap(kernel)` inside a registered triton_op (`torch.library.wrap_triton`),
+    so that torch.compile traces the launch as a Triton kernel."""
+    return kernel if wrap is None else wrap(kernel)
+
+
+def on_device(t: torch.Tensor):
+    """Triton launches on the *current* CUDA device (t on cuda:1 while cuda:0 is current ran on the wrong GPU):
+    make t's device current around a launch; nothing while an op is traced (fake or functional tensors, possibly no
+    GPU at all) or on the CPU (the interpreter)."""
+    return torch.cuda.device(t.device) if real_cuda(t) else contextlib.nullcontext()
 
 
 def check_device(x: torch.Tensor) -> None:

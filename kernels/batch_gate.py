@@ -24,12 +24,12 @@ then discarded; its normal CUDA path is the gated kernels of kernels/gated.py, w
 early, so a skipped sub-block is not computed at all (see vitfast/nn/usdc.py).
 """
 
-import contextlib
 
 import torch
 import triton
 import triton.language as tl
 from vitfast.kernels._common import INTERPRET as _INTERPRET, SQRT1_2, cdiv, check_device, next_pow2
+from vitfast.kernels._common import on_device as _on_device
 
 from vitfast.reference.batch_gate import check_batch_gate_args, check_gate_select_args
 
@@ -137,11 +137,6 @@ def batch_gate_triton(x, w1, b1, w2=None, b2=None, layer_norm=False, act="none",
 def batch_gate_logits_triton(x, w1, b1, w2=None, b2=None, layer_norm=False, act="none", eps=1e-5):
     """The fp32 logits before the threshold (`vitfast.reference.batch_gate_logits`), for parity tests."""
     return _launch(x, w1, b1, w2, b2, layer_norm, act, eps, logits=True)
-
-
-def _on_device(t: torch.Tensor):
-    # Triton launches on the *current* CUDA device: t on cuda:1 while cuda:0 is current ran on the wrong GPU
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 def _launch(x, w1, b1, w2, b2, layer_norm, act, eps, logits):

@@ -70,7 +70,6 @@ under the Triton interpreter, natively when a GPU is present, and by compiling f
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 import os
@@ -87,8 +86,10 @@ from vitfast.kernels._common import (
     check_device,
     cuda_properties,
     input_precision,
+    launcher as _launcher,
     load_tile_f32,
     next_pow2,
+    on_device as _on_device,
     operand,
     real_cuda,
     rows as _rows,
@@ -99,8 +100,8 @@ from vitfast.kernels._common import (
     tuned_configs,
 )
 
-__all__ = ["MAX_SPLIT_K", "STAT_TILE", "RowStats", "clear_colsum_cache", "fold_kappa_max", "launch_count",
-           "ln_linear_triton", "row_stats_triton", "split_k_factor"]
+__all__ = ["MAX_SPLIT_K", "STAT_TILE", "RowStats", "candidates", "clear_colsum_cache", "fold_kappa_max",
+           "launch_count", "ln_linear_triton", "row_stats_triton", "split_k_factor"]
 
 # Column width of one partial-statistics tile emitted by a residual epilogue; every BLOCK_N is a multiple of it.
 STAT_TILE = 32
@@ -155,9 +156,12 @@ def fold_kappa_max(dtype: torch.dtype, precision: str, k: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- autotune configs
-def _configs(tma: bool = False):
+def candidates(tma: bool = False) -> list:
+    """Every autotune candidate of the GEMM kernel (the pointer-load tiles, the persistent ones when offered, the TMA
+    ones with `tma`), whatever VITFAST_TRITON_AUTOTUNE says: what the every-candidate parity test and the profile's
+    sweep run through `forced_config`.  The first is the one used with autotuning off."""
     # Every BLOCK_N is a multiple of STAT_TILE (the statistics epilogue splits a tile into STAT_TILE columns) and
-    # every tile side is >= 16 (tl.dot).  The first candidate is the one used with VITFAST_TRITON_AUTOTUNE=0.
+    # every tile side is >= 16 (tl.dot).
     def config(bm, bn, bk, w, s, use_tma=False):
         return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": use_tma,
                               "PERSISTENT": False}, num_warps=w, num_stages=s)
@@ -176,11 +180,15 @@ def _configs(tma: bool = False):
         # Hopper's bulk tensor copies (`_descriptors`) at the two middle tiles: candidates beside the pointer loads,
         # never the untuned default, so the autotuner alone decides whether they pay.
         cfgs += [config(128, 128, 64, 8, 3, True), config(64, 128, 64, 4, 4, True)]
+    return cfgs
+
+
+def _configs(tma: bool = False):
     # The interpreter runs numpy per Triton op per program: one small GPU-legal tile, so that test shapes of a few
     # dozen rows and columns still cross tile edges in M, N and K.
     interpreter = triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 4, "USE_TMA": False,
                                  "PERSISTENT": False}, num_warps=4)
-    return tuned_configs(cfgs, interpreter)
+    return tuned_configs(candidates(tma), interpreter)
 
 
 def persistent_configs() -> list:
@@ -577,11 +585,6 @@ _ln_linear_kernel_tma = triton.autotune(configs=_configs(tma=True), key=_AUTOTUN
 
 
 # ---------------------------------------------------------------------------------------------- launcher
-def _launcher(kernel, wrap):
-    # wrap_triton(kernel) inside a registered triton_op, so that torch.compile traces the launch as a Triton kernel.
-    return kernel if wrap is None else wrap(kernel)
-
-
 def _tma_allocation():
     # Triton's allocator module when it has device-side tensor descriptors (triton >= 3.4) and the allocator hook
     # their scratch memory comes from; else None (no TMA candidates).
@@ -616,11 +619,6 @@ def _tma_ok(x2: torch.Tensor, weight: torch.Tensor, wrap) -> bool:
         return False
     size = x2.element_size()
     return all(t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (x2, weight))
-
-
-def _on_device(x):
-    # Not while the registered op is traced (fake / functional tensors; possibly no GPU at all): nothing launches.
-    return torch.cuda.device(x.device) if real_cuda(x) else contextlib.nullcontext()
 
 
 def _grid(m: int, n: int, split: int, programs: int):

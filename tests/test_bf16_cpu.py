@@ -145,8 +145,6 @@ def test_amx_can_be_switched_off_by_name():
     finally:
         _C.set_cpu_ext_enabled(True)
     assert _C.bf16_kernel() == "amx_bf16"
-    if _C.cpu_isa() in ("avx2", "scalar"):
-        assert kernel == "none"  # the bf16 kernel lives inside the AVX-512 / NEON paths
 
 
 def test_amx_kernels_interleave_with_torchs_own_bf16_matmuls():

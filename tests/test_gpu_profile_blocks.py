@@ -77,7 +77,12 @@ def test_sdpa_and_gemm_sections_run(monkeypatch):
     qkv = lnl.ln_linear_triton(*calls[0][0], **calls[0][1])
     sdpa = gpb.section_sdpa(qkv, heads=args[4])
     assert sdpa["default"]["us"] == 1.0 and sdpa["default"]["kernels"] == ["k"]
-    assert len(timed) >= 4 * 2 + 1
+    # vitfast's Triton attention beside SDPA: autotuned and at every candidate, none failing.
+    import vitfast.kernels.attention as ak
+
+    triton_rows = {name: r for name, r in sdpa.items() if name.startswith(("vitfast triton", "triton "))}
+    assert len(triton_rows) == 1 + len(ak.candidates()) and all(r.get("us") == 1.0 for r in triton_rows.values())
+    assert len(timed) >= 4 * 2 + 1 + len(triton_rows)
 
 
 def test_kernel_tables_from_profiler_events():
@@ -118,5 +123,5 @@ def test_the_sweep_covers_every_candidate_and_the_exploratory_tiles():
     sweep = gpb._sweep(lnl)
     labels = [str(c) for c, _ in sweep]
     assert len(labels) == len(set(labels))
-    assert all(str(c) in labels for c in list(lnl._ln_linear_kernel_tma.configs) + lnl.persistent_configs())
+    assert all(str(c) in labels for c in lnl.candidates(tma=True) + lnl.persistent_configs())
     assert sum(explore for _, explore in sweep) == len(gpb.EXPLORE)

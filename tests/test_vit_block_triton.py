@@ -93,7 +93,7 @@ def test_large_residual_offset_fp32():
 
 @pytest.mark.parametrize("form", FORMS, ids=lambda f: f[0])
 def test_five_launches_and_chained_stats(form):
-    # Block 1 computes x's statistics (6 launches, SDPA counted as one), block 2 reads the ones block 1's last
+    # Block 1 computes x's statistics (6 launches, attention one of them), block 2 reads the ones block 1's last
     # epilogue emitted (5); θ = 1 has no fc2 (one fewer).  Chained statistics give the same result as fresh ones.
     args = make_args(form)
     fc2 = 0 if form[1] == 0 else 1
@@ -110,6 +110,25 @@ def test_five_launches_and_chained_stats(form):
     fresh, _ = vit_block_triton(*args2)
     torch.testing.assert_close(chained, fresh, atol=1e-6, rtol=1e-6)
     assert rel_err(chained, formula(args2, torch.float64)) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_attention_and_sdpa_give_the_same_block(dtype, tol):
+    # The block path's attention (b): the Triton kernel (default) and SDPA on views of qkv, one launch each by the
+    # counter; both within the block's budget against the fp64 formula.
+    args = cast(make_args(FORMS[0]), dtype)
+    truth = formula(args, torch.float64)
+    before = lnl.launch_count()
+    own, _ = vit_block_triton(*args)
+    assert lnl.launch_count() - before == 6
+    sdpa, _ = vit_block_triton(*args, attention="sdpa")
+    assert lnl.launch_count() - before == 12
+    atol, rtol = tol[dtype]
+    torch.testing.assert_close(own, sdpa, atol=atol, rtol=rtol)
+    if dtype == torch.float32:
+        assert max(rel_err(own, truth), rel_err(sdpa, truth)) <= 1e-5
+    with pytest.raises(ValueError, match=r"attention: expected one of 'triton', 'sdpa', got 'flash'"):
+        vit_block_triton(*args, attention="flash")
 
 
 @pytest.mark.parametrize("form", FORMS[:2], ids=lambda f: f[0])
@@ -207,7 +226,8 @@ def _cuda_kernels(fn):
 
 @cuda
 def test_cuda_at_most_five_kernels_per_block(monkeypatch):
-    # The real kernels, SDPA's included (bf16: flash or cuDNN, one kernel reading the views of packed qkv).
+    # The real kernels, the Triton attention kernel's included (one launch reading the packed qkv; SDPA's cuDNN
+    # backend launched a memset before its kernel: six on an H200).
     monkeypatch.setattr(vitfast._env, "_cuda_kernels", "blocks")
     args = cast(make_args(FORMS[0], c=128, tokens=197), torch.bfloat16)
     with torch.no_grad():

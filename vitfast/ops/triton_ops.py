@@ -13,7 +13,7 @@ Registration (`register()`, run by `import vitfast.ops.triton_ops`, once; `impor
 module, since registering a triton_op imports triton):
 - torch with `torch.library.triton_op` and `wrap_triton` (2.6 and later): each op is a triton_op whose body is the
   launcher with every launch wrapped by `wrap_triton`.  torch.compile then traces into the op and sees the Triton
-  kernels themselves (and SDPA between them), not an opaque call; the fake impl is the same body run on fake
+  kernels themselves (the attention one included), not an opaque call; the fake impl is the same body run on fake
   tensors, where the wrapped launches do nothing.
 - older torch (2.4, 2.5), and under the Triton interpreter: `torch.library.custom_op` around the same launchers,
   with a fake impl giving the shapes; the compiler sees an opaque op (no graph break: fullgraph works).
