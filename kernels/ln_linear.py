@@ -73,13 +73,13 @@ from __future__ import annotations
 import inspect
 import math
 import os
-import weakref
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from vitfast._derived import DerivedCache
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
     cdiv,
@@ -100,7 +100,7 @@ from vitfast.kernels._common import (
     tuned_configs,
 )
 
-__all__ = ["MAX_SPLIT_K", "STAT_TILE", "RowStats", "candidates", "clear_colsum_cache", "fold_kappa_max",
+__all__ = ["MAX_SPLIT_K", "STAT_TILE", "RowStats", "candidates", "fold_kappa_max",
            "launch_count", "ln_linear_triton", "row_stats_triton", "split_k_factor"]
 
 # Column width of one partial-statistics tile emitted by a residual epilogue; every BLOCK_N is a multiple of it.
@@ -685,25 +685,13 @@ def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     return buf
 
 
-# id(weight) -> (weakref to it, its identity when summed, colsum [N] fp32): `_colsum`.
-_COLSUMS: dict = {}
-
-
-def _weight_identity(w: torch.Tensor) -> tuple:
-    # The autograd version sees in-place updates (load_state_dict, optimizer steps); the data pointer and strides a
-    # replaced `.data`.  Writes through `.data` in place are not seen: `clear_colsum_cache()` (which
-    # `vitfast.ops.clear_weight_cache()` calls) drops every vector.
-    return w._version, w.data_ptr(), w.dtype, tuple(w.shape), tuple(w.stride())
+# colsum [N] fp32 per weight version (`_colsum`; vitfast/_derived.py: when a vector goes stale).
+_COLSUMS = DerivedCache()
 
 
 def _capturing(x: torch.Tensor) -> bool:
     """Whether x's launch is being recorded into a CUDA graph (torch.cuda.graph / vitfast.cuda_graph)."""
     return x.is_cuda and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def clear_colsum_cache() -> None:
-    """Drop every kept colsum(W) vector (`_colsum`); each is summed again on its next use."""
-    _COLSUMS.clear()
 
 
 def _colsum(weight: torch.Tensor) -> torch.Tensor:
@@ -712,14 +700,11 @@ def _colsum(weight: torch.Tensor) -> torch.Tensor:
     An inference tensor has no version to key on: summed per call (one small reduction kernel more)."""
     if weight.is_inference():
         return torch.sum(weight, dim=1, dtype=torch.float32)
-    key, identity = id(weight), _weight_identity(weight)
-    entry = _COLSUMS.get(key)
-    if entry is not None and entry[0]() is weight and entry[1] == identity:
-        return entry[2]
-    with torch.inference_mode(False), torch.no_grad():
-        vector = torch.sum(weight.detach(), dim=1, dtype=torch.float32)
-    _COLSUMS[key] = (weakref.ref(weight, lambda _, key=key: _COLSUMS.pop(key, None)), identity, vector)
-    return vector
+    return _COLSUMS.get(weight, None, _sum_rows)
+
+
+def _sum_rows(w: torch.Tensor) -> torch.Tensor:
+    return torch.sum(w, dim=1, dtype=torch.float32)
 
 
 def _check_vector(name, t, n, x):

@@ -18,7 +18,7 @@ KERNELS = ROOT / "kernels"  # installed as vitfast.kernels
 # Longest matching prefix wins.  A module may import from its own layer or below.
 LAYERS: Dict[str, float] = {
     "vitfast._env": 0, "vitfast._lazy": 0, "vitfast._version": 0, "vitfast._copy": 0, "vitfast._checks": 0,
-    "vitfast._C": 0, "vitfast._threads": 0, "vitfast.io.atomic": 0,
+    "vitfast._C": 0, "vitfast._threads": 0, "vitfast._derived": 0, "vitfast.io.atomic": 0,
     "vitfast.reference": 1.0, "vitfast.kernels": 1.1, "vitfast.ops": 1.2,  # the op's contract, its kernel, the op
     "vitfast.nn": 2, "vitfast.arch": 2,
     "vitfast.training": 3, "vitfast.io.trainer_checkpoint": 3, "vitfast.io.head_ranking": 3, "vitfast.recipes": 3,

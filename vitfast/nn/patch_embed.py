@@ -33,7 +33,6 @@ one thread, batch 1), and under torch.inference_mode the copy was an inference t
 """
 from __future__ import annotations
 
-import weakref
 
 import torch
 import torch.nn as nn
@@ -41,22 +40,16 @@ import torch.nn.functional as F
 
 from .. import ops
 from ..ops._autocast import autocast_enabled
-from ..ops._extension import weight_cache_generation
+from .._derived import DerivedCache
 from ._base import ConfigReader, cpu_kernel_applies, tracing
 from .registry import register_fused
 
 # The GEMM's column order: each patch as the conv weight's (channel, row, column), or as (row, column, channel).
 _CHW, _HWC = "chw", "hwc"
 
-# id(weight) -> (weakref to it, (its identity, order) at copy time, its [C_out, C_in·p·q] matrix in that order): the
-# kept copies of weights stored in the other layout than the input's (see the module doc).
-_reordered: dict = {}
-
-
-def _identity(w: torch.Tensor) -> tuple:
-    # The version sees in-place updates, the data pointer and strides `w.data = new` (`module.to(memory_format=..)`);
-    # writes through `.data` in place are not seen: clear_weight_cache() drops the copies (the generation).
-    return w._version, w.data_ptr(), w.dtype, tuple(w.shape), tuple(w.stride()), weight_cache_generation()
+# The kept [C_out, C_in·p·q] copies of weights stored in the other layout (or dtype) than the input's, per weight
+# version, order and dtype (see the module doc; vitfast/_derived.py: when a copy goes stale).
+_reordered = DerivedCache()
 
 
 @register_fused("gemm_patch_projection")
@@ -126,15 +119,11 @@ class GemmPatchProjection(nn.Conv2d):
             # which is the cause); a training step must differentiate through the copy (and the op's autocast
             # rule casts it).
             return ordered.reshape(self.out_channels, -1)
-        key, identity = id(w), (_identity(w), order, dtype)
-        entry = _reordered.get(key)
-        if entry is not None and entry[0]() is w and entry[1] == identity:
-            return entry[2]
-        with torch.inference_mode(False):  # under inference_mode the copy would be an inference tensor: never cached
-            matrix = ordered.detach().to(dtype=dtype, memory_format=torch.contiguous_format)
-        matrix = matrix.reshape(self.out_channels, -1)
-        _reordered[key] = (weakref.ref(w, lambda _, key=key: _reordered.pop(key, None)), identity, matrix)
-        return matrix
+        def reorder(d: torch.Tensor) -> torch.Tensor:
+            d = d if order == _CHW else d.permute(0, 2, 3, 1)
+            return d.to(dtype=dtype, memory_format=torch.contiguous_format).reshape(self.out_channels, -1)
+
+        return _reordered.get(w, (order, dtype), reorder)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._cuda_gemm_applies(x):

@@ -10,13 +10,12 @@ ran 2.2x slower.
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
+from .._derived import DerivedCache
 from . import _autograd
 
-_fp32_weights: dict = {}  # id(parameter) -> (weakref to it, its identity at copy time, its fp32 copy)
+_fp32_weights = DerivedCache()  # the fp32 copies of low-precision parameters, one per parameter version
 
 
 def autocast_enabled(device_type: str) -> bool:
@@ -26,23 +25,10 @@ def autocast_enabled(device_type: str) -> bool:
         return torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
 
 
-def _weight_identity(p: torch.Tensor) -> tuple:
-    # The version counter sees in-place updates; the data pointer, dtype, device and shape see `p.data = new`
-    # (which keeps the version).  Writes through `.data` in place are not seen: clear_weight_cache() drops the
-    # copies with the packed weights.
-    return p._version, p.data_ptr(), p.dtype, p.device, tuple(p.shape), tuple(p.stride())
-
-
 def _fp32_weight(p: torch.Tensor) -> torch.Tensor:
     """The fp32 copy of a low-precision parameter, made once per parameter version and kept while it lives, so
-    that the packed-weight cache sees the same tensor on every call.  Dropped with the parameter."""
-    key, identity = id(p), _weight_identity(p)
-    entry = _fp32_weights.get(key)
-    if entry is not None and entry[0]() is p and entry[1] == identity:
-        return entry[2]
-    copy = p.detach().float()
-    _fp32_weights[key] = (weakref.ref(p, lambda _, key=key: _fp32_weights.pop(key, None)), identity, copy)
-    return copy
+    that the packed-weight cache sees the same tensor on every call (vitfast/_derived.py: when it goes stale)."""
+    return _fp32_weights.get(p, None, torch.Tensor.float)
 
 
 def autocast_input(a: torch.Tensor) -> torch.Tensor:

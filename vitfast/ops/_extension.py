@@ -8,16 +8,14 @@ too.
 from __future__ import annotations
 
 import re
-import sys
 import warnings
 from typing import Optional
 
 import torch
 
-from .. import reference
+from .. import _derived, reference
 from .._env import get_backend
 from . import _optimizer_versions
-from ._autocast import _fp32_weights
 from ._spec import LIB, SCHEMAS, below_autograd
 
 
@@ -75,16 +73,6 @@ for _name in SCHEMAS:
 # Optimizer steps must reach the packed-weight cache's version check (vitfast/ops/_optimizer_versions.py).
 _optimizer_versions.install()
 
-# How many times clear_weight_cache() ran.  Copies that a module derives from a weight and keeps (the patch
-# projection's re-ordered weight) put it in their key, so a clear drops them with the packed weights.
-_clears = 0
-
-
-def weight_cache_generation() -> int:
-    """Changes at every clear_weight_cache(): a copy kept from a weight is stale once it differs."""
-    return _clears
-
-
 def clear_weight_cache() -> None:
     """Drop every packed weight the CPU ops keep (csrc/ops/weight_cache.h); each is repacked on its next use.
 
@@ -93,14 +81,9 @@ def clear_weight_cache() -> None:
     vitfast/ops/_optimizer_versions.py) bump, but writes through `w.data`, numpy views or raw pointers do not (nor
     swapping `.data` with another tensor and back, as some EMA code does).  Also drops the fp32 copies that
     low-precision parameters keep under autocast, the re-ordered weights of patch projections, and the colsum(W)
-    vectors of the GPU block path's LayerNorm-folded GEMMs (kernels/ln_linear.py, when it was imported).
+    vectors of the GPU block path's LayerNorm-folded GEMMs: every `vitfast._derived.DerivedCache`.
     """
-    global _clears
-    _clears += 1
-    _fp32_weights.clear()
-    ln_linear = sys.modules.get("vitfast.kernels.ln_linear")  # never imports triton itself
-    if ln_linear is not None:
-        ln_linear.clear_colsum_cache()
+    _derived.clear_all()
     if _C is not None:
         _C._weight_cache_clear()
 
