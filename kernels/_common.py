@@ -26,6 +26,8 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # 1/√2 for the erf GELU; a constexpr because @jit code may only read constexpr globals.
 SQRT1_2 = tl.constexpr(0.7071067811865476)
+# log₂e: softmax in base 2 (`online_softmax_step`) takes its scores multiplied by it.
+LOG2E = 1.4426950408889634
 
 
 def cdiv(a, b) -> int:
@@ -233,6 +235,21 @@ def operand(t, INTERPRET_BF16: tl.constexpr):
     if INTERPRET_BF16:
         return t.to(tl.float32)
     return t
+
+
+@triton.jit
+def online_softmax_step(s, m_i, l_i):
+    """One key tile of the online softmax (FlashAttention, Dao et al. 2022): s [BLOCK_M, BLOCK_N] scores in base 2
+    (the natural scores times log₂e; −∞ for keys past N), m_i / l_i the running row maximum and sum →
+    (p = 2^(s − m_new), α = 2^(m_i − m_new), m_new, l_new = α·l_i + Σ p); the caller rescales its accumulator by α.
+    2^(s − max) / Σ 2^(…) is the same function as e^(t − max t) / Σ e^(…) for s = t·log₂e, and exp2 is the GPU's
+    native instruction.  A row whose every score so far is −∞ (overflowed scores) would get 2^(−∞ − −∞) = NaN and
+    poison l and the accumulator for good: subtracting 0 there gives those keys their zero weights exactly."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_sub)
+    p = tl.math.exp2(s - m_sub[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
 
 
 @triton.jit

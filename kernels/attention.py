@@ -6,12 +6,13 @@ no permuted copy, no workspace.
     out[b, n, h·D + d] = Σ_j softmax_j(q_n · k_j · scale) v_j[d]                      (scale default D^-½)
 
 One program owns BLOCK_M query rows of one (image, head) and streams the keys in tiles of BLOCK_N, flash style
-(FlashAttention, Dao et al. 2022): running row maximum m and sum l in fp32, the accumulator rescaled by
-2^(m_old − m) when the maximum grows, so no [N, N] matrix exists beyond one BLOCK_M × BLOCK_N tile.  The scores are
-taken in base 2: s₂ = (q·kᵀ)·scale·log₂e, softmax = 2^(s₂ − max s₂) / Σ 2^(…), the same function as e^(s − max s)
-(one multiply folded into the scale; exp2 is the GPU's native instruction).  The probabilities are rounded to v's
-dtype before the P·V product (fp16/bf16 tensor cores take 16-bit operands), as SDPA's flash and cuDNN kernels do;
-fp32 keeps them fp32 and runs its dots in ieee or TF32 as torch's matmul switch says (`input_precision`).
+(`attention_tile`; the online softmax step in base 2 is kernels/_common.py `online_softmax_step`: running row
+maximum and sum in fp32, the accumulator rescaled when the maximum grows), so no [N, N] matrix exists beyond one
+BLOCK_M × BLOCK_N tile; the softmax scale and log₂e are one multiply of the scores.  The probabilities are rounded
+to v's dtype before the P·V product (fp16/bf16 tensor cores take 16-bit operands), as SDPA's flash and cuDNN
+kernels do; fp32 keeps them fp32 and runs its dots in ieee or TF32 as torch's matmul switch says
+(`input_precision`).  Heads wider than MAX_HEAD_DIM run on the reference.  The gated attention of USDC blocks
+(kernels/gated.py) is this tile behind its gate check.
 
 Why a kernel of our own when SDPA exists: the fused block's launch budget (kernels/vit_block.py: five per block).
 SDPA's cuDNN backend, the fastest on an H200 at DeiT-S shapes (88.7 µs against flash's 125.6 at batch 256), launches a
@@ -19,8 +20,7 @@ memset before its kernel (six per block); its flash backend is one launch but th
 on a GPU: unmeasured (benchmarks/gpu_profile_blocks.py, section `sdpa`, times it beside both backends).
 
 Rows past N (a ragged last query tile) are computed on zero queries and never stored; keys past N get −∞ before the
-softmax.  A row whose every score is −∞ (overflowed fp16 scores) has l = 0 and comes out 0/0 = NaN, as the reference
-softmax gives; NaN or ±∞ in q, k or v propagate as there.
+softmax.  NaN or ±∞ in q, k or v propagate as in the reference.
 """
 from __future__ import annotations
 
@@ -30,29 +30,35 @@ import triton.language as tl
 
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
+    LOG2E,
     cdiv,
     check_device,
     input_precision,
     launcher,
     next_pow2,
     on_device,
+    online_softmax_step,
     operand,
     to_dtype,
     tuned_configs,
 )
 from vitfast.reference.attention import check_attention_args
 
-__all__ = ["attention_triton", "candidates"]
+__all__ = ["MAX_HEAD_DIM", "attention_tile", "attention_triton", "candidates"]
 
-_LOG2E = 1.4426950408889634
+# Widest head the kernel takes: one program keeps q and acc BLOCK_D wide in registers, and an uncapped power of two
+# of a wide head spills or fails to compile.  Wider heads run on the reference (SDPA); ViT heads are 64.
+MAX_HEAD_DIM = 128
 
 
 def candidates() -> list:
     """Every autotune candidate, whatever VITFAST_TRITON_AUTOTUNE says (the every-candidate parity test forces each);
     the first is the one used with autotuning off.  BLOCK_N = 64 or 128 at N = 197: four or two key tiles;
     BLOCK_M = 64 doubles the programs for small batches (B·H·⌈N / BLOCK_M⌉ in all)."""
+    # ptxas at DeiT's D = 64 (sm_90, bf16): 161-244 registers, no spills; 64 × 128 and 128 × 64 at 4 warps spilled
+    # 64-72 bytes and are not offered.
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 3),
+            for bm, bn, w, s in ((128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 8, 3), (128, 32, 4, 3),
                                  (64, 32, 4, 4))]
 
 
@@ -63,19 +69,19 @@ def _configs():
     return tuned_configs(candidates(), interpreter)
 
 
-@triton.autotune(configs=_configs(), key=["N_BUCKET", "BLOCK_D"])
 @triton.jit
-def _attention_kernel(
-    qkv_ptr, out_ptr, N, H, D, qk_scale, N_BUCKET,
-    s_qb, s_qn, s_qc, s_ob, s_on, s_oc,
+def attention_tile(
+    qkv_ptr, out_ptr, N, H, D, qk_scale, s_qb, s_qn, s_qc, s_ob, s_on, s_oc,
     BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    bh = tl.program_id(0).to(tl.int64)  # axis 0 (limit 2³¹ − 1) for B·H; int64 before the stride products
+    """One program's share (module docstring): BLOCK_M query rows of one (image, head), (image, head) on grid axis 0
+    and the query tile on axis 1.  qk_scale = scale·log₂e.  Shared with the gated attention (kernels/gated.py)."""
+    # (image, head) on axis 0, whose limit is 2³¹ − 1: on axis 1 (65535) a ViT-B at batch >= 5462 did not launch.
+    bh = tl.program_id(0).to(tl.int64)  # int64 before any stride product (large batches overflow int32)
     b = bh // H
     h = bh % H
-    pid_m = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
@@ -95,23 +101,28 @@ def _attention_kernel(
         key_ok = keys < N
         kt = tl.load(k_base + keys[None, :] * s_qn, mask=d_ok[:, None] & key_ok[None, :], other=0.0)
         s = tl.dot(q, operand(kt, INTERPRET_BF16), input_precision=INPUT_PRECISION) * qk_scale
-        s = tl.where(key_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # Every score so far −∞: 2^(−∞ − −∞) would be NaN and poison l and acc for good; subtracting 0 there gives
-        # those keys their zero weights exactly.
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_sub)
-        p = tl.math.exp2(s - m_sub[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = online_softmax_step(tl.where(key_ok[None, :], s, float("-inf")), m_i, l_i)
         v = tl.load(v_base + keys[:, None] * s_qn, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+        # p in v's dtype for the second product (tensor cores in fp16/bf16), as SDPA's kernels do.
         p = to_dtype(p, qkv_ptr.dtype.element_ty, INTERPRET_BF16)
         acc = tl.dot(operand(p, INTERPRET_BF16), operand(v, INTERPRET_BF16), acc * alpha[:, None],
                      input_precision=INPUT_PRECISION)
-        m_i = m_new
-    # Rows past N are divided by 1 and never stored.
-    o = acc / tl.where(row_ok, l_i, 1.0)[:, None]
+    # Rows past N loaded zero queries (finite scores, l > 0) and are never stored.
+    o = acc / l_i[:, None]
     o_ptrs = out_ptr + b * s_ob + rows[:, None] * s_on + (h * D + offs_d)[None, :] * s_oc
     tl.store(o_ptrs, to_dtype(o, out_ptr.dtype.element_ty, INTERPRET_BF16), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.autotune(configs=_configs(), key=["N_BUCKET", "BLOCK_D"])
+@triton.jit
+def _attention_kernel(
+    qkv_ptr, out_ptr, N, H, D, qk_scale, N_BUCKET,
+    s_qb, s_qn, s_qc, s_ob, s_on, s_oc,
+    BLOCK_D: tl.constexpr, INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    attention_tile(qkv_ptr, out_ptr, N, H, D, qk_scale, s_qb, s_qn, s_qc, s_ob, s_on, s_oc,
+                   BLOCK_D, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N)
 
 
 def attention_triton(qkv: torch.Tensor, num_heads: int, scale: float | None = None, *, _wrap=None) -> torch.Tensor:
@@ -124,11 +135,15 @@ def attention_triton(qkv: torch.Tensor, num_heads: int, scale: float | None = No
     out = torch.empty((batch, tokens, heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     if batch == 0 or tokens == 0:
         return out
+    if head_dim > MAX_HEAD_DIM:
+        from vitfast import reference
+
+        return out.copy_(reference.attention(qkv, heads, scale))
     scale = head_dim ** -0.5 if scale is None else float(scale)
     grid = lambda meta: (batch * heads, cdiv(tokens, meta["BLOCK_M"]))  # noqa: E731
     with on_device(qkv):
         launcher(_attention_kernel, _wrap)[grid](
-            qkv, out, tokens, heads, head_dim, scale * _LOG2E, next_pow2(tokens),
+            qkv, out, tokens, heads, head_dim, scale * LOG2E, next_pow2(tokens),
             *qkv.stride(), *out.stride(),
             # tl.dot needs every tile side ≥ 16 and a power of two; the columns past D are masked to zero.
             BLOCK_D=max(16, next_pow2(head_dim)), INPUT_PRECISION=input_precision(qkv.dtype),

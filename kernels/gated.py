@@ -31,7 +31,6 @@ rows (timm's layout [3, H, D] along the features) and writing [B, N, H·D] in pr
 `vitfast.reference.attention`.
 """
 
-import contextlib
 import math
 from typing import Optional
 
@@ -40,18 +39,20 @@ import triton
 import triton.language as tl
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
+    LOG2E,
     cdiv,
     check_device,
     input_precision,
     matmul_tile,
     next_pow2,
-    operand,
+    on_device as _on_device,
     rows,
     split_gelu_epilogue,
     tile_ids,
     to_dtype,
     triton_version,
 )
+from vitfast.kernels.attention import MAX_HEAD_DIM, attention_tile
 
 from vitfast.reference.batch_gate import check_gate_select_args
 from vitfast.reference.gated import check_gated_ffn_args, check_gated_mhsa_args
@@ -142,55 +143,17 @@ def _gated_linear_kernel(
 @triton.jit
 def _gated_attention_kernel(
     gate_ptr, gate_index, qkv_ptr, out_ptr,
-    N, H, D, scale,
+    N, H, D, qk_scale,
     s_qb, s_qn, s_qc, s_ob, s_on, s_oc,
     INPUT_PRECISION: tl.constexpr, INTERPRET_BF16: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """One program: BLOCK_M query rows of one (image, head); keys streamed in BLOCK_N tiles (online softmax)."""
+    """kernels/attention.py's tile (BLOCK_M query rows of one (image, head), online softmax over key tiles) behind
+    the gate: qk_scale = scale·log₂e."""
     if _gate_closed(gate_ptr, gate_index):
         return
-    # (image, head) on grid axis 0, whose limit is 2³¹ − 1: on axis 1 (65535) a ViT-B at batch >= 5462 did not launch.
-    bh = tl.program_id(0).to(tl.int64)  # int64 before any stride product (large batches overflow int32)
-    pid_m = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < N
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    offs_n = tl.arange(0, BLOCK_N)
-    base = qkv_ptr + b * s_qb
-    q_cols = (h * D + offs_d) * s_qc
-    k_cols = ((H + h) * D + offs_d) * s_qc
-    v_cols = ((2 * H + h) * D + offs_d) * s_qc
-    q = tl.load(base + rows[:, None] * s_qn + q_cols[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    q = operand(q, INTERPRET_BF16)
-    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for n0 in range(0, N, BLOCK_N):
-        keys = n0 + offs_n
-        key_ok = keys < N
-        k = tl.load(base + keys[None, :] * s_qn + k_cols[:, None], mask=d_ok[:, None] & key_ok[None, :], other=0.0)
-        s = tl.dot(q, operand(k, INTERPRET_BF16), input_precision=INPUT_PRECISION) * scale
-        s = tl.where(key_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # A row whose keys so far are all -inf (scores that overflowed) has m_new = -inf: exp(-inf - -inf) is NaN,
-        # which then poisoned l and acc for good.  Subtracting 0 there gives its (zero) weights exactly.
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_sub)
-        p = tl.exp(s - m_sub[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(base + keys[:, None] * s_qn + v_cols[None, :], mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        # p in v's dtype for the second product (tensor cores in fp16/bf16), as flash attention does.
-        pv = operand(to_dtype(p, qkv_ptr.dtype.element_ty, INTERPRET_BF16), INTERPRET_BF16)
-        acc = tl.dot(pv, operand(v, INTERPRET_BF16), acc * alpha[:, None], input_precision=INPUT_PRECISION)
-        m_i = m_new
-    # Rows past N loaded zero queries: their scores are finite, l > 0, and they are never stored.
-    out = acc / l_i[:, None]
-    tl.store(out_ptr + b * s_ob + rows[:, None] * s_on + ((h * D + offs_d) * s_oc)[None, :],
-             to_dtype(out, out_ptr.dtype.element_ty, INTERPRET_BF16), mask=row_ok[:, None] & d_ok[None, :])
+    attention_tile(qkv_ptr, out_ptr, N, H, D, qk_scale, s_qb, s_qn, s_qc, s_ob, s_on, s_oc,
+                   BLOCK_D, INPUT_PRECISION, INTERPRET_BF16, BLOCK_M, BLOCK_N)
 
 
 # ---------------------------------------------------------------------------------------------- launchers
@@ -207,10 +170,6 @@ def _gemm_config(m: int, n: int):
     return 64, 64, 64, 4, 4
 
 
-# Widest head the attention kernel takes (see gated_attention_triton); ViT heads are 64.
-_MAX_HEAD_DIM = 128
-
-
 def _attention_config(head_dim: int):
     """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): flash-attention tiles; BLOCK_D pads D to a power of two >= 16
     (tl.dot's minimum), and wide heads take narrower key tiles to keep q, k, v and acc on chip."""
@@ -222,10 +181,6 @@ def _attention_config(head_dim: int):
     # triton 3.0/3.1 (torch 2.4/2.5) abort compiling BLOCK_M = 64 with 8 warps for sm_90 in fp16/bf16 ("mma -> mma
     # layout conversion is only supported on Ampere"): 4 warps there (compiles on 3.0, 3.1 and 3.8).
     return 64, 32, block_d, (8 if triton_version() >= (3, 2) else 4)
-
-
-def _device_ctx(x: torch.Tensor):
-    return torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
 
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -280,7 +235,7 @@ def gated_layernorm_triton(gate: torch.Tensor, index: int, x: torch.Tensor, eps:
     block_c = next_pow2(c)
     block_m = max(1, min(16, 4096 // block_c))
     dummy = out2
-    with _device_ctx(x):
+    with _on_device(x):
         _gated_layernorm_kernel[(cdiv(m, block_m),)](
             gate, int(index), x2, weight if weight is not None else dummy, bias if bias is not None else dummy, out2,
             m, c, x2.stride(0), out2.stride(0), float(eps),
@@ -333,7 +288,7 @@ def gated_linear_triton(gate: torch.Tensor, index: int, x: torch.Tensor, weight:
         return (t.stride(0), t.stride(1)) if t is not None else (0, 0)
 
     grid = (cdiv(m, block_m) * cdiv(n, block_n),)
-    with _device_ctx(x):
+    with _on_device(x):
         _gated_linear_kernel[grid](
             gate, int(index), x2, weight, *(t if t is not None else dummy for t in (bias_c, bias2_c, add2, res2, skip2)),
             out2, m, n, k, gelu_features,
@@ -359,7 +314,7 @@ def gated_attention_triton(gate: torch.Tensor, index: int, qkv: torch.Tensor, nu
     out = _out_buffer(out, (batch, tokens, heads * head_dim), qkv)
     if batch == 0 or tokens == 0:
         return out
-    if head_dim > _MAX_HEAD_DIM:
+    if head_dim > MAX_HEAD_DIM:
         # One program keeps q, k, v tiles and acc BLOCK_D wide on chip: wider heads spill or fail to compile.  The
         # reference (SDPA) then runs whatever the gate says, and the gate picks on the device (no host sync): out
         # keeps its contents when closed, as the kernel leaves it.
@@ -367,12 +322,12 @@ def gated_attention_triton(gate: torch.Tensor, index: int, qkv: torch.Tensor, nu
 
         full = reference.attention(qkv, heads, scale)
         return out.copy_(torch.where(gate[int(index)] != 0, full, out))
-    scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+    qk_scale = (float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)) * LOG2E
     block_m, block_n, block_d, warps = _attention_config(head_dim)
     grid = (batch * heads, cdiv(tokens, block_m))
-    with _device_ctx(qkv):
+    with _on_device(qkv):
         _gated_attention_kernel[grid](
-            gate, int(index), qkv, out, tokens, heads, head_dim, scale, *qkv.stride(), *out.stride(),
+            gate, int(index), qkv, out, tokens, heads, head_dim, qk_scale, *qkv.stride(), *out.stride(),
             INPUT_PRECISION=input_precision(qkv.dtype), INTERPRET_BF16=_INTERPRET and qkv.dtype == torch.bfloat16,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps, num_stages=2,
         )

@@ -29,11 +29,14 @@ import triton
 import triton.language as tl
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
+    LOG2E,
     cdiv,
     check_device,
     input_precision,
     next_pow2,
+    online_softmax_step,
     operand,
+    to_dtype,
     tuned_configs,
 )
 
@@ -61,17 +64,6 @@ def _configs():
     # The interpreter runs one numpy op per Triton op per program: few, big tiles keep CI fast.
     interpreter = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_C": 64}, num_warps=4)
     return tuned_configs(candidates, interpreter)
-
-
-@triton.jit
-def _round_to(t, dtype: tl.constexpr, INTERPRET_BF16: tl.constexpr):
-    """fp32 -> operand dtype of the next tl.dot, round to nearest even (see kernels/_common.py to_dtype: the
-    interpreter's bf16 cast truncates, so round the bits first; it then multiplies in fp32, like the GPU MMA)."""
-    if INTERPRET_BF16:
-        bits = t.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return tl.where(t != t, t, bits.to(tl.float32, bitcast=True))
-    return t.to(dtype)
 
 
 @triton.autotune(configs=_configs(), key=["N_BUCKET", "R", "D", "C_OUT"])
@@ -135,24 +127,17 @@ def _xwx_attention_kernel(
                            input_precision=INPUT_PRECISION)
             if HAS_KB:
                 s += tl.load(kb_ptr + b * s_kbb + keys * s_kbn + h * s_kbh, mask=key_ok, other=0.0).to(tl.float32)[None, :]
-            s = tl.where(key_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            # All keys so far -inf (overflowed scores): m_new = -inf and exp(-inf - -inf) = NaN poisoned l and acc
-            # for good; subtracting 0 there gives their zero weights exactly.
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_sub)
-            p = tl.exp(s - m_sub[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
+            # Base-2 scores for the shared online-softmax step (kernels/_common.py).
+            p, alpha, m_i, l_i = online_softmax_step(tl.where(key_ok[None, :], s * LOG2E, float("-inf")), m_i, l_i)
             v = tl.load(v_base + keys[:, None] * s_vn + offs_d[None, :] * s_vd,
                         mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-            pv = _round_to(p, v_ptr.dtype.element_ty, INTERPRET_BF16)
+            pv = to_dtype(p, v_ptr.dtype.element_ty, INTERPRET_BF16)
             acc = tl.dot(operand(pv, INTERPRET_BF16), operand(v, INTERPRET_BF16), acc * alpha[:, None],
                          input_precision=INPUT_PRECISION)
-            m_i = m_new
         # Rows past N are never stored (divided by 1); a real row whose every score is -inf has l = 0 and gets
         # 0/0 = NaN, as softmax gives in the reference.
         head = acc / tl.where(row_ok, l_i, 1.0)[:, None]
-        head = operand(_round_to(head, wo_ptr.dtype.element_ty, INTERPRET_BF16), INTERPRET_BF16)
+        head = operand(to_dtype(head, wo_ptr.dtype.element_ty, INTERPRET_BF16), INTERPRET_BF16)
         for c0 in range(0, C_OUT, BLOCK_C):
             cols = c0 + offs_c
             c_ok = cols < C_OUT

@@ -5,7 +5,6 @@ statistics it emits for the next LayerNorm.
 Natively on CUDA when a GPU is present, else through the Triton interpreter (conftest.py).  Shapes are ragged
 against every tile (M = 37, N = 100, K = 72; the interpreter config is 32 × 64 × 32) and tiny.
 """
-import os
 
 import numpy as np
 import pytest
@@ -466,6 +465,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import vitfast.kernels.ln_linear as L
+from sm90 import ptxas_report
 
 # What the JIT specialises at ViT shapes: unit inner strides as constants, pointers and the other sizes/strides
 # divisible by 16 (without these hints the loads are gathers and neither cp.async nor wgmma is used).
@@ -493,20 +493,6 @@ def build(fn, consts, dt, floats=(), float_type="fp32", **opts):
     assert k.metadata.shared <= 227 * 1024, (fn, dt, k.metadata.shared)
     return k
 
-
-def ptxas_report(k):
-    # ptxas's own verdict on the PTX (what the JIT assembles): serialised wgmma (C7515) and spills are warnings only.
-    import subprocess, tempfile
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "k.ptx")
-        with open(src, "w") as f:
-            f.write(k.asm["ptx"])
-        proc = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", src, "-o", os.path.join(tmp, "k.cubin")],
-                              capture_output=True, text=True, check=True)
-    return proc.stderr
 
 
 def gemm(norm, dt, *, tma=False, persistent=False, split=1, prec="tf32", ft="fp32", bias2=False, t_in=16, stages=3,
@@ -583,16 +569,6 @@ def test_kernels_compile_for_sm90():
     """The interpreter accepts constructs a GPU compile rejects (the row-statistics kernel's first form crashed
     triton's NVIDIA pipeline): compile the kernels to an H100 (sm_90) target at the first autotune config, with the
     specialisation the JIT applies at ViT shapes — no GPU needed, only triton's NVIDIA backend."""
-    import subprocess
-    import sys
+    from sm90 import run_compile_script
 
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - a triton build without the NVIDIA backend
-        pytest.skip(f"triton has no NVIDIA backend here: {exc}")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", _SM90_COMPILE], env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    run_compile_script(_SM90_COMPILE)
