@@ -14,6 +14,7 @@ Read once at import, like TRITON_INTERPRET (which must be set before triton is i
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 
@@ -67,6 +68,16 @@ def tuned_configs(candidates, interpreter):
     if not candidates:
         raise ValueError("candidates: expected at least one triton.Config, got none")
     return list(candidates) if AUTOTUNE else list(candidates[:1])
+
+
+# Autotune timings cached on disk (triton >= 3.2; ignored under the interpreter): the first call after a process
+# start re-reads each key's choice instead of timing every config again.
+_CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+
+
+def autotune(configs, key):
+    """`triton.autotune(configs=..., key=...)` with the on-disk cache of the choices where triton has it."""
+    return triton.autotune(configs=configs, key=key, **_CACHE_RESULTS)
 
 
 _PROPERTIES: dict = {}

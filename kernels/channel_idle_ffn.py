@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
+    autotune,
     cdiv,
     check_device,
     input_precision,
@@ -85,7 +86,7 @@ def _m_bucket(m: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- kernel 1
-@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"])
+@autotune(_configs(), ["M_BUCKET", "N", "K"])
 @triton.jit
 def _channel_idle_ffn_in_kernel(
     x_ptr, w_ptr, b_ptr, hid_ptr, b_out_ptr, res_ptr,
@@ -114,7 +115,7 @@ def _channel_idle_ffn_in_kernel(
 
 
 # ---------------------------------------------------------------------------------------------- kernel 2
-@triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"])
+@autotune(_configs(), ["M_BUCKET", "N", "K"])
 @triton.jit
 def _channel_idle_ffn_out_kernel(
     g_ptr, w_ptr, lin_ptr, b_ptr, res_ptr, out_ptr,

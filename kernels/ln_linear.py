@@ -82,6 +82,7 @@ import triton.language as tl
 from vitfast._derived import DerivedCache
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
+    autotune,
     cdiv,
     check_device,
     cuda_properties,
@@ -205,11 +206,6 @@ def persistent_configs() -> list:
         return []
     return [triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "USE_TMA": False,
                            "PERSISTENT": True}, num_warps=8, num_stages=stages) for stages in (3, 4)]
-
-
-# Autotune timings cached on disk (triton >= 3.2; ignored under the interpreter): the first call after a process
-# start re-reads the choice per (M bucket, N, K) instead of timing every config again.
-_CACHE_RESULTS = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
 # triton >= 3.3's loop-nest flattening (tl.range(..., flatten=...)): the persistent configs need it (without it a
@@ -580,8 +576,8 @@ _ln_linear_jit = _ln_linear_kernel
 # Two autotuners over the one kernel: pointer-load configs (anywhere), and those plus the TMA configs (Hopper, triton
 # with device-side tensor descriptors, unit-stride 16-byte-aligned operands, eager launches: `_tma_ok`).
 _AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "SPLIT_K"]
-_ln_linear_kernel = triton.autotune(configs=_configs(), key=_AUTOTUNE_KEY, **_CACHE_RESULTS)(_ln_linear_jit)
-_ln_linear_kernel_tma = triton.autotune(configs=_configs(tma=True), key=_AUTOTUNE_KEY, **_CACHE_RESULTS)(_ln_linear_jit)
+_ln_linear_kernel = autotune(_configs(), _AUTOTUNE_KEY)(_ln_linear_jit)
+_ln_linear_kernel_tma = autotune(_configs(tma=True), _AUTOTUNE_KEY)(_ln_linear_jit)
 
 
 # ---------------------------------------------------------------------------------------------- launcher

@@ -30,6 +30,7 @@ import triton.language as tl
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
     LOG2E,
+    autotune,
     cdiv,
     check_device,
     input_precision,
@@ -66,7 +67,7 @@ def _configs():
     return tuned_configs(candidates, interpreter)
 
 
-@triton.autotune(configs=_configs(), key=["N_BUCKET", "R", "D", "C_OUT"])
+@autotune(_configs(), ["N_BUCKET", "R", "D", "C_OUT"])
 @triton.jit
 def _xwx_attention_kernel(
     l_ptr, r_ptr, kb_ptr, v_ptr, wo_ptr, bo_ptr, res_ptr, out_ptr,

@@ -86,3 +86,34 @@ def test_runs_the_block_path_once_per_batch_size(monkeypatch):
     assert lnl.launch_count() - before == 2 * (1 + 5 * depth)
     with pytest.raises(ValueError, match=r"dtype: expected the model's parameter dtype torch.float32"):
         vitfast.ops.warmup(model, dtype=torch.bfloat16, progress=False)
+
+
+def test_every_autotuned_kernel_keeps_its_choices_on_disk():
+    """What warmup's tuning leaves behind outlives the process: every autotuned Triton kernel of vitfast.kernels is
+    built with triton's on-disk cache of the choices (`cache_results`, triton >= 3.2; the interpreter ignores it,
+    so this imports the kernels in a process without it)."""
+    import inspect
+    import os
+    import subprocess
+    import sys
+
+    import triton
+
+    if "cache_results" not in inspect.signature(triton.autotune).parameters:
+        pytest.skip("this triton has no on-disk autotune cache")
+    script = (
+        "import importlib, pkgutil, triton, vitfast.kernels as K\n"
+        "from triton.runtime.autotuner import Autotuner\n"
+        "tuners = []\n"
+        "for info in pkgutil.iter_modules(K.__path__):\n"
+        "    module = importlib.import_module('vitfast.kernels.' + info.name)\n"
+        "    tuners += [(info.name, n, t) for n, t in vars(module).items() if isinstance(t, Autotuner)]\n"
+        "assert len(tuners) >= 6, tuners\n"
+        "bad = [(m, n) for m, n, t in tuners if not t.cache_results]\n"
+        "assert not bad, bad\n"
+        "print('ok', len(tuners))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-2000:]
