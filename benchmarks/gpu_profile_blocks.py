@@ -244,7 +244,8 @@ def _gemm_row(name: str, args, kwargs) -> dict:
             label = (f"{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}x{cfg.kwargs['BLOCK_K']}"
                      f"{' tma' if cfg.kwargs.get('USE_TMA') else ''}"
                      f"{' persistent' if cfg.kwargs.get('PERSISTENT') else ''}"
-                     f" w{cfg.num_warps} s{cfg.num_stages}{' (explore)' if explore else ''}")
+                     f" w{cfg.num_warps} s{cfg.num_stages}"
+                     f"{f' r{cfg.maxnreg}' if getattr(cfg, 'maxnreg', None) else ''}{' (explore)' if explore else ''}")
             try:
                 row["configs"][label] = _bench_us(
                     lambda cfg=cfg: L.ln_linear_triton(*args, **dict(kwargs, _wrap=forced_config(cfg))))

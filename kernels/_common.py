@@ -118,12 +118,14 @@ class forced_config:
         if not hasattr(kernel, "configs"):
             return kernel
         fn, cfg = kernel.fn, self.config
+        # A register cap travels as a launch option like the warps and stages (triton.Config(maxnreg=...)).
+        options = {"maxnreg": cfg.maxnreg} if getattr(cfg, "maxnreg", None) is not None else {}
 
         class _Grid:
             def __getitem__(self, grid):
                 def launch(*args, **kwargs):
                     return fn[grid](*args, **kwargs, **cfg.kwargs, num_warps=cfg.num_warps,
-                                    num_stages=cfg.num_stages)
+                                    num_stages=cfg.num_stages, **options)
                 return launch
         return _Grid()
 

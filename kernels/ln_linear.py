@@ -163,9 +163,9 @@ def candidates(tma: bool = False) -> list:
     sweep run through `forced_config`.  The first is the one used with autotuning off."""
     # Every BLOCK_N is a multiple of STAT_TILE (the statistics epilogue splits a tile into STAT_TILE columns) and
     # every tile side is >= 16 (tl.dot).
-    def config(bm, bn, bk, w, s, use_tma=False):
+    def config(bm, bn, bk, w, s, use_tma=False, **extra):
         return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "USE_TMA": use_tma,
-                              "PERSISTENT": False}, num_warps=w, num_stages=s)
+                              "PERSISTENT": False}, num_warps=w, num_stages=s, **extra)
 
     cfgs = [config(*c) for c in (
         (128, 128, 64, 8, 3),
@@ -175,6 +175,12 @@ def candidates(tma: bool = False) -> list:
         (64, 64, 64, 4, 4),
         (64, 64, 32, 4, 5),
     )]
+    if _MAXNREG:
+        # The default tile with its registers capped at 128 a thread: with the block path's epilogues (folded
+        # LayerNorm, GELU, residual, statistics) ptxas gives it 142-167, so only one 256-thread program fits an SM
+        # and nothing overlaps one program's epilogue and prologue at K = 384 (six K steps); capped, two fit, for
+        # 8-136 bytes of spills in the epilogue (sm_90 compile, bf16).  The autotuner decides whether that pays.
+        cfgs.append(config(128, 128, 64, 8, 3, maxnreg=128))
     if _FLATTEN and _OFFER_PERSISTENT:
         cfgs += persistent_configs()
     if tma:
@@ -207,6 +213,9 @@ def persistent_configs() -> list:
     return [triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "USE_TMA": False,
                            "PERSISTENT": True}, num_warps=8, num_stages=stages) for stages in (3, 4)]
 
+
+# triton.Config(maxnreg=...): a register cap per thread (ptxas -maxrregcount) for one candidate (`candidates`).
+_MAXNREG = "maxnreg" in inspect.signature(triton.Config.__init__).parameters
 
 # triton >= 3.3's loop-nest flattening (tl.range(..., flatten=...)): the persistent configs need it (without it a
 # persistent program would only serialise its tiles) and are offered only with it.

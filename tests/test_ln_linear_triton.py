@@ -496,13 +496,13 @@ def build(fn, consts, dt, floats=(), float_type="fp32", **opts):
 
 
 def gemm(norm, dt, *, tma=False, persistent=False, split=1, prec="tf32", ft="fp32", bias2=False, t_in=16, stages=3,
-         colsum=False):
+         colsum=False, **extra):
     # The GEMM kernel at the default tile (128 × 128 × 64, 8 warps) with every epilogue on and statistics emitted.
     return build(L._ln_linear_kernel.fn, dict(NORM=norm, T_IN_POW2=t_in, COLSUM_GIVEN=colsum, HAS_BIAS=True,
                  HAS_GELU=True, HAS_BIAS2=bias2, HAS_ADD=True, HAS_RES=True, EMIT_STATS=True, STAT=L.STAT_TILE,
                  SPLIT_K=split, INPUT_PRECISION=prec, INTERPRET_BF16=False, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
                  GROUP_M=8, USE_TMA=tma, PERSISTENT=persistent), dt, floats=("eps", "kappa_max"), float_type=ft,
-                 num_warps=8, num_stages=stages)
+                 num_warps=8, num_stages=stages, **extra)
 
 build(L._row_stats_kernel, dict(BLOCK_M=16, BLOCK_K=256), "fp32", num_warps=4)
 # The default config in 16-bit: every NORM mode keeps the main loop's wgmma asynchronous (the folded path's colsum as
@@ -549,6 +549,15 @@ if hasattr(triton.language, "make_tensor_descriptor"):
         report = ptxas_report(k)
         if report is not None:
             assert "C7515" not in report and " 0 bytes spill stores" in report, ("tma", norm, report)
+# The register-capped candidate (maxnreg 128): every epilogue on, ptxas keeps to the cap, so two 256-thread programs
+# fit an SM (65536 registers), with the main loop's wgmma still asynchronous.
+if L._MAXNREG:
+    import re
+    for norm in (0, 2):
+        report = ptxas_report(gemm(norm, "bf16", colsum=norm == 2, maxnreg=128))
+        if report is not None:
+            used = int(re.search(r"Used (\d+) registers", report).group(1))
+            assert used <= 128 and "C7515" not in report, ("maxnreg", norm, report)
 # The float arguments as triton's launcher types them (fp32), and as inductor does when a compiled graph launches the
 # registered op's kernel (fp64: the first torch.compile of the op on an H100 failed in _combine_stats' sqrt_rn).
 for dt, prec, split, ft in (("bf16", "tf32", 1, "fp32"), ("fp16", "tf32", 1, "fp32"), ("fp32", "ieee", 1, "fp32"),
