@@ -29,10 +29,10 @@ with fp32 accumulation and one rounding per GEMM output (the composition rounds 
 inductor on the same fused graph where measured (H100, bf16: 0.70–0.92× replayed from a CUDA graph, 0.29–0.47×
 eagerly; table `gpu_blocks` in benchmarks/results/2026-11-28-nvidia-h100-80gb-hbm3.json; H200, DeiT-S batch 256:
 7.23 ms of kernels against 6.09, 2026-11-30-nvidia-h200.json), and six kernels per block there, not five (cuDNN's
-SDPA launched a memset; measured before the Triton attention kernel).  On the H200 with autotuning on its logits were 7–12% off fp32 (one autotune candidate is
-wrong natively; the first one, which the parity tests run, is not), so `VITFAST_CUDA_KERNELS=blocks` only opts in
-(vitfast/ops/vit_block.py) and the default path is unchanged.  benchmarks/gpu_profile_blocks.py diagnoses where the
-time goes.
+SDPA launched a memset; measured before the Triton attention kernel).  On the H200 with autotuning on its logits
+were 7–12% off fp32 (one autotune candidate is wrong natively; the first one, which the parity tests run, is not),
+so `VITFAST_CUDA_KERNELS=blocks` only opts in (vitfast/ops/vit_block.py) and the default path is unchanged.
+benchmarks/gpu_profile_blocks.py diagnoses where the time goes.
 """
 from __future__ import annotations
 
