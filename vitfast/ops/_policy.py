@@ -10,6 +10,8 @@ Measured (GPUs, library versions and scripts: docs/performance.md), and the rule
 - xwx_attention: fp32 0.14–0.48×; fp16 DeiT-Ti (C 192) 1.25–1.54×; fp16 DeiT-S (C 384) 0.86–1.25×, no
   consistent win → Triton in fp16/bf16 up to TRITON_XWX_MAX_WIDTH channels.
 - dwconv_attention: fp32, 24×24 tokens, batch 1/8: 0.15–0.58× everywhere → always the composition.
+- attention: the Triton kernel (kernels/attention.py) is untimed against SDPA → SDPA (vitfast/ops/attention.py
+  `use_triton_attention`); the Triton block path uses the kernel (one launch: its five-launch budget).
 - gated_mhsa / gated_ffn (DeiT-S, half the sub-blocks closed; time relative to the ungated model, lower is better):
   fp32 gated kernels 166% / 116% (batch 8 / 64), compute + gate_select 118% / 108%; fp16 gated kernels
   157% / 112%, gate_select 192% / 144% → the gated kernels in fp16/bf16, gate_select in fp32.
