@@ -47,6 +47,12 @@ def test_demo_command_quick(tmp_path, capsys):
     # the int8 copy beside them: loaded back from its file, its accuracy and agreement with fp32 printed
     assert (tmp_path / "int8.safetensors").exists() and "argmax agreement with fp32" in out
     assert re.search(r"int8 \(.*int8\.safetensors: vitfast\.quantize", out)
+    # and the verdict on the accuracy targets, computed from the printed figures (met or MISSED, never silent)
+    verdict = next(line for line in out.splitlines() if line.startswith("int8 accuracy targets"))
+    agreement = float(re.search(r"argmax agreement with fp32 .*?(\d+\.\d+)%", out).group(1)) / 100
+    points = float(re.search(r"val accuracy .* ([+-]\d+\.\d+) pt", out).group(1))
+    met = points >= -0.3 - 1e-9 and agreement >= 0.995
+    assert verdict.endswith(": met") if met else "MISSED on this model" in verdict
 
 
 def test_demo_exit_status_when_accuracy_differs(monkeypatch, tmp_path, capsys):

@@ -21,6 +21,7 @@ from vitfast.cli._models import file_kind
 from vitfast.cli._models import load_source
 from vitfast.cli._models import model_input
 from vitfast.cli._models import size_text
+from vitfast.quant import MAX_TOP1_DROP_POINTS, MIN_ARGMAX_AGREEMENT
 from vitfast.training.data import digits_loaders
 
 
@@ -49,9 +50,9 @@ def add_parser(sub) -> None:
     p.add_argument("--atol", type=nonneg_float, default=1e-4, help="absolute tolerance on logits")
     p.add_argument("--rtol", type=nonneg_float, default=1e-4, help="tolerance relative to the largest |logit|")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
-    p.add_argument("--min-agreement", type=unit_float, default=0.995,
+    p.add_argument("--min-agreement", type=unit_float, default=MIN_ARGMAX_AGREEMENT,
                    help="int8/bf16 files: the least argmax agreement with the source")
-    p.add_argument("--max-drop", type=nonneg_float, default=0.3,
+    p.add_argument("--max-drop", type=nonneg_float, default=MAX_TOP1_DROP_POINTS,
                    help="int8/bf16 files with --inputs digits: the most top-1 points below the source's")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads")
     p.add_argument("--device", default="cpu", help="run both models on this device (cpu, cuda, cuda:1, ...)")

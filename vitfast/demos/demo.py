@@ -145,6 +145,7 @@ def run_demo(
     log("")
     log(int8["title"])
     log(int8["table"])
+    log(int8["verdict"])
     log("")
     log(
         f"training {train_seconds:.1f} s, whole demo {total_seconds:.1f} s; latency: {repeats} interleaved repeats "
@@ -170,7 +171,7 @@ def run_demo(
         "train_path": train_path,
         "fused_path": fused_path,
         "accuracy_equal": correct_t == correct_f,
-        "int8": {k: v for k, v in int8.items() if k not in ("title", "table")},
+        "int8": {k: v for k, v in int8.items() if k not in ("title", "table", "verdict")},
         "int8_table": int8["table"],
     }
 
@@ -181,6 +182,7 @@ def _int8_comparison(fused, fused_path, out_dir, cfg, val_loader, logits_f, labe
     size, latency."""
     import vitfast
 
+    from ..quant import MAX_TOP1_DROP_POINTS, MIN_ARGMAX_AGREEMENT
     from ..training.data import digits_loaders
 
     calib_loader, _ = digits_loaders(img_size=cfg["img_size"], batch_size=64, seed=seed, augment=False)
@@ -211,7 +213,13 @@ def _int8_comparison(fused, fused_path, out_dir, cfg, val_loader, logits_f, labe
                      f"{f['median_ms']:.2f} [{f['p10_ms']:.2f}-{f['p90_ms']:.2f}]",
                      f"{q['median_ms']:.2f} [{q['p10_ms']:.2f}-{q['p90_ms']:.2f}]",
                      f"{f['median_ms'] / q['median_ms']:.2f}x {'faster' if q['median_ms'] < f['median_ms'] else 'SLOWER'}"])
+    drop = (correct_f - correct_q) / n_val * 100
+    met = drop <= MAX_TOP1_DROP_POINTS + 1e-9 and agree >= MIN_ARGMAX_AGREEMENT
+    verdict = (f"int8 accuracy targets (at most {MAX_TOP1_DROP_POINTS} pt below fp32, at least "
+               f"{MIN_ARGMAX_AGREEMENT:.1%} agreement): " + ("met" if met else
+               f"MISSED on this model ({-drop:+.2f} pt, {agree:.2%}; docs/quantization.md, Accuracy)"))
     return {
+        "verdict": verdict, "targets_met": met,
         "title": (f"int8 ({int8_path}: vitfast.quantize, dynamic per-token activations, SmoothQuant α per layer; "
                   f"{vitfast.ops.int8_kernel()} kernels)"),
         "table": format_table(["", "fused fp32", "int8", "int8 vs fp32"], rows),
