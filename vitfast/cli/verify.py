@@ -21,8 +21,13 @@ from vitfast.cli._models import file_kind
 from vitfast.cli._models import load_source
 from vitfast.cli._models import model_input
 from vitfast.cli._models import size_text
-from vitfast.quant import MAX_TOP1_DROP_POINTS, MIN_ARGMAX_AGREEMENT
 from vitfast.training.data import digits_loaders
+
+# The accuracy a low-precision copy must keep against its fp32 source (docs/quantization.md, Accuracy): at most this
+# many top-1 points below it, and at least this argmax agreement.  This command's defaults; the demo's verdict.
+# (Here, not in vitfast.quant: the CLI's start-up imports no model code.)
+MAX_TOP1_DROP_POINTS = 0.3
+MIN_ARGMAX_AGREEMENT = 0.995
 
 
 def add_parser(sub) -> None:

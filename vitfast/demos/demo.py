@@ -182,7 +182,7 @@ def _int8_comparison(fused, fused_path, out_dir, cfg, val_loader, logits_f, labe
     size, latency."""
     import vitfast
 
-    from ..quant import MAX_TOP1_DROP_POINTS, MIN_ARGMAX_AGREEMENT
+    from ..cli.verify import MAX_TOP1_DROP_POINTS, MIN_ARGMAX_AGREEMENT
     from ..training.data import digits_loaders
 
     calib_loader, _ = digits_loaders(img_size=cfg["img_size"], batch_size=64, seed=seed, augment=False)
