@@ -134,14 +134,14 @@ def attention_triton(qkv: torch.Tensor, num_heads: int, scale: float | None = No
     registered op (`torch.library.wrap_triton`: vitfast/ops/triton_ops.py)."""
     heads, head_dim = check_attention_args(qkv, num_heads, scale)
     check_device(qkv)
+    if head_dim > MAX_HEAD_DIM:
+        from vitfast import reference
+
+        return reference.attention_unchecked(qkv, heads, scale).contiguous()
     batch, tokens, _ = qkv.shape
     out = torch.empty((batch, tokens, heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     if batch == 0 or tokens == 0:
         return out
-    if head_dim > MAX_HEAD_DIM:
-        from vitfast import reference
-
-        return out.copy_(reference.attention(qkv, heads, scale))
     scale = head_dim ** -0.5 if scale is None else float(scale)
     grid = lambda meta: (batch * heads, cdiv(tokens, meta["BLOCK_M"]))  # noqa: E731
     with on_device(qkv):

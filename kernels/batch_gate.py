@@ -24,12 +24,17 @@ then discarded; its normal CUDA path is the gated kernels of kernels/gated.py, w
 early, so a skipped sub-block is not computed at all (see vitfast/nn/usdc.py).
 """
 
-
 import torch
 import triton
 import triton.language as tl
-from vitfast.kernels._common import INTERPRET as _INTERPRET, SQRT1_2, cdiv, check_device, next_pow2
-from vitfast.kernels._common import on_device as _on_device
+from vitfast.kernels._common import (
+    INTERPRET as _INTERPRET,
+    SQRT1_2,
+    cdiv,
+    check_device,
+    next_pow2,
+    on_device as _on_device,
+)
 
 from vitfast.reference.batch_gate import check_batch_gate_args, check_gate_select_args
 

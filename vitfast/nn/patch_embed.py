@@ -33,7 +33,6 @@ one thread, batch 1), and under torch.inference_mode the copy was an inference t
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

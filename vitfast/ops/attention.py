@@ -20,12 +20,18 @@ def use_triton_attention(policy: str = "auto") -> bool:
     return forced(policy) is True
 
 
-def _attention_cuda(qkv, num_heads, scale=None):
+def attention_cuda_unchecked(qkv, num_heads, scale=None):
+    """The CUDA attention for checked arguments: SDPA, or the Triton kernel, by the policy."""
     if not use_triton_attention(get_cuda_kernels()):
-        return reference.attention(qkv, num_heads, scale)
+        return reference.attention_unchecked(qkv, num_heads, scale)
     from ..kernels.attention import attention_triton
 
     return attention_triton(qkv, num_heads, scale)
+
+
+def _attention_cuda(*args):
+    check_attention_args(*args)
+    return attention_cuda_unchecked(*args)
 
 
 def define_attention_op(name: str, check, doc: str, *, onnx_as_attention: bool = False, cuda=None):

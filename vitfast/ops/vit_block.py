@@ -22,7 +22,7 @@ from ..reference.vit_block import check_vit_block_args
 from . import _autograd
 from ._policy import use_triton_blocks
 from ._spec import call_reference, define_op, use_reference
-from .attention import attention, use_triton_attention
+from .attention import attention, attention_cuda_unchecked
 from .channel_idle_ffn import channel_idle_ffn, channel_idle_ffn_cuda_unchecked
 from .layer_norm import layer_norm
 from .linear import linear
@@ -78,10 +78,8 @@ def vit_block_cuda_eager(*args):
     check_vit_block_args(*args, any_float=True)
     if use_triton_blocks(get_cuda_kernels()):  # VITFAST_CUDA_KERNELS=blocks: the five-launch Triton block path
         return _vit_block_triton_chained(*args)
-    attend = reference.attention_unchecked
-    if use_triton_attention(get_cuda_kernels()):  # VITFAST_CUDA_KERNELS=triton: the Triton attention kernel
-        from ..kernels.attention import attention_triton as attend
-    fns = (reference.layer_norm_unchecked, reference.linear_unchecked, attend, channel_idle_ffn_cuda_unchecked)
+    fns = (reference.layer_norm_unchecked, reference.linear_unchecked, attention_cuda_unchecked,
+           channel_idle_ffn_cuda_unchecked)
     return reference.compose_vit_block(fns, *args)
 
 
