@@ -27,8 +27,11 @@ from torch._subclasses.functional_tensor import FunctionalTensor
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # 1/√2 for the erf GELU; a constexpr because @jit code may only read constexpr globals.
 SQRT1_2 = tl.constexpr(0.7071067811865476)
-# log₂e: softmax in base 2 (`online_softmax_step`) takes its scores multiplied by it.
+# log₂e: softmax in base 2 (`online_softmax_step`) takes its scores multiplied by it.  LOG2E for host code (a
+# launcher folds it into the scale it passes), LOG2E_JIT inside @jit code: a plain float global compiles under the
+# interpreter only (tests/sm90_launches.py caught that).
 LOG2E = 1.4426950408889634
+LOG2E_JIT = tl.constexpr(LOG2E)
 
 
 def cdiv(a, b) -> int:

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from vitfast.kernels._common import (
     INTERPRET as _INTERPRET,
-    LOG2E,
+    LOG2E_JIT,
     autotune,
     cdiv,
     check_device,
@@ -129,7 +129,7 @@ def _xwx_attention_kernel(
             if HAS_KB:
                 s += tl.load(kb_ptr + b * s_kbb + keys * s_kbn + h * s_kbh, mask=key_ok, other=0.0).to(tl.float32)[None, :]
             # Base-2 scores for the shared online-softmax step (kernels/_common.py).
-            p, alpha, m_i, l_i = online_softmax_step(tl.where(key_ok[None, :], s * LOG2E, float("-inf")), m_i, l_i)
+            p, alpha, m_i, l_i = online_softmax_step(tl.where(key_ok[None, :], s * LOG2E_JIT, float("-inf")), m_i, l_i)
             v = tl.load(v_base + keys[:, None] * s_vn + offs_d[None, :] * s_vd,
                         mask=key_ok[:, None] & d_ok[None, :], other=0.0)
             pv = to_dtype(p, v_ptr.dtype.element_ty, INTERPRET_BF16)
