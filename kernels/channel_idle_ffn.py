@@ -22,8 +22,6 @@ so low-precision results follow PyTorch's; (b) kernel 2's tl.dot needs fp16/bf16
 GELU(h) would be rounded to the input dtype before the dot anyway; (c) it halves the bytes of the only
 intermediate.  Accumulation is fp32 throughout and every epilogue runs in fp32 with one cast at the store.
 """
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
@@ -33,9 +31,11 @@ from vitfast.kernels._common import (
     cdiv,
     check_device,
     input_precision,
+    launcher,
     load_tile_f32,
     matmul_tile,
     next_pow2,
+    on_device,
     rows,
     split_gelu_epilogue,
     tile_ids,
@@ -50,9 +50,10 @@ __all__ = ["channel_idle_ffn_triton"]
 
 
 # ---------------------------------------------------------------------------------------------- autotune configs
-def _configs():
-    # The first candidate is the one used when autotuning is off (VITFAST_TRITON_AUTOTUNE=0): a middle tile that
-    # is legal and reasonable for every shape.
+def candidates() -> list:
+    """Every autotune candidate of both kernels, whatever VITFAST_TRITON_AUTOTUNE says (the every-candidate parity
+    test runs each through `forced_config`).  The first is the one used when autotuning is off: a middle tile that
+    is legal and reasonable for every shape."""
     cfgs = []
     for bm, bn, bk, warps, stages in (
         (128, 128, 64, 8, 3),
@@ -73,10 +74,14 @@ def _configs():
                 {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps, num_stages=stages
             )
         )
+    return cfgs
+
+
+def _configs():
     # The interpreter runs one numpy op per Triton op per program: few, big tiles keep CI fast.  Still
     # GPU-legal shapes.
     interpreter = triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4)
-    return tuned_configs(cfgs, interpreter)
+    return tuned_configs(candidates(), interpreter)
 
 
 def _m_bucket(m: int) -> int:
@@ -152,8 +157,9 @@ def _grid(m: int, n: int):
     return lambda meta: (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),)
 
 
-def channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out=None, residual=None) -> torch.Tensor:
-    """`vitfast.reference.channel_idle_ffn` on the Triton kernels (CUDA tensors, or CPU under the interpreter)."""
+def channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out=None, residual=None, *, _wrap=None) -> torch.Tensor:
+    """`vitfast.reference.channel_idle_ffn` on the Triton kernels (CUDA tensors, or CPU under the interpreter).
+    `_wrap`: a launch wrapper (`forced_config`, or a registered op's `wrap_triton`)."""
     active, linear, c_out = check_channel_idle_ffn_args(x, w_in, b_in, w_out, b_out, residual)
     check_device(x)
     lead = tuple(x.shape[:-1])
@@ -182,10 +188,10 @@ def channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out=None, residual=None) -> 
     n_hid = active + linear
     dummy = out  # stands in for absent optional pointers; never dereferenced (constexpr flags)
 
-    with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+    with on_device(x):
         if active == 0:
             # θ = 1: the op is one linear, h is the output.
-            _channel_idle_ffn_in_kernel[_grid(m, n_hid)](
+            launcher(_channel_idle_ffn_in_kernel, _wrap)[_grid(m, n_hid)](
                 x2, w_in, b_in_c if b_in_c is not None else dummy, out,
                 b_out_c if b_out_c is not None else dummy, res2 if res2 is not None else dummy,
                 m, n_hid, c_in, 0, m_bucket,
@@ -197,7 +203,7 @@ def channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out=None, residual=None) -> 
             return out.reshape(lead + (c_out,))
 
         hid = torch.empty((m, n_hid), dtype=x.dtype, device=x.device)
-        _channel_idle_ffn_in_kernel[_grid(m, n_hid)](
+        launcher(_channel_idle_ffn_in_kernel, _wrap)[_grid(m, n_hid)](
             x2, w_in, b_in_c if b_in_c is not None else dummy, hid, dummy, dummy,
             m, n_hid, c_in, active, m_bucket,
             x2.stride(0), x2.stride(1), w_in.stride(0), w_in.stride(1), hid.stride(0), hid.stride(1), 0, 0,
@@ -205,7 +211,7 @@ def channel_idle_ffn_triton(x, w_in, b_in, w_out, b_out=None, residual=None) -> 
             INPUT_PRECISION=precision, INTERPRET_BF16=interpret_bf16,
         )
         lin = hid[:, active:] if linear else dummy
-        _channel_idle_ffn_out_kernel[_grid(m, c_out)](
+        launcher(_channel_idle_ffn_out_kernel, _wrap)[_grid(m, c_out)](
             hid, w_out, lin, b_out_c if b_out_c is not None else dummy, res2 if res2 is not None else dummy, out,
             m, c_out, active, m_bucket,
             hid.stride(0), hid.stride(1), w_out.stride(0), w_out.stride(1),

@@ -206,7 +206,7 @@ def persistent_configs() -> list:
     the block path's logits came out 7-12% off the fp32 model while fc2 ran the (128, 128, 64, 4 stages) persistent
     candidate and qkv the 128 x 256 tile with colsum(W) summed in its loop (2026-11-30-nvidia-h200.json, table
     `gpu_blocks`); the native parity tests had run the first candidate only.  The kept colsum removed the second
-    suspect; these stay out until `test_cuda_every_candidate_gives_the_reference` has passed on them natively (it
+    suspect; these stay out until `test_every_candidate_gives_the_reference` has passed on them natively (it
     runs them whether offered or not)."""
     if not _FLATTEN:
         return []

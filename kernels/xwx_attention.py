@@ -22,8 +22,6 @@ Why the projections stay outside: they are ordinary dense GEMMs over all N token
 key's R_h and V_h), best done once by cuBLAS; recomputing them per query tile would multiply their FLOPs by
 N / BLOCK_M.
 """
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
@@ -34,7 +32,9 @@ from vitfast.kernels._common import (
     cdiv,
     check_device,
     input_precision,
+    launcher,
     next_pow2,
+    on_device,
     online_softmax_step,
     operand,
     to_dtype,
@@ -47,9 +47,10 @@ __all__ = ["xwx_attention_triton"]
 
 
 
-def _configs():
-    # The first candidate is the one used with VITFAST_TRITON_AUTOTUNE=0 (kernels/_common.py).
-    candidates = [
+def candidates() -> list:
+    """Every autotune candidate, whatever VITFAST_TRITON_AUTOTUNE says (the every-candidate parity test runs each
+    through `forced_config`).  The first is the one used with VITFAST_TRITON_AUTOTUNE=0 (kernels/_common.py)."""
+    return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_C": bc}, num_warps=w, num_stages=s)
         for bm, bn, bc, w, s in (
             (64, 64, 64, 4, 2),
@@ -62,9 +63,12 @@ def _configs():
             (32, 32, 64, 4, 2),
         )
     ]
+
+
+def _configs():
     # The interpreter runs one numpy op per Triton op per program: few, big tiles keep CI fast.
     interpreter = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_C": 64}, num_warps=4)
-    return tuned_configs(candidates, interpreter)
+    return tuned_configs(candidates(), interpreter)
 
 
 @autotune(_configs(), ["N_BUCKET", "R", "D", "C_OUT"])
@@ -163,8 +167,9 @@ def _dot_width(n: int) -> int:
     return max(16, next_pow2(int(n)))
 
 
-def xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None) -> torch.Tensor:
-    """`vitfast.reference.xwx_attention` on the Triton kernel (CUDA tensors, or CPU under the interpreter)."""
+def xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=None, *, _wrap=None) -> torch.Tensor:
+    """`vitfast.reference.xwx_attention` on the Triton kernel (CUDA tensors, or CPU under the interpreter).
+    `_wrap`: a launch wrapper (`forced_config`, or a registered op's `wrap_triton`)."""
     heads, rank, value_dim, c_out = check_xwx_attention_args(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual)
     check_device(x)
     batch, tokens, _ = x.shape
@@ -189,7 +194,7 @@ def xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=Non
 
     def launch(v, w_o_slice, bias, res, out):
         # `out` = bias + res + the heads through v and w_o_slice; `res` is never `out` (autotuning reruns it).
-        _xwx_attention_kernel[grid](
+        launcher(_xwx_attention_kernel, _wrap)[grid](
             left, right, kb if kb is not None else dummy, v, w_o_slice,
             bias if bias is not None else dummy, res if res is not None else dummy, out,
             tokens, heads, rank, v.shape[-1], c_out, n_bucket,
@@ -200,7 +205,7 @@ def xwx_attention_triton(x, w_q, w_k, key_bias, w_v, w_o, b_o=None, residual=Non
             BLOCK_R=min(64, _dot_width(rank)), BLOCK_D=_dot_width(v.shape[-1]),
         )
 
-    with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+    with on_device(x):
         launch(values[..., :_MAX_BLOCK_D], w_o[:, :_MAX_BLOCK_D], b_o_c, residual, out32)
         spare = None
         for d0 in range(_MAX_BLOCK_D, value_dim, _MAX_BLOCK_D):

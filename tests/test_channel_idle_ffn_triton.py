@@ -210,6 +210,27 @@ def test_low_precision(dtype, theta, c, batch, tokens, tol):
     assert err_kernel <= 2 * err_torch, f"kernel error {err_kernel:.3g} > 2 x torch error {err_torch:.3g}"
 
 
+@pytest.mark.parametrize("theta", [0.0, 0.75], ids=_theta_id)
+def test_every_candidate_gives_the_reference(theta, tol):
+    """Each autotune candidate of both kernels forced (the tests above reach the first one only, or the
+    interpreter's), in bf16 at 197 token rows (a ragged last row tile at every BLOCK_M): natively at DeiT-S width,
+    under the interpreter at 192 (each candidate's index and mask logic, in CI)."""
+    from vitfast.kernels._common import forced_config
+
+    dtype = LOW_PRECISION[-1]
+    c = 384 if DEVICE == "cuda" else 192
+    args = make_args(c, theta, (1, 197), dtype=dtype)
+    exact = reference(*[a.float() if a is not None else None for a in args])
+    own = (reference(*args).float() - exact).abs().max().item()
+    wrong = []
+    for cfg in cif.candidates():
+        out = channel_idle_ffn_triton(*args, _wrap=forced_config(cfg))
+        err = (out.float() - exact).abs().max().item()
+        if not err <= 2 * own:
+            wrong.append((str(cfg), err, own))
+    assert not wrong, wrong
+
+
 # ---------------------------------------------------------------------------------------------- bad inputs
 def _bad(c=16, theta=0.5):
     return make_args(c, theta, (2, 3))

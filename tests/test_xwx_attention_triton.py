@@ -5,6 +5,8 @@ Runs natively on CUDA tensors when a GPU is present, otherwise through the Trito
 the low-rank form `vitfast.fuse` picks when R ≤ C/2, and the branch factors side by side) and full (W_h [H, C, C]).
 """
 
+import functools
+
 import pytest
 import torch
 from helpers import assert_low_precision_no_worse, make_xwx_args, triton_test_device
@@ -163,6 +165,24 @@ def test_low_precision(dtype, shape, tol):
     b, n, c, h, r, d = shape
     args = make_xwx_args(b, n, c, h, r, d, device=DEVICE, dtype=dtype)
     assert_low_precision_no_worse(xwx_attention_triton, reference, args, dtype, tol)
+
+
+@pytest.mark.parametrize("shape", [(1, 197, 192, 3, 128, 128), (1, 197, 192, 3, None, 64)], ids=_id)
+def test_every_candidate_gives_the_reference(shape, tol):
+    """Each autotune candidate forced (the tests above reach the first one only, or the interpreter's), in the last
+    low-precision dtype at DeiT-Ti shapes (197 tokens: ragged query and key tiles at every candidate), both score
+    forms; under the interpreter this checks each candidate's index and mask logic in CI."""
+    from vitfast.kernels._common import forced_config
+
+    dtype = _low_precision_dtypes()[-1]
+    b, n, c, h, r, d = shape
+    args = make_xwx_args(b, n, c, h, r, d, device=DEVICE, dtype=dtype)
+    for cfg in xk.candidates():
+        kernel = functools.partial(xwx_attention_triton, _wrap=forced_config(cfg))
+        try:
+            assert_low_precision_no_worse(kernel, reference, args, dtype, tol)
+        except AssertionError as exc:
+            raise AssertionError(f"candidate {cfg}: {exc}") from exc
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device (the op's CUDA impl is the Triton launcher)")
