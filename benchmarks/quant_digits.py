@@ -33,6 +33,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from vitfast.measure import argmax_flips
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CALIB_BATCHES = 4  # × 64 = 256 training images
 EVAL_BATCH = 64
@@ -155,23 +157,18 @@ def logits_of(model, val) -> torch.Tensor:
 
 
 def compare(logits: torch.Tensor, ref: torch.Tensor, labels: torch.Tensor) -> Dict[str, Any]:
-    """Accuracy vs fp32, and the images whose argmax changed with their fp32 top-1 − top-2 margin (and that margin's
-    rank among the validation images: 0 = the smallest), next to the median per-image |Δlogits|."""
+    """Accuracy vs fp32, and the images whose argmax changed with their fp32 top-1 − top-2 margin and its rank
+    (`vitfast.measure.argmax_flips`), next to the median per-image |Δlogits|."""
     acc = float((logits.argmax(-1) == labels).float().mean())
     acc_ref = float((ref.argmax(-1) == labels).float().mean())
-    top2 = ref.topk(2, dim=-1).values
-    margin = top2[:, 0] - top2[:, 1]
-    flipped = (logits.argmax(-1) != ref.argmax(-1)).nonzero().flatten().tolist()
+    flips = argmax_flips(logits, ref)
+    for f in flips["flipped"]:
+        i = f["image"]
+        f.update(fp32_correct=bool(ref[i].argmax() == labels[i]), int8_correct=bool(logits[i].argmax() == labels[i]))
     return {"top1": acc, "delta_points": 100.0 * (acc - acc_ref),
             "agreement": float((logits.argmax(-1) == ref.argmax(-1)).float().mean()),
             "logit_rel_error": float((logits.double() - ref.double()).norm() / ref.double().norm()),
-            "median_abs_dlogits": float((logits - ref).norm(dim=-1).median()),
-            "flipped": [{"image": i, "fp32_margin": round(float(margin[i]), 4),
-                         "margin_rank": int((margin < margin[i]).sum()),
-                         "fp32_correct": bool(ref[i].argmax() == labels[i]),
-                         "int8_correct": bool(logits[i].argmax() == labels[i])} for i in flipped],
-            "fp32_median_margin": float(margin.median()),
-            "fp32_smallest_margins": [round(float(v), 4) for v in margin.sort().values[:3]]}
+            "median_abs_dlogits": float((logits - ref).norm(dim=-1).median()), **flips}
 
 
 def ort_dynamic(fused, val, work_dir: str) -> Dict[str, Any]:

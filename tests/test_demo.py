@@ -53,6 +53,11 @@ def test_demo_command_quick(tmp_path, capsys):
     points = float(re.search(r"val accuracy .* ([+-]\d+\.\d+) pt", out).group(1))
     met = points >= -0.3 - 1e-9 and agreement >= 0.995
     assert verdict.endswith(": met") if met else "MISSED on this model" in verdict
+    # then the flipped images with their fp32 margins (near-ties or not), as many as the agreement says
+    flips = out.splitlines()[out.splitlines().index(verdict) + 1]
+    n_val = int(accs[0][2])
+    n_flips = n_val - round(agreement * n_val)
+    assert flips == "no argmax flips" if n_flips == 0 else flips.count("fp32 margin") == min(5, n_flips)
 
 
 def test_demo_exit_status_when_accuracy_differs(monkeypatch, tmp_path, capsys):

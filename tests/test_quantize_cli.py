@@ -1,5 +1,6 @@
 """`vitfast quantize`: a fused file -> an int8 / bf16 file, its report, and its one-line errors."""
 import json
+import re
 
 import pytest
 import torch
@@ -84,4 +85,26 @@ def test_verify_an_int8_file_against_its_fp32_source(tmp_path, capsys, fused_fil
         model.head.weight.neg_()
     vitfast.save(model, other)
     assert main(["verify", str(out), "--source", str(other), "--inputs", "digits"]) == 1
-    assert "MISMATCH: the int8 model" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "MISMATCH: the int8 model" in text
+    # the flipped images are listed with their fp32 margins: the first five, then how many more
+    agree = int(re.search(r"argmax agreement = (\d+)/360", text).group(1))
+    flips = re.search(r"argmax flips: (.*); fp32 median margin", text).group(1)
+    assert 360 - agree > 5 and flips.count("fp32 margin") == 5 and f"and {360 - agree - 5} more" in flips
+
+
+def test_argmax_flips_reports_fp32_margins_and_ranks():
+    from vitfast.measure import argmax_flips, flips_text
+
+    ref = torch.tensor([[3.0, 1.0, 0.0], [1.0, 1.05, 0.0], [0.0, 5.0, 2.0], [2.0, 1.9, 0.0]])
+    out = torch.tensor([[3.0, 1.0, 0.0], [1.1, 1.0, 0.0], [0.0, 5.0, 2.0], [1.0, 2.0, 0.0]])
+    flips = argmax_flips(out, ref)
+    # images 1 and 3 flipped; their fp32 margins 0.05 (the smallest: rank 0) and 0.1 (rank 1); median of
+    # (2, 0.05, 3, 0.1) is torch's lower median, 0.1
+    assert [(f["image"], f["margin_rank"]) for f in flips["flipped"]] == [(1, 0), (3, 1)]
+    assert [f["fp32_margin"] for f in flips["flipped"]] == pytest.approx([0.05, 0.1], abs=1e-4)
+    assert flips["fp32_median_margin"] == pytest.approx(0.1) and flips["fp32_smallest_margins"] == pytest.approx(
+        [0.05, 0.1, 2.0], abs=1e-4)
+    assert flips_text(flips, 4).startswith("argmax flips: #1 (fp32 margin 0.050, rank 0 of 4), #3 (fp32 margin 0.100")
+    assert flips_text(argmax_flips(ref, ref), 4) == "no argmax flips"
+    assert argmax_flips(torch.zeros(2, 1), torch.ones(2, 1))["flipped"] == []  # one class: nothing can flip

@@ -72,6 +72,34 @@ def flops_of_input(model: nn.Module, x: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
+def argmax_flips(logits: torch.Tensor, ref: torch.Tensor) -> Dict[str, Any]:
+    """The images [N] whose argmax moved away from `ref`'s (the fp32 model's logits [N, classes]), each with ref's
+    top-1 − top-2 margin and that margin's rank among all N images (0 = the smallest), and the median and three
+    smallest margins: a flip on a near-tie is a rounding coin toss, one on a clear margin a real loss."""
+    ref = ref.detach().float()
+    if ref.shape[-1] < 2:  # one class: nothing can flip
+        margin = torch.full(ref.shape[:1], float("inf"))
+    else:
+        top2 = ref.topk(2, dim=-1).values
+        margin = top2[:, 0] - top2[:, 1]
+    flipped = (logits.argmax(-1) != ref.argmax(-1)).nonzero().flatten().tolist()
+    return {"flipped": [{"image": i, "fp32_margin": round(float(margin[i]), 4),
+                         "margin_rank": int((margin < margin[i]).sum())} for i in flipped],
+            "fp32_median_margin": float(margin.median()) if margin.numel() else float("nan"),
+            "fp32_smallest_margins": [round(float(v), 4) for v in margin.sort().values[:3]]}
+
+
+def flips_text(flips: Dict[str, Any], n: int, limit: int = 5) -> str:
+    """One line for `argmax_flips`' result: each flipped image with its fp32 margin and rank, then the median."""
+    if not flips["flipped"]:
+        return "no argmax flips"
+    shown = ", ".join(f"#{f['image']} (fp32 margin {f['fp32_margin']:.3f}, rank {f['margin_rank']} of {n})"
+                      for f in flips["flipped"][:limit])
+    more = f" and {len(flips['flipped']) - limit} more" if len(flips["flipped"]) > limit else ""
+    return (f"argmax flips: {shown}{more}; fp32 median margin {flips['fp32_median_margin']:.3f} "
+            f"(margin: top-1 − top-2 logit; rank 0 = the smallest)")
+
+
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Plain-text table with aligned columns (first column left, the rest right)."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]

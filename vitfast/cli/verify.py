@@ -21,6 +21,8 @@ from vitfast.cli._models import file_kind
 from vitfast.cli._models import load_source
 from vitfast.cli._models import model_input
 from vitfast.cli._models import size_text
+from vitfast.measure import argmax_flips
+from vitfast.measure import flips_text
 from vitfast.training.data import digits_loaders
 
 # The accuracy a low-precision copy must keep against its fp32 source (docs/quantization.md, Accuracy): at most this
@@ -97,6 +99,7 @@ def run(args) -> int:
         batches = [torch.randn(args.batch_size, in_chans, *img_size, generator=g) for _ in range(args.batches)]
     max_abs, max_ref, agree, n, err2, ref2 = 0.0, 0.0, 0, 0, 0.0, 0.0
     correct_ref = correct_out = 0
+    kept = []  # (source, low-precision) logits: which images flipped, at what fp32 margins
     with torch.no_grad():
         for i, x in enumerate(batches):
             x = x.to(device)
@@ -116,26 +119,32 @@ def run(args) -> int:
             ref2 += float((ref ** 2).sum())
             agree += int((ref.argmax(-1) == out.argmax(-1)).sum())
             n += int(ref.shape[0])
+            if low_precision is not None:
+                kept.append((ref.cpu(), out.cpu()))
     bound = args.atol + args.rtol * max_ref
     nmse = err2 / ref2 if ref2 > 0 else err2
     finite = all(map(lambda v: v == v and abs(v) != float("inf"), (max_abs, max_ref)))
     ok = finite and max_abs <= bound
     print(f"inputs: {n} {args.inputs} images of {in_chans}x{img_size[0]}x{img_size[1]} on {device}")
     if low_precision is not None:
+        flips = argmax_flips(torch.cat([o for _, o in kept]), torch.cat([r for r, _ in kept]))
         return _report_low_precision(args, low_precision, fused, finite, agree, n, err2, ref2, labels is not None,
-                                     correct_ref, correct_out)
+                                     correct_ref, correct_out, flips)
     print(f"max |Δlogits| = {max_abs:.3e} (tolerance {bound:.3e} = atol {args.atol:g} + rtol {args.rtol:g} x max|logit| {max_ref:.3g})")
     print(f"normalised MSE = {nmse:.3e}; argmax agreement = {agree}/{n} ({agree / n:.2%})")
     print("OK: the fused model matches its source" if ok else "MISMATCH: the fused model does not match its source")
     return EXIT_OK if ok else EXIT_CHECK_FAILED
 
 
-def _report_low_precision(args, dtype, model, finite, agree, n, err2, ref2, labelled, correct_ref, correct_out) -> int:
-    """An int8/bf16 model against its fp32 source: agreement (and top-1 on the digits) instead of exact equality."""
+def _report_low_precision(args, dtype, model, finite, agree, n, err2, ref2, labelled, correct_ref, correct_out,
+                          flips) -> int:
+    """An int8/bf16 model against its fp32 source: agreement (and top-1 on the digits) instead of exact equality,
+    and the flipped images' fp32 margins (near-ties or not)."""
     print(vitfast.quant.describe(model))
     rel = (err2 / ref2) ** 0.5 if ref2 > 0 else float("inf")
     print(f"relative logit error = {rel:.3e}; argmax agreement = {agree}/{n} ({agree / n:.2%}, required "
           f">= {args.min_agreement:.2%})")
+    print(flips_text(flips, n))
     ok = finite and agree / n >= args.min_agreement
     if labelled:
         drop = (correct_ref - correct_out) / n * 100

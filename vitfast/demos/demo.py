@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.nn as nn
 
-from ..measure import count_parameters, flops_per_image, format_table, measure_latency
+from ..measure import argmax_flips, count_parameters, flips_text, flops_per_image, format_table, measure_latency
 
 __all__ = ["run_demo", "count_parameters", "flops_per_image", "measure_latency", "format_table", "DEMO_MODEL"]
 
@@ -215,14 +215,17 @@ def _int8_comparison(fused, fused_path, out_dir, cfg, val_loader, logits_f, labe
                      f"{f['median_ms'] / q['median_ms']:.2f}x {'faster' if q['median_ms'] < f['median_ms'] else 'SLOWER'}"])
     drop = (correct_f - correct_q) / n_val * 100
     met = drop <= MAX_TOP1_DROP_POINTS + 1e-9 and agree >= MIN_ARGMAX_AGREEMENT
+    flips = argmax_flips(logits_q, logits_f)
     verdict = (f"int8 accuracy targets (at most {MAX_TOP1_DROP_POINTS} pt below fp32, at least "
                f"{MIN_ARGMAX_AGREEMENT:.1%} agreement): " + ("met" if met else
-               f"MISSED on this model ({-drop:+.2f} pt, {agree:.2%}; docs/quantization.md, Accuracy)"))
+               f"MISSED on this model ({-drop:+.2f} pt, {agree:.2%}; docs/quantization.md, Accuracy)")
+               + f"\n{flips_text(flips, n_val)}")
     return {
         "verdict": verdict, "targets_met": met,
         "title": (f"int8 ({int8_path}: vitfast.quantize, dynamic per-token activations, SmoothQuant α per layer; "
                   f"{vitfast.ops.int8_kernel()} kernels)"),
         "table": format_table(["", "fused fp32", "int8", "int8 vs fp32"], rows),
         "accuracy": correct_q / n_val, "correct": correct_q, "argmax_agreement": agree, "file_bytes": sizes["int8"],
+        "argmax_flips": flips,
         "latency": latency, "path": int8_path,
     }
