@@ -17,6 +17,7 @@ float is fp32.  The INTERPRET_BF16 constexpr (the interpreter's bf16 emulation) 
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -102,8 +103,9 @@ def record(path: str) -> None:
     seen, launches = set(), []
     run = InterpretedFunction.run
 
-    def recording_run(self, *args, grid, warmup, **kwargs):
-        names = self.arg_names
+    def recording_run(self, *args, **kwargs):
+        # (grid and warmup are keywords of run(); the rest are the kernel's arguments and launch options)
+        names = list(inspect.signature(self.fn).parameters)
         values = dict(zip(names, args))
         values.update({k: v for k, v in kwargs.items() if k in names})
         entry = {
@@ -115,7 +117,7 @@ def record(path: str) -> None:
         if key not in seen:
             seen.add(key)
             launches.append(entry)
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return run(self, *args, **kwargs)
 
     InterpretedFunction.run = recording_run
     try:
