@@ -83,6 +83,8 @@ def _launches():
         for norm in ("explicit", "fold"):
             yield f"ln_linear {norm}", ln_linear_triton, (x, w_in, b_in), {"eps": 1e-6, "gelu_cols": c, "norm": norm}
         yield "ln_linear split-K", ln_linear_triton, (x, w_proj, b_proj), {"residual": res, "emit_stats": True, "split_k": 2}
+        yield "ln_linear split-K, LayerNorm", ln_linear_triton, (x, w_proj, b_proj), {"eps": 1e-6, "residual": res,
+                                                                                     "split_k": 3}
         yield "row_stats", row_stats_triton, (x,), {}
         yield "channel_idle_ffn", channel_idle_ffn_triton, (x, w_in, b_in, w_out, b_out, res), {}
         yield "gated_mhsa", gated_mhsa_triton, (gate, 0, x, 1e-6, w_qkv, b_qkv, heads, w_proj, b_proj), {}
