@@ -21,7 +21,7 @@
 source benchmarks/gpu_common.sh
 export VITFAST_TRITON_AUTOTUNE=1  # the profile times kernels as deployed; the tests pin it off
 run 150 t_blocks env VITFAST_TRITON_AUTOTUNE=0 python3 -m pytest -q -rfs -n 16 -p no:cacheprovider --tb=short \
-  -k "cuda or constant_rows or forced or record or tma or persistent or colsum or same_block" \
+  -k "cuda or every_candidate or constant_rows or forced or record or tma or persistent or colsum or same_block" \
   tests/test_vit_block_triton.py tests/test_ln_linear_triton.py tests/test_gpu_profile_blocks.py \
   tests/test_patch_embed.py
 grep -E "^(FAILED|ERROR)|^E  " "$OUT/t_blocks.txt" | head -60
