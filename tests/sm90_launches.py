@@ -9,7 +9,8 @@ legality only, so that a change to any kernel is compiled by CI as the GPU would
                     every launch (kernel, argument types, constexpr values, warps/stages) and writes them to `path`
     compile(path)   with the interpreter off: compiles each recorded launch for sm_90 — an autotuned kernel at
                     every config of its autotuner, not only the interpreter's one — and asks ptxas to assemble it
-                    (where triton ships ptxas); prints one line per kernel and raises on the first failure
+                    (where triton ships ptxas); prints a count per kernel, or raises listing every launch that
+                    fails
 
 Argument types follow what triton's JIT does on a launch: a tensor is a pointer to its dtype (16-byte aligned:
 ptxas may then vectorise), an int equal to 1 a constexpr, an int divisible by 16 carries that divisibility, a
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import numbers
 import os
 import sys
 
@@ -36,10 +38,10 @@ def _describe(value):
         return ["ptr", DTYPES[str(value.dtype)], value.data_ptr() % 16 == 0]
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return ["const", value]
-    if isinstance(value, int) or type(value).__module__ == "numpy":
+    if isinstance(value, numbers.Integral):  # numpy integers too
         return ["int", int(value)]
-    if isinstance(value, float):
-        return ["float", value]
+    if isinstance(value, numbers.Real):
+        return ["float", float(value)]
     return ["const", repr(value)]
 
 
