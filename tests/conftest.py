@@ -25,8 +25,12 @@ TOLERANCES = {
 
 
 def _interpreter_broken_reason():
-    """triton < 3.2's interpreter (torch 2.4/2.5 ship 3.0/3.1) silently skips loads and stores under numpy >= 2
-    (a copy kernel returns zeros; numpy 2.4 also raises in interpreter.py): its results there mean nothing."""
+    """Why the Triton interpreter cannot run the Triton tests here, or None.  triton < 3.2's interpreter (torch
+    2.4/2.5 ship 3.0/3.1) silently skips loads and stores under numpy >= 2 (a copy kernel returns zeros); triton
+    3.6's (torch 2.11's) raises on `range(0, n, BLOCK)` over a runtime n under numpy 2.4 ("only 0-dimensional
+    arrays can be converted to Python scalars").  Beyond the known version pair, a probe kernel with both (a strided
+    loop over a runtime bound, masked loads and stores) must copy its input: the kernels' results mean nothing
+    where it does not."""
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return None
     import numpy
@@ -37,6 +41,17 @@ def _interpreter_broken_reason():
     if triton_version() < (3, 2) and int(numpy.__version__.split(".")[0]) >= 2:
         return (f"the Triton interpreter of triton {triton.__version__} (< 3.2) ignores loads/stores under numpy "
                 f"{numpy.__version__}: install numpy<2 to run the Triton tests with this torch")
+    from interpreter_probe import copy_probe
+
+    try:
+        ok = copy_probe()
+    except Exception as exc:  # noqa: BLE001 - any failure of a trivially correct kernel is the interpreter's
+        return (f"the Triton interpreter of triton {triton.__version__} fails a trivial copy kernel under numpy "
+                f"{numpy.__version__} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}): "
+                f"run the Triton tests with another numpy or triton")
+    if not ok:
+        return (f"the Triton interpreter of triton {triton.__version__} copies wrongly under numpy "
+                f"{numpy.__version__}: run the Triton tests with another numpy or triton")
     return None
 
 
