@@ -31,6 +31,10 @@ DTYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "b
 
 
 # ---------------------------------------------------------------------------------------------- recording
+class InterpreterBroken(RuntimeError):
+    """This triton's interpreter cannot run kernels here (tests/interpreter_probe.py): nothing can be recorded."""
+
+
 def _describe(value):
     import torch
 
@@ -102,7 +106,15 @@ def _launches():
 def record(path: str) -> None:
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         raise RuntimeError("record: expected TRITON_INTERPRET=1 (the launches run on the interpreter)")
+    from interpreter_probe import copy_probe
     from triton.runtime.interpreter import InterpretedFunction
+
+    try:
+        ok = copy_probe()
+    except Exception as exc:
+        raise InterpreterBroken(f"{type(exc).__name__}: {exc}") from exc
+    if not ok:
+        raise InterpreterBroken("a trivial copy kernel copies wrongly")
 
     seen, launches = set(), []
     run = InterpretedFunction.run
