@@ -148,7 +148,8 @@ def _report_low_precision(args, dtype, model, finite, agree, n, err2, ref2, labe
     ok = finite and agree / n >= args.min_agreement
     if labelled:
         drop = (correct_ref - correct_out) / n * 100
-        print(f"top-1: source {correct_ref / n:.4f}, {dtype} {correct_out / n:.4f} ({-drop:+.2f} pt, at most "
+        print(f"top-1: source {correct_ref / n:.4f}, {dtype} {correct_out / n:.4f} "
+              f"({(correct_out - correct_ref) / n * 100:+.2f} pt, at most "
               f"-{args.max_drop:g} pt allowed)")
         ok = ok and drop <= args.max_drop + 1e-9
     print(f"OK: the {dtype} model agrees with its source" if ok

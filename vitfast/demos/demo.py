@@ -218,7 +218,8 @@ def _int8_comparison(fused, fused_path, out_dir, cfg, val_loader, logits_f, labe
     flips = argmax_flips(logits_q, logits_f)
     verdict = (f"int8 accuracy targets (at most {MAX_TOP1_DROP_POINTS} pt below fp32, at least "
                f"{MIN_ARGMAX_AGREEMENT:.1%} agreement): " + ("met" if met else
-               f"MISSED on this model ({-drop:+.2f} pt, {agree:.2%}; docs/quantization.md, Accuracy)")
+               f"MISSED on this model ({(correct_q - correct_f) / n_val * 100:+.2f} pt, {agree:.2%}; "
+               f"docs/quantization.md, Accuracy)")
                + f"\n{flips_text(flips, n_val)}")
     return {
         "verdict": verdict, "targets_met": met,
