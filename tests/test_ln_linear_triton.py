@@ -263,7 +263,7 @@ def test_cuda_split_k_race_free_and_deterministic(dtype, tol):
     # DeiT-B's proj at batch 1 (197 × 768 × 768), forced to 3 slices: many tiles whose slices race for the last
     # arrival.  A missed partial or a stale read shows as a difference from the fp64 reference or between repeats.
     # Everything is measured before anything is asserted, so one native run tells a race (repeats differ) from a
-    # systematic error (repeats agree), and which of the split and the unsplit GEMM is off (an H200 run had 7
+    # systematic error (repeats agree), and which of the split and the unsplit GEMM is off (a native run had 7
     # outputs of row 193 of the split result 0.23 away from the unsplit one, and stopped there).
     x, w, b = operands(dtype, m=197, n=768, k=768)
     res = torch.randn(197, 768, device=DEVICE).to(dtype)
