@@ -32,6 +32,13 @@ MAX_TOP1_DROP_POINTS = 0.3
 MIN_ARGMAX_AGREEMENT = 0.995
 
 
+def meets_accuracy_targets(drop_points: float, agreement: float, max_drop: float = MAX_TOP1_DROP_POINTS,
+                           min_agreement: float = MIN_ARGMAX_AGREEMENT) -> bool:
+    """Whether a low-precision copy is at most `max_drop` top-1 points below its source (drop_points > 0: below;
+    with a margin for the float rounding of count / n · 100) and agrees on at least `min_agreement` of the argmaxes."""
+    return drop_points <= max_drop + 1e-9 and agreement >= min_agreement
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "verify", formatter_class=Formatter, help="check a fused file against its train-time source",
@@ -145,13 +152,12 @@ def _report_low_precision(args, dtype, model, finite, agree, n, err2, ref2, labe
     print(f"relative logit error = {rel:.3e}; argmax agreement = {agree}/{n} ({agree / n:.2%}, required "
           f">= {args.min_agreement:.2%})")
     print(flips_text(flips, n))
-    ok = finite and agree / n >= args.min_agreement
+    drop = (correct_ref - correct_out) / n * 100 if labelled else 0.0  # without labels only agreement counts
+    ok = finite and meets_accuracy_targets(drop, agree / n, args.max_drop, args.min_agreement)
     if labelled:
-        drop = (correct_ref - correct_out) / n * 100
         print(f"top-1: source {correct_ref / n:.4f}, {dtype} {correct_out / n:.4f} "
               f"({(correct_out - correct_ref) / n * 100:+.2f} pt, at most "
               f"-{args.max_drop:g} pt allowed)")
-        ok = ok and drop <= args.max_drop + 1e-9
     print(f"OK: the {dtype} model agrees with its source" if ok
           else f"MISMATCH: the {dtype} model is further from its source than allowed")
     return EXIT_OK if ok else EXIT_CHECK_FAILED

@@ -182,7 +182,7 @@ def _int8_comparison(fused, fused_path, out_dir, cfg, val_loader, logits_f, labe
     size, latency."""
     import vitfast
 
-    from ..cli.verify import MAX_TOP1_DROP_POINTS, MIN_ARGMAX_AGREEMENT
+    from ..cli.verify import MAX_TOP1_DROP_POINTS, MIN_ARGMAX_AGREEMENT, meets_accuracy_targets
     from ..training.data import digits_loaders
 
     calib_loader, _ = digits_loaders(img_size=cfg["img_size"], batch_size=64, seed=seed, augment=False)
@@ -214,7 +214,7 @@ def _int8_comparison(fused, fused_path, out_dir, cfg, val_loader, logits_f, labe
                      f"{q['median_ms']:.2f} [{q['p10_ms']:.2f}-{q['p90_ms']:.2f}]",
                      f"{f['median_ms'] / q['median_ms']:.2f}x {'faster' if q['median_ms'] < f['median_ms'] else 'SLOWER'}"])
     drop = (correct_f - correct_q) / n_val * 100
-    met = drop <= MAX_TOP1_DROP_POINTS + 1e-9 and agree >= MIN_ARGMAX_AGREEMENT
+    met = meets_accuracy_targets(drop, agree)
     flips = argmax_flips(logits_q, logits_f)
     verdict = (f"int8 accuracy targets (at most {MAX_TOP1_DROP_POINTS} pt below fp32, at least "
                f"{MIN_ARGMAX_AGREEMENT:.1%} agreement): " + ("met" if met else
