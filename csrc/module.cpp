@@ -17,6 +17,7 @@
 #include "kernels/huge_arena.h"
 #include "ops/int8_block.h"
 #include "ops/output_pool.h"
+#include "ops/vit_forward.h"
 #include "ops/weight_cache.h"
 
 namespace {
@@ -76,6 +77,110 @@ void warn_on_bad_environment() {
   if (PyErr_WarnEx(PyExc_RuntimeWarning, msg.c_str(), 1) != 0) throw py::error_already_set();
 }
 
+
+// ---- vit_forward plans (csrc/ops/vit_forward.h), built once per model structure by vitfast.nn.vit.
+
+using OptTensor = std::optional<at::Tensor>;
+
+vitfast::ops::ForwardNorm forward_norm(const py::object& spec) {  // None or (weight, bias, eps)
+  vitfast::ops::ForwardNorm n;
+  if (spec.is_none()) return n;
+  const py::tuple t = spec.cast<py::tuple>();
+  n.present = true;
+  n.weight = t[0].cast<OptTensor>();
+  n.bias = t[1].cast<OptTensor>();
+  n.eps = t[2].cast<double>();
+  return n;
+}
+
+// ("int8", qweight, w_scale, bias, smooth, act_scale) from `t` at `i`.
+vitfast::ops::Int8LinearArgs int8_linear(const py::tuple& t, size_t i) {
+  return {t[i].cast<at::Tensor>(), t[i + 1].cast<at::Tensor>(), t[i + 2].cast<OptTensor>(),
+          t[i + 3].cast<OptTensor>(), t[i + 4].cast<double>()};
+}
+
+vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
+  vitfast::ops::ForwardBlock b;
+  const std::string kind = t[0].cast<std::string>();
+  if (kind == "fp32") {
+    // (kind, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out, residual):
+    // vit_block's arguments after x.
+    if (t.size() != 13) throw py::value_error("blocks: an fp32 block takes 13 entries");
+    b.norm1_eps = t[1].cast<double>();
+    b.w_qkv = t[2].cast<at::Tensor>();
+    b.b_qkv = t[3].cast<OptTensor>();
+    b.num_heads = t[4].cast<int64_t>();
+    b.w_proj = t[5].cast<at::Tensor>();
+    b.b_proj = t[6].cast<OptTensor>();
+    b.ffn_norm_eps = t[7].cast<std::optional<double>>();
+    b.w_in = t[8].cast<at::Tensor>();
+    b.b_in = t[9].cast<OptTensor>();
+    b.w_out = t[10].cast<at::Tensor>();
+    b.b_out = t[11].cast<OptTensor>();
+    b.ffn_residual = t[12].cast<bool>();
+  } else if (kind == "int8") {
+    // (kind, _int8_block's arguments after x)
+    if (t.size() != 26) throw py::value_error("blocks: an int8 block takes 26 entries");
+    b.int8 = true;
+    b.norm1_eps = t[1].cast<double>();
+    b.qkv = int8_linear(t, 2);
+    b.num_heads = t[7].cast<int64_t>();
+    const int64_t attention = t[8].cast<int64_t>();
+    if (attention < 0 || attention > 2) throw py::value_error("attention: expected 0 (fp32), 1 (int8) or 2 (bf16)");
+    b.attention = static_cast<vitfast::ops::BlockAttention>(attention);
+    b.proj = int8_linear(t, 9);
+    b.ffn_norm_eps = t[14].cast<std::optional<double>>();
+    b.ffn = {t[15].cast<at::Tensor>(), t[16].cast<at::Tensor>(), t[17].cast<OptTensor>(),
+             t[18].cast<at::Tensor>(), t[19].cast<at::Tensor>(), t[20].cast<OptTensor>(),
+             t[21].cast<OptTensor>(), t[22].cast<OptTensor>(), t[23].cast<double>(),
+             t[24].cast<double>(), t[25].cast<bool>()};
+  } else {
+    throw py::value_error("blocks: expected a block of kind 'fp32' or 'int8', got '" + kind + "'");
+  }
+  return b;
+}
+
+std::shared_ptr<vitfast::ops::VitForwardPlan> vit_forward_plan(const py::tuple& stem, const py::tuple& tokens,
+                                                               const py::object& norm_pre,
+                                                               const std::vector<py::tuple>& blocks,
+                                                               const py::object& norm, int64_t pool,
+                                                               int64_t num_prefix_tokens, bool pool_include_prefix,
+                                                               const py::object& fc_norm, const py::tuple& head) {
+  auto p = std::make_shared<vitfast::ops::VitForwardPlan>();
+  const std::string stem_kind = stem[0].cast<std::string>();
+  p->patch_h = stem[1].cast<int64_t>();
+  p->patch_w = stem[2].cast<int64_t>();
+  if (p->patch_h < 1 || p->patch_w < 1) throw py::value_error("stem: expected a patch size >= 1");
+  if (stem_kind == "fp32") {  // (kind, p, q, conv weight, bias)
+    p->patch_weight = stem[3].cast<at::Tensor>();
+    p->patch_bias = stem[4].cast<OptTensor>();
+  } else if (stem_kind == "int8") {  // (kind, p, q, qweight, w_scale, bias, smooth, act_scale)
+    p->stem_int8 = true;
+    p->stem_q = int8_linear(stem, 3);
+  } else {
+    throw py::value_error("stem: expected kind 'fp32' or 'int8', got '" + stem_kind + "'");
+  }
+  p->cls_token = tokens[0].cast<OptTensor>();  // (cls_token, reg_token, pos_embed, no_embed_class)
+  p->reg_token = tokens[1].cast<OptTensor>();
+  p->pos_embed = tokens[2].cast<at::Tensor>();
+  p->no_embed_class = tokens[3].cast<bool>();
+  p->norm_pre = forward_norm(norm_pre);
+  for (const py::tuple& b : blocks) p->blocks.push_back(forward_block(b));
+  p->norm = forward_norm(norm);
+  if (pool < 0 || pool > 2) throw py::value_error("pool: expected 0 (none), 1 (token) or 2 (avg)");
+  p->pool = static_cast<vitfast::ops::ForwardPool>(pool);
+  p->num_prefix_tokens = num_prefix_tokens;
+  p->pool_include_prefix = pool_include_prefix;
+  p->fc_norm = forward_norm(fc_norm);
+  const int64_t head_kind = head[0].cast<int64_t>();  // (kind, weight, bias)
+  if (head_kind < 0 || head_kind > 2) throw py::value_error("head: expected 0 (identity), 1 (packed) or 2 (aten)");
+  p->head = static_cast<vitfast::ops::ForwardHead>(head_kind);
+  if (head_kind != 0) {
+    p->head_weight = head[1].cast<at::Tensor>();
+    p->head_bias = head[2].cast<OptTensor>();
+  }
+  return p;
+}
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -159,6 +264,26 @@ PYBIND11_MODULE(_C, m) {
         }
       },
       "An int8 fused block's five CPU ops in one call (csrc/ops/int8_block.h; vitfast.nn.block.int8_block_forward).");
+  py::class_<vitfast::ops::VitForwardPlan, std::shared_ptr<vitfast::ops::VitForwardPlan>>(
+      m, "_VitForwardPlan", "A fused ViT's forward as data (csrc/ops/vit_forward.h; made by _vit_forward_plan).");
+  m.def("_vit_forward_plan", &vit_forward_plan, py::arg("stem"), py::arg("tokens"), py::arg("norm_pre"),
+        py::arg("blocks"), py::arg("norm"), py::arg("pool"), py::arg("num_prefix_tokens"),
+        py::arg("pool_include_prefix"), py::arg("fc_norm"), py::arg("head"),
+        "The plan of a fused timm ViT's forward (vitfast.nn.vit builds it once per model structure).");
+  m.def(
+      "_vit_forward",
+      [](const vitfast::ops::VitForwardPlan& plan, const at::Tensor& images) -> std::optional<at::Tensor> {
+        try {
+          py::gil_scoped_release no_gil;  // the kernels need no Python
+          return vitfast::ops::vit_forward(plan, images);
+        } catch (const c10::ValueError& e) {  // the ops' argument errors keep their Python type
+          throw py::value_error(e.what_without_backtrace());
+        } catch (const c10::TypeError& e) {
+          throw py::type_error(e.what_without_backtrace());
+        }
+      },
+      py::arg("plan"), py::arg("images"),
+      "A fused ViT's logits in one call (csrc/ops/vit_forward.h), or None where the module path must run.");
   m.def(
       "_huge_arena_stats",
       []() {

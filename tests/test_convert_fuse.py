@@ -14,7 +14,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 import vitfast
 from vitfast.convert import from_timm
-from vitfast.nn import FusedBlock, FusedChannelIdleFFN, FusedSwinBlock
+from vitfast.nn import FusedBlock, FusedChannelIdleFFN, FusedSwinBlock, FusedVisionTransformer
 from vitfast.methods.repavit import ChannelIdleBlock, ChannelIdleMlp, ChannelIdleSwinBlock, idle_ratios
 
 from helpers import NORMS, THETAS, assert_close_scaled, randomize
@@ -77,7 +77,7 @@ def _check_fused_equals_train_time(model: nn.Module) -> nn.Module:
 def test_vit_fused_equals_train_time(vit, theta, norm):
     model = _calibrate_batchnorms(from_timm(vit, channel_idle=theta, norm=norm))
     fused = _check_fused_equals_train_time(model)
-    assert type(fused) is VisionTransformer
+    assert type(fused) is FusedVisionTransformer  # timm's class with the one-call forward (vitfast.nn.vit)
     for block in fused.blocks:
         assert type(block) is FusedBlock and isinstance(block.mlp, FusedChannelIdleFFN)
         assert block.mlp.active_features == math.ceil(256 * (1 - theta))

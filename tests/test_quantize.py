@@ -103,6 +103,7 @@ def test_int8_block_runs_the_int8_ops_not_the_block_op(norm):
     with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         q(x)
     counts = {e.key: e.count for e in prof.key_averages()}
+    assert counts.get("vitfast::vit_forward", 0) == 1  # the whole model in one call (vitfast.nn.vit)
     assert counts.get("vitfast::vit_block", 0) == 0
     # each block's five int8 ops in one C++ call (csrc/ops/int8_block.h), which records them under the ops' names;
     # qkv and proj of each block, and the patch embedding
@@ -118,13 +119,21 @@ def _spy_int8_block_forward(monkeypatch):
     return spy_returned_something(monkeypatch, block_mod, "int8_block_forward")
 
 
+def _blocks_path(model, x):
+    """timm's forward over the model's modules, each block taking its own path (not the whole model's one call,
+    vitfast.nn.vit)."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer.forward(model, x)
+
+
 def _module_path(model, x, monkeypatch):
     import vitfast.nn.block as block_mod
 
     with monkeypatch.context() as m:
         m.setattr(block_mod, "int8_block_forward", lambda *args, **kwargs: None)
         with torch.no_grad():
-            return model(x)
+            return _blocks_path(model, x)
 
 
 @pytest.mark.parametrize("norm", ["batch", "layer"])
@@ -138,9 +147,11 @@ def test_int8_block_calls_the_ops_straight_with_the_module_paths_bits(norm, opti
     expected = _module_path(q, x, monkeypatch)
     taken = _spy_int8_block_forward(monkeypatch)
     with torch.no_grad():
-        got = q(x)
+        got = _blocks_path(q, x)
     assert taken == [True, True]
     assert torch.equal(got, expected)
+    with torch.no_grad():
+        assert torch.equal(q(x), expected)  # the whole model as one call (vitfast.nn.vit): the same bits
 
 
 def test_int8_block_errors_keep_their_type():

@@ -211,10 +211,17 @@ def _json_subset(cfg: Any) -> Dict[str, Any]:
     return out
 
 
+def saved_class(module: nn.Module) -> type:
+    """The class a checkpoint records for `module`: the timm class that a vitfast subclass adding no state or module
+    names (`vitfast_timm_class`: vitfast.nn.vit.FusedVisionTransformer), else the module's own."""
+    cls = type(module)
+    return getattr(cls, "vitfast_timm_class", cls) if cls.__module__.startswith("vitfast.") else cls
+
+
 def _class_name(model: nn.Module) -> str:
     classes = _timm_classes()
     for name, cls in classes.items():
-        if type(model) is cls:  # exact: a subclass may add modules or change forward
+        if saved_class(model) is cls:  # exact: a subclass may add modules or change forward
             return name
     raise TypeError(
         f"model: expected a timm model of class {', '.join(SUPPORTED_CLASSES)} (exact type, possibly with "

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from .nn.linear_head import use_gemm_stem_and_head
+from .nn.vit import use_fused_vit_forward
 
 __all__ = ["fuse"]
 
@@ -88,6 +89,7 @@ def fuse(model: nn.Module, *, prepack: bool = True, **options) -> nn.Module:
         raise ValueError(f"{unused[0]}: expected an option of the model's train-time modules' to_fused(), got "
                          f"{options[unused[0]]!r} and no module takes it")
     use_gemm_stem_and_head(fused)
+    use_fused_vit_forward(fused)
     return _prepacked(fused, prepack)
 
 

@@ -31,6 +31,7 @@
 #include "ops/op_utils.h"
 #include "ops/weight_cache.h"
 #include "ops/output_pool.h"
+#include "ops/vit_forward.h"
 
 namespace vitfast {
 namespace ops {
@@ -109,6 +110,10 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const OptTe
 }
 
 }  // namespace
+
+at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
+  return linear_cpu(x, weight, bias, std::nullopt);
+}
 
 std::shared_ptr<const gemm::PackedB> packed_linear_weight(const at::Tensor& weight, const at::Tensor& bias,
                                                           const char* weight_name, const char* bias_name) {

@@ -35,6 +35,7 @@
 #include "ops/op_threads.h"
 #include "ops/op_utils.h"
 #include "ops/output_pool.h"
+#include "ops/vit_forward.h"
 
 namespace vitfast {
 namespace ops {
@@ -192,6 +193,15 @@ at::Tensor vit_block_cpu(const at::Tensor& x, double norm1_eps, const at::Tensor
 }
 
 }  // namespace
+
+at::Tensor vit_block_op(const at::Tensor& x, double norm1_eps, const at::Tensor& w_qkv, const OptTensor& b_qkv,
+                        int64_t num_heads, const at::Tensor& w_proj, const OptTensor& b_proj,
+                        std::optional<double> ffn_norm_eps, const at::Tensor& w_in, const OptTensor& b_in,
+                        const at::Tensor& w_out, const OptTensor& b_out, bool ffn_residual) {
+  return vit_block_cpu(x, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
+                       ffn_residual);
+}
+
 }  // namespace ops
 }  // namespace vitfast
 

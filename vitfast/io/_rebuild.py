@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..arch import build_timm
+from ..arch import build_timm, saved_class
 from ..nn.registry import fused_module_from_config, is_fused_module
 
 
@@ -98,6 +98,9 @@ def rebuild_float32(architecture: dict, modules: Dict[str, dict], device: Option
         else:
             module = fused_module_from_config(modules[path])
         _set_submodule(model, path, module)
+    from ..nn.vit import use_fused_vit_forward
+
+    use_fused_vit_forward(model)  # the one-call CPU forward where the structure allows (vitfast.nn.vit)
     return model
 
 
@@ -129,7 +132,7 @@ def structure_mismatches(model: nn.Module, rebuilt: nn.Module) -> List[str]:
         if other is None:
             out.append(f"{where}: {type(module).__qualname__} is not part of the rebuilt skeleton")
             continue
-        if type(module) is not type(other):
+        if saved_class(module) is not saved_class(other):
             if isinstance(module, droplike) and isinstance(other, droplike):
                 continue  # identical in eval mode
             hint = ""

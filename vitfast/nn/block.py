@@ -192,6 +192,18 @@ def whole_block_args(block: nn.Module, x: torch.Tensor, current: Optional[tuple]
     # A forward patched on the class must run.
     if _hooked(attn, mlp) or FusedChannelIdleFFN.forward is not _FFN_FORWARD:
         return None
+    params = vit_block_params(children)
+    if params is None or ops.get_backend() == "reference" or tracing() or params[1].dtype != x.dtype:
+        return None
+    if x.is_cpu and not ops.extension_loaded():
+        return None
+    return (x,) + params
+
+
+def vit_block_params(children: tuple) -> Optional[tuple]:
+    """`torch.ops.vitfast.vit_block`'s arguments after x for a block planned `runs_as_one_op`, from its children
+    (`_children`), or None when a parameter is missing from its module's dict."""
+    norm1, attn, mlp = children[:3]
     # Parameters straight from the dicts: each nn.Module attribute lookup costs ~2 µs, and this runs once per block
     # per forward.  (A parametrized tensor is not in the dict, its property is: the six-op path reads it through that.)
     attn_modules = attn._modules
@@ -201,14 +213,10 @@ def whole_block_args(block: nn.Module, x: torch.Tensor, current: Optional[tuple]
                    ffn["b_out"])
     except KeyError:
         return None
-    if ops.get_backend() == "reference" or tracing() or tensors[0].dtype != x.dtype:
-        return None
-    if x.is_cpu and not ops.extension_loaded():
-        return None
     w_qkv, b_qkv, w_proj, b_proj, w_in, b_in, w_out, b_out = tensors
     ffn_norm = children[5]
     ffn_norm_eps = float(ffn_norm.eps) if ffn_norm is not None else None
-    return (x, float(norm1.eps), w_qkv, b_qkv, attn.num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
+    return (float(norm1.eps), w_qkv, b_qkv, attn.num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out,
             mlp.residual)
 
 
@@ -248,23 +256,31 @@ def int8_block_forward(block: nn.Module, x: torch.Tensor, current: Optional[tupl
     plan, children = current or _current_plan(block)
     if not plan.int8_ops:
         return None
-    norm1, attn, mlp, _, _, ffn_norm = children
+    attn, mlp = children[1:3]
     attn_modules = attn._modules
     qkv, proj = attn_modules["qkv"], attn_modules["proj"]
     if (_hooked(attn, mlp, qkv, proj) or Int8Linear.forward is not _INT8_LINEAR_FORWARD
             or Int8ChannelIdleFFN.forward is not _INT8_FFN_FORWARD or ops.get_backend() == "reference" or tracing()
             or not ops.extension_loaded()):
         return None
-    q, p, f = qkv.__dict__, proj.__dict__, mlp.__dict__  # plain attributes (act_scale) beside the buffers
-    qb, pb, fb = qkv._buffers, proj._buffers, mlp._buffers
-    flags = attn.__dict__
-    params = mlp._parameters
     # The five ops in one C++ call (csrc/ops/int8_block.h): each is the op's CPU binding, so the same bits as
     #   h = linear_int8(layer_norm(x)); h = attention[_int8|_bf16](h); x1 = linear_int8(h, residual=x);
     #   out = channel_idle_ffn_int8([layer_norm](x1), residual=x1 if the FFN adds its shortcut)
     # through torch.ops, without their dispatches and the Python between them (~25 µs per block).
-    return ops._C._int8_block(
-        x, float(norm1.eps), qb["qweight"], qb["w_scale"], qkv._parameters.get("bias"), qb.get("smooth"),
+    return ops._C._int8_block(x, *int8_block_params(children))
+
+
+def int8_block_params(children: tuple) -> tuple:
+    """`vitfast._C._int8_block`'s arguments after x for a block planned `int8_ops`, from its children (`_children`)."""
+    norm1, attn, mlp, _, _, ffn_norm = children
+    attn_modules = attn._modules
+    qkv, proj = attn_modules["qkv"], attn_modules["proj"]
+    q, p, f = qkv.__dict__, proj.__dict__, mlp.__dict__  # plain attributes (act_scale) beside the buffers
+    qb, pb, fb = qkv._buffers, proj._buffers, mlp._buffers
+    flags = attn.__dict__
+    params = mlp._parameters
+    return (
+        float(norm1.eps), qb["qweight"], qb["w_scale"], qkv._parameters.get("bias"), qb.get("smooth"),
         q["act_scale"], attn.num_heads, 1 if flags.get("int8_attention") else 2 if flags.get("bf16_attention") else 0,
         pb["qweight"], pb["w_scale"], proj._parameters.get("bias"), pb.get("smooth"), p["act_scale"],
         None if ffn_norm is None else float(ffn_norm.eps), fb["qw_in"], fb["s_in"], params.get("b_in"), fb["qw_out"],

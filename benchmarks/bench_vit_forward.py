@@ -1,0 +1,86 @@
+"""Benchmark of a fused ViT's whole forward as one C++ call (`vitfast.nn.vit.FusedVisionTransformer`,
+csrc/ops/vit_forward.h) against the module path it replaces and against ONNX Runtime fp32 on the same fused graph.
+
+Providers, one model (RePaViT θ = 0.75, BN variant, random weights), one call of each per round, the order rotating
+(harness.run_interleaved; `ort` is the baseline of the ratios, so each is ort ÷ provider, paired):
+  modules   timm's forward over the fused modules (`VisionTransformer.forward`): what the model ran before, each
+            block already one `vit_block` call
+  one_call  `model(x)`: the whole forward in one `vitfast._C._vit_forward` call (the same bits)
+  ort       ONNX Runtime fp32 on the same fused graph (`vitfast.export.to_onnx`, non-spinning threads): the anchor
+
+The call saves a fixed cost per forward (module calls, timm's Python, each op's entry), so it shows on small models
+at batch 1: the digits demo's shape (width 96, 4 blocks, 17 tokens) is the case it was built for; DeiT-Ti shows what
+is left of it at ImageNet size.  `ort ÷ one_call` above 1 is vitfast ahead; the report line says SLOWER where it
+is not.
+
+    .venv/bin/python -m pytest benchmarks/bench_vit_forward.py
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitfast
+from harness import interleaved_rounds, run_interleaved
+
+THETA = 0.75
+# name: (timm config, image side).  "demo": the digits demo's model (vitfast.demos.demo: width 96, 4 blocks,
+# 32 px images in patches of 8, 10 classes).
+MODELS = {
+    "demo": (dict(img_size=32, patch_size=8, embed_dim=96, depth=4, num_heads=3, num_classes=10), 32),
+    "deit_tiny": (dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3, num_classes=1000), 224),
+}
+_CACHE: dict = {}
+
+
+def _model(name, tmp_path_factory):
+    if name not in _CACHE:
+        from timm.models.vision_transformer import VisionTransformer
+
+        from vitfast.export import to_onnx
+        from vitfast.measure import flops_per_image
+
+        cfg, side = MODELS[name]
+        torch.manual_seed(0)
+        fused = vitfast.fuse(vitfast.convert.from_timm(VisionTransformer(**cfg).eval(), channel_idle=THETA,
+                                                       norm="batch")).eval()
+        path = str(tmp_path_factory.mktemp("vit_forward") / f"{name}.onnx")
+        to_onnx(fused, path, input_shape=(3, side, side))
+        with vitfast.export.reference_backend():
+            flops = flops_per_image(fused, (3, side, side))
+        _CACHE.clear()
+        _CACHE[name] = (fused, path, side, flops)
+    return _CACHE[name]
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
+@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("name", list(MODELS))
+def test_vit_forward_interleaved(benchmark, tmp_path_factory, name, batch, threads):
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vitfast.export import ort_session
+
+    fused, path, side, flops_per_image = _model(name, tmp_path_factory)
+    x = torch.randn(batch, 3, side, side, generator=torch.Generator().manual_seed(0))
+    session = ort_session(path, threads, spinning=False)
+    input_name, xn = session.get_inputs()[0].name, x.numpy()
+    with torch.no_grad():
+        want = VisionTransformer.forward(fused, x)
+        assert torch.equal(fused(x), want)  # the one call has the module path's bits
+        torch.testing.assert_close(torch.from_numpy(session.run(None, {input_name: xn})[0]), want, rtol=1e-4,
+                                   atol=1e-4)
+    # ONNX Runtime first: each provider's per-round ratio is then ort ÷ provider, paired (above 1: faster than it).
+    fns = {"ort": lambda: session.run(None, {input_name: xn}), "modules": lambda: VisionTransformer.forward(fused, x),
+           "one_call": lambda: fused(x)}
+    case = (name, f"theta{THETA}", f"b{batch}", f"t{threads}", "interleaved")
+    flops = flops_per_image * batch
+    rounds = interleaved_rounds(flops, threads, 3, seconds=4.0)
+    entry = run_interleaved(benchmark, fns, (), case, threads, flops, rounds=rounds)
+    providers = entry["providers"]
+    benchmark.extra_info.update(providers)
+    one, mod = providers["one_call"], providers["modules"]
+    print(f"\n{case}: one_call {one['median'] * 1e6:.0f} us, modules {mod['median'] * 1e6:.0f} us, ort "
+          f"{providers['ort']['median'] * 1e6:.0f} us; ort / one_call {one['ratio_median']:.3f}x "
+          f"({one['ratio_p10']:.2f}-{one['ratio_p90']:.2f}){'' if one['ratio_median'] >= 1 else ' (vitfast SLOWER)'}, "
+          f"ort / modules {mod['ratio_median']:.3f}x")

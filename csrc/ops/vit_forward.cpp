@@ -1,0 +1,185 @@
+// A fused timm VisionTransformer's inference forward as one call: see vit_forward.h.
+#include "ops/vit_forward.h"
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
+#include <cstring>
+#include <optional>
+
+#include "kernels/cpu_features.h"
+#include "kernels/gemm_int8.h"
+#include "ops/int8_common.h"
+#include "ops/op_threads.h"
+#include "ops/output_pool.h"
+
+namespace vitfast {
+namespace ops {
+namespace {
+
+bool fp32_cpu(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kFloat && t.device().is_cpu(); }
+bool fp32_cpu(const std::optional<at::Tensor>& t) { return !t.has_value() || fp32_cpu(*t); }
+bool int8_cpu(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kChar && t.device().is_cpu(); }
+
+bool norm_ok(const ForwardNorm& n) { return !n.present || (fp32_cpu(n.weight) && fp32_cpu(n.bias)); }
+
+bool int8_linear_ok(const Int8LinearArgs& a) { return int8_cpu(a.qweight) && fp32_cpu(a.bias); }
+
+// Whether every tensor of the plan is still one this path computes with (the module path takes over otherwise:
+// a model moved to another dtype or device since the plan was made, a weight made channels_last).
+bool plan_takes(const VitForwardPlan& p) {
+  if (p.stem_int8 ? !int8_linear_ok(p.stem_q) : !(fp32_cpu(p.patch_weight) && p.patch_weight.is_contiguous() &&
+                                                   fp32_cpu(p.patch_bias)))
+    return false;
+  if (!fp32_cpu(p.pos_embed) || !fp32_cpu(p.cls_token) || !fp32_cpu(p.reg_token)) return false;
+  if (!norm_ok(p.norm_pre) || !norm_ok(p.norm) || !norm_ok(p.fc_norm)) return false;
+  for (const ForwardBlock& b : p.blocks) {
+    if (b.int8 ? !(int8_linear_ok(b.qkv) && int8_linear_ok(b.proj) && int8_cpu(b.ffn.qw_in))
+               : !(fp32_cpu(b.w_qkv) && fp32_cpu(b.w_proj) && fp32_cpu(b.w_in) && fp32_cpu(b.w_out)))
+      return false;
+  }
+  return p.head == ForwardHead::kIdentity || (fp32_cpu(p.head_weight) && fp32_cpu(p.head_bias));
+}
+
+at::Tensor apply_norm(const ForwardNorm& n, const at::Tensor& x) {
+  if (!n.present) return x;
+  // F.layer_norm's ATen call (torch passes cudnn_enable; the CPU kernel ignores it).
+  return at::layer_norm(x, {x.size(-1)}, n.weight, n.bias, n.eps, true);
+}
+
+// [B, rows·cols, C_in·p·q] patch rows of contiguous NCHW images, each patch as (channel, row, column): the values
+// (and order) of vitfast.nn.patch_embed.patch_rows for an NCHW input.
+at::Tensor patch_rows(const at::Tensor& images, int64_t p, int64_t q) {
+  const int64_t batch = images.size(0), channels = images.size(1), height = images.size(2), width = images.size(3);
+  const int64_t rows = height / p, cols = width / q, k = channels * p * q;
+  at::Tensor out = at::empty({batch, rows * cols, k}, images.options());
+  const float* src = images.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t gy = 0; gy < rows; ++gy)
+      for (int64_t gx = 0; gx < cols; ++gx)
+        for (int64_t c = 0; c < channels; ++c)
+          for (int64_t py = 0; py < p; ++py) {
+            const float* s = src + ((b * channels + c) * height + gy * p + py) * width + gx * q;
+            std::memcpy(dst, s, sizeof(float) * q);
+            dst += q;
+          }
+  return out;
+}
+
+// timm's VisionTransformer._pos_embed on the patch tokens [B, N, C]: the prefix tokens (cls, then reg) in front, and
+// pos_embed added — over all tokens, or (no_embed_class) over the patch tokens only, before the prefix goes in front.
+// Each element is one fp32 addition of the same two values as timm's, so the same bits.
+at::Tensor embed_tokens(const VitForwardPlan& p, const at::Tensor& patches) {
+  const int64_t batch = patches.size(0), n = patches.size(1), c = patches.size(2);
+  const int64_t cls = p.cls_token.has_value() ? 1 : 0, reg = p.reg_token.has_value() ? p.reg_token->size(1) : 0;
+  const int64_t prefix = cls + reg, tokens = prefix + n;
+  const at::Tensor pos = p.pos_embed.contiguous();
+  const float* pe = pos.data_ptr<float>();
+  at::Tensor out = empty_output({batch, tokens, c}, at::kFloat);
+  float* o = out.data_ptr<float>();
+  const at::Tensor cls_t = cls ? p.cls_token->contiguous() : at::Tensor();
+  const at::Tensor reg_t = reg ? p.reg_token->contiguous() : at::Tensor();
+  const at::Tensor pc = patches.contiguous();
+  const float* src = pc.data_ptr<float>();
+  const int64_t patch_pos = p.no_embed_class ? 0 : prefix;  // pos_embed row of the first patch token
+  for (int64_t b = 0; b < batch; ++b) {
+    float* ob = o + b * tokens * c;
+    for (int64_t t = 0; t < prefix; ++t) {
+      const float* v = t < cls ? cls_t.data_ptr<float>() : reg_t.data_ptr<float>() + (t - cls) * c;
+      if (p.no_embed_class) {
+        std::memcpy(ob + t * c, v, sizeof(float) * c);
+      } else {
+        for (int64_t j = 0; j < c; ++j) ob[t * c + j] = v[j] + pe[t * c + j];
+      }
+    }
+    const float* sb = src + b * n * c;
+    const float* pb = pe + patch_pos * c;
+    float* dst = ob + prefix * c;
+    for (int64_t i = 0; i < n * c; ++i) dst[i] = sb[i] + pb[i];
+  }
+  return out;
+}
+
+at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
+  if (b.int8) return int8_block(x, b.norm1_eps, b.qkv, b.num_heads, b.attention, b.proj, b.ffn_norm_eps, b.ffn);
+  RECORD_FUNCTION("vitfast::vit_block", std::vector<c10::IValue>({x}));  // as the op's dispatch records it
+  return vit_block_op(x, b.norm1_eps, b.w_qkv, b.b_qkv, b.num_heads, b.w_proj, b.b_proj, b.ffn_norm_eps, b.w_in,
+                      b.b_in, b.w_out, b.b_out, b.ffn_residual);
+}
+
+// Whether the model's blocks are too small for a parallel region to pay (the blocks' own rule, op_threads.h and
+// int8_common.h, for its first block): then the patch GEMM and the head run on the calling thread too, as the
+// blocks between them do.  At 17 tokens and width 96 a parallel region cost more than its second thread saved
+// (~90 µs each under OMP_WAIT_POLICY=PASSIVE on a shared 2-core host, against a 10 µs patch GEMM); the split only
+// changes which thread computes a row, never its arithmetic, so the bits are the same.
+bool runs_serial(const VitForwardPlan& p, int64_t batch, int64_t tokens) {
+  if (p.blocks.empty()) return false;
+  const ForwardBlock& b = p.blocks.front();
+  if (b.int8) {
+    const int64_t weights = b.qkv.qweight.numel() + b.proj.qweight.numel() + b.ffn.qw_in.numel() +
+                            b.ffn.qw_out.numel();
+    return block_macs(batch, tokens, weights, b.proj.qweight.size(-1)) <
+           min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa()));
+  }
+  const int64_t weights = b.w_qkv.numel() + b.w_proj.numel() + b.w_in.numel() + b.w_out.numel();
+  return block_macs(batch, tokens, weights, b.w_proj.size(-1)) < kMinParallelBlockMacs;
+}
+
+}  // namespace
+
+std::optional<at::Tensor> vit_forward(const VitForwardPlan& p, const at::Tensor& images) {
+  if (!fp32_cpu(images) || images.dim() != 4 || !images.is_contiguous() || !plan_takes(p)) return std::nullopt;
+  const int64_t c_in = images.size(1);
+  if (images.size(2) % p.patch_h != 0 || images.size(3) % p.patch_w != 0) return std::nullopt;
+  const int64_t n = (images.size(2) / p.patch_h) * (images.size(3) / p.patch_w);
+  const int64_t prefix = (p.cls_token.has_value() ? 1 : 0) + (p.reg_token.has_value() ? p.reg_token->size(1) : 0);
+  if (p.pos_embed.dim() != 3 || p.pos_embed.size(1) != n + (p.no_embed_class ? 0 : prefix)) return std::nullopt;
+
+  RECORD_FUNCTION("vitfast::vit_forward", std::vector<c10::IValue>({images}));
+  const SerialOps serial(runs_serial(p, images.size(0), prefix + n));
+  // Stem: GemmPatchProjection / Int8PatchProjection's forward (patch rows, then linear / linear_int8).
+  const at::Tensor rows = patch_rows(images, p.patch_h, p.patch_w);
+  at::Tensor tokens;
+  if (p.stem_int8) {
+    RECORD_FUNCTION("vitfast::linear_int8", std::vector<c10::IValue>({rows}));  // the names the module path records
+    tokens = linear_int8_op(rows, p.stem_q.qweight, p.stem_q.w_scale, p.stem_q.bias, std::nullopt, p.stem_q.smooth,
+                            p.stem_q.act_scale);
+  } else {
+    if (p.patch_weight.size(1) != c_in) return std::nullopt;
+    RECORD_FUNCTION("vitfast::linear", std::vector<c10::IValue>({rows}));
+    tokens = linear_op(rows, p.patch_weight.reshape({p.patch_weight.size(0), -1}), p.patch_bias);
+  }
+  at::Tensor x = apply_norm(p.norm_pre, embed_tokens(p, tokens));
+  for (const ForwardBlock& b : p.blocks) x = run_block(b, x);
+
+  at::Tensor pooled;
+  switch (p.pool) {
+    case ForwardPool::kToken:  // the class token's row (x[:, 0]); the norm on that row only
+      pooled = apply_norm(p.norm, x.select(1, 0));
+      break;
+    case ForwardPool::kAvg: {
+      const at::Tensor normed = apply_norm(p.norm, x);
+      pooled = (p.pool_include_prefix ? normed : normed.slice(1, p.num_prefix_tokens)).mean(1);
+      break;
+    }
+    case ForwardPool::kNone:
+      pooled = apply_norm(p.norm, x);
+      break;
+  }
+  pooled = apply_norm(p.fc_norm, pooled);
+  switch (p.head) {
+    case ForwardHead::kIdentity:
+      return pooled;
+    case ForwardHead::kPacked: {
+      RECORD_FUNCTION("vitfast::linear", std::vector<c10::IValue>({pooled}));
+      return linear_op(pooled, p.head_weight, p.head_bias);
+    }
+    case ForwardHead::kAten:
+      return at::linear(pooled, p.head_weight, p.head_bias);
+  }
+  return pooled;
+}
+
+}  // namespace ops
+}  // namespace vitfast

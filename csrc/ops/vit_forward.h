@@ -1,0 +1,100 @@
+// A fused timm VisionTransformer's whole inference forward as one C++ call (vitfast.nn.vit, through the extension's
+// `_vit_forward`):
+//
+//   patch rows → patch GEMM (+ bias) → [cls, reg] tokens and + pos_embed → [norm_pre] → blocks → [norm] → pool
+//   ('token' / 'avg' / none) → [fc_norm] → [head]
+//
+// Why: at the digits demo's size (width 96, 4 blocks, 17 tokens) the model's Python — module calls, timm's
+// forward_features / _pos_embed / forward_head, each op's Python entry and dispatch — was about half of a batch-1
+// forward (docs/performance.md, "Tiny models"): 281 µs a forward, of which the four block ops' own time was 126 µs.
+// Each step here is what the module path calls, with the same tensors: the patch GEMM and a PackedLinear head are
+// `linear`'s CPU body (same packed-weight cache entries, same kernels), a block is `vit_block`'s (or an int8 block's
+// five ops, int8_block.h), the model's LayerNorms, the average pool and a plain nn.Linear head are the same ATen
+// calls as the modules', and the cls / pos additions are the same IEEE additions as timm's — so the logits have
+// exactly the bits of the module path (tests/test_vit_forward.py checks it).  The one difference in work: with
+// 'token' pooling the final LayerNorm normalises only the class-token rows the pool keeps (a LayerNorm's row
+// depends on that row alone).
+//
+// Not an op: Python (vitfast.nn.vit.direct_forward) takes this call only where the module path would run these
+// very kernels (inference, CPU, fp32 images of the model's size, no hooks, the auto backend, no tracing), so it needs
+// no schema, reference or autograd beyond the modules'.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "ops/int8_block.h"
+
+namespace vitfast {
+namespace ops {
+
+// vit_block's CPU binding (ops/vit_block.cpp).
+at::Tensor vit_block_op(const at::Tensor& x, double norm1_eps, const at::Tensor& w_qkv,
+                        const std::optional<at::Tensor>& b_qkv, int64_t num_heads, const at::Tensor& w_proj,
+                        const std::optional<at::Tensor>& b_proj, std::optional<double> ffn_norm_eps,
+                        const at::Tensor& w_in, const std::optional<at::Tensor>& b_in, const at::Tensor& w_out,
+                        const std::optional<at::Tensor>& b_out, bool ffn_residual);
+// linear's CPU binding (ops/linear.cpp).
+at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+
+// A plain torch / timm LayerNorm over the last dimension (F.layer_norm), or none.
+struct ForwardNorm {
+  bool present = false;
+  std::optional<at::Tensor> weight, bias;
+  double eps = 0.0;
+};
+
+// One fused block: vit_block's arguments, or an int8 block's (int8_block.h).
+struct ForwardBlock {
+  bool int8 = false;
+  // fp32 (vit_block)
+  double norm1_eps = 0.0;
+  at::Tensor w_qkv, w_proj, w_in, w_out;
+  std::optional<at::Tensor> b_qkv, b_proj, b_in, b_out;
+  int64_t num_heads = 1;
+  std::optional<double> ffn_norm_eps;
+  bool ffn_residual = false;
+  // int8
+  Int8LinearArgs qkv, proj;
+  Int8FfnArgs ffn;
+  BlockAttention attention = BlockAttention::kFp32;
+};
+
+enum class ForwardPool : int64_t { kNone = 0, kToken = 1, kAvg = 2 };
+enum class ForwardHead : int64_t { kIdentity = 0, kPacked = 1, kAten = 2 };
+
+struct VitForwardPlan {
+  // Stem: the patch projection's conv weight [C, C_in, p, q] (contiguous) and bias, or an int8 projection's
+  // linear_int8 arguments (stem_int8).
+  int64_t patch_h = 1, patch_w = 1;
+  at::Tensor patch_weight;
+  std::optional<at::Tensor> patch_bias;
+  bool stem_int8 = false;
+  Int8LinearArgs stem_q;
+  // Tokens: cls_token [1, 1, C], reg_token [1, R, C] (either may be absent), pos_embed [1, L, C];
+  // no_embed_class: pos_embed covers the patch tokens only (added before the prefix tokens are put in front).
+  std::optional<at::Tensor> cls_token, reg_token;
+  at::Tensor pos_embed;
+  bool no_embed_class = false;
+  ForwardNorm norm_pre;
+  std::vector<ForwardBlock> blocks;
+  ForwardNorm norm;
+  ForwardPool pool = ForwardPool::kToken;
+  int64_t num_prefix_tokens = 1;
+  bool pool_include_prefix = false;
+  ForwardNorm fc_norm;
+  ForwardHead head = ForwardHead::kIdentity;
+  at::Tensor head_weight;
+  std::optional<at::Tensor> head_bias;
+};
+
+// The logits (or pooled features without a head) for images [B, C_in, H, W] (fp32, CPU, contiguous, H and W the
+// model's image size), or nullopt when a tensor of the plan is no longer one this path takes (another dtype, device
+// or layout since the plan was made): the caller then runs the module path.
+std::optional<at::Tensor> vit_forward(const VitForwardPlan& plan, const at::Tensor& images);
+
+}  // namespace ops
+}  // namespace vitfast

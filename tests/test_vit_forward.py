@@ -1,0 +1,263 @@
+"""`FusedVisionTransformer`'s one-call forward (vitfast.nn.vit, csrc/ops/vit_forward.h): the same bits as timm's
+forward over the fused modules, for each structure it takes; the module path wherever the call must not run."""
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+import torch.nn as nn
+from timm.models.vision_transformer import VisionTransformer
+
+import vitfast
+from vitfast import ops
+from vitfast.convert import from_timm
+from vitfast.nn import FusedBlock, FusedVisionTransformer
+
+from helpers import randomize
+
+pytestmark = pytest.mark.skipif(not ops.extension_loaded(), reason="the C++ extension is not built")
+
+
+def _fused(theta=0.75, norm="batch", seed=0, **kw) -> nn.Module:
+    cfg = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=7, qkv_bias=True)
+    cfg.update(kw)
+    torch.manual_seed(seed)
+    model = randomize(VisionTransformer(**cfg), seed=seed)
+    return vitfast.fuse(from_timm(model, channel_idle=theta, norm=norm) if theta is not None else model)
+
+
+def _images(batch=3, seed=1, size=32):
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+class _CountCalls:
+    """Stands in for vitfast.ops._C, counting `_vit_forward` calls (everything else is the extension's)."""
+
+    def __init__(self, real):
+        self._real, self.calls = real, 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def _vit_forward(self, plan, x):
+        self.calls += 1
+        return self._real._vit_forward(plan, x)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    spy = _CountCalls(ops._C)
+    monkeypatch.setattr(ops, "_C", spy)
+    return spy
+
+
+def _module_path(model, x):
+    return VisionTransformer.forward(model, x)
+
+
+STRUCTURES = {
+    "cls token, BN channel-idle FFNs": dict(),
+    "LN channel-idle FFNs (explicit shortcut)": dict(norm="layer"),
+    "vanilla FFNs (θ = 0)": dict(theta=0.0),
+    "avg pool + fc_norm, no cls token": dict(class_token=False, global_pool="avg"),
+    "reg tokens, no_embed_class": dict(reg_tokens=2, no_embed_class=True),
+    "norm_pre, no qkv bias": dict(pre_norm=True, qkv_bias=False),
+    "no head": dict(num_classes=0),
+    "no pooling": dict(global_pool=""),
+}
+
+
+@pytest.mark.parametrize("name", list(STRUCTURES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_one_call_has_the_module_paths_bits(name, batch, counted):
+    model = _fused(**STRUCTURES[name])
+    assert type(model) is FusedVisionTransformer
+    x = _images(batch)
+    with torch.no_grad():
+        got = model(x)
+        assert counted.calls == 1, "the one-call forward was not taken"
+        want = _module_path(model, x)
+    assert got.shape == want.shape
+    assert torch.equal(got, want)
+
+
+def test_one_call_has_the_module_paths_bits_on_two_threads(counted):
+    model = _fused(depth=3)
+    x = _images(4)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.inference_mode():
+            got, want = model(x), _module_path(model, x)
+    finally:
+        torch.set_num_threads(previous)
+    assert counted.calls == 1 and torch.equal(got, want)
+
+
+def test_int8_model_one_call_has_the_module_paths_bits(counted):
+    model = _fused()
+    calibration = [_images(4, seed=s) for s in range(2)]
+    q = vitfast.quantize(model, calibration)
+    assert type(q) is FusedVisionTransformer
+    x = _images(2, seed=5)
+    with torch.no_grad():
+        got = q(x)
+        assert counted.calls == 1
+        want = _module_path(q, x)
+    assert torch.equal(got, want)
+
+
+def test_train_time_accuracy_kept():
+    """The fused model through the one call still equals the train-time model (fp32, eval)."""
+    torch.manual_seed(0)
+    train = from_timm(randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3,
+                                                  num_classes=7)), channel_idle=0.5, norm="layer").eval()
+    fused = vitfast.fuse(train)
+    x = _images(2)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), train(x), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------- where the modules run
+def _runs_module_path(model, x, counted, grad=False):
+    before = counted.calls
+    with torch.set_grad_enabled(grad):
+        out = model(x)
+    return counted.calls == before, out
+
+
+def test_gradients_train_mode_and_other_inputs_take_the_module_path(counted):
+    model = _fused()
+    x = _images(2)
+    assert _runs_module_path(model, x, counted, grad=True)[0]
+    model.train()
+    assert _runs_module_path(model, x, counted)[0]
+    model.eval()
+    assert _runs_module_path(model, x.contiguous(memory_format=torch.channels_last), counted)[0]
+    with pytest.raises(Exception, match="Input height"):  # timm's own error for another image size
+        with torch.no_grad():
+            model(_images(1, size=40))
+    assert not _runs_module_path(model, x, counted)[0]  # and the call again for the model's size
+
+
+def test_channels_last_images_give_the_same_result(counted):
+    model = _fused()
+    x = _images(2)
+    with torch.no_grad():
+        want = model(x)
+        got = model(x.contiguous(memory_format=torch.channels_last))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_hooks_and_patched_forwards_run(counted, monkeypatch):
+    model = _fused()
+    x = _images(2)
+    seen = []
+    handle = model.blocks[1].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    try:
+        module_path, _ = _runs_module_path(model, x, counted)
+        assert module_path and seen == [torch.Size([2, 17, 48])]
+    finally:
+        handle.remove()
+    assert not _runs_module_path(model, x, counted)[0]
+    handle = nn.modules.module.register_module_forward_pre_hook(lambda m, i: None)
+    try:
+        assert _runs_module_path(model, x, counted)[0]
+    finally:
+        handle.remove()
+    with monkeypatch.context() as patch:
+        patch.setattr(FusedBlock, "forward", lambda self, x, **kw: x)  # a class-level patch is obeyed
+        module_path, out = _runs_module_path(model, x, counted)
+        assert module_path and torch.equal(out, _module_path(model, x))
+    assert not _runs_module_path(model, x, counted)[0]
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_a_class_patched_before_the_first_call_is_obeyed(counted, monkeypatch):
+    model = _fused()
+    x = _images(2)
+    monkeypatch.setattr(FusedBlock, "forward", lambda self, x, **kw: x + 1)
+    module_path, out = _runs_module_path(model, x, counted)
+    assert module_path
+    with torch.no_grad():
+        assert torch.equal(out, _module_path(model, x))
+
+
+def test_reference_backend_and_tracing_take_the_module_path(counted):
+    model = _fused()
+    x = _images(2)
+    previous = vitfast.get_backend()
+    vitfast.set_backend("reference")
+    try:
+        assert _runs_module_path(model, x, counted)[0]
+    finally:
+        vitfast.set_backend(previous)
+    with torch.no_grad():
+        traced = torch.jit.trace(model, x, check_trace=False)
+    before = counted.calls
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), model(x), rtol=1e-4, atol=1e-4)
+    assert counted.calls == before + 1  # only the eager call
+
+
+def test_changes_to_the_model_are_seen(counted):
+    model = _fused(norm="layer", depth=3)
+    x = _images(2)
+
+    def check():
+        with torch.no_grad():
+            got = model(x)
+            want = _module_path(model, x)
+        assert torch.equal(got, want)
+        return got
+
+    first = check()
+    with torch.no_grad():
+        model.head.weight.mul_(2.0)  # in place: the same tensors, repacked by version
+    assert not torch.equal(check(), first)
+    model.head.bias = nn.Parameter(torch.ones_like(model.head.bias))  # replaced: planned again
+    check()
+    model.norm.eps = 0.5  # a plain attribute copied into the plan
+    check()
+    model.blocks[0].mlp.norm.eps = 0.25
+    check()
+    model.blocks[1].attn.num_heads = 1
+    model.blocks[1].attn.head_dim = 48
+    check()
+    del model.blocks[2]  # the container changed without an assignment
+    check()
+    model.blocks[0] = copy.deepcopy(model.blocks[1])
+    check()
+    model.global_pool = "avg"
+    check()
+    assert counted.calls >= 9
+
+
+def test_save_load_deepcopy_and_pickle(tmp_path, counted):
+    model = _fused()
+    x = _images(2)
+    with torch.no_grad():
+        want = model(x)
+    path = tmp_path / "m.safetensors"
+    vitfast.save(model, path)
+    loaded = vitfast.load(path)
+    assert type(loaded) is FusedVisionTransformer
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for other in (loaded, copy.deepcopy(model), pickle.loads(pickle.dumps(model)),
+                  torch.load(buffer, weights_only=False)):
+        with torch.no_grad():
+            assert torch.equal(other(x), want)
+    assert counted.calls == 5
+
+
+def test_only_timms_own_class_is_given_the_forward():
+    class MyViT(VisionTransformer):
+        pass
+
+    model = _fused()
+    assert vitfast.nn.use_fused_vit_forward(model) is False  # already
+    mine = MyViT(img_size=32, patch_size=8, embed_dim=48, depth=1, num_heads=3)
+    assert vitfast.nn.use_fused_vit_forward(mine) is False and type(mine) is MyViT

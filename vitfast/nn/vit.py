@@ -1,0 +1,285 @@
+"""A fused timm VisionTransformer whose inference forward is one C++ call.
+
+`FusedVisionTransformer` is timm's `VisionTransformer` (a subclass: same children, state-dict keys and methods) whose
+`forward(x)` first tries `direct_forward`: the whole forward — patch rows, patch GEMM, cls / reg tokens and
+pos_embed, the blocks, the final norm, pooling and the head — as one `vitfast._C._vit_forward` call
+(csrc/ops/vit_forward.h), and otherwise runs timm's forward over the fused modules.  Why: on small models the
+modules' Python is most of a forward.  At the digits demo's size (width 96, 4 blocks, 17 tokens, one thread,
+batch 1) the module path took 281 µs of which the four block ops' own time was 126 µs; the rest was module calls,
+timm's forward_features / _pos_embed / forward_head and each op's Python entry (docs/performance.md, "Tiny models").
+Each step of the call is what the module path runs, with the same tensors (the same packed-weight cache entries,
+kernels and ATen calls), so the output has exactly the module path's bits (tests/test_vit_forward.py).
+
+`vitfast.fuse` and `vitfast.load` give a fused ViT this class (`use_fused_vit_forward`); checkpoints record the
+class as timm's ("VisionTransformer"), so files are the same as before.
+
+When the call is taken — all checked per forward, the structure once per plan:
+- inference: grad mode off and the model in eval mode; a plain CPU float32 tensor [B, C, H, W] of the model's image
+  size, contiguous (NCHW); no attn_mask / is_causal; no tracing (torch.compile, torch.export and ONNX export see
+  timm's forward and the standard ops); the auto backend; the C++ extension loaded;
+- a structure the call reproduces (planned once; `_plan_structure`): timm's PatchEmbed (flatten, no norm, fixed image
+  size) on a `GemmPatchProjection` or an int8 `Int8PatchProjection`; an absolute pos_embed; optional cls / reg
+  tokens; dropouts (identities in eval); norm_pre / norm / fc_norm each a plain LayerNorm or Identity; blocks that
+  are `FusedBlock`s each running as its one whole-block call (fp32 `vit_block`, or an int8 block's five ops);
+  'token', 'avg' or no pooling and no attention pool; a `PackedLinear`, `nn.Linear` or Identity head;
+- nothing the module path would run besides: no forward hooks or pre-hooks (on the modules, or global ones), no
+  forward patched on an instance, and the classes' methods the plan relies on unchanged.
+
+The plan is made again when a parameter, buffer or submodule is assigned anywhere (a global registration hook
+counts those assignments), when the blocks container changes, or when a plain attribute the plan copied changes
+(LayerNorm eps, num_heads, the FFN's residual flag, an int8 layer's scales, the pooling settings).  In-place updates
+of parameters need no new plan: the call reads the same tensors (and the packed-weight cache repacks a weight whose
+version changed).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, List, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from timm.layers import PatchEmbed
+from timm.layers.patch_dropout import PatchDropout
+from timm.models.vision_transformer import VisionTransformer
+from torch.nn.modules import module as _module
+
+from .. import ops
+from ._base import PLAIN_LAYER_NORMS, tracing
+from .block import FusedAttention, FusedBlock, _current_plan, int8_block_params, vit_block_params
+from .ffn import FusedChannelIdleFFN
+from .linear_head import PackedLinear
+from .int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
+from .patch_embed import GemmPatchProjection
+
+__all__ = ["FusedVisionTransformer", "direct_forward", "use_fused_vit_forward"]
+
+# Counts parameter, buffer and submodule assignments anywhere (torch's global registration hooks): a plan made at
+# another count may hold tensors or modules that are no longer the model's.
+_generation = [0]
+
+
+def _assigned(*_args) -> None:
+    _generation[0] += 1
+
+
+_module.register_module_parameter_registration_hook(_assigned)
+_module.register_module_buffer_registration_hook(_assigned)
+_module.register_module_module_registration_hook(_assigned)
+
+
+class FusedVisionTransformer(VisionTransformer):
+    """timm's VisionTransformer with its inference forward as one C++ call where the structure allows (see the
+    module doc); otherwise, and for every other method, timm's."""
+
+    # The timm class checkpoints record (vitfast.arch): the subclass adds no state and no module.
+    vitfast_timm_class = VisionTransformer
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        if attn_mask is None and not is_causal:
+            out = direct_forward(self, x)
+            if out is not None:
+                return out
+        return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def use_fused_vit_forward(model: nn.Module) -> bool:
+    """Give a fused timm `VisionTransformer` (exact class) the one-call forward, in place: its class becomes
+    `FusedVisionTransformer` (no state added; parameters, hooks and keys stay the same objects).  Returns whether
+    it did."""
+    if type(model) is not VisionTransformer:
+        return False
+    model.__class__ = FusedVisionTransformer
+    return True
+
+
+class _Plan(NamedTuple):
+    generation: int
+    blocks: tuple          # the blocks container's modules when planned
+    runner: Any            # vitfast._C._VitForwardPlan, or None: the module path runs
+    image_shape: tuple     # (C, H, W)
+    # Checked per forward, each as one C-level pass (map over tuples): ~2 µs against ~10 for a Python loop.
+    modules: tuple         # every module whose forward the call stands for ...
+    types: tuple           # ... and its class when planned
+    hook_dicts: tuple      # their forward hook and pre-hook dicts (must stay empty)
+    instance_dicts: tuple  # their __dict__s (no instance-level "forward")
+    method_owners: tuple   # (class, ...), (name, ...), (function, ...): the methods the plan relies on
+    method_names: tuple
+    methods: tuple
+    scalar_owners: tuple   # (object, ...), (attribute, ...), (value, ...): plain attributes copied into the plan
+    scalar_names: tuple
+    values: tuple
+
+    # A copy of the model (deepcopy, pickle, torch.save) plans anew: the plan holds the extension's object and the
+    # original model's modules.
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce_ex__(self, protocol):
+        return type(None), ()
+
+
+_NO_PLAN = (None,) + ((),) * 11
+
+# The forwards the one call stands for, as defined (a class patched since — before or after a plan was made — makes
+# the module path run), and timm's VisionTransformer methods it replaces.
+_FORWARDS = {cls: cls.forward for cls in (
+    PatchEmbed, GemmPatchProjection, Int8PatchProjection, nn.Identity, nn.Dropout, PatchDropout, nn.Sequential,
+    FusedBlock, FusedAttention, FusedChannelIdleFFN, Int8Linear, Int8ChannelIdleFFN, *PLAIN_LAYER_NORMS,
+    PackedLinear, nn.Linear)}
+_TIMM_METHODS = {name: getattr(VisionTransformer, name) for name in ("forward_features", "forward_head", "_pos_embed",
+                                                                      "pool")}
+
+
+def direct_forward(model: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """`model(x)` as one `vitfast._C._vit_forward` call, or None where the module path must run (see the module
+    doc).  The same bits as the module path."""
+    if (torch.is_grad_enabled() or model.training or type(x) is not torch.Tensor or x.dtype != torch.float32
+            or not x.is_cpu or x.dim() != 4 or tracing()):
+        return None
+    plan = model.__dict__.get("_vitfast_forward_plan")
+    blocks = model._modules.get("blocks")
+    if (plan is None or plan.generation != _generation[0] or blocks is None
+            or tuple(blocks._modules.values()) != plan.blocks
+            or tuple(map(getattr, plan.scalar_owners, plan.scalar_names)) != plan.values):
+        plan = _make_plan(model)
+    if plan.runner is None or x.shape[1:] != plan.image_shape or not x.is_contiguous():
+        return None
+    if (_module._global_forward_hooks or _module._global_forward_pre_hooks or ops.get_backend() == "reference"
+            or tuple(map(type, plan.modules)) != plan.types or any(plan.hook_dicts)
+            or any(map(dict.__contains__, plan.instance_dicts, _FORWARD))
+            or tuple(map(getattr, plan.method_owners, plan.method_names)) != plan.methods):
+        return None
+    return ops._C._vit_forward(plan.runner, x)
+
+
+_FORWARD = itertools.repeat("forward")
+
+
+def _make_plan(model: nn.Module) -> _Plan:
+    blocks = model._modules.get("blocks")
+    block_modules = tuple(blocks._modules.values()) if isinstance(blocks, nn.Module) else ()
+    generation = _generation[0]
+    parts = _plan_structure(model) if ops.extension_loaded() else None
+    plan = _Plan(generation, block_modules, *(_NO_PLAN if parts is None else parts))
+    model.__dict__["_vitfast_forward_plan"] = plan  # not a module attribute (a copy of the model gets None)
+    return plan
+
+
+def _norm_spec(norm: Optional[nn.Module], scalars: list) -> Tuple[bool, Any]:
+    """(whether `norm` is one the call runs, its spec: None for Identity, (weight, bias, eps) for a plain
+    LayerNorm over the last dimension)."""
+    if norm is None or type(norm) is nn.Identity:
+        return True, None
+    if (type(norm) not in PLAIN_LAYER_NORMS or len(norm.normalized_shape) != 1
+            or norm.__dict__.get("_fast_norm", False)):
+        return False, None
+    scalars.append((norm, "eps"))
+    params = norm._parameters
+    return True, (params.get("weight"), params.get("bias"), float(norm.eps))
+
+
+def _identity_in_eval(module: Optional[nn.Module]) -> bool:
+    return module is None or type(module) in (nn.Identity, nn.Dropout, PatchDropout)
+
+
+def _plan_structure(model: nn.Module) -> Optional[tuple]:
+    """(runner, image_shape, modules, methods, scalars, values) for a structure the one call reproduces, or None."""
+    mods = model._modules
+    modules: List[tuple] = []  # (the model's own hooks run around this forward either way)
+    scalars: List[tuple] = [(model, a) for a in ("global_pool", "num_prefix_tokens", "no_embed_class",
+                                                 "dynamic_img_size", "pool_include_prefix")
+                            if a in model.__dict__]
+    if (getattr(model, "dynamic_img_size", False) or mods.get("attn_pool") is not None
+            or model.global_pool not in ("token", "avg", "") or model.pos_embed is None):
+        return None
+    # ---- stem
+    pe = mods.get("patch_embed")
+    if type(pe) is not PatchEmbed:
+        return None
+    proj, pe_norm = pe._modules.get("proj"), pe._modules.get("norm")
+    if not pe.flatten or pe.dynamic_img_pad or pe.img_size is None or type(pe_norm) is not nn.Identity:
+        return None
+    scalars += [(pe, a) for a in ("flatten", "dynamic_img_pad", "img_size", "strict_img_size") if a in pe.__dict__]
+    modules += [(pe, PatchEmbed), (proj, type(proj)), (pe_norm, nn.Identity)]
+    if type(proj) is GemmPatchProjection:
+        stem = ("fp32", *proj.kernel_size, proj._parameters["weight"], proj._parameters.get("bias"))
+    elif type(proj) is Int8PatchProjection:
+        b = proj._buffers
+        scalars.append((proj, "act_scale"))
+        stem = ("int8", *proj.kernel_size, b["qweight"], b["w_scale"], proj._parameters.get("bias"), b.get("smooth"),
+                proj.act_scale)
+    else:
+        return None
+    image_shape = (proj.in_channels, *pe.img_size)
+    # ---- tokens
+    params = model._parameters
+    tokens = (params.get("cls_token"), params.get("reg_token"), params.get("pos_embed"), bool(model.no_embed_class))
+    if tokens[2] is None:
+        return None
+    for name in ("patch_drop", "pos_drop", "head_drop"):
+        if not _identity_in_eval(mods.get(name)):
+            return None
+        if mods.get(name) is not None:
+            modules.append((mods[name], type(mods[name])))
+    ok, norm_pre = _norm_spec(mods.get("norm_pre"), scalars)
+    if not ok:
+        return None
+    # ---- blocks
+    blocks = mods.get("blocks")
+    if type(blocks) is not nn.Sequential:
+        return None
+    modules.append((blocks, nn.Sequential))
+    block_specs = []
+    for block in blocks:
+        if type(block) is not FusedBlock:
+            return None
+        whole, children = _current_plan(block)
+        norm1, attn, mlp, _, _, ffn_norm = children
+        modules += [(m, type(m)) for m in (block, norm1, attn, mlp, ffn_norm) if m is not None]
+        scalars += [(norm1, "eps"), (attn, "num_heads"), (mlp, "residual")]
+        if ffn_norm is not None:
+            scalars.append((ffn_norm, "eps"))
+        if whole.int8_ops:
+            qkv, proj_ = attn._modules["qkv"], attn._modules["proj"]
+            modules += [(qkv, type(qkv)), (proj_, type(proj_))]
+            scalars += [(qkv, "act_scale"), (proj_, "act_scale"), (mlp, "act_scale_in"), (mlp, "act_scale_out"),
+                        (mlp, "split_identity")]
+            scalars += [(attn, a) for a in ("int8_attention", "bf16_attention") if a in attn.__dict__]
+            block_specs.append(("int8",) + int8_block_params(children))
+        elif whole.runs_as_one_op:
+            params_ = vit_block_params(children)
+            if params_ is None:
+                return None
+            block_specs.append(("fp32",) + params_)
+        else:
+            return None
+    # ---- final norm, pooling, head
+    ok_norm, norm = _norm_spec(mods.get("norm"), scalars)
+    ok_fc, fc_norm = _norm_spec(mods.get("fc_norm"), scalars)
+    if not (ok_norm and ok_fc):
+        return None
+    modules += [(m, type(m)) for m in (mods.get("norm_pre"), mods.get("norm"), mods.get("fc_norm")) if m is not None]
+    head = mods.get("head")
+    if head is None or type(head) is nn.Identity:
+        head_spec = (0, None, None)
+    elif type(head) in (PackedLinear, nn.Linear):
+        head_spec = (1 if type(head) is PackedLinear else 2, head._parameters["weight"], head._parameters.get("bias"))
+    else:
+        return None
+    if head is not None:
+        modules.append((head, type(head)))
+    pool = {"": 0, "token": 1, "avg": 2}[model.global_pool]
+    runner = ops._C._vit_forward_plan(
+        stem, tokens, norm_pre, block_specs, norm, pool, int(model.num_prefix_tokens),
+        bool(getattr(model, "pool_include_prefix", False)), fc_norm, head_spec)
+    classes = {cls for _, cls in modules}
+    if not classes <= _FORWARDS.keys():
+        return None
+    methods = [(cls, "forward", _FORWARDS[cls]) for cls in classes]
+    methods += [(type(model), name, fn) for name, fn in _TIMM_METHODS.items()]
+    mods_ = tuple(m for m, _ in modules)
+    hook_dicts = tuple(d for m in mods_ for d in (m._forward_hooks, m._forward_pre_hooks))
+    return (runner, tuple(image_shape), mods_, tuple(cls for _, cls in modules), hook_dicts,
+            tuple(m.__dict__ for m in mods_), *map(tuple, zip(*methods)), *map(tuple, zip(*scalars)),
+            tuple(getattr(o, a) for o, a in scalars))
