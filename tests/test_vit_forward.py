@@ -173,7 +173,7 @@ def test_hooks_and_patched_forwards_run(counted, monkeypatch):
     assert not _runs_module_path(model, x, counted)[0]
 
 
-@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.filterwarnings("ignore")  # torch.jit.trace: deprecation and tracer warnings
 def test_a_class_patched_before_the_first_call_is_obeyed(counted, monkeypatch):
     model = _fused()
     x = _images(2)
