@@ -1,7 +1,8 @@
 """Benchmark of a fused ViT's whole forward as one C++ call (`vitfast.nn.vit.FusedVisionTransformer`,
 csrc/ops/vit_forward.h) against the module path it replaces and against ONNX Runtime fp32 on the same fused graph.
 
-Providers, one model (RePaViT θ = 0.75, BN variant, random weights), one call of each per round, the order rotating
+Providers, one model (random weights; RePaViT θ = 0.75 BN-variant FFNs unless named otherwise), one call of each per
+round, the order rotating
 (harness.run_interleaved; `ort` is the baseline of the ratios, so each is ort ÷ provider, paired):
   modules   timm's forward over the fused modules (`VisionTransformer.forward`): what the model ran before, each
             block already one `vit_block` call
@@ -24,11 +25,16 @@ import vitfast
 from harness import interleaved_rounds, run_interleaved
 
 THETA = 0.75
-# name: (timm config, image side).  "demo": the digits demo's model (vitfast.demos.demo: width 96, 4 blocks,
-# 32 px images in patches of 8, 10 classes).
+# name: (timm config, image side, vitfast.convert.from_timm options).  "demo": the digits demo's model
+# (vitfast.demos.demo: width 96, 4 blocks, 32 px images in patches of 8, 10 classes); "demo_nondeep" the same
+# joined into two-branch non-deep blocks (XWX attention), "demo_dwconv" with blocks 1-3 on drop-in DW-conv heads.
+_DEMO = dict(img_size=32, patch_size=8, embed_dim=96, depth=4, num_heads=3, num_classes=10)
 MODELS = {
-    "demo": (dict(img_size=32, patch_size=8, embed_dim=96, depth=4, num_heads=3, num_classes=10), 32),
-    "deit_tiny": (dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3, num_classes=1000), 224),
+    "demo": (_DEMO, 32, dict(channel_idle=THETA, norm="batch")),
+    "demo_nondeep": (_DEMO, 32, dict(branches=2)),
+    "demo_dwconv": (_DEMO, 32, dict(channel_idle=THETA, norm="batch", dwconv_blocks=[1, 2, 3])),
+    "deit_tiny": (dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3, num_classes=1000), 224,
+                  dict(channel_idle=THETA, norm="batch")),
 }
 _CACHE: dict = {}
 
@@ -40,10 +46,13 @@ def _model(name, tmp_path_factory):
         from vitfast.export import to_onnx
         from vitfast.measure import flops_per_image
 
-        cfg, side = MODELS[name]
+        cfg, side, options = MODELS[name]
         torch.manual_seed(0)
-        fused = vitfast.fuse(vitfast.convert.from_timm(VisionTransformer(**cfg).eval(), channel_idle=THETA,
-                                                       norm="batch")).eval()
+        train = vitfast.convert.from_timm(VisionTransformer(**cfg).eval(), **options).eval()
+        for block in train.blocks:
+            if hasattr(block, "set_lambda"):
+                block.set_lambda(1.0)  # non-deep: joining finished, the blocks collapse exactly
+        fused = vitfast.fuse(train).eval()
         path = str(tmp_path_factory.mktemp("vit_forward") / f"{name}.onnx")
         to_onnx(fused, path, input_shape=(3, side, side))
         with vitfast.export.reference_backend():
@@ -73,7 +82,7 @@ def test_vit_forward_interleaved(benchmark, tmp_path_factory, name, batch, threa
     # ONNX Runtime first: each provider's per-round ratio is then ort ÷ provider, paired (above 1: faster than it).
     fns = {"ort": lambda: session.run(None, {input_name: xn}), "modules": lambda: VisionTransformer.forward(fused, x),
            "one_call": lambda: fused(x)}
-    case = (name, f"theta{THETA}", f"b{batch}", f"t{threads}", "interleaved")
+    case = (name, f"b{batch}", f"t{threads}", "interleaved")
     flops = flops_per_image * batch
     rounds = interleaved_rounds(flops, threads, 3, seconds=4.0)
     entry = run_interleaved(benchmark, fns, (), case, threads, flops, rounds=rounds)

@@ -99,6 +99,16 @@ vitfast::ops::Int8LinearArgs int8_linear(const py::tuple& t, size_t i) {
           t[i + 3].cast<OptTensor>(), t[i + 4].cast<double>()};
 }
 
+// The FFN sub-block's (ffn_norm, w_in, b_in, w_out, b_out, ffn_residual) from `t` at `i`.
+void ffn_part(vitfast::ops::ForwardBlock& b, const py::tuple& t, size_t i) {
+  b.ffn_norm = forward_norm(t[i]);
+  b.w_in = t[i + 1].cast<at::Tensor>();
+  b.b_in = t[i + 2].cast<OptTensor>();
+  b.w_out = t[i + 3].cast<at::Tensor>();
+  b.b_out = t[i + 4].cast<OptTensor>();
+  b.ffn_residual = t[i + 5].cast<bool>();
+}
+
 vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
   vitfast::ops::ForwardBlock b;
   const std::string kind = t[0].cast<std::string>();
@@ -121,7 +131,7 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
   } else if (kind == "int8") {
     // (kind, _int8_block's arguments after x)
     if (t.size() != 26) throw py::value_error("blocks: an int8 block takes 26 entries");
-    b.int8 = true;
+    b.kind = vitfast::ops::BlockKind::kInt8;
     b.norm1_eps = t[1].cast<double>();
     b.qkv = int8_linear(t, 2);
     b.num_heads = t[7].cast<int64_t>();
@@ -134,8 +144,40 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
              t[18].cast<at::Tensor>(), t[19].cast<at::Tensor>(), t[20].cast<OptTensor>(),
              t[21].cast<OptTensor>(), t[22].cast<OptTensor>(), t[23].cast<double>(),
              t[24].cast<double>(), t[25].cast<bool>()};
+  } else if (kind == "xwx") {
+    // (kind, norm1_eps, w_q, w_k, key_bias, w_v, w_o, b_o, ffn_norm, w_in, b_in, w_out, b_out, ffn_residual)
+    if (t.size() != 14) throw py::value_error("blocks: an xwx block takes 14 entries");
+    b.kind = vitfast::ops::BlockKind::kXwx;
+    b.norm1_eps = t[1].cast<double>();
+    b.w_q = t[2].cast<at::Tensor>();
+    b.w_k = t[3].cast<OptTensor>();
+    b.key_bias = t[4].cast<OptTensor>();
+    b.w_v = t[5].cast<at::Tensor>();
+    b.w_o = t[6].cast<at::Tensor>();
+    b.b_o = t[7].cast<OptTensor>();
+    ffn_part(b, t, 8);
+  } else if (kind == "dwconv") {
+    // (kind, norm1_eps, w_qkv, b_qkv, attn_heads, attn_proj, value_w, value_b, conv_kernel, out_w, out_b, grid_h,
+    //  grid_w, ffn_norm, w_in, b_in, w_out, b_out, ffn_residual); w_qkv / attn_proj None without attention heads
+    if (t.size() != 19) throw py::value_error("blocks: a dwconv block takes 19 entries");
+    b.kind = vitfast::ops::BlockKind::kDwconv;
+    b.norm1_eps = t[1].cast<double>();
+    b.attn_proj = t[5].cast<OptTensor>();
+    if (b.attn_proj.has_value()) {
+      b.w_qkv = t[2].cast<at::Tensor>();
+      b.b_qkv = t[3].cast<OptTensor>();
+      b.num_heads = t[4].cast<int64_t>();
+    }
+    b.value_w = t[6].cast<at::Tensor>();
+    b.value_b = t[7].cast<OptTensor>();
+    b.conv_kernel = t[8].cast<at::Tensor>();
+    b.out_w = t[9].cast<at::Tensor>();
+    b.out_b = t[10].cast<OptTensor>();
+    b.grid_h = t[11].cast<int64_t>();
+    b.grid_w = t[12].cast<int64_t>();
+    ffn_part(b, t, 13);
   } else {
-    throw py::value_error("blocks: expected a block of kind 'fp32' or 'int8', got '" + kind + "'");
+    throw py::value_error("blocks: expected a block of kind 'fp32', 'int8', 'xwx' or 'dwconv', got '" + kind + "'");
   }
   return b;
 }

@@ -82,6 +82,36 @@ def test_one_call_has_the_module_paths_bits(name, batch, counted):
     assert torch.equal(got, want)
 
 
+METHOD_MODELS = {
+    "non-deep (XWX blocks)": dict(branches=2),
+    "non-deep, factored scores, avg pool": dict(branches=2, score_form="factored", global_pool="avg"),
+    "DW-conv blocks": dict(dwconv_blocks=[1]),
+    "DW-conv heads beside attention heads": dict(dwconv_heads={0: [0, 2]}),
+}
+
+
+@pytest.mark.parametrize("name", list(METHOD_MODELS))
+def test_method_blocks_one_call_has_the_module_paths_bits(name, counted):
+    options = dict(METHOD_MODELS[name])
+    score_form = options.pop("score_form", None)
+    cfg = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=7, qkv_bias=True)
+    if "global_pool" in options:
+        cfg.update(global_pool=options.pop("global_pool"), class_token=False)
+    torch.manual_seed(0)
+    train = from_timm(randomize(VisionTransformer(**cfg)), **options).eval()
+    for block in train.blocks:
+        if hasattr(block, "set_lambda"):
+            block.set_lambda(1.0)  # joining finished: the non-deep blocks collapse exactly
+    model = vitfast.fuse(train, **({"score_form": score_form} if score_form else {}))
+    x = _images(3)
+    with torch.no_grad():
+        got = model(x)
+        assert counted.calls == 1, "the one-call forward was not taken"
+        want = _module_path(model, x)
+        torch.testing.assert_close(got, train(x), rtol=1e-4, atol=1e-4)  # and still the train-time model
+    assert torch.equal(got, want)
+
+
 def test_one_call_has_the_module_paths_bits_on_two_threads(counted):
     model = _fused(depth=3)
     x = _images(4)
@@ -261,3 +291,23 @@ def test_only_timms_own_class_is_given_the_forward():
     assert vitfast.nn.use_fused_vit_forward(model) is False  # already
     mine = MyViT(img_size=32, patch_size=8, embed_dim=48, depth=1, num_heads=3)
     assert vitfast.nn.use_fused_vit_forward(mine) is False and type(mine) is MyViT
+
+
+def test_dwconv_grid_hook_is_allowed_and_no_other(counted):
+    """A DW-conv model's patch embedding carries vitfast's grid hook (nn.dwconv.follow_patch_grid), which does
+    nothing on a fixed-size model: the call is still taken; another hook there is obeyed."""
+    from vitfast.nn.dwconv import follow_patch_grid
+
+    torch.manual_seed(0)
+    model = vitfast.fuse(from_timm(randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2,
+                                                               num_heads=3, num_classes=7)), dwconv_blocks=[1]))
+    assert follow_patch_grid(model)
+    x = _images(2)
+    assert not _runs_module_path(model, x, counted)[0]
+    seen = []
+    handle = model.patch_embed.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    try:
+        assert _runs_module_path(model, x, counted)[0] and seen == [torch.Size([2, 16, 48])]
+    finally:
+        handle.remove()
+    assert not _runs_module_path(model, x, counted)[0]

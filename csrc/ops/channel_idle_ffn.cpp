@@ -28,6 +28,7 @@
 #include "ops/cpu_ops.h"
 #include "ops/op_threads.h"
 #include "ops/op_utils.h"
+#include "ops/vit_forward.h"
 #include "ops/weight_cache.h"
 #include "ops/output_pool.h"
 
@@ -88,6 +89,11 @@ at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, con
 }
 
 }  // namespace
+
+at::Tensor channel_idle_ffn_op(const at::Tensor& x, const at::Tensor& w_in, const OptTensor& b_in, const at::Tensor& w_out,
+                               const OptTensor& b_out, const OptTensor& residual) {
+  return channel_idle_ffn_cpu(x, w_in, b_in, w_out, b_out, residual);
+}
 
 // Mirror of vitfast.reference.channel_idle_ffn.check_channel_idle_ffn_args (same order, same messages).
 ChannelIdleFfnDims check_channel_idle_ffn_args(const at::Tensor& x, const at::Tensor& w_in, const at::Tensor& b_in,

@@ -20,6 +20,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/dwconv_attention.h"
 #include "ops/op_utils.h"
+#include "ops/vit_forward.h"
 #include "ops/weight_cache.h"
 #include "ops/output_pool.h"
 
@@ -156,6 +157,12 @@ at::Tensor dwconv_attention_cpu(const at::Tensor& x, const at::Tensor& w_v, cons
 }
 
 }  // namespace
+
+at::Tensor dwconv_attention_op(const at::Tensor& x, const at::Tensor& w_v, const OptTensor& b_v, const at::Tensor& kernel,
+                               const at::Tensor& w_o, const OptTensor& b_o, int64_t grid_h, int64_t grid_w,
+                               const OptTensor& residual) {
+  return dwconv_attention_cpu(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, residual);
+}
 }  // namespace ops
 }  // namespace vitfast
 

@@ -21,6 +21,7 @@
 #include "ops/cpu_ops.h"
 #include "ops/op_threads.h"
 #include "ops/op_utils.h"
+#include "ops/vit_forward.h"
 #include "ops/output_pool.h"
 #include "ops/int8_block.h"
 
@@ -67,6 +68,10 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const OptTensor& weight_opt, cons
 }
 
 }  // namespace
+
+at::Tensor layer_norm_affine_op(const at::Tensor& x, const OptTensor& weight, const OptTensor& bias, double eps) {
+  return layer_norm_cpu(x, weight, bias, eps);
+}
 
 void layer_norm_run(const float* xp, float* op, int64_t rows, int64_t c, const float* gp, const float* bp,
                     float eps, CpuIsa isa) {

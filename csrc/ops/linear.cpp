@@ -111,8 +111,8 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const OptTe
 
 }  // namespace
 
-at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias) {
-  return linear_cpu(x, weight, bias, std::nullopt);
+at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const OptTensor& bias, const OptTensor& residual) {
+  return linear_cpu(x, weight, bias, residual);
 }
 
 std::shared_ptr<const gemm::PackedB> packed_linear_weight(const at::Tensor& weight, const at::Tensor& bias,

@@ -34,9 +34,23 @@ bool plan_takes(const VitForwardPlan& p) {
   if (!fp32_cpu(p.pos_embed) || !fp32_cpu(p.cls_token) || !fp32_cpu(p.reg_token)) return false;
   if (!norm_ok(p.norm_pre) || !norm_ok(p.norm) || !norm_ok(p.fc_norm)) return false;
   for (const ForwardBlock& b : p.blocks) {
-    if (b.int8 ? !(int8_linear_ok(b.qkv) && int8_linear_ok(b.proj) && int8_cpu(b.ffn.qw_in))
-               : !(fp32_cpu(b.w_qkv) && fp32_cpu(b.w_proj) && fp32_cpu(b.w_in) && fp32_cpu(b.w_out)))
-      return false;
+    bool ok = true;
+    switch (b.kind) {
+      case BlockKind::kInt8:
+        ok = int8_linear_ok(b.qkv) && int8_linear_ok(b.proj) && int8_cpu(b.ffn.qw_in);
+        break;
+      case BlockKind::kVit:
+        ok = fp32_cpu(b.w_qkv) && fp32_cpu(b.w_proj) && fp32_cpu(b.w_in) && fp32_cpu(b.w_out);
+        break;
+      case BlockKind::kXwx:
+        ok = fp32_cpu(b.w_q) && fp32_cpu(b.w_v) && fp32_cpu(b.w_o) && fp32_cpu(b.w_in) && norm_ok(b.ffn_norm);
+        break;
+      case BlockKind::kDwconv:
+        ok = fp32_cpu(b.value_w) && fp32_cpu(b.conv_kernel) && fp32_cpu(b.out_w) && fp32_cpu(b.w_in) &&
+             norm_ok(b.ffn_norm) && (!b.attn_proj.has_value() || fp32_cpu(b.w_qkv));
+        break;
+    }
+    if (!ok) return false;
   }
   return p.head == ForwardHead::kIdentity || (fp32_cpu(p.head_weight) && fp32_cpu(p.head_bias));
 }
@@ -101,11 +115,60 @@ at::Tensor embed_tokens(const VitForwardPlan& p, const at::Tensor& patches) {
   return out;
 }
 
+// f() under a profiler record named like the op the module path dispatches (no cost without a profiler).
+template <class F>
+at::Tensor recorded(const char* name, const at::Tensor& input, F&& f) {
+  RECORD_FUNCTION(name, std::vector<c10::IValue>({input}));
+  return f();
+}
+
+at::Tensor block_norm(const at::Tensor& x, double eps) {
+  return recorded("vitfast::layer_norm", x, [&] { return layer_norm_affine_op(x, std::nullopt, std::nullopt, eps); });
+}
+
+// FusedChannelIdleFFN.forward: apply_norm(norm, x) → channel_idle_ffn(·, ..., x if residual).
+at::Tensor ffn_sub_block(const ForwardBlock& b, const at::Tensor& x) {
+  const at::Tensor y = b.ffn_norm.present ? recorded("vitfast::layer_norm", x, [&] {
+    return layer_norm_affine_op(x, b.ffn_norm.weight, b.ffn_norm.bias, b.ffn_norm.eps);
+  }) : x;
+  return recorded("vitfast::channel_idle_ffn", y, [&] {
+    return channel_idle_ffn_op(y, b.w_in, b.b_in, b.w_out, b.b_out,
+                               b.ffn_residual ? std::optional<at::Tensor>(x) : std::nullopt);
+  });
+}
+
 at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
-  if (b.int8) return int8_block(x, b.norm1_eps, b.qkv, b.num_heads, b.attention, b.proj, b.ffn_norm_eps, b.ffn);
-  RECORD_FUNCTION("vitfast::vit_block", std::vector<c10::IValue>({x}));  // as the op's dispatch records it
-  return vit_block_op(x, b.norm1_eps, b.w_qkv, b.b_qkv, b.num_heads, b.w_proj, b.b_proj, b.ffn_norm_eps, b.w_in,
-                      b.b_in, b.w_out, b.b_out, b.ffn_residual);
+  switch (b.kind) {
+    case BlockKind::kInt8:
+      return int8_block(x, b.norm1_eps, b.qkv, b.num_heads, b.attention, b.proj, b.ffn_norm_eps, b.ffn);
+    case BlockKind::kVit:
+      return recorded("vitfast::vit_block", x, [&] {  // as the op's dispatch records it
+        return vit_block_op(x, b.norm1_eps, b.w_qkv, b.b_qkv, b.num_heads, b.w_proj, b.b_proj, b.ffn_norm_eps,
+                            b.w_in, b.b_in, b.w_out, b.b_out, b.ffn_residual);
+      });
+    case BlockKind::kXwx: {  // FusedXWXBlock.forward
+      const at::Tensor y = block_norm(x, b.norm1_eps);
+      const at::Tensor x1 = recorded("vitfast::xwx_attention", y, [&] {
+        return xwx_attention_op(y, b.w_q, b.w_k, b.key_bias, b.w_v, b.w_o, b.b_o, x);
+      });
+      return ffn_sub_block(b, x1);
+    }
+    case BlockKind::kDwconv: {  // FusedDWConvBlock.forward
+      const at::Tensor xn = block_norm(x, b.norm1_eps);
+      at::Tensor shortcut = x;
+      if (b.attn_proj.has_value()) {
+        const at::Tensor qkv = recorded("vitfast::linear", xn, [&] { return linear_op(xn, b.w_qkv, b.b_qkv); });
+        const at::Tensor heads = recorded("vitfast::attention", qkv, [&] { return attention_op(qkv, b.num_heads); });
+        shortcut = recorded("vitfast::linear", heads, [&] { return linear_op(heads, *b.attn_proj, std::nullopt, x); });
+      }
+      const at::Tensor x1 = recorded("vitfast::dwconv_attention", xn, [&] {
+        return dwconv_attention_op(xn, b.value_w, b.value_b, b.conv_kernel, b.out_w, b.out_b, b.grid_h, b.grid_w,
+                                   shortcut);
+      });
+      return ffn_sub_block(b, x1);
+    }
+  }
+  return x;
 }
 
 // Whether the model's blocks are too small for a parallel region to pay (the blocks' own rule, op_threads.h and
@@ -116,7 +179,8 @@ at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
 bool runs_serial(const VitForwardPlan& p, int64_t batch, int64_t tokens) {
   if (p.blocks.empty()) return false;
   const ForwardBlock& b = p.blocks.front();
-  if (b.int8) {
+  if (b.kind == BlockKind::kXwx || b.kind == BlockKind::kDwconv) return false;  // their ops have no such rule
+  if (b.kind == BlockKind::kInt8) {
     const int64_t weights = b.qkv.qweight.numel() + b.proj.qweight.numel() + b.ffn.qw_in.numel() +
                             b.ffn.qw_out.numel();
     return block_macs(batch, tokens, weights, b.proj.qweight.size(-1)) <
@@ -142,13 +206,15 @@ std::optional<at::Tensor> vit_forward(const VitForwardPlan& p, const at::Tensor&
   const at::Tensor rows = patch_rows(images, p.patch_h, p.patch_w);
   at::Tensor tokens;
   if (p.stem_int8) {
-    RECORD_FUNCTION("vitfast::linear_int8", std::vector<c10::IValue>({rows}));  // the names the module path records
-    tokens = linear_int8_op(rows, p.stem_q.qweight, p.stem_q.w_scale, p.stem_q.bias, std::nullopt, p.stem_q.smooth,
+    tokens = recorded("vitfast::linear_int8", rows, [&] {
+      return linear_int8_op(rows, p.stem_q.qweight, p.stem_q.w_scale, p.stem_q.bias, std::nullopt, p.stem_q.smooth,
                             p.stem_q.act_scale);
+    });
   } else {
     if (p.patch_weight.size(1) != c_in) return std::nullopt;
-    RECORD_FUNCTION("vitfast::linear", std::vector<c10::IValue>({rows}));
-    tokens = linear_op(rows, p.patch_weight.reshape({p.patch_weight.size(0), -1}), p.patch_bias);
+    tokens = recorded("vitfast::linear", rows, [&] {
+      return linear_op(rows, p.patch_weight.reshape({p.patch_weight.size(0), -1}), p.patch_bias);
+    });
   }
   at::Tensor x = apply_norm(p.norm_pre, embed_tokens(p, tokens));
   for (const ForwardBlock& b : p.blocks) x = run_block(b, x);
@@ -171,10 +237,8 @@ std::optional<at::Tensor> vit_forward(const VitForwardPlan& p, const at::Tensor&
   switch (p.head) {
     case ForwardHead::kIdentity:
       return pooled;
-    case ForwardHead::kPacked: {
-      RECORD_FUNCTION("vitfast::linear", std::vector<c10::IValue>({pooled}));
-      return linear_op(pooled, p.head_weight, p.head_bias);
-    }
+    case ForwardHead::kPacked:
+      return recorded("vitfast::linear", pooled, [&] { return linear_op(pooled, p.head_weight, p.head_bias); });
     case ForwardHead::kAten:
       return at::linear(pooled, p.head_weight, p.head_bias);
   }

@@ -1,7 +1,8 @@
 // A fused timm VisionTransformer's whole inference forward as one C++ call (vitfast.nn.vit, through the extension's
 // `_vit_forward`):
 //
-//   patch rows → patch GEMM (+ bias) → [cls, reg] tokens and + pos_embed → [norm_pre] → blocks → [norm] → pool
+//   patch rows → patch GEMM (+ bias) → [cls, reg] tokens and + pos_embed → [norm_pre] → blocks (fused ViT, int8,
+//   non-deep XWX or DW-conv blocks) → [norm] → pool
 //   ('token' / 'avg' / none) → [fc_norm] → [head]
 //
 // Why: at the digits demo's size (width 96, 4 blocks, 17 tokens) the model's Python — module calls, timm's
@@ -9,7 +10,7 @@
 // forward (docs/performance.md, "Tiny models"): 281 µs a forward, of which the four block ops' own time was 126 µs.
 // Each step here is what the module path calls, with the same tensors: the patch GEMM and a PackedLinear head are
 // `linear`'s CPU body (same packed-weight cache entries, same kernels), a block is `vit_block`'s (or an int8 block's
-// five ops, int8_block.h), the model's LayerNorms, the average pool and a plain nn.Linear head are the same ATen
+// five ops, int8_block.h, or the ops an XWX / DW-conv block's modules call), the model's LayerNorms, the average pool and a plain nn.Linear head are the same ATen
 // calls as the modules', and the cls / pos additions are the same IEEE additions as timm's — so the logits have
 // exactly the bits of the module path (tests/test_vit_forward.py checks it).  The one difference in work: with
 // 'token' pooling the final LayerNorm normalises only the class-token rows the pool keeps (a LayerNorm's row
@@ -37,8 +38,20 @@ at::Tensor vit_block_op(const at::Tensor& x, double norm1_eps, const at::Tensor&
                         const std::optional<at::Tensor>& b_proj, std::optional<double> ffn_norm_eps,
                         const at::Tensor& w_in, const std::optional<at::Tensor>& b_in, const at::Tensor& w_out,
                         const std::optional<at::Tensor>& b_out, bool ffn_residual);
-// linear's CPU binding (ops/linear.cpp).
-at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+// The other ops' CPU bindings (ops/<op>.cpp), for the blocks and the stem / head.
+at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                     const std::optional<at::Tensor>& residual = std::nullopt);
+at::Tensor layer_norm_affine_op(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                const std::optional<at::Tensor>& bias, double eps);
+at::Tensor channel_idle_ffn_op(const at::Tensor& x, const at::Tensor& w_in, const std::optional<at::Tensor>& b_in,
+                               const at::Tensor& w_out, const std::optional<at::Tensor>& b_out,
+                               const std::optional<at::Tensor>& residual);
+at::Tensor xwx_attention_op(const at::Tensor& x, const at::Tensor& w_q, const std::optional<at::Tensor>& w_k,
+                            const std::optional<at::Tensor>& key_bias, const at::Tensor& w_v, const at::Tensor& w_o,
+                            const std::optional<at::Tensor>& b_o, const std::optional<at::Tensor>& residual);
+at::Tensor dwconv_attention_op(const at::Tensor& x, const at::Tensor& w_v, const std::optional<at::Tensor>& b_v,
+                               const at::Tensor& kernel, const at::Tensor& w_o, const std::optional<at::Tensor>& b_o,
+                               int64_t grid_h, int64_t grid_w, const std::optional<at::Tensor>& residual);
 
 // A plain torch / timm LayerNorm over the last dimension (F.layer_norm), or none.
 struct ForwardNorm {
@@ -47,20 +60,42 @@ struct ForwardNorm {
   double eps = 0.0;
 };
 
-// One fused block: vit_block's arguments, or an int8 block's (int8_block.h).
+// One fused block, as the module path runs it:
+//   kVit     FusedBlock: vit_block's arguments (one call of its CPU binding)
+//   kInt8    an int8 FusedBlock: int8_block's (its five ops)
+//   kXwx     FusedXWXBlock: layer_norm → xwx_attention (+ x) → the FFN sub-block
+//   kDwconv  FusedDWConvBlock: layer_norm → [qkv linear → attention → proj (+ x)] → dwconv_attention (+ shortcut)
+//            → the FFN sub-block
+// where the FFN sub-block (FusedChannelIdleFFN) is [layer_norm →] channel_idle_ffn [+ its input].
+enum class BlockKind : int64_t { kVit = 0, kInt8 = 1, kXwx = 2, kDwconv = 3 };
+
 struct ForwardBlock {
-  bool int8 = false;
-  // fp32 (vit_block)
+  BlockKind kind = BlockKind::kVit;
   double norm1_eps = 0.0;
-  at::Tensor w_qkv, w_proj, w_in, w_out;
-  std::optional<at::Tensor> b_qkv, b_proj, b_in, b_out;
+  // kVit (w_qkv, w_proj and their biases; the FFN's tensors below)
+  at::Tensor w_qkv, w_proj;
+  std::optional<at::Tensor> b_qkv, b_proj;
   int64_t num_heads = 1;
+  // FFN (kVit, kXwx, kDwconv): w_in, b_in, w_out, b_out; its LayerNorm (kVit: ffn_norm_eps, no affine; the others:
+  // ffn_norm, the module's) and whether it adds its input
+  at::Tensor w_in, w_out;
+  std::optional<at::Tensor> b_in, b_out;
   std::optional<double> ffn_norm_eps;
+  ForwardNorm ffn_norm;
   bool ffn_residual = false;
-  // int8
+  // kInt8
   Int8LinearArgs qkv, proj;
   Int8FfnArgs ffn;
   BlockAttention attention = BlockAttention::kFp32;
+  // kXwx: xwx_attention's weights
+  at::Tensor w_q, w_v, w_o;
+  std::optional<at::Tensor> w_k, key_bias, b_o;
+  // kDwconv: the attention heads (if any: w_qkv / b_qkv / num_heads above, attn_proj without bias), the value
+  // projection, the depthwise kernel, the output projection and the token grid
+  std::optional<at::Tensor> attn_proj;
+  at::Tensor value_w, conv_kernel, out_w;
+  std::optional<at::Tensor> value_b, out_b;
+  int64_t grid_h = 0, grid_w = 0;
 };
 
 enum class ForwardPool : int64_t { kNone = 0, kToken = 1, kAvg = 2 };

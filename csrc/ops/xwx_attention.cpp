@@ -22,6 +22,7 @@
 #include "kernels/gemm.h"
 #include "kernels/xwx_attention.h"
 #include "ops/op_utils.h"
+#include "ops/vit_forward.h"
 #include "ops/weight_cache.h"
 #include "ops/output_pool.h"
 
@@ -190,6 +191,12 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
 }
 
 }  // namespace
+
+at::Tensor xwx_attention_op(const at::Tensor& x, const at::Tensor& w_q, const OptTensor& w_k, const OptTensor& key_bias,
+                            const at::Tensor& w_v, const at::Tensor& w_o, const OptTensor& b_o,
+                            const OptTensor& residual) {
+  return xwx_attention_cpu(x, w_q, w_k, key_bias, w_v, w_o, b_o, residual);
+}
 }  // namespace ops
 }  // namespace vitfast
 

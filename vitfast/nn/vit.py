@@ -44,12 +44,14 @@ from timm.models.vision_transformer import VisionTransformer
 from torch.nn.modules import module as _module
 
 from .. import ops
-from ._base import PLAIN_LAYER_NORMS, tracing
+from ._base import PLAIN_LAYER_NORMS, plain_norm_eps, tracing
 from .block import FusedAttention, FusedBlock, _current_plan, int8_block_params, vit_block_params
+from .dwconv import FusedDWConvBlock, _PatchGridHook
 from .ffn import FusedChannelIdleFFN
 from .linear_head import PackedLinear
 from .int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
 from .patch_embed import GemmPatchProjection
+from .xwx import FusedXWXAttention, FusedXWXBlock
 
 __all__ = ["FusedVisionTransformer", "direct_forward", "use_fused_vit_forward"]
 
@@ -101,7 +103,8 @@ class _Plan(NamedTuple):
     # Checked per forward, each as one C-level pass (map over tuples): ~2 µs against ~10 for a Python loop.
     modules: tuple         # every module whose forward the call stands for ...
     types: tuple           # ... and its class when planned
-    hook_dicts: tuple      # their forward hook and pre-hook dicts (must stay empty)
+    hook_dicts: tuple      # their forward hook and pre-hook dicts (must stay empty) ...
+    known_hooks: tuple     # ... but for ((dict, its hooks), ...) that change nothing here (must stay those)
     instance_dicts: tuple  # their __dict__s (no instance-level "forward")
     method_owners: tuple   # (class, ...), (name, ...), (function, ...): the methods the plan relies on
     method_names: tuple
@@ -119,14 +122,14 @@ class _Plan(NamedTuple):
         return type(None), ()
 
 
-_NO_PLAN = (None,) + ((),) * 11
+_NO_PLAN = (None,) + ((),) * 12
 
 # The forwards the one call stands for, as defined (a class patched since — before or after a plan was made — makes
 # the module path run), and timm's VisionTransformer methods it replaces.
 _FORWARDS = {cls: cls.forward for cls in (
     PatchEmbed, GemmPatchProjection, Int8PatchProjection, nn.Identity, nn.Dropout, PatchDropout, nn.Sequential,
     FusedBlock, FusedAttention, FusedChannelIdleFFN, Int8Linear, Int8ChannelIdleFFN, *PLAIN_LAYER_NORMS,
-    PackedLinear, nn.Linear)}
+    PackedLinear, nn.Linear, FusedXWXBlock, FusedXWXAttention, FusedDWConvBlock)}
 _TIMM_METHODS = {name: getattr(VisionTransformer, name) for name in ("forward_features", "forward_head", "_pos_embed",
                                                                       "pool")}
 
@@ -147,6 +150,7 @@ def direct_forward(model: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
         return None
     if (_module._global_forward_hooks or _module._global_forward_pre_hooks or ops.get_backend() == "reference"
             or tuple(map(type, plan.modules)) != plan.types or any(plan.hook_dicts)
+            or any(tuple(d.values()) != hooks for d, hooks in plan.known_hooks)
             or any(map(dict.__contains__, plan.instance_dicts, _FORWARD))
             or tuple(map(getattr, plan.method_owners, plan.method_names)) != plan.methods):
         return None
@@ -177,6 +181,81 @@ def _norm_spec(norm: Optional[nn.Module], scalars: list) -> Tuple[bool, Any]:
     scalars.append((norm, "eps"))
     params = norm._parameters
     return True, (params.get("weight"), params.get("bias"), float(norm.eps))
+
+
+def _fused_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[tuple]:
+    """A FusedBlock that runs as one whole-block call: ("fp32", vit_block's arguments after x) or ("int8",
+    _int8_block's)."""
+    whole, children = _current_plan(block)
+    norm1, attn, mlp, _, _, ffn_norm = children
+    if not (whole.int8_ops or whole.runs_as_one_op):
+        return None
+    modules += [(m, type(m)) for m in (block, norm1, attn, mlp, ffn_norm) if m is not None]
+    scalars += [(norm1, "eps"), (attn, "num_heads"), (mlp, "residual")]
+    if ffn_norm is not None:
+        scalars.append((ffn_norm, "eps"))
+    if whole.int8_ops:
+        qkv, proj = attn._modules["qkv"], attn._modules["proj"]
+        modules += [(qkv, type(qkv)), (proj, type(proj))]
+        scalars += [(qkv, "act_scale"), (proj, "act_scale"), (mlp, "act_scale_in"), (mlp, "act_scale_out"),
+                    (mlp, "split_identity")]
+        scalars += [(attn, a) for a in ("int8_attention", "bf16_attention") if a in attn.__dict__]
+        return ("int8",) + int8_block_params(children)
+    params = vit_block_params(children)
+    return None if params is None else ("fp32",) + params
+
+
+def _ffn_spec(mlp: Optional[nn.Module], modules: list, scalars: list) -> Optional[tuple]:
+    """(norm, w_in, b_in, w_out, b_out, residual) of a FusedChannelIdleFFN sub-block as its forward runs it
+    (`apply_norm(norm, x)`, then `channel_idle_ffn`), or None."""
+    if type(mlp) is not FusedChannelIdleFFN:
+        return None
+    norm = mlp._modules.get("norm")
+    if norm is not None:
+        ok, norm_spec = _norm_spec(norm, scalars)
+        if not ok or norm_spec is None:
+            return None
+        modules.append((norm, type(norm)))
+    else:
+        norm_spec = None
+    params = mlp._parameters
+    if params.get("w_in") is None or params.get("w_out") is None:
+        return None
+    modules.append((mlp, FusedChannelIdleFFN))
+    scalars.append((mlp, "residual"))
+    return (norm_spec, params["w_in"], params.get("b_in"), params["w_out"], params.get("b_out"), bool(mlp.residual))
+
+
+def _xwx_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[tuple]:
+    """("xwx", ...) for a FusedXWXBlock: LayerNorm, xwx_attention with the block input as residual, the FFN."""
+    mods = block._modules
+    norm1, attn = mods.get("norm1"), mods.get("attn")
+    eps = plain_norm_eps(norm1)
+    ffn = _ffn_spec(mods.get("mlp"), modules, scalars)
+    if eps is None or type(attn) is not FusedXWXAttention or ffn is None:
+        return None
+    modules += [(block, FusedXWXBlock), (norm1, type(norm1)), (attn, FusedXWXAttention)]
+    scalars.append((norm1, "eps"))
+    p = attn._parameters
+    return ("xwx", eps, p["w_q"], p.get("w_k"), p.get("key_bias"), p["w_v"], p["w_o"], p.get("b_o"), *ffn)
+
+
+def _dwconv_block_spec(block: nn.Module, tokens: int, modules: list, scalars: list) -> Optional[tuple]:
+    """("dwconv", ...) for a FusedDWConvBlock whose grid fits the model's tokens: LayerNorm, the attention heads
+    (qkv, attention, proj + x) if any, dwconv_attention with that shortcut, the FFN."""
+    mods = block._modules
+    norm1, qkv, attn_proj, value, out_proj = (mods.get(n) for n in ("norm1", "qkv", "attn_proj", "value", "out_proj"))
+    eps = plain_norm_eps(norm1)
+    ffn = _ffn_spec(mods.get("mlp"), modules, scalars)
+    rows, cols = block.grid_size
+    if (eps is None or ffn is None or value is None or out_proj is None or (qkv is None) != (attn_proj is None)
+            or (block.prefix_tokens is not None and block.prefix_tokens + rows * cols != tokens)):
+        return None
+    modules += [(block, FusedDWConvBlock), (norm1, type(norm1))]
+    scalars += [(norm1, "eps"), (block, "grid_size"), (block, "prefix_tokens"), (block, "attn_heads")]
+    heads = (qkv.weight, qkv.bias, block.attn_heads, attn_proj.weight) if qkv is not None else (None, None, 0, None)
+    return ("dwconv", eps, *heads, value.weight, value.bias, block.conv_kernel, out_proj.weight, out_proj.bias, rows,
+            cols, *ffn)
 
 
 def _identity_in_eval(module: Optional[nn.Module]) -> bool:
@@ -231,29 +310,20 @@ def _plan_structure(model: nn.Module) -> Optional[tuple]:
         return None
     modules.append((blocks, nn.Sequential))
     block_specs = []
+    patch_tokens = (image_shape[1] // proj.kernel_size[0]) * (image_shape[2] // proj.kernel_size[1])
+    token_count = int(model.num_prefix_tokens) + patch_tokens
     for block in blocks:
-        if type(block) is not FusedBlock:
-            return None
-        whole, children = _current_plan(block)
-        norm1, attn, mlp, _, _, ffn_norm = children
-        modules += [(m, type(m)) for m in (block, norm1, attn, mlp, ffn_norm) if m is not None]
-        scalars += [(norm1, "eps"), (attn, "num_heads"), (mlp, "residual")]
-        if ffn_norm is not None:
-            scalars.append((ffn_norm, "eps"))
-        if whole.int8_ops:
-            qkv, proj_ = attn._modules["qkv"], attn._modules["proj"]
-            modules += [(qkv, type(qkv)), (proj_, type(proj_))]
-            scalars += [(qkv, "act_scale"), (proj_, "act_scale"), (mlp, "act_scale_in"), (mlp, "act_scale_out"),
-                        (mlp, "split_identity")]
-            scalars += [(attn, a) for a in ("int8_attention", "bf16_attention") if a in attn.__dict__]
-            block_specs.append(("int8",) + int8_block_params(children))
-        elif whole.runs_as_one_op:
-            params_ = vit_block_params(children)
-            if params_ is None:
-                return None
-            block_specs.append(("fp32",) + params_)
+        if type(block) is FusedXWXBlock:
+            spec = _xwx_block_spec(block, modules, scalars)
+        elif type(block) is FusedDWConvBlock:
+            spec = _dwconv_block_spec(block, token_count, modules, scalars)
+        elif type(block) is FusedBlock:
+            spec = _fused_block_spec(block, modules, scalars)
         else:
             return None
+        if spec is None:
+            return None
+        block_specs.append(spec)
     # ---- final norm, pooling, head
     ok_norm, norm = _norm_spec(mods.get("norm"), scalars)
     ok_fc, fc_norm = _norm_spec(mods.get("fc_norm"), scalars)
@@ -279,7 +349,15 @@ def _plan_structure(model: nn.Module) -> Optional[tuple]:
     methods = [(cls, "forward", _FORWARDS[cls]) for cls in classes]
     methods += [(type(model), name, fn) for name, fn in _TIMM_METHODS.items()]
     mods_ = tuple(m for m, _ in modules)
-    hook_dicts = tuple(d for m in mods_ for d in (m._forward_hooks, m._forward_pre_hooks))
-    return (runner, tuple(image_shape), mods_, tuple(cls for _, cls in modules), hook_dicts,
-            tuple(m.__dict__ for m in mods_), *map(tuple, zip(*methods)), *map(tuple, zip(*scalars)),
-            tuple(getattr(o, a) for o, a in scalars))
+    hook_dicts, known_hooks = [], []
+    for m in mods_:
+        for d in (m._forward_hooks, m._forward_pre_hooks):
+            # vitfast's DW-conv grid hook on the patch embedding (nn.dwconv.follow_patch_grid) acts only on an
+            # unflattened (dynamic_img_size) output, which the plan excludes: the same hooks, and no other, may stay.
+            if m is pe and d is m._forward_hooks and d and all(isinstance(h, _PatchGridHook) for h in d.values()):
+                known_hooks.append((d, tuple(d.values())))
+            else:
+                hook_dicts.append(d)
+    return (runner, tuple(image_shape), mods_, tuple(cls for _, cls in modules), tuple(hook_dicts),
+            tuple(known_hooks), tuple(m.__dict__ for m in mods_), *map(tuple, zip(*methods)),
+            *map(tuple, zip(*scalars)), tuple(getattr(o, a) for o, a in scalars))
