@@ -20,10 +20,13 @@ When the call is taken — all checked per forward, the structure once per plan:
 - a structure the call reproduces (planned once; `_plan_structure`): timm's PatchEmbed (flatten, no norm, fixed image
   size) on a `GemmPatchProjection` or an int8 `Int8PatchProjection`; an absolute pos_embed; optional cls / reg
   tokens; dropouts (identities in eval); norm_pre / norm / fc_norm each a plain LayerNorm or Identity; blocks that
-  are `FusedBlock`s each running as its one whole-block call (fp32 `vit_block`, or an int8 block's five ops);
-  'token', 'avg' or no pooling and no attention pool; a `PackedLinear`, `nn.Linear` or Identity head;
-- nothing the module path would run besides: no forward hooks or pre-hooks (on the modules, or global ones), no
-  forward patched on an instance, and the classes' methods the plan relies on unchanged.
+  are `FusedBlock`s each running as its one whole-block call (fp32 `vit_block`, or an int8 block's five ops),
+  non-deep `FusedXWXBlock`s or DW-conv `FusedDWConvBlock`s (the ops their modules call; USDC's gated blocks keep
+  their modules); 'token', 'avg' or no pooling and no attention pool; a `PackedLinear`, `nn.Linear` or Identity
+  head;
+- nothing the module path would run besides: no forward hooks or pre-hooks (on the modules, or global ones; the
+  DW-conv grid hook, a no-op at a fixed image size, excepted), no forward patched on an instance, and the classes'
+  forwards and timm's methods the call stands for as defined.
 
 The plan is made again when a parameter, buffer or submodule is assigned anywhere (a global registration hook
 counts those assignments), when the blocks container changes, or when a plain attribute the plan copied changes
