@@ -27,12 +27,15 @@ from harness import interleaved_rounds, run_interleaved
 THETA = 0.75
 # name: (timm config, image side, vitfast.convert.from_timm options).  "demo": the digits demo's model
 # (vitfast.demos.demo: width 96, 4 blocks, 32 px images in patches of 8, 10 classes); "demo_nondeep" the same
-# joined into two-branch non-deep blocks (XWX attention), "demo_dwconv" with blocks 1-3 on drop-in DW-conv heads.
+# joined into two-branch non-deep blocks (XWX attention), "demo_dwconv" with blocks 1-3 on drop-in DW-conv heads,
+# "demo_usdc" with USDC batch gates on every block (random gate weights: each block's decision is the untrained
+# network's).
 _DEMO = dict(img_size=32, patch_size=8, embed_dim=96, depth=4, num_heads=3, num_classes=10)
 MODELS = {
     "demo": (_DEMO, 32, dict(channel_idle=THETA, norm="batch")),
     "demo_nondeep": (_DEMO, 32, dict(branches=2)),
     "demo_dwconv": (_DEMO, 32, dict(channel_idle=THETA, norm="batch", dwconv_blocks=[1, 2, 3])),
+    "demo_usdc": (_DEMO, 32, dict(channel_idle=THETA, norm="batch", gates=True, gate_search=False)),
     "deit_tiny": (dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3, num_classes=1000), 224,
                   dict(channel_idle=THETA, norm="batch")),
 }

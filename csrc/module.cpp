@@ -176,8 +176,35 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     b.grid_h = t[11].cast<int64_t>();
     b.grid_w = t[12].cast<int64_t>();
     ffn_part(b, t, 13);
+  } else if (kind == "gated") {
+    // (kind, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, ffn_norm, w_in, b_in, w_out, b_out,
+    //  ffn_residual, gate_w1, gate_b1, gate_w2, gate_b2, gate_layer_norm, gate_act, gate_eps, has_attn, has_ffn,
+    //  whole); a missing sub-block's entries None
+    if (t.size() != 24) throw py::value_error("blocks: a gated block takes 24 entries");
+    b.kind = vitfast::ops::BlockKind::kGated;
+    b.has_attn = t[21].cast<bool>();
+    b.has_ffn = t[22].cast<bool>();
+    b.whole = t[23].cast<bool>();
+    if (b.has_attn) {
+      b.norm1_eps = t[1].cast<double>();
+      b.w_qkv = t[2].cast<at::Tensor>();
+      b.b_qkv = t[3].cast<OptTensor>();
+      b.num_heads = t[4].cast<int64_t>();
+      b.w_proj = t[5].cast<at::Tensor>();
+      b.b_proj = t[6].cast<OptTensor>();
+    }
+    b.ffn_norm_eps = t[7].cast<std::optional<double>>();
+    if (b.has_ffn) ffn_part(b, t, 8);
+    b.gate_w1 = t[14].cast<at::Tensor>();
+    b.gate_b1 = t[15].cast<OptTensor>();
+    b.gate_w2 = t[16].cast<OptTensor>();
+    b.gate_b2 = t[17].cast<OptTensor>();
+    b.gate_layer_norm = t[18].cast<bool>();
+    b.gate_act = t[19].cast<std::string>();
+    b.gate_eps = t[20].cast<double>();
   } else {
-    throw py::value_error("blocks: expected a block of kind 'fp32', 'int8', 'xwx' or 'dwconv', got '" + kind + "'");
+    throw py::value_error("blocks: expected a block of kind 'fp32', 'int8', 'xwx', 'dwconv' or 'gated', got '" + kind +
+                          "'");
   }
   return b;
 }

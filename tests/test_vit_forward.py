@@ -311,3 +311,44 @@ def test_dwconv_grid_hook_is_allowed_and_no_other(counted):
     finally:
         handle.remove()
     assert not _runs_module_path(model, x, counted)[0]
+
+
+def test_a_parametrized_weight_takes_the_module_path(counted):
+    from torch.nn.utils import parametrize
+
+    class Double(nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    model = _fused()
+    x = _images(2)
+    parametrize.register_parametrization(model.head, "weight", Double())
+    module_path, out = _runs_module_path(model, x, counted)
+    assert module_path
+    with torch.no_grad():
+        assert torch.equal(out, _module_path(model, x))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_usdc_gated_blocks_one_call_has_the_module_paths_bits(batch, counted):
+    """Each gate pattern — both sub-blocks open (one vit_block call), one open, none — with the module path's bits."""
+    torch.manual_seed(0)
+    model = vitfast.fuse(from_timm(randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=4,
+                                                               num_heads=3, num_classes=7)),
+                                   gates=True, gate_search=False).eval())
+    patterns = [(1, 1), (1, 0), (0, 1), (0, 0)]
+    with torch.no_grad():
+        for block, (attn, ffn) in zip(model.blocks, patterns):
+            gate = block.gate
+            gate.w2.zero_()  # d = b2: the decision is the pattern whatever the input
+            gate.b2.copy_(torch.tensor([10.0 if attn else -10.0, 10.0 if ffn else -10.0]))
+        x = _images(batch)
+        got = model(x)
+        assert counted.calls == 1, "the one-call forward was not taken"
+        want = _module_path(model, x)
+    assert torch.equal(got, want)
+    # A forced gate is a setting the call does not read: the module path runs it.
+    vitfast.nn.set_gate_force(model, "open")
+    assert _runs_module_path(model, x, counted)[0]
+    vitfast.nn.set_gate_force(model, None)
+    assert not _runs_module_path(model, x, counted)[0]

@@ -16,6 +16,7 @@
 
 #include "kernels/batch_gate.h"
 #include "ops/op_utils.h"
+#include "ops/vit_forward.h"
 
 namespace vitfast {
 namespace ops {
@@ -105,6 +106,12 @@ at::Tensor batch_gate_cpu(const at::Tensor& x, const at::Tensor& w1, const OptTe
 }
 
 }  // namespace
+
+at::Tensor batch_gate_op(const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1, const OptTensor& w2,
+                         const OptTensor& b2, bool layer_norm, const std::string& act, double eps) {
+  return batch_gate_cpu(x, w1, b1, w2, b2, layer_norm, act, eps);
+}
+
 }  // namespace ops
 }  // namespace vitfast
 

@@ -45,6 +45,10 @@ bool plan_takes(const VitForwardPlan& p) {
       case BlockKind::kXwx:
         ok = fp32_cpu(b.w_q) && fp32_cpu(b.w_v) && fp32_cpu(b.w_o) && fp32_cpu(b.w_in) && norm_ok(b.ffn_norm);
         break;
+      case BlockKind::kGated:
+        ok = fp32_cpu(b.gate_w1) && (!b.has_attn || (fp32_cpu(b.w_qkv) && fp32_cpu(b.w_proj))) &&
+             (!b.has_ffn || (fp32_cpu(b.w_in) && norm_ok(b.ffn_norm)));
+        break;
       case BlockKind::kDwconv:
         ok = fp32_cpu(b.value_w) && fp32_cpu(b.conv_kernel) && fp32_cpu(b.out_w) && fp32_cpu(b.w_in) &&
              norm_ok(b.ffn_norm) && (!b.attn_proj.has_value() || fp32_cpu(b.w_qkv));
@@ -153,6 +157,30 @@ at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
       });
       return ffn_sub_block(b, x1);
     }
+    case BlockKind::kGated: {  // FusedGatedBlock.forward on the CPU
+      const at::Tensor decision = recorded("vitfast::batch_gate", x, [&] {
+        return batch_gate_op(x, b.gate_w1, b.gate_b1, b.gate_w2, b.gate_b2, b.gate_layer_norm, b.gate_act, b.gate_eps);
+      });
+      // The module path's bool(v) of decision.tolist(): nonzero (NaN included) is open.
+      const at::Tensor d = decision.to(at::kFloat).contiguous();
+      const float* dp = d.data_ptr<float>();
+      const bool run_attn = dp[0] != 0.0f, run_ffn = dp[1] != 0.0f;
+      if (run_attn && run_ffn && b.whole) {
+        return recorded("vitfast::vit_block", x, [&] {
+          return vit_block_op(x, b.norm1_eps, b.w_qkv, b.b_qkv, b.num_heads, b.w_proj, b.b_proj, b.ffn_norm_eps,
+                              b.w_in, b.b_in, b.w_out, b.b_out, b.ffn_residual);
+        });
+      }
+      at::Tensor h = x;
+      if (b.has_attn && run_attn) {
+        const at::Tensor y = block_norm(h, b.norm1_eps);
+        const at::Tensor qkv = recorded("vitfast::linear", y, [&] { return linear_op(y, b.w_qkv, b.b_qkv); });
+        const at::Tensor heads = recorded("vitfast::attention", qkv, [&] { return attention_op(qkv, b.num_heads); });
+        h = recorded("vitfast::linear", heads, [&] { return linear_op(heads, b.w_proj, b.b_proj, h); });
+      }
+      if (b.has_ffn && run_ffn) h = ffn_sub_block(b, h);
+      return h;
+    }
     case BlockKind::kDwconv: {  // FusedDWConvBlock.forward
       const at::Tensor xn = block_norm(x, b.norm1_eps);
       at::Tensor shortcut = x;
@@ -179,7 +207,7 @@ at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
 bool runs_serial(const VitForwardPlan& p, int64_t batch, int64_t tokens) {
   if (p.blocks.empty()) return false;
   const ForwardBlock& b = p.blocks.front();
-  if (b.kind == BlockKind::kXwx || b.kind == BlockKind::kDwconv) return false;  // their ops have no such rule
+  if (b.kind != BlockKind::kVit && b.kind != BlockKind::kInt8) return false;  // the others' ops have no such rule
   if (b.kind == BlockKind::kInt8) {
     const int64_t weights = b.qkv.qweight.numel() + b.proj.qweight.numel() + b.ffn.qw_in.numel() +
                             b.ffn.qw_out.numel();

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ops/int8_block.h"
@@ -49,6 +50,9 @@ at::Tensor channel_idle_ffn_op(const at::Tensor& x, const at::Tensor& w_in, cons
 at::Tensor xwx_attention_op(const at::Tensor& x, const at::Tensor& w_q, const std::optional<at::Tensor>& w_k,
                             const std::optional<at::Tensor>& key_bias, const at::Tensor& w_v, const at::Tensor& w_o,
                             const std::optional<at::Tensor>& b_o, const std::optional<at::Tensor>& residual);
+at::Tensor batch_gate_op(const at::Tensor& x, const at::Tensor& w1, const std::optional<at::Tensor>& b1,
+                         const std::optional<at::Tensor>& w2, const std::optional<at::Tensor>& b2, bool layer_norm,
+                         const std::string& act, double eps);
 at::Tensor dwconv_attention_op(const at::Tensor& x, const at::Tensor& w_v, const std::optional<at::Tensor>& b_v,
                                const at::Tensor& kernel, const at::Tensor& w_o, const std::optional<at::Tensor>& b_o,
                                int64_t grid_h, int64_t grid_w, const std::optional<at::Tensor>& residual);
@@ -66,8 +70,11 @@ struct ForwardNorm {
 //   kXwx     FusedXWXBlock: layer_norm → xwx_attention (+ x) → the FFN sub-block
 //   kDwconv  FusedDWConvBlock: layer_norm → [qkv linear → attention → proj (+ x)] → dwconv_attention (+ shortcut)
 //            → the FFN sub-block
+//   kGated   FusedGatedBlock (USDC): batch_gate's [MHSA, FFN] decision for the batch, then both sub-blocks as one
+//            vit_block call when both are open (and the block has both), else each open sub-block: the MHSA one
+//            (layer_norm → qkv linear → attention → proj (+ x)) and the FFN one
 // where the FFN sub-block (FusedChannelIdleFFN) is [layer_norm →] channel_idle_ffn [+ its input].
-enum class BlockKind : int64_t { kVit = 0, kInt8 = 1, kXwx = 2, kDwconv = 3 };
+enum class BlockKind : int64_t { kVit = 0, kInt8 = 1, kXwx = 2, kDwconv = 3, kGated = 4 };
 
 struct ForwardBlock {
   BlockKind kind = BlockKind::kVit;
@@ -96,6 +103,14 @@ struct ForwardBlock {
   at::Tensor value_w, conv_kernel, out_w;
   std::optional<at::Tensor> value_b, out_b;
   int64_t grid_h = 0, grid_w = 0;
+  // kGated: the gate's network (batch_gate's arguments after x); whether the block has each sub-block (the MHSA one
+  // in w_qkv / b_qkv / num_heads / w_proj / b_proj, the FFN one above), and whether both together run as vit_block
+  at::Tensor gate_w1;
+  std::optional<at::Tensor> gate_b1, gate_w2, gate_b2;
+  bool gate_layer_norm = false;
+  std::string gate_act = "none";
+  double gate_eps = 1e-5;
+  bool has_attn = false, has_ffn = false, whole = false;
 };
 
 enum class ForwardPool : int64_t { kNone = 0, kToken = 1, kAvg = 2 };

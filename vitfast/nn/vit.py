@@ -21,9 +21,9 @@ When the call is taken — all checked per forward, the structure once per plan:
   size) on a `GemmPatchProjection` or an int8 `Int8PatchProjection`; an absolute pos_embed; optional cls / reg
   tokens; dropouts (identities in eval); norm_pre / norm / fc_norm each a plain LayerNorm or Identity; blocks that
   are `FusedBlock`s each running as its one whole-block call (fp32 `vit_block`, or an int8 block's five ops),
-  non-deep `FusedXWXBlock`s or DW-conv `FusedDWConvBlock`s (the ops their modules call; USDC's gated blocks keep
-  their modules); 'token', 'avg' or no pooling and no attention pool; a `PackedLinear`, `nn.Linear` or Identity
-  head;
+  non-deep `FusedXWXBlock`s, DW-conv `FusedDWConvBlock`s or USDC `FusedGatedBlock`s without a forced gate (the
+  ops their modules call on the CPU: for a gated block the batch's decision, then the open sub-blocks); 'token',
+  'avg' or no pooling and no attention pool; a `PackedLinear`, `nn.Linear` or Identity head;
 - nothing the module path would run besides: no forward hooks or pre-hooks (on the modules, or global ones; the
   DW-conv grid hook, a no-op at a fixed image size, excepted), no forward patched on an instance, and the classes'
   forwards and timm's methods the call stands for as defined.
@@ -50,6 +50,7 @@ from .. import ops
 from ._base import PLAIN_LAYER_NORMS, plain_norm_eps, tracing
 from .block import FusedAttention, FusedBlock, _current_plan, int8_block_params, vit_block_params
 from .dwconv import FusedDWConvBlock, _PatchGridHook
+from .gated import FusedBatchGate, FusedGatedBlock
 from .ffn import FusedChannelIdleFFN
 from .linear_head import PackedLinear
 from .int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
@@ -125,14 +126,12 @@ class _Plan(NamedTuple):
         return type(None), ()
 
 
-_NO_PLAN = (None,) + ((),) * 12
-
 # The forwards the one call stands for, as defined (a class patched since — before or after a plan was made — makes
 # the module path run), and timm's VisionTransformer methods it replaces.
 _FORWARDS = {cls: cls.forward for cls in (
     PatchEmbed, GemmPatchProjection, Int8PatchProjection, nn.Identity, nn.Dropout, PatchDropout, nn.Sequential,
     FusedBlock, FusedAttention, FusedChannelIdleFFN, Int8Linear, Int8ChannelIdleFFN, *PLAIN_LAYER_NORMS,
-    PackedLinear, nn.Linear, FusedXWXBlock, FusedXWXAttention, FusedDWConvBlock)}
+    PackedLinear, nn.Linear, FusedXWXBlock, FusedXWXAttention, FusedDWConvBlock, FusedGatedBlock, FusedBatchGate)}
 _TIMM_METHODS = {name: getattr(VisionTransformer, name) for name in ("forward_features", "forward_head", "_pos_embed",
                                                                       "pool")}
 
@@ -167,8 +166,19 @@ def _make_plan(model: nn.Module) -> _Plan:
     blocks = model._modules.get("blocks")
     block_modules = tuple(blocks._modules.values()) if isinstance(blocks, nn.Module) else ()
     generation = _generation[0]
-    parts = _plan_structure(model) if ops.extension_loaded() else None
-    plan = _Plan(generation, block_modules, *(_NO_PLAN if parts is None else parts))
+    scalars: List[tuple] = []
+    try:
+        parts = _plan_structure(model, scalars) if ops.extension_loaded() else None
+    except (KeyError, AttributeError, TypeError, ValueError):
+        # A structure the planner does not know (e.g. a parametrized weight, absent from its module's parameter
+        # dict): the module path runs it, as for any structure the call does not take.
+        parts = None
+    if parts is None:
+        # The attributes read before the structure was refused (a forced gate, the pooling): when one changes, the
+        # model is planned again.
+        owners, names = (tuple(map(tuple, zip(*scalars))) if scalars else ((), ()))
+        parts = (None,) + ((),) * 9 + (owners, names, tuple(map(getattr, owners, names)))
+    plan = _Plan(generation, block_modules, *parts)
     model.__dict__["_vitfast_forward_plan"] = plan  # not a module attribute (a copy of the model gets None)
     return plan
 
@@ -261,17 +271,53 @@ def _dwconv_block_spec(block: nn.Module, tokens: int, modules: list, scalars: li
             cols, *ffn)
 
 
+def _gated_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[tuple]:
+    """("gated", ...) for a FusedGatedBlock with fp32 sub-blocks and no forced gate: the decision, then the whole
+    block (both open) or each open sub-block, as its CPU forward runs them."""
+    mods = block._modules
+    gate, norm1, attn, mlp = (mods.get(n) for n in ("gate", "norm1", "attn", "mlp"))
+    if type(gate) is not FusedBatchGate:
+        return None
+    scalars += [(gate, "force"), (gate, "layer_norm"), (gate, "act"), (gate, "eps")]
+    if gate.force is not None:
+        return None
+    modules += [(block, FusedGatedBlock), (gate, FusedBatchGate)]
+    attn_part: tuple = (None,) * 6
+    if attn is not None:
+        eps, flags, attn_mods = plain_norm_eps(norm1), attn.__dict__, attn._modules
+        qkv, proj = attn_mods.get("qkv"), attn_mods.get("proj")
+        if (eps is None or type(attn) is not FusedAttention or not isinstance(qkv, nn.Linear)
+                or not isinstance(proj, nn.Linear) or type(attn_mods.get("q_norm")) is not nn.Identity
+                or type(attn_mods.get("norm")) is not nn.Identity or flags.get("int8_attention")
+                or flags.get("bf16_attention")):
+            return None
+        modules += [(norm1, type(norm1)), (attn, FusedAttention)]
+        scalars += [(norm1, "eps"), (attn, "num_heads")]
+        attn_part = (eps, qkv.weight, qkv.bias, attn.num_heads, proj.weight, proj.bias)
+    ffn_part: Optional[tuple] = (None, None, None, None, None, False)
+    if mlp is not None:
+        ffn_part = _ffn_spec(mlp, modules, scalars)
+        if ffn_part is None:
+            return None
+    whole, children = _current_plan(block)
+    params = vit_block_params(children) if whole.runs_as_one_op and attn is not None and mlp is not None else None
+    gp = gate._parameters
+    return ("gated", *attn_part, None if params is None else params[6], *ffn_part, gp["w1"], gp.get("b1"),
+            gp.get("w2"), gp.get("b2"), bool(gate.layer_norm), str(gate.act), float(gate.eps), attn is not None,
+            mlp is not None, params is not None)
+
+
 def _identity_in_eval(module: Optional[nn.Module]) -> bool:
     return module is None or type(module) in (nn.Identity, nn.Dropout, PatchDropout)
 
 
-def _plan_structure(model: nn.Module) -> Optional[tuple]:
-    """(runner, image_shape, modules, methods, scalars, values) for a structure the one call reproduces, or None."""
+def _plan_structure(model: nn.Module, scalars: List[tuple]) -> Optional[tuple]:
+    """_Plan's fields after `blocks` for a structure the one call reproduces, or None.  `scalars` collects the
+    (object, attribute) pairs the decisions read, also when it refuses."""
     mods = model._modules
     modules: List[tuple] = []  # (the model's own hooks run around this forward either way)
-    scalars: List[tuple] = [(model, a) for a in ("global_pool", "num_prefix_tokens", "no_embed_class",
-                                                 "dynamic_img_size", "pool_include_prefix")
-                            if a in model.__dict__]
+    scalars += [(model, a) for a in ("global_pool", "num_prefix_tokens", "no_embed_class", "dynamic_img_size",
+                                     "pool_include_prefix") if a in model.__dict__]
     if (getattr(model, "dynamic_img_size", False) or mods.get("attn_pool") is not None
             or model.global_pool not in ("token", "avg", "") or model.pos_embed is None):
         return None
@@ -322,6 +368,8 @@ def _plan_structure(model: nn.Module) -> Optional[tuple]:
             spec = _dwconv_block_spec(block, token_count, modules, scalars)
         elif type(block) is FusedBlock:
             spec = _fused_block_spec(block, modules, scalars)
+        elif type(block) is FusedGatedBlock:
+            spec = _gated_block_spec(block, modules, scalars)
         else:
             return None
         if spec is None:
