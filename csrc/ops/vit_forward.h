@@ -2,19 +2,18 @@
 // `_vit_forward`):
 //
 //   patch rows → patch GEMM (+ bias) → [cls, reg] tokens and + pos_embed → [norm_pre] → blocks (fused ViT, int8,
-//   non-deep XWX or DW-conv blocks) → [norm] → pool
-//   ('token' / 'avg' / none) → [fc_norm] → [head]
+//   non-deep XWX, DW-conv or USDC gated blocks) → [norm] → pool ('token' / 'avg' / none) → [fc_norm] → [head]
 //
 // Why: at the digits demo's size (width 96, 4 blocks, 17 tokens) the model's Python — module calls, timm's
 // forward_features / _pos_embed / forward_head, each op's Python entry and dispatch — was about half of a batch-1
 // forward (docs/performance.md, "Tiny models"): 281 µs a forward, of which the four block ops' own time was 126 µs.
 // Each step here is what the module path calls, with the same tensors: the patch GEMM and a PackedLinear head are
-// `linear`'s CPU body (same packed-weight cache entries, same kernels), a block is `vit_block`'s (or an int8 block's
-// five ops, int8_block.h, or the ops an XWX / DW-conv block's modules call), the model's LayerNorms, the average pool and a plain nn.Linear head are the same ATen
-// calls as the modules', and the cls / pos additions are the same IEEE additions as timm's — so the logits have
-// exactly the bits of the module path (tests/test_vit_forward.py checks it).  The one difference in work: with
-// 'token' pooling the final LayerNorm normalises only the class-token rows the pool keeps (a LayerNorm's row
-// depends on that row alone).
+// `linear`'s CPU body (same packed-weight cache entries, same kernels); a block is `vit_block`'s, an int8 block's
+// five ops (int8_block.h), or the ops an XWX / DW-conv / gated block's modules call; the model's LayerNorms, the
+// average pool and a plain nn.Linear head are the same ATen calls as the modules'; the cls / pos additions are the
+// same IEEE additions as timm's — so the logits have exactly the bits of the module path (tests/test_vit_forward.py
+// checks it).  The one difference in work: with 'token' pooling the final LayerNorm normalises only the class-token
+// rows the pool keeps (a LayerNorm's row depends on that row alone).
 //
 // Not an op: Python (vitfast.nn.vit.direct_forward) takes this call only where the module path would run these
 // very kernels (inference, CPU, fp32 images of the model's size, no hooks, the auto backend, no tracing), so it needs
