@@ -99,6 +99,16 @@ vitfast::ops::Int8LinearArgs int8_linear(const py::tuple& t, size_t i) {
           t[i + 3].cast<OptTensor>(), t[i + 4].cast<double>()};
 }
 
+// The MHSA sub-block's (norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) from `t` at 1 (vit_block's order).
+void mhsa_part(vitfast::ops::ForwardBlock& b, const py::tuple& t) {
+  b.norm1_eps = t[1].cast<double>();
+  b.w_qkv = t[2].cast<at::Tensor>();
+  b.b_qkv = t[3].cast<OptTensor>();
+  b.num_heads = t[4].cast<int64_t>();
+  b.w_proj = t[5].cast<at::Tensor>();
+  b.b_proj = t[6].cast<OptTensor>();
+}
+
 // The FFN sub-block's (ffn_norm, w_in, b_in, w_out, b_out, ffn_residual) from `t` at `i`.
 void ffn_part(vitfast::ops::ForwardBlock& b, const py::tuple& t, size_t i) {
   b.ffn_norm = forward_norm(t[i]);
@@ -116,12 +126,7 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     // (kind, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out, residual):
     // vit_block's arguments after x.
     if (t.size() != 13) throw py::value_error("blocks: an fp32 block takes 13 entries");
-    b.norm1_eps = t[1].cast<double>();
-    b.w_qkv = t[2].cast<at::Tensor>();
-    b.b_qkv = t[3].cast<OptTensor>();
-    b.num_heads = t[4].cast<int64_t>();
-    b.w_proj = t[5].cast<at::Tensor>();
-    b.b_proj = t[6].cast<OptTensor>();
+    mhsa_part(b, t);
     b.ffn_norm_eps = t[7].cast<std::optional<double>>();
     b.w_in = t[8].cast<at::Tensor>();
     b.b_in = t[9].cast<OptTensor>();
@@ -185,14 +190,7 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     b.has_attn = t[21].cast<bool>();
     b.has_ffn = t[22].cast<bool>();
     b.whole = t[23].cast<bool>();
-    if (b.has_attn) {
-      b.norm1_eps = t[1].cast<double>();
-      b.w_qkv = t[2].cast<at::Tensor>();
-      b.b_qkv = t[3].cast<OptTensor>();
-      b.num_heads = t[4].cast<int64_t>();
-      b.w_proj = t[5].cast<at::Tensor>();
-      b.b_proj = t[6].cast<OptTensor>();
-    }
+    if (b.has_attn) mhsa_part(b, t);
     b.ffn_norm_eps = t[7].cast<std::optional<double>>();
     if (b.has_ffn) ffn_part(b, t, 8);
     b.gate_w1 = t[14].cast<at::Tensor>();

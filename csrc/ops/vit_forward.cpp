@@ -141,15 +141,29 @@ at::Tensor ffn_sub_block(const ForwardBlock& b, const at::Tensor& x) {
   });
 }
 
+// vit_block's call for a kVit block, or a kGated one with both sub-blocks open.
+at::Tensor whole_block(const ForwardBlock& b, const at::Tensor& x) {
+  return recorded("vitfast::vit_block", x, [&] {  // as the op's dispatch records it
+    return vit_block_op(x, b.norm1_eps, b.w_qkv, b.b_qkv, b.num_heads, b.w_proj, b.b_proj, b.ffn_norm_eps, b.w_in,
+                        b.b_in, b.w_out, b.b_out, b.ffn_residual);
+  });
+}
+
+// FusedAttention.forward on normed rows y: qkv linear → attention → proj linear + residual.
+at::Tensor attention_heads(const at::Tensor& y, const at::Tensor& w_qkv, const std::optional<at::Tensor>& b_qkv,
+                           int64_t heads, const at::Tensor& w_proj, const std::optional<at::Tensor>& b_proj,
+                           const at::Tensor& residual) {
+  const at::Tensor qkv = recorded("vitfast::linear", y, [&] { return linear_op(y, w_qkv, b_qkv); });
+  const at::Tensor h = recorded("vitfast::attention", qkv, [&] { return attention_op(qkv, heads); });
+  return recorded("vitfast::linear", h, [&] { return linear_op(h, w_proj, b_proj, residual); });
+}
+
 at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
   switch (b.kind) {
     case BlockKind::kInt8:
       return int8_block(x, b.norm1_eps, b.qkv, b.num_heads, b.attention, b.proj, b.ffn_norm_eps, b.ffn);
     case BlockKind::kVit:
-      return recorded("vitfast::vit_block", x, [&] {  // as the op's dispatch records it
-        return vit_block_op(x, b.norm1_eps, b.w_qkv, b.b_qkv, b.num_heads, b.w_proj, b.b_proj, b.ffn_norm_eps,
-                            b.w_in, b.b_in, b.w_out, b.b_out, b.ffn_residual);
-      });
+      return whole_block(b, x);
     case BlockKind::kXwx: {  // FusedXWXBlock.forward
       const at::Tensor y = block_norm(x, b.norm1_eps);
       const at::Tensor x1 = recorded("vitfast::xwx_attention", y, [&] {
@@ -165,30 +179,18 @@ at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
       const at::Tensor d = decision.to(at::kFloat).contiguous();
       const float* dp = d.data_ptr<float>();
       const bool run_attn = dp[0] != 0.0f, run_ffn = dp[1] != 0.0f;
-      if (run_attn && run_ffn && b.whole) {
-        return recorded("vitfast::vit_block", x, [&] {
-          return vit_block_op(x, b.norm1_eps, b.w_qkv, b.b_qkv, b.num_heads, b.w_proj, b.b_proj, b.ffn_norm_eps,
-                              b.w_in, b.b_in, b.w_out, b.b_out, b.ffn_residual);
-        });
-      }
+      if (run_attn && run_ffn && b.whole) return whole_block(b, x);
       at::Tensor h = x;
-      if (b.has_attn && run_attn) {
-        const at::Tensor y = block_norm(h, b.norm1_eps);
-        const at::Tensor qkv = recorded("vitfast::linear", y, [&] { return linear_op(y, b.w_qkv, b.b_qkv); });
-        const at::Tensor heads = recorded("vitfast::attention", qkv, [&] { return attention_op(qkv, b.num_heads); });
-        h = recorded("vitfast::linear", heads, [&] { return linear_op(heads, b.w_proj, b.b_proj, h); });
-      }
+      if (b.has_attn && run_attn)
+        h = attention_heads(block_norm(h, b.norm1_eps), b.w_qkv, b.b_qkv, b.num_heads, b.w_proj, b.b_proj, h);
       if (b.has_ffn && run_ffn) h = ffn_sub_block(b, h);
       return h;
     }
     case BlockKind::kDwconv: {  // FusedDWConvBlock.forward
       const at::Tensor xn = block_norm(x, b.norm1_eps);
       at::Tensor shortcut = x;
-      if (b.attn_proj.has_value()) {
-        const at::Tensor qkv = recorded("vitfast::linear", xn, [&] { return linear_op(xn, b.w_qkv, b.b_qkv); });
-        const at::Tensor heads = recorded("vitfast::attention", qkv, [&] { return attention_op(qkv, b.num_heads); });
-        shortcut = recorded("vitfast::linear", heads, [&] { return linear_op(heads, *b.attn_proj, std::nullopt, x); });
-      }
+      if (b.attn_proj.has_value())  // x + attention heads · W^O (no bias)
+        shortcut = attention_heads(xn, b.w_qkv, b.b_qkv, b.num_heads, *b.attn_proj, std::nullopt, x);
       const at::Tensor x1 = recorded("vitfast::dwconv_attention", xn, [&] {
         return dwconv_attention_op(xn, b.value_w, b.value_b, b.conv_kernel, b.out_w, b.out_b, b.grid_h, b.grid_w,
                                    shortcut);
