@@ -177,7 +177,11 @@ def _make_plan(model: nn.Module) -> _Plan:
         # The attributes read before the structure was refused (a forced gate, the pooling): when one changes, the
         # model is planned again.
         owners, names = (tuple(map(tuple, zip(*scalars))) if scalars else ((), ()))
-        parts = (None,) + ((),) * 9 + (owners, names, tuple(map(getattr, owners, names)))
+        try:
+            values = tuple(map(getattr, owners, names))
+        except AttributeError:
+            owners, names, values = (), (), ()
+        parts = (None,) + ((),) * 9 + (owners, names, values)
     plan = _Plan(generation, block_modules, *parts)
     model.__dict__["_vitfast_forward_plan"] = plan  # not a module attribute (a copy of the model gets None)
     return plan
