@@ -270,8 +270,9 @@ def test_follow_patch_grid_is_idempotent_and_needs_a_patch_embed():
     assert vitfast.nn.follow_patch_grid(converted) is True
     assert len(converted.patch_embed._forward_hooks) == 1  # replaced, not stacked
     assert vitfast.nn.follow_patch_grid(torch.nn.Linear(2, 2)) is False
-    # Without dynamic_img_size the embedding is flattened: the hook leaves the built grid alone.
+    # Without dynamic_img_size the embedding is flattened: no hook is installed, the built grid stays.
     fixed = vitfast.convert.from_timm(vit(), dwconv_blocks=[0]).eval()
+    assert not fixed.patch_embed._forward_hooks and vitfast.nn.follow_patch_grid(fixed) is False
     with torch.no_grad():
         fixed(images(fixed))
     assert fixed.blocks[0].attn.grid_size == (4, 5)

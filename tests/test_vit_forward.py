@@ -293,15 +293,15 @@ def test_only_timms_own_class_is_given_the_forward():
     assert vitfast.nn.use_fused_vit_forward(mine) is False and type(mine) is MyViT
 
 
-def test_dwconv_grid_hook_is_allowed_and_no_other(counted):
-    """A DW-conv model's patch embedding carries vitfast's grid hook (nn.dwconv.follow_patch_grid), which does
-    nothing on a fixed-size model: the call is still taken; another hook there is obeyed."""
+def test_dwconv_model_of_fixed_size_has_no_grid_hook(counted):
+    """vitfast's DW-conv grid hook (nn.dwconv.follow_patch_grid) is for dynamic_img_size models only: a fixed-size
+    model's patch embedding carries none, so the call is taken; a user's hook there is obeyed."""
     from vitfast.nn.dwconv import follow_patch_grid
 
     torch.manual_seed(0)
     model = vitfast.fuse(from_timm(randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=2,
                                                                num_heads=3, num_classes=7)), dwconv_blocks=[1]))
-    assert follow_patch_grid(model)
+    assert follow_patch_grid(model) is False and not model.patch_embed._forward_hooks
     x = _images(2)
     assert not _runs_module_path(model, x, counted)[0]
     seen = []

@@ -257,14 +257,17 @@ class _PatchGridHook:
 
 def follow_patch_grid(model: nn.Module) -> bool:
     """Make the DW-conv modules of a timm ViT follow the input's patch grid when the model has `dynamic_img_size`
-    (see `_PatchGridHook`); idempotent.  Returns False (nothing installed) for a model without a `patch_embed`.
-    Without `dynamic_img_size` the embedding's output is flattened and the hook does nothing: the grid is fixed."""
+    (see `_PatchGridHook`); idempotent.  Returns whether the hook is installed: not for a model without a
+    `patch_embed`, nor for one whose embedding flattens its output (no `dynamic_img_size`: the grid is fixed, and
+    the hook would do nothing but make every forward run the embedding as a hooked module)."""
     embed = getattr(model, "patch_embed", None)
     if not isinstance(embed, nn.Module):
         return False
     for key, hook in list(embed._forward_hooks.items()):
         if isinstance(hook, _PatchGridHook):
             del embed._forward_hooks[key]
+    if getattr(embed, "flatten", False):
+        return False
     embed.register_forward_hook(_PatchGridHook(model))
     return True
 

@@ -24,9 +24,8 @@ When the call is taken — all checked per forward, the structure once per plan:
   non-deep `FusedXWXBlock`s, DW-conv `FusedDWConvBlock`s or USDC `FusedGatedBlock`s without a forced gate (the
   ops their modules call on the CPU: for a gated block the batch's decision, then the open sub-blocks); 'token',
   'avg' or no pooling and no attention pool; a `PackedLinear`, `nn.Linear` or Identity head;
-- nothing the module path would run besides: no forward hooks or pre-hooks (on the modules, or global ones; the
-  DW-conv grid hook, a no-op at a fixed image size, excepted), no forward patched on an instance, and the classes'
-  forwards and timm's methods the call stands for as defined.
+- nothing the module path would run besides: no forward hooks or pre-hooks (on the modules, or global ones), no
+  forward patched on an instance, and the classes' forwards and timm's methods the call stands for as defined.
 
 The plan is made again when a parameter, buffer or submodule of the model was replaced or removed (each forward
 compares them by identity with those planned) or when a plain attribute the plan copied changed (LayerNorm eps,
@@ -50,7 +49,7 @@ from torch.nn.modules import module as _module
 from .. import ops
 from ._base import PLAIN_LAYER_NORMS, plain_norm_eps, tracing
 from .block import FusedAttention, FusedBlock, _current_plan, int8_block_params, vit_block_params
-from .dwconv import FusedDWConvBlock, _PatchGridHook
+from .dwconv import FusedDWConvBlock
 from .gated import FusedBatchGate, FusedGatedBlock
 from .ffn import FusedChannelIdleFFN
 from .linear_head import PackedLinear
@@ -100,8 +99,7 @@ class _Plan(NamedTuple):
     # Checked per forward, each as one C-level pass (map over tuples): ~2 µs against ~10 for a Python loop.
     modules: tuple         # every module whose forward the call stands for ...
     types: tuple           # ... and its class when planned
-    hook_dicts: tuple      # their forward hook and pre-hook dicts (must stay empty) ...
-    known_hooks: tuple     # ... but for ((dict, its hooks), ...) that change nothing here (must stay those)
+    hook_dicts: tuple      # their forward hook and pre-hook dicts (must stay empty)
     instance_dicts: tuple  # their __dict__s (no instance-level "forward")
     method_owners: tuple   # (class, ...), (name, ...), (function, ...): the methods the plan relies on
     method_names: tuple
@@ -143,7 +141,6 @@ def direct_forward(model: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
         return None
     if (_module._global_forward_hooks or _module._global_forward_pre_hooks or ops.get_backend() == "reference"
             or tuple(map(type, plan.modules)) != plan.types or any(plan.hook_dicts)
-            or any(tuple(d.values()) != hooks for d, hooks in plan.known_hooks)
             or any(map(dict.__contains__, plan.instance_dicts, _FORWARD))
             or tuple(map(getattr, plan.method_owners, plan.method_names)) != plan.methods):
         return None
@@ -170,7 +167,7 @@ def _make_plan(model: nn.Module) -> _Plan:
             values = tuple(map(getattr, owners, names))
         except AttributeError:
             owners, names, values = (), (), ()
-        parts = (None,) + ((),) * 9 + (owners, names, values)
+        parts = (None,) + ((),) * 8 + (owners, names, values)
     plan = _Plan(*(map(tuple, zip(*slots)) if slots else ((), (), ())), *parts)
     model.__dict__["_vitfast_forward_plan"] = plan  # not a module attribute (a copy of the model gets None)
     return plan
@@ -393,15 +390,7 @@ def _plan_structure(model: nn.Module, scalars: List[tuple]) -> Optional[tuple]:
     methods = [(cls, "forward", _FORWARDS[cls]) for cls in classes]
     methods += [(type(model), name, fn) for name, fn in _TIMM_METHODS.items()]
     mods_ = tuple(m for m, _ in modules)
-    hook_dicts, known_hooks = [], []
-    for m in mods_:
-        for d in (m._forward_hooks, m._forward_pre_hooks):
-            # vitfast's DW-conv grid hook on the patch embedding (nn.dwconv.follow_patch_grid) acts only on an
-            # unflattened (dynamic_img_size) output, which the plan excludes: the same hooks, and no other, may stay.
-            if m is pe and d is m._forward_hooks and d and all(isinstance(h, _PatchGridHook) for h in d.values()):
-                known_hooks.append((d, tuple(d.values())))
-            else:
-                hook_dicts.append(d)
-    return (runner, tuple(image_shape), mods_, tuple(cls for _, cls in modules), tuple(hook_dicts),
-            tuple(known_hooks), tuple(m.__dict__ for m in mods_), *map(tuple, zip(*methods)),
-            *map(tuple, zip(*scalars)), tuple(getattr(o, a) for o, a in scalars))
+    hook_dicts = tuple(d for m in mods_ for d in (m._forward_hooks, m._forward_pre_hooks))
+    return (runner, tuple(image_shape), mods_, tuple(cls for _, cls in modules), hook_dicts,
+            tuple(m.__dict__ for m in mods_), *map(tuple, zip(*methods)), *map(tuple, zip(*scalars)),
+            tuple(getattr(o, a) for o, a in scalars))
