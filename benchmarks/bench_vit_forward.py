@@ -9,6 +9,10 @@ round, the order rotating
   one_call  `model(x)`: the whole forward in one `vitfast._C._vit_forward` call (the same bits)
   ort       ONNX Runtime fp32 on the same fused graph (`vitfast.export.to_onnx`, non-spinning threads): the anchor
 
+`test_vit_forward_int8_interleaved` does the same for `vitfast.quantize(model)` (dynamic per-token int8: the stem,
+attention linears and FFNs int8; the non-deep XWX and DW-conv attentions fp32) against ONNX Runtime's
+`quantize_dynamic` of the same fused graph (`ort_int8`, the baseline there).
+
 The call saves a fixed cost per forward (module calls, timm's Python, each op's entry), so it shows on small models
 at batch 1: the digits demo's shape (width 96, 4 blocks, 17 tokens) is the case it was built for; DeiT-Ti shows what
 is left of it at ImageNet size.  `ort ÷ one_call` above 1 is vitfast ahead; the report line says SLOWER where it
@@ -96,3 +100,37 @@ def test_vit_forward_interleaved(benchmark, tmp_path_factory, name, batch, threa
           f"{providers['ort']['median'] * 1e6:.0f} us; ort / one_call {one['ratio_median']:.3f}x "
           f"({one['ratio_p10']:.2f}-{one['ratio_p90']:.2f}){'' if one['ratio_median'] >= 1 else ' (vitfast SLOWER)'}, "
           f"ort / modules {mod['ratio_median']:.3f}x")
+
+
+@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("name", [n for n in MODELS if n != "deit_tiny"])
+def test_vit_forward_int8_interleaved(benchmark, tmp_path_factory, name, batch):
+    """vitfast int8 (module path and one call) against ONNX Runtime's dynamic int8 on the same fused graph, one
+    thread."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vitfast.bench_runtimes import quantize_ort_dynamic
+    from vitfast.export import ort_session
+
+    fused, path, side, flops_per_image = _model(name, tmp_path_factory)
+    q = vitfast.quantize(fused)
+    int8_path = path.replace(".onnx", ".int8.onnx")
+    quantize_ort_dynamic(path, int8_path)
+    x = torch.randn(batch, 3, side, side, generator=torch.Generator().manual_seed(0))
+    session = ort_session(int8_path, 1, spinning=False)
+    input_name, xn = session.get_inputs()[0].name, x.numpy()
+    with torch.no_grad():
+        assert torch.equal(q(x), VisionTransformer.forward(q, x))  # the one call has the module path's bits
+    fns = {"ort_int8": lambda: session.run(None, {input_name: xn}), "modules": lambda: VisionTransformer.forward(q, x),
+           "one_call": lambda: q(x)}
+    case = (name, f"b{batch}", "t1", "int8", "interleaved")
+    flops = flops_per_image * batch
+    rounds = interleaved_rounds(flops, 1, 3, seconds=4.0)
+    entry = run_interleaved(benchmark, fns, (), case, 1, flops, rounds=rounds)
+    providers = entry["providers"]
+    benchmark.extra_info.update(providers)
+    one, mod = providers["one_call"], providers["modules"]
+    print(f"\n{case}: one_call {one['median'] * 1e6:.0f} us, modules {mod['median'] * 1e6:.0f} us, ort int8 "
+          f"{providers['ort_int8']['median'] * 1e6:.0f} us; ort int8 / one_call {one['ratio_median']:.3f}x "
+          f"({one['ratio_p10']:.2f}-{one['ratio_p90']:.2f}){'' if one['ratio_median'] >= 1 else ' (vitfast SLOWER)'}, "
+          f"ort int8 / modules {mod['ratio_median']:.3f}x{'' if mod['ratio_median'] >= 1 else ' (SLOWER)'}")

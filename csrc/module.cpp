@@ -99,24 +99,60 @@ vitfast::ops::Int8LinearArgs int8_linear(const py::tuple& t, size_t i) {
           t[i + 3].cast<OptTensor>(), t[i + 4].cast<double>()};
 }
 
-// The MHSA sub-block's (norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) from `t` at 1 (vit_block's order).
-void mhsa_part(vitfast::ops::ForwardBlock& b, const py::tuple& t) {
-  b.norm1_eps = t[1].cast<double>();
-  b.w_qkv = t[2].cast<at::Tensor>();
-  b.b_qkv = t[3].cast<OptTensor>();
-  b.num_heads = t[4].cast<int64_t>();
-  b.w_proj = t[5].cast<at::Tensor>();
-  b.b_proj = t[6].cast<OptTensor>();
+// _int8_block's FFN arguments (qw_in, s_in, b_in, qw_out, s_out, b_out, smooth_in, smooth_out, act_scale_in,
+// act_scale_out, residual) from `t` at `i`.
+vitfast::ops::Int8FfnArgs int8_ffn_args(const py::tuple& t, size_t i) {
+  return {t[i].cast<at::Tensor>(),     t[i + 1].cast<at::Tensor>(), t[i + 2].cast<OptTensor>(),
+          t[i + 3].cast<at::Tensor>(), t[i + 4].cast<at::Tensor>(), t[i + 5].cast<OptTensor>(),
+          t[i + 6].cast<OptTensor>(),  t[i + 7].cast<OptTensor>(),  t[i + 8].cast<double>(),
+          t[i + 9].cast<double>(),     t[i + 10].cast<bool>()};
 }
 
-// The FFN sub-block's (ffn_norm, w_in, b_in, w_out, b_out, ffn_residual) from `t` at `i`.
-void ffn_part(vitfast::ops::ForwardBlock& b, const py::tuple& t, size_t i) {
-  b.ffn_norm = forward_norm(t[i]);
-  b.w_in = t[i + 1].cast<at::Tensor>();
-  b.b_in = t[i + 2].cast<OptTensor>();
-  b.w_out = t[i + 3].cast<at::Tensor>();
-  b.b_out = t[i + 4].cast<OptTensor>();
-  b.ffn_residual = t[i + 5].cast<bool>();
+vitfast::ops::BlockAttention block_attention(const py::handle& v) {
+  const int64_t attention = v.cast<int64_t>();
+  if (attention < 0 || attention > 2) throw py::value_error("attention: expected 0 (fp32), 1 (int8) or 2 (bf16)");
+  return static_cast<vitfast::ops::BlockAttention>(attention);
+}
+
+// An MHSA sub-block: ("fp32", norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) (vit_block's order) or
+// ("int8", norm1_eps, qkv's 5 int8 linear entries, num_heads, attention, proj's 5) (_int8_block's order).
+void mhsa_part(vitfast::ops::ForwardBlock& b, const py::tuple& t) {
+  const std::string kind = t[0].cast<std::string>();
+  b.norm1_eps = t[1].cast<double>();
+  if (kind == "int8" && t.size() == 14) {
+    b.attn_int8 = true;
+    b.qkv = int8_linear(t, 2);
+    b.num_heads = t[7].cast<int64_t>();
+    b.attention = block_attention(t[8]);
+    b.proj = int8_linear(t, 9);
+  } else if (kind == "fp32" && t.size() == 7) {
+    b.w_qkv = t[2].cast<at::Tensor>();
+    b.b_qkv = t[3].cast<OptTensor>();
+    b.num_heads = t[4].cast<int64_t>();
+    b.w_proj = t[5].cast<at::Tensor>();
+    b.b_proj = t[6].cast<OptTensor>();
+  } else {
+    throw py::value_error("blocks: an MHSA sub-block is ('fp32', 6 entries) or ('int8', 13 entries)");
+  }
+}
+
+// An FFN sub-block: ("fp32", ffn_norm, w_in, b_in, w_out, b_out, ffn_residual) or ("int8", ffn_norm, the 11
+// int8_ffn_args entries).
+void ffn_part(vitfast::ops::ForwardBlock& b, const py::tuple& t) {
+  const std::string kind = t[0].cast<std::string>();
+  b.ffn_norm = forward_norm(t[1]);
+  if (kind == "int8" && t.size() == 13) {
+    b.ffn_int8 = true;
+    b.ffn = int8_ffn_args(t, 2);
+  } else if (kind == "fp32" && t.size() == 7) {
+    b.w_in = t[2].cast<at::Tensor>();
+    b.b_in = t[3].cast<OptTensor>();
+    b.w_out = t[4].cast<at::Tensor>();
+    b.b_out = t[5].cast<OptTensor>();
+    b.ffn_residual = t[6].cast<bool>();
+  } else {
+    throw py::value_error("blocks: an FFN sub-block is ('fp32', 6 entries) or ('int8', 12 entries)");
+  }
 }
 
 vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
@@ -126,7 +162,7 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     // (kind, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out, residual):
     // vit_block's arguments after x.
     if (t.size() != 13) throw py::value_error("blocks: an fp32 block takes 13 entries");
-    mhsa_part(b, t);
+    mhsa_part(b, py::tuple(t[py::slice(0, 7, 1)]));
     b.ffn_norm_eps = t[7].cast<std::optional<double>>();
     b.w_in = t[8].cast<at::Tensor>();
     b.b_in = t[9].cast<OptTensor>();
@@ -137,21 +173,19 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     // (kind, _int8_block's arguments after x)
     if (t.size() != 26) throw py::value_error("blocks: an int8 block takes 26 entries");
     b.kind = vitfast::ops::BlockKind::kInt8;
-    b.norm1_eps = t[1].cast<double>();
-    b.qkv = int8_linear(t, 2);
-    b.num_heads = t[7].cast<int64_t>();
-    const int64_t attention = t[8].cast<int64_t>();
-    if (attention < 0 || attention > 2) throw py::value_error("attention: expected 0 (fp32), 1 (int8) or 2 (bf16)");
-    b.attention = static_cast<vitfast::ops::BlockAttention>(attention);
-    b.proj = int8_linear(t, 9);
+    mhsa_part(b, py::tuple(t[py::slice(0, 14, 1)]));
     b.ffn_norm_eps = t[14].cast<std::optional<double>>();
-    b.ffn = {t[15].cast<at::Tensor>(), t[16].cast<at::Tensor>(), t[17].cast<OptTensor>(),
-             t[18].cast<at::Tensor>(), t[19].cast<at::Tensor>(), t[20].cast<OptTensor>(),
-             t[21].cast<OptTensor>(), t[22].cast<OptTensor>(), t[23].cast<double>(),
-             t[24].cast<double>(), t[25].cast<bool>()};
+    b.ffn = int8_ffn_args(t, 15);
+  } else if (kind == "parts") {
+    // (kind, MHSA sub-block, FFN sub-block)
+    if (t.size() != 3) throw py::value_error("blocks: a parts block takes 3 entries");
+    b.kind = vitfast::ops::BlockKind::kParts;
+    b.has_attn = b.has_ffn = true;
+    mhsa_part(b, t[1].cast<py::tuple>());
+    ffn_part(b, t[2].cast<py::tuple>());
   } else if (kind == "xwx") {
-    // (kind, norm1_eps, w_q, w_k, key_bias, w_v, w_o, b_o, ffn_norm, w_in, b_in, w_out, b_out, ffn_residual)
-    if (t.size() != 14) throw py::value_error("blocks: an xwx block takes 14 entries");
+    // (kind, norm1_eps, w_q, w_k, key_bias, w_v, w_o, b_o, FFN sub-block)
+    if (t.size() != 9) throw py::value_error("blocks: an xwx block takes 9 entries");
     b.kind = vitfast::ops::BlockKind::kXwx;
     b.norm1_eps = t[1].cast<double>();
     b.w_q = t[2].cast<at::Tensor>();
@@ -160,11 +194,11 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     b.w_v = t[5].cast<at::Tensor>();
     b.w_o = t[6].cast<at::Tensor>();
     b.b_o = t[7].cast<OptTensor>();
-    ffn_part(b, t, 8);
+    ffn_part(b, t[8].cast<py::tuple>());
   } else if (kind == "dwconv") {
     // (kind, norm1_eps, w_qkv, b_qkv, attn_heads, attn_proj, value_w, value_b, conv_kernel, out_w, out_b, grid_h,
-    //  grid_w, ffn_norm, w_in, b_in, w_out, b_out, ffn_residual); w_qkv / attn_proj None without attention heads
-    if (t.size() != 19) throw py::value_error("blocks: a dwconv block takes 19 entries");
+    //  grid_w, FFN sub-block); w_qkv / attn_proj None without attention heads
+    if (t.size() != 14) throw py::value_error("blocks: a dwconv block takes 14 entries");
     b.kind = vitfast::ops::BlockKind::kDwconv;
     b.norm1_eps = t[1].cast<double>();
     b.attn_proj = t[5].cast<OptTensor>();
@@ -180,29 +214,31 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     b.out_b = t[10].cast<OptTensor>();
     b.grid_h = t[11].cast<int64_t>();
     b.grid_w = t[12].cast<int64_t>();
-    ffn_part(b, t, 13);
+    ffn_part(b, t[13].cast<py::tuple>());
   } else if (kind == "gated") {
-    // (kind, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, ffn_norm, w_in, b_in, w_out, b_out,
-    //  ffn_residual, gate_w1, gate_b1, gate_w2, gate_b2, gate_layer_norm, gate_act, gate_eps, has_attn, has_ffn,
-    //  whole); a missing sub-block's entries None
-    if (t.size() != 24) throw py::value_error("blocks: a gated block takes 24 entries");
+    // (kind, MHSA sub-block, ffn_norm_eps, FFN sub-block, gate_w1, gate_b1, gate_w2, gate_b2, gate_layer_norm,
+    //  gate_act, gate_eps, whole); a missing sub-block None; whole: both open run as one vit_block (fp32) or
+    //  int8_block (int8 sub-blocks) call
+    if (t.size() != 12) throw py::value_error("blocks: a gated block takes 12 entries");
     b.kind = vitfast::ops::BlockKind::kGated;
-    b.has_attn = t[21].cast<bool>();
-    b.has_ffn = t[22].cast<bool>();
-    b.whole = t[23].cast<bool>();
-    if (b.has_attn) mhsa_part(b, t);
-    b.ffn_norm_eps = t[7].cast<std::optional<double>>();
-    if (b.has_ffn) ffn_part(b, t, 8);
-    b.gate_w1 = t[14].cast<at::Tensor>();
-    b.gate_b1 = t[15].cast<OptTensor>();
-    b.gate_w2 = t[16].cast<OptTensor>();
-    b.gate_b2 = t[17].cast<OptTensor>();
-    b.gate_layer_norm = t[18].cast<bool>();
-    b.gate_act = t[19].cast<std::string>();
-    b.gate_eps = t[20].cast<double>();
+    b.has_attn = !t[1].is_none();
+    b.has_ffn = !t[3].is_none();
+    if (b.has_attn) mhsa_part(b, t[1].cast<py::tuple>());
+    b.ffn_norm_eps = t[2].cast<std::optional<double>>();
+    if (b.has_ffn) ffn_part(b, t[3].cast<py::tuple>());
+    b.gate_w1 = t[4].cast<at::Tensor>();
+    b.gate_b1 = t[5].cast<OptTensor>();
+    b.gate_w2 = t[6].cast<OptTensor>();
+    b.gate_b2 = t[7].cast<OptTensor>();
+    b.gate_layer_norm = t[8].cast<bool>();
+    b.gate_act = t[9].cast<std::string>();
+    b.gate_eps = t[10].cast<double>();
+    b.whole = t[11].cast<bool>();
+    if (b.whole && !(b.has_attn && b.has_ffn && b.attn_int8 == b.ffn_int8))
+      throw py::value_error("blocks: a gated block runs whole only with both sub-blocks, both fp32 or both int8");
   } else {
-    throw py::value_error("blocks: expected a block of kind 'fp32', 'int8', 'xwx', 'dwconv' or 'gated', got '" + kind +
-                          "'");
+    throw py::value_error("blocks: expected a block of kind 'fp32', 'int8', 'parts', 'xwx', 'dwconv' or 'gated', got '" +
+                          kind + "'");
   }
   return b;
 }

@@ -90,8 +90,8 @@ METHOD_MODELS = {
 }
 
 
-@pytest.mark.parametrize("name", list(METHOD_MODELS))
-def test_method_blocks_one_call_has_the_module_paths_bits(name, counted):
+def _method_models(name):
+    """(train-time, fused) models of METHOD_MODELS[name]."""
     options = dict(METHOD_MODELS[name])
     score_form = options.pop("score_form", None)
     cfg = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=7, qkv_bias=True)
@@ -102,7 +102,12 @@ def test_method_blocks_one_call_has_the_module_paths_bits(name, counted):
     for block in train.blocks:
         if hasattr(block, "set_lambda"):
             block.set_lambda(1.0)  # joining finished: the non-deep blocks collapse exactly
-    model = vitfast.fuse(train, **({"score_form": score_form} if score_form else {}))
+    return train, vitfast.fuse(train, **({"score_form": score_form} if score_form else {}))
+
+
+@pytest.mark.parametrize("name", list(METHOD_MODELS))
+def test_method_blocks_one_call_has_the_module_paths_bits(name, counted):
+    train, model = _method_models(name)
     x = _images(3)
     with torch.no_grad():
         got = model(x)
@@ -135,6 +140,75 @@ def test_int8_model_one_call_has_the_module_paths_bits(counted):
         got = q(x)
         assert counted.calls == 1
         want = _module_path(q, x)
+    assert torch.equal(got, want)
+
+
+INT8_OPTIONS = {
+    "dynamic": dict(),
+    "static + smooth": dict(activations="static", smooth=0.5),
+    "FFNs kept fp32": dict(skip=["blocks.*.mlp"]),
+}
+
+
+@pytest.mark.parametrize("options", list(INT8_OPTIONS))
+@pytest.mark.parametrize("name", list(METHOD_MODELS))
+def test_int8_method_blocks_one_call_has_the_module_paths_bits(name, options, counted):
+    """The int8 FFNs (and int8 attention linears) of non-deep and DW-conv models run in the call too."""
+    _, model = _method_models(name)
+    q = vitfast.quantize(model, [_images(4, seed=s) for s in range(2)], **INT8_OPTIONS[options])
+    x = _images(3, seed=5)
+    with torch.no_grad():
+        got = q(x)
+        assert counted.calls == 1, "the one-call forward was not taken"
+        want = _module_path(q, x)
+    assert torch.equal(got, want)
+
+
+def _gated_model(patterns):
+    """A fused USDC model with one block per gate pattern (attn, ffn): 1 open, 0 closed, whatever the input."""
+    torch.manual_seed(0)
+    model = vitfast.fuse(from_timm(randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=48,
+                                                               depth=len(patterns), num_heads=3, num_classes=7)),
+                                   gates=True, gate_search=False).eval())
+    with torch.no_grad():
+        for block, (attn, ffn) in zip(model.blocks, patterns):
+            gate = block.gate
+            gate.w2.zero_()  # d = b2: the decision is the pattern whatever the input
+            gate.b2.copy_(torch.tensor([10.0 if attn else -10.0, 10.0 if ffn else -10.0]))
+    return model
+
+
+@pytest.mark.parametrize("options", [dict(), dict(skip=["blocks.*.mlp"]), dict(skip=["blocks.*.attn.*"]),
+                                     dict(attention="int8"), dict(attention="bf16")],
+                         ids=["int8", "FFNs fp32", "attention fp32", "int8 products", "bf16 products"])
+def test_int8_gated_blocks_one_call_has_the_module_paths_bits(options, counted):
+    """Each gate pattern of an int8 USDC model: both open as one int8_block call, one open, none; and with one
+    kind of sub-block kept fp32 (the open pair then runs as two sub-blocks)."""
+    if options.get("attention") == "bf16" and ops._C.bf16_kernel() == "none":
+        pytest.skip("no bf16 CPU extension: attention_bf16 computes in fp32")
+    q = vitfast.quantize(_gated_model([(1, 1), (1, 0), (0, 1), (0, 0)]), [_images(4, seed=s) for s in range(2)],
+                         **options)
+    x = _images(3)
+    with torch.no_grad():
+        got = q(x)
+        assert counted.calls == 1, "the one-call forward was not taken"
+        want = _module_path(q, x)
+    assert torch.equal(got, want)
+
+
+def test_int8_attention_flags_set_after_a_forward_are_followed(counted):
+    q = vitfast.quantize(_fused(), attention="fp32")
+    x = _images(2)
+    with torch.no_grad():
+        q(x)
+        for block in q.blocks:
+            block.attn.int8_attention = True
+        got = q(x)
+        assert counted.calls == 2
+        want = _module_path(q, x)
+        for block in q.blocks:
+            del block.attn.int8_attention
+        assert not torch.equal(q(x), got), "the int8 products were not taken"
     assert torch.equal(got, want)
 
 
@@ -332,16 +406,8 @@ def test_a_parametrized_weight_takes_the_module_path(counted):
 @pytest.mark.parametrize("batch", [1, 3])
 def test_usdc_gated_blocks_one_call_has_the_module_paths_bits(batch, counted):
     """Each gate pattern — both sub-blocks open (one vit_block call), one open, none — with the module path's bits."""
-    torch.manual_seed(0)
-    model = vitfast.fuse(from_timm(randomize(VisionTransformer(img_size=32, patch_size=8, embed_dim=48, depth=4,
-                                                               num_heads=3, num_classes=7)),
-                                   gates=True, gate_search=False).eval())
-    patterns = [(1, 1), (1, 0), (0, 1), (0, 0)]
+    model = _gated_model([(1, 1), (1, 0), (0, 1), (0, 0)])
     with torch.no_grad():
-        for block, (attn, ffn) in zip(model.blocks, patterns):
-            gate = block.gate
-            gate.w2.zero_()  # d = b2: the decision is the pattern whatever the input
-            gate.b2.copy_(torch.tensor([10.0 if attn else -10.0, 10.0 if ffn else -10.0]))
         x = _images(batch)
         got = model(x)
         assert counted.calls == 1, "the one-call forward was not taken"

@@ -22,6 +22,31 @@ at::Tensor recorded(const char* name, const at::Tensor& input, F&& f) {
 
 }  // namespace
 
+at::Tensor int8_attention_heads(const at::Tensor& y, const Int8LinearArgs& qkv, int64_t num_heads,
+                                BlockAttention attention, const Int8LinearArgs& proj, const at::Tensor& residual) {
+  at::Tensor h = recorded("vitfast::linear_int8", y, [&] {
+    return linear_int8_op(y, qkv.qweight, qkv.w_scale, qkv.bias, std::nullopt, qkv.smooth, qkv.act_scale);
+  });
+  if (attention == BlockAttention::kInt8)
+    h = recorded("vitfast::attention_int8", h, [&] { return attention_int8_op(h, num_heads); });
+  else if (attention == BlockAttention::kBf16)
+    h = recorded("vitfast::attention_bf16", h, [&] { return attention_bf16_op(h, num_heads); });
+  else
+    h = recorded("vitfast::attention", h, [&] { return attention_op(h, num_heads); });
+  // (h, the heads' output, goes back to the output cache on return, before the caller's next op takes one)
+  return recorded("vitfast::linear_int8", h, [&] {
+    return linear_int8_op(h, proj.qweight, proj.w_scale, proj.bias, residual, proj.smooth, proj.act_scale);
+  });
+}
+
+at::Tensor int8_ffn(const at::Tensor& y, const Int8FfnArgs& ffn, const at::Tensor& x) {
+  const std::optional<at::Tensor> residual = ffn.residual ? std::optional<at::Tensor>(x) : std::nullopt;
+  return recorded("vitfast::channel_idle_ffn_int8", y, [&] {
+    return channel_idle_ffn_int8_op(y, ffn.qw_in, ffn.s_in, ffn.b_in, ffn.qw_out, ffn.s_out, ffn.b_out, residual,
+                                    ffn.smooth_in, ffn.smooth_out, ffn.act_scale_in, ffn.act_scale_out);
+  });
+}
+
 at::Tensor int8_block(const at::Tensor& x, double norm1_eps, const Int8LinearArgs& qkv, int64_t num_heads,
                       BlockAttention attention, const Int8LinearArgs& proj, std::optional<double> ffn_norm_eps,
                       const Int8FfnArgs& ffn) {
@@ -36,26 +61,8 @@ at::Tensor int8_block(const at::Tensor& x, double norm1_eps, const Int8LinearArg
   const auto norm = [](const at::Tensor& t, double eps) {
     return recorded("vitfast::layer_norm", t, [&] { return layer_norm_op(t, eps); });
   };
-  at::Tensor h = norm(x, norm1_eps);
-  h = recorded("vitfast::linear_int8", h, [&] {
-    return linear_int8_op(h, qkv.qweight, qkv.w_scale, qkv.bias, std::nullopt, qkv.smooth, qkv.act_scale);
-  });
-  if (attention == BlockAttention::kInt8)
-    h = recorded("vitfast::attention_int8", h, [&] { return attention_int8_op(h, num_heads); });
-  else if (attention == BlockAttention::kBf16)
-    h = recorded("vitfast::attention_bf16", h, [&] { return attention_bf16_op(h, num_heads); });
-  else
-    h = recorded("vitfast::attention", h, [&] { return attention_op(h, num_heads); });
-  const at::Tensor x1 = recorded("vitfast::linear_int8", h, [&] {
-    return linear_int8_op(h, proj.qweight, proj.w_scale, proj.bias, x, proj.smooth, proj.act_scale);
-  });
-  h = at::Tensor();  // the heads' output back to the cache before the FFN's output is taken from it
-  const at::Tensor y = ffn_norm_eps.has_value() ? norm(x1, *ffn_norm_eps) : x1;
-  const std::optional<at::Tensor> residual = ffn.residual ? std::optional<at::Tensor>(x1) : std::nullopt;
-  return recorded("vitfast::channel_idle_ffn_int8", y, [&] {
-    return channel_idle_ffn_int8_op(y, ffn.qw_in, ffn.s_in, ffn.b_in, ffn.qw_out, ffn.s_out, ffn.b_out, residual,
-                                    ffn.smooth_in, ffn.smooth_out, ffn.act_scale_in, ffn.act_scale_out);
-  });
+  const at::Tensor x1 = int8_attention_heads(norm(x, norm1_eps), qkv, num_heads, attention, proj, x);
+  return int8_ffn(ffn_norm_eps.has_value() ? norm(x1, *ffn_norm_eps) : x1, ffn, x1);
 }
 
 }  // namespace ops

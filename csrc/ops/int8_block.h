@@ -55,6 +55,14 @@ struct Int8FfnArgs {
   bool residual;  // add x1 (the FFN's shortcut, or the split identity): the op's residual input
 };
 
+// An int8 FusedAttention on normed rows y (its forward with Int8Linear qkv / proj): h = linear_int8(y) →
+// attention[_int8 | _bf16 | fp32](h) → linear_int8(h) + residual.
+at::Tensor int8_attention_heads(const at::Tensor& y, const Int8LinearArgs& qkv, int64_t num_heads,
+                                BlockAttention attention, const Int8LinearArgs& proj, const at::Tensor& residual);
+// Int8ChannelIdleFFN.forward after its norm: channel_idle_ffn_int8 of the normed rows y, adding x (its input) when
+// ffn.residual.
+at::Tensor int8_ffn(const at::Tensor& y, const Int8FfnArgs& ffn, const at::Tensor& x);
+
 at::Tensor int8_block(const at::Tensor& x, double norm1_eps, const Int8LinearArgs& qkv, int64_t num_heads,
                       BlockAttention attention, const Int8LinearArgs& proj, std::optional<double> ffn_norm_eps,
                       const Int8FfnArgs& ffn);

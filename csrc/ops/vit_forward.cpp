@@ -25,6 +25,11 @@ bool norm_ok(const ForwardNorm& n) { return !n.present || (fp32_cpu(n.weight) &&
 
 bool int8_linear_ok(const Int8LinearArgs& a) { return int8_cpu(a.qweight) && fp32_cpu(a.bias); }
 
+// The FFN sub-block of a kXwx, kDwconv or kGated block.
+bool ffn_ok(const ForwardBlock& b) {
+  return (b.ffn_int8 ? int8_cpu(b.ffn.qw_in) : fp32_cpu(b.w_in)) && norm_ok(b.ffn_norm);
+}
+
 // Whether every tensor of the plan is still one this path computes with (the module path takes over otherwise:
 // a model moved to another dtype or device since the plan was made, a weight made channels_last).
 bool plan_takes(const VitForwardPlan& p) {
@@ -43,15 +48,18 @@ bool plan_takes(const VitForwardPlan& p) {
         ok = fp32_cpu(b.w_qkv) && fp32_cpu(b.w_proj) && fp32_cpu(b.w_in) && fp32_cpu(b.w_out);
         break;
       case BlockKind::kXwx:
-        ok = fp32_cpu(b.w_q) && fp32_cpu(b.w_v) && fp32_cpu(b.w_o) && fp32_cpu(b.w_in) && norm_ok(b.ffn_norm);
+        ok = fp32_cpu(b.w_q) && fp32_cpu(b.w_v) && fp32_cpu(b.w_o) && ffn_ok(b);
         break;
       case BlockKind::kGated:
-        ok = fp32_cpu(b.gate_w1) && (!b.has_attn || (fp32_cpu(b.w_qkv) && fp32_cpu(b.w_proj))) &&
-             (!b.has_ffn || (fp32_cpu(b.w_in) && norm_ok(b.ffn_norm)));
+      case BlockKind::kParts:
+        ok = (b.kind == BlockKind::kParts || fp32_cpu(b.gate_w1)) &&
+             (!b.has_attn || (b.attn_int8 ? int8_linear_ok(b.qkv) && int8_linear_ok(b.proj)
+                                          : fp32_cpu(b.w_qkv) && fp32_cpu(b.w_proj))) &&
+             (!b.has_ffn || ffn_ok(b));
         break;
       case BlockKind::kDwconv:
-        ok = fp32_cpu(b.value_w) && fp32_cpu(b.conv_kernel) && fp32_cpu(b.out_w) && fp32_cpu(b.w_in) &&
-             norm_ok(b.ffn_norm) && (!b.attn_proj.has_value() || fp32_cpu(b.w_qkv));
+        ok = fp32_cpu(b.value_w) && fp32_cpu(b.conv_kernel) && fp32_cpu(b.out_w) && ffn_ok(b) &&
+             (!b.attn_proj.has_value() || fp32_cpu(b.w_qkv));
         break;
     }
     if (!ok) return false;
@@ -130,11 +138,13 @@ at::Tensor block_norm(const at::Tensor& x, double eps) {
   return recorded("vitfast::layer_norm", x, [&] { return layer_norm_affine_op(x, std::nullopt, std::nullopt, eps); });
 }
 
-// FusedChannelIdleFFN.forward: apply_norm(norm, x) → channel_idle_ffn(·, ..., x if residual).
+// FusedChannelIdleFFN.forward: apply_norm(norm, x) → channel_idle_ffn(·, ..., x if residual); an
+// Int8ChannelIdleFFN's: apply_norm(norm, x) → channel_idle_ffn_int8(·, ..., x if residual or split_identity).
 at::Tensor ffn_sub_block(const ForwardBlock& b, const at::Tensor& x) {
   const at::Tensor y = b.ffn_norm.present ? recorded("vitfast::layer_norm", x, [&] {
     return layer_norm_affine_op(x, b.ffn_norm.weight, b.ffn_norm.bias, b.ffn_norm.eps);
   }) : x;
+  if (b.ffn_int8) return int8_ffn(y, b.ffn, x);
   return recorded("vitfast::channel_idle_ffn", y, [&] {
     return channel_idle_ffn_op(y, b.w_in, b.b_in, b.w_out, b.b_out,
                                b.ffn_residual ? std::optional<at::Tensor>(x) : std::nullopt);
@@ -158,6 +168,18 @@ at::Tensor attention_heads(const at::Tensor& y, const at::Tensor& w_qkv, const s
   return recorded("vitfast::linear", h, [&] { return linear_op(h, w_proj, b_proj, residual); });
 }
 
+// The open sub-blocks of a kGated / kParts block, each as its module runs it: x + attn(LN(x)), then the FFN's.
+at::Tensor sub_blocks(const ForwardBlock& b, const at::Tensor& x, bool run_attn, bool run_ffn) {
+  at::Tensor h = x;
+  if (b.has_attn && run_attn) {
+    const at::Tensor y = block_norm(h, b.norm1_eps);
+    h = b.attn_int8 ? int8_attention_heads(y, b.qkv, b.num_heads, b.attention, b.proj, h)
+                    : attention_heads(y, b.w_qkv, b.b_qkv, b.num_heads, b.w_proj, b.b_proj, h);
+  }
+  if (b.has_ffn && run_ffn) h = ffn_sub_block(b, h);
+  return h;
+}
+
 at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
   switch (b.kind) {
     case BlockKind::kInt8:
@@ -179,13 +201,15 @@ at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
       const at::Tensor d = decision.to(at::kFloat).contiguous();
       const float* dp = d.data_ptr<float>();
       const bool run_attn = dp[0] != 0.0f, run_ffn = dp[1] != 0.0f;
-      if (run_attn && run_ffn && b.whole) return whole_block(b, x);
-      at::Tensor h = x;
-      if (b.has_attn && run_attn)
-        h = attention_heads(block_norm(h, b.norm1_eps), b.w_qkv, b.b_qkv, b.num_heads, b.w_proj, b.b_proj, h);
-      if (b.has_ffn && run_ffn) h = ffn_sub_block(b, h);
-      return h;
+      if (run_attn && run_ffn && b.whole) {
+        if (b.attn_int8)  // an int8 block's five ops (the module path's int8_block_forward)
+          return int8_block(x, b.norm1_eps, b.qkv, b.num_heads, b.attention, b.proj, b.ffn_norm_eps, b.ffn);
+        return whole_block(b, x);
+      }
+      return sub_blocks(b, x, run_attn, run_ffn);
     }
+    case BlockKind::kParts:  // FusedBlock.forward's module calls
+      return sub_blocks(b, x, true, true);
     case BlockKind::kDwconv: {  // FusedDWConvBlock.forward
       const at::Tensor xn = block_norm(x, b.norm1_eps);
       at::Tensor shortcut = x;

@@ -72,8 +72,12 @@ struct ForwardNorm {
 //   kGated   FusedGatedBlock (USDC): batch_gate's [MHSA, FFN] decision for the batch, then both sub-blocks as one
 //            vit_block call when both are open (and the block has both), else each open sub-block: the MHSA one
 //            (layer_norm → qkv linear → attention → proj (+ x)) and the FFN one
-// where the FFN sub-block (FusedChannelIdleFFN) is [layer_norm →] channel_idle_ffn [+ its input].
-enum class BlockKind : int64_t { kVit = 0, kInt8 = 1, kXwx = 2, kDwconv = 3, kGated = 4 };
+//   kParts   a FusedBlock that does not run as one call (an int8 model with some layers kept fp32): its MHSA
+//            sub-block, then its FFN sub-block, as kGated runs them with both open
+// where the FFN sub-block (FusedChannelIdleFFN) is [layer_norm →] channel_idle_ffn [+ its input], or for an int8
+// model's Int8ChannelIdleFFN (ffn_int8) [layer_norm →] channel_idle_ffn_int8 [+ its input]; a gated block's MHSA
+// sub-block with Int8Linear qkv / proj (attn_int8) runs int8_block's heads, and both open as one int8_block.
+enum class BlockKind : int64_t { kVit = 0, kInt8 = 1, kXwx = 2, kDwconv = 3, kGated = 4, kParts = 5 };
 
 struct ForwardBlock {
   BlockKind kind = BlockKind::kVit;
@@ -89,10 +93,12 @@ struct ForwardBlock {
   std::optional<double> ffn_norm_eps;
   ForwardNorm ffn_norm;
   bool ffn_residual = false;
-  // kInt8
+  // kInt8, and the int8 sub-blocks of the others: qkv / proj / attention (attn_int8: a kGated MHSA sub-block) and
+  // ffn (ffn_int8: a kXwx, kDwconv or kGated FFN sub-block, with ffn_norm its norm)
   Int8LinearArgs qkv, proj;
   Int8FfnArgs ffn;
   BlockAttention attention = BlockAttention::kFp32;
+  bool attn_int8 = false, ffn_int8 = false;
   // kXwx: xwx_attention's weights
   at::Tensor w_q, w_v, w_o;
   std::optional<at::Tensor> w_k, key_bias, b_o;
@@ -103,7 +109,8 @@ struct ForwardBlock {
   std::optional<at::Tensor> value_b, out_b;
   int64_t grid_h = 0, grid_w = 0;
   // kGated: the gate's network (batch_gate's arguments after x); whether the block has each sub-block (the MHSA one
-  // in w_qkv / b_qkv / num_heads / w_proj / b_proj, the FFN one above), and whether both together run as vit_block
+  // in w_qkv / b_qkv / num_heads / w_proj / b_proj or the int8 fields, the FFN one above; kParts has both), and
+  // whether both together run as vit_block
   at::Tensor gate_w1;
   std::optional<at::Tensor> gate_b1, gate_w2, gate_b2;
   bool gate_layer_norm = false;

@@ -47,6 +47,11 @@ class FusedAttention(nn.Module):
     dicts load unchanged.  Not registered on its own: it is part of `FusedBlock`.
     """
 
+    # The score / value products' flags vitfast.quantize sets on an instance (read from its __dict__); the class
+    # defaults let a plan read them as attributes whether set or not (vitfast.nn.vit follows their values).
+    int8_attention = False
+    bf16_attention = False
+
     def __init__(
         self,
         dim: int,
@@ -273,19 +278,29 @@ def int8_block_forward(block: nn.Module, x: torch.Tensor, current: Optional[tupl
 def int8_block_params(children: tuple) -> tuple:
     """`vitfast._C._int8_block`'s arguments after x for a block planned `int8_ops`, from its children (`_children`)."""
     norm1, attn, mlp, _, _, ffn_norm = children
+    return (float(norm1.eps), *int8_attention_params(attn), None if ffn_norm is None else float(ffn_norm.eps),
+            *int8_ffn_params(mlp))
+
+
+def int8_attention_params(attn: nn.Module) -> tuple:
+    """An int8 FusedAttention's part of `_int8_block`'s arguments: qkv's (qweight, w_scale, bias, smooth,
+    act_scale), num_heads, the products (0 fp32, 1 int8, 2 bf16), proj's five."""
     attn_modules = attn._modules
     qkv, proj = attn_modules["qkv"], attn_modules["proj"]
-    q, p, f = qkv.__dict__, proj.__dict__, mlp.__dict__  # plain attributes (act_scale) beside the buffers
-    qb, pb, fb = qkv._buffers, proj._buffers, mlp._buffers
+    qb, pb = qkv._buffers, proj._buffers  # (act_scale: a plain attribute beside the buffers)
     flags = attn.__dict__
-    params = mlp._parameters
-    return (
-        float(norm1.eps), qb["qweight"], qb["w_scale"], qkv._parameters.get("bias"), qb.get("smooth"),
-        q["act_scale"], attn.num_heads, 1 if flags.get("int8_attention") else 2 if flags.get("bf16_attention") else 0,
-        pb["qweight"], pb["w_scale"], proj._parameters.get("bias"), pb.get("smooth"), p["act_scale"],
-        None if ffn_norm is None else float(ffn_norm.eps), fb["qw_in"], fb["s_in"], params.get("b_in"), fb["qw_out"],
-        fb["s_out"], params.get("b_out"), fb.get("smooth_in"), fb.get("smooth_out"), f["act_scale_in"],
-        f["act_scale_out"], bool(f["residual"] or f["split_identity"]))
+    return (qb["qweight"], qb["w_scale"], qkv._parameters.get("bias"), qb.get("smooth"), qkv.__dict__["act_scale"],
+            attn.num_heads, 1 if flags.get("int8_attention") else 2 if flags.get("bf16_attention") else 0,
+            pb["qweight"], pb["w_scale"], proj._parameters.get("bias"), pb.get("smooth"), proj.__dict__["act_scale"])
+
+
+def int8_ffn_params(mlp: nn.Module) -> tuple:
+    """An Int8ChannelIdleFFN's part of `_int8_block`'s arguments: (qw_in, s_in, b_in, qw_out, s_out, b_out,
+    smooth_in, smooth_out, act_scale_in, act_scale_out, whether it adds its input)."""
+    f, fb, params = mlp.__dict__, mlp._buffers, mlp._parameters
+    return (fb["qw_in"], fb["s_in"], params.get("b_in"), fb["qw_out"], fb["s_out"], params.get("b_out"),
+            fb.get("smooth_in"), fb.get("smooth_out"), f["act_scale_in"], f["act_scale_out"],
+            bool(f["residual"] or f["split_identity"]))
 
 
 def direct_forward(block: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:

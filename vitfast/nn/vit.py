@@ -20,10 +20,12 @@ When the call is taken — all checked per forward, the structure once per plan:
 - a structure the call reproduces (planned once; `_plan_structure`): timm's PatchEmbed (flatten, no norm, fixed image
   size) on a `GemmPatchProjection` or an int8 `Int8PatchProjection`; an absolute pos_embed; optional cls / reg
   tokens; dropouts (identities in eval); norm_pre / norm / fc_norm each a plain LayerNorm or Identity; blocks that
-  are `FusedBlock`s each running as its one whole-block call (fp32 `vit_block`, or an int8 block's five ops),
-  non-deep `FusedXWXBlock`s, DW-conv `FusedDWConvBlock`s or USDC `FusedGatedBlock`s without a forced gate (the
-  ops their modules call on the CPU: for a gated block the batch's decision, then the open sub-blocks); 'token',
-  'avg' or no pooling and no attention pool; a `PackedLinear`, `nn.Linear` or Identity head;
+  are `FusedBlock`s (each as its one whole-block call: fp32 `vit_block`, or an int8 block's five ops; an int8
+  model's block with some layers kept fp32 as its two sub-blocks), non-deep `FusedXWXBlock`s, DW-conv
+  `FusedDWConvBlock`s or USDC `FusedGatedBlock`s without a forced gate (the ops their modules call on the CPU: for a
+  gated block the batch's decision, then the open sub-blocks), in fp32 or with vitfast.quantize's int8 FFNs and
+  attention linears; 'token', 'avg' or no pooling and no attention pool; a `PackedLinear`, `nn.Linear` or Identity
+  head;
 - nothing the module path would run besides: no forward hooks or pre-hooks (on the modules, or global ones), no
   forward patched on an instance, and the classes' forwards and timm's methods the call stands for as defined.
 
@@ -48,7 +50,8 @@ from torch.nn.modules import module as _module
 
 from .. import ops
 from ._base import PLAIN_LAYER_NORMS, plain_norm_eps, tracing
-from .block import FusedAttention, FusedBlock, _current_plan, int8_block_params, vit_block_params
+from .block import (FusedAttention, FusedBlock, _current_plan, int8_attention_params, int8_block_params,
+                    int8_ffn_params, vit_block_params)
 from .dwconv import FusedDWConvBlock
 from .gated import FusedBatchGate, FusedGatedBlock
 from .ffn import FusedChannelIdleFFN
@@ -187,12 +190,20 @@ def _norm_spec(norm: Optional[nn.Module], scalars: list) -> Tuple[bool, Any]:
 
 
 def _fused_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[tuple]:
-    """A FusedBlock that runs as one whole-block call: ("fp32", vit_block's arguments after x) or ("int8",
-    _int8_block's)."""
+    """A FusedBlock: ("fp32", vit_block's arguments after x) or ("int8", _int8_block's) for one that runs as one
+    whole-block call, else ("parts", MHSA sub-block, FFN sub-block) as its forward calls them (an int8 model with
+    some of the block's layers kept fp32)."""
     whole, children = _current_plan(block)
     norm1, attn, mlp, _, _, ffn_norm = children
     if not (whole.int8_ops or whole.runs_as_one_op):
-        return None
+        eps = plain_norm_eps(norm1)
+        mhsa = _mhsa_spec(attn, eps, modules, scalars) if eps is not None and attn is not None else None
+        ffn = _ffn_spec(mlp, modules, scalars) if mhsa is not None else None
+        if ffn is None:
+            return None
+        modules += [(block, FusedBlock), (norm1, type(norm1))]
+        scalars.append((norm1, "eps"))
+        return ("parts", mhsa, ffn)
     modules += [(m, type(m)) for m in (block, norm1, attn, mlp, ffn_norm) if m is not None]
     scalars += [(norm1, "eps"), (attn, "num_heads"), (mlp, "residual")]
     if ffn_norm is not None:
@@ -202,16 +213,18 @@ def _fused_block_spec(block: nn.Module, modules: list, scalars: list) -> Optiona
         modules += [(qkv, type(qkv)), (proj, type(proj))]
         scalars += [(qkv, "act_scale"), (proj, "act_scale"), (mlp, "act_scale_in"), (mlp, "act_scale_out"),
                     (mlp, "split_identity")]
-        scalars += [(attn, a) for a in ("int8_attention", "bf16_attention") if a in attn.__dict__]
+        scalars += [(attn, "int8_attention"), (attn, "bf16_attention")]
         return ("int8",) + int8_block_params(children)
     params = vit_block_params(children)
     return None if params is None else ("fp32",) + params
 
 
 def _ffn_spec(mlp: Optional[nn.Module], modules: list, scalars: list) -> Optional[tuple]:
-    """(norm, w_in, b_in, w_out, b_out, residual) of a FusedChannelIdleFFN sub-block as its forward runs it
-    (`apply_norm(norm, x)`, then `channel_idle_ffn`), or None."""
-    if type(mlp) is not FusedChannelIdleFFN:
+    """The FFN sub-block as its forward runs it (`apply_norm(norm, x)`, then the op), or None:
+    ("fp32", norm, w_in, b_in, w_out, b_out, residual) for a FusedChannelIdleFFN (channel_idle_ffn), ("int8", norm,
+    _int8_block's FFN arguments) for an int8 model's Int8ChannelIdleFFN (channel_idle_ffn_int8)."""
+    kind = type(mlp)
+    if kind is not FusedChannelIdleFFN and kind is not Int8ChannelIdleFFN:
         return None
     norm = mlp._modules.get("norm")
     if norm is not None:
@@ -221,12 +234,16 @@ def _ffn_spec(mlp: Optional[nn.Module], modules: list, scalars: list) -> Optiona
         modules.append((norm, type(norm)))
     else:
         norm_spec = None
+    modules.append((mlp, kind))
+    scalars.append((mlp, "residual"))
+    if kind is Int8ChannelIdleFFN:
+        scalars += [(mlp, a) for a in ("split_identity", "act_scale_in", "act_scale_out")]
+        return ("int8", norm_spec, *int8_ffn_params(mlp))
     params = mlp._parameters
     if params.get("w_in") is None or params.get("w_out") is None:
         return None
-    modules.append((mlp, FusedChannelIdleFFN))
-    scalars.append((mlp, "residual"))
-    return (norm_spec, params["w_in"], params.get("b_in"), params["w_out"], params.get("b_out"), bool(mlp.residual))
+    return ("fp32", norm_spec, params["w_in"], params.get("b_in"), params["w_out"], params.get("b_out"),
+            bool(mlp.residual))
 
 
 def _xwx_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[tuple]:
@@ -240,7 +257,7 @@ def _xwx_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[
     modules += [(block, FusedXWXBlock), (norm1, type(norm1)), (attn, FusedXWXAttention)]
     scalars.append((norm1, "eps"))
     p = attn._parameters
-    return ("xwx", eps, p["w_q"], p.get("w_k"), p.get("key_bias"), p["w_v"], p["w_o"], p.get("b_o"), *ffn)
+    return ("xwx", eps, p["w_q"], p.get("w_k"), p.get("key_bias"), p["w_v"], p["w_o"], p.get("b_o"), ffn)
 
 
 def _dwconv_block_spec(block: nn.Module, tokens: int, modules: list, scalars: list) -> Optional[tuple]:
@@ -258,12 +275,34 @@ def _dwconv_block_spec(block: nn.Module, tokens: int, modules: list, scalars: li
     scalars += [(norm1, "eps"), (block, "grid_size"), (block, "prefix_tokens"), (block, "attn_heads")]
     heads = (qkv.weight, qkv.bias, block.attn_heads, attn_proj.weight) if qkv is not None else (None, None, 0, None)
     return ("dwconv", eps, *heads, value.weight, value.bias, block.conv_kernel, out_proj.weight, out_proj.bias, rows,
-            cols, *ffn)
+            cols, ffn)
+
+
+def _mhsa_spec(attn: nn.Module, eps: float, modules: list, scalars: list) -> Optional[tuple]:
+    """A gated block's MHSA sub-block as `attn(norm1(x), residual=x)` runs it: ("fp32", eps, w_qkv, b_qkv, heads,
+    w_proj, b_proj) with nn.Linear qkv / proj and fp32 products, ("int8", eps, _int8_block's attention arguments)
+    with an int8 model's Int8Linear ones (and its flagged products), or None."""
+    attn_mods = attn._modules
+    qkv, proj = attn_mods.get("qkv"), attn_mods.get("proj")
+    if (type(attn) is not FusedAttention or type(attn_mods.get("q_norm")) is not nn.Identity
+            or type(attn_mods.get("norm")) is not nn.Identity):
+        return None
+    modules.append((attn, FusedAttention))
+    scalars += [(attn, "num_heads"), (attn, "int8_attention"), (attn, "bf16_attention")]
+    if type(qkv) is Int8Linear and type(proj) is Int8Linear:
+        modules += [(qkv, Int8Linear), (proj, Int8Linear)]
+        scalars += [(qkv, "act_scale"), (proj, "act_scale")]
+        return ("int8", eps, *int8_attention_params(attn))
+    flags = attn.__dict__
+    if (not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear) or flags.get("int8_attention")
+            or flags.get("bf16_attention")):
+        return None
+    return ("fp32", eps, qkv.weight, qkv.bias, attn.num_heads, proj.weight, proj.bias)
 
 
 def _gated_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[tuple]:
-    """("gated", ...) for a FusedGatedBlock with fp32 sub-blocks and no forced gate: the decision, then the whole
-    block (both open) or each open sub-block, as its CPU forward runs them."""
+    """("gated", ...) for a FusedGatedBlock without a forced gate: the decision, then the whole block (both open)
+    or each open sub-block, as its CPU forward runs them."""
     mods = block._modules
     gate, norm1, attn, mlp = (mods.get(n) for n in ("gate", "norm1", "attn", "mlp"))
     if type(gate) is not FusedBatchGate:
@@ -272,29 +311,31 @@ def _gated_block_spec(block: nn.Module, modules: list, scalars: list) -> Optiona
     if gate.force is not None:
         return None
     modules += [(block, FusedGatedBlock), (gate, FusedBatchGate)]
-    attn_part: tuple = (None,) * 6
+    mhsa = None
     if attn is not None:
-        eps, flags, attn_mods = plain_norm_eps(norm1), attn.__dict__, attn._modules
-        qkv, proj = attn_mods.get("qkv"), attn_mods.get("proj")
-        if (eps is None or type(attn) is not FusedAttention or not isinstance(qkv, nn.Linear)
-                or not isinstance(proj, nn.Linear) or type(attn_mods.get("q_norm")) is not nn.Identity
-                or type(attn_mods.get("norm")) is not nn.Identity or flags.get("int8_attention")
-                or flags.get("bf16_attention")):
+        eps = plain_norm_eps(norm1)
+        mhsa = _mhsa_spec(attn, eps, modules, scalars) if eps is not None else None
+        if mhsa is None:
             return None
-        modules += [(norm1, type(norm1)), (attn, FusedAttention)]
-        scalars += [(norm1, "eps"), (attn, "num_heads")]
-        attn_part = (eps, qkv.weight, qkv.bias, attn.num_heads, proj.weight, proj.bias)
-    ffn_part: Optional[tuple] = (None, None, None, None, None, False)
+        modules.append((norm1, type(norm1)))
+        scalars.append((norm1, "eps"))
+    ffn = None
     if mlp is not None:
-        ffn_part = _ffn_spec(mlp, modules, scalars)
-        if ffn_part is None:
+        ffn = _ffn_spec(mlp, modules, scalars)
+        if ffn is None:
             return None
+    # Both open: the module path's direct_forward (vitfast.nn.block) — one vit_block call, or an int8 block's
+    # int8_block call — where the block's plan allows, with the FFN norm's eps as that call reads it.
     whole, children = _current_plan(block)
-    params = vit_block_params(children) if whole.runs_as_one_op and attn is not None and mlp is not None else None
-    gp = gate._parameters
-    return ("gated", *attn_part, None if params is None else params[6], *ffn_part, gp["w1"], gp.get("b1"),
-            gp.get("w2"), gp.get("b2"), bool(gate.layer_norm), str(gate.act), float(gate.eps), attn is not None,
-            mlp is not None, params is not None)
+    ffn_norm = children[5]
+    if attn is not None and mlp is not None and mhsa[0] == ffn[0] == "int8":
+        run_whole = whole.int8_ops
+    else:
+        run_whole = whole.runs_as_one_op and attn is not None and mlp is not None and \
+            vit_block_params(children) is not None
+    return ("gated", mhsa, None if ffn_norm is None or not run_whole else float(ffn_norm.eps), ffn, gate._parameters["w1"],
+            gate._parameters.get("b1"), gate._parameters.get("w2"), gate._parameters.get("b2"), bool(gate.layer_norm),
+            str(gate.act), float(gate.eps), run_whole)
 
 
 def _identity_in_eval(module: Optional[nn.Module]) -> bool:
