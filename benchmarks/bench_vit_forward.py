@@ -13,6 +13,10 @@ round, the order rotating
 attention linears and FFNs int8; the non-deep XWX and DW-conv attentions fp32) against ONNX Runtime's
 `quantize_dynamic` of the same fused graph (`ort_int8`, the baseline there).
 
+`test_vit_forward_bf16_interleaved`: a bf16 model (`vitfast.quantize(model, dtype="bf16")`, FusedBlock models only:
+the other blocks' bf16 keeps the module path) on bf16 images, where the CPU has a bf16 extension, against
+OpenVINO's default precision on the same fused graph (bf16 on such a CPU; `openvino`, the baseline there).
+
 The call saves a fixed cost per forward (module calls, timm's Python, each op's entry), so it shows on small models
 at batch 1: the digits demo's shape (width 96, 4 blocks, 17 tokens) is the case it was built for; DeiT-Ti shows what
 is left of it at ImageNet size.  `ort ÷ one_call` above 1 is vitfast ahead; the report line says SLOWER where it
@@ -134,3 +138,38 @@ def test_vit_forward_int8_interleaved(benchmark, tmp_path_factory, name, batch):
           f"{providers['ort_int8']['median'] * 1e6:.0f} us; ort int8 / one_call {one['ratio_median']:.3f}x "
           f"({one['ratio_p10']:.2f}-{one['ratio_p90']:.2f}){'' if one['ratio_median'] >= 1 else ' (vitfast SLOWER)'}, "
           f"ort int8 / modules {mod['ratio_median']:.3f}x{'' if mod['ratio_median'] >= 1 else ' (SLOWER)'}")
+
+
+@pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("name", ["demo", "deit_tiny"])
+def test_vit_forward_bf16_interleaved(benchmark, tmp_path_factory, name, batch):
+    """vitfast bf16 (module path and one call) against OpenVINO's default precision on the same fused graph, one
+    thread."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    if vitfast.ops.bf16_kernel() == "none":
+        pytest.skip("no CPU bf16 extension: a bf16 model computes in fp32 (and takes the module path)")
+    openvino = pytest.importorskip("openvino")
+    fused, path, side, flops_per_image = _model(name, tmp_path_factory)
+    model = vitfast.quantize(fused, dtype="bf16")
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": 1,
+                                                                 "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1})
+    request = compiled.create_infer_request()
+    x = torch.randn(batch, 3, side, side, generator=torch.Generator().manual_seed(0))
+    xb, xn = x.to(torch.bfloat16), x.numpy()
+    with torch.no_grad():
+        assert torch.equal(model(xb), VisionTransformer.forward(model, xb))  # the one call has the module path's bits
+    fns = {"openvino": lambda: request.infer({0: xn}), "modules": lambda: VisionTransformer.forward(model, xb),
+           "one_call": lambda: model(xb)}
+    case = (name, f"b{batch}", "t1", "bf16", "interleaved")
+    flops = flops_per_image * batch
+    rounds = interleaved_rounds(flops, 1, 3, seconds=4.0)
+    entry = run_interleaved(benchmark, fns, (), case, 1, flops, rounds=rounds)
+    providers = entry["providers"]
+    benchmark.extra_info.update(providers)
+    one, mod = providers["one_call"], providers["modules"]
+    print(f"\n{case}: one_call {one['median'] * 1e6:.0f} us, modules {mod['median'] * 1e6:.0f} us, openvino "
+          f"{providers['openvino']['median'] * 1e6:.0f} us; openvino / one_call {one['ratio_median']:.3f}x "
+          f"({one['ratio_p10']:.2f}-{one['ratio_p90']:.2f}){'' if one['ratio_median'] >= 1 else ' (vitfast SLOWER)'}, "
+          f"openvino / modules {mod['ratio_median']:.3f}x{'' if mod['ratio_median'] >= 1 else ' (SLOWER)'}")

@@ -114,26 +114,35 @@ vitfast::ops::BlockAttention block_attention(const py::handle& v) {
   return static_cast<vitfast::ops::BlockAttention>(attention);
 }
 
-// An MHSA sub-block: ("fp32", norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) (vit_block's order) or
-// ("int8", norm1_eps, qkv's 5 int8 linear entries, num_heads, attention, proj's 5) (_int8_block's order).
+// An MHSA sub-block's entries from `t` at `i`: (norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj) (vit_block's
+// order), or for int8 linears (norm1_eps, qkv's 5 int8 linear entries, num_heads, attention, proj's 5)
+// (_int8_block's order).
+void float_mhsa(vitfast::ops::ForwardBlock& b, const py::tuple& t, size_t i) {
+  b.norm1_eps = t[i].cast<double>();
+  b.w_qkv = t[i + 1].cast<at::Tensor>();
+  b.b_qkv = t[i + 2].cast<OptTensor>();
+  b.num_heads = t[i + 3].cast<int64_t>();
+  b.w_proj = t[i + 4].cast<at::Tensor>();
+  b.b_proj = t[i + 5].cast<OptTensor>();
+}
+void int8_mhsa(vitfast::ops::ForwardBlock& b, const py::tuple& t, size_t i) {
+  b.attn_int8 = true;
+  b.norm1_eps = t[i].cast<double>();
+  b.qkv = int8_linear(t, i + 1);
+  b.num_heads = t[i + 6].cast<int64_t>();
+  b.attention = block_attention(t[i + 7]);
+  b.proj = int8_linear(t, i + 8);
+}
+
+// An MHSA sub-block: ("fp32", float_mhsa's 6 entries) or ("int8", int8_mhsa's 13).
 void mhsa_part(vitfast::ops::ForwardBlock& b, const py::tuple& t) {
   const std::string kind = t[0].cast<std::string>();
-  b.norm1_eps = t[1].cast<double>();
-  if (kind == "int8" && t.size() == 14) {
-    b.attn_int8 = true;
-    b.qkv = int8_linear(t, 2);
-    b.num_heads = t[7].cast<int64_t>();
-    b.attention = block_attention(t[8]);
-    b.proj = int8_linear(t, 9);
-  } else if (kind == "fp32" && t.size() == 7) {
-    b.w_qkv = t[2].cast<at::Tensor>();
-    b.b_qkv = t[3].cast<OptTensor>();
-    b.num_heads = t[4].cast<int64_t>();
-    b.w_proj = t[5].cast<at::Tensor>();
-    b.b_proj = t[6].cast<OptTensor>();
-  } else {
+  if (kind == "int8" && t.size() == 14)
+    int8_mhsa(b, t, 1);
+  else if (kind == "fp32" && t.size() == 7)
+    float_mhsa(b, t, 1);
+  else
     throw py::value_error("blocks: an MHSA sub-block is ('fp32', 6 entries) or ('int8', 13 entries)");
-  }
 }
 
 // An FFN sub-block: ("fp32", ffn_norm, w_in, b_in, w_out, b_out, ffn_residual) or ("int8", ffn_norm, the 11
@@ -158,11 +167,11 @@ void ffn_part(vitfast::ops::ForwardBlock& b, const py::tuple& t) {
 vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
   vitfast::ops::ForwardBlock b;
   const std::string kind = t[0].cast<std::string>();
-  if (kind == "fp32") {
+  if (kind == "vit") {
     // (kind, norm1_eps, w_qkv, b_qkv, num_heads, w_proj, b_proj, ffn_norm_eps, w_in, b_in, w_out, b_out, residual):
-    // vit_block's arguments after x.
-    if (t.size() != 13) throw py::value_error("blocks: an fp32 block takes 13 entries");
-    mhsa_part(b, py::tuple(t[py::slice(0, 7, 1)]));
+    // vit_block's arguments after x (fp32, or bf16 in a bf16 model).
+    if (t.size() != 13) throw py::value_error("blocks: a vit block takes 13 entries");
+    float_mhsa(b, t, 1);
     b.ffn_norm_eps = t[7].cast<std::optional<double>>();
     b.w_in = t[8].cast<at::Tensor>();
     b.b_in = t[9].cast<OptTensor>();
@@ -173,7 +182,7 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     // (kind, _int8_block's arguments after x)
     if (t.size() != 26) throw py::value_error("blocks: an int8 block takes 26 entries");
     b.kind = vitfast::ops::BlockKind::kInt8;
-    mhsa_part(b, py::tuple(t[py::slice(0, 14, 1)]));
+    int8_mhsa(b, t, 1);
     b.ffn_norm_eps = t[14].cast<std::optional<double>>();
     b.ffn = int8_ffn_args(t, 15);
   } else if (kind == "parts") {
@@ -237,7 +246,7 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     if (b.whole && !(b.has_attn && b.has_ffn && b.attn_int8 == b.ffn_int8))
       throw py::value_error("blocks: a gated block runs whole only with both sub-blocks, both fp32 or both int8");
   } else {
-    throw py::value_error("blocks: expected a block of kind 'fp32', 'int8', 'parts', 'xwx', 'dwconv' or 'gated', got '" +
+    throw py::value_error("blocks: expected a block of kind 'vit', 'int8', 'parts', 'xwx', 'dwconv' or 'gated', got '" +
                           kind + "'");
   }
   return b;
@@ -254,14 +263,17 @@ std::shared_ptr<vitfast::ops::VitForwardPlan> vit_forward_plan(const py::tuple& 
   p->patch_h = stem[1].cast<int64_t>();
   p->patch_w = stem[2].cast<int64_t>();
   if (p->patch_h < 1 || p->patch_w < 1) throw py::value_error("stem: expected a patch size >= 1");
-  if (stem_kind == "fp32") {  // (kind, p, q, conv weight, bias)
+  if (stem_kind == "float") {  // (kind, p, q, conv weight, bias): fp32, or bf16 for a bf16 model
     p->patch_weight = stem[3].cast<at::Tensor>();
     p->patch_bias = stem[4].cast<OptTensor>();
+    p->dtype = p->patch_weight.scalar_type();
+    if (p->dtype != at::kFloat && p->dtype != at::kBFloat16)
+      throw py::value_error("stem: expected a float32 or bfloat16 patch weight");
   } else if (stem_kind == "int8") {  // (kind, p, q, qweight, w_scale, bias, smooth, act_scale)
     p->stem_int8 = true;
     p->stem_q = int8_linear(stem, 3);
   } else {
-    throw py::value_error("stem: expected kind 'fp32' or 'int8', got '" + stem_kind + "'");
+    throw py::value_error("stem: expected kind 'float' or 'int8', got '" + stem_kind + "'");
   }
   p->cls_token = tokens[0].cast<OptTensor>();  // (cls_token, reg_token, pos_embed, no_embed_class)
   p->reg_token = tokens[1].cast<OptTensor>();

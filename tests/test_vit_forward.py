@@ -35,14 +35,16 @@ class _CountCalls:
     """Stands in for vitfast.ops._C, counting `_vit_forward` calls (everything else is the extension's)."""
 
     def __init__(self, real):
-        self._real, self.calls = real, 0
+        self._real, self.calls, self.taken = real, 0, 0
 
     def __getattr__(self, name):
         return getattr(self._real, name)
 
     def _vit_forward(self, plan, x):
         self.calls += 1
-        return self._real._vit_forward(plan, x)
+        out = self._real._vit_forward(plan, x)
+        self.taken += out is not None  # (None: the C++ side refused, the module path ran)
+        return out
 
 
 @pytest.fixture
@@ -210,6 +212,60 @@ def test_int8_attention_flags_set_after_a_forward_are_followed(counted):
             del block.attn.int8_attention
         assert not torch.equal(q(x), got), "the int8 products were not taken"
     assert torch.equal(got, want)
+
+
+BF16_STRUCTURES = ["cls token, BN channel-idle FFNs", "avg pool + fc_norm, no cls token", "reg tokens, no_embed_class",
+                   "norm_pre, no qkv bias", "no head"]
+
+
+@pytest.mark.skipif(not ops.extension_loaded() or ops.bf16_kernel() == "none",
+                    reason="no CPU bf16 extension: a bf16 model's blocks take the module path")
+@pytest.mark.parametrize("name", BF16_STRUCTURES)
+def test_bf16_model_one_call_has_the_module_paths_bits(name, counted):
+    """A bf16 model of FusedBlocks (vitfast.quantize(dtype="bf16"), or .to(torch.bfloat16)) on bf16 images."""
+    model = vitfast.quantize(_fused(**STRUCTURES[name]), dtype="bf16")
+    x = _images(3).to(torch.bfloat16)
+    with torch.no_grad():
+        got = model(x)
+        assert counted.calls == 1, "the one-call forward was not taken"
+        want = _module_path(model, x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    # fp32 images: timm's forward, whatever it does with them (the call takes the model's dtype only)
+    calls = counted.calls
+    with torch.no_grad():
+        try:
+            model(x.float())
+        except RuntimeError:
+            pass
+    assert counted.calls == calls
+
+
+def test_bf16_model_on_a_path_without_bf16_gemms_takes_the_module_path(counted):
+    """A bf16 plan made on a bf16 path is not used after a switch to a path without bf16 GEMMs (the module path then
+    runs each block as its six ops, computed in fp32)."""
+    if ops.bf16_kernel() == "none" or "avx2" not in ops._C.supported_cpu_isas():
+        pytest.skip("needs a bf16 GEMM path and the avx2 path to switch to")
+    model = vitfast.quantize(_fused(), dtype="bf16")
+    x = _images(2).to(torch.bfloat16)
+    with torch.no_grad():
+        model(x)
+    assert counted.calls == 1
+    assert counted.taken == 1
+    previous = ops._C.set_cpu_isa("avx2")
+    try:
+        assert ops.bf16_kernel() == "none"
+        with torch.no_grad():
+            out, want = model(x), _module_path(model, x)
+    finally:
+        ops._C.set_cpu_isa(previous)
+    assert counted.taken == 1 and torch.equal(out, want)
+
+
+def test_bf16_models_of_other_blocks_take_the_module_path(counted):
+    _, model = _method_models("non-deep (XWX blocks)")
+    model = model.to(torch.bfloat16)
+    module_path, out = _runs_module_path(model, _images(2).to(torch.bfloat16), counted)
+    assert module_path and out.dtype == torch.bfloat16
 
 
 def test_train_time_accuracy_kept():

@@ -6,8 +6,10 @@
 
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "kernels/cpu_features.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemm_int8.h"
 #include "ops/int8_common.h"
 #include "ops/op_threads.h"
@@ -17,35 +19,51 @@ namespace vitfast {
 namespace ops {
 namespace {
 
-bool fp32_cpu(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kFloat && t.device().is_cpu(); }
-bool fp32_cpu(const std::optional<at::Tensor>& t) { return !t.has_value() || fp32_cpu(*t); }
+// The plan's tensors: CPU tensors of the model's float dtype (fp32, or bf16 for a bf16 model of kVit blocks), the
+// int8 layers' int8 weights with fp32 biases.
+bool float_cpu(const at::Tensor& t, at::ScalarType dtype) {
+  return t.defined() && t.scalar_type() == dtype && t.device().is_cpu();
+}
+bool float_cpu(const std::optional<at::Tensor>& t, at::ScalarType dtype) {
+  return !t.has_value() || float_cpu(*t, dtype);
+}
+bool fp32_cpu(const std::optional<at::Tensor>& t) { return float_cpu(t, at::kFloat); }
 bool int8_cpu(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kChar && t.device().is_cpu(); }
 
-bool norm_ok(const ForwardNorm& n) { return !n.present || (fp32_cpu(n.weight) && fp32_cpu(n.bias)); }
+bool norm_ok(const ForwardNorm& n, at::ScalarType dtype) {
+  return !n.present || (float_cpu(n.weight, dtype) && float_cpu(n.bias, dtype));
+}
 
 bool int8_linear_ok(const Int8LinearArgs& a) { return int8_cpu(a.qweight) && fp32_cpu(a.bias); }
 
-// The FFN sub-block of a kXwx, kDwconv or kGated block.
+// The FFN sub-block of a kXwx, kDwconv, kGated or kParts block (fp32 models).
 bool ffn_ok(const ForwardBlock& b) {
-  return (b.ffn_int8 ? int8_cpu(b.ffn.qw_in) : fp32_cpu(b.w_in)) && norm_ok(b.ffn_norm);
+  return (b.ffn_int8 ? int8_cpu(b.ffn.qw_in) : float_cpu(b.w_in, at::kFloat)) && norm_ok(b.ffn_norm, at::kFloat);
 }
 
 // Whether every tensor of the plan is still one this path computes with (the module path takes over otherwise:
-// a model moved to another dtype or device since the plan was made, a weight made channels_last).
+// a model moved to another dtype or device since the plan was made, a weight made channels_last).  A bf16 plan
+// takes vit_block blocks only (the other blocks' ops take bf16 through their Python entries).
 bool plan_takes(const VitForwardPlan& p) {
-  if (p.stem_int8 ? !int8_linear_ok(p.stem_q) : !(fp32_cpu(p.patch_weight) && p.patch_weight.is_contiguous() &&
-                                                   fp32_cpu(p.patch_bias)))
+  const at::ScalarType d = p.dtype;
+  // bf16 only while the active path has a bf16 GEMM kernel: without one the module path runs a bf16 block as its
+  // six ops (whole_block_args), not as vit_block (set_cpu_isa / VITFAST_CPU_EXT can change it after planning)
+  if (d == at::kBFloat16 && gemm16::bf16_kernel(active_cpu_isa()) == gemm16::Bf16Kernel::kScalar) return false;
+  const auto of = [d](const auto& t) { return float_cpu(t, d); };
+  if (p.stem_int8 ? !int8_linear_ok(p.stem_q)
+                  : !(of(p.patch_weight) && p.patch_weight.is_contiguous() && of(p.patch_bias)))
     return false;
-  if (!fp32_cpu(p.pos_embed) || !fp32_cpu(p.cls_token) || !fp32_cpu(p.reg_token)) return false;
-  if (!norm_ok(p.norm_pre) || !norm_ok(p.norm) || !norm_ok(p.fc_norm)) return false;
+  if (!of(p.pos_embed) || !of(p.cls_token) || !of(p.reg_token)) return false;
+  if (!norm_ok(p.norm_pre, d) || !norm_ok(p.norm, d) || !norm_ok(p.fc_norm, d)) return false;
   for (const ForwardBlock& b : p.blocks) {
+    if (d != at::kFloat && b.kind != BlockKind::kVit) return false;
     bool ok = true;
     switch (b.kind) {
       case BlockKind::kInt8:
         ok = int8_linear_ok(b.qkv) && int8_linear_ok(b.proj) && int8_cpu(b.ffn.qw_in);
         break;
       case BlockKind::kVit:
-        ok = fp32_cpu(b.w_qkv) && fp32_cpu(b.w_proj) && fp32_cpu(b.w_in) && fp32_cpu(b.w_out);
+        ok = of(b.w_qkv) && of(b.w_proj) && of(b.w_in) && of(b.w_out);
         break;
       case BlockKind::kXwx:
         ok = fp32_cpu(b.w_q) && fp32_cpu(b.w_v) && fp32_cpu(b.w_o) && ffn_ok(b);
@@ -64,7 +82,7 @@ bool plan_takes(const VitForwardPlan& p) {
     }
     if (!ok) return false;
   }
-  return p.head == ForwardHead::kIdentity || (fp32_cpu(p.head_weight) && fp32_cpu(p.head_bias));
+  return p.head == ForwardHead::kIdentity || (of(p.head_weight) && of(p.head_bias));
 }
 
 at::Tensor apply_norm(const ForwardNorm& n, const at::Tensor& x) {
@@ -79,16 +97,17 @@ at::Tensor patch_rows(const at::Tensor& images, int64_t p, int64_t q) {
   const int64_t batch = images.size(0), channels = images.size(1), height = images.size(2), width = images.size(3);
   const int64_t rows = height / p, cols = width / q, k = channels * p * q;
   at::Tensor out = at::empty({batch, rows * cols, k}, images.options());
-  const float* src = images.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
+  const int64_t e = images.element_size();  // fp32 or bf16: the values are copied, not computed
+  const char* src = static_cast<const char*>(images.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t gy = 0; gy < rows; ++gy)
       for (int64_t gx = 0; gx < cols; ++gx)
         for (int64_t c = 0; c < channels; ++c)
           for (int64_t py = 0; py < p; ++py) {
-            const float* s = src + ((b * channels + c) * height + gy * p + py) * width + gx * q;
-            std::memcpy(dst, s, sizeof(float) * q);
-            dst += q;
+            const char* s = src + (((b * channels + c) * height + gy * p + py) * width + gx * q) * e;
+            std::memcpy(dst, s, e * q);
+            dst += e * q;
           }
   return out;
 }
@@ -97,6 +116,18 @@ at::Tensor patch_rows(const at::Tensor& images, int64_t p, int64_t q) {
 // pos_embed added — over all tokens, or (no_embed_class) over the patch tokens only, before the prefix goes in front.
 // Each element is one fp32 addition of the same two values as timm's, so the same bits.
 at::Tensor embed_tokens(const VitForwardPlan& p, const at::Tensor& patches) {
+  if (p.dtype != at::kFloat) {  // bf16: timm's own ATen calls (cat, then add; or add, then cat), the same roundings
+    const int64_t batch = patches.size(0);
+    std::vector<at::Tensor> parts;
+    if (p.cls_token.has_value()) parts.push_back(p.cls_token->expand({batch, -1, -1}));
+    if (p.reg_token.has_value()) parts.push_back(p.reg_token->expand({batch, -1, -1}));
+    if (p.no_embed_class) {
+      parts.push_back(patches + p.pos_embed);
+      return parts.size() == 1 ? parts.front() : at::cat(parts, 1);
+    }
+    parts.push_back(patches);
+    return (parts.size() == 1 ? patches : at::cat(parts, 1)) + p.pos_embed;
+  }
   const int64_t batch = patches.size(0), n = patches.size(1), c = patches.size(2);
   const int64_t cls = p.cls_token.has_value() ? 1 : 0, reg = p.reg_token.has_value() ? p.reg_token->size(1) : 0;
   const int64_t prefix = cls + reg, tokens = prefix + n;
@@ -247,7 +278,8 @@ bool runs_serial(const VitForwardPlan& p, int64_t batch, int64_t tokens) {
 }  // namespace
 
 std::optional<at::Tensor> vit_forward(const VitForwardPlan& p, const at::Tensor& images) {
-  if (!fp32_cpu(images) || images.dim() != 4 || !images.is_contiguous() || !plan_takes(p)) return std::nullopt;
+  if (!float_cpu(images, p.dtype) || images.dim() != 4 || !images.is_contiguous() || !plan_takes(p))
+    return std::nullopt;
   const int64_t c_in = images.size(1);
   if (images.size(2) % p.patch_h != 0 || images.size(3) % p.patch_w != 0) return std::nullopt;
   const int64_t n = (images.size(2) / p.patch_h) * (images.size(3) / p.patch_w);

@@ -123,6 +123,9 @@ enum class ForwardPool : int64_t { kNone = 0, kToken = 1, kAvg = 2 };
 enum class ForwardHead : int64_t { kIdentity = 0, kPacked = 1, kAten = 2 };
 
 struct VitForwardPlan {
+  // The model's float dtype (the images', the embeddings', norms' and head's): fp32, or bf16 for a bf16 model whose
+  // blocks are all kVit (vit_block's bf16 GEMMs; needs a CPU bf16 extension, which the caller checks).
+  at::ScalarType dtype = at::kFloat;
   // Stem: the patch projection's conv weight [C, C_in, p, q] (contiguous) and bias, or an int8 projection's
   // linear_int8 arguments (stem_int8).
   int64_t patch_h = 1, patch_w = 1;
@@ -147,8 +150,8 @@ struct VitForwardPlan {
   std::optional<at::Tensor> head_bias;
 };
 
-// The logits (or pooled features without a head) for images [B, C_in, H, W] (fp32, CPU, contiguous, H and W the
-// model's image size), or nullopt when a tensor of the plan is no longer one this path takes (another dtype, device
+// The logits (or pooled features without a head) for images [B, C_in, H, W] (the plan's dtype, CPU, contiguous, H
+// and W the model's image size), or nullopt when a tensor of the plan is no longer one this path takes (another dtype, device
 // or layout since the plan was made): the caller then runs the module path.
 std::optional<at::Tensor> vit_forward(const VitForwardPlan& plan, const at::Tensor& images);
 

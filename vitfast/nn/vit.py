@@ -99,6 +99,7 @@ class _Plan(NamedTuple):
     slot_objects: tuple
     runner: Any            # vitfast._C._VitForwardPlan, or None: the module path runs
     image_shape: tuple     # (C, H, W)
+    dtype: Any             # the images' dtype: torch.float32, or torch.bfloat16 for a bf16 model (see _plan_structure)
     # Checked per forward, each as one C-level pass (map over tuples): ~2 µs against ~10 for a Python loop.
     modules: tuple         # every module whose forward the call stands for ...
     types: tuple           # ... and its class when planned
@@ -133,14 +134,15 @@ _TIMM_METHODS = {name: getattr(VisionTransformer, name) for name in ("forward_fe
 def direct_forward(model: nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     """`model(x)` as one `vitfast._C._vit_forward` call, or None where the module path must run (see the module
     doc).  The same bits as the module path."""
-    if (torch.is_grad_enabled() or model.training or type(x) is not torch.Tensor or x.dtype != torch.float32
-            or not x.is_cpu or x.dim() != 4 or tracing()):
+    if (torch.is_grad_enabled() or model.training or type(x) is not torch.Tensor
+            or (x.dtype is not torch.float32 and x.dtype is not torch.bfloat16) or not x.is_cpu or x.dim() != 4
+            or tracing()):
         return None
     plan = model.__dict__.get("_vitfast_forward_plan")
     if (plan is None or any(map(is_not, map(dict.get, plan.slot_dicts, plan.slot_keys), plan.slot_objects))
             or tuple(map(getattr, plan.scalar_owners, plan.scalar_names)) != plan.values):
         plan = _make_plan(model)
-    if plan.runner is None or x.shape[1:] != plan.image_shape or not x.is_contiguous():
+    if plan.runner is None or x.dtype is not plan.dtype or x.shape[1:] != plan.image_shape or not x.is_contiguous():
         return None
     if (_module._global_forward_hooks or _module._global_forward_pre_hooks or ops.get_backend() == "reference"
             or tuple(map(type, plan.modules)) != plan.types or any(plan.hook_dicts)
@@ -170,7 +172,7 @@ def _make_plan(model: nn.Module) -> _Plan:
             values = tuple(map(getattr, owners, names))
         except AttributeError:
             owners, names, values = (), (), ()
-        parts = (None,) + ((),) * 8 + (owners, names, values)
+        parts = (None, (), None) + ((),) * 7 + (owners, names, values)
     plan = _Plan(*(map(tuple, zip(*slots)) if slots else ((), (), ())), *parts)
     model.__dict__["_vitfast_forward_plan"] = plan  # not a module attribute (a copy of the model gets None)
     return plan
@@ -190,7 +192,7 @@ def _norm_spec(norm: Optional[nn.Module], scalars: list) -> Tuple[bool, Any]:
 
 
 def _fused_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[tuple]:
-    """A FusedBlock: ("fp32", vit_block's arguments after x) or ("int8", _int8_block's) for one that runs as one
+    """A FusedBlock: ("vit", vit_block's arguments after x) or ("int8", _int8_block's) for one that runs as one
     whole-block call, else ("parts", MHSA sub-block, FFN sub-block) as its forward calls them (an int8 model with
     some of the block's layers kept fp32)."""
     whole, children = _current_plan(block)
@@ -216,7 +218,7 @@ def _fused_block_spec(block: nn.Module, modules: list, scalars: list) -> Optiona
         scalars += [(attn, "int8_attention"), (attn, "bf16_attention")]
         return ("int8",) + int8_block_params(children)
     params = vit_block_params(children)
-    return None if params is None else ("fp32",) + params
+    return None if params is None else ("vit",) + params
 
 
 def _ffn_spec(mlp: Optional[nn.Module], modules: list, scalars: list) -> Optional[tuple]:
@@ -361,8 +363,15 @@ def _plan_structure(model: nn.Module, scalars: List[tuple]) -> Optional[tuple]:
         return None
     scalars += [(pe, a) for a in ("flatten", "dynamic_img_pad", "img_size", "strict_img_size") if a in pe.__dict__]
     modules += [(pe, PatchEmbed), (proj, type(proj)), (pe_norm, nn.Identity)]
+    dtype = torch.float32
     if type(proj) is GemmPatchProjection:
-        stem = ("fp32", *proj.kernel_size, proj._parameters["weight"], proj._parameters.get("bias"))
+        weight = proj._parameters["weight"]
+        dtype = weight.dtype
+        # bf16: where the blocks' vit_block op computes in bf16 (a CPU bf16 extension); the other blocks' bf16 runs
+        # through their ops' Python entries, so only FusedBlocks (checked below)
+        if dtype is not torch.float32 and (dtype is not torch.bfloat16 or ops._C.bf16_kernel() == "none"):
+            return None
+        stem = ("float", *proj.kernel_size, weight, proj._parameters.get("bias"))
     elif type(proj) is Int8PatchProjection:
         b = proj._buffers
         scalars.append((proj, "act_scale"))
@@ -403,7 +412,7 @@ def _plan_structure(model: nn.Module, scalars: List[tuple]) -> Optional[tuple]:
             spec = _gated_block_spec(block, modules, scalars)
         else:
             return None
-        if spec is None:
+        if spec is None or (dtype is not torch.float32 and spec[0] != "vit"):
             return None
         block_specs.append(spec)
     # ---- final norm, pooling, head
@@ -432,6 +441,6 @@ def _plan_structure(model: nn.Module, scalars: List[tuple]) -> Optional[tuple]:
     methods += [(type(model), name, fn) for name, fn in _TIMM_METHODS.items()]
     mods_ = tuple(m for m, _ in modules)
     hook_dicts = tuple(d for m in mods_ for d in (m._forward_hooks, m._forward_pre_hooks))
-    return (runner, tuple(image_shape), mods_, tuple(cls for _, cls in modules), hook_dicts,
+    return (runner, tuple(image_shape), dtype, mods_, tuple(cls for _, cls in modules), hook_dicts,
             tuple(m.__dict__ for m in mods_), *map(tuple, zip(*methods)), *map(tuple, zip(*scalars)),
             tuple(getattr(o, a) for o, a in scalars))
