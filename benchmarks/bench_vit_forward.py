@@ -46,7 +46,11 @@ MODELS = {
     "demo_usdc": (_DEMO, 32, dict(channel_idle=THETA, norm="batch", gates=True, gate_search=False)),
     "deit_tiny": (dict(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3, num_classes=1000), 224,
                   dict(channel_idle=THETA, norm="batch")),
+    # the bf16 benchmark only (the issue's bf16 cell: DeiT-S, batch 1, one thread)
+    "deit_small": (dict(img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, num_classes=1000), 224,
+                   dict(channel_idle=THETA, norm="batch")),
 }
+FP32_MODELS = [n for n in MODELS if n != "deit_small"]
 _CACHE: dict = {}
 
 
@@ -75,7 +79,7 @@ def _model(name, tmp_path_factory):
 
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", FP32_MODELS)
 def test_vit_forward_interleaved(benchmark, tmp_path_factory, name, batch, threads):
     from timm.models.vision_transformer import VisionTransformer
 
@@ -107,7 +111,7 @@ def test_vit_forward_interleaved(benchmark, tmp_path_factory, name, batch, threa
 
 
 @pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
-@pytest.mark.parametrize("name", [n for n in MODELS if n != "deit_tiny"])
+@pytest.mark.parametrize("name", [n for n in FP32_MODELS if n != "deit_tiny"])
 def test_vit_forward_int8_interleaved(benchmark, tmp_path_factory, name, batch):
     """vitfast int8 (module path and one call) against ONNX Runtime's dynamic int8 on the same fused graph, one
     thread."""
@@ -141,7 +145,7 @@ def test_vit_forward_int8_interleaved(benchmark, tmp_path_factory, name, batch):
 
 
 @pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
-@pytest.mark.parametrize("name", ["demo", "deit_tiny"])
+@pytest.mark.parametrize("name", ["demo", "deit_tiny", "deit_small"])
 def test_vit_forward_bf16_interleaved(benchmark, tmp_path_factory, name, batch):
     """vitfast bf16 (module path and one call) against OpenVINO's default precision on the same fused graph, one
     thread."""

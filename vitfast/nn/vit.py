@@ -14,8 +14,10 @@ kernels and ATen calls), so the output has exactly the module path's bits (tests
 class as timm's ("VisionTransformer"), so files are the same as before.
 
 When the call is taken — all checked per forward, the structure once per plan:
-- inference: grad mode off and the model in eval mode; a plain CPU float32 tensor [B, C, H, W] of the model's image
-  size, contiguous (NCHW); no attn_mask / is_causal; no tracing (torch.compile, torch.export and ONNX export see
+- inference: grad mode off and the model in eval mode; a plain CPU tensor [B, C, H, W] of the model's image size
+  and dtype, contiguous (NCHW): float32, or bfloat16 for a bf16 model (`vitfast.quantize(dtype="bf16")`) whose
+  blocks are all FusedBlocks, on a CPU path with bf16 GEMMs (each block then one bf16 `vit_block`, as in the module
+  path; other bf16 blocks go through their ops' Python entries, so such models keep the module path); no attn_mask / is_causal; no tracing (torch.compile, torch.export and ONNX export see
   timm's forward and the standard ops); the auto backend; the C++ extension loaded;
 - a structure the call reproduces (planned once; `_plan_structure`): timm's PatchEmbed (flatten, no norm, fixed image
   size) on a `GemmPatchProjection` or an int8 `Int8PatchProjection`; an absolute pos_embed; optional cls / reg
