@@ -77,6 +77,21 @@ def _model(name, tmp_path_factory):
     return _CACHE[name]
 
 
+def _run_three(benchmark, fns: dict, case: tuple, threads: int, flops: int) -> None:
+    """The anchor (fns' first key: each ratio is anchor ÷ provider, paired), the module path and the one call,
+    interleaved; one report line."""
+    anchor = next(iter(fns))
+    rounds = interleaved_rounds(flops, threads, 3, seconds=4.0)
+    entry = run_interleaved(benchmark, fns, (), case, threads, flops, rounds=rounds)
+    providers = entry["providers"]
+    benchmark.extra_info.update(providers)
+    one, mod = providers["one_call"], providers["modules"]
+    print(f"\n{case}: one_call {one['median'] * 1e6:.0f} us, modules {mod['median'] * 1e6:.0f} us, {anchor} "
+          f"{providers[anchor]['median'] * 1e6:.0f} us; {anchor} / one_call {one['ratio_median']:.3f}x "
+          f"({one['ratio_p10']:.2f}-{one['ratio_p90']:.2f}){'' if one['ratio_median'] >= 1 else ' (vitfast SLOWER)'}, "
+          f"{anchor} / modules {mod['ratio_median']:.3f}x{'' if mod['ratio_median'] >= 1 else ' (SLOWER)'}")
+
+
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
 @pytest.mark.parametrize("name", FP32_MODELS)
@@ -97,17 +112,7 @@ def test_vit_forward_interleaved(benchmark, tmp_path_factory, name, batch, threa
     # ONNX Runtime first: each provider's per-round ratio is then ort ÷ provider, paired (above 1: faster than it).
     fns = {"ort": lambda: session.run(None, {input_name: xn}), "modules": lambda: VisionTransformer.forward(fused, x),
            "one_call": lambda: fused(x)}
-    case = (name, f"b{batch}", f"t{threads}", "interleaved")
-    flops = flops_per_image * batch
-    rounds = interleaved_rounds(flops, threads, 3, seconds=4.0)
-    entry = run_interleaved(benchmark, fns, (), case, threads, flops, rounds=rounds)
-    providers = entry["providers"]
-    benchmark.extra_info.update(providers)
-    one, mod = providers["one_call"], providers["modules"]
-    print(f"\n{case}: one_call {one['median'] * 1e6:.0f} us, modules {mod['median'] * 1e6:.0f} us, ort "
-          f"{providers['ort']['median'] * 1e6:.0f} us; ort / one_call {one['ratio_median']:.3f}x "
-          f"({one['ratio_p10']:.2f}-{one['ratio_p90']:.2f}){'' if one['ratio_median'] >= 1 else ' (vitfast SLOWER)'}, "
-          f"ort / modules {mod['ratio_median']:.3f}x")
+    _run_three(benchmark, fns, (name, f"b{batch}", f"t{threads}", "interleaved"), threads, flops_per_image * batch)
 
 
 @pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
@@ -131,17 +136,7 @@ def test_vit_forward_int8_interleaved(benchmark, tmp_path_factory, name, batch):
         assert torch.equal(q(x), VisionTransformer.forward(q, x))  # the one call has the module path's bits
     fns = {"ort_int8": lambda: session.run(None, {input_name: xn}), "modules": lambda: VisionTransformer.forward(q, x),
            "one_call": lambda: q(x)}
-    case = (name, f"b{batch}", "t1", "int8", "interleaved")
-    flops = flops_per_image * batch
-    rounds = interleaved_rounds(flops, 1, 3, seconds=4.0)
-    entry = run_interleaved(benchmark, fns, (), case, 1, flops, rounds=rounds)
-    providers = entry["providers"]
-    benchmark.extra_info.update(providers)
-    one, mod = providers["one_call"], providers["modules"]
-    print(f"\n{case}: one_call {one['median'] * 1e6:.0f} us, modules {mod['median'] * 1e6:.0f} us, ort int8 "
-          f"{providers['ort_int8']['median'] * 1e6:.0f} us; ort int8 / one_call {one['ratio_median']:.3f}x "
-          f"({one['ratio_p10']:.2f}-{one['ratio_p90']:.2f}){'' if one['ratio_median'] >= 1 else ' (vitfast SLOWER)'}, "
-          f"ort int8 / modules {mod['ratio_median']:.3f}x{'' if mod['ratio_median'] >= 1 else ' (SLOWER)'}")
+    _run_three(benchmark, fns, (name, f"b{batch}", "t1", "int8", "interleaved"), 1, flops_per_image * batch)
 
 
 @pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
@@ -166,14 +161,4 @@ def test_vit_forward_bf16_interleaved(benchmark, tmp_path_factory, name, batch):
         assert torch.equal(model(xb), VisionTransformer.forward(model, xb))  # the one call has the module path's bits
     fns = {"openvino": lambda: request.infer({0: xn}), "modules": lambda: VisionTransformer.forward(model, xb),
            "one_call": lambda: model(xb)}
-    case = (name, f"b{batch}", "t1", "bf16", "interleaved")
-    flops = flops_per_image * batch
-    rounds = interleaved_rounds(flops, 1, 3, seconds=4.0)
-    entry = run_interleaved(benchmark, fns, (), case, 1, flops, rounds=rounds)
-    providers = entry["providers"]
-    benchmark.extra_info.update(providers)
-    one, mod = providers["one_call"], providers["modules"]
-    print(f"\n{case}: one_call {one['median'] * 1e6:.0f} us, modules {mod['median'] * 1e6:.0f} us, openvino "
-          f"{providers['openvino']['median'] * 1e6:.0f} us; openvino / one_call {one['ratio_median']:.3f}x "
-          f"({one['ratio_p10']:.2f}-{one['ratio_p90']:.2f}){'' if one['ratio_median'] >= 1 else ' (vitfast SLOWER)'}, "
-          f"openvino / modules {mod['ratio_median']:.3f}x{'' if mod['ratio_median'] >= 1 else ' (SLOWER)'}")
+    _run_three(benchmark, fns, (name, f"b{batch}", "t1", "bf16", "interleaved"), 1, flops_per_image * batch)

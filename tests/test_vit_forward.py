@@ -58,6 +58,16 @@ def _module_path(model, x):
     return VisionTransformer.forward(model, x)
 
 
+def _one_call(model, x, counted):
+    """model(x), asserted to be one `_vit_forward` call with exactly the module path's bits."""
+    with torch.no_grad():
+        got = model(x)
+        assert counted.calls == 1, "the one-call forward was not taken"
+        want = _module_path(model, x)
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    return got
+
+
 STRUCTURES = {
     "cls token, BN channel-idle FFNs": dict(),
     "LN channel-idle FFNs (explicit shortcut)": dict(norm="layer"),
@@ -75,13 +85,7 @@ STRUCTURES = {
 def test_one_call_has_the_module_paths_bits(name, batch, counted):
     model = _fused(**STRUCTURES[name])
     assert type(model) is FusedVisionTransformer
-    x = _images(batch)
-    with torch.no_grad():
-        got = model(x)
-        assert counted.calls == 1, "the one-call forward was not taken"
-        want = _module_path(model, x)
-    assert got.shape == want.shape
-    assert torch.equal(got, want)
+    _one_call(model, _images(batch), counted)
 
 
 METHOD_MODELS = {
@@ -111,12 +115,9 @@ def _method_models(name):
 def test_method_blocks_one_call_has_the_module_paths_bits(name, counted):
     train, model = _method_models(name)
     x = _images(3)
+    got = _one_call(model, x, counted)
     with torch.no_grad():
-        got = model(x)
-        assert counted.calls == 1, "the one-call forward was not taken"
-        want = _module_path(model, x)
         torch.testing.assert_close(got, train(x), rtol=1e-4, atol=1e-4)  # and still the train-time model
-    assert torch.equal(got, want)
 
 
 def test_one_call_has_the_module_paths_bits_on_two_threads(counted):
@@ -158,12 +159,7 @@ def test_int8_method_blocks_one_call_has_the_module_paths_bits(name, options, co
     """The int8 FFNs (and int8 attention linears) of non-deep and DW-conv models run in the call too."""
     _, model = _method_models(name)
     q = vitfast.quantize(model, [_images(4, seed=s) for s in range(2)], **INT8_OPTIONS[options])
-    x = _images(3, seed=5)
-    with torch.no_grad():
-        got = q(x)
-        assert counted.calls == 1, "the one-call forward was not taken"
-        want = _module_path(q, x)
-    assert torch.equal(got, want)
+    _one_call(q, _images(3, seed=5), counted)
 
 
 def _gated_model(patterns):
@@ -190,12 +186,7 @@ def test_int8_gated_blocks_one_call_has_the_module_paths_bits(options, counted):
         pytest.skip("no bf16 CPU extension: attention_bf16 computes in fp32")
     q = vitfast.quantize(_gated_model([(1, 1), (1, 0), (0, 1), (0, 0)]), [_images(4, seed=s) for s in range(2)],
                          **options)
-    x = _images(3)
-    with torch.no_grad():
-        got = q(x)
-        assert counted.calls == 1, "the one-call forward was not taken"
-        want = _module_path(q, x)
-    assert torch.equal(got, want)
+    _one_call(q, _images(3), counted)
 
 
 def test_int8_attention_flags_set_after_a_forward_are_followed(counted):
@@ -225,11 +216,7 @@ def test_bf16_model_one_call_has_the_module_paths_bits(name, counted):
     """A bf16 model of FusedBlocks (vitfast.quantize(dtype="bf16"), or .to(torch.bfloat16)) on bf16 images."""
     model = vitfast.quantize(_fused(**STRUCTURES[name]), dtype="bf16")
     x = _images(3).to(torch.bfloat16)
-    with torch.no_grad():
-        got = model(x)
-        assert counted.calls == 1, "the one-call forward was not taken"
-        want = _module_path(model, x)
-    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert _one_call(model, x, counted).dtype == torch.bfloat16
     # fp32 images: timm's forward, whatever it does with them (the call takes the model's dtype only)
     calls = counted.calls
     with torch.no_grad():
@@ -463,12 +450,8 @@ def test_a_parametrized_weight_takes_the_module_path(counted):
 def test_usdc_gated_blocks_one_call_has_the_module_paths_bits(batch, counted):
     """Each gate pattern — both sub-blocks open (one vit_block call), one open, none — with the module path's bits."""
     model = _gated_model([(1, 1), (1, 0), (0, 1), (0, 0)])
-    with torch.no_grad():
-        x = _images(batch)
-        got = model(x)
-        assert counted.calls == 1, "the one-call forward was not taken"
-        want = _module_path(model, x)
-    assert torch.equal(got, want)
+    x = _images(batch)
+    _one_call(model, x, counted)
     # A forced gate is a setting the call does not read: the module path runs it.
     vitfast.nn.set_gate_force(model, "open")
     assert _runs_module_path(model, x, counted)[0]
