@@ -400,6 +400,23 @@ def test_save_load_deepcopy_and_pickle(tmp_path, counted):
     assert counted.calls == 5
 
 
+@pytest.mark.parametrize("kind", ["int8 non-deep", "int8 DW-conv", "bf16"])
+def test_saved_low_precision_models_load_into_the_one_call(kind, tmp_path, counted):
+    if kind == "bf16":
+        if ops.bf16_kernel() == "none":
+            pytest.skip("no CPU bf16 extension: a bf16 model takes the module path")
+        model, x = vitfast.quantize(_fused(), dtype="bf16"), _images(2).to(torch.bfloat16)
+    else:
+        _, fused = _method_models("non-deep (XWX blocks)" if kind == "int8 non-deep" else "DW-conv blocks")
+        model, x = vitfast.quantize(fused), _images(2)
+    vitfast.save(model, tmp_path / "m.safetensors")
+    loaded = vitfast.load(tmp_path / "m.safetensors")
+    with torch.no_grad():
+        want, got = model(x), loaded(x)
+        assert counted.taken == 2, "the one-call forward was not taken"
+        assert torch.equal(got, want) and torch.equal(got, _module_path(loaded, x))
+
+
 def test_only_timms_own_class_is_given_the_forward():
     class MyViT(VisionTransformer):
         pass
