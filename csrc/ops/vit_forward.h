@@ -151,8 +151,8 @@ struct VitForwardPlan {
 };
 
 // The logits (or pooled features without a head) for images [B, C_in, H, W] (the plan's dtype, CPU, contiguous, H
-// and W the model's image size), or nullopt when a tensor of the plan is no longer one this path takes (another dtype, device
-// or layout since the plan was made): the caller then runs the module path.
+// and W the model's image size), or nullopt when a tensor of the plan is no longer one this path takes (another
+// dtype, device or layout since the plan was made): the caller then runs the module path.
 std::optional<at::Tensor> vit_forward(const VitForwardPlan& plan, const at::Tensor& images);
 
 }  // namespace ops

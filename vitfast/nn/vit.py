@@ -17,8 +17,9 @@ When the call is taken — all checked per forward, the structure once per plan:
 - inference: grad mode off and the model in eval mode; a plain CPU tensor [B, C, H, W] of the model's image size
   and dtype, contiguous (NCHW): float32, or bfloat16 for a bf16 model (`vitfast.quantize(dtype="bf16")`) whose
   blocks are all FusedBlocks, on a CPU path with bf16 GEMMs (each block then one bf16 `vit_block`, as in the module
-  path; other bf16 blocks go through their ops' Python entries, so such models keep the module path); no attn_mask / is_causal; no tracing (torch.compile, torch.export and ONNX export see
-  timm's forward and the standard ops); the auto backend; the C++ extension loaded;
+  path; other bf16 blocks go through their ops' Python entries, so such models keep the module path); no
+  attn_mask / is_causal; no tracing (torch.compile, torch.export and ONNX export see timm's forward and the standard
+  ops); the auto backend; the C++ extension loaded;
 - a structure the call reproduces (planned once; `_plan_structure`): timm's PatchEmbed (flatten, no norm, fixed image
   size) on a `GemmPatchProjection` or an int8 `Int8PatchProjection`; an absolute pos_embed; optional cls / reg
   tokens; dropouts (identities in eval); norm_pre / norm / fc_norm each a plain LayerNorm or Identity; blocks that
@@ -335,11 +336,12 @@ def _gated_block_spec(block: nn.Module, modules: list, scalars: list) -> Optiona
     if attn is not None and mlp is not None and mhsa[0] == ffn[0] == "int8":
         run_whole = whole.int8_ops
     else:
-        run_whole = whole.runs_as_one_op and attn is not None and mlp is not None and \
-            vit_block_params(children) is not None
-    return ("gated", mhsa, None if ffn_norm is None or not run_whole else float(ffn_norm.eps), ffn, gate._parameters["w1"],
-            gate._parameters.get("b1"), gate._parameters.get("w2"), gate._parameters.get("b2"), bool(gate.layer_norm),
-            str(gate.act), float(gate.eps), run_whole)
+        run_whole = (whole.runs_as_one_op and attn is not None and mlp is not None
+                     and vit_block_params(children) is not None)
+    gp = gate._parameters
+    ffn_norm_eps = None if ffn_norm is None or not run_whole else float(ffn_norm.eps)
+    return ("gated", mhsa, ffn_norm_eps, ffn, gp["w1"], gp.get("b1"), gp.get("w2"), gp.get("b2"),
+            bool(gate.layer_norm), str(gate.act), float(gate.eps), run_whole)
 
 
 def _identity_in_eval(module: Optional[nn.Module]) -> bool:
