@@ -133,6 +133,24 @@ def test_one_call_has_the_module_paths_bits_on_two_threads(counted):
     assert counted.calls == 1 and torch.equal(got, want)
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["fp32", "int8"])
+@pytest.mark.parametrize("name", list(METHOD_MODELS))
+def test_method_blocks_on_two_threads_have_the_module_paths_bits(name, int8, counted):
+    """Small blocks run on the calling thread in the call (the serial rule, vit_forward.cpp), the module path's ops on
+    two threads: the split never changes a row's arithmetic."""
+    _, model = _method_models(name)
+    if int8:
+        model = vitfast.quantize(model)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for batch in (1, 8):
+            counted.calls = 0
+            _one_call(model, _images(batch), counted)
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_int8_model_one_call_has_the_module_paths_bits(counted):
     model = _fused()
     calibration = [_images(4, seed=s) for s in range(2)]

@@ -7,9 +7,10 @@
 //   copied to contiguous.  Weights must be finite (checked once per weight version, with the packing).
 // - Weights packed once per version in the process-wide cache (ops/weight_cache.h).
 // - fp16/bf16: converted to fp32, computed in fp32, rounded once at the end (like the other CPU ops).
-// - Threads (at::parallel_for): tasks = (image, band of grid rows); an image is split into as many row ranges
-//   as needed to give every thread work (batch 1 on 2 threads: two halves, each recomputing k − 1 halo rows of
-//   V).  The prefix rows of an image are computed by the task that owns its first grid row.
+// - Threads (op_threads.h: torch's, or one inside a SerialOps scope): tasks = (image, band of grid rows); an image
+//   is split into as many row ranges as needed to give every thread work (batch 1 on 2 threads: two halves, each
+//   recomputing k − 1 halo rows of V, the same values).  The prefix rows of an image are computed by the task that
+//   owns its first grid row.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -22,6 +23,7 @@
 #include "ops/op_utils.h"
 #include "ops/vit_forward.h"
 #include "ops/weight_cache.h"
+#include "ops/op_threads.h"
 #include "ops/output_pool.h"
 
 namespace vitfast {
@@ -137,9 +139,9 @@ at::Tensor dwconv_attention_cpu(const at::Tensor& x, const at::Tensor& w_v, cons
 
   // Split each image's grid rows into `splits` ranges so that batch · splits ≥ threads (each split costs k − 1
   // recomputed halo rows of V, so no more splits than needed).
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t threads = op_threads();
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(grid_h, (threads + batch - 1) / batch));
-  at::parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
     float* ws = thread_workspace(ws_floats);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / splits, s = task % splits;

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu_features.h"
@@ -256,23 +257,57 @@ at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
   return x;
 }
 
+// block_macs' (weight elements, attention width) of a block without a whole-block op of its own: its GEMMs'
+// weights, and the width that makes 2·B·N²·width its score and value products (an XWX head scores over rank R and
+// weighs values of width D: H·(R + D) / 2).
+int64_t ffn_weight_elements(const ForwardBlock& b) {
+  if (!b.has_ffn && (b.kind == BlockKind::kGated || b.kind == BlockKind::kParts)) return 0;
+  return b.ffn_int8 ? b.ffn.qw_in.numel() + b.ffn.qw_out.numel() : b.w_in.numel() + b.w_out.numel();
+}
+std::pair<int64_t, int64_t> parts_macs_shape(const ForwardBlock& b) {
+  switch (b.kind) {
+    case BlockKind::kXwx:
+      return {b.w_q.numel() + (b.w_k.has_value() ? b.w_k->numel() : 0) + b.w_v.numel() + b.w_o.numel() +
+                  ffn_weight_elements(b),
+              b.w_q.size(0) * (b.w_q.size(2) + b.w_v.size(2)) / 2};
+    case BlockKind::kDwconv: {
+      const bool heads = b.attn_proj.has_value();
+      return {b.value_w.numel() + b.out_w.numel() + (heads ? b.w_qkv.numel() + b.attn_proj->numel() : 0) +
+                  ffn_weight_elements(b),
+              heads ? b.attn_proj->size(1) : 0};
+    }
+    default: {  // kGated, kParts
+      int64_t weights = ffn_weight_elements(b), width = 0;
+      if (b.has_attn) {
+        weights += b.attn_int8 ? b.qkv.qweight.numel() + b.proj.qweight.numel() : b.w_qkv.numel() + b.w_proj.numel();
+        width = b.attn_int8 ? b.proj.qweight.size(1) : b.w_proj.size(1);
+      }
+      return {weights, width};
+    }
+  }
+}
+
 // Whether the model's blocks are too small for a parallel region to pay (the blocks' own rule, op_threads.h and
-// int8_common.h, for its first block): then the patch GEMM and the head run on the calling thread too, as the
-// blocks between them do.  At 17 tokens and width 96 a parallel region cost more than its second thread saved
-// (~90 µs each under OMP_WAIT_POLICY=PASSIVE on a shared 2-core host, against a 10 µs patch GEMM); the split only
-// changes which thread computes a row, never its arithmetic, so the bits are the same.
+// int8_common.h, for its first block): then every op of the call runs on the calling thread, the patch GEMM and the
+// head included.  At 17 tokens and width 96 a parallel region cost more than its second thread saved (~90 µs each
+// under OMP_WAIT_POLICY=PASSIVE on a shared 2-core host, against a 10 µs patch GEMM); the split only changes which
+// thread computes a row, never its arithmetic, so the bits are the same.  The non-deep, DW-conv, gated and
+// sub-block kinds take the fp32 block's threshold on their own multiply-adds.
 bool runs_serial(const VitForwardPlan& p, int64_t batch, int64_t tokens) {
   if (p.blocks.empty()) return false;
   const ForwardBlock& b = p.blocks.front();
-  if (b.kind != BlockKind::kVit && b.kind != BlockKind::kInt8) return false;  // the others' ops have no such rule
   if (b.kind == BlockKind::kInt8) {
     const int64_t weights = b.qkv.qweight.numel() + b.proj.qweight.numel() + b.ffn.qw_in.numel() +
                             b.ffn.qw_out.numel();
     return block_macs(batch, tokens, weights, b.proj.qweight.size(-1)) <
            min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa()));
   }
-  const int64_t weights = b.w_qkv.numel() + b.w_proj.numel() + b.w_in.numel() + b.w_out.numel();
-  return block_macs(batch, tokens, weights, b.w_proj.size(-1)) < kMinParallelBlockMacs;
+  if (b.kind == BlockKind::kVit) {
+    const int64_t weights = b.w_qkv.numel() + b.w_proj.numel() + b.w_in.numel() + b.w_out.numel();
+    return block_macs(batch, tokens, weights, b.w_proj.size(-1)) < kMinParallelBlockMacs;
+  }
+  const auto [weights, width] = parts_macs_shape(b);
+  return block_macs(batch, tokens, weights, width) < kMinParallelBlockMacs;
 }
 
 }  // namespace

@@ -8,9 +8,10 @@
 // - The weights are packed once per version into one projection weight and per-head output blocks, kept in the
 //   process-wide cache (ops/weight_cache.h); they must be finite (checked at pack time).
 // - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
-// - Threads (at::parallel_for), per group of get_num_threads() images: the projection over balanced chunks of
-//   token rows, the key/value packing over (image, head), the attention over (image, block of query rows) —
-//   each task runs every head for its rows and owns those output rows (one output GEMM over all heads per block).
+// - Threads (op_threads.h: torch's, or one inside a SerialOps scope), per group of that many images: the projection
+//   over balanced chunks of token rows, the key/value packing over (image, head), the attention over (image, block
+//   of query rows) — each task runs every head for its rows and owns those output rows (one output GEMM over all
+//   heads per block).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -24,6 +25,7 @@
 #include "ops/op_utils.h"
 #include "ops/vit_forward.h"
 #include "ops/weight_cache.h"
+#include "ops/op_threads.h"
 #include "ops/output_pool.h"
 
 namespace vitfast {
@@ -137,7 +139,7 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
   const float* rp = data(res);
   float* op = out.data_ptr<float>();
   const CpuIsa isa = active_cpu_isa();
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t threads = op_threads();
   const int64_t ldp = w.proj_cols();
   const int64_t per_head = xwx_keys_floats(w, tokens);
   const int64_t scratch_floats = xwx_pack_scratch_floats(w, tokens);
@@ -155,14 +157,14 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
     const float* xg = xp + b0 * tokens * C;
     // Phase 1: one projection GEMM over the group's token rows, one balanced share per thread (gemm::RowShares).
     const gemm::RowShares shares(rows, threads, isa);
-    at::parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
         const int64_t r0 = shares.begin(c), r1 = shares.end(c);
         if (r1 > r0) xwx_project(w, r1 - r0, xg + r0 * C, C, pp + r0 * ldp, ldp, isa);
       }
     });
     // Phase 2: keys and values of every (image, head), packed once for all query blocks.
-    at::parallel_for(0, images * s.heads, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, images * s.heads, 1, [&](int64_t begin, int64_t end) {
       float* scratch = scratch_floats > 0 ? thread_workspace(scratch_floats) : nullptr;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t b = t / s.heads, h = t % s.heads;
@@ -176,7 +178,7 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
     splits = std::min(splits, q_blocks);
     const gemm::RowShares query_shares(tokens, splits, isa);  // splits <= q_blocks <= tokens: chunks == splits
     const int64_t ws_floats = xwx_rows_workspace_floats(w, query_shares.max_share());
-    at::parallel_for(0, images * splits, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, images * splits, 1, [&](int64_t begin, int64_t end) {
       float* ws = thread_workspace(ws_floats);
       for (int64_t t = begin; t < end; ++t) {
         const int64_t b = t / splits, part = t % splits, image = b0 + b;
