@@ -16,6 +16,7 @@
 #include "kernels/gemm_int8.h"
 #include "kernels/huge_arena.h"
 #include "ops/int8_block.h"
+#include "ops/op_threads.h"
 #include "ops/output_pool.h"
 #include "ops/vit_forward.h"
 #include "ops/weight_cache.h"
@@ -411,6 +412,9 @@ PYBIND11_MODULE(_C, m) {
       "mapped, live blocks and their bytes.");
   m.def("_output_pool_clear", &vitfast::ops::output_pool_clear,
         "Give every cached op-output block back to malloc (outputs still alive are not affected).");
+  m.def("_parallel_block_macs_scale", &vitfast::ops::parallel_block_macs_scale,
+        "How many times more multiply-adds a block needs before its ops go parallel: 8 under "
+        "OMP_WAIT_POLICY=PASSIVE, else 1 (csrc/ops/op_threads.h).");
   m.def(
       "bf16_kernel",
       []() {

@@ -151,6 +151,23 @@ def test_method_blocks_on_two_threads_have_the_module_paths_bits(name, int8, cou
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("policy, scale", [({}, 1), ({"OMP_WAIT_POLICY": "PASSIVE"}, 8),
+                                           ({"OMP_WAIT_POLICY": "passive"}, 8), ({"OMP_WAIT_POLICY": "ACTIVE"}, 1),
+                                           ({"GOMP_SPINCOUNT": "0"}, 8), ({"GOMP_SPINCOUNT": "10000"}, 1)])
+def test_passive_wait_policy_raises_the_serial_threshold(policy, scale):
+    """Where idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=0) each parallel region pays a thread
+    wake-up: small blocks stay serial longer."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(policy)
+    out = subprocess.run([sys.executable, "-c", "import vitfast; print(vitfast.ops._C._parallel_block_macs_scale())"],
+                         env=env, capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert int(out[-1]) == scale
+
+
 def test_int8_model_one_call_has_the_module_paths_bits(counted):
     model = _fused()
     calibration = [_images(4, seed=s) for s in range(2)]

@@ -56,7 +56,7 @@ at::Tensor int8_block(const at::Tensor& x, double norm1_eps, const Int8LinearArg
   if (x.dim() == 3) {
     const int64_t macs = block_macs(x.size(0), x.size(1), qkv.qweight.numel() + proj.qweight.numel() +
                                     ffn.qw_in.numel() + ffn.qw_out.numel(), proj.qweight.size(-1));
-    serial.emplace(macs < min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa())));
+    serial.emplace(block_runs_serial(macs, min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa()))));
   }
   const auto norm = [](const at::Tensor& t, double eps) {
     return recorded("vitfast::layer_norm", t, [&] { return layer_norm_op(t, eps); });

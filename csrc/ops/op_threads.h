@@ -45,5 +45,16 @@ inline int64_t block_macs(int64_t batch, int64_t tokens, int64_t weight_elements
 // thread ÷ two, paired: 1.4 M (batch 1) 1.01 with this rule (two threads were 20% slower without it), 2.8 M 1.16.
 constexpr int64_t kMinParallelBlockMacs = int64_t(1) << 21;
 
+// How many times more work a block needs before its parallel regions pay: 8 under OMP_WAIT_POLICY=PASSIVE or
+// GOMP_SPINCOUNT=0 (idle threads sleep, so each region pays a wake-up), else 1.  Measured on a shared 2-core host under PASSIVE, two threads
+// ÷ one, fused DeiT-Ti at batch 1: 50 tokens (13.9 M multiply-adds a block) 0.97×, 101 tokens (30 M) 1.10×; the
+// demo-sized non-deep model (2.5 M) 0.28× (~0.3 ms of wake-ups a block) — so the break-even is near 8 × 2 M.
+int64_t parallel_block_macs_scale();
+
+// Whether a block of `macs` multiply-adds runs on the calling thread under the threshold `min_parallel_macs`.
+inline bool block_runs_serial(int64_t macs, int64_t min_parallel_macs) {
+  return macs < min_parallel_macs * parallel_block_macs_scale();
+}
+
 }  // namespace ops
 }  // namespace vitfast

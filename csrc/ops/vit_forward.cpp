@@ -299,15 +299,15 @@ bool runs_serial(const VitForwardPlan& p, int64_t batch, int64_t tokens) {
   if (b.kind == BlockKind::kInt8) {
     const int64_t weights = b.qkv.qweight.numel() + b.proj.qweight.numel() + b.ffn.qw_in.numel() +
                             b.ffn.qw_out.numel();
-    return block_macs(batch, tokens, weights, b.proj.qweight.size(-1)) <
-           min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa()));
+    return block_runs_serial(block_macs(batch, tokens, weights, b.proj.qweight.size(-1)),
+                             min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa())));
   }
   if (b.kind == BlockKind::kVit) {
     const int64_t weights = b.w_qkv.numel() + b.w_proj.numel() + b.w_in.numel() + b.w_out.numel();
-    return block_macs(batch, tokens, weights, b.w_proj.size(-1)) < kMinParallelBlockMacs;
+    return block_runs_serial(block_macs(batch, tokens, weights, b.w_proj.size(-1)), kMinParallelBlockMacs);
   }
   const auto [weights, width] = parts_macs_shape(b);
-  return block_macs(batch, tokens, weights, width) < kMinParallelBlockMacs;
+  return block_runs_serial(block_macs(batch, tokens, weights, width), kMinParallelBlockMacs);
 }
 
 }  // namespace
