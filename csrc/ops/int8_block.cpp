@@ -47,17 +47,20 @@ at::Tensor int8_ffn(const at::Tensor& y, const Int8FfnArgs& ffn, const at::Tenso
   });
 }
 
+bool int8_block_runs_serial(int64_t batch, int64_t tokens, const Int8LinearArgs& qkv, const Int8LinearArgs& proj,
+                            const Int8FfnArgs& ffn) {
+  const int64_t weights = qkv.qweight.numel() + proj.qweight.numel() + ffn.qw_in.numel() + ffn.qw_out.numel();
+  return block_runs_serial(block_macs(batch, tokens, weights, proj.qweight.size(-1)),
+                           min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa())));
+}
+
 at::Tensor int8_block(const at::Tensor& x, double norm1_eps, const Int8LinearArgs& qkv, int64_t num_heads,
                       BlockAttention attention, const Int8LinearArgs& proj, std::optional<double> ffn_norm_eps,
                       const Int8FfnArgs& ffn) {
   std::optional<SerialOps> serial;
   RECORD_FUNCTION("vitfast::int8_block", std::vector<c10::IValue>({x}));
   // A block this small runs on the calling thread (op_threads.h, min_parallel_block_macs in int8_common.h).
-  if (x.dim() == 3) {
-    const int64_t macs = block_macs(x.size(0), x.size(1), qkv.qweight.numel() + proj.qweight.numel() +
-                                    ffn.qw_in.numel() + ffn.qw_out.numel(), proj.qweight.size(-1));
-    serial.emplace(block_runs_serial(macs, min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa()))));
-  }
+  if (x.dim() == 3) serial.emplace(int8_block_runs_serial(x.size(0), x.size(1), qkv, proj, ffn));
   const auto norm = [](const at::Tensor& t, double eps) {
     return recorded("vitfast::layer_norm", t, [&] { return layer_norm_op(t, eps); });
   };

@@ -63,6 +63,11 @@ at::Tensor int8_attention_heads(const at::Tensor& y, const Int8LinearArgs& qkv, 
 // ffn.residual.
 at::Tensor int8_ffn(const at::Tensor& y, const Int8FfnArgs& ffn, const at::Tensor& x);
 
+// Whether an int8 block of these weights on [batch, tokens] rows is too small for its parallel regions to pay
+// (op_threads.h; min_parallel_block_macs of the active int8 kernel, int8_common.h).
+bool int8_block_runs_serial(int64_t batch, int64_t tokens, const Int8LinearArgs& qkv, const Int8LinearArgs& proj,
+                            const Int8FfnArgs& ffn);
+
 at::Tensor int8_block(const at::Tensor& x, double norm1_eps, const Int8LinearArgs& qkv, int64_t num_heads,
                       BlockAttention attention, const Int8LinearArgs& proj, std::optional<double> ffn_norm_eps,
                       const Int8FfnArgs& ffn);

@@ -56,5 +56,11 @@ inline bool block_runs_serial(int64_t macs, int64_t min_parallel_macs) {
   return macs < min_parallel_macs * parallel_block_macs_scale();
 }
 
+// The rule of an fp32 / bf16 block (vit_block, and the one-call forward's blocks without a whole-block op): its
+// GEMMs' weight elements and its attention width (block_macs).
+inline bool float_block_runs_serial(int64_t batch, int64_t tokens, int64_t weight_elements, int64_t attn_dim) {
+  return block_runs_serial(block_macs(batch, tokens, weight_elements, attn_dim), kMinParallelBlockMacs);
+}
+
 }  // namespace ops
 }  // namespace vitfast

@@ -157,9 +157,8 @@ at::Tensor vit_block_cpu(const at::Tensor& x, double norm1_eps, const at::Tensor
   const int64_t heads = num_heads, attn_dim = heads * d;
   if (rows == 0 || c == 0) return at::empty(x.sizes(), x.options());
   // A block this small runs on the calling thread (op_threads.h): its multiply-adds, the GEMMs' and attention's.
-  const SerialOps serial(block_runs_serial(
-      block_macs(batch, tokens, w_qkv.numel() + w_proj.numel() + w_in.numel() + w_out.numel(), attn_dim),
-      kMinParallelBlockMacs));
+  const SerialOps serial(float_block_runs_serial(
+      batch, tokens, w_qkv.numel() + w_proj.numel() + w_in.numel() + w_out.numel(), attn_dim));
 
   const gemm16::Bf16Kernel kernel = bf16_gemm_kernel(x.scalar_type());
   if (kernel != gemm16::Bf16Kernel::kScalar)

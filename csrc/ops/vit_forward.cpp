@@ -11,8 +11,6 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/gemm_bf16.h"
-#include "kernels/gemm_int8.h"
-#include "ops/int8_common.h"
 #include "ops/op_threads.h"
 #include "ops/output_pool.h"
 
@@ -296,18 +294,12 @@ std::pair<int64_t, int64_t> parts_macs_shape(const ForwardBlock& b) {
 bool runs_serial(const VitForwardPlan& p, int64_t batch, int64_t tokens) {
   if (p.blocks.empty()) return false;
   const ForwardBlock& b = p.blocks.front();
-  if (b.kind == BlockKind::kInt8) {
-    const int64_t weights = b.qkv.qweight.numel() + b.proj.qweight.numel() + b.ffn.qw_in.numel() +
-                            b.ffn.qw_out.numel();
-    return block_runs_serial(block_macs(batch, tokens, weights, b.proj.qweight.size(-1)),
-                             min_parallel_block_macs(gemm8::int8_kernel(active_cpu_isa())));
-  }
-  if (b.kind == BlockKind::kVit) {
-    const int64_t weights = b.w_qkv.numel() + b.w_proj.numel() + b.w_in.numel() + b.w_out.numel();
-    return block_runs_serial(block_macs(batch, tokens, weights, b.w_proj.size(-1)), kMinParallelBlockMacs);
-  }
+  if (b.kind == BlockKind::kInt8) return int8_block_runs_serial(batch, tokens, b.qkv, b.proj, b.ffn);
+  if (b.kind == BlockKind::kVit)
+    return float_block_runs_serial(batch, tokens, b.w_qkv.numel() + b.w_proj.numel() + b.w_in.numel() +
+                                   b.w_out.numel(), b.w_proj.size(-1));
   const auto [weights, width] = parts_macs_shape(b);
-  return block_runs_serial(block_macs(batch, tokens, weights, width), kMinParallelBlockMacs);
+  return float_block_runs_serial(batch, tokens, weights, width);
 }
 
 }  // namespace
