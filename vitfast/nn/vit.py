@@ -284,7 +284,8 @@ def _dwconv_block_spec(block: nn.Module, tokens: int, modules: list, scalars: li
 
 
 def _mhsa_spec(attn: nn.Module, eps: float, modules: list, scalars: list) -> Optional[tuple]:
-    """A gated block's MHSA sub-block as `attn(norm1(x), residual=x)` runs it: ("fp32", eps, w_qkv, b_qkv, heads,
+    """The MHSA sub-block of a gated block, or of a FusedBlock run as its two sub-blocks, as
+    `attn(norm1(x), residual=x)` runs it: ("fp32", eps, w_qkv, b_qkv, heads,
     w_proj, b_proj) with nn.Linear qkv / proj and fp32 products, ("int8", eps, _int8_block's attention arguments)
     with an int8 model's Int8Linear ones (and its flagged products), or None."""
     attn_mods = attn._modules
