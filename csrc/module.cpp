@@ -135,6 +135,22 @@ void int8_mhsa(vitfast::ops::ForwardBlock& b, const py::tuple& t, size_t i) {
   b.proj = int8_linear(t, i + 8);
 }
 
+// One layer: ("fp32", weight, bias) or ("int8", qweight, w_scale, bias, smooth, act_scale).
+vitfast::ops::ForwardLinear forward_linear(const py::tuple& t) {
+  vitfast::ops::ForwardLinear l;
+  const std::string kind = t[0].cast<std::string>();
+  if (kind == "int8" && t.size() == 6) {
+    l.int8 = true;
+    l.q = int8_linear(t, 1);
+  } else if (kind == "fp32" && t.size() == 3) {
+    l.weight = t[1].cast<at::Tensor>();
+    l.bias = t[2].cast<OptTensor>();
+  } else {
+    throw py::value_error("blocks: a layer is ('fp32', weight, bias) or ('int8', 5 entries)");
+  }
+  return l;
+}
+
 // An MHSA sub-block: ("fp32", float_mhsa's 6 entries) or ("int8", int8_mhsa's 13).
 void mhsa_part(vitfast::ops::ForwardBlock& b, const py::tuple& t) {
   const std::string kind = t[0].cast<std::string>();
@@ -205,6 +221,17 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     b.w_o = t[6].cast<at::Tensor>();
     b.b_o = t[7].cast<OptTensor>();
     ffn_part(b, t[8].cast<py::tuple>());
+  } else if (kind == "xwx_proj") {
+    // (kind, norm1_eps, proj_in layer, num_heads, value_dim, full, proj_out layer, FFN sub-block)
+    if (t.size() != 8) throw py::value_error("blocks: an xwx_proj block takes 8 entries");
+    b.kind = vitfast::ops::BlockKind::kXwxProjected;
+    b.norm1_eps = t[1].cast<double>();
+    b.xwx_in = forward_linear(t[2].cast<py::tuple>());
+    b.num_heads = t[3].cast<int64_t>();
+    b.value_dim = t[4].cast<int64_t>();
+    b.xwx_full = t[5].cast<bool>();
+    b.xwx_out = forward_linear(t[6].cast<py::tuple>());
+    ffn_part(b, t[7].cast<py::tuple>());
   } else if (kind == "dwconv") {
     // (kind, norm1_eps, w_qkv, b_qkv, attn_heads, attn_proj, value_w, value_b, conv_kernel, out_w, out_b, grid_h,
     //  grid_w, FFN sub-block); w_qkv / attn_proj None without attention heads
@@ -247,7 +274,7 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     if (b.whole && !(b.has_attn && b.has_ffn && b.attn_int8 == b.ffn_int8))
       throw py::value_error("blocks: a gated block runs whole only with both sub-blocks, both fp32 or both int8");
   } else {
-    throw py::value_error("blocks: expected a block of kind 'vit', 'int8', 'parts', 'xwx', 'dwconv' or 'gated', got '" +
+    throw py::value_error("blocks: expected a block of kind 'vit', 'int8', 'parts', 'xwx', 'xwx_proj', 'dwconv' or 'gated', got '" +
                           kind + "'");
   }
   return b;

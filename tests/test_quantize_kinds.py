@@ -1,5 +1,6 @@
 """`vitfast.quantize` on every fused block kind: channel-idle ViT (FusedBlock), Swin (FusedSwinBlock: timm's window
-attention's qkv/proj become Int8Linear), non-deep (FusedXWXBlock: the XWX attention stays fp32), drop-in DW-conv
+attention's qkv/proj become Int8Linear), non-deep (FusedXWXBlock: the XWX attention's projection and output GEMMs
+become Int8Linear in its projected form, its heads stay fp32), drop-in DW-conv
 (FusedDWConvBlock: the attention stays fp32) and USDC gated (FusedGatedBlock).  For each kind and for dynamic and
 static + smooth quantization: the int8 modules are where expected and nowhere else, each int8 layer's own error and
 the model's output error stay at int8 rounding's size, `vitfast.save` → `vitfast.load` gives identical outputs, and
@@ -17,6 +18,7 @@ import vitfast
 from vitfast.nn import FusedChannelIdleFFN
 from vitfast.nn.block import FusedAttention
 from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
+from vitfast.nn.xwx import FusedXWXAttention, ProjectedXWXAttention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -67,13 +69,15 @@ def gated():
     return vitfast.fuse(vitfast.convert.from_timm(_vit(), gates=True, gate_search=False).eval())
 
 
-# kind: (builder, int8 FFNs, int8 attention linears, the phrase of what else stays fp32 in describe())
+# kind: (builder, int8 FFNs, int8 attention linears, describe()'s phrase for them, the phrase of what else stays fp32)
 KINDS = {
-    "channel_idle": (channel_idle, 4, 8, None),
-    "swin": (swin, 4, 8, None),
-    "nondeep": (nondeep, 2, 0, "2 × XWX attention (non-deep)"),
-    "dwconv": (dwconv, 4, 4, "2 × DW-conv attention"),  # blocks 0 and 3 keep a fused attention
-    "gated": (gated, 4, 8, "4 × USDC gate"),
+    "channel_idle": (channel_idle, 4, 8, "8 attention linears (qkv/proj)", None),
+    "swin": (swin, 4, 8, "8 attention linears (qkv/proj)", None),
+    "nondeep": (nondeep, 2, 4, "4 non-deep XWX attention GEMMs (projection/output)",
+                "2 × XWX attention heads (non-deep: scores, softmax, values)"),
+    "dwconv": (dwconv, 4, 4, "4 attention linears (qkv/proj)",
+               "2 × DW-conv attention"),  # blocks 0 and 3 keep a fused attention
+    "gated": (gated, 4, 8, "8 attention linears (qkv/proj)", "4 × USDC gate"),
 }
 OPTIONS = {"dynamic": dict(), "static_smooth": dict(activations="static", smooth=0.5),
            "static_smooth_auto": dict(activations="static", smooth="auto")}
@@ -95,12 +99,13 @@ def _int8_paths(model):
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_quantize_every_kind(fused, option, tmp_path):
     kind, model = fused
-    _, n_ffn, n_lin, fp32_phrase = KINDS[kind]
+    _, n_ffn, n_lin, lin_phrase, fp32_phrase = KINDS[kind]
     calib = images(16, seed=2)
     q = vitfast.quantize(model, calib, **OPTIONS[option])
 
     # the int8 modules are where expected: the patch embedding, every FusedChannelIdleFFN, every fused / window
-    # attention's qkv and proj (not the XWX and DW-conv attentions, nor the head), and nothing is left fp32
+    # attention's qkv and proj, every XWX attention's projection and output (not the DW-conv attentions, nor the
+    # head), and nothing is left fp32
     found = _int8_paths(q)
     assert sum(t is Int8ChannelIdleFFN for t in found.values()) == n_ffn
     assert sum(t is Int8Linear for t in found.values()) == n_lin
@@ -108,6 +113,8 @@ def test_quantize_every_kind(fused, option, tmp_path):
     assert {n for n, t in found.items() if t is Int8ChannelIdleFFN} == ffn_paths
     attn_paths = {f"{n}.{c}" for n, m in model.named_modules()
                   if type(m) is FusedAttention or isinstance(m, WindowAttention) for c in ("qkv", "proj")}
+    attn_paths |= {f"{n}.{c}" for n, m in model.named_modules() if type(m) is FusedXWXAttention
+                   for c in ("proj_in", "proj_out")}
     assert {n for n, t in found.items() if t is Int8Linear} == attn_paths
     assert not any(type(m) is FusedChannelIdleFFN for m in q.modules())  # (the sets above: nothing else is int8)
     assert isinstance(q.patch_embed.proj, Int8PatchProjection)
@@ -135,7 +142,7 @@ def test_quantize_every_kind(fused, option, tmp_path):
 
     # describe names the int8 parts and what stays fp32
     text = vitfast.quant.describe(q)
-    assert f"int8: the patch embedding, {n_ffn} channel-idle FFNs" in text and f"{n_lin} attention linears" in text
+    assert f"int8: the patch embedding, {n_ffn} channel-idle FFNs" in text and lin_phrase in text, text
     assert "head" in text.split("fp32: ")[1]
     if fp32_phrase:
         assert fp32_phrase in text, text
@@ -194,3 +201,44 @@ def test_open_gated_int8_block_calls_its_ops_straight(monkeypatch):
     with torch.no_grad():
         assert torch.equal(blocks_path(q, x), expected)
     assert taken == [True] * len(q.blocks)
+
+
+@pytest.mark.parametrize("kept", [(), ("proj_in",), ("proj_out",), ("proj_in", "proj_out")],
+                         ids=["both int8", "projection fp32", "output fp32", "both fp32"])
+def test_nondeep_attention_gemms_int8_or_kept(kept, tmp_path):
+    """A non-deep attention's two GEMMs, each int8 or kept fp32 by skip=: in its projected form while either is int8
+    (a kept one an nn.Linear on the fp32 op), the fused op again when both are kept; the output is the fp32 model's
+    up to int8 rounding, and the file round trip (the record names attn.proj_in / attn.proj_out) gives the same
+    modules and identical outputs."""
+    model = nondeep()
+    q = vitfast.quantize(model, skip=[f"blocks.*.attn.{name}" for name in kept])
+    for block in q.blocks:
+        attn = block.attn
+        if len(kept) == 2:
+            assert type(attn) is FusedXWXAttention
+            continue
+        assert type(attn) is ProjectedXWXAttention
+        for name in ("proj_in", "proj_out"):
+            assert type(getattr(attn, name)) is (nn.Linear if name in kept else Int8Linear)
+    x = images()
+    with torch.no_grad():
+        y, yq = model(x), q(x)
+        assert ((yq - y).norm() / y.norm()).item() < 0.1
+    path = tmp_path / "nondeep.safetensors"
+    vitfast.save(q, path)
+    r = vitfast.load(path)
+    assert [type(b.attn) for b in r.blocks] == [type(b.attn) for b in q.blocks]
+    assert _int8_paths(r) == _int8_paths(q)
+    with torch.no_grad():
+        assert torch.equal(r(x), yq)
+
+
+def test_projected_nondeep_attention_fp32_equals_the_fused_op():
+    """The projected form in fp32 (before any layer is int8) computes the fused op's attention: same columns, same
+    GEMM core, same phases (nn/xwx.py ProjectedXWXAttention)."""
+    model = nondeep()
+    y = torch.randn(2, 17, 32)
+    with torch.no_grad():
+        for block in model.blocks:
+            projected = ProjectedXWXAttention.from_fused(block.attn)
+            torch.testing.assert_close(projected(y, residual=y), block.attn(y, residual=y), rtol=1e-5, atol=1e-5)

@@ -27,14 +27,21 @@ void scale_rows(float* a, int64_t rows, int64_t cols, int64_t ld, const float* f
 
 size_t XwxPacked::bytes() const { return proj.bytes() + w_o.bytes(); }
 
+XwxLayout xwx_layout(const XwxShape& s) {
+  XwxLayout l;
+  l.shape = s;
+  const int64_t kb = s.key_bias ? 1 : 0;
+  l.left_width = s.rank + kb;
+  l.right_width = s.full ? kb : s.rank + kb;
+  l.head_cols = l.left_width + l.right_width + s.value_dim;
+  return l;
+}
+
 XwxPacked xwx_pack(const XwxShape& s, const float* w_q, const float* w_k, const float* key_bias, const float* w_v,
                    const float* w_o, const float* b_o) {
   XwxPacked p;
-  p.shape = s;
+  static_cast<XwxLayout&>(p) = xwx_layout(s);
   const int64_t C = s.channels, R = s.rank, D = s.value_dim, H = s.heads, kb = s.key_bias ? 1 : 0;
-  p.left_width = R + kb;
-  p.right_width = s.full ? kb : R + kb;
-  p.head_cols = p.left_width + p.right_width + D;
   const int64_t cols = p.proj_cols();
   // nn.Linear layout (one row per output column), transposed from the [H, C, ·] weights once here.
   std::vector<float> wt(size_t(cols * C), 0.0f), bias(size_t(cols), 0.0f);
@@ -63,16 +70,16 @@ void xwx_project(const XwxPacked& w, int64_t rows, const float* x, int64_t ldx, 
   linear_rows(w.proj, rows, x, ldx, nullptr, 0, proj, ldp, isa);
 }
 
-int64_t xwx_keys_floats(const XwxPacked& w, int64_t tokens) {
+int64_t xwx_keys_floats(const XwxLayout& w, int64_t tokens) {
   return gemm::packed_floats(tokens, w.left_width) +
          key_tiles(tokens) * gemm::packed_floats(w.shape.value_dim, kXwxKeyTile);
 }
 
-int64_t xwx_pack_scratch_floats(const XwxPacked& w, int64_t tokens) {
+int64_t xwx_pack_scratch_floats(const XwxLayout& w, int64_t tokens) {
   return w.shape.full && w.shape.key_bias ? tokens * w.left_width : 0;
 }
 
-void xwx_pack_keys(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* x, int64_t ldx,
+void xwx_pack_keys(const XwxLayout& w, int64_t tokens, const float* proj, int64_t ldp, const float* x, int64_t ldx,
                    int64_t h, float* keys, float* scratch) {
   const int64_t lw = w.left_width, D = w.shape.value_dim;
   if (!w.shape.full) {
@@ -95,20 +102,20 @@ void xwx_pack_keys(const XwxPacked& w, int64_t tokens, const float* proj, int64_
   }
 }
 
+int64_t xwx_heads_workspace_floats(int64_t q_rows) { return q_rows * kScoreLd + 4 * padded16(q_rows); }
+
 int64_t xwx_rows_workspace_floats(const XwxPacked& w, int64_t q_rows) {
-  return q_rows * kScoreLd + q_rows * w.shape.heads * w.shape.value_dim + 4 * padded16(q_rows);
+  return xwx_heads_workspace_floats(q_rows) + q_rows * w.shape.heads * w.shape.value_dim;
 }
 
-void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* keys,
-                        int64_t q0, int64_t q1, const float* residual, int64_t ld_res, float* out, int64_t ldo,
-                        float* workspace, CpuIsa isa) {
+void xwx_heads_rows(const XwxLayout& w, int64_t tokens, const float* proj, int64_t ldp, const float* keys, int64_t q0,
+                    int64_t q1, float* heads, int64_t ldh, float* workspace, CpuIsa isa) {
   const int64_t m = q1 - q0;
   if (m <= 0) return;
-  const int64_t lw = w.left_width, D = w.shape.value_dim, lda = w.shape.heads * D;
+  const int64_t lw = w.left_width, D = w.shape.value_dim;
   const int64_t per_head = xwx_keys_floats(w, tokens), tiles = key_tiles(tokens);
   float* scores = workspace;
-  float* acc = scores + m * kScoreLd;  // [m × H·D]: head h in columns [h·D, (h+1)·D), unnormalised
-  float* run_max = acc + m * lda;
+  float* run_max = scores + m * kScoreLd;
   float* run_sum = run_max + padded16(m);
   float* tile_sum = run_sum + padded16(m);
   float* factor = tile_sum + padded16(m);
@@ -120,7 +127,7 @@ void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, i
     const float* left = proj + q0 * ldp + w.left_col(h);
     const float* k_panels = keys + h * per_head;
     const float* v_tiles = k_panels + gemm::packed_floats(tokens, lw);
-    float* acc_h = acc + h * D;
+    float* acc_h = heads + h * D;  // unnormalised until the end of the head
     std::fill(run_max, run_max + m, -std::numeric_limits<float>::infinity());
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t k0 = t * kXwxKeyTile, kt = std::min(kXwxKeyTile, tokens - k0);
@@ -133,7 +140,7 @@ void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, i
       const float* v_tile = v_tiles + t * gemm::packed_floats(D, kXwxKeyTile);
       if (t == 0) {
         std::copy(tile_sum, tile_sum + m, run_sum);
-        gemm::gemm_raw(m, scores, kScoreLd, v_tile, D, kt, acc_h, lda, gemm::Epilogue(), isa);
+        gemm::gemm_raw(m, scores, kScoreLd, v_tile, D, kt, acc_h, ldh, gemm::Epilogue(), isa);
       } else {
         // What was accumulated against the old maximum is rescaled to the new one: e^(old − new) <= 1.
         for (int64_t i = 0; i < m; ++i) {
@@ -141,13 +148,23 @@ void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, i
           factor[i] = run_max[i] == -std::numeric_limits<float>::infinity() ? 1.0f : std::exp(factor[i] - run_max[i]);
           run_sum[i] = run_sum[i] * factor[i] + tile_sum[i];
         }
-        scale_rows(acc_h, m, D, lda, factor);
-        gemm::gemm_raw(m, scores, kScoreLd, v_tile, D, kt, acc_h, lda, onto, isa);
+        scale_rows(acc_h, m, D, ldh, factor);
+        gemm::gemm_raw(m, scores, kScoreLd, v_tile, D, kt, acc_h, ldh, onto, isa);
       }
     }
     for (int64_t i = 0; i < m; ++i) factor[i] = 1.0f / run_sum[i];
-    scale_rows(acc_h, m, D, lda, factor);
+    scale_rows(acc_h, m, D, ldh, factor);
   }
+}
+
+void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* keys,
+                        int64_t q0, int64_t q1, const float* residual, int64_t ld_res, float* out, int64_t ldo,
+                        float* workspace, CpuIsa isa) {
+  const int64_t m = q1 - q0;
+  if (m <= 0) return;
+  const int64_t lda = w.shape.heads * w.shape.value_dim;
+  float* acc = workspace + xwx_heads_workspace_floats(m);  // [m × H·D]: head h in columns [h·D, (h+1)·D)
+  xwx_heads_rows(w, tokens, proj, ldp, keys, q0, q1, acc, lda, workspace, isa);
   // All heads through the output projection in one GEMM over K = H·D (eq. 3: Σ_h H_h W_O,h is the product of
   // the heads side by side with the stacked W_O blocks), with b_o and the residual in its epilogue: one long
   // reduction instead of H accumulate passes over the output rows.

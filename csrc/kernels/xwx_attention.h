@@ -47,18 +47,25 @@ struct XwxShape {
 // ~2-3% faster than 128 (DeiT-S factored, 1 thread, loaded machine).
 constexpr int64_t kXwxKeyTile = 256;
 
-// The weights, packed once (cached by the binding per weight version).
-struct XwxPacked {
+// Where each head's operands lie in the projection rows: per head h, head_cols columns
+// [left (left_width) | right (right_width) | value (D)] starting at h · head_cols.  Phases 2 and 3 read only this,
+// so they also serve projections made elsewhere (the int8 GEMMs of a quantized model: `xwx_heads`).
+struct XwxLayout {
   XwxShape shape;
   int64_t left_width = 0;   // R (+1 with a key bias): columns of [L_h | 1]
   int64_t right_width = 0;  // factored: R (+1); full: 1 with a key bias (kb_h), else 0
   int64_t head_cols = 0;    // projection columns per head: left_width + right_width + D
-  gemm::PackedB proj;       // B [C × H·head_cols] with the bias that makes the ones column
-  gemm::PackedB w_o;        // B = the w_o blocks stacked [H·D × C_out], with b_o as its bias
   int64_t proj_cols() const { return shape.heads * head_cols; }
   int64_t left_col(int64_t h) const { return h * head_cols; }
   int64_t right_col(int64_t h) const { return h * head_cols + left_width; }
   int64_t value_col(int64_t h) const { return h * head_cols + left_width + right_width; }
+};
+XwxLayout xwx_layout(const XwxShape& shape);
+
+// The weights, packed once (cached by the binding per weight version).
+struct XwxPacked : XwxLayout {
+  gemm::PackedB proj;       // B [C × H·head_cols] with the bias that makes the ones column
+  gemm::PackedB w_o;        // B = the w_o blocks stacked [H·D × C_out], with b_o as its bias
   size_t bytes() const;
 };
 
@@ -72,10 +79,10 @@ void xwx_project(const XwxPacked& w, int64_t rows, const float* x, int64_t ldx, 
 
 // Phase 2, per image and head: floats of the packed keys and values (64-byte multiples), and the scratch the
 // full form needs to assemble [x | kb_h] (0 for the factored form).
-int64_t xwx_keys_floats(const XwxPacked& w, int64_t tokens);
-int64_t xwx_pack_scratch_floats(const XwxPacked& w, int64_t tokens);
+int64_t xwx_keys_floats(const XwxLayout& w, int64_t tokens);
+int64_t xwx_pack_scratch_floats(const XwxLayout& w, int64_t tokens);
 // proj and x point at the image's row 0; keys (64-byte aligned) receives xwx_keys_floats floats.
-void xwx_pack_keys(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* x, int64_t ldx,
+void xwx_pack_keys(const XwxLayout& w, int64_t tokens, const float* proj, int64_t ldp, const float* x, int64_t ldx,
                    int64_t h, float* keys, float* scratch);
 
 // Phase 3: query rows [q0, q1) of one image, all heads (their results side by side in the workspace).
@@ -87,6 +94,13 @@ int64_t xwx_rows_workspace_floats(const XwxPacked& w, int64_t q_rows);
 void xwx_attention_rows(const XwxPacked& w, int64_t tokens, const float* proj, int64_t ldp, const float* keys,
                         int64_t q0, int64_t q1, const float* residual, int64_t ld_res, float* out, int64_t ldo,
                         float* workspace, CpuIsa isa);
+
+// Phase 3 without the output GEMM: the heads' normalised results softmax(S_h) · V_h of query rows [q0, q1), head h
+// in columns [h·D, (h+1)·D) of heads (row i is query q0 + i, row stride ldh >= H·D).  workspace:
+// xwx_heads_workspace_floats(q1 − q0) floats, 64-byte aligned.
+int64_t xwx_heads_workspace_floats(int64_t q_rows);
+void xwx_heads_rows(const XwxLayout& w, int64_t tokens, const float* proj, int64_t ldp, const float* keys, int64_t q0,
+                    int64_t q1, float* heads, int64_t ldh, float* workspace, CpuIsa isa);
 
 // All three phases for one image on the calling thread (tests; the binding threads the phases itself).
 void xwx_attention_image(const XwxPacked& w, int64_t tokens, const float* x, int64_t ldx, const float* residual,

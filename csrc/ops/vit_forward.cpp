@@ -34,6 +34,9 @@ bool norm_ok(const ForwardNorm& n, at::ScalarType dtype) {
 }
 
 bool int8_linear_ok(const Int8LinearArgs& a) { return int8_cpu(a.qweight) && fp32_cpu(a.bias); }
+bool linear_ok(const ForwardLinear& l) {
+  return l.int8 ? int8_linear_ok(l.q) : float_cpu(l.weight, at::kFloat) && fp32_cpu(l.bias);
+}
 
 // The FFN sub-block of a kXwx, kDwconv, kGated or kParts block (fp32 models).
 bool ffn_ok(const ForwardBlock& b) {
@@ -66,6 +69,9 @@ bool plan_takes(const VitForwardPlan& p) {
         break;
       case BlockKind::kXwx:
         ok = fp32_cpu(b.w_q) && fp32_cpu(b.w_v) && fp32_cpu(b.w_o) && ffn_ok(b);
+        break;
+      case BlockKind::kXwxProjected:
+        ok = linear_ok(b.xwx_in) && linear_ok(b.xwx_out) && ffn_ok(b);
         break;
       case BlockKind::kGated:
       case BlockKind::kParts:
@@ -198,6 +204,14 @@ at::Tensor attention_heads(const at::Tensor& y, const at::Tensor& w_qkv, const s
   return recorded("vitfast::linear", h, [&] { return linear_op(h, w_proj, b_proj, residual); });
 }
 
+// One layer as its module runs it: ops.linear for an nn.Linear, linear_int8 for an Int8Linear.
+at::Tensor run_linear(const ForwardLinear& l, const at::Tensor& x, const std::optional<at::Tensor>& residual) {
+  if (!l.int8) return recorded("vitfast::linear", x, [&] { return linear_op(x, l.weight, l.bias, residual); });
+  return recorded("vitfast::linear_int8", x, [&] {
+    return linear_int8_op(x, l.q.qweight, l.q.w_scale, l.q.bias, residual, l.q.smooth, l.q.act_scale);
+  });
+}
+
 // The open sub-blocks of a kGated / kParts block, each as its module runs it: x + attn(LN(x)), then the FFN's.
 at::Tensor sub_blocks(const ForwardBlock& b, const at::Tensor& x, bool run_attn, bool run_ffn) {
   at::Tensor h = x;
@@ -222,6 +236,15 @@ at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
         return xwx_attention_op(y, b.w_q, b.w_k, b.key_bias, b.w_v, b.w_o, b.b_o, x);
       });
       return ffn_sub_block(b, x1);
+    }
+    case BlockKind::kXwxProjected: {  // FusedXWXBlock.forward with ProjectedXWXAttention.forward
+      const at::Tensor y = block_norm(x, b.norm1_eps);
+      const at::Tensor proj = run_linear(b.xwx_in, y, std::nullopt);
+      const at::Tensor heads = recorded("vitfast::xwx_heads", proj, [&] {
+        return xwx_heads_op(proj, b.xwx_full ? std::optional<at::Tensor>(y) : std::nullopt, b.num_heads,
+                            b.value_dim);
+      });
+      return ffn_sub_block(b, run_linear(b.xwx_out, heads, x));
     }
     case BlockKind::kGated: {  // FusedGatedBlock.forward on the CPU
       const at::Tensor decision = recorded("vitfast::batch_gate", x, [&] {
@@ -268,6 +291,14 @@ std::pair<int64_t, int64_t> parts_macs_shape(const ForwardBlock& b) {
       return {b.w_q.numel() + (b.w_k.has_value() ? b.w_k->numel() : 0) + b.w_v.numel() + b.w_o.numel() +
                   ffn_weight_elements(b),
               b.w_q.size(0) * (b.w_q.size(2) + b.w_v.size(2)) / 2};
+    case BlockKind::kXwxProjected: {  // per head P = left + right + D columns, left ≈ (P − D (+ C, full)) / 2
+      const auto rows = [](const ForwardLinear& l) { return l.int8 ? l.q.qweight.size(0) : l.weight.size(0); };
+      const auto elements = [](const ForwardLinear& l) { return l.int8 ? l.q.qweight.numel() : l.weight.numel(); };
+      const int64_t per_head = rows(b.xwx_in) / b.num_heads, d = b.value_dim;
+      const int64_t channels = b.xwx_in.int8 ? b.xwx_in.q.qweight.size(1) : b.xwx_in.weight.size(1);
+      const int64_t left = (per_head - d + (b.xwx_full ? channels : 0)) / 2;
+      return {elements(b.xwx_in) + elements(b.xwx_out) + ffn_weight_elements(b), b.num_heads * (left + d) / 2};
+    }
     case BlockKind::kDwconv: {
       const bool heads = b.attn_proj.has_value();
       return {b.value_w.numel() + b.out_w.numel() + (heads ? b.w_qkv.numel() + b.attn_proj->numel() : 0) +

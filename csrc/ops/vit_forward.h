@@ -49,6 +49,8 @@ at::Tensor channel_idle_ffn_op(const at::Tensor& x, const at::Tensor& w_in, cons
 at::Tensor xwx_attention_op(const at::Tensor& x, const at::Tensor& w_q, const std::optional<at::Tensor>& w_k,
                             const std::optional<at::Tensor>& key_bias, const at::Tensor& w_v, const at::Tensor& w_o,
                             const std::optional<at::Tensor>& b_o, const std::optional<at::Tensor>& residual);
+at::Tensor xwx_heads_op(const at::Tensor& proj, const std::optional<at::Tensor>& x, int64_t num_heads,
+                        int64_t value_dim);
 at::Tensor batch_gate_op(const at::Tensor& x, const at::Tensor& w1, const std::optional<at::Tensor>& b1,
                          const std::optional<at::Tensor>& w2, const std::optional<at::Tensor>& b2, bool layer_norm,
                          const std::string& act, double eps);
@@ -67,6 +69,8 @@ struct ForwardNorm {
 //   kVit     FusedBlock: vit_block's arguments (one call of its CPU binding)
 //   kInt8    an int8 FusedBlock: int8_block's (its five ops)
 //   kXwx     FusedXWXBlock: layer_norm → xwx_attention (+ x) → the FFN sub-block
+//   kXwxProjected  a FusedXWXBlock whose attention is a ProjectedXWXAttention (an int8 model's): layer_norm →
+//            proj_in linear[_int8] → xwx_heads → proj_out linear[_int8] (+ x) → the FFN sub-block
 //   kDwconv  FusedDWConvBlock: layer_norm → [qkv linear → attention → proj (+ x)] → dwconv_attention (+ shortcut)
 //            → the FFN sub-block
 //   kGated   FusedGatedBlock (USDC): batch_gate's [MHSA, FFN] decision for the batch, then both sub-blocks as one
@@ -77,7 +81,16 @@ struct ForwardNorm {
 // where the FFN sub-block (FusedChannelIdleFFN) is [layer_norm →] channel_idle_ffn [+ its input], or for an int8
 // model's Int8ChannelIdleFFN (ffn_int8) [layer_norm →] channel_idle_ffn_int8 [+ its input]; a gated block's MHSA
 // sub-block with Int8Linear qkv / proj (attn_int8) runs int8_block's heads, and both open as one int8_block.
-enum class BlockKind : int64_t { kVit = 0, kInt8 = 1, kXwx = 2, kDwconv = 3, kGated = 4, kParts = 5 };
+enum class BlockKind : int64_t { kVit = 0, kInt8 = 1, kXwx = 2, kDwconv = 3, kGated = 4, kParts = 5,
+                                 kXwxProjected = 6 };
+
+// One linear layer of a block: an nn.Linear's weight and bias (fp32), or an Int8Linear's arguments.
+struct ForwardLinear {
+  bool int8 = false;
+  at::Tensor weight;
+  std::optional<at::Tensor> bias;
+  Int8LinearArgs q;
+};
 
 struct ForwardBlock {
   BlockKind kind = BlockKind::kVit;
@@ -102,6 +115,11 @@ struct ForwardBlock {
   // kXwx: xwx_attention's weights
   at::Tensor w_q, w_v, w_o;
   std::optional<at::Tensor> w_k, key_bias, b_o;
+  // kXwxProjected: the projection and output layers, and xwx_heads' arguments (num_heads above; full: the heads
+  // read the normed tokens as the right operand)
+  ForwardLinear xwx_in, xwx_out;
+  int64_t value_dim = 0;
+  bool xwx_full = false;
   // kDwconv: the attention heads (if any: w_qkv / b_qkv / num_heads above, attn_proj without bias), the value
   // projection, the depthwise kernel, the output projection and the token grid
   std::optional<at::Tensor> attn_proj;

@@ -27,6 +27,7 @@
 #include "ops/weight_cache.h"
 #include "ops/op_threads.h"
 #include "ops/output_pool.h"
+#include "ops/xwx_phases.h"
 
 namespace vitfast {
 namespace ops {
@@ -110,18 +111,6 @@ std::shared_ptr<const XwxPacked> packed_weights(const XwxShape& s, const at::Ten
   });
 }
 
-// Per-thread scratch kept between calls (64-byte aligned: the packed panels are read with aligned loads).  A fresh
-// allocation per call of the projections and packed keys (about 1.5 MiB at DeiT-Ti batch 1) costs page faults on
-// every call (glibc serves it with mmap): measured ~10% of a batch-1 call.
-enum class Scratch { kWorker, kProjections, kKeys };
-template <Scratch kind>
-float* thread_buffer(int64_t floats) {
-  thread_local gemm::AlignedFloats buffer;
-  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
-  return buffer.data();
-}
-float* thread_workspace(int64_t floats) { return thread_buffer<Scratch::kWorker>(floats); }
-
 at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const OptTensor& w_k_opt,
                              const OptTensor& key_bias_opt, const at::Tensor& w_v, const at::Tensor& w_o,
                              const OptTensor& b_o_opt, const OptTensor& residual_opt) {
@@ -142,16 +131,13 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
   const int64_t threads = op_threads();
   const int64_t ldp = w.proj_cols();
   const int64_t per_head = xwx_keys_floats(w, tokens);
-  const int64_t scratch_floats = xwx_pack_scratch_floats(w, tokens);
   // Images in groups of `threads`: a group's projections and packed keys (~1.5 MiB per DeiT-Ti image) stay in
   // cache between the three phases; the whole batch at once streamed them from DRAM (batch 8 ran ~10% slower
   // per image than batch 1).
   const int64_t group = std::min(batch, threads);
   // The calling thread's buffers (the workers only read and write through these pointers during the call).
-  float* pp = thread_buffer<Scratch::kProjections>(group * tokens * ldp);
-  float* kp = thread_buffer<Scratch::kKeys>(group * s.heads * per_head);
-  constexpr int64_t kQueryRows = 48;
-  const int64_t q_blocks = (tokens + gemm::kMr - 1) / gemm::kMr;
+  float* pp = xwx_projection_buffer(group * tokens * ldp);
+  float* kp = xwx_keys_buffer(group * s.heads * per_head);
   for (int64_t b0 = 0; b0 < batch; b0 += group) {
     const int64_t images = std::min(group, batch - b0), rows = images * tokens;
     const float* xg = xp + b0 * tokens * C;
@@ -163,31 +149,16 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
         if (r1 > r0) xwx_project(w, r1 - r0, xg + r0 * C, C, pp + r0 * ldp, ldp, isa);
       }
     });
-    // Phase 2: keys and values of every (image, head), packed once for all query blocks.
-    parallel_for(0, images * s.heads, 1, [&](int64_t begin, int64_t end) {
-      float* scratch = scratch_floats > 0 ? thread_workspace(scratch_floats) : nullptr;
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t b = t / s.heads, h = t % s.heads;
-        xwx_pack_keys(w, tokens, pp + b * tokens * ldp, ldp, xg + b * tokens * C, C, h, kp + t * per_head, scratch);
-      }
-    });
-    // Phase 3: (image, query block) tasks.  Blocks of about kQueryRows rows (the score tile and the accumulator
-    // stay in L1/L2), more blocks when there are fewer than two tasks per thread.
-    int64_t splits = std::max<int64_t>(1, (tokens + kQueryRows - 1) / kQueryRows);
-    if (images * splits < 2 * threads) splits = std::max(splits, (2 * threads + images - 1) / images);
-    splits = std::min(splits, q_blocks);
-    const gemm::RowShares query_shares(tokens, splits, isa);  // splits <= q_blocks <= tokens: chunks == splits
-    const int64_t ws_floats = xwx_rows_workspace_floats(w, query_shares.max_share());
-    parallel_for(0, images * splits, 1, [&](int64_t begin, int64_t end) {
-      float* ws = thread_workspace(ws_floats);
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t b = t / splits, part = t % splits, image = b0 + b;
-        const int64_t q0 = query_shares.begin(part), q1 = query_shares.end(part);
-        xwx_attention_rows(w, tokens, pp + b * tokens * ldp, ldp, kp + b * s.heads * per_head, q0, q1,
-                           rp != nullptr ? rp + image * tokens * CO : nullptr, CO, op + image * tokens * CO, CO, ws,
-                           isa);
-      }
-    });
+    // Phases 2 and 3 (ops/xwx_phases.h); each row task runs every head for its rows and owns those output rows.
+    xwx_keys_and_rows(
+        w, images, tokens, pp, ldp, xg, C, kp, threads, isa,
+        [&](int64_t q_rows) { return xwx_rows_workspace_floats(w, q_rows); },
+        [&](int64_t b, int64_t q0, int64_t q1, float* ws) {
+          const int64_t image = b0 + b;
+          xwx_attention_rows(w, tokens, pp + b * tokens * ldp, ldp, kp + b * s.heads * per_head, q0, q1,
+                             rp != nullptr ? rp + image * tokens * CO : nullptr, CO, op + image * tokens * CO, CO,
+                             ws, isa);
+        });
   }
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }

@@ -26,8 +26,8 @@ When the call is taken — all checked per forward, the structure once per plan:
   are `FusedBlock`s (each as its one whole-block call: fp32 `vit_block`, or an int8 block's five ops; an int8
   model's block with some layers kept fp32 as its two sub-blocks), non-deep `FusedXWXBlock`s, DW-conv
   `FusedDWConvBlock`s or USDC `FusedGatedBlock`s without a forced gate (the ops their modules call on the CPU: for a
-  gated block the batch's decision, then the open sub-blocks), in fp32 or with vitfast.quantize's int8 FFNs and
-  attention linears; 'token', 'avg' or no pooling and no attention pool; a `PackedLinear`, `nn.Linear` or Identity
+  gated block the batch's decision, then the open sub-blocks), in fp32 or with vitfast.quantize's int8 FFNs,
+  attention linears and non-deep attention GEMMs (a `ProjectedXWXAttention`); 'token', 'avg' or no pooling and no attention pool; a `PackedLinear`, `nn.Linear` or Identity
   head;
 - nothing the module path would run besides: no forward hooks or pre-hooks (on the modules, or global ones), no
   forward patched on an instance, and the classes' forwards and timm's methods the call stands for as defined.
@@ -61,7 +61,7 @@ from .ffn import FusedChannelIdleFFN
 from .linear_head import PackedLinear
 from .int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
 from .patch_embed import GemmPatchProjection
-from .xwx import FusedXWXAttention, FusedXWXBlock
+from .xwx import FusedXWXAttention, FusedXWXBlock, ProjectedXWXAttention
 
 __all__ = ["FusedVisionTransformer", "direct_forward", "use_fused_vit_forward"]
 
@@ -129,7 +129,8 @@ class _Plan(NamedTuple):
 _FORWARDS = {cls: cls.forward for cls in (
     PatchEmbed, GemmPatchProjection, Int8PatchProjection, nn.Identity, nn.Dropout, PatchDropout, nn.Sequential,
     FusedBlock, FusedAttention, FusedChannelIdleFFN, Int8Linear, Int8ChannelIdleFFN, *PLAIN_LAYER_NORMS,
-    PackedLinear, nn.Linear, FusedXWXBlock, FusedXWXAttention, FusedDWConvBlock, FusedGatedBlock, FusedBatchGate)}
+    PackedLinear, nn.Linear, FusedXWXBlock, FusedXWXAttention, ProjectedXWXAttention, FusedDWConvBlock, FusedGatedBlock,
+    FusedBatchGate)}
 _TIMM_METHODS = {name: getattr(VisionTransformer, name) for name in ("forward_features", "forward_head", "_pos_embed",
                                                                       "pool")}
 
@@ -251,14 +252,40 @@ def _ffn_spec(mlp: Optional[nn.Module], modules: list, scalars: list) -> Optiona
             bool(mlp.residual))
 
 
+def _linear_spec(layer: nn.Module, modules: list, scalars: list) -> Optional[tuple]:
+    """One layer as its owner's forward runs it: ("fp32", weight, bias) for an nn.Linear (ops.linear), ("int8",
+    qweight, w_scale, bias, smooth, act_scale) for an int8 model's Int8Linear (linear_int8), or None."""
+    kind = type(layer)
+    if kind is nn.Linear:
+        modules.append((layer, kind))
+        return ("fp32", layer.weight, layer.bias)
+    if kind is not Int8Linear:
+        return None
+    modules.append((layer, kind))
+    scalars.append((layer, "act_scale"))
+    buffers = layer._buffers
+    return ("int8", buffers["qweight"], buffers["w_scale"], layer._parameters.get("bias"), buffers.get("smooth"),
+            layer.__dict__["act_scale"])
+
+
 def _xwx_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[tuple]:
-    """("xwx", ...) for a FusedXWXBlock: LayerNorm, xwx_attention with the block input as residual, the FFN."""
+    """("xwx", ...) for a FusedXWXBlock: LayerNorm, xwx_attention with the block input as residual, the FFN; or
+    ("xwx_proj", ...) for one whose attention is a ProjectedXWXAttention (an int8 model's): LayerNorm, proj_in,
+    xwx_heads, proj_out with the block input as residual, the FFN."""
     mods = block._modules
     norm1, attn = mods.get("norm1"), mods.get("attn")
     eps = plain_norm_eps(norm1)
     ffn = _ffn_spec(mods.get("mlp"), modules, scalars)
-    if eps is None or type(attn) is not FusedXWXAttention or ffn is None:
+    if eps is None or ffn is None or type(attn) not in (FusedXWXAttention, ProjectedXWXAttention):
         return None
+    if type(attn) is ProjectedXWXAttention:
+        layers = [_linear_spec(attn._modules.get(n), modules, scalars) for n in ("proj_in", "proj_out")]
+        if None in layers:
+            return None
+        modules += [(block, FusedXWXBlock), (norm1, type(norm1)), (attn, ProjectedXWXAttention)]
+        scalars += [(norm1, "eps"), (attn, "num_heads"), (attn, "value_dim"), (attn, "score_form")]
+        return ("xwx_proj", eps, layers[0], attn.num_heads, attn.value_dim, attn.score_form == "full", layers[1],
+                ffn)
     modules += [(block, FusedXWXBlock), (norm1, type(norm1)), (attn, FusedXWXAttention)]
     scalars.append((norm1, "eps"))
     p = attn._parameters

@@ -13,7 +13,7 @@ value/output factors side by side, the exact collapse of unjoined values).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -24,7 +24,7 @@ from ._fold import FoldedFFN
 from .ffn import FusedChannelIdleFFN
 from .registry import register_fused
 
-__all__ = ["FoldedXWXAttention", "FusedXWXAttention", "FusedXWXBlock", "SCORE_FORMS"]
+__all__ = ["FoldedXWXAttention", "FusedXWXAttention", "FusedXWXBlock", "ProjectedXWXAttention", "SCORE_FORMS"]
 
 SCORE_FORMS = ("factored", "full")
 
@@ -94,6 +94,14 @@ class FusedXWXAttention(nn.Module):
         # The op: C++ on CPU, Triton on CUDA, the reference under VITFAST_BACKEND=reference.
         return ops.xwx_attention(y, self.w_q, self.w_k, self.key_bias, self.w_v, self.w_o, self.b_o, residual)
 
+    @property
+    def has_key_bias(self) -> bool:
+        return self.key_bias is not None
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self.b_o is not None
+
     def vitfast_prepack(self) -> bool:
         """Pack the weights for the CPU kernel now (see `vitfast.ops.prepack`): one call on a one-token input, the
         same weight tensors the real forward passes, so the same cache entries; False when not on CPU."""
@@ -101,6 +109,102 @@ class FusedXWXAttention(nn.Module):
             return False
         self(self.w_q.new_zeros(1, 1, self.dim))
         return True
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, score_form={self.score_form!r}, "
+                f"score_rank={self.score_rank}, value_dim={self.value_dim}")
+
+
+def _xwx_projection(attn: FusedXWXAttention) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(weight [H·P, C], bias [H·P] or None) of the one projection `xwx_heads` reads, in float64: per head the rows
+    of [x w_q[h] | 1], then [x w_k[h] | x key_bias[h]] (factored) or [x key_bias[h]] (full, if any), then
+    x w_v[h] — the columns the C++ kernel's own projection packs (kernels/xwx_attention.cpp xwx_pack).  The ones
+    column is a zero row with bias 1 (it carries the key bias through the score product); no key bias, no bias."""
+    w_q, w_v = attn.w_q.detach().double(), attn.w_v.detach().double()
+    heads, dim, rank = w_q.shape
+    kb = attn.key_bias.detach().double() if attn.key_bias is not None else None
+    rows, bias = [], []
+    for h in range(heads):
+        rows.append(w_q[h].t())
+        bias.append(w_q.new_zeros(rank))
+        if kb is not None:
+            rows.append(w_q.new_zeros(1, dim))
+            bias.append(w_q.new_ones(1))
+        if attn.w_k is not None:
+            rows.append(attn.w_k.detach().double()[h].t())
+            bias.append(w_q.new_zeros(rank))
+        if kb is not None:
+            rows.append(kb[h].unsqueeze(0))
+            bias.append(w_q.new_zeros(1))
+        rows.append(w_v[h].t())
+        bias.append(w_q.new_zeros(w_v.shape[2]))
+    return torch.cat(rows), (torch.cat(bias) if kb is not None else None)
+
+
+class ProjectedXWXAttention(nn.Module):
+    """`FusedXWXAttention` as its three steps: `proj_in` (C → H·P, the projection `xwx_heads` reads), the heads
+    (`ops.xwx_heads`: scores, softmax, values — fp32), `proj_out` (H·D → C_out with b_o, + the residual).
+
+    The form `vitfast.quantize` gives a non-deep block's attention so that its two GEMMs — ~80% of the attention's
+    multiply-adds at DeiT-S size (projection 175 M, output 58 M, scores and values 60 M per image) — run on the
+    int8 core: `proj_in` / `proj_out` become `Int8Linear`s (either may stay an nn.Linear under `skip=`).  Equal to
+    the fused op in exact arithmetic (the same columns, xwx_attention's phases 2-3); not a fused kind of its own: the
+    block's file config stays the FusedXWXBlock's, and the quantization record names `attn.proj_in` /
+    `attn.proj_out`, from which `vitfast.load` rebuilds this form (vitfast/quant/structure.py).
+    """
+
+    def __init__(self, dim: int, num_heads: int, score_form: str, score_rank: int, value_dim: int, *,
+                 key_bias: bool = True, out_bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        FusedXWXAttention(dim, num_heads, score_form, score_rank, value_dim, device="meta")  # validates the arguments
+        self.dim, self.num_heads, self.score_form = dim, num_heads, score_form
+        self.score_rank, self.value_dim = score_rank, value_dim
+        self._key_bias, self._out_bias = bool(key_bias), bool(out_bias)
+        kb = int(self._key_bias)
+        per_head = (score_rank + kb) + (score_rank + kb if score_form == "factored" else kb) + value_dim
+        dd = {"device": device, "dtype": dtype}
+        self.proj_in = nn.Linear(dim, num_heads * per_head, bias=self._key_bias, **dd)
+        self.proj_out = nn.Linear(num_heads * value_dim, dim, bias=out_bias, **dd)
+
+    @classmethod
+    def like(cls, attn: FusedXWXAttention) -> "ProjectedXWXAttention":
+        """An uninitialised one of `attn`'s shape, dtype and device (its tensors come from a file)."""
+        return cls(attn.dim, attn.num_heads, attn.score_form, attn.score_rank, attn.value_dim,
+                   key_bias=attn.has_key_bias, out_bias=attn.has_out_bias, device=attn.w_q.device,
+                   dtype=attn.w_q.dtype)
+
+    @classmethod
+    def from_fused(cls, attn: FusedXWXAttention) -> "ProjectedXWXAttention":
+        """The same attention in this form (weights computed in float64, cast once to the attention's dtype)."""
+        out = cls.like(attn)
+        weight, bias = _xwx_projection(attn)
+        heads, value_dim, c_out = attn.w_o.shape
+        with torch.no_grad():
+            out.proj_in.weight.copy_(weight)
+            if bias is not None:
+                out.proj_in.bias.copy_(bias)
+            out.proj_out.weight.copy_(attn.w_o.detach().reshape(heads * value_dim, c_out).t())
+            if attn.b_o is not None:
+                out.proj_out.bias.copy_(attn.b_o.detach())
+        return out.eval()
+
+    @property
+    def has_key_bias(self) -> bool:
+        return self._key_bias
+
+    @property
+    def has_out_bias(self) -> bool:
+        return self._out_bias
+
+    def forward(self, y: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        # An int8 model's layers (vitfast.nn.int8.Int8Linear) run themselves; fp32 ones on the linear op, as in
+        # FusedAttention.forward.
+        first, last = self.proj_in, self.proj_out
+        proj = ops.linear(y, first.weight, first.bias) if isinstance(first, nn.Linear) else first(y)
+        heads = ops.xwx_heads(proj, y if self.score_form == "full" else None, self.num_heads, self.value_dim)
+        if isinstance(last, nn.Linear):
+            return ops.linear(heads, last.weight, last.bias, residual)
+        return last(heads, residual)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, score_form={self.score_form!r}, "
@@ -182,8 +286,8 @@ class FusedXWXBlock(nn.Module):
             "score_form": attn.score_form,
             "score_rank": attn.score_rank,
             "value_dim": attn.value_dim,
-            "key_bias": attn.key_bias is not None,
-            "out_bias": attn.b_o is not None,
+            "key_bias": attn.has_key_bias,
+            "out_bias": attn.has_out_bias,
             "norm_eps": float(self.norm1.eps),
             "mlp": self.mlp.vitfast_config(),
         }

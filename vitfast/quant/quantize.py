@@ -4,8 +4,10 @@ int8 (the default): every GEMM of the fused blocks' FFNs (`FusedChannelIdleFFN`,
 fused / Swin attentions (qkv, proj) and of the patch embedding (`Int8PatchProjection`) gets symmetric
 per-output-channel int8 weights and int8 activations, per token computed at run time (`activations="dynamic"`, needs
 no data) or one scale per tensor from calibration images (`"static"`).  LayerNorm, softmax, GELU and the residual
-adds stay fp32; so do the head (the last layer, a few hundred MACs per class) and the non-deep XWX and DW-conv
-attentions (their ops have no int8 form); the attention's score/value products are int8 in the dynamic mode where
+adds stay fp32; so do the head (the last layer, a few hundred MACs per class) and the DW-conv attentions (their op
+has no int8 form).  A non-deep XWX attention is quantized in its projected form (`ProjectedXWXAttention`,
+vitfast/nn/xwx.py): its projection and output GEMMs int8 (layers `attn.proj_in` / `attn.proj_out`), its heads
+(scores, softmax, values: `xwx_heads`) fp32.  The attention's score/value products are int8 in the dynamic mode where
 int8 products measured faster on this CPU's int8 kernel at the model's token count and head dim (`attention="auto"`,
 vitfast/quant/attention_choice.py; "int8", "bf16" or "fp32" force one): `describe(model)` lists what stays fp32.
 The patch embedding was fp32 too until measured: ~2% of the FLOPs but 7% of an int8 DeiT-S forward
@@ -41,9 +43,10 @@ from ..nn.block import FusedAttention
 from ..nn.ffn import FusedChannelIdleFFN
 from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
 from ..nn.patch_embed import is_patch_projection
+from ..nn.xwx import ProjectedXWXAttention
 from . import calibrate
 from .attention_choice import int8_attention_pays, model_tokens, why
-from .structure import _replan_blocks, set_submodule
+from .structure import _replan_blocks, project_xwx_attentions, restore_fp32_xwx, set_submodule
 
 DTYPES = ("int8", "bf16")
 ACTIVATIONS = ("dynamic", "static")
@@ -67,8 +70,9 @@ def quantizable_layers(model: nn.Module) -> Dict[str, str]:
     for name, m in model.named_modules():
         if type(m) is FusedChannelIdleFFN:
             layers[name] = "ffn"
-        elif type(m) is FusedAttention or (WindowAttention and isinstance(m, WindowAttention)):
-            for child in ("qkv", "proj"):
+        elif (type(m) in (FusedAttention, ProjectedXWXAttention)
+              or (WindowAttention and isinstance(m, WindowAttention))):
+            for child in ("qkv", "proj", "proj_in", "proj_out"):
                 if type(getattr(m, child, None)) is nn.Linear:
                     layers[f"{name}.{child}"] = "linear"
     return layers
@@ -82,6 +86,8 @@ def fp32_kinds(model: nn.Module) -> List[str]:
 
     kept = []
     counts = {"XWX attention (non-deep)": sum(isinstance(m, FusedXWXAttention) for m in model.modules()),
+              "XWX attention heads (non-deep: scores, softmax, values)": sum(
+                  isinstance(m, ProjectedXWXAttention) for m in model.modules()),
               "DW-conv attention": sum(isinstance(m, FusedDWConvBlock) for m in model.modules()),
               "USDC gate": sum(isinstance(m, FusedBatchGate) for m in model.modules())}
     for what, n in counts.items():
@@ -222,6 +228,8 @@ def quantize(
         out.vitfast_quantization = {"dtype": "bf16"}
         return out
     out = copy.deepcopy(model).eval()
+    # non-deep attentions as projection GEMM → heads → output GEMM, so their two GEMMs become int8 layers
+    fused_xwx = project_xwx_attentions(out)
     layers = quantizable_layers(out)
     if not layers:
         raise ValueError("model: expected a fused model with FFNs or attentions to quantize (vitfast.fuse(model) "
@@ -279,6 +287,7 @@ def quantize(
         module = out.get_submodule(path)
         set_submodule(out, path, _build(path, kind, module, stats.get(path), alphas.get(path, alpha), static,
                                         split_identity))
+    restore_fp32_xwx(out, fused_xwx)  # both GEMMs kept fp32 (skip=): the fused op, as before quantizing
     auto: Dict[str, Any] = {}
     if attention == "auto":
         from .. import ops
@@ -324,7 +333,9 @@ def describe(model: nn.Module) -> str:
     int8 = [(n, m) for n, m in model.named_modules() if is_int8_module(m)]
     if not int8:
         return "fp32 model (no int8 layers)"
-    n_lin = sum(isinstance(m, Int8Linear) for _, m in int8)
+    n_xwx = sum(isinstance(m, Int8Linear) and n.rpartition(".")[2] in ("proj_in", "proj_out")
+                and isinstance(model.get_submodule(n.rpartition(".")[0]), ProjectedXWXAttention) for n, m in int8)
+    n_lin = sum(isinstance(m, Int8Linear) for _, m in int8) - n_xwx
     n_ffn = sum(isinstance(m, Int8ChannelIdleFFN) for _, m in int8)
     static = any(getattr(m, "act_scale", 0.0) > 0 or getattr(m, "act_scale_in", 0.0) > 0 for _, m in int8)
     n_att = sum(bool(m.__dict__.get("int8_attention")) for m in model.modules())
@@ -337,7 +348,9 @@ def describe(model: nn.Module) -> str:
         att += f"; bf16: {n_bf16} attentions' score/value products (the {ops.bf16_kernel()} kernels)"
     n_patch = sum(isinstance(m, Int8PatchProjection) for _, m in int8)
     patch = "the patch embedding, " if n_patch else ""
-    parts = [f"int8: {patch}{n_ffn} channel-idle FFNs (2 GEMMs each), {n_lin} attention linears (qkv/proj){att}; "
+    xwx = f", {n_xwx} non-deep XWX attention GEMMs (projection/output)" if n_xwx else ""
+    lin = f", {n_lin} attention linears (qkv/proj)" if n_lin or not n_xwx else ""
+    parts = [f"int8: {patch}{n_ffn} channel-idle FFNs (2 GEMMs each){lin}{xwx}{att}; "
              f"activations {'static per tensor' if static else 'dynamic per token'}"]
     auto = record.get("attention_auto")
     if isinstance(auto, dict) and isinstance(auto.get("kernel"), str):
@@ -351,7 +364,7 @@ def describe(model: nn.Module) -> str:
     elif record.get("smooth"):
         parts.append(f"SmoothQuant α = {record['smooth']:g}")
     n_low = n_att + n_bf16
-    products = ("attention score/value products" if n_low == 0 else
+    products = (None if all_att == 0 and n_xwx else "attention score/value products" if n_low == 0 else
                 f"{all_att - n_low} attentions' score/value products" if all_att > n_low else None)
     fp32 = ["norms, softmax, GELU, residual adds", *([products] if products else []),
             *([] if n_patch else ["patch embedding"]), "head"]

@@ -15,7 +15,7 @@ allocated), then loads the tensors.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, Optional
 
 import torch.nn as nn
 
@@ -62,6 +62,11 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
     """Swap the int8 modules `record` names into `model` (in place; returns it).  Every error is a ValueError that
     names the config entry.  `prefix`: `model` is the submodule at that path (only the entries below it apply)."""
     check_record(record)
+    # a non-deep attention whose GEMMs are int8 was saved in its projected form (nn/xwx.py ProjectedXWXAttention)
+    owners = {p.rpartition(".")[0] for p in record["modules"] if isinstance(p, str)}
+    if prefix:
+        owners = {p[len(prefix) + 1:] for p in owners if p.startswith(prefix + ".")}
+    project_xwx_attentions(model, owners, weights=False)
     for full_path, cfg in record["modules"].items():
         if prefix and not full_path.startswith(prefix + "."):
             continue
@@ -112,6 +117,30 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
                 "kernel": auto["kernel"], "tokens": auto.get("tokens") if isinstance(auto.get("tokens"), int) else None}
     _replan_blocks(model)
     return model
+
+
+def project_xwx_attentions(model: nn.Module, paths: Optional[Iterable[str]] = None,
+                           weights: bool = True) -> Dict[str, nn.Module]:
+    """Put the `ProjectedXWXAttention` form (vitfast/nn/xwx.py: projection GEMM → xwx_heads → output GEMM, whose two
+    GEMMs can be int8) in place of every `FusedXWXAttention` of `model`, or of those at `paths`; returns the
+    replaced modules by path.  weights=False: empty ones of the same shape, dtype and device (a file's tensors follow).
+    """
+    from ..nn.xwx import FusedXWXAttention, ProjectedXWXAttention
+
+    wanted = None if paths is None else set(paths)
+    found = [(name, m) for name, m in model.named_modules() if type(m) is FusedXWXAttention
+             and (wanted is None or name in wanted)]
+    for name, m in found:
+        set_submodule(model, name, ProjectedXWXAttention.from_fused(m) if weights else ProjectedXWXAttention.like(m))
+    return dict(found)
+
+
+def restore_fp32_xwx(model: nn.Module, originals: Dict[str, nn.Module]) -> None:
+    """Put back the fused op where both GEMMs of a projected attention stayed fp32 (nothing of it is int8)."""
+    for path, original in originals.items():
+        m = model.get_submodule(path)
+        if type(getattr(m, "proj_in", None)) is nn.Linear and type(getattr(m, "proj_out", None)) is nn.Linear:
+            set_submodule(model, path, original)
 
 
 def set_submodule(model: nn.Module, path: str, module: nn.Module) -> None:

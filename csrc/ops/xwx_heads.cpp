@@ -1,0 +1,114 @@
+// torch binding of the heads of collapsed non-deep attention: `torch.ops.vitfast.xwx_heads` on CPU.
+//
+//   xwx_heads(Tensor proj, Tensor? x, int num_heads, int value_dim) -> Tensor     (schema: vitfast/ops/xwx_heads.py)
+//   out[..., h·D:(h+1)·D] = softmax_j(A_h B_hᵀ) · V_h   from proj [B, N, H·P] = per head [A_h | B'_h | V_h],
+//   B_h = B'_h (factored), or [x | B'_h] with x [B, N, C] given (full form)          (vitfast/reference/xwx_heads.py)
+//
+// - Checks: the same as vitfast.reference.xwx_heads.check_xwx_heads_args, same wording (ValueError).
+// - Phases 2 and 3 of the xwx_attention kernel (kernels/xwx_attention.h, threaded by ops/xwx_phases.h) on the given
+//   projection, with the normalised heads written straight into the output rows (no output GEMM).  The layout is
+//   the one xwx_attention's projection writes, so the two ops compute the same heads from the same projections.
+// - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "kernels/cpu_features.h"
+#include "kernels/xwx_attention.h"
+#include "ops/op_threads.h"
+#include "ops/op_utils.h"
+#include "ops/output_pool.h"
+#include "ops/xwx_phases.h"
+
+namespace vitfast {
+namespace ops {
+namespace {
+
+// Mirror of vitfast.reference.xwx_heads.check_xwx_heads_args (same order, same messages).
+XwxLayout check_args(const at::Tensor& proj, const at::Tensor& x, int64_t num_heads, int64_t value_dim) {
+  check_required({{"proj", &proj}});
+  TORCH_CHECK_VALUE(proj.dim() == 3, "proj: expected 3-D [B, N, H·P], got shape ", fmt_shape(proj.sizes()));
+  TORCH_CHECK_VALUE(is_float_dtype(proj.scalar_type()), "proj: expected dtype float32, float16 or bfloat16, got ",
+                    py_dtype(proj.scalar_type()));
+  TORCH_CHECK_VALUE(num_heads >= 1, "num_heads: expected an int >= 1, got ", num_heads);
+  TORCH_CHECK_VALUE(value_dim >= 1, "value_dim: expected an int >= 1, got ", value_dim);
+  const int64_t width = proj.size(2);
+  TORCH_CHECK_VALUE(width > 0 && width % num_heads == 0, "proj: expected last dimension a positive multiple of "
+                    "num_heads = ", num_heads, ", got shape ", fmt_shape(proj.sizes()));
+  const int64_t per_head = width / num_heads, d = value_dim;
+  XwxLayout l;
+  l.shape.heads = num_heads;
+  l.shape.value_dim = d;
+  l.head_cols = per_head;
+  if (!x.defined()) {
+    const int64_t rest = per_head - d;
+    TORCH_CHECK_VALUE(rest >= 2 && rest % 2 == 0, "proj: expected 2·R + value_dim columns per head (R >= 1: the left "
+                      "and right score factors, then ", d, " value columns), got ", per_head,
+                      " columns per head, shape ", fmt_shape(proj.sizes()));
+    l.left_width = l.right_width = rest / 2;
+    l.shape.rank = rest / 2;
+    l.shape.channels = 0;  // unused by the factored form's phases
+    return l;
+  }
+  TORCH_CHECK_VALUE(x.dim() == 3 && x.size(0) == proj.size(0) && x.size(1) == proj.size(1), "x: expected shape [",
+                    proj.size(0), ", ", proj.size(1), ", C] (proj's tokens), got shape ", fmt_shape(x.sizes()));
+  TORCH_CHECK_VALUE(x.scalar_type() == proj.scalar_type() && x.device() == proj.device(), "x: expected dtype ",
+                    py_dtype(proj.scalar_type()), " on ", proj.device(), " (like proj), got ",
+                    py_dtype(x.scalar_type()), " on ", x.device());
+  const int64_t channels = x.size(2), rest = per_head - d - channels;
+  TORCH_CHECK_VALUE(rest == 0 || rest == 2, "proj: expected C + 2·kb + value_dim columns per head with x given (C = ",
+                    channels, ", kb 0 or 1: a key bias column, then ", d, " value columns), got ", per_head,
+                    " columns per head, shape ", fmt_shape(proj.sizes()));
+  l.shape.full = true;
+  l.shape.key_bias = rest == 2;
+  l.shape.channels = channels;
+  l.shape.rank = channels;
+  l.right_width = rest / 2;
+  l.left_width = channels + rest / 2;
+  return l;
+}
+
+at::Tensor f32(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat).contiguous() : at::Tensor(); }
+
+}  // namespace
+
+at::Tensor xwx_heads_op(const at::Tensor& proj, const std::optional<at::Tensor>& x_opt, int64_t num_heads,
+                        int64_t value_dim) {
+  const at::Tensor x = x_opt.value_or(at::Tensor());
+  const XwxLayout w = check_args(proj, x, num_heads, value_dim);
+  TORCH_CHECK_VALUE(proj.device().is_cpu(), "proj: expected device cpu (the CPU kernel), got ", proj.device());
+  check_dense({{"proj", &proj}, {"x", &x}});
+  const int64_t batch = proj.size(0), tokens = proj.size(1), hd = w.shape.heads * w.shape.value_dim;
+  at::Tensor out = empty_output({batch, tokens, hd}, at::kFloat);
+  if (batch == 0 || tokens == 0) return out.to(proj.scalar_type());
+  const at::Tensor pf = f32(proj), xf = f32(x);
+  const float* pp = pf.data_ptr<float>();
+  const float* xp = xf.defined() ? xf.data_ptr<float>() : nullptr;
+  const int64_t ldp = w.proj_cols(), C = w.shape.channels;
+  float* op = out.data_ptr<float>();
+  const CpuIsa isa = active_cpu_isa();
+  const int64_t threads = op_threads();
+  const int64_t per_head = xwx_keys_floats(w, tokens);
+  // Images in groups of `threads`, as xwx_attention: a group's packed keys stay in cache for its row tasks.
+  const int64_t group = std::min(batch, threads);
+  float* kp = xwx_keys_buffer(group * w.shape.heads * per_head);
+  for (int64_t b0 = 0; b0 < batch; b0 += group) {
+    const int64_t images = std::min(group, batch - b0);
+    const float* pg = pp + b0 * tokens * ldp;
+    xwx_keys_and_rows(
+        w, images, tokens, pg, ldp, xp != nullptr ? xp + b0 * tokens * C : nullptr, C, kp, threads, isa,
+        [](int64_t q_rows) { return xwx_heads_workspace_floats(q_rows); },
+        [&](int64_t b, int64_t q0, int64_t q1, float* ws) {
+          xwx_heads_rows(w, tokens, pg + b * tokens * ldp, ldp, kp + b * w.shape.heads * per_head, q0, q1,
+                         op + ((b0 + b) * tokens + q0) * hd, hd, ws, isa);
+        });
+  }
+  return proj.scalar_type() == at::kFloat ? out : out.to(proj.scalar_type());
+}
+
+}  // namespace ops
+}  // namespace vitfast
+
+TORCH_LIBRARY_IMPL(vitfast, CPU, m) { m.impl("xwx_heads", &vitfast::ops::xwx_heads_op); }

@@ -1,0 +1,57 @@
+#include "ops/xwx_phases.h"
+
+#include <algorithm>
+
+#include "kernels/gemm.h"
+#include "ops/op_threads.h"
+
+namespace vitfast {
+namespace ops {
+namespace {
+
+// Per-thread scratch kept between calls (64-byte aligned: the packed panels are read with aligned loads).
+enum class Scratch { kWorker, kProjections, kKeys };
+template <Scratch kind>
+float* thread_buffer(int64_t floats) {
+  thread_local gemm::AlignedFloats buffer;
+  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
+  return buffer.data();
+}
+
+}  // namespace
+
+float* xwx_projection_buffer(int64_t floats) { return thread_buffer<Scratch::kProjections>(floats); }
+float* xwx_keys_buffer(int64_t floats) { return thread_buffer<Scratch::kKeys>(floats); }
+
+void xwx_keys_and_rows(const XwxLayout& w, int64_t images, int64_t tokens, const float* proj, int64_t ldp,
+                       const float* x, int64_t ldx, float* keys, int64_t threads, CpuIsa isa,
+                       const std::function<int64_t(int64_t)>& workspace_floats,
+                       const std::function<void(int64_t b, int64_t q0, int64_t q1, float* workspace)>& rows) {
+  const int64_t per_head = xwx_keys_floats(w, tokens);
+  const int64_t scratch_floats = xwx_pack_scratch_floats(w, tokens);
+  parallel_for(0, images * w.shape.heads, 1, [&](int64_t begin, int64_t end) {
+    float* scratch = scratch_floats > 0 ? thread_buffer<Scratch::kWorker>(scratch_floats) : nullptr;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / w.shape.heads, h = t % w.shape.heads;
+      xwx_pack_keys(w, tokens, proj + b * tokens * ldp, ldp, x + b * tokens * ldx, ldx, h, keys + t * per_head,
+                    scratch);
+    }
+  });
+  constexpr int64_t kQueryRows = 48;
+  const int64_t q_blocks = (tokens + gemm::kMr - 1) / gemm::kMr;
+  int64_t splits = std::max<int64_t>(1, (tokens + kQueryRows - 1) / kQueryRows);
+  if (images * splits < 2 * threads) splits = std::max(splits, (2 * threads + images - 1) / images);
+  splits = std::min(splits, q_blocks);
+  const gemm::RowShares query_shares(tokens, splits, isa);  // splits <= q_blocks <= tokens: chunks == splits
+  const int64_t ws_floats = workspace_floats(query_shares.max_share());
+  parallel_for(0, images * splits, 1, [&](int64_t begin, int64_t end) {
+    float* ws = thread_buffer<Scratch::kWorker>(ws_floats);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / splits, part = t % splits;
+      rows(b, query_shares.begin(part), query_shares.end(part), ws);
+    }
+  });
+}
+
+}  // namespace ops
+}  // namespace vitfast
