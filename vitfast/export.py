@@ -264,9 +264,9 @@ def _file_system_error(exc: BaseException, path: str) -> Optional[OSError]:
 
 
 # ---------------------------------------------------------------------------------------------- to_onnx
-# An int8 model's QDQ graph against its kernels: QuantizeLinear divides where the kernels multiply by the reciprocal
-# and saturates at −128 where they clamp at −127, so a code can differ by one quantum (vitfast/reference/_int8_qdq.py);
-# the check bounds the relative output error instead of max |Δ|.  Measured on the digits models: ~1e-3.
+# An int8 model's QDQ graph against its kernels: QuantizeLinear divides where the kernels multiply by the reciprocal,
+# so a code can differ by one quantum (vitfast/reference/_int8_qdq.py); the check bounds the relative output error
+# instead of max |Δ|.  Measured on the digits models: ~1e-3.
 INT8_EXPORT_RTOL = 1e-2
 
 

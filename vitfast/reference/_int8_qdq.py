@@ -3,10 +3,13 @@
     x → QuantizeLinear(scale, 0) → DequantizeLinear → MatMul ← DequantizeLinear ← int8 weight (per channel, axis 0)
 
 written with torch's fake-quantize ops, which the exporter turns into QuantizeLinear/DequantizeLinear pairs
-(ONNX Runtime then runs its int8 kernels on them).  Differences from the kernels, by a quantum at most: QuantizeLinear
-divides by the scale where the kernels multiply by its reciprocal, and saturates at −128 where the kernels clamp at
-−127 (an activation below −127.5 scales).  Per-token (dynamic) scales have no ONNX operator: `vitfast.export`
-refuses such a model (vitfast/export.py).
+(ONNX Runtime then runs its int8 kernels on them).  QuantizeLinear saturates at −128 where the kernels clamp at −127,
+so each activation is clipped at −127 scales first (a Clip before the QuantizeLinear): without it every value below
+−127.5 scales — an input beyond the calibrated range — took another code, which moved a static int8 non-deep model's
+output by 1–2% against its kernels (its projection's input is a LayerNorm output with heavy tails).  What remains:
+QuantizeLinear divides by the scale where the kernels multiply by its reciprocal (a quantum apart where the two round
+differently).  Per-token (dynamic) scales have no ONNX operator: `vitfast.export` refuses such a model
+(vitfast/export.py).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ def _dequantized_weight(qweight: torch.Tensor, w_scale: torch.Tensor) -> torch.T
 
 def _activation(x: torch.Tensor, smooth, act_scale: float) -> torch.Tensor:
     x = x.float() if smooth is None else x.float() * smooth
+    x = x.clamp(min=-127.0 * float(act_scale))  # the kernels' symmetric range (module doc)
     return torch.fake_quantize_per_tensor_affine(x, float(act_scale), 0, -128, 127)
 
 
