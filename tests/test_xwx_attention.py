@@ -199,3 +199,21 @@ def test_torch_compile_fullgraph(tol):
     atol, rtol = tol[torch.float32]
     for x in (torch.randn(2, 13, 16), torch.randn(2, 13, 16)):
         torch.testing.assert_close(compiled(x), block(x), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("rank", [None, 128], ids=lambda r: f"R{r}")
+def test_bf16_gemms_keep_the_bits_across_threads(rank, tol, restore_threads):
+    """bf16 on a CPU with a bf16 extension: the projection and output GEMMs on the bf16 kernels (rows split between
+    threads without changing any row's arithmetic: the same bits at 1 and 2 threads), within bf16 tolerance of the
+    reference."""
+    if vitfast.ops.bf16_kernel() == "none":
+        pytest.skip("no bf16 CPU extension: bf16 computes in fp32 (test_low_precision)")
+    args = [a.bfloat16() if a is not None else None for a in make_xwx_args(3, 197, 192, 3, rank, 64)]
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        outs.append(op(*args))
+    assert outs[0].dtype == torch.bfloat16 and torch.equal(outs[0], outs[1])
+    truth = reference.xwx_attention(*[a.float() if a is not None else None for a in args])
+    atol, rtol = tol[torch.bfloat16]
+    torch.testing.assert_close(outs[0].float(), truth, atol=atol, rtol=rtol)

@@ -37,14 +37,23 @@ XwxLayout xwx_layout(const XwxShape& s) {
   return l;
 }
 
-XwxPacked xwx_pack(const XwxShape& s, const float* w_q, const float* w_k, const float* key_bias, const float* w_v,
-                   const float* w_o, const float* b_o) {
-  XwxPacked p;
-  static_cast<XwxLayout&>(p) = xwx_layout(s);
+namespace {
+
+// The two GEMMs' weights in nn.Linear layout (one row per output column), transposed from the [H, C, ·] weights:
+// the projection [H·head_cols × C] with the bias that makes the ones column, and the w_o blocks stacked as one
+// [C_out × H·D] matrix (row co holds w_o[h][d][co] at column h·D + d) with b_o.
+struct XwxLinearWeights {
+  std::vector<float> proj, proj_bias, w_o;
+};
+XwxLinearWeights xwx_linear_weights(const XwxLayout& p, const float* w_q, const float* w_k, const float* key_bias,
+                                    const float* w_v, const float* w_o) {
+  const XwxShape& s = p.shape;
   const int64_t C = s.channels, R = s.rank, D = s.value_dim, H = s.heads, kb = s.key_bias ? 1 : 0;
   const int64_t cols = p.proj_cols();
-  // nn.Linear layout (one row per output column), transposed from the [H, C, ·] weights once here.
-  std::vector<float> wt(size_t(cols * C), 0.0f), bias(size_t(cols), 0.0f);
+  XwxLinearWeights l;
+  l.proj.assign(size_t(cols * C), 0.0f);
+  l.proj_bias.assign(size_t(cols), 0.0f);
+  std::vector<float>& wt = l.proj;
   for (int64_t h = 0; h < H; ++h) {
     const int64_t left = p.left_col(h), right = p.right_col(h), value = p.value_col(h);
     for (int64_t c = 0; c < C; ++c) {
@@ -54,15 +63,39 @@ XwxPacked xwx_pack(const XwxShape& s, const float* w_q, const float* w_k, const 
       if (kb) wt[size_t((right + (s.full ? 0 : R)) * C + c)] = key_bias[h * C + c];
       for (int64_t d = 0; d < D; ++d) wt[size_t((value + d) * C + c)] = w_v[(h * C + c) * D + d];
     }
-    if (kb) bias[size_t(left + R)] = 1.0f;  // the ones column that carries kb_h through the score GEMM
+    if (kb) l.proj_bias[size_t(left + R)] = 1.0f;  // the ones column that carries kb_h through the score GEMM
   }
-  p.proj = gemm::PackedB::pack_linear(wt.data(), cols, C, C, kb ? bias.data() : nullptr);
-  // w_o [H, D, C_out] read as one [H·D × C_out] matrix: row h·D + d is w_o[h][d].
   const int64_t HD = H * D;
-  std::vector<float> wo_t(size_t(s.out_channels * HD));
+  l.w_o.resize(size_t(s.out_channels * HD));
   for (int64_t hd = 0; hd < HD; ++hd)
-    for (int64_t co = 0; co < s.out_channels; ++co) wo_t[size_t(co * HD + hd)] = w_o[hd * s.out_channels + co];
-  p.w_o = gemm::PackedB::pack_linear(wo_t.data(), s.out_channels, HD, HD, b_o);
+    for (int64_t co = 0; co < s.out_channels; ++co) l.w_o[size_t(co * HD + hd)] = w_o[hd * s.out_channels + co];
+  return l;
+}
+
+}  // namespace
+
+size_t XwxPackedBf16::bytes() const { return proj.bytes() + w_o.bytes(); }
+
+XwxPacked xwx_pack(const XwxShape& s, const float* w_q, const float* w_k, const float* key_bias, const float* w_v,
+                   const float* w_o, const float* b_o) {
+  XwxPacked p;
+  static_cast<XwxLayout&>(p) = xwx_layout(s);
+  const XwxLinearWeights l = xwx_linear_weights(p, w_q, w_k, key_bias, w_v, w_o);
+  const int64_t C = s.channels, HD = s.heads * s.value_dim;
+  p.proj = gemm::PackedB::pack_linear(l.proj.data(), p.proj_cols(), C, C, s.key_bias ? l.proj_bias.data() : nullptr);
+  p.w_o = gemm::PackedB::pack_linear(l.w_o.data(), s.out_channels, HD, HD, b_o);
+  return p;
+}
+
+XwxPackedBf16 xwx_pack_bf16(const XwxShape& s, const float* w_q, const float* w_k, const float* key_bias,
+                            const float* w_v, const float* w_o, const float* b_o) {
+  XwxPackedBf16 p;
+  static_cast<XwxLayout&>(p) = xwx_layout(s);
+  const XwxLinearWeights l = xwx_linear_weights(p, w_q, w_k, key_bias, w_v, w_o);
+  const int64_t C = s.channels, HD = s.heads * s.value_dim;
+  p.proj = gemm16::PackedBf16B::pack_linear(l.proj.data(), p.proj_cols(), C, C,
+                                            s.key_bias ? l.proj_bias.data() : nullptr);
+  p.w_o = gemm16::PackedBf16B::pack_linear(l.w_o.data(), s.out_channels, HD, HD, b_o);
   return p;
 }
 

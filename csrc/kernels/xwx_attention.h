@@ -33,6 +33,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16.h"
 
 namespace vitfast {
 
@@ -69,8 +70,17 @@ struct XwxPacked : XwxLayout {
   size_t bytes() const;
 };
 
+// The same weights packed for the bf16 GEMMs (gemm_bf16.h): a bf16 model's projection and output GEMMs on bf16
+// operands with fp32 accumulation (the binding's bf16 path); phases 2-3 are the fp32 ones.
+struct XwxPackedBf16 : XwxLayout {
+  gemm16::PackedBf16B proj, w_o;
+  size_t bytes() const;
+};
+
 // w_q [H, C, R], w_k [H, C, R] or nullptr (full form, R = C), key_bias [H, C] or nullptr, w_v [H, C, D],
 // w_o [H, D, C_out], b_o [C_out] or nullptr; all contiguous fp32.
+XwxPackedBf16 xwx_pack_bf16(const XwxShape& shape, const float* w_q, const float* w_k, const float* key_bias,
+                            const float* w_v, const float* w_o, const float* b_o);
 XwxPacked xwx_pack(const XwxShape& shape, const float* w_q, const float* w_k, const float* key_bias,
                    const float* w_v, const float* w_o, const float* b_o);
 
