@@ -252,6 +252,23 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     b.grid_h = t[11].cast<int64_t>();
     b.grid_w = t[12].cast<int64_t>();
     ffn_part(b, t[13].cast<py::tuple>());
+  } else if (kind == "dwconv_q") {
+    // (kind, norm1_eps, qkv layer or None, attn_heads, attn_proj layer or None, value layer, conv_kernel, out_proj
+    //  layer, grid_h, grid_w, FFN sub-block): a DW-conv block with int8 layers
+    if (t.size() != 11) throw py::value_error("blocks: a dwconv_q block takes 11 entries");
+    b.kind = vitfast::ops::BlockKind::kDwconvProjected;
+    b.norm1_eps = t[1].cast<double>();
+    if (!t[2].is_none()) {
+      b.dw_qkv = forward_linear(t[2].cast<py::tuple>());
+      b.num_heads = t[3].cast<int64_t>();
+      b.dw_attn_proj = forward_linear(t[4].cast<py::tuple>());
+    }
+    b.dw_value = forward_linear(t[5].cast<py::tuple>());
+    b.conv_kernel = t[6].cast<at::Tensor>();
+    b.dw_out = forward_linear(t[7].cast<py::tuple>());
+    b.grid_h = t[8].cast<int64_t>();
+    b.grid_w = t[9].cast<int64_t>();
+    ffn_part(b, t[10].cast<py::tuple>());
   } else if (kind == "gated") {
     // (kind, MHSA sub-block, ffn_norm_eps, FFN sub-block, gate_w1, gate_b1, gate_w2, gate_b2, gate_layer_norm,
     //  gate_act, gate_eps, whole); a missing sub-block None; whole: both open run as one vit_block (fp32) or
@@ -274,7 +291,8 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     if (b.whole && !(b.has_attn && b.has_ffn && b.attn_int8 == b.ffn_int8))
       throw py::value_error("blocks: a gated block runs whole only with both sub-blocks, both fp32 or both int8");
   } else {
-    throw py::value_error("blocks: expected a block of kind 'vit', 'int8', 'parts', 'xwx', 'xwx_proj', 'dwconv' or 'gated', got '" +
+    throw py::value_error("blocks: expected a block of kind 'vit', 'int8', 'parts', 'xwx', 'xwx_proj', 'dwconv', 'dwconv_q' or 'gated', "
+        "got '" +
                           kind + "'");
   }
   return b;

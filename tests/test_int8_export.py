@@ -51,22 +51,26 @@ def test_dynamic_int8_is_refused(tmp_path):
     assert not (tmp_path / "q.onnx").exists()
 
 
-def test_static_int8_nondeep_exports_as_qdq(tmp_path):
-    """A non-deep model's int8 attention GEMMs (ProjectedXWXAttention's proj_in / proj_out) export as QDQ like the
-    other int8 layers; its heads export as xwx_heads' reference (plain ONNX operators); ONNX Runtime agrees with the
-    kernels."""
+@pytest.mark.parametrize("method", ["nondeep", "dwconv"])
+def test_static_int8_method_attentions_export_as_qdq(method, tmp_path):
+    """A non-deep model's int8 attention GEMMs (ProjectedXWXAttention's proj_in / proj_out) and a DW-conv block's
+    (value / out_proj) export as QDQ like the other int8 layers; the heads between them export as xwx_heads' /
+    dwconv_heads' reference (plain ONNX operators); ONNX Runtime agrees with the kernels."""
     import onnx
     import onnxruntime as ort
 
     m = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32, depth=2, num_classes=10).eval()
-    nondeep = vitfast.convert.from_timm(m, branches=2)
-    for block in nondeep.blocks:
-        block.set_lambda(1.0)
+    if method == "nondeep":
+        model = vitfast.convert.from_timm(m, branches=2)
+        for block in model.blocks:
+            block.set_lambda(1.0)
+    else:
+        model = vitfast.convert.from_timm(m, dwconv_blocks=[1])
     calib = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    q = vitfast.quantize(vitfast.fuse(nondeep.eval()), calib, activations="static")
+    q = vitfast.quantize(vitfast.fuse(model.eval()), calib, activations="static")
     vitfast.export.to_onnx(q, tmp_path / "q.onnx")
     proto = onnx.load(str(tmp_path / "q.onnx"))
-    # the patch embedding, then per non-deep block: proj_in, proj_out and the FFN's 2 GEMMs
+    # the patch embedding, then per block: the attention's two GEMMs and the FFN's two
     assert sum(n.op_type == "QuantizeLinear" for n in proto.graph.node) == 1 + len(q.blocks) * 4
     session = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
     # inputs twice the calibration images' scale: many activations beyond the calibrated range, where ONNX's

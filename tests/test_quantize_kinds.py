@@ -1,7 +1,8 @@
 """`vitfast.quantize` on every fused block kind: channel-idle ViT (FusedBlock), Swin (FusedSwinBlock: timm's window
 attention's qkv/proj become Int8Linear), non-deep (FusedXWXBlock: the XWX attention's projection and output GEMMs
-become Int8Linear in its projected form, its heads stay fp32), drop-in DW-conv
-(FusedDWConvBlock: the attention stays fp32) and USDC gated (FusedGatedBlock).  For each kind and for dynamic and
+become Int8Linear in its projected form, its heads stay fp32), drop-in DW-conv (FusedDWConvBlock: its value, output
+and attention-head linears become Int8Linear, the depthwise convolution stays fp32) and USDC gated
+(FusedGatedBlock).  For each kind and for dynamic and
 static + smooth quantization: the int8 modules are where expected and nowhere else, each int8 layer's own error and
 the model's output error stay at int8 rounding's size, `vitfast.save` → `vitfast.load` gives identical outputs, and
 `describe` names what stays fp32."""
@@ -17,6 +18,7 @@ from timm.models.vision_transformer import VisionTransformer
 import vitfast
 from vitfast.nn import FusedChannelIdleFFN
 from vitfast.nn.block import FusedAttention
+from vitfast.nn.dwconv import FusedDWConvBlock
 from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
 from vitfast.nn.xwx import FusedXWXAttention, ProjectedXWXAttention
 
@@ -75,8 +77,10 @@ KINDS = {
     "swin": (swin, 4, 8, "8 attention linears (qkv/proj)", None),
     "nondeep": (nondeep, 2, 4, "4 non-deep XWX attention GEMMs (projection/output)",
                 "2 × XWX attention heads (non-deep: scores, softmax, values)"),
-    "dwconv": (dwconv, 4, 4, "4 attention linears (qkv/proj)",
-               "2 × DW-conv attention"),  # blocks 0 and 3 keep a fused attention
+    # blocks 0 and 3 keep a fused attention (qkv, proj), block 2 attention heads (qkv, attn_proj) beside its DW-conv
+    # heads, blocks 1 and 2 the DW-conv heads' value and output GEMMs
+    "dwconv": (dwconv, 4, 10, "6 attention linears (qkv/proj), 4 DW-conv head GEMMs (value/output)",
+               "2 × DW-conv heads (depthwise convolution)"),
     "gated": (gated, 4, 8, "8 attention linears (qkv/proj)", "4 × USDC gate"),
 }
 OPTIONS = {"dynamic": dict(), "static_smooth": dict(activations="static", smooth=0.5),
@@ -115,6 +119,8 @@ def test_quantize_every_kind(fused, option, tmp_path):
                   if type(m) is FusedAttention or isinstance(m, WindowAttention) for c in ("qkv", "proj")}
     attn_paths |= {f"{n}.{c}" for n, m in model.named_modules() if type(m) is FusedXWXAttention
                    for c in ("proj_in", "proj_out")}
+    attn_paths |= {f"{n}.{c}" for n, m in model.named_modules() if type(m) is FusedDWConvBlock
+                   for c in ("qkv", "attn_proj", "value", "out_proj") if getattr(m, c) is not None}
     assert {n for n, t in found.items() if t is Int8Linear} == attn_paths
     assert not any(type(m) is FusedChannelIdleFFN for m in q.modules())  # (the sets above: nothing else is int8)
     assert isinstance(q.patch_embed.proj, Int8PatchProjection)

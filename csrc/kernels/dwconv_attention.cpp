@@ -17,13 +17,18 @@ DwconvAttentionWeights DwconvAttentionWeights::pack(const float* w_v, const floa
   w.c_out_ = c_out;
   w.value_ = gemm::PackedB::pack_linear(w_v, width, c_in, c_in, b_v);
   w.output_ = gemm::PackedB::pack_linear(w_o, c_out, width, width, b_o);
-  const int64_t taps = ksize * ksize, ld = w.value_.padded_n();
+  w.taps_ = dwconv_taps(kernel, width, ksize);
+  return w;
+}
+
+std::vector<float> dwconv_taps(const float* kernel, int64_t width, int64_t ksize) {
+  const int64_t taps = ksize * ksize, ld = (width + gemm::kNr - 1) / gemm::kNr * gemm::kNr;
   // Rows padded to V's padded width with zero taps: the SIMD rows run over whole 16-channel slices (V's padding
   // columns are zeros, so U's are too, and the output GEMM never reads them).
-  w.taps_.assign(size_t(taps * ld), 0.0f);
+  std::vector<float> out(size_t(taps * ld), 0.0f);
   for (int64_t d = 0; d < width; ++d)
-    for (int64_t t = 0; t < taps; ++t) w.taps_[size_t(t * ld + d)] = kernel[d * taps + t];
-  return w;
+    for (int64_t t = 0; t < taps; ++t) out[size_t(t * ld + d)] = kernel[d * taps + t];
+  return out;
 }
 
 size_t DwconvAttentionWeights::bytes() const {
@@ -36,10 +41,11 @@ namespace {
 // number of lines.  With D = 1024 an unpadded token row is 4 KiB, so every token of a 16-channel slice maps to
 // the same L1 set (and to the same 4 KiB alias as the U stores): the convolution ran 3.5× slower (0.61 vs 0.18 ms
 // per 24×24 grid, D = 1024, AVX-512).  An odd number of lines spreads consecutive tokens over all sets.
-int64_t band_ld(const DwconvAttentionWeights& w) {
-  const int64_t ld = w.value().padded_n();
-  return (ld / gemm::kNr) % 2 == 0 ? ld + gemm::kNr : ld;
+int64_t band_ld(int64_t padded_width) {
+  return (padded_width / gemm::kNr) % 2 == 0 ? padded_width + gemm::kNr : padded_width;
 }
+int64_t band_ld(const DwconvAttentionWeights& w) { return band_ld(w.value().padded_n()); }
+int64_t padded16(int64_t n) { return (n + gemm::kNr - 1) / gemm::kNr * gemm::kNr; }
 
 // Row stride of the copy of x the value GEMM reads, or 0 for "read x in place".  When a token row of x is a
 // multiple of 4 KiB (C = 1024, 2048: ViT-L, ViT-H's value input), the AVX-512 GEMM's 14-row A tile broadcasts
@@ -131,6 +137,42 @@ void dwconv_attention_grid_rows(const DwconvAttentionWeights& w, int64_t grid_h,
     ep.addend = residual != nullptr ? residual + r0 * grid_w * c_out : nullptr;
     ep.ld_addend = c_out;
     gemm::gemm(m, ubuf, ld, w.output(), out + r0 * grid_w * c_out, c_out, ep, isa, tiling.kc);
+  }
+}
+
+int64_t dwconv_conv_workspace_floats(int64_t width, int64_t grid_w, int64_t ksize, const DwconvAttentionTiling& tiling) {
+  const int64_t band = band_rows(grid_w, tiling), ld = band_ld(padded16(width));
+  return ((band + ksize - 1) * grid_w + band * grid_w) * ld;  // a band of V with its halo rows, a band of U
+}
+
+void dwconv_conv_grid_rows(const float* taps, int64_t width, int64_t ksize, int64_t grid_h, int64_t grid_w,
+                           int64_t row_begin, int64_t row_end, const float* v, int64_t ldv, float* u, int64_t ldu,
+                           float* workspace, CpuIsa isa, const DwconvAttentionTiling& tiling) {
+  row_begin = std::max<int64_t>(row_begin, 0);
+  row_end = std::min(row_end, grid_h);
+  if (row_begin >= row_end || width <= 0) return;
+  const int64_t pad = ksize / 2, cols = padded16(width), ld = band_ld(cols), band = band_rows(grid_w, tiling);
+  const int64_t row_floats = grid_w * ld;
+  float* vbuf = workspace;
+  float* ubuf = workspace + (band + ksize - 1) * row_floats;
+  std::vector<const float*> rows(static_cast<size_t>(ksize));
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += band) {
+    const int64_t r1 = std::min(r0 + band, row_end);
+    const int64_t need_lo = std::max<int64_t>(0, r0 - pad), need_hi = std::min(grid_h, r1 + pad);
+    for (int64_t t = 0; t < (need_hi - need_lo) * grid_w; ++t) {  // the band's V rows, zero pad channels
+      float* dst = vbuf + t * ld;
+      std::memcpy(dst, v + (need_lo * grid_w + t) * ldv, size_t(width) * sizeof(float));
+      std::fill(dst + width, dst + cols, 0.0f);
+    }
+    for (int64_t i = r0; i < r1; ++i) {
+      for (int64_t r = 0; r < ksize; ++r) {
+        const int64_t src = i + r - pad;
+        rows[r] = src < 0 || src >= grid_h ? nullptr : vbuf + (src - need_lo) * row_floats;
+      }
+      conv_grid_row(ubuf + (i - r0) * row_floats, rows.data(), taps, cols, ld, grid_w, ksize, isa);
+    }
+    for (int64_t t = 0; t < (r1 - r0) * grid_w; ++t)
+      std::memcpy(u + (r0 * grid_w + t) * ldu, ubuf + t * ld, size_t(width) * sizeof(float));
   }
 }
 

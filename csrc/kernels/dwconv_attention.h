@@ -74,6 +74,19 @@ void dwconv_attention_grid_rows(const DwconvAttentionWeights& w, int64_t grid_h,
                                 int64_t row_end, const float* x, const float* residual, float* out, float* workspace,
                                 CpuIsa isa, const DwconvAttentionTiling& tiling = DwconvAttentionTiling());
 
+// The convolution alone, on values computed elsewhere (`dwconv_heads`: an int8 model's value GEMM).  taps: the
+// kernel [width × ksize × ksize] transposed tap-major with rows of padded16(width) channels (dwconv_taps: the layout of
+// DwconvAttentionWeights::taps).  Grid rows [row_begin, row_end) of U (u, row stride ldu >= width) from one image's
+// grid values v [grid_h · grid_w × width] (row stride ldv), each band of rows copied with its halo into a padded
+// buffer (zero pad channels; the row stride of band_ld) and convolved by the same per-row kernels as
+// dwconv_attention_grid_rows, so U has those bits.  workspace: dwconv_conv_workspace_floats floats.
+std::vector<float> dwconv_taps(const float* kernel, int64_t width, int64_t ksize);
+int64_t dwconv_conv_workspace_floats(int64_t width, int64_t grid_w, int64_t ksize,
+                                     const DwconvAttentionTiling& tiling = DwconvAttentionTiling());
+void dwconv_conv_grid_rows(const float* taps, int64_t width, int64_t ksize, int64_t grid_h, int64_t grid_w,
+                           int64_t row_begin, int64_t row_end, const float* v, int64_t ldv, float* u, int64_t ldu,
+                           float* workspace, CpuIsa isa, const DwconvAttentionTiling& tiling = DwconvAttentionTiling());
+
 // The prefix tokens of one image: all `prefix` rows of out get mean(V over the grid) · w_oᵀ + b_o + their residual.
 // x_grid [hw × c_in]; residual [prefix × c_out] or nullptr; out [prefix × c_out], aliasing neither.
 void dwconv_attention_prefix(const DwconvAttentionWeights& w, int64_t hw, int64_t prefix, const float* x_grid,

@@ -73,6 +73,10 @@ bool plan_takes(const VitForwardPlan& p) {
       case BlockKind::kXwxProjected:
         ok = linear_ok(b.xwx_in) && linear_ok(b.xwx_out) && ffn_ok(b);
         break;
+      case BlockKind::kDwconvProjected:
+        ok = linear_ok(b.dw_value) && linear_ok(b.dw_out) && fp32_cpu(b.conv_kernel) && ffn_ok(b) &&
+             (!b.dw_qkv.has_value() || (linear_ok(*b.dw_qkv) && linear_ok(*b.dw_attn_proj)));
+        break;
       case BlockKind::kGated:
       case BlockKind::kParts:
         ok = (b.kind == BlockKind::kParts || fp32_cpu(b.gate_w1)) &&
@@ -263,6 +267,29 @@ at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
     }
     case BlockKind::kParts:  // FusedBlock.forward's module calls
       return sub_blocks(b, x, true, true);
+    case BlockKind::kDwconvProjected: {  // FusedDWConvBlock.forward with int8 layers
+      const at::Tensor xn = block_norm(x, b.norm1_eps);
+      at::Tensor shortcut = x;
+      if (b.dw_qkv.has_value()) {
+        const at::Tensor qkv = run_linear(*b.dw_qkv, xn, std::nullopt);
+        const at::Tensor h = recorded("vitfast::attention", qkv, [&] { return attention_op(qkv, b.num_heads); });
+        shortcut = run_linear(*b.dw_attn_proj, h, x);
+      }
+      at::Tensor x1;
+      if (!b.dw_value.int8 && !b.dw_out.int8) {
+        x1 = recorded("vitfast::dwconv_attention", xn, [&] {
+          return dwconv_attention_op(xn, b.dw_value.weight, b.dw_value.bias, b.conv_kernel, b.dw_out.weight,
+                                     b.dw_out.bias, b.grid_h, b.grid_w, shortcut);
+        });
+      } else {
+        const at::Tensor v = run_linear(b.dw_value, xn, std::nullopt);
+        const at::Tensor u = recorded("vitfast::dwconv_heads", v, [&] {
+          return dwconv_heads_op(v, b.conv_kernel, b.grid_h, b.grid_w);
+        });
+        x1 = run_linear(b.dw_out, u, shortcut);
+      }
+      return ffn_sub_block(b, x1);
+    }
     case BlockKind::kDwconv: {  // FusedDWConvBlock.forward
       const at::Tensor xn = block_norm(x, b.norm1_eps);
       at::Tensor shortcut = x;
@@ -298,6 +325,15 @@ std::pair<int64_t, int64_t> parts_macs_shape(const ForwardBlock& b) {
       const int64_t channels = b.xwx_in.int8 ? b.xwx_in.q.qweight.size(1) : b.xwx_in.weight.size(1);
       const int64_t left = (per_head - d + (b.xwx_full ? channels : 0)) / 2;
       return {elements(b.xwx_in) + elements(b.xwx_out) + ffn_weight_elements(b), b.num_heads * (left + d) / 2};
+    }
+    case BlockKind::kDwconvProjected: {
+      const auto elements = [](const ForwardLinear& l) { return l.int8 ? l.q.qweight.numel() : l.weight.numel(); };
+      const bool heads = b.dw_qkv.has_value();
+      const int64_t width = !heads ? 0 : b.dw_attn_proj->int8 ? b.dw_attn_proj->q.qweight.size(1)
+                                                              : b.dw_attn_proj->weight.size(1);
+      return {elements(b.dw_value) + elements(b.dw_out) +
+                  (heads ? elements(*b.dw_qkv) + elements(*b.dw_attn_proj) : 0) + ffn_weight_elements(b),
+              width};
     }
     case BlockKind::kDwconv: {
       const bool heads = b.attn_proj.has_value();

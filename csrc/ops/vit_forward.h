@@ -51,6 +51,7 @@ at::Tensor xwx_attention_op(const at::Tensor& x, const at::Tensor& w_q, const st
                             const std::optional<at::Tensor>& b_o, const std::optional<at::Tensor>& residual);
 at::Tensor xwx_heads_op(const at::Tensor& proj, const std::optional<at::Tensor>& x, int64_t num_heads,
                         int64_t value_dim);
+at::Tensor dwconv_heads_op(const at::Tensor& v, const at::Tensor& kernel, int64_t grid_h, int64_t grid_w);
 at::Tensor batch_gate_op(const at::Tensor& x, const at::Tensor& w1, const std::optional<at::Tensor>& b1,
                          const std::optional<at::Tensor>& w2, const std::optional<at::Tensor>& b2, bool layer_norm,
                          const std::string& act, double eps);
@@ -73,6 +74,8 @@ struct ForwardNorm {
 //            proj_in linear[_int8] → xwx_heads → proj_out linear[_int8] (+ x) → the FFN sub-block
 //   kDwconv  FusedDWConvBlock: layer_norm → [qkv linear → attention → proj (+ x)] → dwconv_attention (+ shortcut)
 //            → the FFN sub-block
+//   kDwconvProjected  a FusedDWConvBlock with int8 layers (an int8 model's): the same, each layer linear[_int8], and
+//            value → dwconv_heads → out_proj (+ shortcut) unless value and out_proj are both fp32
 //   kGated   FusedGatedBlock (USDC): batch_gate's [MHSA, FFN] decision for the batch, then both sub-blocks as one
 //            vit_block call when both are open (and the block has both), else each open sub-block: the MHSA one
 //            (layer_norm → qkv linear → attention → proj (+ x)) and the FFN one
@@ -82,7 +85,7 @@ struct ForwardNorm {
 // model's Int8ChannelIdleFFN (ffn_int8) [layer_norm →] channel_idle_ffn_int8 [+ its input]; a gated block's MHSA
 // sub-block with Int8Linear qkv / proj (attn_int8) runs int8_block's heads, and both open as one int8_block.
 enum class BlockKind : int64_t { kVit = 0, kInt8 = 1, kXwx = 2, kDwconv = 3, kGated = 4, kParts = 5,
-                                 kXwxProjected = 6 };
+                                 kXwxProjected = 6, kDwconvProjected = 7 };
 
 // One linear layer of a block: an nn.Linear's weight and bias (fp32), or an Int8Linear's arguments.
 struct ForwardLinear {
@@ -126,6 +129,10 @@ struct ForwardBlock {
   at::Tensor value_w, conv_kernel, out_w;
   std::optional<at::Tensor> value_b, out_b;
   int64_t grid_h = 0, grid_w = 0;
+  // kDwconvProjected: its layers (qkv / attn_proj absent without attention heads; num_heads above) and the kernel
+  // (conv_kernel above), the grid above
+  std::optional<ForwardLinear> dw_qkv, dw_attn_proj;
+  ForwardLinear dw_value, dw_out;
   // kGated: the gate's network (batch_gate's arguments after x); whether the block has each sub-block (the MHSA one
   // in w_qkv / b_qkv / num_heads / w_proj / b_proj or the int8 fields, the FFN one above; kParts has both), and
   // whether both together run as vit_block

@@ -78,12 +78,20 @@ def check_kernel_size(kernel_size) -> int:
     return kernel_size
 
 
+def _linear(layer: nn.Module, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """An nn.Linear on the linear op; an int8 model's Int8Linear (vitfast.nn.int8) runs itself."""
+    if type(layer) is nn.Linear:
+        return ops.linear(x, layer.weight, layer.bias, residual)
+    return layer(x, residual)
+
+
 @register_fused("dwconv_block")
 class FusedDWConvBlock(nn.Module):
     """Fused ViT block with drop-in depthwise-convolution heads: a drop-in for timm's `Block` (`block(x) -> x`).
 
         x1 = x + attention heads (if any) + dwconv heads     (one `ops.attention` + two `ops.linear` for the
-                                                              attention heads, one `ops.dwconv_attention`)
+                                                              attention heads, one `ops.dwconv_attention`; in an
+                                                              int8 model value → `ops.dwconv_heads` → out_proj)
         out = mlp(x1)                                         (`FusedChannelIdleFFN`, owns its norm and shortcut)
 
     Children: `norm1` (LayerNorm without affine: folded), `qkv` / `attn_proj` (the remaining attention heads and
@@ -142,15 +150,23 @@ class FusedDWConvBlock(nn.Module):
         xn = apply_norm(self.norm1, x)  # the LayerNorm kernel on CPU, as in the other fused blocks
         shortcut = x
         if self.qkv is not None:
-            heads = ops.attention(ops.linear(xn, self.qkv.weight, self.qkv.bias), self.attn_heads)
-            shortcut = ops.linear(heads, self.attn_proj.weight, None, x)  # x + attention heads · W^O
-        x = ops.dwconv_attention(xn, self.value.weight, self.value.bias, self.conv_kernel, self.out_proj.weight,
-                                 self.out_proj.bias, self.grid_size[0], self.grid_size[1], shortcut)
+            heads = ops.attention(_linear(self.qkv, xn), self.attn_heads)
+            shortcut = _linear(self.attn_proj, heads, x)  # x + attention heads · W^O
+        value, out_proj = self.value, self.out_proj
+        if type(value) is nn.Linear and type(out_proj) is nn.Linear:
+            x = ops.dwconv_attention(xn, value.weight, value.bias, self.conv_kernel, out_proj.weight, out_proj.bias,
+                                     self.grid_size[0], self.grid_size[1], shortcut)
+        else:  # an int8 model's (vitfast.quantize): value GEMM → the heads on the values → output GEMM
+            u = ops.dwconv_heads(_linear(value, xn), self.conv_kernel, self.grid_size[0], self.grid_size[1])
+            x = _linear(out_proj, u, shortcut)
         return self.mlp(x)
 
     def vitfast_prepack(self) -> bool:
         """Pack the attention-side weights for the CPU kernels now (see `vitfast.ops.prepack`; the FFN packs itself):
-        one call of each op on a one-token 1×1 grid with the real weight tensors; False when not on CPU."""
+        one call of each op on a one-token 1×1 grid with the real weight tensors; False when not on CPU or when an
+        int8 model's layers are in (they pack on first use)."""
+        if any(type(m) not in (nn.Linear, type(None)) for m in (self.qkv, self.attn_proj, self.value, self.out_proj)):
+            return False
         if self.value.weight.device.type != "cpu":
             return False
         x = self.value.weight.new_zeros(1, 1, self.dim)

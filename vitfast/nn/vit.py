@@ -305,6 +305,15 @@ def _dwconv_block_spec(block: nn.Module, tokens: int, modules: list, scalars: li
         return None
     modules += [(block, FusedDWConvBlock), (norm1, type(norm1))]
     scalars += [(norm1, "eps"), (block, "grid_size"), (block, "prefix_tokens"), (block, "attn_heads")]
+    if any(type(m) not in (nn.Linear, type(None)) for m in (qkv, attn_proj, value, out_proj)):
+        # an int8 model's block: each layer as its forward runs it; value → dwconv_heads → out_proj unless both fp32
+        layers = {n: (None if m is None else _linear_spec(m, modules, scalars))
+                  for n, m in (("qkv", qkv), ("attn_proj", attn_proj), ("value", value), ("out_proj", out_proj))}
+        if layers["value"] is None or layers["out_proj"] is None or (qkv is not None and None in (
+                layers["qkv"], layers["attn_proj"])):
+            return None
+        return ("dwconv_q", eps, layers["qkv"], block.attn_heads, layers["attn_proj"], layers["value"],
+                block.conv_kernel, layers["out_proj"], rows, cols, ffn)
     heads = (qkv.weight, qkv.bias, block.attn_heads, attn_proj.weight) if qkv is not None else (None, None, 0, None)
     return ("dwconv", eps, *heads, value.weight, value.bias, block.conv_kernel, out_proj.weight, out_proj.bias, rows,
             cols, ffn)

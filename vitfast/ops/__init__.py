@@ -3,7 +3,7 @@
 Each op module holds the op's schema, the use of its argument check (`check_<op>_args`, defined with the op's
 reference formula in `vitfast/reference/<op>.py`, where the Triton launchers below the ops find it too), fake impl,
 CUDA impl and CUDA policy, and its Python entry `vitfast.ops.<op>`: linear, layer_norm, attention,
-channel_idle_ffn, vit_block, xwx_attention, xwx_heads, dwconv_attention, batch_gate (batch_gate + gate_select), gated
+channel_idle_ffn, vit_block, xwx_attention, xwx_heads, dwconv_attention, dwconv_heads, batch_gate (batch_gate + gate_select), gated
 (gated_mhsa + gated_ffn).
 
 CPU impl   = the C++ kernels in `vitfast._C` (`_extension.py`; the reference where there is none).
@@ -34,6 +34,7 @@ from .channel_idle_ffn import channel_idle_ffn, use_triton_channel_idle_ffn
 from .channel_idle_ffn import _channel_idle_ffn_cuda
 from .channel_idle_ffn_int8 import channel_idle_ffn_int8
 from .dwconv_attention import dwconv_attention, use_triton_dwconv_attention
+from .dwconv_heads import dwconv_heads
 from .gated import gated_ffn, gated_mhsa, use_gated_cuda_kernels
 from .layer_norm import layer_norm
 from .linear import linear
@@ -49,5 +50,5 @@ __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attenti
            "batch_gate", "gate_select", "prepack", "clear_weight_cache", "clear_output_cache", "vit_block",
            "dwconv_attention",
            "gated_mhsa", "gated_ffn", "onnx_exporting", "linear_int8", "channel_idle_ffn_int8", "attention_int8",
-           "attention_bf16", "xwx_heads",
+           "attention_bf16", "xwx_heads", "dwconv_heads",
            "int8_kernel", "bf16_kernel", "cpu_extensions", "warmup"]

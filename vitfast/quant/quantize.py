@@ -4,10 +4,11 @@ int8 (the default): every GEMM of the fused blocks' FFNs (`FusedChannelIdleFFN`,
 fused / Swin attentions (qkv, proj) and of the patch embedding (`Int8PatchProjection`) gets symmetric
 per-output-channel int8 weights and int8 activations, per token computed at run time (`activations="dynamic"`, needs
 no data) or one scale per tensor from calibration images (`"static"`).  LayerNorm, softmax, GELU and the residual
-adds stay fp32; so do the head (the last layer, a few hundred MACs per class) and the DW-conv attentions (their op
-has no int8 form).  A non-deep XWX attention is quantized in its projected form (`ProjectedXWXAttention`,
-vitfast/nn/xwx.py): its projection and output GEMMs int8 (layers `attn.proj_in` / `attn.proj_out`), its heads
-(scores, softmax, values: `xwx_heads`) fp32.  The attention's score/value products are int8 in the dynamic mode where
+adds stay fp32; so does the head (the last layer, a few hundred MACs per class).  A non-deep XWX attention is
+quantized in its projected form (`ProjectedXWXAttention`, vitfast/nn/xwx.py): its projection and output GEMMs int8
+(layers `attn.proj_in` / `attn.proj_out`), its heads (scores, softmax, values: `xwx_heads`) fp32.  A DW-conv block's
+value and output GEMMs (`value` / `out_proj`) and its remaining attention heads' `qkv` / `attn_proj` become int8 the
+same way; its depthwise convolution (`dwconv_heads`) stays fp32.  The attention's score/value products are int8 in the dynamic mode where
 int8 products measured faster on this CPU's int8 kernel at the model's token count and head dim (`attention="auto"`,
 vitfast/quant/attention_choice.py; "int8", "bf16" or "fp32" force one): `describe(model)` lists what stays fp32.
 The patch embedding was fp32 too until measured: ~2% of the FLOPs but 7% of an int8 DeiT-S forward
@@ -40,6 +41,7 @@ import torch
 import torch.nn as nn
 
 from ..nn.block import FusedAttention
+from ..nn.dwconv import FusedDWConvBlock
 from ..nn.ffn import FusedChannelIdleFFN
 from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
 from ..nn.patch_embed import is_patch_projection
@@ -70,9 +72,9 @@ def quantizable_layers(model: nn.Module) -> Dict[str, str]:
     for name, m in model.named_modules():
         if type(m) is FusedChannelIdleFFN:
             layers[name] = "ffn"
-        elif (type(m) in (FusedAttention, ProjectedXWXAttention)
+        elif (type(m) in (FusedAttention, ProjectedXWXAttention, FusedDWConvBlock)
               or (WindowAttention and isinstance(m, WindowAttention))):
-            for child in ("qkv", "proj", "proj_in", "proj_out"):
+            for child in ("qkv", "proj", "proj_in", "proj_out", "attn_proj", "value", "out_proj"):
                 if type(getattr(m, child, None)) is nn.Linear:
                     layers[f"{name}.{child}"] = "linear"
     return layers
@@ -80,7 +82,6 @@ def quantizable_layers(model: nn.Module) -> Dict[str, str]:
 
 def fp32_kinds(model: nn.Module) -> List[str]:
     """What computes in fp32 in an int8 model besides the norms, softmax, GELU and adds (for `describe`)."""
-    from ..nn.dwconv import FusedDWConvBlock
     from ..nn.gated import FusedBatchGate
     from ..nn.xwx import FusedXWXAttention
 
@@ -88,7 +89,11 @@ def fp32_kinds(model: nn.Module) -> List[str]:
     counts = {"XWX attention (non-deep)": sum(isinstance(m, FusedXWXAttention) for m in model.modules()),
               "XWX attention heads (non-deep: scores, softmax, values)": sum(
                   isinstance(m, ProjectedXWXAttention) for m in model.modules()),
-              "DW-conv attention": sum(isinstance(m, FusedDWConvBlock) for m in model.modules()),
+              "DW-conv attention": sum(isinstance(m, FusedDWConvBlock) and type(m.value) is nn.Linear
+                                       and type(m.out_proj) is nn.Linear for m in model.modules()),
+              "DW-conv heads (depthwise convolution)": sum(
+                  isinstance(m, FusedDWConvBlock) and not (type(m.value) is nn.Linear and type(m.out_proj) is nn.Linear)
+                  for m in model.modules()),
               "USDC gate": sum(isinstance(m, FusedBatchGate) for m in model.modules())}
     for what, n in counts.items():
         if n:
@@ -333,9 +338,13 @@ def describe(model: nn.Module) -> str:
     int8 = [(n, m) for n, m in model.named_modules() if is_int8_module(m)]
     if not int8:
         return "fp32 model (no int8 layers)"
-    n_xwx = sum(isinstance(m, Int8Linear) and n.rpartition(".")[2] in ("proj_in", "proj_out")
-                and isinstance(model.get_submodule(n.rpartition(".")[0]), ProjectedXWXAttention) for n, m in int8)
-    n_lin = sum(isinstance(m, Int8Linear) for _, m in int8) - n_xwx
+    def owned(kind, children):
+        return sum(isinstance(m, Int8Linear) and n.rpartition(".")[2] in children
+                   and isinstance(model.get_submodule(n.rpartition(".")[0]), kind) for n, m in int8)
+
+    n_xwx = owned(ProjectedXWXAttention, ("proj_in", "proj_out"))
+    n_dw = owned(FusedDWConvBlock, ("value", "out_proj"))
+    n_lin = sum(isinstance(m, Int8Linear) for _, m in int8) - n_xwx - n_dw
     n_ffn = sum(isinstance(m, Int8ChannelIdleFFN) for _, m in int8)
     static = any(getattr(m, "act_scale", 0.0) > 0 or getattr(m, "act_scale_in", 0.0) > 0 for _, m in int8)
     n_att = sum(bool(m.__dict__.get("int8_attention")) for m in model.modules())
@@ -349,7 +358,8 @@ def describe(model: nn.Module) -> str:
     n_patch = sum(isinstance(m, Int8PatchProjection) for _, m in int8)
     patch = "the patch embedding, " if n_patch else ""
     xwx = f", {n_xwx} non-deep XWX attention GEMMs (projection/output)" if n_xwx else ""
-    lin = f", {n_lin} attention linears (qkv/proj)" if n_lin or not n_xwx else ""
+    xwx += f", {n_dw} DW-conv head GEMMs (value/output)" if n_dw else ""
+    lin = f", {n_lin} attention linears (qkv/proj)" if n_lin or not (n_xwx or n_dw) else ""
     parts = [f"int8: {patch}{n_ffn} channel-idle FFNs (2 GEMMs each){lin}{xwx}{att}; "
              f"activations {'static per tensor' if static else 'dynamic per token'}"]
     auto = record.get("attention_auto")
@@ -364,7 +374,7 @@ def describe(model: nn.Module) -> str:
     elif record.get("smooth"):
         parts.append(f"SmoothQuant α = {record['smooth']:g}")
     n_low = n_att + n_bf16
-    products = (None if all_att == 0 and n_xwx else "attention score/value products" if n_low == 0 else
+    products = (None if all_att == 0 and (n_xwx or n_dw) else "attention score/value products" if n_low == 0 else
                 f"{all_att - n_low} attentions' score/value products" if all_att > n_low else None)
     fp32 = ["norms, softmax, GELU, residual adds", *([products] if products else []),
             *([] if n_patch else ["patch embedding"]), "head"]

@@ -15,6 +15,7 @@ from .batch_gate import (GATE_ACTS, batch_gate, batch_gate_logits, check_batch_g
 from .channel_idle_ffn import channel_idle_ffn, channel_idle_ffn_unchecked, check_channel_idle_ffn_args
 from .channel_idle_ffn_int8 import channel_idle_ffn_int8, check_channel_idle_ffn_int8_args
 from .dwconv_attention import check_dwconv_attention_args, dwconv_attention
+from .dwconv_heads import check_dwconv_heads_args, dwconv_heads
 from .gated import check_gated_ffn_args, check_gated_mhsa_args, gated_ffn, gated_mhsa
 from .layer_norm import check_layer_norm_args, layer_norm, layer_norm_unchecked
 from .linear import check_linear_args, linear, linear_unchecked
@@ -26,4 +27,4 @@ from .xwx_heads import check_xwx_heads_args, xwx_heads
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "ln_linear", "vit_block", "xwx_attention", "dwconv_attention",
            "batch_gate", "batch_gate_logits", "gate_select", "gated_mhsa", "gated_ffn", "linear_int8",
-           "channel_idle_ffn_int8", "xwx_heads"]
+           "channel_idle_ffn_int8", "xwx_heads", "dwconv_heads"]
