@@ -44,15 +44,7 @@ Dims check_args(const at::Tensor& x, const at::Tensor& w_v, const at::Tensor& b_
   TORCH_CHECK_VALUE(x.dim() == 3, "x: expected 3-D [B, N, C], got shape ", fmt_shape(x.sizes()));
   TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
                     py_dtype(x.scalar_type()));
-  TORCH_CHECK_VALUE(grid_h >= 1, "grid_h: expected an int >= 1, got ", grid_h);
-  TORCH_CHECK_VALUE(grid_w >= 1, "grid_w: expected an int >= 1, got ", grid_w);
-  const int64_t tokens = x.size(1), channels = x.size(2);
-  // grid_h·grid_w <= N tested as grid_h <= N / grid_w: the product wraps for huge grids (2⁶²·4 = 0 passed and
-  // crashed; 2³²·2³² reached the allocator).
-  TORCH_CHECK_VALUE(grid_h <= tokens / grid_w, "x: expected N >= grid_h·grid_w = ", grid_h, "·", grid_w, " = ",
-                    exact_product(grid_h, grid_w), " tokens (prefix tokens, then the grid), got shape ",
-                    fmt_shape(x.sizes()));
-  const int64_t prefix = tokens - grid_h * grid_w;
+  const int64_t prefix = check_token_grid("x", x, grid_h, grid_w), tokens = x.size(1), channels = x.size(2);
   TORCH_CHECK_VALUE(w_v.dim() == 2 && w_v.size(1) == channels, "w_v: expected 2-D [D, ", channels,
                     "] (C = x.shape[-1]), got shape ", fmt_shape(w_v.sizes()));
   const int64_t width = w_v.size(0);

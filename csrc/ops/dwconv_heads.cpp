@@ -39,12 +39,7 @@ Dims check_args(const at::Tensor& v, const at::Tensor& kernel, int64_t grid_h, i
   TORCH_CHECK_VALUE(v.dim() == 3, "v: expected 3-D [B, N, D], got shape ", fmt_shape(v.sizes()));
   TORCH_CHECK_VALUE(is_float_dtype(v.scalar_type()), "v: expected dtype float32, float16 or bfloat16, got ",
                     py_dtype(v.scalar_type()));
-  TORCH_CHECK_VALUE(grid_h >= 1, "grid_h: expected an int >= 1, got ", grid_h);
-  TORCH_CHECK_VALUE(grid_w >= 1, "grid_w: expected an int >= 1, got ", grid_w);
-  const int64_t tokens = v.size(1), width = v.size(2);
-  TORCH_CHECK_VALUE(grid_h <= tokens / grid_w, "v: expected N >= grid_h·grid_w = ", grid_h, "·", grid_w, " = ",
-                    exact_product(grid_h, grid_w), " tokens (prefix tokens, then the grid), got shape ",
-                    fmt_shape(v.sizes()));
+  const int64_t prefix = check_token_grid("v", v, grid_h, grid_w), width = v.size(2);
   TORCH_CHECK_VALUE(kernel.dim() == 3 && kernel.size(0) == width && kernel.size(1) == kernel.size(2) &&
                         kernel.size(1) % 2 == 1,
                     "kernel: expected [", width, ", k, k] with k odd (one k×k filter per value channel), got shape ",
@@ -53,7 +48,7 @@ Dims check_args(const at::Tensor& v, const at::Tensor& kernel, int64_t grid_h, i
                     py_dtype(v.scalar_type()), " on ", v.device(), " (like v), got ", py_dtype(kernel.scalar_type()),
                     " on ", kernel.device());
   check_dense({{"v", &v}, {"kernel", &kernel}});
-  return {tokens - grid_h * grid_w, width, kernel.size(1)};
+  return {prefix, width, kernel.size(1)};
 }
 
 struct Taps {

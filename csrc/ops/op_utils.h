@@ -126,6 +126,20 @@ inline void check_residual_shape(const at::Tensor& residual, const at::Tensor& x
                     fmt_shape(residual.sizes()));
 }
 
+// The token grid of `name` [B, N, ·] (prefix tokens first, then grid_h × grid_w): both sides >= 1 and N >= their
+// product; returns the prefix tokens.  Same words as vitfast.reference._check.check_token_grid.  grid_h·grid_w <= N is
+// tested as grid_h <= N / grid_w: the product wraps for huge grids (2⁶²·4 = 0 passed and crashed; 2³²·2³² reached
+// the allocator).
+inline int64_t check_token_grid(const char* name, const at::Tensor& t, int64_t grid_h, int64_t grid_w) {
+  TORCH_CHECK_VALUE(grid_h >= 1, "grid_h: expected an int >= 1, got ", grid_h);
+  TORCH_CHECK_VALUE(grid_w >= 1, "grid_w: expected an int >= 1, got ", grid_w);
+  const int64_t tokens = t.size(1);
+  TORCH_CHECK_VALUE(grid_h <= tokens / grid_w, name, ": expected N >= grid_h·grid_w = ", grid_h, "·", grid_w, " = ",
+                    exact_product(grid_h, grid_w), " tokens (prefix tokens, then the grid), got shape ",
+                    fmt_shape(t.sizes()));
+  return tokens - grid_h * grid_w;
+}
+
 // Beyond the Python checks (the reference accepts any layout): the kernels read dense memory.
 inline void check_dense(std::initializer_list<NamedTensor> tensors) {
   for (const auto& [name, t] : tensors) {

@@ -166,12 +166,8 @@ at::Tensor xwx_attention_bf16(const XwxShape& s, const at::Tensor& x, const at::
   for (int64_t b0 = 0; b0 < batch; b0 += group) {
     const int64_t images = std::min(group, batch - b0), rows = images * tokens;
     const uint16_t* xg = x16 + b0 * tokens * ldx16;
-    const gemm::RowShares shares(rows, threads, isa);
-    parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        const int64_t r0 = shares.begin(c), r1 = shares.end(c);
-        if (r1 > r0) linear_rows_bf16(w.proj, r1 - r0, xg + r0 * ldx16, ldx16, nullptr, 0, pp + r0 * ldp, ldp, kernel);
-      }
+    xwx_project_shares(rows, threads, isa, [&](int64_t r0, int64_t r1) {
+      linear_rows_bf16(w.proj, r1 - r0, xg + r0 * ldx16, ldx16, nullptr, 0, pp + r0 * ldp, ldp, kernel);
     });
     xwx_keys_and_rows(
         w, images, tokens, pp, ldp, s.full ? xf.data_ptr<float>() + b0 * tokens * C : nullptr, C, kp, threads, isa,
@@ -227,13 +223,9 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
   for (int64_t b0 = 0; b0 < batch; b0 += group) {
     const int64_t images = std::min(group, batch - b0), rows = images * tokens;
     const float* xg = xp + b0 * tokens * C;
-    // Phase 1: one projection GEMM over the group's token rows, one balanced share per thread (gemm::RowShares).
-    const gemm::RowShares shares(rows, threads, isa);
-    parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        const int64_t r0 = shares.begin(c), r1 = shares.end(c);
-        if (r1 > r0) xwx_project(w, r1 - r0, xg + r0 * C, C, pp + r0 * ldp, ldp, isa);
-      }
+    // Phase 1: one projection GEMM over the group's token rows, one balanced share per thread.
+    xwx_project_shares(rows, threads, isa, [&](int64_t r0, int64_t r1) {
+      xwx_project(w, r1 - r0, xg + r0 * C, C, pp + r0 * ldp, ldp, isa);
     });
     // Phases 2 and 3 (ops/xwx_phases.h); each row task runs every head for its rows and owns those output rows.
     xwx_keys_and_rows(

@@ -23,6 +23,17 @@ float* thread_buffer(int64_t floats) {
 float* xwx_projection_buffer(int64_t floats) { return thread_buffer<Scratch::kProjections>(floats); }
 float* xwx_keys_buffer(int64_t floats) { return thread_buffer<Scratch::kKeys>(floats); }
 
+void xwx_project_shares(int64_t rows, int64_t threads, CpuIsa isa,
+                        const std::function<void(int64_t r0, int64_t r1)>& project) {
+  const gemm::RowShares shares(rows, threads, isa);
+  parallel_for(0, shares.chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t r0 = shares.begin(c), r1 = shares.end(c);
+      if (r1 > r0) project(r0, r1);
+    }
+  });
+}
+
 void xwx_keys_and_rows(const XwxLayout& w, int64_t images, int64_t tokens, const float* proj, int64_t ldp,
                        const float* x, int64_t ldx, float* keys, int64_t threads, CpuIsa isa,
                        const std::function<int64_t(int64_t)>& workspace_floats,

@@ -17,6 +17,11 @@ namespace ops {
 float* xwx_projection_buffer(int64_t floats);
 float* xwx_keys_buffer(int64_t floats);
 
+// Phase 1's split: one balanced share of a group's `rows` token rows per thread (gemm::RowShares), each projected by
+// project(r0, r1) (the fp32 or the bf16 projection GEMM over those rows).
+void xwx_project_shares(int64_t rows, int64_t threads, CpuIsa isa,
+                        const std::function<void(int64_t r0, int64_t r1)>& project);
+
 // Keys and values of every (image, head) packed once into `keys` (images · heads · xwx_keys_floats floats), then
 // (image, block of query rows) tasks: rows(b, q0, q1, workspace) with a per-thread 64-byte aligned workspace of
 // workspace_floats(rows of the largest block) floats.  proj / x point at image 0's row 0 (row strides ldp, ldx).

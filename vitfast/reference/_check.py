@@ -91,6 +91,24 @@ def check_num_heads(num_heads) -> int:
     return heads
 
 
+def check_token_grid(name: str, t: torch.Tensor, grid_h, grid_w) -> tuple[int, int, int]:
+    """The token grid of `name` [B, N, ·] (prefix tokens first, then grid_h × grid_w, row-major): both sides ints
+    >= 1 and N >= their product; returns (grid_h, grid_w, prefix tokens).  The C++ ops say the same
+    (csrc/ops/op_utils.h check_token_grid)."""
+    grid = []
+    for arg, value in (("grid_h", grid_h), ("grid_w", grid_w)):
+        n = as_integer(value)
+        if n is None or n < 1:
+            raise ValueError(f"{arg}: expected an int >= 1, got {value!r}")
+        grid.append(n)
+    grid_h, grid_w = grid
+    prefix = t.shape[1] - grid_h * grid_w
+    if prefix < 0:
+        raise ValueError(f"{name}: expected N >= grid_h·grid_w = {grid_h}·{grid_w} = {grid_h * grid_w} tokens (prefix "
+                         f"tokens, then the grid), got shape {fmt_shape(t)}")
+    return grid_h, grid_w, prefix
+
+
 def as_real(value) -> float | None:
     """`value` as a float when it is a real number, Python's or numpy's (the C++ ops' float arguments take both, so
     the reference must too), else None: a bool, a tensor (as for `as_integer`), None, anything else, or an int beyond

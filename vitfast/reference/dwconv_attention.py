@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._check import as_integer, check_like_x, check_shape, check_tensor, check_tokens, fmt_shape
+from ._check import check_like_x, check_shape, check_tensor, check_token_grid, check_tokens, fmt_shape
 from .linear import linear
 
 
@@ -23,20 +23,8 @@ def check_dwconv_attention_args(x, w_v, b_v, kernel, w_o, b_o, grid_h, grid_w, r
     for name, t in (("x", x), ("w_v", w_v), ("kernel", kernel), ("w_o", w_o)):
         check_tensor(name, t)
     check_tokens(x)
-    grid = []
-    for name, v in (("grid_h", grid_h), ("grid_w", grid_w)):
-        value = as_integer(v)
-        if value is None or value < 1:
-            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
-        grid.append(value)
-    grid_h, grid_w = grid
+    grid_h, grid_w, prefix = check_token_grid("x", x, grid_h, grid_w)
     tokens, channels = x.shape[1], x.shape[2]
-    prefix = tokens - grid_h * grid_w
-    if prefix < 0:
-        raise ValueError(
-            f"x: expected N >= grid_h·grid_w = {grid_h}·{grid_w} = {grid_h * grid_w} tokens (prefix tokens, then "
-            f"the grid), got shape {fmt_shape(x)}"
-        )
     if w_v.dim() != 2 or w_v.shape[1] != channels:
         raise ValueError(f"w_v: expected 2-D [D, {channels}] (C = x.shape[-1]), got shape {fmt_shape(w_v)}")
     width = w_v.shape[0]

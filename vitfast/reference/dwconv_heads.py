@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._check import as_integer, check_tensor, fmt_shape
+from ._check import check_tensor, check_token_grid, fmt_shape
 
 
 def check_dwconv_heads_args(v, kernel, grid_h, grid_w) -> tuple[int, int, int]:
@@ -21,18 +21,8 @@ def check_dwconv_heads_args(v, kernel, grid_h, grid_w) -> tuple[int, int, int]:
         raise ValueError(f"v: expected 3-D [B, N, D], got shape {fmt_shape(v)}")
     if v.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"v: expected dtype float32, float16 or bfloat16, got {v.dtype}")
-    grid = []
-    for name, value in (("grid_h", grid_h), ("grid_w", grid_w)):
-        n = as_integer(value)
-        if n is None or n < 1:
-            raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-        grid.append(n)
-    grid_h, grid_w = grid
-    tokens, width = v.shape[1], v.shape[2]
-    prefix = tokens - grid_h * grid_w
-    if prefix < 0:
-        raise ValueError(f"v: expected N >= grid_h·grid_w = {grid_h}·{grid_w} = {grid_h * grid_w} tokens (prefix "
-                         f"tokens, then the grid), got shape {fmt_shape(v)}")
+    _, _, prefix = check_token_grid("v", v, grid_h, grid_w)
+    width = v.shape[2]
     if kernel.dim() != 3 or kernel.shape[0] != width or kernel.shape[1] != kernel.shape[2] or kernel.shape[1] % 2 == 0:
         raise ValueError(f"kernel: expected [{width}, k, k] with k odd (one k×k filter per value channel), got shape "
                          f"{fmt_shape(kernel)}")
