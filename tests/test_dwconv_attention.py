@@ -199,3 +199,20 @@ def test_fake_impl_shapes():
         a = make_args(3, 2, 4, 6, 16, 8, 10)
         out = op(*a)
         assert out.shape == (3, 26, 10)
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_bf16_gemms_keep_the_bits_across_threads(prefix, tol, restore_threads):
+    """bf16 on a CPU with a bf16 extension: value and output GEMMs on the bf16 kernels around the fp32 convolution
+    (linear → dwconv_heads → linear): the same bits at 1 and 2 threads, within bf16 tolerance of the reference."""
+    if vitfast.ops.bf16_kernel() == "none":
+        pytest.skip("no bf16 CPU extension: bf16 computes in fp32 (test_low_precision)")
+    args = make_args(3, prefix, 14, 14, 64, 64, 64, dtype=torch.bfloat16)
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        outs.append(op(*args))
+    assert outs[0].dtype == torch.bfloat16 and torch.equal(outs[0], outs[1])
+    truth = reference.dwconv_attention(*[a.float() if isinstance(a, torch.Tensor) else a for a in args])
+    atol, rtol = tol[torch.bfloat16]
+    torch.testing.assert_close(outs[0].float(), truth, atol=atol, rtol=rtol)

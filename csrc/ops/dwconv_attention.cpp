@@ -6,7 +6,9 @@
 // - Checks: the same as vitfast/reference/dwconv_attention.py, same wording (ValueError).  Non-contiguous inputs are
 //   copied to contiguous.  Weights must be finite (checked once per weight version, with the packing).
 // - Weights packed once per version in the process-wide cache (ops/weight_cache.h).
-// - fp16/bf16: converted to fp32, computed in fp32, rounded once at the end (like the other CPU ops).
+// - bf16 on a CPU with a bf16 extension (ops/cpu_ops.h bf16_gemm_kernel): linear (bf16 GEMM) → dwconv_heads → linear
+//   (bf16 GEMM, b_o and the residual in fp32): V and U rounded to bf16 as the GEMMs' operands, the convolution in
+//   fp32.  fp16, and bf16 without the extension: converted to fp32, computed in fp32, rounded once at the end.
 // - Threads (op_threads.h: torch's, or one inside a SerialOps scope): tasks = (image, band of grid rows); an image
 //   is split into as many row ranges as needed to give every thread work (batch 1 on 2 threads: two halves, each
 //   recomputing k − 1 halo rows of V, the same values).  The prefix rows of an image are computed by the task that
@@ -20,6 +22,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/dwconv_attention.h"
+#include "ops/cpu_ops.h"
 #include "ops/op_utils.h"
 #include "ops/vit_forward.h"
 #include "ops/weight_cache.h"
@@ -118,6 +121,13 @@ at::Tensor dwconv_attention_cpu(const at::Tensor& x, const at::Tensor& w_v, cons
     return out;
   }
 
+  if (bf16_gemm_kernel(x.scalar_type()) != gemm16::Bf16Kernel::kScalar) {
+    // bf16 on a CPU with a bf16 extension: the two GEMMs on the bf16 kernels (linear's bf16 path), the convolution
+    // between them in fp32 on the values rounded to bf16 (dwconv_heads); V and U are bf16 GEMM operands either way.
+    const at::Tensor v = linear_op(x, w_v, b_v_opt);
+    const at::Tensor u = dwconv_heads_op(v, kernel, grid_h, grid_w);
+    return linear_op(u, w_o, b_o_opt, residual_opt);
+  }
   const std::shared_ptr<const DwconvAttentionWeights> w = packed_weights(w_v, b_v, kernel, w_o, b_o, d);
   const at::Tensor xf = as_float_contiguous(x);
   const at::Tensor rf = as_float_contiguous(residual);
