@@ -37,6 +37,8 @@ bool int8_linear_ok(const Int8LinearArgs& a) { return int8_cpu(a.qweight) && fp3
 bool linear_ok(const ForwardLinear& l) {
   return l.int8 ? int8_linear_ok(l.q) : float_cpu(l.weight, at::kFloat) && fp32_cpu(l.bias);
 }
+// A layer's weight [out × in] (the int8 one's codes when int8).
+const at::Tensor& linear_weight(const ForwardLinear& l) { return l.int8 ? l.q.qweight : l.weight; }
 
 // The FFN sub-block of a kXwx, kDwconv, kGated or kParts block (fp32 models).
 bool ffn_ok(const ForwardBlock& b) {
@@ -319,21 +321,17 @@ std::pair<int64_t, int64_t> parts_macs_shape(const ForwardBlock& b) {
                   ffn_weight_elements(b),
               b.w_q.size(0) * (b.w_q.size(2) + b.w_v.size(2)) / 2};
     case BlockKind::kXwxProjected: {  // per head P = left + right + D columns, left ≈ (P − D (+ C, full)) / 2
-      const auto rows = [](const ForwardLinear& l) { return l.int8 ? l.q.qweight.size(0) : l.weight.size(0); };
-      const auto elements = [](const ForwardLinear& l) { return l.int8 ? l.q.qweight.numel() : l.weight.numel(); };
-      const int64_t per_head = rows(b.xwx_in) / b.num_heads, d = b.value_dim;
-      const int64_t channels = b.xwx_in.int8 ? b.xwx_in.q.qweight.size(1) : b.xwx_in.weight.size(1);
-      const int64_t left = (per_head - d + (b.xwx_full ? channels : 0)) / 2;
-      return {elements(b.xwx_in) + elements(b.xwx_out) + ffn_weight_elements(b), b.num_heads * (left + d) / 2};
+      const at::Tensor& w_in = linear_weight(b.xwx_in);
+      const int64_t per_head = w_in.size(0) / b.num_heads, d = b.value_dim;
+      const int64_t left = (per_head - d + (b.xwx_full ? w_in.size(1) : 0)) / 2;
+      return {w_in.numel() + linear_weight(b.xwx_out).numel() + ffn_weight_elements(b), b.num_heads * (left + d) / 2};
     }
     case BlockKind::kDwconvProjected: {
-      const auto elements = [](const ForwardLinear& l) { return l.int8 ? l.q.qweight.numel() : l.weight.numel(); };
       const bool heads = b.dw_qkv.has_value();
-      const int64_t width = !heads ? 0 : b.dw_attn_proj->int8 ? b.dw_attn_proj->q.qweight.size(1)
-                                                              : b.dw_attn_proj->weight.size(1);
-      return {elements(b.dw_value) + elements(b.dw_out) +
-                  (heads ? elements(*b.dw_qkv) + elements(*b.dw_attn_proj) : 0) + ffn_weight_elements(b),
-              width};
+      return {linear_weight(b.dw_value).numel() + linear_weight(b.dw_out).numel() +
+                  (heads ? linear_weight(*b.dw_qkv).numel() + linear_weight(*b.dw_attn_proj).numel() : 0) +
+                  ffn_weight_elements(b),
+              heads ? linear_weight(*b.dw_attn_proj).size(1) : 0};
     }
     case BlockKind::kDwconv: {
       const bool heads = b.attn_proj.has_value();
