@@ -54,6 +54,10 @@ std::shared_ptr<const ChannelIdleFfnWeights> packed_channel_idle_ffn_weights(con
                                                                              const at::Tensor& w_out,
                                                                              const at::Tensor& b_out);
 
+// The calling thread's scratch for the DW-conv ops (dwconv_attention, dwconv_heads: one op at a time per thread),
+// at least `floats` floats, 64-byte aligned, kept between calls.
+float* dwconv_thread_workspace(int64_t floats);
+
 // out[rows × c] = LayerNorm(x) over each row (gamma/beta may be nullptr).
 void layer_norm_run(const float* x, float* out, int64_t rows, int64_t c, const float* gamma, const float* beta,
                     float eps, CpuIsa isa);

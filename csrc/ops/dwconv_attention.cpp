@@ -97,12 +97,6 @@ std::shared_ptr<const DwconvAttentionWeights> packed_weights(const at::Tensor& w
       });
 }
 
-float* thread_workspace(int64_t floats) {
-  thread_local gemm::AlignedFloats buffer;
-  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
-  return buffer.data();
-}
-
 at::Tensor dwconv_attention_cpu(const at::Tensor& x, const at::Tensor& w_v, const OptTensor& b_v_opt,
                                 const at::Tensor& kernel, const at::Tensor& w_o, const OptTensor& b_o_opt,
                                 int64_t grid_h, int64_t grid_w, const OptTensor& residual_opt) {
@@ -144,7 +138,7 @@ at::Tensor dwconv_attention_cpu(const at::Tensor& x, const at::Tensor& w_v, cons
   const int64_t threads = op_threads();
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(grid_h, (threads + batch - 1) / batch));
   parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
-    float* ws = thread_workspace(ws_floats);
+    float* ws = dwconv_thread_workspace(ws_floats);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / splits, s = task % splits;
       const float* xi = xp + b * tokens * c_in;
@@ -161,6 +155,12 @@ at::Tensor dwconv_attention_cpu(const at::Tensor& x, const at::Tensor& w_v, cons
 }
 
 }  // namespace
+
+float* dwconv_thread_workspace(int64_t floats) {
+  thread_local gemm::AlignedFloats buffer;
+  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
+  return buffer.data();
+}
 
 at::Tensor dwconv_attention_op(const at::Tensor& x, const at::Tensor& w_v, const OptTensor& b_v, const at::Tensor& kernel,
                                const at::Tensor& w_o, const OptTensor& b_o, int64_t grid_h, int64_t grid_w,

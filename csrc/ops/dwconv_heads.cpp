@@ -19,6 +19,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/dwconv_attention.h"
+#include "ops/cpu_ops.h"
 #include "ops/int8_common.h"  // contiguous_float
 #include "ops/op_threads.h"
 #include "ops/op_utils.h"
@@ -68,12 +69,6 @@ std::shared_ptr<const Taps> packed_taps(const at::Tensor& kernel, const Dims& d)
   });
 }
 
-float* thread_workspace(int64_t floats) {
-  thread_local gemm::AlignedFloats buffer;
-  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
-  return buffer.data();
-}
-
 }  // namespace
 
 at::Tensor dwconv_heads_op(const at::Tensor& v, const at::Tensor& kernel, int64_t grid_h, int64_t grid_w) {
@@ -92,7 +87,7 @@ at::Tensor dwconv_heads_op(const at::Tensor& v, const at::Tensor& kernel, int64_
   const int64_t threads = op_threads();
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(grid_h, (threads + batch - 1) / batch));
   parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
-    float* ws = thread_workspace(ws_floats);
+    float* ws = dwconv_thread_workspace(ws_floats);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / splits, s = task % splits;
       const float* v_grid = vp + (b * tokens + d.prefix) * D;

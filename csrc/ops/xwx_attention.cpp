@@ -103,34 +103,18 @@ XwxShape check_args(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor
 at::Tensor f32(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat).contiguous() : at::Tensor(); }
 const float* data(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
-std::shared_ptr<const XwxPacked> packed_weights(const XwxShape& s, const at::Tensor& w_q, const at::Tensor& w_k,
-                                                const at::Tensor& key_bias, const at::Tensor& w_v,
-                                                const at::Tensor& w_o, const at::Tensor& b_o) {
-  return cached_pack_as<XwxPacked>("xwx_attention", {w_q, w_k, key_bias, w_v, w_o, b_o}, [&]() -> PackedEntry {
+// The weights packed by `pack` (xwx_pack or xwx_pack_bf16) into a T, cached under `entry` per weight version;
+// non-finite weights are refused there.
+template <class T, class Pack>
+std::shared_ptr<const T> cached_xwx_weights(const char* entry, const XwxShape& s, const at::Tensor& w_q,
+                                            const at::Tensor& w_k, const at::Tensor& key_bias, const at::Tensor& w_v,
+                                            const at::Tensor& w_o, const at::Tensor& b_o, Pack pack) {
+  return cached_pack_as<T>(entry, {w_q, w_k, key_bias, w_v, w_o, b_o}, [&]() -> PackedEntry {
     for (const auto& [name, t] : std::initializer_list<NamedTensor>{
              {"w_q", &w_q}, {"w_k", &w_k}, {"key_bias", &key_bias}, {"w_v", &w_v}, {"w_o", &w_o}, {"b_o", &b_o}})
       check_finite(name, *t);
     const at::Tensor q = f32(w_q), k = f32(w_k), kb = f32(key_bias), v = f32(w_v), o = f32(w_o), bo = f32(b_o);
-    auto packed = std::make_shared<XwxPacked>(xwx_pack(s, data(q), data(k), data(kb), data(v), data(o), data(bo)));
-    PackedEntry e;
-    e.bytes = packed->bytes();
-    e.packed = std::move(packed);
-    return e;
-  });
-}
-
-std::shared_ptr<const XwxPackedBf16> packed_weights_bf16(const XwxShape& s, const at::Tensor& w_q,
-                                                        const at::Tensor& w_k, const at::Tensor& key_bias,
-                                                        const at::Tensor& w_v, const at::Tensor& w_o,
-                                                        const at::Tensor& b_o) {
-  return cached_pack_as<XwxPackedBf16>("xwx_attention_bf16", {w_q, w_k, key_bias, w_v, w_o, b_o},
-                                       [&]() -> PackedEntry {
-    for (const auto& [name, t] : std::initializer_list<NamedTensor>{
-             {"w_q", &w_q}, {"w_k", &w_k}, {"key_bias", &key_bias}, {"w_v", &w_v}, {"w_o", &w_o}, {"b_o", &b_o}})
-      check_finite(name, *t);
-    const at::Tensor q = f32(w_q), k = f32(w_k), kb = f32(key_bias), v = f32(w_v), o = f32(w_o), bo = f32(b_o);
-    auto packed =
-        std::make_shared<XwxPackedBf16>(xwx_pack_bf16(s, data(q), data(k), data(kb), data(v), data(o), data(bo)));
+    auto packed = std::make_shared<T>(pack(s, data(q), data(k), data(kb), data(v), data(o), data(bo)));
     PackedEntry e;
     e.bytes = packed->bytes();
     e.packed = std::move(packed);
@@ -145,7 +129,8 @@ at::Tensor xwx_attention_bf16(const XwxShape& s, const at::Tensor& x, const at::
                               const at::Tensor& key_bias, const at::Tensor& w_v, const at::Tensor& w_o,
                               const at::Tensor& b_o, const at::Tensor& residual, gemm16::Bf16Kernel kernel) {
   const int64_t batch = x.size(0), tokens = x.size(1), C = s.channels, CO = s.out_channels;
-  const auto packed = packed_weights_bf16(s, w_q, w_k, key_bias, w_v, w_o, b_o);
+  const auto packed =
+      cached_xwx_weights<XwxPackedBf16>("xwx_attention_bf16", s, w_q, w_k, key_bias, w_v, w_o, b_o, xwx_pack_bf16);
   const XwxPackedBf16& w = *packed;
   at::Tensor out = empty_output({batch, tokens, CO}, at::kFloat);
   if (batch == 0 || tokens == 0) return out.to(x.scalar_type());
@@ -201,7 +186,7 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
   if (kernel != gemm16::Bf16Kernel::kScalar)
     return xwx_attention_bf16(s, x, w_q, w_k, key_bias, w_v, w_o, b_o, residual, kernel);
   const int64_t batch = x.size(0), tokens = x.size(1), C = s.channels, CO = s.out_channels;
-  const auto packed = packed_weights(s, w_q, w_k, key_bias, w_v, w_o, b_o);
+  const auto packed = cached_xwx_weights<XwxPacked>("xwx_attention", s, w_q, w_k, key_bias, w_v, w_o, b_o, xwx_pack);
   const XwxPacked& w = *packed;
   at::Tensor out = empty_output({batch, tokens, CO}, at::kFloat);
   if (batch == 0 || tokens == 0) return out.to(x.scalar_type());
