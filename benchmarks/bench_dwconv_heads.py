@@ -1,6 +1,6 @@
 """Benchmark of `dwconv_heads` (the drop-in DW-conv heads on their values) and of the int8 DW-conv block attention it
-serves (`FusedDWConvBlock` of a `vitfast.quantize`d model: value → dwconv_heads → out_proj on int8 GEMMs) against the
-fp32 fused op.
+serves (`FusedDWConvBlock` of a `vitfast.quantize`d model: value → dwconv_heads → out_proj on int8 GEMMs) against
+the fp32 fused op.
 
 Shapes: DeiT-S and DeiT-B widths at 224 px (a 14 × 14 grid and a cls token), every head replaced (D = C), k = 3.
 
