@@ -9,8 +9,9 @@ quantized in its projected form (`ProjectedXWXAttention`, vitfast/nn/xwx.py): it
 (layers `attn.proj_in` / `attn.proj_out`), its heads (scores, softmax, values: `xwx_heads`) fp32.  A DW-conv block's
 value and output GEMMs (`value` / `out_proj`) and its remaining attention heads' `qkv` / `attn_proj` become int8 the
 same way; its depthwise convolution (`dwconv_heads`) stays fp32.  The attention's score/value products are int8 in
-the dynamic mode where int8 products measured faster on this CPU's int8 kernel at the model's token count and head dim (`attention="auto"`,
-vitfast/quant/attention_choice.py; "int8", "bf16" or "fp32" force one): `describe(model)` lists what stays fp32.
+the dynamic mode where int8 products measured faster on this CPU's int8 kernel at the model's token count and head
+dim (`attention="auto"`, vitfast/quant/attention_choice.py; "int8", "bf16" or "fp32" force one): `describe(model)`
+lists what stays fp32.
 The patch embedding was fp32 too until measured: ~2% of the FLOPs but 7% of an int8 DeiT-S forward
 (docs/quantization.md); `skip=["patch_embed.proj"]` keeps it fp32.
 
