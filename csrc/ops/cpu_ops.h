@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -54,9 +55,12 @@ std::shared_ptr<const ChannelIdleFfnWeights> packed_channel_idle_ffn_weights(con
                                                                              const at::Tensor& w_out,
                                                                              const at::Tensor& b_out);
 
-// The calling thread's scratch for the DW-conv ops (dwconv_attention, dwconv_heads: one op at a time per thread),
-// at least `floats` floats, 64-byte aligned, kept between calls.
-float* dwconv_thread_workspace(int64_t floats);
+// The DW-conv ops' thread split (dwconv_attention, dwconv_heads; op_threads.h): (image, range of grid rows) tasks,
+// each image's grid_h rows in `splits` ranges so that batch · splits >= threads (each split costs k − 1 recomputed
+// halo rows of V, so no more splits than needed); task(b, row0, row1, workspace) gets the running thread's scratch of
+// ws_floats floats (64-byte aligned, kept between calls).  The range with row0 == 0 also owns the image's prefix rows.
+void dwconv_grid_tasks(int64_t batch, int64_t grid_h, int64_t ws_floats,
+                       const std::function<void(int64_t b, int64_t row0, int64_t row1, float* workspace)>& task);
 
 // out[rows × c] = LayerNorm(x) over each row (gamma/beta may be nullptr).
 void layer_norm_run(const float* x, float* out, int64_t rows, int64_t c, const float* gamma, const float* beta,

@@ -47,7 +47,7 @@ Dims check_args(const at::Tensor& x, const at::Tensor& w_v, const at::Tensor& b_
   TORCH_CHECK_VALUE(x.dim() == 3, "x: expected 3-D [B, N, C], got shape ", fmt_shape(x.sizes()));
   TORCH_CHECK_VALUE(is_float_dtype(x.scalar_type()), "x: expected dtype float32, float16 or bfloat16, got ",
                     py_dtype(x.scalar_type()));
-  const int64_t prefix = check_token_grid("x", x, grid_h, grid_w), tokens = x.size(1), channels = x.size(2);
+  const int64_t prefix = check_token_grid("x", x, grid_h, grid_w), channels = x.size(2);
   TORCH_CHECK_VALUE(w_v.dim() == 2 && w_v.size(1) == channels, "w_v: expected 2-D [D, ", channels,
                     "] (C = x.shape[-1]), got shape ", fmt_shape(w_v.sizes()));
   const int64_t width = w_v.size(0);
@@ -133,33 +133,32 @@ at::Tensor dwconv_attention_cpu(const at::Tensor& x, const at::Tensor& w_v, cons
   const DwconvAttentionTiling tiling;
   const int64_t ws_floats = dwconv_attention_workspace_floats(*w, grid_w, tiling);
 
-  // Split each image's grid rows into `splits` ranges so that batch · splits ≥ threads (each split costs k − 1
-  // recomputed halo rows of V, so no more splits than needed).
-  const int64_t threads = op_threads();
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(grid_h, (threads + batch - 1) / batch));
-  parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
-    float* ws = dwconv_thread_workspace(ws_floats);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / splits, s = task % splits;
-      const float* xi = xp + b * tokens * c_in;
-      const float* ri = rp != nullptr ? rp + b * tokens * d.c_out : nullptr;
-      float* oi = op + b * tokens * d.c_out;
-      const float* x_grid = xi + d.prefix * c_in;
-      if (s == 0) dwconv_attention_prefix(*w, hw, d.prefix, x_grid, ri, oi, ws, isa);
-      dwconv_attention_grid_rows(*w, grid_h, grid_w, grid_h * s / splits, grid_h * (s + 1) / splits, x_grid,
-                                 ri != nullptr ? ri + d.prefix * d.c_out : nullptr, oi + d.prefix * d.c_out, ws, isa,
-                                 tiling);
-    }
+  dwconv_grid_tasks(batch, grid_h, ws_floats, [&](int64_t b, int64_t row0, int64_t row1, float* ws) {
+    const float* xi = xp + b * tokens * c_in;
+    const float* ri = rp != nullptr ? rp + b * tokens * d.c_out : nullptr;
+    float* oi = op + b * tokens * d.c_out;
+    const float* x_grid = xi + d.prefix * c_in;
+    if (row0 == 0) dwconv_attention_prefix(*w, hw, d.prefix, x_grid, ri, oi, ws, isa);
+    dwconv_attention_grid_rows(*w, grid_h, grid_w, row0, row1, x_grid, ri != nullptr ? ri + d.prefix * d.c_out : nullptr,
+                               oi + d.prefix * d.c_out, ws, isa, tiling);
   });
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
 }  // namespace
 
-float* dwconv_thread_workspace(int64_t floats) {
-  thread_local gemm::AlignedFloats buffer;
-  if (buffer.size() < floats) buffer = gemm::AlignedFloats(floats);
-  return buffer.data();
+void dwconv_grid_tasks(int64_t batch, int64_t grid_h, int64_t ws_floats,
+                       const std::function<void(int64_t b, int64_t row0, int64_t row1, float* workspace)>& task) {
+  const int64_t threads = op_threads();
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(grid_h, (threads + batch - 1) / batch));
+  parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
+    thread_local gemm::AlignedFloats buffer;  // the calling thread's scratch, kept between calls
+    if (buffer.size() < ws_floats) buffer = gemm::AlignedFloats(ws_floats);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t s = t % splits;
+      task(t / splits, grid_h * s / splits, grid_h * (s + 1) / splits, buffer.data());
+    }
+  });
 }
 
 at::Tensor dwconv_attention_op(const at::Tensor& x, const at::Tensor& w_v, const OptTensor& b_v, const at::Tensor& kernel,

@@ -84,24 +84,18 @@ at::Tensor dwconv_heads_op(const at::Tensor& v, const at::Tensor& kernel, int64_
   const CpuIsa isa = active_cpu_isa();
   const DwconvAttentionTiling tiling;
   const int64_t ws_floats = dwconv_conv_workspace_floats(D, grid_w, d.ksize, tiling);
-  const int64_t threads = op_threads();
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(grid_h, (threads + batch - 1) / batch));
-  parallel_for(0, batch * splits, 1, [&](int64_t begin, int64_t end) {
-    float* ws = dwconv_thread_workspace(ws_floats);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / splits, s = task % splits;
-      const float* v_grid = vp + (b * tokens + d.prefix) * D;
-      float* o = op + b * tokens * D;
-      if (s == 0 && d.prefix > 0) {  // every prefix row: the mean of V over the grid
-        std::vector<double> acc(size_t(D), 0.0);
-        for (int64_t t = 0; t < hw; ++t)
-          for (int64_t c = 0; c < D; ++c) acc[size_t(c)] += v_grid[t * D + c];
-        for (int64_t p = 0; p < d.prefix; ++p)
-          for (int64_t c = 0; c < D; ++c) o[p * D + c] = float(acc[size_t(c)] / double(hw));
-      }
-      dwconv_conv_grid_rows(taps->taps.data(), D, d.ksize, grid_h, grid_w, grid_h * s / splits,
-                            grid_h * (s + 1) / splits, v_grid, D, o + d.prefix * D, D, ws, isa, tiling);
+  dwconv_grid_tasks(batch, grid_h, ws_floats, [&](int64_t b, int64_t row0, int64_t row1, float* ws) {
+    const float* v_grid = vp + (b * tokens + d.prefix) * D;
+    float* o = op + b * tokens * D;
+    if (row0 == 0 && d.prefix > 0) {  // every prefix row: the mean of V over the grid (float64 sums)
+      std::vector<double> acc(size_t(D), 0.0);
+      for (int64_t t = 0; t < hw; ++t)
+        for (int64_t c = 0; c < D; ++c) acc[size_t(c)] += v_grid[t * D + c];
+      for (int64_t p = 0; p < d.prefix; ++p)
+        for (int64_t c = 0; c < D; ++c) o[p * D + c] = float(acc[size_t(c)] / double(hw));
     }
+    dwconv_conv_grid_rows(taps->taps.data(), D, d.ksize, grid_h, grid_w, row0, row1, v_grid, D, o + d.prefix * D, D,
+                          ws, isa, tiling);
   });
   return v.scalar_type() == at::kFloat ? out : out.to(v.scalar_type());
 }

@@ -142,36 +142,26 @@ at::Tensor xwx_attention_bf16(const XwxShape& s, const at::Tensor& x, const at::
   const float* rp = data(res);
   float* op = out.data_ptr<float>();
   const CpuIsa isa = active_cpu_isa();
-  const int64_t threads = op_threads();
-  const int64_t ldp = w.proj_cols(), per_head = xwx_keys_floats(w, tokens);
   const int64_t HD = s.heads * s.value_dim, ld16 = gemm16::padded_k(HD);
-  const int64_t group = std::min(batch, threads);
-  float* pp = xwx_projection_buffer(group * tokens * ldp);
-  float* kp = xwx_keys_buffer(group * s.heads * per_head);
-  for (int64_t b0 = 0; b0 < batch; b0 += group) {
-    const int64_t images = std::min(group, batch - b0), rows = images * tokens;
-    const uint16_t* xg = x16 + b0 * tokens * ldx16;
-    xwx_project_shares(rows, threads, isa, [&](int64_t r0, int64_t r1) {
-      linear_rows_bf16(w.proj, r1 - r0, xg + r0 * ldx16, ldx16, nullptr, 0, pp + r0 * ldp, ldp, kernel);
-    });
-    xwx_keys_and_rows(
-        w, images, tokens, pp, ldp, s.full ? xf.data_ptr<float>() + b0 * tokens * C : nullptr, C, kp, threads, isa,
-        // the heads' workspace, then the heads [q_rows × H·D] fp32 and their bf16 copy (uint16 pairs in floats)
-        [&](int64_t q_rows) { return xwx_heads_workspace_floats(q_rows) + q_rows * HD + (q_rows * ld16 + 1) / 2; },
-        [&](int64_t b, int64_t q0, int64_t q1, float* ws) {
-          const int64_t image = b0 + b, m = q1 - q0;
-          float* heads = ws + xwx_heads_workspace_floats(m);
-          uint16_t* heads16 = reinterpret_cast<uint16_t*>(heads + m * HD);
-          xwx_heads_rows(w, tokens, pp + b * tokens * ldp, ldp, kp + b * s.heads * per_head, q0, q1, heads, HD, ws,
-                         isa);
-          gemm16::convert_rows(heads, HD, m, HD, heads16, ld16, kernel);
-          gemm::Epilogue ep;
-          ep.bias = true;
-          ep.addend = rp != nullptr ? rp + (image * tokens + q0) * CO : nullptr;
-          ep.ld_addend = CO;
-          gemm16::gemm_bf16(m, heads16, ld16, w.w_o, op + (image * tokens + q0) * CO, CO, ep, kernel);
-        });
-  }
+  xwx_run(
+      w, batch, tokens, s.full ? xf.data_ptr<float>() : nullptr, C, nullptr, op_threads(), isa,
+      [&](int64_t r0, int64_t r1, float* proj) {
+        linear_rows_bf16(w.proj, r1 - r0, x16 + r0 * ldx16, ldx16, nullptr, 0, proj, w.proj_cols(), kernel);
+      },
+      // the heads' workspace, then the heads [q_rows × H·D] fp32 and their bf16 copy (uint16 pairs in floats)
+      [&](int64_t q_rows) { return xwx_heads_workspace_floats(q_rows) + q_rows * HD + (q_rows * ld16 + 1) / 2; },
+      [&](int64_t image, int64_t q0, int64_t q1, const float* proj, const float* keys, float* ws) {
+        const int64_t m = q1 - q0;
+        float* heads = ws + xwx_heads_workspace_floats(m);
+        uint16_t* heads16 = reinterpret_cast<uint16_t*>(heads + m * HD);
+        xwx_heads_rows(w, tokens, proj, w.proj_cols(), keys, q0, q1, heads, HD, ws, isa);
+        gemm16::convert_rows(heads, HD, m, HD, heads16, ld16, kernel);
+        gemm::Epilogue ep;
+        ep.bias = true;
+        ep.addend = rp != nullptr ? rp + (image * tokens + q0) * CO : nullptr;
+        ep.ld_addend = CO;
+        gemm16::gemm_bf16(m, heads16, ld16, w.w_o, op + (image * tokens + q0) * CO, CO, ep, kernel);
+      });
   return out.to(x.scalar_type());
 }
 
@@ -195,34 +185,18 @@ at::Tensor xwx_attention_cpu(const at::Tensor& x, const at::Tensor& w_q, const O
   const float* rp = data(res);
   float* op = out.data_ptr<float>();
   const CpuIsa isa = active_cpu_isa();
-  const int64_t threads = op_threads();
-  const int64_t ldp = w.proj_cols();
-  const int64_t per_head = xwx_keys_floats(w, tokens);
-  // Images in groups of `threads`: a group's projections and packed keys (~1.5 MiB per DeiT-Ti image) stay in
-  // cache between the three phases; the whole batch at once streamed them from DRAM (batch 8 ran ~10% slower
-  // per image than batch 1).
-  const int64_t group = std::min(batch, threads);
-  // The calling thread's buffers (the workers only read and write through these pointers during the call).
-  float* pp = xwx_projection_buffer(group * tokens * ldp);
-  float* kp = xwx_keys_buffer(group * s.heads * per_head);
-  for (int64_t b0 = 0; b0 < batch; b0 += group) {
-    const int64_t images = std::min(group, batch - b0), rows = images * tokens;
-    const float* xg = xp + b0 * tokens * C;
-    // Phase 1: one projection GEMM over the group's token rows, one balanced share per thread.
-    xwx_project_shares(rows, threads, isa, [&](int64_t r0, int64_t r1) {
-      xwx_project(w, r1 - r0, xg + r0 * C, C, pp + r0 * ldp, ldp, isa);
-    });
-    // Phases 2 and 3 (ops/xwx_phases.h); each row task runs every head for its rows and owns those output rows.
-    xwx_keys_and_rows(
-        w, images, tokens, pp, ldp, xg, C, kp, threads, isa,
-        [&](int64_t q_rows) { return xwx_rows_workspace_floats(w, q_rows); },
-        [&](int64_t b, int64_t q0, int64_t q1, float* ws) {
-          const int64_t image = b0 + b;
-          xwx_attention_rows(w, tokens, pp + b * tokens * ldp, ldp, kp + b * s.heads * per_head, q0, q1,
-                             rp != nullptr ? rp + image * tokens * CO : nullptr, CO, op + image * tokens * CO, CO,
-                             ws, isa);
-        });
-  }
+  // Phase 1 the fp32 projection GEMM; each row task runs every head for its rows and owns those output rows.
+  xwx_run(
+      w, batch, tokens, xp, C, nullptr, op_threads(), isa,
+      [&](int64_t r0, int64_t r1, float* proj) {
+        xwx_project(w, r1 - r0, xp + r0 * C, C, proj, w.proj_cols(), isa);
+      },
+      [&](int64_t q_rows) { return xwx_rows_workspace_floats(w, q_rows); },
+      [&](int64_t image, int64_t q0, int64_t q1, const float* proj, const float* keys, float* ws) {
+        xwx_attention_rows(w, tokens, proj, w.proj_cols(), keys, q0, q1,
+                           rp != nullptr ? rp + image * tokens * CO : nullptr, CO, op + image * tokens * CO, CO, ws,
+                           isa);
+      });
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 

@@ -89,22 +89,11 @@ at::Tensor xwx_heads_op(const at::Tensor& proj, const std::optional<at::Tensor>&
   const int64_t ldp = w.proj_cols(), C = w.shape.channels;
   float* op = out.data_ptr<float>();
   const CpuIsa isa = active_cpu_isa();
-  const int64_t threads = op_threads();
-  const int64_t per_head = xwx_keys_floats(w, tokens);
-  // Images in groups of `threads`, as xwx_attention: a group's packed keys stay in cache for its row tasks.
-  const int64_t group = std::min(batch, threads);
-  float* kp = xwx_keys_buffer(group * w.shape.heads * per_head);
-  for (int64_t b0 = 0; b0 < batch; b0 += group) {
-    const int64_t images = std::min(group, batch - b0);
-    const float* pg = pp + b0 * tokens * ldp;
-    xwx_keys_and_rows(
-        w, images, tokens, pg, ldp, xp != nullptr ? xp + b0 * tokens * C : nullptr, C, kp, threads, isa,
-        [](int64_t q_rows) { return xwx_heads_workspace_floats(q_rows); },
-        [&](int64_t b, int64_t q0, int64_t q1, float* ws) {
-          xwx_heads_rows(w, tokens, pg + b * tokens * ldp, ldp, kp + b * w.shape.heads * per_head, q0, q1,
-                         op + ((b0 + b) * tokens + q0) * hd, hd, ws, isa);
-        });
-  }
+  xwx_run(w, batch, tokens, xp, C, pp, op_threads(), isa, nullptr,
+          [](int64_t q_rows) { return xwx_heads_workspace_floats(q_rows); },
+          [&](int64_t image, int64_t q0, int64_t q1, const float* proj_image, const float* keys, float* ws) {
+            xwx_heads_rows(w, tokens, proj_image, ldp, keys, q0, q1, op + (image * tokens + q0) * hd, hd, ws, isa);
+          });
   return proj.scalar_type() == at::kFloat ? out : out.to(proj.scalar_type());
 }
 

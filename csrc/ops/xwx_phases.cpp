@@ -18,11 +18,6 @@ float* thread_buffer(int64_t floats) {
   return buffer.data();
 }
 
-}  // namespace
-
-float* xwx_projection_buffer(int64_t floats) { return thread_buffer<Scratch::kProjections>(floats); }
-float* xwx_keys_buffer(int64_t floats) { return thread_buffer<Scratch::kKeys>(floats); }
-
 void xwx_project_shares(int64_t rows, int64_t threads, CpuIsa isa,
                         const std::function<void(int64_t r0, int64_t r1)>& project) {
   const gemm::RowShares shares(rows, threads, isa);
@@ -62,6 +57,31 @@ void xwx_keys_and_rows(const XwxLayout& w, int64_t images, int64_t tokens, const
       rows(b, query_shares.begin(part), query_shares.end(part), ws);
     }
   });
+}
+
+}  // namespace
+
+void xwx_run(const XwxLayout& w, int64_t batch, int64_t tokens, const float* x, int64_t ldx, const float* proj,
+             int64_t threads, CpuIsa isa, const XwxProject& project,
+             const std::function<int64_t(int64_t)>& workspace_floats, const XwxRows& rows) {
+  const int64_t ldp = w.proj_cols(), per_head = xwx_keys_floats(w, tokens);
+  const int64_t group = std::min(batch, threads);
+  // The calling thread's buffers (the workers only read and write through these pointers during the call).
+  float* pp = project ? thread_buffer<Scratch::kProjections>(group * tokens * ldp) : nullptr;
+  float* kp = thread_buffer<Scratch::kKeys>(group * w.shape.heads * per_head);
+  for (int64_t b0 = 0; b0 < batch; b0 += group) {
+    const int64_t images = std::min(group, batch - b0), row0 = b0 * tokens;
+    const float* pg = pp;
+    if (project)
+      xwx_project_shares(images * tokens, threads, isa,
+                         [&](int64_t r0, int64_t r1) { project(row0 + r0, row0 + r1, pp + r0 * ldp); });
+    else
+      pg = proj + row0 * ldp;
+    xwx_keys_and_rows(w, images, tokens, pg, ldp, x != nullptr ? x + row0 * ldx : nullptr, ldx, kp, threads, isa,
+                      workspace_floats, [&](int64_t b, int64_t q0, int64_t q1, float* ws) {
+                        rows(b0 + b, q0, q1, pg + b * tokens * ldp, kp + b * w.shape.heads * per_head, ws);
+                      });
+  }
 }
 
 }  // namespace ops
