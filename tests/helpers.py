@@ -272,3 +272,32 @@ def assert_attention_variant_contract(op_entry, op):
         assert str(ours.value) == str(theirs.value)
     for scale in (None, 0.2):
         torch.library.opcheck(op.default, (torch.randn(2, 7, 3 * 2 * 8), 2, scale))
+
+
+def assert_refused_alike(op_name, make, argname):
+    """`torch.ops.vitfast.<op_name>` (the C++ check) and `vitfast.reference.<op_name>` refuse make()'s arguments with a
+    ValueError naming `argname`, in the same words up to the ", got ..." part (C++ prints values its own way)."""
+    import pytest
+    from vitfast import reference
+
+    with pytest.raises(ValueError, match=rf"^{argname}: expected") as cpp:
+        getattr(torch.ops.vitfast, op_name)(*make())
+    with pytest.raises(ValueError, match=rf"^{argname}: expected") as ref:
+        getattr(reference, op_name)(*make())
+    assert str(cpp.value).split(", got")[0] == str(ref.value).split(", got")[0]
+
+
+def assert_backend_reaches_reference(monkeypatch, op_name, args):
+    """VITFAST_BACKEND=reference (set_backend) routes vitfast.ops.<op_name> to vitfast.reference.<op_name>, once."""
+    import vitfast
+    from vitfast import reference
+
+    calls = []
+    original = getattr(reference, op_name)
+    monkeypatch.setattr(vitfast.ops.reference, op_name, lambda *a: calls.append(1) or original(*a))
+    vitfast._env.set_backend("reference")
+    try:
+        getattr(vitfast.ops, op_name)(*args)
+    finally:
+        vitfast._env.set_backend("auto")
+    assert calls == [1]

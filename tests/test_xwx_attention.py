@@ -8,7 +8,8 @@ large scores, weight updates (cache), argument errors, opcheck and torch.compile
 """
 import pytest
 import torch
-from helpers import assert_low_precision_no_worse, assert_thread_parity, make_xwx_args
+from helpers import (assert_backend_reaches_reference, assert_low_precision_no_worse, assert_thread_parity,
+                     make_xwx_args)
 
 import vitfast
 from vitfast import reference
@@ -174,17 +175,7 @@ def test_opcheck(rank):
 
 
 def test_backend_switch_reaches_the_reference(monkeypatch):
-    """VITFAST_BACKEND=reference (set_backend) routes vitfast.ops.xwx_attention to the reference, not the op."""
-    args = make_xwx_args(1, 5, 16, 2, 8, 8)
-    calls = []
-    original = reference.xwx_attention
-    monkeypatch.setattr(vitfast.ops.reference, "xwx_attention", lambda *a: calls.append(1) or original(*a))
-    vitfast._env.set_backend("reference")
-    try:
-        vitfast.ops.xwx_attention(*args)
-    finally:
-        vitfast._env.set_backend("auto")
-    assert calls == [1]
+    assert_backend_reaches_reference(monkeypatch, "xwx_attention", make_xwx_args(1, 5, 16, 2, 8, 8))
 
 
 @pytest.mark.slow

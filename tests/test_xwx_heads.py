@@ -9,7 +9,8 @@ argument errors worded as the reference's, opcheck and the reference backend.
 """
 import pytest
 import torch
-from helpers import assert_low_precision_no_worse, assert_thread_parity, make_xwx_args
+from helpers import (assert_backend_reaches_reference, assert_low_precision_no_worse, assert_refused_alike,
+                     assert_thread_parity, make_xwx_args)
 
 import vitfast
 from vitfast import reference
@@ -146,11 +147,7 @@ BAD = [
 def test_bad_arguments_name_the_argument(case):
     """The C++ check and the reference refuse the same inputs with the same words."""
     _, make, argname = case
-    with pytest.raises(ValueError, match=rf"^{argname}: expected") as cpp:
-        op(*make())
-    with pytest.raises(ValueError, match=rf"^{argname}: expected") as ref:
-        reference.xwx_heads(*make())
-    assert str(cpp.value).split(", got")[0] == str(ref.value).split(", got")[0]
+    assert_refused_alike("xwx_heads", make, argname)
 
 
 @pytest.mark.parametrize("rank", [None, 8], ids=lambda r: f"R{r}")
@@ -159,13 +156,4 @@ def test_opcheck(rank):
 
 
 def test_backend_switch_reaches_the_reference(monkeypatch):
-    args = heads_args(1, 5, 16, 2, 8, 8)
-    calls = []
-    original = reference.xwx_heads
-    monkeypatch.setattr(vitfast.ops.reference, "xwx_heads", lambda *a: calls.append(1) or original(*a))
-    vitfast._env.set_backend("reference")
-    try:
-        vitfast.ops.xwx_heads(*args)
-    finally:
-        vitfast._env.set_backend("auto")
-    assert calls == [1]
+    assert_backend_reaches_reference(monkeypatch, "xwx_heads", heads_args(1, 5, 16, 2, 8, 8))
