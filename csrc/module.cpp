@@ -222,8 +222,8 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     b.b_o = t[7].cast<OptTensor>();
     ffn_part(b, t[8].cast<py::tuple>());
   } else if (kind == "xwx_proj") {
-    // (kind, norm1_eps, proj_in layer, num_heads, value_dim, full, proj_out layer, FFN sub-block)
-    if (t.size() != 8) throw py::value_error("blocks: an xwx_proj block takes 8 entries");
+    // (kind, norm1_eps, proj_in layer, num_heads, value_dim, full, proj_out layer, FFN sub-block, int8 products)
+    if (t.size() != 9) throw py::value_error("blocks: an xwx_proj block takes 9 entries");
     b.kind = vitfast::ops::BlockKind::kXwxProjected;
     b.norm1_eps = t[1].cast<double>();
     b.xwx_in = forward_linear(t[2].cast<py::tuple>());
@@ -232,6 +232,7 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     b.xwx_full = t[5].cast<bool>();
     b.xwx_out = forward_linear(t[6].cast<py::tuple>());
     ffn_part(b, t[7].cast<py::tuple>());
+    b.xwx_int8 = t[8].cast<bool>();
   } else if (kind == "dwconv") {
     // (kind, norm1_eps, w_qkv, b_qkv, attn_heads, attn_proj, value_w, value_b, conv_kernel, out_w, out_b, grid_h,
     //  grid_w, FFN sub-block); w_qkv / attn_proj None without attention heads

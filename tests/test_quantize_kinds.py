@@ -248,3 +248,58 @@ def test_projected_nondeep_attention_fp32_equals_the_fused_op():
         for block in model.blocks:
             projected = ProjectedXWXAttention.from_fused(block.attn)
             torch.testing.assert_close(projected(y, residual=y), block.attn(y, residual=y), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["int8", "bf16", "fp32"])
+def test_nondeep_attention_heads_products(attention, tmp_path):
+    """attention="int8" puts a non-deep attention's heads on `xwx_heads_int8` (its int8_attention flag), "bf16" and
+    "fp32" keep them fp32 (they have no bf16 form); the flag goes through save/load, `describe` says where the products
+    run, the output is the fp32 model's up to int8 rounding, and an attention whose projection skip= kept fp32 keeps
+    fp32 heads."""
+    model = nondeep()
+    q = vitfast.quantize(model, attention=attention, skip=["blocks.0.attn.proj_in"])
+    attns = [b.attn for b in q.blocks]
+    assert all(type(a) is ProjectedXWXAttention for a in attns[1:])
+    want = [False] + [attention == "int8"] * (len(attns) - 1)
+    assert [bool(a.__dict__.get("int8_attention")) for a in attns] == want
+    calls = []
+    original = vitfast.ops.xwx_heads_int8
+    x = images()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(vitfast.ops, "xwx_heads_int8", lambda *a: calls.append(1) or original(*a))
+        with torch.no_grad():
+            y, yq = model(x), VisionTransformer.forward(q, x)  # each block's module path
+    assert len(calls) == sum(want)
+    assert ((yq - y).norm() / y.norm()).item() < 0.1
+    text = vitfast.quant.describe(q)
+    heads_fp32 = f"{len(attns) - sum(want)} × XWX attention heads (non-deep: scores, softmax, values)"
+    assert heads_fp32 in text
+    assert (f"{sum(want)} non-deep XWX attention heads' score/value products" in text) == (attention == "int8")
+    path = tmp_path / "nondeep.safetensors"
+    vitfast.save(q, path)
+    r = vitfast.load(path)
+    assert [bool(b.attn.__dict__.get("int8_attention")) for b in r.blocks] == want
+    with torch.no_grad():
+        assert torch.equal(r(x), q(x))
+
+
+def test_nondeep_attention_heads_auto_follows_the_rule(monkeypatch):
+    """attention="auto" reads the rule of vitfast/quant/attention_choice.py with the heads' narrower width
+    (`products_dim`: min(score width, value width)) for the non-deep attention too."""
+    import importlib
+
+    from vitfast.quant import attention_choice
+
+    quantize_module = importlib.import_module("vitfast.quant.quantize")
+    model = nondeep()
+    dims = set()
+    for pays in (False, True):
+        monkeypatch.setattr(attention_choice, "int8_attention_pays",
+                            lambda tokens, dim, kernel, pays=pays: dims.add(dim) or pays)
+        monkeypatch.setattr(quantize_module, "int8_attention_pays", attention_choice.int8_attention_pays)
+        q = vitfast.quantize(model)
+        assert all(bool(b.attn.__dict__.get("int8_attention")) == pays for b in q.blocks)
+    attn = ProjectedXWXAttention.from_fused(model.blocks[0].attn)
+    kb = int(attn.has_key_bias)
+    score = attn.score_rank + kb if attn.score_form == "factored" else attn.dim + kb
+    assert dims == {min(score, attn.value_dim)} == {attention_choice.products_dim(attn)}

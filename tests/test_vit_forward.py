@@ -190,6 +190,8 @@ INT8_OPTIONS = {
     "attention input GEMM kept fp32": dict(skip=["blocks.*.attn.proj_in", "blocks.*.value"]),
     "attention output GEMM kept fp32": dict(skip=["blocks.*.attn.proj_out", "blocks.*.out_proj"]),
     "DW-conv value and output kept fp32": dict(skip=["blocks.*.value", "blocks.*.out_proj"]),
+    # the score/value products on int8: the non-deep heads as xwx_heads_int8, the DW-conv block's attention heads
+    "int8 products": dict(attention="int8"),
 }
 
 
@@ -233,6 +235,25 @@ def test_int8_gated_blocks_one_call_has_the_module_paths_bits(options, counted):
 
 def test_int8_attention_flags_set_after_a_forward_are_followed(counted):
     q = vitfast.quantize(_fused(), attention="fp32")
+    x = _images(2)
+    with torch.no_grad():
+        q(x)
+        for block in q.blocks:
+            block.attn.int8_attention = True
+        got = q(x)
+        assert counted.calls == 2
+        want = _module_path(q, x)
+        for block in q.blocks:
+            del block.attn.int8_attention
+        assert not torch.equal(q(x), got), "the int8 products were not taken"
+    assert torch.equal(got, want)
+
+
+def test_nondeep_int8_heads_flag_set_after_a_forward_is_followed(counted):
+    """A projected non-deep attention's int8_attention flag set after the plan was made: the call takes
+    xwx_heads_int8 as the module path does."""
+    _, model = _method_models("non-deep, factored scores, avg pool")
+    q = vitfast.quantize(model, attention="fp32")
     x = _images(2)
     with torch.no_grad():
         q(x)

@@ -21,20 +21,21 @@ struct Layout {
   // bytes
   int64_t qk, kpan, vpan, qq, qp, total_bytes;
   int64_t ld_s, lda_d, lda_n, chunk, k_panels, v_panels;
-  Layout(int64_t tokens, int64_t d, int64_t q_rows) {
+  // dk: the width of Q and K rows (the score product's reduction), dv: of V rows (the output's width)
+  Layout(int64_t tokens, int64_t dk, int64_t dv, int64_t q_rows) {
     chunk = std::max<int64_t>(1, std::min(q_rows, kAttentionInt8Chunk));
     ld_s = padded16(tokens);
-    lda_d = gemm8::padded_k(d);
+    lda_d = gemm8::padded_k(dk);
     lda_n = gemm8::padded_k(tokens);
     int64_t f = 0;
     auto take = [&](int64_t n) { const int64_t at = f; f += padded16(n); return at; };
     k_panels = (tokens + gemm::kNr - 1) / gemm::kNr;
-    v_panels = (d + gemm::kNr - 1) / gemm::kNr;
-    vt = take(d + gemm::kNr);  // the V channels' 127 / amax
+    v_panels = (dv + gemm::kNr - 1) / gemm::kNr;
+    vt = take(dv + gemm::kNr);  // the V channels' 127 / amax
     scores = take(chunk * ld_s);
     sk = take(tokens);
-    sv = take(d);
-    sq = take(std::max(chunk, d + gemm::kNr));
+    sv = take(dv + gemm::kNr);
+    sq = take(std::max(chunk, dv + gemm::kNr));
     sp = take(chunk);
     total_floats = f;
     int64_t b = 0;
@@ -69,6 +70,7 @@ inline void prefetch_line(const char* p) {
 // The next task's rows (K and V head slices, Q rows, output columns), walked a few rows at a time.
 class NextRows {
  public:
+  NextRows() = default;  // nothing to prefetch
   NextRows(const AttentionInt8Next& next, const float* cur_qkv, int64_t cur_h, int64_t ld_qkv, int64_t tokens,
            int64_t heads, int64_t d, int64_t ld_out) {
     if (next.qkv == nullptr || next.q1 <= next.q0) return;
@@ -219,19 +221,20 @@ void run_gemm(gemm8::Int8Kernel kernel, int64_t m, int64_t n, const int8_t* qa, 
 }
 }  // namespace
 
-void AttentionInt8Workspace::reserve(int64_t tokens, int64_t head_dim, int64_t q_rows) {
-  const Layout l(tokens, head_dim, q_rows);
+void AttentionInt8Workspace::reserve(int64_t tokens, int64_t dk, int64_t dv, int64_t q_rows) {
+  const Layout l(tokens, dk, dv, q_rows);
   if (floats.size() < l.total_floats) floats = gemm::AlignedFloats(l.total_floats);
   if (bytes.size() < l.total_bytes) bytes = gemm8::AlignedBytes(l.total_bytes);
 }
 
-void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim,
-                         int64_t h, int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out,
-                         AttentionInt8Workspace& ws, CpuIsa isa, const AttentionInt8Next& next) {
+namespace {
+// One head on given operands (Int8HeadOperands), the prefetch of the caller's next task walked alongside.
+void int8_head(const Int8HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, float scale, float* out,
+               int64_t ld_out, AttentionInt8Workspace& ws, CpuIsa isa, const NextRows& prefetch) {
   if (q1 <= q0 || tokens <= 0) return;
-  const int64_t d = head_dim, attn_dim = heads * head_dim, m = q1 - q0;
-  ws.reserve(tokens, d, m);
-  const Layout l(tokens, d, m);
+  const int64_t dk = o.dk, d = o.dv, m = q1 - q0;
+  ws.reserve(tokens, dk, d, m);
+  const Layout l(tokens, dk, d, m);
   float* fb = ws.floats.data();
   int8_t* bb = ws.bytes.data();
   float *vt = fb + l.vt, *scores = fb + l.scores, *sk = fb + l.sk, *sv = fb + l.sv, *sq = fb + l.sq,
@@ -241,12 +244,11 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   int32_t *rs_k = rs, *rs_v = rs + tokens, *rs_q = rs_v + d + gemm::kNr, *rs_p = rs_q + std::max(l.chunk, d + gemm::kNr);
   const gemm8::Int8Kernel kernel = gemm8::int8_kernel(isa);
 
-  const float* q = qkv + h * d;
-  const float* k = qkv + attn_dim + h * d;
-  const float* v = qkv + 2 * attn_dim + h * d;
-  // K: per key token (quantize_rows), packed as B = K_hᵀ [D × N]: a key is an output column, its scale the
+  const float *q = o.q, *k = o.k, *v = o.v;
+  const int64_t ldq = o.ldq, ldk = o.ldk, ldv = o.ldv;
+  // K: per key token (quantize_rows), packed as B = K_hᵀ [dk × N]: a key is an output column, its scale the
   // column's.  Each key row's groups of 4 bytes go to its slot of the 16-column panel (gemm_int8.h's layout).
-  gemm8::quantize_rows(k, ld_qkv, tokens, d, nullptr, qk, l.lda_d, sk, rs_k, isa);
+  gemm8::quantize_rows(k, ldk, tokens, dk, nullptr, qk, l.lda_d, sk, rs_k, isa);
   bool keys_nan = false;
   for (int64_t t = 0; t < tokens; ++t) keys_nan = keys_nan || std::isnan(sk[t]);
   for (int64_t t = tokens; t < l.k_panels * gemm::kNr; ++t) sk[t] = 0.0f;
@@ -287,12 +289,12 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   for (int64_t j = 0; j < d16; ++j) inv[j] = chk[j] = 0.0f;
 #if defined(__x86_64__) || defined(__i386__)
   if (isa == CpuIsa::kAvx512)
-    gemm8::attention_v_columns_avx512(v, ld_qkv, tokens, d, inv, chk);
+    gemm8::attention_v_columns_avx512(v, ldv, tokens, d, inv, chk);
   else if (isa != CpuIsa::kScalar)
-    v_columns_avx2(v, ld_qkv, tokens, d, inv, chk);
+    v_columns_avx2(v, ldv, tokens, d, inv, chk);
   else
 #endif
-    v_columns(v, ld_qkv, tokens, d, inv, chk);
+    v_columns(v, ldv, tokens, d, inv, chk);
   int32_t* keep = rs_v;  // -1: the column's codes are kept, 0: forced to 0 (NaN/Inf, zero, or padding column)
   for (int64_t j = 0; j < d16; ++j) {
     const bool bad = std::isnan(chk[j]);
@@ -306,25 +308,24 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   const int32_t offset = u8 ? 128 : 0;
 #if defined(__x86_64__) || defined(__i386__)
   if (isa == CpuIsa::kAvx512)
-    gemm8::attention_v_pack_avx512(v, ld_qkv, tokens, d, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv,
+    gemm8::attention_v_pack_avx512(v, ldv, tokens, d, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv,
                                    keep, vpan);
   else if (isa != CpuIsa::kScalar)
-    v_pack_avx2(v, ld_qkv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv, keep, words,
+    v_pack_avx2(v, ldv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv, keep, words,
                 vpan);
   else
 #endif
-    v_pack(v, ld_qkv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv, keep, words, vpan);
+    v_pack(v, ldv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv, keep, words, vpan);
   if (with_abs) {
     gemm8::fill_abs_halves(kpan, l.k_panels * l.lda_d / 4);
     gemm8::fill_abs_halves(vpan, l.v_panels * l.lda_n / 4);
   }
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const NextRows prefetch(next, qkv, h, ld_qkv, tokens, heads, d, ld_out);
   const int64_t pf_total = prefetch.total_rows();
   for (int64_t r0 = q0; r0 < q1; r0 += kAttentionInt8Chunk) {
     const int64_t rows = std::min(q1, r0 + kAttentionInt8Chunk) - r0;
-    gemm8::quantize_rows(q + r0 * ld_qkv, ld_qkv, rows, d, nullptr, qq, l.lda_d, sq, rs_q, isa);
+    gemm8::quantize_rows(q + r0 * ldq, ldq, rows, dk, nullptr, qq, l.lda_d, sq, rs_q, isa);
     run_gemm(kernel, rows, tokens, qq, l.lda_d, sq, rs_q, kpan, k_stride, l.k_panels, sk, scores, l.ld_s, true);
     // E = exp(S·scale − max) and its quantization, a pair of rows at a time (one pass on x86: gemm_int8.h)
     for (int64_t i = 0; i < rows; i += 2) {
@@ -336,9 +337,28 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
     // The softmax's normalisation: 1 / Σ codes of the quantized row (>= 127: its maximum is code 127).
     for (int64_t i = 0; i < rows; ++i)
       sp[i] = (keys_nan || std::isnan(sq[i]) || std::isnan(sp[i]) || rs_p[i] <= 0) ? nan : 1.0f / float(rs_p[i]);
-    run_gemm(kernel, rows, d, qp, l.lda_n, sp, rs_p, vpan, v_stride, l.v_panels, sv, out + r0 * ld_out + h * d, ld_out,
+    run_gemm(kernel, rows, d, qp, l.lda_n, sp, rs_p, vpan, v_stride, l.v_panels, sv, out + r0 * ld_out, ld_out,
              false);
   }
+}
+
+}  // namespace
+
+void attention_int8_head(const Int8HeadOperands& operands, int64_t tokens, int64_t q0, int64_t q1, float scale,
+                         float* out, int64_t ld_out, AttentionInt8Workspace& ws, CpuIsa isa) {
+  int8_head(operands, tokens, q0, q1, scale, out, ld_out, ws, isa, NextRows());
+}
+
+void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim,
+                         int64_t h, int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out,
+                         AttentionInt8Workspace& ws, CpuIsa isa, const AttentionInt8Next& next) {
+  const int64_t d = head_dim, attn_dim = heads * head_dim;
+  Int8HeadOperands o;
+  o.q = qkv + h * d, o.k = qkv + attn_dim + h * d, o.v = qkv + 2 * attn_dim + h * d;
+  o.ldq = o.ldk = o.ldv = ld_qkv;
+  o.dk = o.dv = d;
+  int8_head(o, tokens, q0, q1, scale, out + h * d, ld_out, ws, isa,
+            NextRows(next, qkv, h, ld_qkv, tokens, heads, d, ld_out));
 }
 
 }  // namespace vitfast

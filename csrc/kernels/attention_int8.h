@@ -39,7 +39,7 @@ constexpr int64_t kAttentionInt8Chunk = 42;
 struct AttentionInt8Workspace {
   gemm::AlignedFloats floats;  // Vᵀ copy, score tile, scales
   gemm8::AlignedBytes bytes;   // quantized K, Vᵀ, Q and P rows
-  void reserve(int64_t tokens, int64_t head_dim, int64_t q_rows);
+  void reserve(int64_t tokens, int64_t dk, int64_t dv, int64_t q_rows);
 };
 
 // The task the calling thread runs after this one (qkv == nullptr: none), as kernels/attention.h's AttentionNext:
@@ -56,5 +56,18 @@ struct AttentionInt8Next {
 void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim,
                          int64_t h, int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out,
                          AttentionInt8Workspace& ws, CpuIsa isa, const AttentionInt8Next& next = AttentionInt8Next());
+
+// One head's operands at the image's row 0, each with its own row stride: Q and K rows dk wide (the score product's
+// reduction), V rows dv wide (the output's).  The same products and rules as above; the layout is the caller's —
+// `xwx_heads_int8` reads them from a non-deep attention's projection ([A_h | B'_h | V_h] per head, dk ≠ dv).
+struct Int8HeadOperands {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t ldq = 0, ldk = 0, ldv = 0, dk = 0, dv = 0;
+};
+// Query rows [q0, q1); out points at the head's first output column of row 0 (row stride ld_out); no prefetch.
+void attention_int8_head(const Int8HeadOperands& operands, int64_t tokens, int64_t q0, int64_t q1, float scale,
+                         float* out, int64_t ld_out, AttentionInt8Workspace& ws, CpuIsa isa);
 
 }  // namespace vitfast

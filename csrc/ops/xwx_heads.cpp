@@ -9,14 +9,24 @@
 //   projection, with the normalised heads written straight into the output rows (no output GEMM).  The layout is
 //   the one xwx_attention's projection writes, so the two ops compute the same heads from the same projections.
 // - fp16/bf16: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded once at the end.
+//
+//   xwx_heads_int8(Tensor proj, Tensor? x, int num_heads, int value_dim) -> Tensor   (vitfast/reference/xwx_heads_int8.py)
+//   the same heads with the score and value products on int8: `attention_int8`'s head (kernels/attention_int8.h) on
+//   the strided operands A_h, B_h, V_h of the projection (softmax scale 1: folded into A_h), split into tasks as
+//   `attention_int8` splits them (ops/attention_tasks.h).  The full form's B_h = [x | key bias column] is copied
+//   into one contiguous block per task (N × (C + 1) floats, O(N·C) beside the O(N²·C) products); without a key bias
+//   B_h is x itself.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <optional>
+#include <vector>
 
+#include "kernels/attention_int8.h"
 #include "kernels/cpu_features.h"
 #include "kernels/xwx_attention.h"
+#include "ops/attention_tasks.h"
 #include "ops/op_threads.h"
 #include "ops/op_utils.h"
 #include "ops/output_pool.h"
@@ -97,7 +107,61 @@ at::Tensor xwx_heads_op(const at::Tensor& proj, const std::optional<at::Tensor>&
   return proj.scalar_type() == at::kFloat ? out : out.to(proj.scalar_type());
 }
 
+namespace {
+struct Int8HeadsScratch {
+  AttentionInt8Workspace ws;
+  std::vector<float> keys;  // the full form's [x | kb_h] rows
+};
+Int8HeadsScratch& int8_heads_scratch() {
+  thread_local Int8HeadsScratch s;
+  return s;
+}
+}  // namespace
+
+at::Tensor xwx_heads_int8_op(const at::Tensor& proj, const std::optional<at::Tensor>& x_opt, int64_t num_heads,
+                             int64_t value_dim) {
+  const at::Tensor x = x_opt.value_or(at::Tensor());
+  const XwxLayout w = check_args(proj, x, num_heads, value_dim);
+  TORCH_CHECK_VALUE(proj.device().is_cpu(), "proj: expected device cpu (the CPU kernel), got ", proj.device());
+  check_dense({{"proj", &proj}, {"x", &x}});
+  const int64_t batch = proj.size(0), tokens = proj.size(1), D = w.shape.value_dim, hd = w.shape.heads * D;
+  at::Tensor out = empty_output({batch, tokens, hd}, at::kFloat);
+  if (batch == 0 || tokens == 0) return out.to(proj.scalar_type());
+  const at::Tensor pf = f32(proj), xf = f32(x);
+  const float* pp = pf.data_ptr<float>();
+  const float* xp = xf.defined() ? xf.data_ptr<float>() : nullptr;
+  const int64_t ldp = w.proj_cols(), C = w.shape.channels, lw = w.left_width;
+  float* op = out.data_ptr<float>();
+  const CpuIsa isa = active_cpu_isa();
+  for_each_attention_task(
+      batch, tokens, w.shape.heads, isa, [](int64_t) { return &int8_heads_scratch(); },
+      [&](Int8HeadsScratch* s, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t, int64_t, int64_t, int64_t) {
+        const float* rows = pp + b * tokens * ldp;
+        Int8HeadOperands o;
+        o.q = rows + w.left_col(h), o.ldq = ldp, o.dk = lw;
+        o.v = rows + w.value_col(h), o.ldv = ldp, o.dv = D;
+        if (!w.shape.full) {
+          o.k = rows + w.right_col(h), o.ldk = ldp;
+        } else if (!w.shape.key_bias) {
+          o.k = xp + b * tokens * C, o.ldk = C;
+        } else {
+          s->keys.resize(size_t(tokens * lw));
+          const float* xb = xp + b * tokens * C;
+          for (int64_t j = 0; j < tokens; ++j) {
+            std::copy(xb + j * C, xb + (j + 1) * C, s->keys.data() + j * lw);
+            s->keys[size_t(j * lw + C)] = rows[j * ldp + w.right_col(h)];
+          }
+          o.k = s->keys.data(), o.ldk = lw;
+        }
+        attention_int8_head(o, tokens, q0, q1, 1.0f, op + b * tokens * hd + h * D, hd, s->ws, isa);
+      });
+  return proj.scalar_type() == at::kFloat ? out : out.to(proj.scalar_type());
+}
+
 }  // namespace ops
 }  // namespace vitfast
 
-TORCH_LIBRARY_IMPL(vitfast, CPU, m) { m.impl("xwx_heads", &vitfast::ops::xwx_heads_op); }
+TORCH_LIBRARY_IMPL(vitfast, CPU, m) {
+  m.impl("xwx_heads", &vitfast::ops::xwx_heads_op);
+  m.impl("xwx_heads_int8", &vitfast::ops::xwx_heads_int8_op);
+}

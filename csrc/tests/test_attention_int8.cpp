@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -103,6 +104,75 @@ void test_attention_int8(CpuIsa isa) {
               worst_ref, worst_scalar);
 }
 
+// The head on strided operands (Int8HeadOperands: Q, K, V in separate row-major blocks with their own row strides,
+// dk != dv, as xwx_heads_int8 reads a non-deep projection): against fp64 within the int8 budget, against the scalar
+// path, and the same bits as the packed-qkv entry where dk = dv.
+void test_attention_int8_operands(CpuIsa isa) {
+  std::mt19937 rng(23);
+  int count = 0;
+  for (int64_t tokens : {1, 17, 197})
+    for (auto dims : {std::pair<int64_t, int64_t>{129, 128}, {9, 20}, {65, 64}, {24, 24}}) {
+      const int64_t dk = dims.first, dv = dims.second, ldq = dk + 3, ldk = dk + 7, ldv = dv + 5;
+      std::vector<float> q = random_vector(rng, size_t(tokens * ldq)), k = random_vector(rng, size_t(tokens * ldk)),
+                         v = random_vector(rng, size_t(tokens * ldv));
+      const float scale = 1.0f / std::sqrt(float(dk));
+      auto run_ops = [&](CpuIsa which) {
+        Int8HeadOperands o;
+        o.q = q.data(), o.k = k.data(), o.v = v.data(), o.ldq = ldq, o.ldk = ldk, o.ldv = ldv, o.dk = dk, o.dv = dv;
+        std::vector<float> out(size_t(tokens * (dv + 2)), -1.0f);
+        AttentionInt8Workspace ws;
+        attention_int8_head(o, tokens, 0, tokens, scale, out.data() + 1, dv + 2, ws, which);
+        return out;
+      };
+      const std::vector<float> got = run_ops(isa);
+      std::vector<double> want(got.size());
+      std::vector<double> p(static_cast<size_t>(tokens));
+      for (int64_t i = 0; i < tokens; ++i) {
+        want[size_t(i * (dv + 2))] = -1.0, want[size_t(i * (dv + 2) + dv + 1)] = -1.0;  // untouched columns
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t j = 0; j < tokens; ++j) {
+          double s = 0.0;
+          for (int64_t c = 0; c < dk; ++c) s += double(q[size_t(i * ldq + c)]) * k[size_t(j * ldk + c)];
+          mx = std::max(mx, p[size_t(j)] = s * scale);
+        }
+        for (int64_t j = 0; j < tokens; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - mx));
+        for (int64_t c = 0; c < dv; ++c) {
+          double acc = 0.0;
+          for (int64_t j = 0; j < tokens; ++j) acc += p[size_t(j)] / sum * v[size_t(j * ldv + c)];
+          want[size_t(i * (dv + 2) + 1 + c)] = acc;
+        }
+      }
+      const double e_ref = rel_norm(got, want);
+      VT_CHECK(e_ref < 0.03, "[%s] attention_int8 operands tokens=%lld dk=%lld dv=%lld: %.3g relative error vs fp64",
+               cpu_isa_name(isa), (long long)tokens, (long long)dk, (long long)dv, e_ref);
+      if (isa != CpuIsa::kScalar) {
+        const std::vector<float> scalar = run_ops(CpuIsa::kScalar);
+        const double e_s = rel_norm(got, std::vector<double>(scalar.begin(), scalar.end()));
+        VT_CHECK(e_s < 2e-3, "[%s] attention_int8 operands tokens=%lld dk=%lld dv=%lld: %.3g from the scalar path",
+                 cpu_isa_name(isa), (long long)tokens, (long long)dk, (long long)dv, e_s);
+      }
+      if (dk == dv) {  // packed qkv rows [q | k | v] with one stride: the qkv entry's bits
+        const int64_t ld = 3 * dk;
+        std::vector<float> qkv(size_t(tokens * ld));
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int64_t c = 0; c < dk; ++c) {
+            qkv[size_t(t * ld + c)] = q[size_t(t * ldq + c)];
+            qkv[size_t(t * ld + dk + c)] = k[size_t(t * ldk + c)];
+            qkv[size_t(t * ld + 2 * dk + c)] = v[size_t(t * ldv + c)];
+          }
+        std::vector<float> packed(size_t(tokens * dv));
+        AttentionInt8Workspace ws;
+        attention_int8_head(qkv.data(), ld, tokens, 1, dk, 0, 0, tokens, scale, packed.data(), dv, ws, isa);
+        std::vector<float> strided(size_t(tokens * dv));
+        for (int64_t t = 0; t < tokens; ++t)
+          std::copy(got.begin() + t * (dv + 2) + 1, got.begin() + t * (dv + 2) + 1 + dv, strided.begin() + t * dv);
+        check_same_bits(isa, strided, packed, "attention_int8 operands vs packed qkv");
+      }
+      ++count;
+    }
+  std::printf("[%s] attention_int8 on strided operands: %d cases\n", cpu_isa_name(isa), count);
+}
+
 #if defined(__x86_64__)
 // The AVX-512 V statistics and pack against their definitions (gemm_int8_isa.h), written here element by element:
 // every code bit for bit, at head widths with partial panels, token counts with and without a partial group, both
@@ -176,6 +246,7 @@ void test_v_pack_avx512(CpuIsa) {}
 // On the AVX-512 path, where the CPU has AMX-INT8, once more on the VNNI kernel: its K/V panels are the u8 form.
 void test_attention_int8_kernels(CpuIsa isa) {
   test_attention_int8(isa);
+  test_attention_int8_operands(isa);
   if (isa == CpuIsa::kAvx512 && cpu_has(CpuExt::kAmxInt8) && set_cpu_ext_enabled(CpuExt::kAmxInt8, false)) {
     test_attention_int8(isa);
     set_cpu_ext_enabled(CpuExt::kAmxInt8, true);

@@ -151,7 +151,13 @@ class ProjectedXWXAttention(nn.Module):
     the fused op in exact arithmetic (the same columns, xwx_attention's phases 2-3); not a fused kind of its own: the
     block's file config stays the FusedXWXBlock's, and the quantization record names `attn.proj_in` /
     `attn.proj_out`, from which `vitfast.load` rebuilds this form (vitfast/quant/structure.py).
+
+    `int8_attention` (set on an instance by `vitfast.quantize(attention=...)`, recorded like `FusedAttention`'s): the
+    heads' score and value products on int8 (`ops.xwx_heads_int8`) instead of fp32.
     """
+
+    # read from the instance's __dict__ when set; the class default lets a plan read it as an attribute
+    int8_attention = False
 
     def __init__(self, dim: int, num_heads: int, score_form: str, score_rank: int, value_dim: int, *,
                  key_bias: bool = True, out_bias: bool = True, device=None, dtype=None) -> None:
@@ -201,7 +207,8 @@ class ProjectedXWXAttention(nn.Module):
         # FusedAttention.forward.
         first, last = self.proj_in, self.proj_out
         proj = ops.linear(y, first.weight, first.bias) if isinstance(first, nn.Linear) else first(y)
-        heads = ops.xwx_heads(proj, y if self.score_form == "full" else None, self.num_heads, self.value_dim)
+        heads_op = ops.xwx_heads_int8 if self.__dict__.get("int8_attention") else ops.xwx_heads
+        heads = heads_op(proj, y if self.score_form == "full" else None, self.num_heads, self.value_dim)
         if isinstance(last, nn.Linear):
             return ops.linear(heads, last.weight, last.bias, residual)
         return last(heads, residual)

@@ -46,6 +46,20 @@ def model_tokens(model: nn.Module) -> Optional[int]:
     return patches + (prefix if isinstance(prefix, int) and prefix > 0 else 0)
 
 
+def products_dim(attn: nn.Module) -> int:
+    """The head dim the rule reads for an attention: its head dim (a fused MHSA), or for a projected non-deep
+    attention (vitfast.nn.xwx.ProjectedXWXAttention) the smaller of its score width (R + key bias column, or C + it in
+    the full form) and value width D.  Measured for those heads (`benchmarks/bench_xwx_heads_int8.py`, avx512_vnni,
+    one thread, batch 1, xwx_heads ÷ xwx_heads_int8): 0.89× at N = 17 and width 48, 1.21× at N = 65, 1.4-2.4× at
+    N = 197 from width 32; on the avx2 path 1.08-1.20× at N = 197-577, width 64-128.  The multi-head rule with that
+    width is never wrong there, only conservative (N = 65 at width 48 and the avx2 cells keep fp32)."""
+    if hasattr(attn, "head_dim"):
+        return int(attn.head_dim)
+    kb = int(attn.has_key_bias)
+    score = (attn.score_rank if attn.score_form == "factored" else attn.dim) + kb
+    return int(min(score, attn.value_dim))
+
+
 def int8_attention_pays(tokens: Optional[int], head_dim: int, kernel: str) -> bool:
     """Whether `attention_int8` measured faster than fp32 attention on `kernel` (vitfast.ops.int8_kernel()) at this
     token count (None: not known, DEFAULT_TOKENS) and head dim."""

@@ -48,7 +48,7 @@ from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
 from ..nn.patch_embed import is_patch_projection
 from ..nn.xwx import ProjectedXWXAttention
 from . import calibrate
-from .attention_choice import int8_attention_pays, model_tokens, why
+from .attention_choice import int8_attention_pays, model_tokens, products_dim, why
 from .structure import _replan_blocks, project_xwx_attentions, restore_fp32_xwx, set_submodule
 
 DTYPES = ("int8", "bf16")
@@ -89,7 +89,7 @@ def fp32_kinds(model: nn.Module) -> List[str]:
     kept = []
     counts = {"XWX attention (non-deep)": sum(isinstance(m, FusedXWXAttention) for m in model.modules()),
               "XWX attention heads (non-deep: scores, softmax, values)": sum(
-                  isinstance(m, ProjectedXWXAttention) for m in model.modules()),
+                  isinstance(m, ProjectedXWXAttention) and not m.int8_attention for m in model.modules()),
               "DW-conv attention": sum(isinstance(m, FusedDWConvBlock) and type(m.value) is nn.Linear
                                        and type(m.out_proj) is nn.Linear for m in model.modules()),
               "DW-conv heads (depthwise convolution)": sum(
@@ -302,13 +302,15 @@ def quantize(
     if attention != "fp32":
         patterns = [skip] if isinstance(skip, str) else list(skip) if isinstance(skip, (list, tuple)) else []
         for name, m in out.named_modules():
-            # the fused ViT attention's products (not Swin's windows: its bias table and masks stay on fp32 SDPA);
-            # a block whose qkv a skip= pattern kept in fp32 keeps its attention fp32 too
-            if type(m) is not FusedAttention or f"{name}.qkv" in kept or any(
-                    fnmatch.fnmatchcase(name, p) for p in patterns):
+            # the fused ViT attention's products (not Swin's windows: its bias table and masks stay on fp32 SDPA)
+            # and a projected non-deep attention's heads (int8 only: they have no bf16 form); an attention whose
+            # input GEMM (qkv / proj_in) a skip= pattern kept in fp32 keeps its products fp32 too
+            first = "qkv" if type(m) is FusedAttention else "proj_in"
+            if (type(m) is not FusedAttention and not (type(m) is ProjectedXWXAttention and attention != "bf16")
+                    or f"{name}.{first}" in kept or any(fnmatch.fnmatchcase(name, p) for p in patterns)):
                 continue
             if attention == "auto":
-                if int8_attention_pays(auto["tokens"], m.head_dim, auto["kernel"]):
+                if int8_attention_pays(auto["tokens"], products_dim(m), auto["kernel"]):
                     m.int8_attention = True
             else:
                 setattr(m, f"{attention}_attention", True)
@@ -348,10 +350,13 @@ def describe(model: nn.Module) -> str:
     n_lin = sum(isinstance(m, Int8Linear) for _, m in int8) - n_xwx - n_dw
     n_ffn = sum(isinstance(m, Int8ChannelIdleFFN) for _, m in int8)
     static = any(getattr(m, "act_scale", 0.0) > 0 or getattr(m, "act_scale_in", 0.0) > 0 for _, m in int8)
-    n_att = sum(bool(m.__dict__.get("int8_attention")) for m in model.modules())
+    n_att = sum(bool(m.__dict__.get("int8_attention")) for m in model.modules() if type(m) is FusedAttention)
     n_bf16 = sum(bool(m.__dict__.get("bf16_attention")) for m in model.modules())
+    n_xwx_heads = sum(bool(m.__dict__.get("int8_attention")) for m in model.modules()
+                      if type(m) is ProjectedXWXAttention)
     all_att = sum(type(m) is FusedAttention for m in model.modules())
     att = f", {n_att} attentions' score/value products" if n_att else ""
+    att += f", {n_xwx_heads} non-deep XWX attention heads' score/value products" if n_xwx_heads else ""
     if n_bf16:
         from .. import ops
 
@@ -365,9 +370,10 @@ def describe(model: nn.Module) -> str:
              f"activations {'static per tensor' if static else 'dynamic per token'}"]
     auto = record.get("attention_auto")
     if isinstance(auto, dict) and isinstance(auto.get("kernel"), str):
-        heads = sorted({m.head_dim for m in model.modules() if type(m) is FusedAttention})
-        if len(heads) == 1:
-            parts.append(why(auto.get("tokens"), heads[0], auto["kernel"], n_att > 0))  # (structure.apply checked it)
+        heads = sorted({products_dim(m) for m in model.modules()
+                        if type(m) in (FusedAttention, ProjectedXWXAttention)})
+        if len(heads) == 1:  # (structure.apply checked the flags)
+            parts.append(why(auto.get("tokens"), heads[0], auto["kernel"], n_att + n_xwx_heads > 0))
     if record.get("smooth") == "auto":
         chosen = [layer.get("alpha") for layer in record.get("layers", []) if layer.get("int8")]
         parts.append("SmoothQuant α per layer (" + ", ".join(

@@ -64,6 +64,9 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
     check_record(record)
     # a non-deep attention whose GEMMs are int8 was saved in its projected form (nn/xwx.py ProjectedXWXAttention)
     owners = {p.rpartition(".")[0] for p in record["modules"] if isinstance(p, str)}
+    # (and one whose heads' products are int8: the flag names the attention itself)
+    owners |= {p for p, cfg in record["modules"].items()
+               if isinstance(p, str) and isinstance(cfg, dict) and cfg.get("kind") == "int8_attention"}
     if prefix:
         owners = {p[len(prefix) + 1:] for p in owners if p.startswith(prefix + ".")}
     project_xwx_attentions(model, owners, weights=False)
@@ -82,8 +85,11 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
             raise ValueError(f"{where}['kind']: expected one of {', '.join(map(repr, _KINDS))}, got {cfg!r:.200}")
         if kind in ("int8_attention", "bf16_attention"):  # a flag on the fused attention: its products' op
             from ..nn.block import FusedAttention
+            from ..nn.xwx import ProjectedXWXAttention
 
-            if type(target) is not FusedAttention or set(cfg) != {"kind"}:
+            # (a non-deep attention's heads have an int8 form only)
+            kinds = (FusedAttention, ProjectedXWXAttention) if kind == "int8_attention" else (FusedAttention,)
+            if type(target) not in kinds or set(cfg) != {"kind"}:
                 raise ValueError(f"{where}: expected a fused attention at {path!r} and no other keys, found "
                                  f"{type(target).__name__}, keys {sorted(cfg)}")
             setattr(target, kind, True)

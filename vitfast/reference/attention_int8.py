@@ -42,13 +42,10 @@ def _int8_bmm(q: torch.Tensor, s: torch.Tensor, qw: torch.Tensor, sw: torch.Tens
     return ((acc * s.unsqueeze(-1)).double() * sw.unsqueeze(-2).double()).float()
 
 
-def attention_int8_unchecked(qkv, num_heads, scale=None, _norm="quantized"):
-    batch, tokens, width = qkv.shape
-    head_dim = width // (3 * num_heads)
-    if scale is None:
-        scale = float(1.0 / torch.tensor(float(head_dim), dtype=torch.float32).sqrt())
-    scale = float(torch.tensor(float(scale), dtype=torch.float32))
-    q, k, v = qkv.float().reshape(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+def int8_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, _norm: str = "quantized"
+               ) -> torch.Tensor:
+    """The int8 products of the module doc on given heads: q, k [..., N, dk], v [..., N, dv] (float32) →
+    [..., N, dv].  `scale` multiplies the scores before the softmax (a float32 value)."""
     qq, sq = quantize_rows(q)
     qk, sk = quantize_rows(k)
     s = _int8_bmm(qq, sq, qk, sk) * scale
@@ -60,7 +57,17 @@ def attention_int8_unchecked(qkv, num_heads, scale=None, _norm="quantized"):
     else:  # "fp32": the fp32 sum of the unquantized row (the kernel's fp32 attention does this)
         se = se * (1.0 / e.sum(dim=-1))
     qv, sv = quantize_rows(v.transpose(-1, -2))
-    out = _int8_bmm(qe, se, qv, sv)
+    return _int8_bmm(qe, se, qv, sv)
+
+
+def attention_int8_unchecked(qkv, num_heads, scale=None, _norm="quantized"):
+    batch, tokens, width = qkv.shape
+    head_dim = width // (3 * num_heads)
+    if scale is None:
+        scale = float(1.0 / torch.tensor(float(head_dim), dtype=torch.float32).sqrt())
+    scale = float(torch.tensor(float(scale), dtype=torch.float32))
+    q, k, v = qkv.float().reshape(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    out = int8_heads(q, k, v, scale, _norm)
     return out.transpose(1, 2).reshape(batch, tokens, num_heads * head_dim).to(qkv.dtype)
 
 

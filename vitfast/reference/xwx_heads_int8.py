@@ -1,0 +1,36 @@
+"""`vitfast.reference.xwx_heads_int8`: the heads of collapsed non-deep attention (`xwx_heads`) with the score and
+value products on int8 — `attention_int8`'s products (vitfast/reference/attention_int8.py: per-token A and B rows,
+per-row softmax codes normalised by their integer sum, per-channel V) on the operands `xwx_heads` reads from the
+projection, with the softmax scale 1 (it is already folded into A).  The kernel: `attention_int8`'s head on strided
+operands (csrc/kernels/attention_int8.h, `Int8HeadOperands`).
+
+Per head h: A_h [N × dk] and B_h [N × dk] as in `xwx_heads` (B_h = [x | key bias column] in the full form), V_h
+[N × D]; dk = R (+1 with a key bias) differs from D, unlike multi-head attention's.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .attention_int8 import int8_heads
+from .xwx_heads import check_xwx_heads_args
+
+
+def check_xwx_heads_int8_args(proj, x, num_heads, value_dim) -> tuple[int, int, int, int]:
+    """Validate `xwx_heads_int8` arguments (those of `xwx_heads`); return (H, left width, right width, D)."""
+    return check_xwx_heads_args(proj, x, num_heads, value_dim)
+
+
+def xwx_heads_int8(proj: torch.Tensor, x: Optional[torch.Tensor], num_heads: int, value_dim: int) -> torch.Tensor:
+    """`xwx_heads` with int8 score/value products (module doc): [B, N, H·D] in proj's dtype, computed from its fp32
+    values."""
+    heads, left, right, d = check_xwx_heads_int8_args(proj, x, num_heads, value_dim)
+    batch, tokens, width = proj.shape
+    p = proj.float().reshape(batch, tokens, heads, width // heads).transpose(1, 2)  # [B, H, N, P]
+    a = p[..., :left]
+    b = p[..., left:left + right]
+    if x is not None:
+        b = torch.cat([x.float().unsqueeze(1).expand(batch, heads, tokens, x.shape[2]), b], dim=-1)
+    out = int8_heads(a, b, p[..., left + right:], 1.0)  # [B, H, N, D]
+    return out.transpose(1, 2).reshape(batch, tokens, heads * d).to(proj.dtype)
