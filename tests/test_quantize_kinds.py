@@ -1,11 +1,10 @@
 """`vitfast.quantize` on every fused block kind: channel-idle ViT (FusedBlock), Swin (FusedSwinBlock: timm's window
 attention's qkv/proj become Int8Linear), non-deep (FusedXWXBlock: the XWX attention's projection and output GEMMs
-become Int8Linear in its projected form, its heads stay fp32), drop-in DW-conv (FusedDWConvBlock: its value, output
-and attention-head linears become Int8Linear, the depthwise convolution stays fp32) and USDC gated
-(FusedGatedBlock).  For each kind and for dynamic and
-static + smooth quantization: the int8 modules are where expected and nowhere else, each int8 layer's own error and
-the model's output error stay at int8 rounding's size, `vitfast.save` → `vitfast.load` gives identical outputs, and
-`describe` names what stays fp32."""
+become Int8Linear in its projected form, its heads' products int8 where `attention=` asks), drop-in DW-conv
+(FusedDWConvBlock: its value, output and attention-head linears become Int8Linear, the depthwise convolution stays
+fp32) and USDC gated (FusedGatedBlock). For each kind and for dynamic and static + smooth quantization: the int8
+modules are where expected and nowhere else, each int8 layer's own error and the model's output error stay at int8
+rounding's size, `vitfast.save` → `vitfast.load` gives identical outputs, and `describe` names what stays fp32."""
 from __future__ import annotations
 
 import pytest

@@ -143,7 +143,7 @@ def _xwx_projection(attn: FusedXWXAttention) -> Tuple[torch.Tensor, Optional[tor
 
 class ProjectedXWXAttention(nn.Module):
     """`FusedXWXAttention` as its three steps: `proj_in` (C → H·P, the projection `xwx_heads` reads), the heads
-    (`ops.xwx_heads`: scores, softmax, values — fp32), `proj_out` (H·D → C_out with b_o, + the residual).
+    (`ops.xwx_heads`: scores, softmax, values), `proj_out` (H·D → C_out with b_o, + the residual).
 
     The form `vitfast.quantize` gives a non-deep block's attention so that its two GEMMs — ~80% of the attention's
     multiply-adds at DeiT-S size (projection 175 M, output 58 M, scores and values 60 M per image) — run on the

@@ -6,12 +6,13 @@ per-output-channel int8 weights and int8 activations, per token computed at run 
 no data) or one scale per tensor from calibration images (`"static"`).  LayerNorm, softmax, GELU and the residual
 adds stay fp32; so does the head (the last layer, a few hundred MACs per class).  A non-deep XWX attention is
 quantized in its projected form (`ProjectedXWXAttention`, vitfast/nn/xwx.py): its projection and output GEMMs int8
-(layers `attn.proj_in` / `attn.proj_out`), its heads (scores, softmax, values: `xwx_heads`) fp32.  A DW-conv block's
+(layers `attn.proj_in` / `attn.proj_out`), its heads (scores, softmax, values) `xwx_heads`, whose products follow
+`attention=` below (`xwx_heads_int8`).  A DW-conv block's
 value and output GEMMs (`value` / `out_proj`) and its remaining attention heads' `qkv` / `attn_proj` become int8 the
-same way; its depthwise convolution (`dwconv_heads`) stays fp32.  The attention's score/value products are int8 in
-the dynamic mode where int8 products measured faster on this CPU's int8 kernel at the model's token count and head
-dim (`attention="auto"`, vitfast/quant/attention_choice.py; "int8", "bf16" or "fp32" force one): `describe(model)`
-lists what stays fp32.
+same way; its depthwise convolution (`dwconv_heads`) stays fp32.  The attention's score/value products (and the
+non-deep heads') are int8 in the dynamic mode where int8 products measured faster on this CPU's int8 kernel at the
+model's token count and head dim (`attention="auto"`, vitfast/quant/attention_choice.py; "int8", "bf16" or "fp32"
+force one): `describe(model)` lists what stays fp32.
 The patch embedding was fp32 too until measured: ~2% of the FLOPs but 7% of an int8 DeiT-S forward
 (docs/quantization.md); `skip=["patch_embed.proj"]` keeps it fp32.
 
