@@ -222,7 +222,8 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     b.b_o = t[7].cast<OptTensor>();
     ffn_part(b, t[8].cast<py::tuple>());
   } else if (kind == "xwx_proj") {
-    // (kind, norm1_eps, proj_in layer, num_heads, value_dim, full, proj_out layer, FFN sub-block, int8 products)
+    // (kind, norm1_eps, proj_in layer, num_heads, value_dim, full, proj_out layer, FFN sub-block, products: 0 fp32,
+    //  1 int8, 2 bf16)
     if (t.size() != 9) throw py::value_error("blocks: an xwx_proj block takes 9 entries");
     b.kind = vitfast::ops::BlockKind::kXwxProjected;
     b.norm1_eps = t[1].cast<double>();
@@ -232,7 +233,9 @@ vitfast::ops::ForwardBlock forward_block(const py::tuple& t) {
     b.xwx_full = t[5].cast<bool>();
     b.xwx_out = forward_linear(t[6].cast<py::tuple>());
     ffn_part(b, t[7].cast<py::tuple>());
-    b.xwx_int8 = t[8].cast<bool>();
+    const int64_t products = t[8].cast<int64_t>();
+    if (products < 0 || products > 2) throw py::value_error("blocks: an xwx_proj block's products must be 0, 1 or 2");
+    b.xwx_products = static_cast<vitfast::ops::BlockAttention>(products);
   } else if (kind == "dwconv") {
     // (kind, norm1_eps, w_qkv, b_qkv, attn_heads, attn_proj, value_w, value_b, conv_kernel, out_w, out_b, grid_h,
     //  grid_w, FFN sub-block); w_qkv / attn_proj None without attention heads

@@ -47,7 +47,7 @@ def _good_args(name):
         return make_xwx_args(2, 5, 16, 2, 4, 8)
     if name == "dwconv_heads":  # one prefix token, then a 2 × 2 grid
         return [torch.randn(2, 5, 8), torch.randn(8, 3, 3) / 3, 2, 2]
-    if name in ("xwx_heads", "xwx_heads_int8"):  # the full form with a key bias: per head C + 2 + D = 26 columns
+    if name in ("xwx_heads", "xwx_heads_int8", "xwx_heads_bf16"):  # the full form with a key bias: per head C + 2 + D = 26 columns
         return [torch.randn(2, 5, 52), x, 2, 8]
     if name == "batch_gate":
         return [x, _uni(8, 16, fan_in=16), _uni(8, fan_in=16), _uni(2, 8, fan_in=8), _uni(2, fan_in=8), True,
@@ -103,10 +103,10 @@ BAD = [
     *[("dwconv_attention", a, v) for a in ("grid_h", "grid_w") for v in (*_INTS, 0, 3)],
     *[("dwconv_attention", a, v) for a in ("b_v", "b_o", "residual") for v in (0.0, "a")],
     *[("xwx_attention", a, v) for a in ("w_k", "key_bias", "b_o", "residual") for v in (1.0, [0.0])],
-    *[(op, "x", v) for op in ("xwx_heads", "xwx_heads_int8") for v in (1.0, [0.0])],
+    *[(op, "x", v) for op in ("xwx_heads", "xwx_heads_int8", "xwx_heads_bf16") for v in (1.0, [0.0])],
     *[("dwconv_heads", a, v) for a in ("grid_h", "grid_w") for v in (*_INTS, 0, 3)],
     ("dwconv_heads", "kernel", None),
-    *[(op, a, v) for op in ("xwx_heads", "xwx_heads_int8") for a in ("num_heads", "value_dim")
+    *[(op, a, v) for op in ("xwx_heads", "xwx_heads_int8", "xwx_heads_bf16") for a in ("num_heads", "value_dim")
       for v in (*_INTS, 0, -1, 2**70)],
     *[("batch_gate", a, v) for a in ("b1", "w2", "b2") for v in (1.0, [[1.0]])],
     *[("batch_gate", "layer_norm", v) for v in _BOOLS],
@@ -149,7 +149,7 @@ GOOD = [
     ("batch_gate", "eps", np.float32(1e-5)), ("batch_gate", "eps", 1), ("batch_gate", "layer_norm", False),
     ("gate_select", "index", np.int64(0)),
     ("dwconv_heads", "grid_h", np.int64(2)),
-    *[(op, a, v) for op in ("xwx_heads", "xwx_heads_int8")
+    *[(op, a, v) for op in ("xwx_heads", "xwx_heads_int8", "xwx_heads_bf16")
       for a, v in (("x", None), ("num_heads", np.int64(2)), ("value_dim", np.int64(8)))],
     ("gated_mhsa", "norm_eps", None), ("gated_mhsa", "norm_eps", 0.0), ("gated_mhsa", "norm_eps", np.float32(1e-6)),
     ("gated_mhsa", "num_heads", np.int64(2)), ("gated_mhsa", "index", np.int64(1)),

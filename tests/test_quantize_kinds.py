@@ -251,21 +251,24 @@ def test_projected_nondeep_attention_fp32_equals_the_fused_op():
 
 @pytest.mark.parametrize("attention", ["int8", "bf16", "fp32"])
 def test_nondeep_attention_heads_products(attention, tmp_path):
-    """attention="int8" puts a non-deep attention's heads on `xwx_heads_int8` (its int8_attention flag), "bf16" and
-    "fp32" keep them fp32 (they have no bf16 form); the flag goes through save/load, `describe` says where the products
-    run, the output is the fp32 model's up to int8 rounding, and an attention whose projection skip= kept fp32 keeps
-    fp32 heads."""
+    """attention="int8" / "bf16" puts a non-deep attention's heads on `xwx_heads_int8` / `xwx_heads_bf16` (its
+    int8_attention / bf16_attention flag), "fp32" keeps them fp32; the flag goes through save/load, `describe` says
+    where the products run, the output is the fp32 model's up to int8 rounding, and an attention whose projection
+    skip= kept fp32 keeps fp32 heads."""
     model = nondeep()
     q = vitfast.quantize(model, attention=attention, skip=["blocks.0.attn.proj_in"])
     attns = [b.attn for b in q.blocks]
     assert all(type(a) is ProjectedXWXAttention for a in attns[1:])
-    want = [False] + [attention == "int8"] * (len(attns) - 1)
-    assert [bool(a.__dict__.get("int8_attention")) for a in attns] == want
+    flag = f"{attention}_attention"
+    want = [False] + [attention != "fp32"] * (len(attns) - 1)
+    assert [bool(a.__dict__.get(flag)) for a in attns] == want
+    assert not any(a.__dict__.get(f) for a in attns for f in ("int8_attention", "bf16_attention") if f != flag)
     calls = []
-    original = vitfast.ops.xwx_heads_int8
+    op_name = f"xwx_heads_{attention}" if attention != "fp32" else "xwx_heads_int8"
+    original = getattr(vitfast.ops, op_name)
     x = images()
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(vitfast.ops, "xwx_heads_int8", lambda *a: calls.append(1) or original(*a))
+        m.setattr(vitfast.ops, op_name, lambda *a: calls.append(1) or original(*a))
         with torch.no_grad():
             y, yq = model(x), VisionTransformer.forward(q, x)  # each block's module path
     assert len(calls) == sum(want)
@@ -273,11 +276,13 @@ def test_nondeep_attention_heads_products(attention, tmp_path):
     text = vitfast.quant.describe(q)
     heads_fp32 = f"{len(attns) - sum(want)} × XWX attention heads (non-deep: scores, softmax, values)"
     assert heads_fp32 in text
-    assert (f"{sum(want)} non-deep XWX attention heads' score/value products" in text) == (attention == "int8")
+    heads = f"{sum(want)} non-deep XWX attention heads' score/value products"
+    assert (f", {heads};" in text) == (attention == "int8")
+    assert (f"bf16: {heads} (the " in text) == (attention == "bf16")
     path = tmp_path / "nondeep.safetensors"
     vitfast.save(q, path)
     r = vitfast.load(path)
-    assert [bool(b.attn.__dict__.get("int8_attention")) for b in r.blocks] == want
+    assert [bool(b.attn.__dict__.get(flag)) for b in r.blocks] == want
     with torch.no_grad():
         assert torch.equal(r(x), q(x))
 

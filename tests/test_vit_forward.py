@@ -192,6 +192,7 @@ INT8_OPTIONS = {
     "DW-conv value and output kept fp32": dict(skip=["blocks.*.value", "blocks.*.out_proj"]),
     # the score/value products on int8: the non-deep heads as xwx_heads_int8, the DW-conv block's attention heads
     "int8 products": dict(attention="int8"),
+    "bf16 products": dict(attention="bf16"),
 }
 
 

@@ -34,6 +34,7 @@ struct LineStream {
 
 class NextPrefetcher {
  public:
+  NextPrefetcher() = default;  // nothing to prefetch
   NextPrefetcher(const AttentionNext& next, const float* cur_qkv, int64_t cur_h, int64_t ld_qkv, int64_t tokens,
                  int64_t heads, int64_t d, int64_t ld_out) {
     if (next.qkv == nullptr || next.q1 <= next.q0) return;
@@ -158,23 +159,30 @@ namespace {
 int64_t bf16_floats(int64_t n) { return (n + 31) / 32 * 16; }
 }  // namespace
 
-int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_t q_rows) {
+int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t dk, int64_t dv, int64_t q_rows) {
   const int64_t chunk = std::min(q_rows, kAttentionChunk);
-  return bf16_floats(gemm16::packed_bf16(tokens, head_dim)) + bf16_floats(gemm16::packed_bf16(head_dim, tokens)) +
-         chunk * padded(tokens) + bf16_floats(chunk * padded(head_dim)) + bf16_floats(chunk * padded(tokens)) +
+  return bf16_floats(gemm16::packed_bf16(tokens, dk)) + bf16_floats(gemm16::packed_bf16(dv, tokens)) +
+         chunk * padded(tokens) + bf16_floats(chunk * padded(dk)) + bf16_floats(chunk * padded(tokens)) +
          3 * padded(chunk);
 }
 
-void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
-                         int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
-                         gemm16::Bf16Kernel kernel, const AttentionNext& next, uint16_t* out16, int64_t ld_out16) {
+int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_t q_rows) {
+  return attention_workspace_floats_bf16(tokens, head_dim, head_dim, q_rows);
+}
+
+namespace {
+// One head on given operands (kernels/head_operands.h), the prefetch of the caller's next task walked alongside;
+// out / out16 point at the head's first output column of row 0.
+void bf16_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, float scale, float* out,
+               int64_t ld_out, float* workspace, CpuIsa isa, gemm16::Bf16Kernel kernel,
+               const NextPrefetcher& prefetch, uint16_t* out16, int64_t ld_out16) {
   if (q1 <= q0) return;
-  const int64_t d = head_dim, attn_dim = heads * head_dim, m = q1 - q0;
+  const int64_t dk = o.dk, d = o.dv, m = q1 - q0;
   const int64_t chunks = (m + kAttentionChunk - 1) / kAttentionChunk;
   const int64_t max_chunk = std::min(m, kAttentionChunk);
-  const int64_t ld_s = padded(tokens), ld_q = padded(d);
+  const int64_t ld_s = padded(tokens), ld_q = padded(dk);
   uint16_t* k_panels = reinterpret_cast<uint16_t*>(workspace);
-  float* after_k = workspace + bf16_floats(gemm16::packed_bf16(tokens, d));
+  float* after_k = workspace + bf16_floats(gemm16::packed_bf16(tokens, dk));
   uint16_t* v_panels = reinterpret_cast<uint16_t*>(after_k);
   float* scores = after_k + bf16_floats(gemm16::packed_bf16(d, tokens));
   uint16_t* q16 = reinterpret_cast<uint16_t*>(scores + max_chunk * ld_s);
@@ -182,24 +190,20 @@ void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   float* row_max = scores + max_chunk * ld_s + bf16_floats(max_chunk * ld_q) + bf16_floats(max_chunk * ld_s);
   float* row_sum = row_max + padded(max_chunk);
   float* row_scale = row_sum + padded(max_chunk);
-  const float* q = qkv + h * d;
-  const float* k = qkv + attn_dim + h * d;
-  const float* v = qkv + 2 * attn_dim + h * d;
   // The scale applied by the score GEMM's epilogue (row_scale: the fp32 product s · scale that the softmax's first
   // pass would compute, so the same bits), and the softmax run with scale 1: its first pass then only reads.
   std::fill(row_scale, row_scale + max_chunk, scale);
   gemm::Epilogue scaled;
   scaled.c_padded = true;
   scaled.row_scale = row_scale;
-  gemm16::pack_b_transposed_bf16(k, tokens, d, ld_qkv, k_panels, kernel);  // B = K_hᵀ  [D × N]
-  gemm16::pack_b_bf16(v, tokens, d, ld_qkv, v_panels, kernel);            // B = V_h   [N × D]
-  const NextPrefetcher prefetch(next, qkv, h, ld_qkv, tokens, heads, d, ld_out);
+  gemm16::pack_b_transposed_bf16(o.k, tokens, dk, o.ldk, k_panels, kernel);  // B = K_hᵀ  [dk × N]
+  gemm16::pack_b_bf16(o.v, tokens, d, o.ldv, v_panels, kernel);            // B = V_h   [N × dv]
   const int64_t pf_total = prefetch.total_rows();
   for (int64_t c = 0; c < chunks; ++c) {
     // attention_head's chunking; Q and P rounded to bf16 rows per chunk (their only reader is the next GEMM).
     const int64_t r0 = q0 + c * kAttentionChunk, r1 = std::min(q1, r0 + kAttentionChunk), rows = r1 - r0;
-    gemm16::convert_rows(q + r0 * ld_qkv, ld_qkv, rows, d, q16, ld_q, kernel);
-    gemm16::gemm_bf16_raw(rows, q16, ld_q, k_panels, tokens, d, scores, ld_s, scaled, kernel);
+    gemm16::convert_rows(o.q + r0 * o.ldq, o.ldq, rows, dk, q16, ld_q, kernel);
+    gemm16::gemm_bf16_raw(rows, q16, ld_q, k_panels, tokens, dk, scores, ld_s, scaled, kernel);
     for (int64_t i = 0; i < rows; i += 2) {
       const int64_t pair = std::min<int64_t>(2, rows - i);
       for (int64_t r = i; r < i + pair; ++r) row_max[r] = -std::numeric_limits<float>::infinity();
@@ -213,12 +217,31 @@ void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
     gemm::Epilogue normalise;
     normalise.row_scale = row_sum;
     if (out16 != nullptr) {
-      normalise.c16 = out16 + r0 * ld_out16 + h * d;
+      normalise.c16 = out16 + r0 * ld_out16;
       normalise.ldc16 = ld_out16;
     }
-    gemm16::gemm_bf16_raw(rows, p16, ld_s, v_panels, d, tokens, out16 != nullptr ? nullptr : out + r0 * ld_out + h * d,
+    gemm16::gemm_bf16_raw(rows, p16, ld_s, v_panels, d, tokens, out16 != nullptr ? nullptr : out + r0 * ld_out,
                           ld_out, normalise, kernel);
   }
+}
+}  // namespace
+
+void attention_head_bf16(const HeadOperands& operands, int64_t tokens, int64_t q0, int64_t q1, float scale,
+                         float* out, int64_t ld_out, float* workspace, CpuIsa isa, gemm16::Bf16Kernel kernel) {
+  bf16_head(operands, tokens, q0, q1, scale, out, ld_out, workspace, isa, kernel, NextPrefetcher(), nullptr, 0);
+}
+
+void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
+                         int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
+                         gemm16::Bf16Kernel kernel, const AttentionNext& next, uint16_t* out16, int64_t ld_out16) {
+  const int64_t d = head_dim, attn_dim = heads * head_dim;
+  HeadOperands o;
+  o.q = qkv + h * d, o.k = qkv + attn_dim + h * d, o.v = qkv + 2 * attn_dim + h * d;
+  o.ldq = o.ldk = o.ldv = ld_qkv;
+  o.dk = o.dv = d;
+  bf16_head(o, tokens, q0, q1, scale, out != nullptr ? out + h * d : nullptr, ld_out, workspace, isa, kernel,
+            NextPrefetcher(next, qkv, h, ld_qkv, tokens, heads, d, ld_out),
+            out16 != nullptr ? out16 + h * d : nullptr, ld_out16);
 }
 
 }  // namespace vitfast

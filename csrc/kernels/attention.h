@@ -31,6 +31,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/head_operands.h"
 
 namespace vitfast {
 
@@ -70,5 +71,12 @@ void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
                          int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
                          gemm16::Bf16Kernel kernel, const AttentionNext& next = AttentionNext(),
                          uint16_t* out16 = nullptr, int64_t ld_out16 = 0);
+
+// The bf16 head on strided operands (kernels/head_operands.h: dk may differ from dv, as in `xwx_heads_bf16`): query
+// rows [q0, q1), out at the head's first output column of row 0 (row stride ld_out), no prefetch; workspace:
+// attention_workspace_floats_bf16(tokens, dk, dv, q1 − q0) floats, 64-byte aligned.
+int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t dk, int64_t dv, int64_t q_rows);
+void attention_head_bf16(const HeadOperands& operands, int64_t tokens, int64_t q0, int64_t q1, float scale,
+                         float* out, int64_t ld_out, float* workspace, CpuIsa isa, gemm16::Bf16Kernel kernel);
 
 }  // namespace vitfast

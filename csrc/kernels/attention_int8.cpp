@@ -228,8 +228,8 @@ void AttentionInt8Workspace::reserve(int64_t tokens, int64_t dk, int64_t dv, int
 }
 
 namespace {
-// One head on given operands (Int8HeadOperands), the prefetch of the caller's next task walked alongside.
-void int8_head(const Int8HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, float scale, float* out,
+// One head on given operands (HeadOperands), the prefetch of the caller's next task walked alongside.
+void int8_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, float scale, float* out,
                int64_t ld_out, AttentionInt8Workspace& ws, CpuIsa isa, const NextRows& prefetch) {
   if (q1 <= q0 || tokens <= 0) return;
   const int64_t dk = o.dk, d = o.dv, m = q1 - q0;
@@ -344,7 +344,7 @@ void int8_head(const Int8HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1
 
 }  // namespace
 
-void attention_int8_head(const Int8HeadOperands& operands, int64_t tokens, int64_t q0, int64_t q1, float scale,
+void attention_int8_head(const HeadOperands& operands, int64_t tokens, int64_t q0, int64_t q1, float scale,
                          float* out, int64_t ld_out, AttentionInt8Workspace& ws, CpuIsa isa) {
   int8_head(operands, tokens, q0, q1, scale, out, ld_out, ws, isa, NextRows());
 }
@@ -353,7 +353,7 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
                          int64_t h, int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out,
                          AttentionInt8Workspace& ws, CpuIsa isa, const AttentionInt8Next& next) {
   const int64_t d = head_dim, attn_dim = heads * head_dim;
-  Int8HeadOperands o;
+  HeadOperands o;
   o.q = qkv + h * d, o.k = qkv + attn_dim + h * d, o.v = qkv + 2 * attn_dim + h * d;
   o.ldq = o.ldk = o.ldv = ld_qkv;
   o.dk = o.dv = d;

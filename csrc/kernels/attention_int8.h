@@ -29,6 +29,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_int8.h"
+#include "kernels/head_operands.h"
 
 namespace vitfast {
 
@@ -57,17 +58,9 @@ void attention_int8_head(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
                          int64_t h, int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out,
                          AttentionInt8Workspace& ws, CpuIsa isa, const AttentionInt8Next& next = AttentionInt8Next());
 
-// One head's operands at the image's row 0, each with its own row stride: Q and K rows dk wide (the score product's
-// reduction), V rows dv wide (the output's).  The same products and rules as above; the layout is the caller's —
-// `xwx_heads_int8` reads them from a non-deep attention's projection ([A_h | B'_h | V_h] per head, dk ≠ dv).
-struct Int8HeadOperands {
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  int64_t ldq = 0, ldk = 0, ldv = 0, dk = 0, dv = 0;
-};
+// The head on strided operands (kernels/head_operands.h: dk may differ from dv, as in `xwx_heads_int8`).
 // Query rows [q0, q1); out points at the head's first output column of row 0 (row stride ld_out); no prefetch.
-void attention_int8_head(const Int8HeadOperands& operands, int64_t tokens, int64_t q0, int64_t q1, float scale,
+void attention_int8_head(const HeadOperands& operands, int64_t tokens, int64_t q0, int64_t q1, float scale,
                          float* out, int64_t ld_out, AttentionInt8Workspace& ws, CpuIsa isa);
 
 }  // namespace vitfast

@@ -247,10 +247,15 @@ at::Tensor run_block(const ForwardBlock& b, const at::Tensor& x) {
       const at::Tensor y = block_norm(x, b.norm1_eps);
       const at::Tensor proj = run_linear(b.xwx_in, y, std::nullopt);
       const std::optional<at::Tensor> right = b.xwx_full ? std::optional<at::Tensor>(y) : std::nullopt;
-      const at::Tensor heads = b.xwx_int8
-          ? recorded("vitfast::xwx_heads_int8", proj,
-                     [&] { return xwx_heads_int8_op(proj, right, b.num_heads, b.value_dim); })
-          : recorded("vitfast::xwx_heads", proj, [&] { return xwx_heads_op(proj, right, b.num_heads, b.value_dim); });
+      const at::Tensor heads =
+          b.xwx_products == BlockAttention::kInt8
+              ? recorded("vitfast::xwx_heads_int8", proj,
+                         [&] { return xwx_heads_int8_op(proj, right, b.num_heads, b.value_dim); })
+          : b.xwx_products == BlockAttention::kBf16
+              ? recorded("vitfast::xwx_heads_bf16", proj,
+                         [&] { return xwx_heads_bf16_op(proj, right, b.num_heads, b.value_dim); })
+              : recorded("vitfast::xwx_heads", proj,
+                         [&] { return xwx_heads_op(proj, right, b.num_heads, b.value_dim); });
       return ffn_sub_block(b, run_linear(b.xwx_out, heads, x));
     }
     case BlockKind::kGated: {  // FusedGatedBlock.forward on the CPU

@@ -49,6 +49,8 @@ at::Tensor channel_idle_ffn_op(const at::Tensor& x, const at::Tensor& w_in, cons
 at::Tensor xwx_attention_op(const at::Tensor& x, const at::Tensor& w_q, const std::optional<at::Tensor>& w_k,
                             const std::optional<at::Tensor>& key_bias, const at::Tensor& w_v, const at::Tensor& w_o,
                             const std::optional<at::Tensor>& b_o, const std::optional<at::Tensor>& residual);
+at::Tensor xwx_heads_bf16_op(const at::Tensor& proj, const std::optional<at::Tensor>& x, int64_t num_heads,
+                             int64_t value_dim);
 at::Tensor xwx_heads_int8_op(const at::Tensor& proj, const std::optional<at::Tensor>& x, int64_t num_heads,
                              int64_t value_dim);
 at::Tensor xwx_heads_op(const at::Tensor& proj, const std::optional<at::Tensor>& x, int64_t num_heads,
@@ -121,10 +123,11 @@ struct ForwardBlock {
   at::Tensor w_q, w_v, w_o;
   std::optional<at::Tensor> w_k, key_bias, b_o;
   // kXwxProjected: the projection and output layers, and xwx_heads' arguments (num_heads above; full: the heads
-  // read the normed tokens as the right operand; int8: xwx_heads_int8, the products on int8)
+  // read the normed tokens as the right operand; products: xwx_heads, xwx_heads_int8 or xwx_heads_bf16)
   ForwardLinear xwx_in, xwx_out;
   int64_t value_dim = 0;
-  bool xwx_full = false, xwx_int8 = false;
+  bool xwx_full = false;
+  BlockAttention xwx_products = BlockAttention::kFp32;
   // kDwconv: the attention heads (if any: w_qkv / b_qkv / num_heads above, attn_proj without bias), the value
   // projection, the depthwise kernel, the output projection and the token grid
   std::optional<at::Tensor> attn_proj;

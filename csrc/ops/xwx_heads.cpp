@@ -23,6 +23,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "kernels/attention_int8.h"
 #include "kernels/cpu_features.h"
 #include "kernels/xwx_attention.h"
@@ -108,18 +109,24 @@ at::Tensor xwx_heads_op(const at::Tensor& proj, const std::optional<at::Tensor>&
 }
 
 namespace {
+// Per-thread scratch of the strided-head ops: the kernel's workspace, and the full form's [x | kb_h] rows.
 struct Int8HeadsScratch {
   AttentionInt8Workspace ws;
-  std::vector<float> keys;  // the full form's [x | kb_h] rows
+  std::vector<float> keys;
 };
-Int8HeadsScratch& int8_heads_scratch() {
-  thread_local Int8HeadsScratch s;
-  return s;
-}
-}  // namespace
+struct Bf16HeadsScratch {
+  gemm::AlignedFloats ws;
+  std::vector<float> keys;
+};
 
-at::Tensor xwx_heads_int8_op(const at::Tensor& proj, const std::optional<at::Tensor>& x_opt, int64_t num_heads,
-                             int64_t value_dim) {
+// The heads of `proj` as (image, head, query block) tasks on the attention ops' split (ops/attention_tasks.h):
+// head(scratch, operands, q0, q1, out) with the head's operands at the image's row 0 (kernels/head_operands.h) and
+// out at the head's first output column of that image's row 0 (row stride H·D).  The full form's keys [x | kb_h]
+// are copied into the thread's scratch (N × (C + 1) floats, O(N·C) beside the O(N²·C) products); without a key
+// bias they are x itself.
+template <class Scratch, class Head>
+at::Tensor strided_heads(const at::Tensor& proj, const std::optional<at::Tensor>& x_opt, int64_t num_heads,
+                         int64_t value_dim, Scratch& (*scratch)(), Head head) {
   const at::Tensor x = x_opt.value_or(at::Tensor());
   const XwxLayout w = check_args(proj, x, num_heads, value_dim);
   TORCH_CHECK_VALUE(proj.device().is_cpu(), "proj: expected device cpu (the CPU kernel), got ", proj.device());
@@ -132,12 +139,11 @@ at::Tensor xwx_heads_int8_op(const at::Tensor& proj, const std::optional<at::Ten
   const float* xp = xf.defined() ? xf.data_ptr<float>() : nullptr;
   const int64_t ldp = w.proj_cols(), C = w.shape.channels, lw = w.left_width;
   float* op = out.data_ptr<float>();
-  const CpuIsa isa = active_cpu_isa();
   for_each_attention_task(
-      batch, tokens, w.shape.heads, isa, [](int64_t) { return &int8_heads_scratch(); },
-      [&](Int8HeadsScratch* s, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t, int64_t, int64_t, int64_t) {
+      batch, tokens, w.shape.heads, active_cpu_isa(), [&](int64_t) { return &scratch(); },
+      [&](Scratch* s, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t, int64_t, int64_t, int64_t) {
         const float* rows = pp + b * tokens * ldp;
-        Int8HeadOperands o;
+        HeadOperands o;
         o.q = rows + w.left_col(h), o.ldq = ldp, o.dk = lw;
         o.v = rows + w.value_col(h), o.ldv = ldp, o.dv = D;
         if (!w.shape.full) {
@@ -153,9 +159,44 @@ at::Tensor xwx_heads_int8_op(const at::Tensor& proj, const std::optional<at::Ten
           }
           o.k = s->keys.data(), o.ldk = lw;
         }
-        attention_int8_head(o, tokens, q0, q1, 1.0f, op + b * tokens * hd + h * D, hd, s->ws, isa);
+        head(*s, o, tokens, q0, q1, op + b * tokens * hd + h * D, hd);
       });
   return proj.scalar_type() == at::kFloat ? out : out.to(proj.scalar_type());
+}
+
+Int8HeadsScratch& int8_heads_scratch() {
+  thread_local Int8HeadsScratch s;
+  return s;
+}
+Bf16HeadsScratch& bf16_heads_scratch() {
+  thread_local Bf16HeadsScratch s;
+  return s;
+}
+}  // namespace
+
+at::Tensor xwx_heads_int8_op(const at::Tensor& proj, const std::optional<at::Tensor>& x_opt, int64_t num_heads,
+                             int64_t value_dim) {
+  const CpuIsa isa = active_cpu_isa();
+  return strided_heads(proj, x_opt, num_heads, value_dim, int8_heads_scratch,
+                       [isa](Int8HeadsScratch& s, const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1,
+                             float* out, int64_t ld_out) {
+                         attention_int8_head(o, tokens, q0, q1, 1.0f, out, ld_out, s.ws, isa);
+                       });
+}
+
+// The products on this CPU path's bf16 GEMMs, or the portable bf16 kernel where it has none (as attention_bf16: the
+// op's definition does not depend on the hardware).
+at::Tensor xwx_heads_bf16_op(const at::Tensor& proj, const std::optional<at::Tensor>& x_opt, int64_t num_heads,
+                             int64_t value_dim) {
+  const CpuIsa isa = active_cpu_isa();
+  const gemm16::Bf16Kernel kernel = gemm16::bf16_kernel(isa);
+  return strided_heads(proj, x_opt, num_heads, value_dim, bf16_heads_scratch,
+                       [isa, kernel](Bf16HeadsScratch& s, const HeadOperands& o, int64_t tokens, int64_t q0,
+                                     int64_t q1, float* out, int64_t ld_out) {
+                         const int64_t floats = attention_workspace_floats_bf16(tokens, o.dk, o.dv, q1 - q0);
+                         if (s.ws.size() < floats) s.ws = gemm::AlignedFloats(floats);
+                         attention_head_bf16(o, tokens, q0, q1, 1.0f, out, ld_out, s.ws.data(), isa, kernel);
+                       });
 }
 
 }  // namespace ops
@@ -164,4 +205,5 @@ at::Tensor xwx_heads_int8_op(const at::Tensor& proj, const std::optional<at::Ten
 TORCH_LIBRARY_IMPL(vitfast, CPU, m) {
   m.impl("xwx_heads", &vitfast::ops::xwx_heads_op);
   m.impl("xwx_heads_int8", &vitfast::ops::xwx_heads_int8_op);
+  m.impl("xwx_heads_bf16", &vitfast::ops::xwx_heads_bf16_op);
 }

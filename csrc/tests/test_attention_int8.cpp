@@ -104,7 +104,7 @@ void test_attention_int8(CpuIsa isa) {
               worst_ref, worst_scalar);
 }
 
-// The head on strided operands (Int8HeadOperands: Q, K, V in separate row-major blocks with their own row strides,
+// The head on strided operands (HeadOperands: Q, K, V in separate row-major blocks with their own row strides,
 // dk != dv, as xwx_heads_int8 reads a non-deep projection): against fp64 within the int8 budget, against the scalar
 // path, and the same bits as the packed-qkv entry where dk = dv.
 void test_attention_int8_operands(CpuIsa isa) {
@@ -117,7 +117,7 @@ void test_attention_int8_operands(CpuIsa isa) {
                          v = random_vector(rng, size_t(tokens * ldv));
       const float scale = 1.0f / std::sqrt(float(dk));
       auto run_ops = [&](CpuIsa which) {
-        Int8HeadOperands o;
+        HeadOperands o;
         o.q = q.data(), o.k = k.data(), o.v = v.data(), o.ldq = ldq, o.ldk = ldk, o.ldv = ldv, o.dk = dk, o.dv = dv;
         std::vector<float> out(size_t(tokens * (dv + 2)), -1.0f);
         AttentionInt8Workspace ws;

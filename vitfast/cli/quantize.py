@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
         description=textwrap.dedent("""\
             Quantize a fused model (vitfast.quantize): per-channel int8 weights and int8 activations per token
             (dynamic, no data needed) or per tensor from calibration images (static), on the int8 kernels.
-            Norms, softmax, GELU, residual adds, the non-deep / DW-conv heads between their int8 GEMMs and the
-            head stay fp32.  Prints what is int8,
+            Norms, softmax, GELU, residual adds, the DW-conv heads' convolution and the head stay fp32; the
+            attentions' score/value products (the non-deep heads' too) follow --attention.  Prints what is int8,
             each layer's error on the calibration images (when given), and top-1 / argmax agreement against fp32
             on the digits validation set when the model is a digits model (--calibration digits).
             Guide: docs/quantization.md."""),

@@ -271,7 +271,7 @@ def _linear_spec(layer: nn.Module, modules: list, scalars: list) -> Optional[tup
 def _xwx_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[tuple]:
     """("xwx", ...) for a FusedXWXBlock: LayerNorm, xwx_attention with the block input as residual, the FFN; or
     ("xwx_proj", ...) for one whose attention is a ProjectedXWXAttention (an int8 model's): LayerNorm, proj_in,
-    xwx_heads (xwx_heads_int8 with its int8_attention flag), proj_out with the block input as residual, the FFN."""
+    xwx_heads (xwx_heads_int8 / _bf16 with its product flags), proj_out with the block input as residual, the FFN."""
     mods = block._modules
     norm1, attn = mods.get("norm1"), mods.get("attn")
     eps = plain_norm_eps(norm1)
@@ -284,9 +284,10 @@ def _xwx_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[
             return None
         modules += [(block, FusedXWXBlock), (norm1, type(norm1)), (attn, ProjectedXWXAttention)]
         scalars += [(norm1, "eps"), (attn, "num_heads"), (attn, "value_dim"), (attn, "score_form"),
-                    (attn, "int8_attention")]
+                    (attn, "int8_attention"), (attn, "bf16_attention")]
+        products = 1 if attn.int8_attention else 2 if attn.bf16_attention else 0  # as int8_attention_params
         return ("xwx_proj", eps, layers[0], attn.num_heads, attn.value_dim, attn.score_form == "full", layers[1],
-                ffn, bool(attn.int8_attention))
+                ffn, products)
     modules += [(block, FusedXWXBlock), (norm1, type(norm1)), (attn, FusedXWXAttention)]
     scalars.append((norm1, "eps"))
     p = attn._parameters

@@ -152,12 +152,14 @@ class ProjectedXWXAttention(nn.Module):
     block's file config stays the FusedXWXBlock's, and the quantization record names `attn.proj_in` /
     `attn.proj_out`, from which `vitfast.load` rebuilds this form (vitfast/quant/structure.py).
 
-    `int8_attention` (set on an instance by `vitfast.quantize(attention=...)`, recorded like `FusedAttention`'s): the
-    heads' score and value products on int8 (`ops.xwx_heads_int8`) instead of fp32.
+    `int8_attention` / `bf16_attention` (set on an instance by `vitfast.quantize(attention=...)`, recorded like
+    `FusedAttention`'s): the heads' score and value products on int8 (`ops.xwx_heads_int8`) or on bf16 operands
+    (`ops.xwx_heads_bf16`) instead of fp32.
     """
 
-    # read from the instance's __dict__ when set; the class default lets a plan read it as an attribute
+    # read from the instance's __dict__ when set; the class defaults let a plan read them as attributes
     int8_attention = False
+    bf16_attention = False
 
     def __init__(self, dim: int, num_heads: int, score_form: str, score_rank: int, value_dim: int, *,
                  key_bias: bool = True, out_bias: bool = True, device=None, dtype=None) -> None:
@@ -207,7 +209,9 @@ class ProjectedXWXAttention(nn.Module):
         # FusedAttention.forward.
         first, last = self.proj_in, self.proj_out
         proj = ops.linear(y, first.weight, first.bias) if isinstance(first, nn.Linear) else first(y)
-        heads_op = ops.xwx_heads_int8 if self.__dict__.get("int8_attention") else ops.xwx_heads
+        flags = self.__dict__
+        heads_op = (ops.xwx_heads_int8 if flags.get("int8_attention") else
+                    ops.xwx_heads_bf16 if flags.get("bf16_attention") else ops.xwx_heads)
         heads = heads_op(proj, y if self.score_form == "full" else None, self.num_heads, self.value_dim)
         if isinstance(last, nn.Linear):
             return ops.linear(heads, last.weight, last.bias, residual)

@@ -3,7 +3,7 @@
 Each op module holds the op's schema, the use of its argument check (`check_<op>_args`, defined with the op's
 reference formula in `vitfast/reference/<op>.py`, where the Triton launchers below the ops find it too), fake impl,
 CUDA impl and CUDA policy, and its Python entry `vitfast.ops.<op>`: linear, layer_norm, attention,
-channel_idle_ffn, vit_block, xwx_attention, xwx_heads, xwx_heads_int8, dwconv_attention, dwconv_heads, batch_gate (batch_gate + gate_select), gated
+channel_idle_ffn, vit_block, xwx_attention, xwx_heads, xwx_heads_int8, xwx_heads_bf16, dwconv_attention, dwconv_heads, batch_gate (batch_gate + gate_select), gated
 (gated_mhsa + gated_ffn).
 
 CPU impl   = the C++ kernels in `vitfast._C` (`_extension.py`; the reference where there is none).
@@ -43,6 +43,7 @@ from .vit_block import _vit_block_composed, vit_block, vit_block_cuda_eager
 from .warmup import warmup
 from .xwx_attention import _xwx_attention_cuda, use_triton_xwx_attention, xwx_attention
 from .xwx_heads import xwx_heads
+from .xwx_heads_bf16 import xwx_heads_bf16
 from .xwx_heads_int8 import xwx_heads_int8
 from ._extension import (_C, _REFERENCE_CPU_FALLBACKS, bf16_kernel, clear_output_cache, clear_weight_cache,
                          cpu_extensions, cpu_isa, extension_loaded, int8_kernel, prepack)
@@ -51,5 +52,5 @@ __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "xwx_attenti
            "batch_gate", "gate_select", "prepack", "clear_weight_cache", "clear_output_cache", "vit_block",
            "dwconv_attention",
            "gated_mhsa", "gated_ffn", "onnx_exporting", "linear_int8", "channel_idle_ffn_int8", "attention_int8",
-           "attention_bf16", "xwx_heads", "xwx_heads_int8", "dwconv_heads",
+           "attention_bf16", "xwx_heads", "xwx_heads_int8", "xwx_heads_bf16", "dwconv_heads",
            "int8_kernel", "bf16_kernel", "cpu_extensions", "warmup"]

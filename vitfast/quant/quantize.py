@@ -90,7 +90,8 @@ def fp32_kinds(model: nn.Module) -> List[str]:
     kept = []
     counts = {"XWX attention (non-deep)": sum(isinstance(m, FusedXWXAttention) for m in model.modules()),
               "XWX attention heads (non-deep: scores, softmax, values)": sum(
-                  isinstance(m, ProjectedXWXAttention) and not m.int8_attention for m in model.modules()),
+                  isinstance(m, ProjectedXWXAttention) and not (m.int8_attention or m.bf16_attention)
+                  for m in model.modules()),
               "DW-conv attention": sum(isinstance(m, FusedDWConvBlock) and type(m.value) is nn.Linear
                                        and type(m.out_proj) is nn.Linear for m in model.modules()),
               "DW-conv heads (depthwise convolution)": sum(
@@ -304,11 +305,11 @@ def quantize(
         patterns = [skip] if isinstance(skip, str) else list(skip) if isinstance(skip, (list, tuple)) else []
         for name, m in out.named_modules():
             # the fused ViT attention's products (not Swin's windows: its bias table and masks stay on fp32 SDPA)
-            # and a projected non-deep attention's heads (int8 only: they have no bf16 form); an attention whose
-            # input GEMM (qkv / proj_in) a skip= pattern kept in fp32 keeps its products fp32 too
+            # and a projected non-deep attention's heads; an attention whose input GEMM (qkv / proj_in) a skip=
+            # pattern kept in fp32 keeps its products fp32 too
             first = "qkv" if type(m) is FusedAttention else "proj_in"
-            if (type(m) is not FusedAttention and not (type(m) is ProjectedXWXAttention and attention != "bf16")
-                    or f"{name}.{first}" in kept or any(fnmatch.fnmatchcase(name, p) for p in patterns)):
+            if (type(m) not in (FusedAttention, ProjectedXWXAttention) or f"{name}.{first}" in kept
+                    or any(fnmatch.fnmatchcase(name, p) for p in patterns)):
                 continue
             if attention == "auto":
                 if int8_attention_pays(auto["tokens"], products_dim(m), auto["kernel"]):
@@ -352,16 +353,20 @@ def describe(model: nn.Module) -> str:
     n_ffn = sum(isinstance(m, Int8ChannelIdleFFN) for _, m in int8)
     static = any(getattr(m, "act_scale", 0.0) > 0 or getattr(m, "act_scale_in", 0.0) > 0 for _, m in int8)
     n_att = sum(bool(m.__dict__.get("int8_attention")) for m in model.modules() if type(m) is FusedAttention)
-    n_bf16 = sum(bool(m.__dict__.get("bf16_attention")) for m in model.modules())
+    n_bf16 = sum(bool(m.__dict__.get("bf16_attention")) for m in model.modules() if type(m) is FusedAttention)
     n_xwx_heads = sum(bool(m.__dict__.get("int8_attention")) for m in model.modules()
                       if type(m) is ProjectedXWXAttention)
+    n_xwx_bf16 = sum(bool(m.__dict__.get("bf16_attention")) for m in model.modules()
+                     if type(m) is ProjectedXWXAttention)
     all_att = sum(type(m) is FusedAttention for m in model.modules())
     att = f", {n_att} attentions' score/value products" if n_att else ""
     att += f", {n_xwx_heads} non-deep XWX attention heads' score/value products" if n_xwx_heads else ""
-    if n_bf16:
+    if n_bf16 or n_xwx_bf16:
         from .. import ops
 
-        att += f"; bf16: {n_bf16} attentions' score/value products (the {ops.bf16_kernel()} kernels)"
+        what = [f"{n_bf16} attentions' score/value products" if n_bf16 else "",
+                f"{n_xwx_bf16} non-deep XWX attention heads' score/value products" if n_xwx_bf16 else ""]
+        att += f"; bf16: {', '.join(w for w in what if w)} (the {ops.bf16_kernel()} kernels)"
     n_patch = sum(isinstance(m, Int8PatchProjection) for _, m in int8)
     patch = "the patch embedding, " if n_patch else ""
     xwx = f", {n_xwx} non-deep XWX attention GEMMs (projection/output)" if n_xwx else ""

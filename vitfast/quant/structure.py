@@ -66,7 +66,7 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
     owners = {p.rpartition(".")[0] for p in record["modules"] if isinstance(p, str)}
     # (and one whose heads' products are int8: the flag names the attention itself)
     owners |= {p for p, cfg in record["modules"].items()
-               if isinstance(p, str) and isinstance(cfg, dict) and cfg.get("kind") == "int8_attention"}
+               if isinstance(p, str) and isinstance(cfg, dict) and cfg.get("kind") in ("int8_attention", "bf16_attention")}
     if prefix:
         owners = {p[len(prefix) + 1:] for p in owners if p.startswith(prefix + ".")}
     project_xwx_attentions(model, owners, weights=False)
@@ -87,9 +87,7 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
             from ..nn.block import FusedAttention
             from ..nn.xwx import ProjectedXWXAttention
 
-            # (a non-deep attention's heads have an int8 form only)
-            kinds = (FusedAttention, ProjectedXWXAttention) if kind == "int8_attention" else (FusedAttention,)
-            if type(target) not in kinds or set(cfg) != {"kind"}:
+            if type(target) not in (FusedAttention, ProjectedXWXAttention) or set(cfg) != {"kind"}:
                 raise ValueError(f"{where}: expected a fused attention at {path!r} and no other keys, found "
                                  f"{type(target).__name__}, keys {sorted(cfg)}")
             setattr(target, kind, True)

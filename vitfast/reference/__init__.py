@@ -24,8 +24,10 @@ from .linear_int8 import check_linear_int8_args, linear_int8
 from .vit_block import check_vit_block_args, compose_vit_block, vit_block
 from .xwx_attention import check_xwx_attention_args, xwx_attention
 from .xwx_heads import check_xwx_heads_args, xwx_heads
+from .xwx_heads_bf16 import check_xwx_heads_bf16_args, xwx_heads_bf16
 from .xwx_heads_int8 import check_xwx_heads_int8_args, xwx_heads_int8
 
 __all__ = ["attention", "channel_idle_ffn", "layer_norm", "linear", "ln_linear", "vit_block", "xwx_attention", "dwconv_attention",
            "batch_gate", "batch_gate_logits", "gate_select", "gated_mhsa", "gated_ffn", "linear_int8",
-           "channel_idle_ffn_int8", "xwx_heads", "xwx_heads_int8", "dwconv_heads"]
+           "channel_idle_ffn_int8", "xwx_heads", "xwx_heads_int8", "xwx_heads_bf16",
+           "dwconv_heads"]

@@ -30,6 +30,14 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(torch.float64)
 
 
+def bf16_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """The bf16 products of the module doc on given heads: q, k [..., N, dk], v [..., N, dv] (float32) → [..., N, dv]
+    in float64."""
+    s = (_bf16(q) @ _bf16(k).transpose(-1, -2)) * float(scale)
+    e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    return (_bf16(e) @ _bf16(v)) / e.sum(dim=-1, keepdim=True)
+
+
 def attention_bf16(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = None) -> torch.Tensor:
     """Multi-head self-attention from packed qkv with bf16 score and value products (module doc); [B, N, H·D] in
     qkv's dtype.  Computed in fp64 from the bf16-rounded operands: the kernel's only other roundings are its fp32
@@ -39,7 +47,5 @@ def attention_bf16(qkv: torch.Tensor, num_heads: int, scale: Optional[float] = N
     if scale is None:
         scale = head_dim ** -0.5
     q, k, v = qkv.float().reshape(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    s = (_bf16(q) @ _bf16(k).transpose(-1, -2)) * float(scale)
-    e = torch.exp(s - s.amax(dim=-1, keepdim=True))
-    out = (_bf16(e) @ _bf16(v)) / e.sum(dim=-1, keepdim=True)
+    out = bf16_heads(q, k, v, scale)
     return out.transpose(1, 2).reshape(batch, tokens, heads * head_dim).to(qkv.dtype)

@@ -2,7 +2,7 @@
 value products on int8 — `attention_int8`'s products (vitfast/reference/attention_int8.py: per-token A and B rows,
 per-row softmax codes normalised by their integer sum, per-channel V) on the operands `xwx_heads` reads from the
 projection, with the softmax scale 1 (it is already folded into A).  The kernel: `attention_int8`'s head on strided
-operands (csrc/kernels/attention_int8.h, `Int8HeadOperands`).
+operands (csrc/kernels/attention_int8.h, `HeadOperands`).
 
 Per head h: A_h [N × dk] and B_h [N × dk] as in `xwx_heads` (B_h = [x | key bias column] in the full form), V_h
 [N × D]; dk = R (+1 with a key bias) differs from D, unlike multi-head attention's.
