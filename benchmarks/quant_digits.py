@@ -51,6 +51,8 @@ VARIANTS = [
     # 24-32) fp32 products on the x86 kernels (vitfast/quant/attention_choice.py); with int8 products asked for:
     ("dynamic, int8 attention", dict(activations="dynamic", attention="int8")),
     ("dynamic + smooth auto, int8 attention", dict(activations="dynamic", smooth="auto", attention="int8")),
+    # and with bf16-operand products (fp32 sums), the accurate low-precision choice
+    ("dynamic, bf16 attention", dict(activations="dynamic", attention="bf16")),
     # the patch embedding is int8 by default: with it in fp32 (as before it was)
     ("dynamic, fp32 patch embedding", dict(activations="dynamic", skip=["patch_embed.proj"])),
     # bf16 (vitfast.quantize(dtype="bf16"): the avx512_bf16 / neon_bf16 GEMMs where the CPU has them)
