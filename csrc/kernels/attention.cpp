@@ -159,32 +159,45 @@ namespace {
 int64_t bf16_floats(int64_t n) { return (n + 31) / 32 * 16; }
 }  // namespace
 
-int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t dk, int64_t dv, int64_t q_rows) {
+int64_t attention_packed_floats_bf16(int64_t tokens, int64_t dk, int64_t dv) {
+  return bf16_floats(gemm16::packed_bf16(tokens, dk)) + bf16_floats(gemm16::packed_bf16(dv, tokens));
+}
+
+int64_t attention_rows_workspace_floats_bf16(int64_t tokens, int64_t dk, int64_t q_rows) {
   const int64_t chunk = std::min(q_rows, kAttentionChunk);
-  return bf16_floats(gemm16::packed_bf16(tokens, dk)) + bf16_floats(gemm16::packed_bf16(dv, tokens)) +
-         chunk * padded(tokens) + bf16_floats(chunk * padded(dk)) + bf16_floats(chunk * padded(tokens)) +
+  return chunk * padded(tokens) + bf16_floats(chunk * padded(dk)) + bf16_floats(chunk * padded(tokens)) +
          3 * padded(chunk);
+}
+
+int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t dk, int64_t dv, int64_t q_rows) {
+  return attention_packed_floats_bf16(tokens, dk, dv) + attention_rows_workspace_floats_bf16(tokens, dk, q_rows);
 }
 
 int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_t q_rows) {
   return attention_workspace_floats_bf16(tokens, head_dim, head_dim, q_rows);
 }
 
+void attention_pack_bf16(const HeadOperands& o, int64_t tokens, float* packed, gemm16::Bf16Kernel kernel) {
+  uint16_t* k_panels = reinterpret_cast<uint16_t*>(packed);
+  uint16_t* v_panels = reinterpret_cast<uint16_t*>(packed + bf16_floats(gemm16::packed_bf16(tokens, o.dk)));
+  gemm16::pack_b_transposed_bf16(o.k, tokens, o.dk, o.ldk, k_panels, kernel);  // B = K_hᵀ  [dk × N]
+  gemm16::pack_b_bf16(o.v, tokens, o.dv, o.ldv, v_panels, kernel);            // B = V_h   [N × dv]
+}
+
 namespace {
-// One head on given operands (kernels/head_operands.h), the prefetch of the caller's next task walked alongside;
-// out / out16 point at the head's first output column of row 0.
-void bf16_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, float scale, float* out,
-               int64_t ld_out, float* workspace, CpuIsa isa, gemm16::Bf16Kernel kernel,
-               const NextPrefetcher& prefetch, uint16_t* out16, int64_t ld_out16) {
+// Query rows [q0, q1) of one head against its packed K and V (attention_pack_bf16); out / out16 at row q0's first
+// output column; the prefetch of the caller's next task walked alongside.
+void bf16_rows(const HeadOperands& o, const float* packed, int64_t tokens, int64_t q0, int64_t q1, float scale,
+               float* out, int64_t ld_out, uint16_t* out16, int64_t ld_out16, float* workspace, CpuIsa isa,
+               gemm16::Bf16Kernel kernel, const NextPrefetcher& prefetch) {
   if (q1 <= q0) return;
   const int64_t dk = o.dk, d = o.dv, m = q1 - q0;
   const int64_t chunks = (m + kAttentionChunk - 1) / kAttentionChunk;
   const int64_t max_chunk = std::min(m, kAttentionChunk);
   const int64_t ld_s = padded(tokens), ld_q = padded(dk);
-  uint16_t* k_panels = reinterpret_cast<uint16_t*>(workspace);
-  float* after_k = workspace + bf16_floats(gemm16::packed_bf16(tokens, dk));
-  uint16_t* v_panels = reinterpret_cast<uint16_t*>(after_k);
-  float* scores = after_k + bf16_floats(gemm16::packed_bf16(d, tokens));
+  const uint16_t* k_panels = reinterpret_cast<const uint16_t*>(packed);
+  const uint16_t* v_panels = reinterpret_cast<const uint16_t*>(packed + bf16_floats(gemm16::packed_bf16(tokens, dk)));
+  float* scores = workspace;
   uint16_t* q16 = reinterpret_cast<uint16_t*>(scores + max_chunk * ld_s);
   uint16_t* p16 = reinterpret_cast<uint16_t*>(scores + max_chunk * ld_s + bf16_floats(max_chunk * ld_q));
   float* row_max = scores + max_chunk * ld_s + bf16_floats(max_chunk * ld_q) + bf16_floats(max_chunk * ld_s);
@@ -196,8 +209,6 @@ void bf16_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, fl
   gemm::Epilogue scaled;
   scaled.c_padded = true;
   scaled.row_scale = row_scale;
-  gemm16::pack_b_transposed_bf16(o.k, tokens, dk, o.ldk, k_panels, kernel);  // B = K_hᵀ  [dk × N]
-  gemm16::pack_b_bf16(o.v, tokens, d, o.ldv, v_panels, kernel);            // B = V_h   [N × dv]
   const int64_t pf_total = prefetch.total_rows();
   for (int64_t c = 0; c < chunks; ++c) {
     // attention_head's chunking; Q and P rounded to bf16 rows per chunk (their only reader is the next GEMM).
@@ -217,14 +228,32 @@ void bf16_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, fl
     gemm::Epilogue normalise;
     normalise.row_scale = row_sum;
     if (out16 != nullptr) {
-      normalise.c16 = out16 + r0 * ld_out16;
+      normalise.c16 = out16 + (r0 - q0) * ld_out16;
       normalise.ldc16 = ld_out16;
     }
-    gemm16::gemm_bf16_raw(rows, p16, ld_s, v_panels, d, tokens, out16 != nullptr ? nullptr : out + r0 * ld_out,
+    gemm16::gemm_bf16_raw(rows, p16, ld_s, v_panels, d, tokens, out16 != nullptr ? nullptr : out + (r0 - q0) * ld_out,
                           ld_out, normalise, kernel);
   }
 }
+
+// One head: K and V packed into the workspace, then its rows (the rows' scratch after the packed panels).
+void bf16_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, float scale, float* out,
+               int64_t ld_out, float* workspace, CpuIsa isa, gemm16::Bf16Kernel kernel,
+               const NextPrefetcher& prefetch, uint16_t* out16, int64_t ld_out16) {
+  if (q1 <= q0) return;
+  attention_pack_bf16(o, tokens, workspace, kernel);
+  bf16_rows(o, workspace, tokens, q0, q1, scale, out != nullptr ? out + q0 * ld_out : nullptr, ld_out,
+            out16 != nullptr ? out16 + q0 * ld_out16 : nullptr, ld_out16,
+            workspace + attention_packed_floats_bf16(tokens, o.dk, o.dv), isa, kernel, prefetch);
+}
 }  // namespace
+
+void attention_rows_bf16(const HeadOperands& operands, const float* packed, int64_t tokens, int64_t q0, int64_t q1,
+                         float scale, float* out, int64_t ld_out, uint16_t* out16, int64_t ld_out16, float* workspace,
+                         CpuIsa isa, gemm16::Bf16Kernel kernel) {
+  bf16_rows(operands, packed, tokens, q0, q1, scale, out, ld_out, out16, ld_out16, workspace, isa, kernel,
+            NextPrefetcher());
+}
 
 void attention_head_bf16(const HeadOperands& operands, int64_t tokens, int64_t q0, int64_t q1, float scale,
                          float* out, int64_t ld_out, float* workspace, CpuIsa isa, gemm16::Bf16Kernel kernel) {

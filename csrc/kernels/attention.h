@@ -79,4 +79,17 @@ int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t dk, int64_t dv, 
 void attention_head_bf16(const HeadOperands& operands, int64_t tokens, int64_t q0, int64_t q1, float scale,
                          float* out, int64_t ld_out, float* workspace, CpuIsa isa, gemm16::Bf16Kernel kernel);
 
+// The same head in two steps, for callers that pack each head's K and V once and run its query rows in several
+// tasks (xwx_attention's bf16 path): attention_pack_bf16 writes K_hᵀ and V_h as bf16 panels into `packed`
+// (attention_packed_floats_bf16 floats, 64-byte aligned; operands.q unused); attention_rows_bf16 runs query rows
+// [q0, q1) against them (operands.q and its stride, dk, dv used), out / out16 pointing at row q0's first output
+// column; workspace: attention_rows_workspace_floats_bf16(tokens, dk, q1 − q0) floats, 64-byte aligned.  Pack then
+// rows give attention_head_bf16's bits.
+int64_t attention_packed_floats_bf16(int64_t tokens, int64_t dk, int64_t dv);
+int64_t attention_rows_workspace_floats_bf16(int64_t tokens, int64_t dk, int64_t q_rows);
+void attention_pack_bf16(const HeadOperands& operands, int64_t tokens, float* packed, gemm16::Bf16Kernel kernel);
+void attention_rows_bf16(const HeadOperands& operands, const float* packed, int64_t tokens, int64_t q0, int64_t q1,
+                         float scale, float* out, int64_t ld_out, uint16_t* out16, int64_t ld_out16, float* workspace,
+                         CpuIsa isa, gemm16::Bf16Kernel kernel);
+
 }  // namespace vitfast

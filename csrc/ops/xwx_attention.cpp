@@ -27,6 +27,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
+#include "kernels/attention.h"
 #include "kernels/xwx_attention.h"
 #include "kernels/linear.h"
 #include "ops/cpu_ops.h"
@@ -122,9 +123,13 @@ std::shared_ptr<const T> cached_xwx_weights(const char* entry, const XwxShape& s
   });
 }
 
-// The bf16 path (a bf16 model on a CPU with a bf16 extension): the projection GEMM reads x as bf16, the heads run as
-// in fp32 (phases 2-3 on the fp32 projections), and each row task rounds its heads to bf16 for the output GEMM;
-// both GEMMs accumulate in fp32 (gemm_bf16.h) and add b_o and the residual in fp32; the result is rounded once.
+// The bf16 path (a bf16 model on a CPU with a bf16 extension): the projection GEMM reads x as bf16 (fp32
+// projections); the heads' score and value products run on bf16 operands with fp32 sums — each (image, head)'s keys
+// [K_h | kb_h] (the full form: [x | kb_h]) and values packed once as bf16 panels (attention_pack_bf16), then per row
+// task every head's rows (attention_rows_bf16: `attention_bf16`'s products, softmax scale 1, folded into L_h),
+// written as bf16 for the output GEMM; both GEMMs accumulate in fp32 (gemm_bf16.h) and add b_o and the residual in
+// fp32; the result is rounded once.  These are `xwx_heads_bf16`'s heads (vitfast/reference/xwx_heads_bf16.py) between
+// the two bf16 GEMMs.
 at::Tensor xwx_attention_bf16(const XwxShape& s, const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_k,
                               const at::Tensor& key_bias, const at::Tensor& w_v, const at::Tensor& w_o,
                               const at::Tensor& b_o, const at::Tensor& residual, gemm16::Bf16Kernel kernel) {
@@ -142,26 +147,54 @@ at::Tensor xwx_attention_bf16(const XwxShape& s, const at::Tensor& x, const at::
   const float* rp = data(res);
   float* op = out.data_ptr<float>();
   const CpuIsa isa = active_cpu_isa();
-  const int64_t HD = s.heads * s.value_dim, ld16 = gemm16::padded_k(HD);
+  const int64_t D = s.value_dim, HD = s.heads * D, ld16 = gemm16::padded_k(HD), ldp = w.proj_cols();
+  const int64_t lw = w.left_width;
+  const int64_t per_head = attention_packed_floats_bf16(tokens, lw, D);
+  // One head's operands in an image's projections (proj, x at its row 0); the full form's keys with a key bias are
+  // assembled in `scratch` (N × (C + 1) floats).
+  auto operands = [&](const float* proj, const float* xi, int64_t h, float* scratch) {
+    HeadOperands o;
+    o.q = proj + w.left_col(h), o.ldq = ldp, o.dk = lw;
+    o.v = proj + w.value_col(h), o.ldv = ldp, o.dv = D;
+    if (!s.full) {
+      o.k = proj + w.right_col(h), o.ldk = ldp;
+    } else if (!s.key_bias) {
+      o.k = xi, o.ldk = C;
+    } else if (scratch != nullptr) {
+      for (int64_t j = 0; j < tokens; ++j) {
+        std::copy(xi + j * C, xi + (j + 1) * C, scratch + j * lw);
+        scratch[j * lw + C] = proj[j * ldp + w.right_col(h)];
+      }
+      o.k = scratch, o.ldk = lw;
+    }
+    return o;
+  };
+  XwxKeys keys;
+  keys.floats_per_head = per_head;
+  keys.pack = [&](const float* proj, const float* xi, int64_t h, float* out_keys, float* scratch) {
+    attention_pack_bf16(operands(proj, xi, h, scratch), tokens, out_keys, kernel);
+  };
+  const int64_t rows_ws_floats = attention_rows_workspace_floats_bf16(tokens, lw, tokens);
   xwx_run(
       w, batch, tokens, s.full ? xf.data_ptr<float>() : nullptr, C, nullptr, op_threads(), isa,
       [&](int64_t r0, int64_t r1, float* proj) {
-        linear_rows_bf16(w.proj, r1 - r0, x16 + r0 * ldx16, ldx16, nullptr, 0, proj, w.proj_cols(), kernel);
+        linear_rows_bf16(w.proj, r1 - r0, x16 + r0 * ldx16, ldx16, nullptr, 0, proj, ldp, kernel);
       },
-      // the heads' workspace, then the heads [q_rows × H·D] fp32 and their bf16 copy (uint16 pairs in floats)
-      [&](int64_t q_rows) { return xwx_heads_workspace_floats(q_rows) + q_rows * HD + (q_rows * ld16 + 1) / 2; },
-      [&](int64_t image, int64_t q0, int64_t q1, const float* proj, const float* keys, float* ws) {
+      // the heads' workspace, then their bf16 rows [q_rows × H·D] (uint16 pairs in floats)
+      [&](int64_t q_rows) { return rows_ws_floats + (q_rows * ld16 + 1) / 2; },
+      [&](int64_t image, int64_t q0, int64_t q1, const float* proj, const float* image_keys, float* ws) {
         const int64_t m = q1 - q0;
-        float* heads = ws + xwx_heads_workspace_floats(m);
-        uint16_t* heads16 = reinterpret_cast<uint16_t*>(heads + m * HD);
-        xwx_heads_rows(w, tokens, proj, w.proj_cols(), keys, q0, q1, heads, HD, ws, isa);
-        gemm16::convert_rows(heads, HD, m, HD, heads16, ld16, kernel);
+        uint16_t* heads16 = reinterpret_cast<uint16_t*>(ws + rows_ws_floats);
+        for (int64_t h = 0; h < s.heads; ++h)
+          attention_rows_bf16(operands(proj, nullptr, h, nullptr), image_keys + h * per_head, tokens, q0, q1, 1.0f,
+                              nullptr, 0, heads16 + h * D, ld16, ws, isa, kernel);
         gemm::Epilogue ep;
         ep.bias = true;
         ep.addend = rp != nullptr ? rp + (image * tokens + q0) * CO : nullptr;
         ep.ld_addend = CO;
         gemm16::gemm_bf16(m, heads16, ld16, w.w_o, op + (image * tokens + q0) * CO, CO, ep, kernel);
-      });
+      },
+      &keys);
   return out.to(x.scalar_type());
 }
 

@@ -24,12 +24,20 @@ namespace ops {
 //           image's row 0 / packed keys, with a per-thread 64-byte aligned workspace of workspace_floats(rows of the
 //           largest block) floats.  Blocks of about 48 query rows (the score tile and the accumulator stay in L1/L2),
 //           more blocks when there are fewer than two tasks per thread.
+//   keys (optional): phase 2's packing instead of xwx_pack_keys — pack(proj, x, h, keys, scratch) for one (image,
+//           head), proj / x at that image's row 0, into floats_per_head floats (a 64-byte multiple), scratch the
+//           thread's xwx_pack_scratch_floats(w, tokens) floats (xwx_attention's bf16 path packs bf16 panels).
 using XwxProject = std::function<void(int64_t r0, int64_t r1, float* out)>;
+struct XwxKeys {
+  int64_t floats_per_head = 0;
+  std::function<void(const float* proj, const float* x, int64_t h, float* keys, float* scratch)> pack;
+};
 using XwxRows = std::function<void(int64_t image, int64_t q0, int64_t q1, const float* proj, const float* keys,
                                    float* workspace)>;
 void xwx_run(const XwxLayout& w, int64_t batch, int64_t tokens, const float* x, int64_t ldx, const float* proj,
              int64_t threads, CpuIsa isa, const XwxProject& project,
-             const std::function<int64_t(int64_t)>& workspace_floats, const XwxRows& rows);
+             const std::function<int64_t(int64_t)>& workspace_floats, const XwxRows& rows,
+             const XwxKeys* keys = nullptr);
 
 }  // namespace ops
 }  // namespace vitfast
