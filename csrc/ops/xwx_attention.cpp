@@ -8,10 +8,11 @@
 // - The weights are packed once per version into one projection weight and per-head output blocks, kept in the
 //   process-wide cache (ops/weight_cache.h); they must be finite (checked at pack time).
 // - bf16 on a CPU with a bf16 extension (AVX512_BF16, AMX, ARM BF16; ops/cpu_ops.h bf16_gemm_kernel): the
-//   projection and output GEMMs on bf16 operands with fp32 accumulation (x as given, the heads rounded to bf16 for the
-//   output GEMM; weights packed as bf16, cache entry "xwx_attention_bf16"), the heads in fp32 as below, b_o and the
-//   residual added in fp32, rounded once.  Measured (DeiT-S-sized two-branch block, one thread, AMD EPYC with
-//   AVX512_BF16): 5.9 ms as fp32 compute -> 3.7 ms, the projection and output GEMMs being ~80% of its work.
+//   projection and output GEMMs on bf16 operands with fp32 accumulation (x as given; weights packed as bf16, cache
+//   entry "xwx_attention_bf16"), the heads' score and value products on bf16 operands too (xwx_heads_bf16's: see
+//   xwx_attention_bf16 below), b_o and the residual added in fp32, rounded once.  Measured (DeiT-S-sized two-branch
+//   block, one thread, AMD EPYC with AVX512_BF16): 5.9 ms as fp32 compute -> 3.7 ms with the two GEMMs bf16 -> 2.9 ms
+//   with the heads' products bf16 too (docs/quantization.md, bf16).
 // - fp16, and bf16 without the extension: converted to fp32, computed in fp32 (fp32 softmax statistics), rounded
 //   once at the end.
 // - Threads (op_threads.h: torch's, or one inside a SerialOps scope), per group of that many images: the projection
