@@ -12,8 +12,8 @@ Shapes and providers as benchmarks/bench_xwx_heads_int8.py (cpp_fp32 the baselin
 from __future__ import annotations
 
 import pytest
-from bench_xwx_heads_int8 import _case
-from harness import interleaved_rounds, op_provider, run_case, run_interleaved
+from bench_xwx_heads_int8 import bench_interleaved, bench_one
+from harness import op_provider
 
 PROVIDERS = ["cpp_fp32", "cpp_bf16", "cpp_int8", "eager"]
 
@@ -33,9 +33,7 @@ def provider_fn(provider, case):
 @pytest.mark.parametrize("form", ["factored", "full"])
 @pytest.mark.parametrize("shape_name", ["deit_tiny", "deit_small"])
 def test_xwx_heads_bf16(benchmark, shape_name, form, batch, threads, provider):
-    shape, args, flops = _case(shape_name, form, batch)
-    case = (shape.name, form, f"b{batch}", f"t{threads}")
-    run_case(benchmark, provider_fn(provider, case), args, case, provider, flops, threads)
+    bench_one(benchmark, provider_fn, shape_name, form, batch, threads, provider)
 
 
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
@@ -44,8 +42,4 @@ def test_xwx_heads_bf16(benchmark, shape_name, form, batch, threads, provider):
 @pytest.mark.parametrize("shape_name", ["deit_tiny", "deit_small"])
 def test_xwx_heads_bf16_interleaved(benchmark, shape_name, form, batch, threads):
     """cpp_fp32 (the baseline of the ratios) vs cpp_bf16 vs cpp_int8, one call of each per round (rotating order)."""
-    shape, args, flops = _case(shape_name, form, batch)
-    case = (shape.name, form, f"b{batch}", f"t{threads}", "interleaved")
-    fns = {p: provider_fn(p, case) for p in ("cpp_fp32", "cpp_bf16", "cpp_int8")}
-    entry = run_interleaved(benchmark, fns, args, case, threads, flops, rounds=interleaved_rounds(flops, threads, 3))
-    benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})
+    bench_interleaved(benchmark, provider_fn, ("cpp_fp32", "cpp_bf16", "cpp_int8"), shape_name, form, batch, threads)

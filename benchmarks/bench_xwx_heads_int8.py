@@ -43,15 +43,30 @@ def _case(shape_name, form, batch):
     return shape, args, 2 * batch * shape.heads * shape.tokens ** 2 * (left + VALUE_DIM)
 
 
+def bench_one(benchmark, provider_fn, shape_name, form, batch, threads, provider):
+    """One provider timed on its own (the test bodies of this file and bench_xwx_heads_bf16.py)."""
+    shape, args, flops = _case(shape_name, form, batch)
+    case = (shape.name, form, f"b{batch}", f"t{threads}")
+    run_case(benchmark, provider_fn(provider, case), args, case, provider, flops, threads)
+
+
+def bench_interleaved(benchmark, provider_fn, providers, shape_name, form, batch, threads):
+    """`providers` (the first the baseline of the ratios) one call each per round, the order rotating."""
+    shape, args, flops = _case(shape_name, form, batch)
+    case = (shape.name, form, f"b{batch}", f"t{threads}", "interleaved")
+    fns = {p: provider_fn(p, case) for p in providers}
+    entry = run_interleaved(benchmark, fns, args, case, threads, flops,
+                            rounds=interleaved_rounds(flops, threads, len(providers)))
+    benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})
+
+
 @pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
 @pytest.mark.parametrize("batch", [1, 8], ids=lambda b: f"b{b}")
 @pytest.mark.parametrize("form", ["factored", "full"])
 @pytest.mark.parametrize("shape_name", ["deit_tiny", "deit_small"])
 def test_xwx_heads_int8(benchmark, shape_name, form, batch, threads, provider):
-    shape, args, flops = _case(shape_name, form, batch)
-    case = (shape.name, form, f"b{batch}", f"t{threads}")
-    run_case(benchmark, provider_fn(provider, case), args, case, provider, flops, threads)
+    bench_one(benchmark, provider_fn, shape_name, form, batch, threads, provider)
 
 
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"t{t}")
@@ -60,9 +75,4 @@ def test_xwx_heads_int8(benchmark, shape_name, form, batch, threads, provider):
 @pytest.mark.parametrize("shape_name", ["deit_tiny", "deit_small"])
 def test_xwx_heads_int8_interleaved(benchmark, shape_name, form, batch, threads):
     """cpp_fp32 (the baseline of the ratios) vs cpp_int8, one call of each per round (the order rotating)."""
-    shape, args, flops = _case(shape_name, form, batch)
-    case = (shape.name, form, f"b{batch}", f"t{threads}", "interleaved")
-    fns = {p: provider_fn(p, case) for p in ("cpp_fp32", "cpp_int8")}
-    entry = run_interleaved(benchmark, fns, args, case, threads, flops,
-                            rounds=interleaved_rounds(flops, threads, 2))
-    benchmark.extra_info.update({p: v for p, v in entry["providers"].items()})
+    bench_interleaved(benchmark, provider_fn, ("cpp_fp32", "cpp_int8"), shape_name, form, batch, threads)

@@ -321,3 +321,22 @@ def assert_int8_heads_close(out, ref, values, tol):
     bound = (4.0 * v.abs().amax(dim=1, keepdim=True) / 127.0).expand_as(r)
     assert (close | (diff <= bound)).all(), f"max |diff| {diff.max():.3g} beyond the code-flip bound"
     assert (~close).float().mean() <= 0.01, f"{(~close).float().mean():.2%} of the outputs beyond the fp32 tolerance"
+
+
+def assert_bf16_heads_close(out, ref, values):
+    """A bf16-operand attention kernel's output against its reference (attention_bf16, xwx_heads_bf16, both computed in
+    fp64 from the bf16-rounded operands).  The kernel's only other roundings are its fp32 sums: S and the row sums
+    differ in their last fp32 bits, which can move one exp across a bf16 rounding boundary and change an output by at
+    most 2^-8 · E_j / Σ E · |V_j| <= 2^-8 · max |V|.  So: relative error (norm) under 1e-4 and every element within
+    2^-8 · max |V| (values: the V channels; non-finite ones are read as 0).  NaN where the reference has it."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    nan = ref.isnan()
+    assert torch.equal(out.isnan(), nan), "NaN positions differ from the reference's"
+    o, r = out.double().masked_fill(nan, 0), ref.double().masked_fill(nan, 0)
+    if r.numel() == 0 or not r.abs().max() > 0:
+        return
+    rel = float((o - r).norm() / r.norm())
+    assert rel < 1e-4, f"relative error {rel:.3g} against the bf16-operand reference"
+    v = values.float()
+    bound = 2.0 ** -8 * v.masked_fill(~v.isfinite(), 0).abs().max()
+    assert (o - r).abs().max() <= bound, f"max |diff| {(o - r).abs().max():.3g} beyond one bf16 flip's bound"

@@ -234,8 +234,9 @@ def test_int8_gated_blocks_one_call_has_the_module_paths_bits(options, counted):
     _one_call(q, _images(3), counted)
 
 
-def test_int8_attention_flags_set_after_a_forward_are_followed(counted):
-    q = vitfast.quantize(_fused(), attention="fp32")
+def _assert_flags_set_after_a_forward_are_followed(q, counted):
+    """Every block's attention gets int8_attention = True after the plan was made: the call takes the int8 products
+    as the module path does (and without the flag again, the fp32 ones)."""
     x = _images(2)
     with torch.no_grad():
         q(x)
@@ -248,25 +249,16 @@ def test_int8_attention_flags_set_after_a_forward_are_followed(counted):
             del block.attn.int8_attention
         assert not torch.equal(q(x), got), "the int8 products were not taken"
     assert torch.equal(got, want)
+
+
+def test_int8_attention_flags_set_after_a_forward_are_followed(counted):
+    _assert_flags_set_after_a_forward_are_followed(vitfast.quantize(_fused(), attention="fp32"), counted)
 
 
 def test_nondeep_int8_heads_flag_set_after_a_forward_is_followed(counted):
-    """A projected non-deep attention's int8_attention flag set after the plan was made: the call takes
-    xwx_heads_int8 as the module path does."""
+    """A projected non-deep attention's flag (xwx_heads_int8)."""
     _, model = _method_models("non-deep, factored scores, avg pool")
-    q = vitfast.quantize(model, attention="fp32")
-    x = _images(2)
-    with torch.no_grad():
-        q(x)
-        for block in q.blocks:
-            block.attn.int8_attention = True
-        got = q(x)
-        assert counted.calls == 2
-        want = _module_path(q, x)
-        for block in q.blocks:
-            del block.attn.int8_attention
-        assert not torch.equal(q(x), got), "the int8 products were not taken"
-    assert torch.equal(got, want)
+    _assert_flags_set_after_a_forward_are_followed(vitfast.quantize(model, attention="fp32"), counted)
 
 
 BF16_STRUCTURES = ["cls token, BN channel-idle FFNs", "avg pool + fc_norm, no cls token", "reg tokens, no_embed_class",

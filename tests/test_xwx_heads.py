@@ -5,7 +5,8 @@ softmax(A_h B_hᵀ) · V_h side by side, B_h = B'_h (factored) or [x | B'_h] (fu
 real `xwx_attention` arguments (the columns `ProjectedXWXAttention` packs), so the scores are what a non-deep block
 computes.  Both forms with and without a key bias, DeiT widths at N = 197 and odd N that break the 256-key tile,
 batch 1 and 2, every CPU code path, 1 and 2 threads (bit-equal); the identity with `xwx_attention`; fp16/bf16,
-argument errors worded as the reference's, opcheck and the reference backend.
+argument errors worded as the reference's, opcheck and the reference backend — these last contracts for the product
+variants `xwx_heads_int8` / `xwx_heads_bf16` too.
 """
 import pytest
 import torch
@@ -98,18 +99,25 @@ def test_large_scores_are_stable(isa, restore_threads):
         assert (out.double() - truth).abs().max().item() <= 2 * torch_err + 1e-5
 
 
-def test_non_contiguous_inputs(tol, restore_threads):
+# The op and its product variants (test_xwx_heads_int8.py, test_xwx_heads_bf16.py) share these contracts.
+VARIANTS = ["xwx_heads", "xwx_heads_int8", "xwx_heads_bf16"]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_non_contiguous_inputs(name, restore_threads):
+    """Strided proj and x are read as they are: the bits of their contiguous copies."""
+    variant = getattr(torch.ops.vitfast, name)
     proj, x, h, d = heads_args(2, 21, 32, 2, None, 16)
     nc_proj = torch.cat([proj, proj], dim=-1)[..., proj.shape[-1]:]
     nc_x = x.transpose(0, 1).contiguous().transpose(0, 1)
-    atol, rtol = tol[torch.float32]
-    torch.testing.assert_close(op(nc_proj, nc_x, h, d), reference.xwx_heads(proj, x, h, d), atol=atol, rtol=rtol)
+    torch.testing.assert_close(variant(nc_proj, nc_x, h, d), variant(proj, x, h, d), atol=0, rtol=0)
 
 
-def test_empty_batch_and_tokens():
+@pytest.mark.parametrize("name", VARIANTS)
+def test_empty_batch_and_tokens(name):
     for batch, tokens in ((0, 5), (2, 0)):
         proj, x, h, d = heads_args(batch, tokens, 16, 2, 8, 8)
-        assert op(proj, x, h, d).shape == (batch, tokens, 16)
+        assert getattr(torch.ops.vitfast, name)(proj, x, h, d).shape == (batch, tokens, 16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -119,6 +127,19 @@ def test_low_precision(dtype, rank, isa, tol):
     proj, x, h, d = heads_args(2, 197, 192, 3, rank, 64)
     args = [proj.to(dtype), None if x is None else x.to(dtype), h, d]
     assert_low_precision_no_worse(op, reference.xwx_heads, args, dtype, tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", VARIANTS[1:])
+def test_variants_low_precision_is_their_fp32_conversion(name, dtype):
+    """The product variants take fp16/bf16 as `attention_int8` / `attention_bf16` do: computed from the fp32 values,
+    the output rounded once to the input's dtype."""
+    variant = getattr(torch.ops.vitfast, name)
+    proj, x, h, d = heads_args(2, 21, 32, 2, None, 16)
+    args = [proj.to(dtype), x.to(dtype), h, d]
+    out = variant(*args)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, variant(args[0].float(), args[1].float(), h, d).to(dtype), atol=0, rtol=0)
 
 
 def _bad(i, value, rank=8):
@@ -143,17 +164,21 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("name", VARIANTS)
 @pytest.mark.parametrize("case", BAD, ids=lambda c: c[0])
-def test_bad_arguments_name_the_argument(case):
-    """The C++ check and the reference refuse the same inputs with the same words."""
+def test_bad_arguments_name_the_argument(case, name):
+    """The C++ check and the reference refuse the same inputs with the same words (the variants: those of
+    `xwx_heads`)."""
     _, make, argname = case
-    assert_refused_alike("xwx_heads", make, argname)
+    assert_refused_alike(name, make, argname)
 
 
+@pytest.mark.parametrize("name", VARIANTS)
 @pytest.mark.parametrize("rank", [None, 8], ids=lambda r: f"R{r}")
-def test_opcheck(rank):
-    torch.library.opcheck(op.default, tuple(heads_args(2, 7, 16, 2, rank, 8)))
+def test_opcheck(rank, name):
+    torch.library.opcheck(getattr(torch.ops.vitfast, name).default, tuple(heads_args(2, 7, 16, 2, rank, 8)))
 
 
-def test_backend_switch_reaches_the_reference(monkeypatch):
-    assert_backend_reaches_reference(monkeypatch, "xwx_heads", heads_args(1, 5, 16, 2, 8, 8))
+@pytest.mark.parametrize("name", VARIANTS)
+def test_backend_switch_reaches_the_reference(monkeypatch, name):
+    assert_backend_reaches_reference(monkeypatch, name, heads_args(1, 5, 16, 2, 8, 8))

@@ -6,12 +6,13 @@ fp32 sums.  Projections made from real `xwx_attention` arguments (test_xwx_heads
 without a key bias, DeiT widths at N = 197 and odd sizes, every CPU path with its bf16 extension on and off (off: the
 portable bf16 kernel, the same products), 1 and 2 threads (bit-equal); the tolerance of tests/test_attention_bf16.py
 (the kernel's only other roundings are its fp32 sums: relative error under 1e-4 and every element within one bf16
-flip, 2^-8 · max |V|); NaN, fp16/bf16 input, argument errors worded as `xwx_heads`', opcheck, the reference backend.
+flip, 2^-8 · max |V|); NaN.  Strided and empty inputs, fp16/bf16, argument errors, opcheck and the reference backend:
+test_xwx_heads.py (the contracts the variants share).
 """
 import pytest
 import torch
-from helpers import assert_backend_reaches_reference, assert_refused_alike, at_1_and_2_threads
-from test_xwx_heads import BAD, heads_args
+from helpers import assert_bf16_heads_close, at_1_and_2_threads
+from test_xwx_heads import VIT_SHAPES, heads_args
 from test_xwx_heads_int8 import _values
 
 import vitfast
@@ -27,21 +28,7 @@ op = torch.ops.vitfast.xwx_heads_bf16
 
 def assert_close_to_reference(out, args):
     proj, x, heads, d = args
-    ref = reference.xwx_heads_bf16(*args)
-    assert out.shape == ref.shape and out.dtype == ref.dtype
-    nan = ref.isnan()
-    assert torch.equal(out.isnan(), nan), "NaN positions differ from the reference's"
-    o, r = out.double().masked_fill(nan, 0), ref.double().masked_fill(nan, 0)
-    if r.numel() == 0 or not r.abs().max() > 0:
-        return
-    rel = float((o - r).norm() / r.norm())
-    assert rel < 1e-4, f"relative error {rel:.3g} against the bf16-operand reference"
-    v = _values(proj, heads, d)
-    bound = 2.0 ** -8 * v.masked_fill(~v.isfinite(), 0).abs().max()
-    assert (o - r).abs().max() <= bound, f"max |diff| {(o - r).abs().max():.3g} beyond one bf16 flip's bound"
-
-
-VIT_SHAPES = [(192, 3, 128, 128), (192, 3, None, 64), (384, 6, 128, 128), (384, 6, None, 64)]
+    assert_bf16_heads_close(out, reference.xwx_heads_bf16(*args), _values(proj, heads, d))
 
 
 @pytest.mark.parametrize("shape", VIT_SHAPES, ids=lambda s: f"C{s[0]}-H{s[1]}-{'full' if s[2] is None else s[2]}-D{s[3]}")
@@ -92,42 +79,3 @@ def test_nan_positions(isa):
     out = op(proj, x, heads, d)
     assert out[0, 4, d:].isnan().all() and out[1, :, 3].isnan().all()
     assert_close_to_reference(out, [proj, x, heads, d])
-
-
-def test_non_contiguous_inputs(restore_threads):
-    proj, x, h, d = heads_args(2, 21, 32, 2, None, 16)
-    nc_proj = torch.cat([proj, proj], dim=-1)[..., proj.shape[-1]:]
-    nc_x = x.transpose(0, 1).contiguous().transpose(0, 1)
-    torch.testing.assert_close(op(nc_proj, nc_x, h, d), op(proj, x, h, d), atol=0, rtol=0)
-
-
-def test_empty_batch_and_tokens():
-    for batch, tokens in ((0, 5), (2, 0)):
-        proj, x, h, d = heads_args(batch, tokens, 16, 2, 8, 8)
-        assert op(proj, x, h, d).shape == (batch, tokens, 16)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_low_precision_is_its_fp32_conversion(dtype):
-    """fp16/bf16 in, same dtype out: computed from the fp32 values, rounded once (as `attention_bf16`)."""
-    proj, x, h, d = heads_args(2, 21, 32, 2, None, 16)
-    args = [proj.to(dtype), x.to(dtype), h, d]
-    out = op(*args)
-    assert out.dtype == dtype
-    torch.testing.assert_close(out, op(args[0].float(), args[1].float(), h, d).to(dtype), atol=0, rtol=0)
-
-
-@pytest.mark.parametrize("case", BAD, ids=lambda c: c[0])
-def test_bad_arguments_name_the_argument(case):
-    """The C++ check and the reference refuse the same inputs with the same words (those of `xwx_heads`)."""
-    _, make, argname = case
-    assert_refused_alike("xwx_heads_bf16", make, argname)
-
-
-@pytest.mark.parametrize("rank", [None, 8], ids=lambda r: f"R{r}")
-def test_opcheck(rank):
-    torch.library.opcheck(op.default, tuple(heads_args(2, 7, 16, 2, rank, 8)))
-
-
-def test_backend_switch_reaches_the_reference(monkeypatch):
-    assert_backend_reaches_reference(monkeypatch, "xwx_heads_bf16", heads_args(1, 5, 16, 2, 8, 8))

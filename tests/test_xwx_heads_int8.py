@@ -6,13 +6,13 @@ rows (dk = R (+1) wide, unlike multi-head attention's dk = D), per-row softmax c
 from real `xwx_attention` arguments (test_xwx_heads.heads_args), both forms with and without a key bias, DeiT widths
 at N = 197 and odd sizes, every CPU path with its int8 extension on and off, 1 and 2 threads (bit-equal); the
 tolerance of tests/helpers.assert_int8_heads_close (a P code may flip where the kernel's exp polynomial and torch.exp
-differ in the last bit); NaN, fp16/bf16, argument errors worded as `xwx_heads`', opcheck, the reference backend.
+differ in the last bit); NaN.  Strided and empty inputs, fp16/bf16, argument errors, opcheck and the reference
+backend: test_xwx_heads.py (the contracts the variants share).
 """
 import pytest
 import torch
-from helpers import (assert_backend_reaches_reference, assert_int8_heads_close, assert_refused_alike,
-                     at_1_and_2_threads)
-from test_xwx_heads import BAD, heads_args
+from helpers import assert_int8_heads_close, at_1_and_2_threads
+from test_xwx_heads import VIT_SHAPES, heads_args
 
 import vitfast
 from vitfast import reference
@@ -35,10 +35,6 @@ def _values(proj, heads, d):
 def assert_close_to_reference(out, args):
     proj, x, heads, d = args
     assert_int8_heads_close(out, reference.xwx_heads_int8(*args), _values(proj, heads, d), TOL)
-
-
-# (C, heads, rank or None = full form, value width D): DeiT-Ti / DeiT-S, 2 branches (as test_xwx_heads.py)
-VIT_SHAPES = [(192, 3, 128, 128), (192, 3, None, 64), (384, 6, 128, 128), (384, 6, None, 64)]
 
 
 @pytest.mark.parametrize("shape", VIT_SHAPES, ids=lambda s: f"C{s[0]}-H{s[1]}-{'full' if s[2] is None else s[2]}-D{s[3]}")
@@ -96,42 +92,3 @@ def test_nan_positions(isa):
     expected[0, :, d + 3] = True
     assert torch.equal(out.isnan(), expected)
     assert_close_to_reference(out, [proj, x, heads, d])
-
-
-def test_non_contiguous_inputs(restore_threads):
-    proj, x, h, d = heads_args(2, 21, 32, 2, None, 16)
-    nc_proj = torch.cat([proj, proj], dim=-1)[..., proj.shape[-1]:]
-    nc_x = x.transpose(0, 1).contiguous().transpose(0, 1)
-    torch.testing.assert_close(op(nc_proj, nc_x, h, d), op(proj, x, h, d), atol=0, rtol=0)
-
-
-def test_empty_batch_and_tokens():
-    for batch, tokens in ((0, 5), (2, 0)):
-        proj, x, h, d = heads_args(batch, tokens, 16, 2, 8, 8)
-        assert op(proj, x, h, d).shape == (batch, tokens, 16)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_low_precision_is_its_fp32_conversion(dtype):
-    """fp16/bf16 in, same dtype out: computed from the fp32 values, rounded once (as `attention_int8`)."""
-    proj, x, h, d = heads_args(2, 21, 32, 2, None, 16)
-    args = [proj.to(dtype), x.to(dtype), h, d]
-    out = op(*args)
-    assert out.dtype == dtype
-    torch.testing.assert_close(out, op(args[0].float(), args[1].float(), h, d).to(dtype), atol=0, rtol=0)
-
-
-@pytest.mark.parametrize("case", BAD, ids=lambda c: c[0])
-def test_bad_arguments_name_the_argument(case):
-    """The C++ check and the reference refuse the same inputs with the same words (those of `xwx_heads`)."""
-    _, make, argname = case
-    assert_refused_alike("xwx_heads_int8", make, argname)
-
-
-@pytest.mark.parametrize("rank", [None, 8], ids=lambda r: f"R{r}")
-def test_opcheck(rank):
-    torch.library.opcheck(op.default, tuple(heads_args(2, 7, 16, 2, rank, 8)))
-
-
-def test_backend_switch_reaches_the_reference(monkeypatch):
-    assert_backend_reaches_reference(monkeypatch, "xwx_heads_int8", heads_args(1, 5, 16, 2, 8, 8))

@@ -67,13 +67,24 @@ def xwx_heads(proj: torch.Tensor, x: Optional[torch.Tensor], num_heads: int, val
     The softmax scale is already in A_h (folded into w_q); the softmax runs in float32 whatever the input dtype,
     everything else in the input dtype.  `xwx_attention` = this, then Σ_h out_h · w_o[h] + b_o + residual.
     """
-    heads, left, right, d = check_xwx_heads_args(proj, x, num_heads, value_dim)
+    a, b, v = head_operands(proj, x, num_heads, value_dim)
+    probs = torch.softmax((a @ b.transpose(-1, -2)).float(), dim=-1).to(proj.dtype)
+    return merge_heads(probs @ v)
+
+
+def head_operands(proj, x, num_heads, value_dim):
+    """The checked arguments' per-head operands (A_h, B_h, V_h), each [B, H, N, ·] in proj's dtype (the doc of
+    `xwx_heads`; B_h = [x | B'_h] in the full form)."""
+    heads, left, right, _ = check_xwx_heads_args(proj, x, num_heads, value_dim)
     batch, tokens, width = proj.shape
     p = proj.reshape(batch, tokens, heads, width // heads).transpose(1, 2)  # [B, H, N, P]
-    a = p[..., :left]
     b = p[..., left:left + right]
     if x is not None:
         b = torch.cat([x.unsqueeze(1).expand(batch, heads, tokens, x.shape[2]), b], dim=-1)
-    probs = torch.softmax((a @ b.transpose(-1, -2)).float(), dim=-1).to(proj.dtype)
-    out = probs @ p[..., left + right:]  # [B, H, N, D]
+    return p[..., :left], b, p[..., left + right:]
+
+
+def merge_heads(out: torch.Tensor) -> torch.Tensor:
+    """[B, H, N, D] → [B, N, H·D], head h in columns [h·D, (h+1)·D)."""
+    batch, heads, tokens, d = out.shape
     return out.transpose(1, 2).reshape(batch, tokens, heads * d)

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from .attention_int8 import int8_heads
-from .xwx_heads import check_xwx_heads_args
+from .xwx_heads import check_xwx_heads_args, head_operands, merge_heads
 
 
 def check_xwx_heads_int8_args(proj, x, num_heads, value_dim) -> tuple[int, int, int, int]:
@@ -25,12 +25,6 @@ def check_xwx_heads_int8_args(proj, x, num_heads, value_dim) -> tuple[int, int, 
 def xwx_heads_int8(proj: torch.Tensor, x: Optional[torch.Tensor], num_heads: int, value_dim: int) -> torch.Tensor:
     """`xwx_heads` with int8 score/value products (module doc): [B, N, H·D] in proj's dtype, computed from its fp32
     values."""
-    heads, left, right, d = check_xwx_heads_int8_args(proj, x, num_heads, value_dim)
-    batch, tokens, width = proj.shape
-    p = proj.float().reshape(batch, tokens, heads, width // heads).transpose(1, 2)  # [B, H, N, P]
-    a = p[..., :left]
-    b = p[..., left:left + right]
-    if x is not None:
-        b = torch.cat([x.float().unsqueeze(1).expand(batch, heads, tokens, x.shape[2]), b], dim=-1)
-    out = int8_heads(a, b, p[..., left + right:], 1.0)  # [B, H, N, D]
-    return out.transpose(1, 2).reshape(batch, tokens, heads * d).to(proj.dtype)
+    check_xwx_heads_int8_args(proj, x, num_heads, value_dim)  # before the conversion: an int proj is refused
+    a, b, v = head_operands(proj.float(), None if x is None else x.float(), num_heads, value_dim)
+    return merge_heads(int8_heads(a, b, v, 1.0)).to(proj.dtype)
