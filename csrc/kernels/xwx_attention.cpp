@@ -120,12 +120,8 @@ void xwx_pack_keys(const XwxLayout& w, int64_t tokens, const float* proj, int64_
   } else if (!w.shape.key_bias) {
     gemm::pack_b_transposed(x, tokens, lw, ldx, keys);  // xᵀ
   } else {
-    const int64_t C = w.shape.channels;
-    for (int64_t j = 0; j < tokens; ++j) {  // [x | kb_h]: the right operand of [x W_h | 1]
-      std::copy(x + j * ldx, x + j * ldx + C, scratch + j * lw);
-      scratch[j * lw + C] = proj[j * ldp + w.right_col(h)];
-    }
-    gemm::pack_b_transposed(scratch, tokens, lw, lw, keys);
+    const HeadOperands o = xwx_head_operands(w, tokens, proj, ldp, x, ldx, h, scratch);  // [x | kb_h] in scratch
+    gemm::pack_b_transposed(o.k, tokens, lw, o.ldk, keys);
   }
   float* values = keys + gemm::packed_floats(tokens, lw);
   for (int64_t t = 0; t < key_tiles(tokens); ++t) {
@@ -133,6 +129,26 @@ void xwx_pack_keys(const XwxLayout& w, int64_t tokens, const float* proj, int64_
     gemm::pack_b(proj + k0 * ldp + w.value_col(h), kt, D, ldp,
                  values + t * gemm::packed_floats(D, kXwxKeyTile));
   }
+}
+
+HeadOperands xwx_head_operands(const XwxLayout& w, int64_t tokens, const float* proj, int64_t ldp, const float* x,
+                               int64_t ldx, int64_t h, float* scratch) {
+  HeadOperands o;
+  o.q = proj + w.left_col(h), o.ldq = ldp, o.dk = w.left_width;
+  o.v = proj + w.value_col(h), o.ldv = ldp, o.dv = w.shape.value_dim;
+  if (!w.shape.full) {
+    o.k = proj + w.right_col(h), o.ldk = ldp;
+  } else if (!w.shape.key_bias) {
+    o.k = x, o.ldk = ldx;
+  } else if (scratch != nullptr) {
+    const int64_t C = w.shape.channels, lw = w.left_width;
+    for (int64_t j = 0; j < tokens; ++j) {  // [x | kb_h]: the right operand of [x W_h | 1]
+      std::copy(x + j * ldx, x + j * ldx + C, scratch + j * lw);
+      scratch[j * lw + C] = proj[j * ldp + w.right_col(h)];
+    }
+    o.k = scratch, o.ldk = lw;
+  }
+  return o;
 }
 
 int64_t xwx_heads_workspace_floats(int64_t q_rows) { return q_rows * kScoreLd + 4 * padded16(q_rows); }

@@ -34,6 +34,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/head_operands.h"
 
 namespace vitfast {
 
@@ -94,6 +95,13 @@ int64_t xwx_pack_scratch_floats(const XwxLayout& w, int64_t tokens);
 // proj and x point at the image's row 0; keys (64-byte aligned) receives xwx_keys_floats floats.
 void xwx_pack_keys(const XwxLayout& w, int64_t tokens, const float* proj, int64_t ldp, const float* x, int64_t ldx,
                    int64_t h, float* keys, float* scratch);
+
+// Head h's operands in one image's projection rows (proj, x at its row 0, strides ldp / ldx) for the attention
+// kernels' strided entries (kernels/head_operands.h): Q = [L_h | 1], K = [K_h | kb_h] (factored), x (full, no key
+// bias) or [x | kb_h] assembled in `scratch` (xwx_pack_scratch_floats(w, tokens) floats; nullptr: K left unset, for
+// callers that read only Q and V), V = V_h.
+HeadOperands xwx_head_operands(const XwxLayout& w, int64_t tokens, const float* proj, int64_t ldp, const float* x,
+                               int64_t ldx, int64_t h, float* scratch);
 
 // Phase 3: query rows [q0, q1) of one image, all heads (their results side by side in the workspace).
 // keys = the image's H blocks of xwx_keys_floats

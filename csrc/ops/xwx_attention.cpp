@@ -152,23 +152,9 @@ at::Tensor xwx_attention_bf16(const XwxShape& s, const at::Tensor& x, const at::
   const int64_t lw = w.left_width;
   const int64_t per_head = attention_packed_floats_bf16(tokens, lw, D);
   // One head's operands in an image's projections (proj, x at its row 0); the full form's keys with a key bias are
-  // assembled in `scratch` (N × (C + 1) floats).
+  // assembled in `scratch` (xwx_run's per-thread xwx_pack_scratch_floats).
   auto operands = [&](const float* proj, const float* xi, int64_t h, float* scratch) {
-    HeadOperands o;
-    o.q = proj + w.left_col(h), o.ldq = ldp, o.dk = lw;
-    o.v = proj + w.value_col(h), o.ldv = ldp, o.dv = D;
-    if (!s.full) {
-      o.k = proj + w.right_col(h), o.ldk = ldp;
-    } else if (!s.key_bias) {
-      o.k = xi, o.ldk = C;
-    } else if (scratch != nullptr) {
-      for (int64_t j = 0; j < tokens; ++j) {
-        std::copy(xi + j * C, xi + (j + 1) * C, scratch + j * lw);
-        scratch[j * lw + C] = proj[j * ldp + w.right_col(h)];
-      }
-      o.k = scratch, o.ldk = lw;
-    }
-    return o;
+    return xwx_head_operands(w, tokens, proj, ldp, xi, C, h, scratch);
   };
   XwxKeys keys;
   keys.floats_per_head = per_head;

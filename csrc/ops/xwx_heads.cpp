@@ -137,28 +137,15 @@ at::Tensor strided_heads(const at::Tensor& proj, const std::optional<at::Tensor>
   const at::Tensor pf = f32(proj), xf = f32(x);
   const float* pp = pf.data_ptr<float>();
   const float* xp = xf.defined() ? xf.data_ptr<float>() : nullptr;
-  const int64_t ldp = w.proj_cols(), C = w.shape.channels, lw = w.left_width;
+  const int64_t ldp = w.proj_cols(), C = w.shape.channels, keys_floats = xwx_pack_scratch_floats(w, tokens);
   float* op = out.data_ptr<float>();
   for_each_attention_task(
       batch, tokens, w.shape.heads, active_cpu_isa(), [&](int64_t) { return &scratch(); },
       [&](Scratch* s, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t, int64_t, int64_t, int64_t) {
-        const float* rows = pp + b * tokens * ldp;
-        HeadOperands o;
-        o.q = rows + w.left_col(h), o.ldq = ldp, o.dk = lw;
-        o.v = rows + w.value_col(h), o.ldv = ldp, o.dv = D;
-        if (!w.shape.full) {
-          o.k = rows + w.right_col(h), o.ldk = ldp;
-        } else if (!w.shape.key_bias) {
-          o.k = xp + b * tokens * C, o.ldk = C;
-        } else {
-          s->keys.resize(size_t(tokens * lw));
-          const float* xb = xp + b * tokens * C;
-          for (int64_t j = 0; j < tokens; ++j) {
-            std::copy(xb + j * C, xb + (j + 1) * C, s->keys.data() + j * lw);
-            s->keys[size_t(j * lw + C)] = rows[j * ldp + w.right_col(h)];
-          }
-          o.k = s->keys.data(), o.ldk = lw;
-        }
+        if (keys_floats > 0 && int64_t(s->keys.size()) < keys_floats) s->keys.resize(size_t(keys_floats));
+        const HeadOperands o = xwx_head_operands(w, tokens, pp + b * tokens * ldp, ldp,
+                                                 xp != nullptr ? xp + b * tokens * C : nullptr, C, h,
+                                                 keys_floats > 0 ? s->keys.data() : nullptr);
         head(*s, o, tokens, q0, q1, op + b * tokens * hd + h * D, hd);
       });
   return proj.scalar_type() == at::kFloat ? out : out.to(proj.scalar_type());
