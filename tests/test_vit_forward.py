@@ -283,6 +283,23 @@ def test_bf16_model_one_call_has_the_module_paths_bits(name, counted):
     assert counted.calls == calls
 
 
+@pytest.mark.skipif(not ops.extension_loaded() or ops.bf16_kernel() == "none",
+                    reason="no CPU bf16 extension: a bf16 model's blocks take the module path")
+@pytest.mark.parametrize("name", list(METHOD_MODELS))
+def test_bf16_method_models_one_call_or_module_path(name, counted):
+    """A bf16 non-deep model runs in the call (layer_norm → bf16 xwx_attention → the FFN, the module path's ops) with
+    its bits; a bf16 DW-conv model keeps the module path (its bf16 steps are not in the call)."""
+    _, model = _method_models(name)
+    q = vitfast.quantize(model, dtype="bf16")
+    x = _images(3).to(torch.bfloat16)
+    if "non-deep" in name:
+        _one_call(q, x, counted)
+        return
+    with torch.no_grad():
+        got = q(x)
+        assert counted.calls == 0 and torch.equal(got, _module_path(q, x))
+
+
 def test_bf16_model_on_a_path_without_bf16_gemms_takes_the_module_path(counted):
     """A bf16 plan made on a bf16 path is not used after a switch to a path without bf16 GEMMs (the module path then
     runs each block as its six ops, computed in fp32)."""
@@ -305,7 +322,7 @@ def test_bf16_model_on_a_path_without_bf16_gemms_takes_the_module_path(counted):
 
 
 def test_bf16_models_of_other_blocks_take_the_module_path(counted):
-    _, model = _method_models("non-deep (XWX blocks)")
+    _, model = _method_models("DW-conv blocks")
     model = model.to(torch.bfloat16)
     module_path, out = _runs_module_path(model, _images(2).to(torch.bfloat16), counted)
     assert module_path and out.dtype == torch.bfloat16

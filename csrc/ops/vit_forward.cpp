@@ -40,14 +40,15 @@ bool linear_ok(const ForwardLinear& l) {
 // A layer's weight [out × in] (the int8 one's codes when int8).
 const at::Tensor& linear_weight(const ForwardLinear& l) { return l.int8 ? l.q.qweight : l.weight; }
 
-// The FFN sub-block of a kXwx, kDwconv, kGated or kParts block (fp32 models).
-bool ffn_ok(const ForwardBlock& b) {
-  return (b.ffn_int8 ? int8_cpu(b.ffn.qw_in) : float_cpu(b.w_in, at::kFloat)) && norm_ok(b.ffn_norm, at::kFloat);
+// The FFN sub-block of a kXwx, kDwconv, kGated or kParts block (fp32 models; a kXwx block of a bf16 one).
+bool ffn_ok(const ForwardBlock& b, at::ScalarType d = at::kFloat) {
+  return (b.ffn_int8 ? int8_cpu(b.ffn.qw_in) : float_cpu(b.w_in, d)) && norm_ok(b.ffn_norm, d);
 }
 
 // Whether every tensor of the plan is still one this path computes with (the module path takes over otherwise:
 // a model moved to another dtype or device since the plan was made, a weight made channels_last).  A bf16 plan
-// takes vit_block blocks only (the other blocks' ops take bf16 through their Python entries).
+// takes vit_block and XWX blocks only (the module path runs those as the same C++ ops on bf16 tensors; the other
+// kinds' bf16 goes through steps the call does not have).
 bool plan_takes(const VitForwardPlan& p) {
   const at::ScalarType d = p.dtype;
   // bf16 only while the active path has a bf16 GEMM kernel: without one the module path runs a bf16 block as its
@@ -60,7 +61,7 @@ bool plan_takes(const VitForwardPlan& p) {
   if (!of(p.pos_embed) || !of(p.cls_token) || !of(p.reg_token)) return false;
   if (!norm_ok(p.norm_pre, d) || !norm_ok(p.norm, d) || !norm_ok(p.fc_norm, d)) return false;
   for (const ForwardBlock& b : p.blocks) {
-    if (d != at::kFloat && b.kind != BlockKind::kVit) return false;
+    if (d != at::kFloat && b.kind != BlockKind::kVit && b.kind != BlockKind::kXwx) return false;
     bool ok = true;
     switch (b.kind) {
       case BlockKind::kInt8:
@@ -70,7 +71,7 @@ bool plan_takes(const VitForwardPlan& p) {
         ok = of(b.w_qkv) && of(b.w_proj) && of(b.w_in) && of(b.w_out);
         break;
       case BlockKind::kXwx:
-        ok = fp32_cpu(b.w_q) && fp32_cpu(b.w_v) && fp32_cpu(b.w_o) && ffn_ok(b);
+        ok = of(b.w_q) && of(b.w_v) && of(b.w_o) && of(b.w_k) && of(b.key_bias) && of(b.b_o) && ffn_ok(b, d);
         break;
       case BlockKind::kXwxProjected:
         ok = linear_ok(b.xwx_in) && linear_ok(b.xwx_out) && ffn_ok(b);

@@ -16,8 +16,9 @@ class as timm's ("VisionTransformer"), so files are the same as before.
 When the call is taken — all checked per forward, the structure once per plan:
 - inference: grad mode off and the model in eval mode; a plain CPU tensor [B, C, H, W] of the model's image size
   and dtype, contiguous (NCHW): float32, or bfloat16 for a bf16 model (`vitfast.quantize(dtype="bf16")`) whose
-  blocks are all FusedBlocks, on a CPU path with bf16 GEMMs (each block then one bf16 `vit_block`, as in the module
-  path; other bf16 blocks go through their ops' Python entries, so such models keep the module path); no
+  blocks are all FusedBlocks or non-deep FusedXWXBlocks (BF16_BLOCK_KINDS), on a CPU path with bf16 GEMMs (each
+  block then the bf16 ops of its module path: one `vit_block`, or layer_norm → xwx_attention → the FFN; the other
+  kinds' bf16 steps are not in the call, so such models keep the module path); no
   attn_mask / is_causal; no tracing (torch.compile, torch.export and ONNX export see timm's forward and the standard
   ops); the auto backend; the C++ extension loaded;
 - a structure the call reproduces (planned once; `_plan_structure`): timm's PatchEmbed (flatten, no norm, fixed image
@@ -126,6 +127,8 @@ class _Plan(NamedTuple):
 
 # The forwards the one call stands for, as defined (a class patched since — before or after a plan was made — makes
 # the module path run), and timm's VisionTransformer methods it replaces.
+# The block kinds a bf16 model's call takes: those whose module path is C++ ops on bf16 tensors the call runs too.
+BF16_BLOCK_KINDS = ("vit", "xwx")
 _FORWARDS = {cls: cls.forward for cls in (
     PatchEmbed, GemmPatchProjection, Int8PatchProjection, nn.Identity, nn.Dropout, PatchDropout, nn.Sequential,
     FusedBlock, FusedAttention, FusedChannelIdleFFN, Int8Linear, Int8ChannelIdleFFN, *PLAIN_LAYER_NORMS,
@@ -455,7 +458,7 @@ def _plan_structure(model: nn.Module, scalars: List[tuple]) -> Optional[tuple]:
             spec = _gated_block_spec(block, modules, scalars)
         else:
             return None
-        if spec is None or (dtype is not torch.float32 and spec[0] != "vit"):
+        if spec is None or (dtype is not torch.float32 and spec[0] not in BF16_BLOCK_KINDS):
             return None
         block_specs.append(spec)
     # ---- final norm, pooling, head
