@@ -286,18 +286,11 @@ def test_bf16_model_one_call_has_the_module_paths_bits(name, counted):
 @pytest.mark.skipif(not ops.extension_loaded() or ops.bf16_kernel() == "none",
                     reason="no CPU bf16 extension: a bf16 model's blocks take the module path")
 @pytest.mark.parametrize("name", list(METHOD_MODELS))
-def test_bf16_method_models_one_call_or_module_path(name, counted):
-    """A bf16 non-deep model runs in the call (layer_norm → bf16 xwx_attention → the FFN, the module path's ops) with
-    its bits; a bf16 DW-conv model keeps the module path (its bf16 steps are not in the call)."""
+def test_bf16_method_models_one_call_has_the_module_paths_bits(name, counted):
+    """bf16 non-deep and DW-conv models run in the call (layer_norm → the bf16 xwx_attention / dwconv_attention, with
+    the DW-conv block's attention heads → the FFN: the module path's ops) with its bits."""
     _, model = _method_models(name)
-    q = vitfast.quantize(model, dtype="bf16")
-    x = _images(3).to(torch.bfloat16)
-    if "non-deep" in name:
-        _one_call(q, x, counted)
-        return
-    with torch.no_grad():
-        got = q(x)
-        assert counted.calls == 0 and torch.equal(got, _module_path(q, x))
+    _one_call(vitfast.quantize(model, dtype="bf16"), _images(3).to(torch.bfloat16), counted)
 
 
 def test_bf16_model_on_a_path_without_bf16_gemms_takes_the_module_path(counted):
@@ -321,11 +314,15 @@ def test_bf16_model_on_a_path_without_bf16_gemms_takes_the_module_path(counted):
     assert counted.taken == 1 and torch.equal(out, want)
 
 
-def test_bf16_models_of_other_blocks_take_the_module_path(counted):
-    _, model = _method_models("DW-conv blocks")
-    model = model.to(torch.bfloat16)
-    module_path, out = _runs_module_path(model, _images(2).to(torch.bfloat16), counted)
-    assert module_path and out.dtype == torch.bfloat16
+@pytest.mark.skipif(not ops.extension_loaded() or ops.bf16_kernel() == "none",
+                    reason="no CPU bf16 extension: a bf16 model's blocks take the module path")
+@pytest.mark.parametrize("convert", ["quantize", "to"])
+def test_bf16_gated_model_one_call_has_the_module_paths_bits(convert, counted):
+    """A bf16 USDC model, every gate pattern (both open as one bf16 vit_block, one open, none; the gate's op computes
+    bf16 in fp32), from vitfast.quantize(dtype="bf16") or .to(torch.bfloat16)."""
+    model = _gated_model([(1, 1), (1, 0), (0, 1), (0, 0)])
+    model = vitfast.quantize(model, dtype="bf16") if convert == "quantize" else model.to(torch.bfloat16)
+    _one_call(model, _images(3).to(torch.bfloat16), counted)
 
 
 def test_train_time_accuracy_kept():

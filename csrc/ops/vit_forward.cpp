@@ -47,8 +47,8 @@ bool ffn_ok(const ForwardBlock& b, at::ScalarType d = at::kFloat) {
 
 // Whether every tensor of the plan is still one this path computes with (the module path takes over otherwise:
 // a model moved to another dtype or device since the plan was made, a weight made channels_last).  A bf16 plan
-// takes vit_block and XWX blocks only (the module path runs those as the same C++ ops on bf16 tensors; the other
-// kinds' bf16 goes through steps the call does not have).
+// takes the float block kinds (vitfast/nn/vit.py BF16_BLOCK_KINDS: the module path runs them as the same C++ ops on
+// bf16 tensors).
 bool plan_takes(const VitForwardPlan& p) {
   const at::ScalarType d = p.dtype;
   // bf16 only while the active path has a bf16 GEMM kernel: without one the module path runs a bf16 block as its
@@ -61,7 +61,9 @@ bool plan_takes(const VitForwardPlan& p) {
   if (!of(p.pos_embed) || !of(p.cls_token) || !of(p.reg_token)) return false;
   if (!norm_ok(p.norm_pre, d) || !norm_ok(p.norm, d) || !norm_ok(p.fc_norm, d)) return false;
   for (const ForwardBlock& b : p.blocks) {
-    if (d != at::kFloat && b.kind != BlockKind::kVit && b.kind != BlockKind::kXwx) return false;
+    if (d != at::kFloat && b.kind != BlockKind::kVit && b.kind != BlockKind::kXwx && b.kind != BlockKind::kDwconv &&
+        b.kind != BlockKind::kGated)
+      return false;
     bool ok = true;
     switch (b.kind) {
       case BlockKind::kInt8:
@@ -82,14 +84,14 @@ bool plan_takes(const VitForwardPlan& p) {
         break;
       case BlockKind::kGated:
       case BlockKind::kParts:
-        ok = (b.kind == BlockKind::kParts || fp32_cpu(b.gate_w1)) &&
+        ok = (b.kind == BlockKind::kParts || of(b.gate_w1)) &&
              (!b.has_attn || (b.attn_int8 ? int8_linear_ok(b.qkv) && int8_linear_ok(b.proj)
-                                          : fp32_cpu(b.w_qkv) && fp32_cpu(b.w_proj))) &&
-             (!b.has_ffn || ffn_ok(b));
+                                          : of(b.w_qkv) && of(b.w_proj))) &&
+             (!b.has_ffn || ffn_ok(b, d));
         break;
       case BlockKind::kDwconv:
-        ok = fp32_cpu(b.value_w) && fp32_cpu(b.conv_kernel) && fp32_cpu(b.out_w) && ffn_ok(b) &&
-             (!b.attn_proj.has_value() || fp32_cpu(b.w_qkv));
+        ok = of(b.value_w) && of(b.value_b) && of(b.conv_kernel) && of(b.out_w) && of(b.out_b) && ffn_ok(b, d) &&
+             (!b.attn_proj.has_value() || (of(b.w_qkv) && of(b.b_qkv) && of(b.attn_proj)));
         break;
     }
     if (!ok) return false;

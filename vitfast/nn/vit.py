@@ -15,10 +15,10 @@ class as timm's ("VisionTransformer"), so files are the same as before.
 
 When the call is taken — all checked per forward, the structure once per plan:
 - inference: grad mode off and the model in eval mode; a plain CPU tensor [B, C, H, W] of the model's image size
-  and dtype, contiguous (NCHW): float32, or bfloat16 for a bf16 model (`vitfast.quantize(dtype="bf16")`) whose
-  blocks are all FusedBlocks or non-deep FusedXWXBlocks (BF16_BLOCK_KINDS), on a CPU path with bf16 GEMMs (each
-  block then the bf16 ops of its module path: one `vit_block`, or layer_norm → xwx_attention → the FFN; the other
-  kinds' bf16 steps are not in the call, so such models keep the module path); no
+  and dtype, contiguous (NCHW): float32, or bfloat16 for a bf16 model (`vitfast.quantize(dtype="bf16")` or
+  `.to(torch.bfloat16)`; BF16_BLOCK_KINDS: every fused block kind) on a CPU path with bf16 GEMMs (each block then
+  the bf16 ops of its module path: one `vit_block`, or layer_norm → xwx_attention / dwconv_attention → the FFN, or
+  the gate and its sub-blocks); no
   attn_mask / is_causal; no tracing (torch.compile, torch.export and ONNX export see timm's forward and the standard
   ops); the auto backend; the C++ extension loaded;
 - a structure the call reproduces (planned once; `_plan_structure`): timm's PatchEmbed (flatten, no norm, fixed image
@@ -127,8 +127,9 @@ class _Plan(NamedTuple):
 
 # The forwards the one call stands for, as defined (a class patched since — before or after a plan was made — makes
 # the module path run), and timm's VisionTransformer methods it replaces.
-# The block kinds a bf16 model's call takes: those whose module path is C++ ops on bf16 tensors the call runs too.
-BF16_BLOCK_KINDS = ("vit", "xwx")
+# The block kinds a bf16 model's call takes: those whose module path is C++ ops on bf16 tensors the call runs too
+# (every float kind; the int8 ones do not occur in a bf16 model).
+BF16_BLOCK_KINDS = ("vit", "xwx", "dwconv", "gated")
 _FORWARDS = {cls: cls.forward for cls in (
     PatchEmbed, GemmPatchProjection, Int8PatchProjection, nn.Identity, nn.Dropout, PatchDropout, nn.Sequential,
     FusedBlock, FusedAttention, FusedChannelIdleFFN, Int8Linear, Int8ChannelIdleFFN, *PLAIN_LAYER_NORMS,
