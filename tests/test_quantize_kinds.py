@@ -307,3 +307,13 @@ def test_nondeep_attention_heads_auto_follows_the_rule(monkeypatch):
     kb = int(attn.has_key_bias)
     score = attn.score_rank + kb if attn.score_form == "factored" else attn.dim + kb
     assert dims == {min(score, attn.value_dim)} == {attention_choice.products_dim(attn)}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_bf16_describe_names_what_computes_in_fp32(kind):
+    """A bf16 model's description names the kinds whose bf16 computes in fp32 inside their op: the DW-conv heads'
+    convolution (2 DW-conv blocks in the dwconv model) and the USDC gates (4)."""
+    text = vitfast.quant.describe(vitfast.quantize(KINDS[kind][0](), dtype="bf16"))
+    assert text.startswith("bf16 model")
+    assert ("2 × DW-conv heads' depthwise convolution in fp32" in text) == (kind == "dwconv")
+    assert ("4 × USDC gate in fp32" in text) == (kind == "gated")

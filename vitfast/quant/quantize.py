@@ -339,7 +339,14 @@ def describe(model: nn.Module) -> str:
         kernel = ops.bf16_kernel()
         how = (f"GEMMs on the {kernel} kernels with fp32 accumulation" if kernel != "none" else
                "this CPU has no bf16 extension: computed in fp32 and rounded once, no faster than fp32")
-        return f"bf16 model (weights and activations bf16; norms, softmax and GELU in fp32; {how})"
+        from ..nn.gated import FusedBatchGate
+
+        # the kinds whose bf16 computes in fp32 inside their op (a few multiply-adds per value beside the GEMMs)
+        n_conv = sum(isinstance(m, FusedDWConvBlock) for m in model.modules())
+        n_gate = sum(isinstance(m, FusedBatchGate) for m in model.modules())
+        extra = "".join([f"; {n_conv} × DW-conv heads' depthwise convolution in fp32" if n_conv else "",
+                         f"; {n_gate} × USDC gate in fp32" if n_gate else ""])
+        return f"bf16 model (weights and activations bf16; norms, softmax and GELU in fp32; {how}{extra})"
     int8 = [(n, m) for n, m in model.named_modules() if is_int8_module(m)]
     if not int8:
         return "fp32 model (no int8 layers)"
