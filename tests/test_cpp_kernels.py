@@ -77,6 +77,8 @@ def test_aarch64_cross_build_under_qemu(request):
                  "[neon_bf16] gemm_bf16 parity: ok",
                  # attention_int8 on the sdot kernels (csrc/tests/test_attention_int8.cpp).
                  "[neon] attention_int8: 15 cases", "[neon] attention_int8 on strided operands: 12 cases",
+                 # the bf16 head on strided operands (csrc/tests/test_attention.cpp), the bfdot kernel and the scalar
+                 "[neon] attention_head_bf16 on strided operands: 18 cases",
                  "test_attention_int8: all checks passed"):
         assert line in out, f"missing {line!r} in the qemu run:\n{out}"
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -252,9 +253,69 @@ void test_attention_bf16_steps(CpuIsa isa) {
   std::printf("[%s] attention_head_bf16 = its steps: %d cases\n", cpu_isa_name(isa), count);
 }
 
+// The head on strided operands (HeadOperands: Q, K, V with their own row strides, dk != dv, as the non-deep heads
+// read them) against the same plain sequence of steps, bit for bit; and pack + rows in two query blocks (the bf16
+// xwx_attention's use: keys packed once per head, rows per task, bf16 output) against the rounded one-call output.
+void test_attention_bf16_operands(CpuIsa isa) {
+  std::mt19937 rng(37);
+  std::vector<gemm16::Bf16Kernel> kernels = {gemm16::Bf16Kernel::kScalar};
+  if (gemm16::bf16_kernel(isa) != gemm16::Bf16Kernel::kScalar) kernels.push_back(gemm16::bf16_kernel(isa));
+  int count = 0;
+  for (gemm16::Bf16Kernel kernel : kernels)
+    for (int64_t tokens : {1, 17, 197})
+      for (auto dims : {std::pair<int64_t, int64_t>{129, 128}, {9, 20}, {24, 24}}) {
+        const int64_t dk = dims.first, dv = dims.second, ldq = dk + 3, ldk = dk + 5, ldv = dv + 7;
+        std::vector<float> q = random_vector(rng, size_t(tokens * ldq), 2.0f),
+                           k = random_vector(rng, size_t(tokens * ldk), 2.0f),
+                           v = random_vector(rng, size_t(tokens * ldv), 2.0f);
+        HeadOperands o;
+        o.q = q.data(), o.k = k.data(), o.v = v.data(), o.ldq = ldq, o.ldk = ldk, o.ldv = ldv, o.dk = dk, o.dv = dv;
+        const float scale = 0.3f;
+        std::vector<float> got(size_t(tokens * dv), 0.0f), want(size_t(tokens * dv), 0.0f);
+        gemm::AlignedFloats ws(attention_workspace_floats_bf16(tokens, dk, dv, tokens));
+        attention_head_bf16(o, tokens, 0, tokens, scale, got.data(), dv, ws.data(), isa, kernel);
+        // the steps
+        const int64_t ld_s = (tokens + 15) / 16 * 16, ld_q = gemm16::padded_k(dk);
+        gemm16::AlignedBf16 kp(gemm16::packed_bf16(tokens, dk)), vp(gemm16::packed_bf16(dv, tokens));
+        std::vector<uint16_t> q16(size_t(tokens * ld_q)), p16(size_t(tokens * gemm16::padded_k(tokens)));
+        std::vector<float> s(size_t(tokens * ld_s)), mx(static_cast<size_t>(tokens)), sum(static_cast<size_t>(tokens));
+        gemm::Epilogue padded;
+        padded.c_padded = true;
+        gemm16::pack_b_transposed_bf16(k.data(), tokens, dk, ldk, kp.data(), kernel);
+        gemm16::pack_b_bf16(v.data(), tokens, dv, ldv, vp.data(), kernel);
+        gemm16::convert_rows(q.data(), ldq, tokens, dk, q16.data(), ld_q, kernel);
+        gemm16::gemm_bf16_raw(tokens, q16.data(), ld_q, kp.data(), tokens, dk, s.data(), ld_s, padded, kernel);
+        for (int64_t i = 0; i < tokens; ++i) mx[i] = -INFINITY;
+        gemm::softmax_exp_rows(s.data(), tokens, tokens, ld_s, scale, mx.data(), sum.data(), isa);
+        gemm16::convert_rows(s.data(), ld_s, tokens, tokens, p16.data(), gemm16::padded_k(tokens), kernel);
+        gemm16::gemm_bf16_raw(tokens, p16.data(), gemm16::padded_k(tokens), vp.data(), dv, tokens, want.data(), dv,
+                              gemm::Epilogue(), kernel);
+        for (int64_t i = 0; i < tokens; ++i)
+          for (int64_t j = 0; j < dv; ++j) want[i * dv + j] *= 1.0f / sum[i];
+        check_same_bits(isa, want, got, "attention_head_bf16 on strided operands vs its steps");
+        // pack once, rows in two blocks, bf16 output: the one call's output rounded to bf16
+        gemm::AlignedFloats packed(attention_packed_floats_bf16(tokens, dk, dv));
+        gemm::AlignedFloats rows_ws(attention_rows_workspace_floats_bf16(tokens, dk, tokens));
+        attention_pack_bf16(o, tokens, packed.data(), kernel);
+        std::vector<uint16_t> out16(size_t(tokens * dv));
+        const int64_t split = tokens / 2;
+        attention_rows_bf16(o, packed.data(), tokens, 0, split, scale, nullptr, 0, out16.data(), dv, rows_ws.data(),
+                            isa, kernel);
+        attention_rows_bf16(o, packed.data(), tokens, split, tokens, scale, nullptr, 0, out16.data() + split * dv, dv,
+                            rows_ws.data(), isa, kernel);
+        std::vector<uint16_t> rounded(size_t(tokens * dv));
+        gemm16::convert_rows(got.data(), dv, tokens, dv, rounded.data(), dv, kernel);
+        bool same = rounded == out16;
+        VT_CHECK(same, "[%s] attention_rows_bf16 tokens=%lld dk=%lld dv=%lld: bf16 rows differ from the one call's",
+                 cpu_isa_name(isa), (long long)tokens, (long long)dk, (long long)dv);
+        ++count;
+      }
+  std::printf("[%s] attention_head_bf16 on strided operands: %d cases\n", cpu_isa_name(isa), count);
+}
+
 }  // namespace
 
 int main() {
   return run_on_every_isa("test_attention", test_softmax, test_softmax_exp_nan, test_attention, test_query_block_split,
-                          test_attention_bf16_steps);
+                          test_attention_bf16_steps, test_attention_bf16_operands);
 }
