@@ -288,10 +288,16 @@ def int8_attention_params(attn: nn.Module) -> tuple:
     attn_modules = attn._modules
     qkv, proj = attn_modules["qkv"], attn_modules["proj"]
     qb, pb = qkv._buffers, proj._buffers  # (act_scale: a plain attribute beside the buffers)
-    flags = attn.__dict__
     return (qb["qweight"], qb["w_scale"], qkv._parameters.get("bias"), qb.get("smooth"), qkv.__dict__["act_scale"],
-            attn.num_heads, 1 if flags.get("int8_attention") else 2 if flags.get("bf16_attention") else 0,
+            attn.num_heads, attention_products(attn),
             pb["qweight"], pb["w_scale"], proj._parameters.get("bias"), pb.get("smooth"), proj.__dict__["act_scale"])
+
+
+def attention_products(attn: nn.Module) -> int:
+    """Where an attention's score/value products run, as the C++ side's BlockAttention reads it: 0 fp32, 1 int8,
+    2 bf16 (its int8_attention / bf16_attention flags, set on the instance by vitfast.quantize)."""
+    flags = attn.__dict__
+    return 1 if flags.get("int8_attention") else 2 if flags.get("bf16_attention") else 0
 
 
 def int8_ffn_params(mlp: nn.Module) -> tuple:

@@ -54,8 +54,8 @@ from torch.nn.modules import module as _module
 
 from .. import ops
 from ._base import PLAIN_LAYER_NORMS, plain_norm_eps, tracing
-from .block import (FusedAttention, FusedBlock, _current_plan, int8_attention_params, int8_block_params,
-                    int8_ffn_params, vit_block_params)
+from .block import (FusedAttention, FusedBlock, _current_plan, attention_products, int8_attention_params,
+                    int8_block_params, int8_ffn_params, vit_block_params)
 from .dwconv import FusedDWConvBlock
 from .gated import FusedBatchGate, FusedGatedBlock
 from .ffn import FusedChannelIdleFFN
@@ -125,11 +125,11 @@ class _Plan(NamedTuple):
         return type(None), ()
 
 
-# The forwards the one call stands for, as defined (a class patched since — before or after a plan was made — makes
-# the module path run), and timm's VisionTransformer methods it replaces.
 # The block kinds a bf16 model's call takes: those whose module path is C++ ops on bf16 tensors the call runs too
 # (every float kind; the int8 ones do not occur in a bf16 model).
 BF16_BLOCK_KINDS = ("vit", "xwx", "dwconv", "gated")
+# The forwards the one call stands for, as defined (a class patched since — before or after a plan was made — makes
+# the module path run), and timm's VisionTransformer methods it replaces.
 _FORWARDS = {cls: cls.forward for cls in (
     PatchEmbed, GemmPatchProjection, Int8PatchProjection, nn.Identity, nn.Dropout, PatchDropout, nn.Sequential,
     FusedBlock, FusedAttention, FusedChannelIdleFFN, Int8Linear, Int8ChannelIdleFFN, *PLAIN_LAYER_NORMS,
@@ -289,9 +289,8 @@ def _xwx_block_spec(block: nn.Module, modules: list, scalars: list) -> Optional[
         modules += [(block, FusedXWXBlock), (norm1, type(norm1)), (attn, ProjectedXWXAttention)]
         scalars += [(norm1, "eps"), (attn, "num_heads"), (attn, "value_dim"), (attn, "score_form"),
                     (attn, "int8_attention"), (attn, "bf16_attention")]
-        products = 1 if attn.int8_attention else 2 if attn.bf16_attention else 0  # as int8_attention_params
         return ("xwx_proj", eps, layers[0], attn.num_heads, attn.value_dim, attn.score_form == "full", layers[1],
-                ffn, products)
+                ffn, attention_products(attn))
     modules += [(block, FusedXWXBlock), (norm1, type(norm1)), (attn, FusedXWXAttention)]
     scalars.append((norm1, "eps"))
     p = attn._parameters

@@ -24,14 +24,15 @@ from ..nn.int8 import (_QUANT_KINDS, Int8ChannelIdleFFN, Int8Linear, Int8PatchPr
                        is_int8_module)
 
 KEY = "quantization"
-_KINDS = (*_QUANT_KINDS, "int8_attention", "bf16_attention")  # the int8 modules, and the attentions' product flags
+_FLAGS = ("int8_attention", "bf16_attention")  # the attentions' product flags (FusedAttention, ProjectedXWXAttention)
+_KINDS = (*_QUANT_KINDS, *_FLAGS)  # the int8 modules, and the flags
 _MAX_INT = 2**31 - 1
 
 
 def quant_config(model: nn.Module) -> Optional[Dict[str, Any]]:
     """The model's quantization record, or None for a model without int8 modules."""
     modules = {name: m.quant_config() for name, m in model.named_modules() if is_int8_module(m)}
-    for flag in ("int8_attention", "bf16_attention"):
+    for flag in _FLAGS:
         modules.update({name: {"kind": flag} for name, m in model.named_modules() if m.__dict__.get(flag)})
     if not modules:
         return None
@@ -64,9 +65,9 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
     check_record(record)
     # a non-deep attention whose GEMMs are int8 was saved in its projected form (nn/xwx.py ProjectedXWXAttention)
     owners = {p.rpartition(".")[0] for p in record["modules"] if isinstance(p, str)}
-    # (and one whose heads' products are int8: the flag names the attention itself)
+    # (and one whose heads' products are int8 or bf16: the flag names the attention itself)
     owners |= {p for p, cfg in record["modules"].items()
-               if isinstance(p, str) and isinstance(cfg, dict) and cfg.get("kind") in ("int8_attention", "bf16_attention")}
+               if isinstance(p, str) and isinstance(cfg, dict) and cfg.get("kind") in _FLAGS}
     if prefix:
         owners = {p[len(prefix) + 1:] for p in owners if p.startswith(prefix + ".")}
     project_xwx_attentions(model, owners, weights=False)
@@ -83,7 +84,7 @@ def apply(model: nn.Module, record: Any, device=None, prefix: str = "") -> nn.Mo
         kind = cfg.get("kind") if isinstance(cfg, dict) else None
         if kind not in _KINDS:
             raise ValueError(f"{where}['kind']: expected one of {', '.join(map(repr, _KINDS))}, got {cfg!r:.200}")
-        if kind in ("int8_attention", "bf16_attention"):  # a flag on the fused attention: its products' op
+        if kind in _FLAGS:  # a flag on the fused attention: its products' op
             from ..nn.block import FusedAttention
             from ..nn.xwx import ProjectedXWXAttention
 
