@@ -298,6 +298,53 @@ void test_softmax_and_row_scale(Bf16Kernel kernel) {
         VT_CHECK(ok, "[%s] gemm_bf16 c16 m=%lld n=%lld epilogue %d: not to_bf16(C), or written past n", name,
                  (long long)mm, (long long)nn, e);
       }
+
+  // c16 where C holds denormals (which vcvtneps2bf16 would read as zero: a kernel rounding its copy with it must
+  // still give convert_rows' bits): rows of A that are zero make C = addend + C0 there, set to denormals, ±0 and
+  // small normals, beside rows of ordinary values; with C, without it, and accumulating onto C.  Every copied value
+  // must be to_bf16 of C's.
+  const float tiny[] = {1e-40f, -3e-39f, 1.1e-38f, -1.17e-38f, 5e-45f, -0.0f, 0.0f, 1.2e-38f, 2e-38f, -7.3e-39f};
+  for (int64_t mm : {3, 14, 29})
+    for (int64_t nn : {7, 32, 45})
+      for (int mode = 0; mode < 3; ++mode) {  // 0: C and c16, 1: c16 alone, 2: accumulate onto C, with c16
+        const int64_t kk = 9, ldx = gemm16::padded_k(kk), ld16 = nn + 1;
+        std::vector<float> wv = random_vector(rng, size_t(nn * kk)), xv = random_vector(rng, size_t(mm * kk));
+        std::vector<float> add(size_t(mm * nn)), c0(size_t(mm * nn), 0.0f);
+        for (int64_t i = 0; i < mm; ++i) {
+          const bool zero_row = i % 3 != 1;
+          for (int64_t j = 0; j < nn; ++j) {
+            add[i * nn + j] = zero_row ? tiny[(i * 7 + j) % 10] : 0.25f * float(j - nn / 2);
+            if (mode == 2 && zero_row) c0[i * nn + j] = tiny[(i + j * 3) % 10], add[i * nn + j] = 0.0f;
+          }
+          if (zero_row)
+            for (int64_t p = 0; p < kk; ++p) xv[i * kk + p] = 0.0f;
+        }
+        const gemm16::PackedBf16B bb = gemm16::PackedBf16B::pack_linear(wv.data(), nn, kk, kk, nullptr);
+        std::vector<uint16_t> ax(size_t(mm * ldx), 0);
+        gemm16::convert_rows(xv.data(), kk, mm, kk, ax.data(), ldx);
+        gemm::Epilogue ep3;
+        ep3.addend = add.data();
+        ep3.ld_addend = nn;
+        ep3.accumulate = mode == 2;
+        std::vector<float> c = c0;  // C's values (and C0 for mode 2), from the same call without a copy
+        gemm16::gemm_bf16(mm, ax.data(), ldx, bb, c.data(), nn, ep3, kernel);
+        std::vector<uint16_t> c16(size_t(mm * ld16), 0xffff);
+        std::vector<float> c_with = c0;
+        ep3.c16 = c16.data();
+        ep3.ldc16 = ld16;
+        gemm16::gemm_bf16(mm, ax.data(), ldx, bb, mode == 1 ? nullptr : c_with.data(), nn, ep3, kernel);
+        bool ok = mode == 1 || c == c_with, seen = false;
+        for (int64_t i = 0; i < mm; ++i)
+          for (int64_t j = 0; j < ld16; ++j) {
+            const uint16_t want = j < nn ? gemm16::to_bf16(c[i * nn + j]) : uint16_t(0xffff);
+            ok = ok && c16[i * ld16 + j] == want;
+            seen = seen || (j < nn && c[i * nn + j] != 0.0f && std::fabs(c[i * nn + j]) < 1.17549435e-38f);
+          }
+        VT_CHECK(seen, "[%s] the denormal c16 case holds no denormal C (m=%lld n=%lld mode %d)", name, (long long)mm,
+                 (long long)nn, mode);
+        VT_CHECK(ok, "[%s] gemm_bf16 c16 with denormal C, m=%lld n=%lld mode %d: not to_bf16(C)", name,
+                 (long long)mm, (long long)nn, mode);
+      }
 }
 
 int main() {
