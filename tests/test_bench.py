@@ -3,6 +3,7 @@ are reported (not hidden), bad arguments give clear errors.  No timing assertion
 structure and the arithmetic that links the measured numbers."""
 import json
 import math
+import time
 
 import pytest
 import timm
@@ -385,3 +386,51 @@ def test_cuda_gpu_compile_rows_and_launches(tmp_path):
     _check_consistent(report, providers, [torch.get_num_threads()], [1])
     assert all(isinstance(r["launches"], int) and r["launches"] > 0 for r in report["results"])
     assert set(report["accuracy"]) >= {"inductor-fused", "inductor-fused-max-autotune"}
+
+
+def test_burst_runs_each_provider_back_to_back_and_times_the_later_calls():
+    baseline, fused = _tiny_pair()
+    calls = []
+    handle = baseline.register_forward_hook(lambda *a: calls.append(time.perf_counter()))
+    try:
+        report = run_bench(baseline, fused, threads=[1], batch_sizes=[2], providers=["timm", "vitfast"], repeats=3,
+                           warmup=1, burst=4, log=lambda s: None)
+    finally:
+        handle.remove()
+    _check_consistent(report, ["timm", "vitfast"], [1], [2])
+    assert report["burst"] == 4 and report["repeats"] == 3
+    # the timed rounds: 3 × 4 calls of timm (after one FLOP count and one warm-up call)
+    assert len(calls) == 2 + 12
+    assert "3 interleaved rounds of 4 calls per provider (median of calls 2-4)" in format_report(report)
+    with pytest.raises(ValueError, match=r"^burst: expected a positive int, got 0$"):
+        run_bench(baseline, fused, burst=0)
+    with pytest.raises(ValueError, match=r"^burst: expected a positive int, got True$"):
+        run_bench(baseline, fused, burst=True)
+
+
+def test_burst_round_time_is_the_median_of_the_calls_after_the_first(monkeypatch):
+    # A fake clock (no real timing): a provider's call takes 30 s when another provider ran last (a cold cache) and
+    # 1 s otherwise.  Three providers, so the rotated order never runs one twice in a row across rounds: with
+    # burst 1 every round is a cold call, with burst 3 the median of two hot ones.
+    import types
+
+    import vitfast.bench_runtimes as runtimes
+    import vitfast.measure
+
+    baseline, fused = _tiny_pair()
+    clock = {"now": 0.0, "last": None}
+    original = runtimes._Torch.call
+
+    def call(self, x):
+        clock["now"] += 1.0 if clock["last"] == self.key else 30.0
+        clock["last"] = self.key
+        return original(self, x)
+
+    monkeypatch.setattr(runtimes._Torch, "call", call)
+    monkeypatch.setattr(vitfast.measure, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    kw = dict(threads=[1], batch_sizes=[1], providers=["timm", "vitfast", "reference"], repeats=3,
+              log=lambda s: None)
+    cold = run_bench(baseline, fused, **kw)["results"]
+    hot = run_bench(baseline, fused, burst=3, **kw)["results"]
+    assert all(r["round_ms"] == [30e3] * 3 for r in cold)
+    assert all(r["round_ms"] == [1e3] * 3 for r in hot)

@@ -81,3 +81,39 @@ def test_fused_flops_count_every_vitfast_op():
     timm_model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_classes=10).eval()
     fused = vitfast.fuse(vitfast.convert.from_timm(timm_model, channel_idle=0.0, norm="layer").eval())
     assert flops_per_image(fused, (3, 32, 32)) == flops_per_image(timm_model, (3, 32, 32))
+
+
+def test_measure_latency_burst_times_the_calls_after_the_first(monkeypatch):
+    # A fake clock (no real timing): a model's call takes 20 s when the other model ran last (a cold cache) and
+    # 2 s otherwise.  One call per round times every call cold; four per round, the median of calls 2-4.
+    import types
+
+    import vitfast.measure
+    from vitfast.measure import measure_latency
+
+    clock = {"now": 0.0, "last": None, "calls": 0}
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            clock["now"] += 2.0 if clock["last"] is self else 20.0
+            clock["last"] = self
+            clock["calls"] += 1
+            return x
+
+    monkeypatch.setattr(vitfast.measure, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    x = torch.zeros(2, 3)
+    models = {"a": Model(), "b": Model()}
+    cold = measure_latency(models, x, repeats=3, warmup=1)
+    assert all(r["median_ms"] == r["p10_ms"] == r["p90_ms"] == 20e3 and r["repeats"] == 3 for r in cold.values())
+    clock["calls"] = 0
+    hot = measure_latency(models, x, repeats=3, warmup=0, burst=4)
+    assert clock["calls"] == 2 * 3 * 4
+    assert all(r["median_ms"] == r["p90_ms"] == 2e3 and r["images_per_s"] == 1.0 for r in hot.values())
+
+
+@pytest.mark.parametrize("burst", [0, -1, 1.5, True, "2"])
+def test_measure_latency_rejects_a_bad_burst(burst):
+    from vitfast.measure import measure_latency
+
+    with pytest.raises(ValueError, match=r"^burst: expected an int >= 1, got "):
+        measure_latency({"m": torch.nn.Identity()}, torch.zeros(1), repeats=1, burst=burst)

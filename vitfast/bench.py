@@ -47,7 +47,12 @@ What is measured, per (threads, batch):
 * latency: every provider is warmed up (at least one untimed call: compiles, ORT's first run), then the
   timed calls are interleaved — one call of each provider per round, the order rotated every round — so load
   from other processes slows all providers alike instead of whichever happened to run during a busy moment.
-  Reported: median, p10 and p90 over the rounds, images/s = batch / median.
+  Reported: median, p10 and p90 over the rounds, images/s = batch / median.  `burst` > 1: each provider runs
+  `burst` calls back to back in its turn, and the round counts the median of calls 2..burst.  One call per round
+  times every call right after the other providers', on caches they just used: for DeiT-S that changes nothing
+  (RePa-DeiT-S bf16 ÷ OpenVINO 1.074-1.089x either way), for a model that fits in the caches it times the cold
+  call (the digits demo's fused model, batch 1, one thread: vitfast 0.20 / ORT fused 0.30 ms a call right after
+  the others, 0.155 / 0.24 ms back to back; paired 1.40x against 1.55x).
 * GFLOP per forward: PyTorch's FlopCounterMode (matmuls, convolutions, attention; 2 FLOPs per multiply-add;
   norms, GELU and softmax not counted), on one image, times the batch.  The fused model is counted on its
   reference path (plain torch ops, the same arithmetic as the kernels), so the count does not depend on which
@@ -89,6 +94,7 @@ import torch.nn as nn
 
 from .bench_runtimes import (ANCHORS, DTYPES, INDUCTOR, PROVIDERS, TABLE_ANCHORS, _FROM_FUSED_ONNX, _SHORT, ProviderSkipped, _Provider, _Torch, _Graphed, _Compiled, _Ort, _OpenVINO, _onnxruntime_quantization, quantize_ort_dynamic, quantize_ort_static, _vitfast_quantized)
 from .bench_report import format_report, plot_report
+from .measure import time_turn
 
 __all__ = ["PROVIDERS", "DEFAULT_PROVIDERS", "ANCHORS", "TABLE_ANCHORS", "ProviderSkipped", "cpu_only",
            "launches_per_forward", "DTYPES",
@@ -287,6 +293,7 @@ def run_bench(
     providers: Sequence[str] = DEFAULT_PROVIDERS,
     repeats: int = 10,
     warmup: int = 2,
+    burst: int = 1,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     workdir: Optional[str] = None,
@@ -308,6 +315,7 @@ def run_bench(
     quantize: vitfast.quantize, for the vitfast-int8 / vitfast-bf16 rows (called as quantize(copy of fused,
         dtype="int8" | "bf16"); the model it returns, or the copy when it returns None, is timed on the kernels).
         None: those rows are skipped, "vitfast.quantize unavailable".  `vitfast bench` passes the package's own.
+    burst: calls per provider per round (module docstring, "latency"); 1: one call each, the order rotated.
     log: progress lines (default: stderr).  Providers that fail to build or run are reported in
     report["errors"] and left out of the results; the rest still run.
     """
@@ -324,6 +332,8 @@ def run_bench(
             raise ValueError(f"{name}: expected a non-empty list of positive ints, got {list(values)}")
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats: expected a positive int, got {repeats!r}")
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        raise ValueError(f"burst: expected a positive int, got {burst!r}")
     if device.type != "cpu" and any(cpu_only(p) for p in providers):
         raise ValueError(f"providers: ONNX Runtime and OpenVINO providers run on the CPU only, got {providers} with "
                          f"device {device}")
@@ -344,7 +354,8 @@ def run_bench(
         providers.insert(0, "timm")  # the speed-up reference
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     log(f"bench: input {shape}, providers {', '.join(providers)}, threads {list(threads)}, batches {list(batch_sizes)}, "
-        f"{repeats} interleaved repeats after {max(1, warmup)} warm-up call(s)"
+        f"{repeats} interleaved rounds" + (f" of {burst} calls per provider" if burst > 1 else "")
+        + f" after {max(1, warmup)} warm-up call(s)"
         + (f"; load average at start {load_start[0]:.2f}" if load_start else ""))
 
     log("bench: counting FLOPs (FlopCounterMode, one image)")
@@ -508,11 +519,7 @@ def run_bench(
                         for r in range(repeats):
                             order = active[r % len(active):] + active[:r % len(active)]
                             for p in order:
-                                _sync(device)
-                                t0 = time.perf_counter()
-                                p.call(x)
-                                _sync(device)
-                                times[p.key].append(time.perf_counter() - t0)
+                                times[p.key].append(time_turn(lambda: p.call(x), burst, lambda: _sync(device)))
                         rates += sgemm_gflops(device, dtype=dtype)
                         launches = {}
                         for p in active:  # after the rounds: the profiler's overhead stays out of the timings
@@ -574,6 +581,7 @@ def run_bench(
         "threads": list(threads),
         "batch_sizes": list(batch_sizes),
         "repeats": repeats,
+        "burst": burst,
         "warmup": max(1, warmup),
         "ort_spinning": bool(ort_spinning),
         "flops_per_image": flops,

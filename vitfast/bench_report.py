@@ -23,7 +23,9 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines.append(report["note"])
     fl = report["flops_per_image"]
     lines.append(f"GFLOP/image: baseline {fl['baseline'] / 1e9:.4g}, fused {fl['fused'] / 1e9:.4g} "
-                 f"({fl['baseline'] / fl['fused']:.2f}x fewer); {report['repeats']} interleaved rounds after "
+                 f"({fl['baseline'] / fl['fused']:.2f}x fewer); {report['repeats']} interleaved rounds"
+                 + (f" of {report['burst']} calls per provider (median of calls 2-{report['burst']})"
+                    if report.get("burst", 1) > 1 else "") + " after "
                  f"{report['warmup']} warm-up call(s)")
     by_threads: Dict[int, List[float]] = {}
     for s in report["sgemm"]:

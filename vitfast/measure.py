@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -110,17 +110,37 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
 
 
+def time_turn(call: Callable[[], Any], burst: int, sync: Callable[[], None]) -> float:
+    """Seconds of one model's turn in a round of interleaved timing: `call()` run `burst` times back to back, each
+    between two `sync()`s; the time of the one call (burst 1), else the median of calls 2..burst (the first runs on
+    caches the other models of the round just used)."""
+    calls = []
+    for _ in range(burst):
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        calls.append(time.perf_counter() - start)
+    return statistics.median(calls[1:]) if burst > 1 else calls[0]
+
+
 @torch.inference_mode()
 def measure_latency(
-    models: Mapping[str, nn.Module], x: torch.Tensor, *, repeats: int = 20, warmup: int = 3
+    models: Mapping[str, nn.Module], x: torch.Tensor, *, repeats: int = 20, warmup: int = 3, burst: int = 1
 ) -> Dict[str, Dict[str, float]]:
     """Latency of each model on `x` -> {name: {median_ms, p10_ms, p90_ms, images_per_s, repeats}}.
 
-    Calls are interleaved (model A, model B, A, B, ...) so that load from other processes slows every
-    model alike instead of biasing whichever ran during a busy moment.
+    Rounds are interleaved (model A, model B, A, B, ...) so that load from other processes slows every
+    model alike instead of biasing whichever ran during a busy moment.  Each round runs a model `burst` times
+    back to back; with burst > 1 the round's time is the median of calls 2..burst, the model's steady state as a
+    server running it sees it.  The first call of a round runs on caches the other models just used: for a model
+    that fits in the caches that call is the slower one (the demo's fused digits model at batch 1: 0.28 ms
+    right after the train-time model, 0.15 ms back to back), so burst = 1 measures the cold call.
     """
     if repeats < 1:
         raise ValueError(f"repeats: expected >= 1, got {repeats}")
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        raise ValueError(f"burst: expected an int >= 1, got {burst!r}")
     for model in models.values():
         model.eval()
         for _ in range(max(0, warmup)):
@@ -129,11 +149,7 @@ def measure_latency(
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     for _ in range(repeats):
         for name, model in models.items():
-            sync()
-            start = time.perf_counter()
-            model(x)
-            sync()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(time_turn(lambda: model(x), burst, sync))
     out = {}
     for name, ts in times.items():
         ts = sorted(ts)

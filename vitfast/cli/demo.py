@@ -12,6 +12,7 @@ from vitfast.cli._common import Formatter
 from vitfast.cli._common import output_dir
 from vitfast.cli._common import positive_float
 from vitfast.cli._common import positive_int
+from vitfast.demos.demo import LATENCY_BURST
 from vitfast.demos.demo import run_demo
 from vitfast.demos.nondeep_demo import run_nondeep_comparison
 
@@ -30,7 +31,8 @@ def add_parser(sub) -> None:
     add_threads_arg(p, passive=False)  # it reports latency: OpenMP's default policy
     p.add_argument("--out", default="vitfast-demo", metavar="DIR", help="where the .safetensors files go")
     p.add_argument("--quick", action="store_true", help="tiny model and few steps (an end-to-end smoke test)")
-    p.add_argument("--repeats", type=positive_int, default=None, help="latency repeats [default: 30, --quick: 5]")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help=f"latency rounds, each {LATENCY_BURST} calls per model [default: 30, --quick: 5]")
     p.add_argument("--seed", type=int, default=0, help="seed for data split, init and training")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--nondeep", action="store_true",
