@@ -519,3 +519,15 @@ def test_smooth_auto_picks_each_layers_best_alpha():
         has_smooth = (module.smooth_in if isinstance(module, Int8ChannelIdleFFN) else module.smooth) is not None
         assert has_smooth == (layer["alpha"] is not None)
     assert "SmoothQuant α per layer (" in vitfast.quant.describe(q)
+
+
+def test_smooth_auto_progress_names_each_pass(capsys):
+    # One calibration pass per α: each progress line says which (five identical lines told the user nothing).
+    from vitfast.quant.quantize import AUTO_ALPHAS
+
+    vitfast.quantize(_fused(), torch.randn(4, 3, 32, 32), smooth="auto", progress=True)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "vitfast.quantize: calibration statistics: 4 images"
+    assert err[1:] == [f"vitfast.quantize: per-layer int8 error, "
+                       f"{'no SmoothQuant migration' if a is None else f'SmoothQuant α {a}'}: 4 images"
+                       for a in AUTO_ALPHAS]

@@ -255,8 +255,9 @@ def quantize(
 
         calibrate.with_recorders(out, layers, pass_one)
 
-        def measure(alpha_of: Dict[str, Any]) -> Dict[str, Optional[float]]:
-            """Each layer's own error, built with alpha_of[path], on the calibration images."""
+        def measure(alpha_of: Dict[str, Any], trial: str = "") -> Dict[str, Optional[float]]:
+            """Each layer's own error, built with alpha_of[path], on the calibration images (`trial`: which of
+            smooth="auto"'s passes this is, for the progress line)."""
             measured: Dict[str, Optional[float]] = {}
 
             def pass_two(recorders):
@@ -265,7 +266,7 @@ def quantize(
                     rec.candidate = _build(path, layers[path], module, stats[path], alpha_of[path], static,
                                            split_identity)
                 calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
-                                    what="per-layer int8 error")
+                                    what="per-layer int8 error" + trial)
                 measured.update({path: rec.error.relative for path, rec in recorders.items()})
 
             calibrate.with_recorders(out, layers, pass_two)
@@ -273,7 +274,9 @@ def quantize(
 
         if alpha == "auto":
             # every layer's error is measured on fp32 inputs, so the layers' choices are independent: one pass per α
-            trials = {a: measure({p: a for p in layers}) for a in AUTO_ALPHAS}
+            trials = {a: measure({p: a for p in layers},
+                                 f", SmoothQuant α {a}" if a is not None else ", no SmoothQuant migration")
+                      for a in AUTO_ALPHAS}
             for path in layers:
                 best = min(AUTO_ALPHAS, key=lambda a: math.inf if trials[a][path] is None else trials[a][path])
                 alphas[path], errors[path] = best, trials[best][path]
