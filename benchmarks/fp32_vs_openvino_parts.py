@@ -149,6 +149,7 @@ def whole_rows(model: str, threads: int, batch: int, rounds: int, workdir: str) 
         to_onnx(fused, path, input_shape=(3, 224, 224))
     core = ov.Core()
     onnx_model = core.read_model(path)
+    onnx_model.reshape([batch, 3, 224, 224])  # a static shape, as vitfast bench's OpenVINO rows (bench_runtimes.py)
     # Timed without PERF_COUNT (its bookkeeping is not part of a deployed request); profiled on a second compile.
     request = core.compile_model(onnx_model, "CPU", ov_config(threads)).create_infer_request()
     profiled = core.compile_model(onnx_model, "CPU", ov_config(threads, profile=True)).create_infer_request()

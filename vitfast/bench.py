@@ -483,11 +483,6 @@ def run_bench(
                     try:
                         p.prepare(t)
                         active.append(p)
-                        if isinstance(p, _OpenVINO) and p.key not in provider_info:
-                            provider_info[p.key] = dict(p.info, summary=(
-                                f"OpenVINO {p.info.get('version', '')} CPU, inference precision "
-                                f"{p.info.get('INFERENCE_PRECISION_HINT', '?')} ("
-                                + ("requested f32" if p.precision else "its default") + "), LATENCY hint, 1 stream"))
                     except Exception as exc:
                         errors[p.key] = _reason(exc)
                         log(f"bench: {p.label} left out: {errors[p.key]}")
@@ -508,6 +503,12 @@ def run_bench(
                                     p.warm(x) if i == 0 else p.call(x)
                                 _sync(device)
                                 runnable.append(p)
+                                if isinstance(p, _OpenVINO) and p.key not in provider_info and p.info:
+                                    provider_info[p.key] = dict(p.info, summary=(
+                                        f"OpenVINO {p.info.get('version', '')} CPU, inference precision "
+                                        f"{p.info.get('INFERENCE_PRECISION_HINT', '?')} ("
+                                        + ("requested f32" if p.precision else "its default")
+                                        + "), LATENCY hint, 1 stream, static input shape per batch"))
                             except Exception as exc:
                                 errors[p.key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                                 log(f"bench: {p.label} left out: {errors[p.key]}")
