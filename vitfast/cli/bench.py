@@ -83,7 +83,8 @@ def add_parser(sub) -> None:
                         "reference ops), timm-max-autotune")
     p.add_argument("--threads", type=thread_list, default=None, metavar="T1,T2", help="CPU thread counts [default: torch's]")
     p.add_argument("--batch-sizes", type=batch_list, default="1,8", metavar="B1,B2", help="batch sizes")
-    p.add_argument("--repeats", type=positive_int, default=10, help="interleaved rounds at each (threads, batch): each times every provider once")
+    p.add_argument("--repeats", type=positive_int, default=10,
+                   help="interleaved rounds at each (threads, batch): each times every provider once")
     p.add_argument("--warmup", type=positive_int, default=2, help="untimed calls first (at least 1: compiles, ORT's first run)")
     p.add_argument("--burst", type=positive_int, default=1,
                    help="calls per provider in each round, timed as the median of calls 2..N: each runtime back to "
@@ -226,7 +227,8 @@ def _bench_and_report(args, baseline, fused, device, threads, providers, json_pa
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     report = run_bench(
         baseline, fused, input_shape=model_input_shape(baseline), threads=threads, batch_sizes=args.batch_sizes,
-        providers=providers, repeats=args.repeats, warmup=args.warmup, burst=args.burst, device=device, dtype=DTYPES[args.dtype],
+        providers=providers, repeats=args.repeats, warmup=args.warmup, burst=args.burst, device=device,
+        dtype=DTYPES[args.dtype],
         ort_spinning=args.ort_spinning, quantize=_vitfast_quantize(),
         meta={"title": title, "target": args.target, "recipe": recipe, "note": note}, log=log,
     )

@@ -154,7 +154,8 @@ def run_demo(
     log("")
     log(
         f"training {train_seconds:.1f} s, whole demo {total_seconds:.1f} s; latency: {repeats} interleaved rounds of "
-        f"{LATENCY_BURST} calls per model (median of calls 2-{LATENCY_BURST}) on {torch.get_num_threads()} thread(s), backend {vitfast.get_backend()} (CPU path {vitfast.ops.cpu_isa()})"
+        f"{LATENCY_BURST} calls per model (median of calls 2-{LATENCY_BURST}) on {torch.get_num_threads()} "
+        f"thread(s), backend {vitfast.get_backend()} (CPU path {vitfast.ops.cpu_isa()})"
     )
     log(f"files: {train_path} (train-time), {fused_path} (fused); check them with "
         f"`vitfast verify {fused_path} --source {train_path}`")
