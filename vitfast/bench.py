@@ -48,11 +48,8 @@ What is measured, per (threads, batch):
   timed calls are interleaved — one call of each provider per round, the order rotated every round — so load
   from other processes slows all providers alike instead of whichever happened to run during a busy moment.
   Reported: median, p10 and p90 over the rounds, images/s = batch / median.  `burst` > 1: each provider runs
-  `burst` calls back to back in its turn, and the round counts the median of calls 2..burst.  One call per round
-  times every call right after the other providers', on caches they just used: for DeiT-S that changes nothing
-  (RePa-DeiT-S bf16 ÷ OpenVINO 1.074-1.089x either way), for a model that fits in the caches it times the cold
-  call (the digits demo's fused model, batch 1, one thread: vitfast 0.20 / ORT fused 0.30 ms a call right after
-  the others, 0.155 / 0.24 ms back to back; paired 1.40x against 1.55x).
+  `burst` calls back to back in its turn, timed as the median of calls 2..burst (measure.time_turn): one call per
+  round times a model that fits in the caches cold (docs/performance.md, "How to measure", has the figures).
 * GFLOP per forward: PyTorch's FlopCounterMode (matmuls, convolutions, attention; 2 FLOPs per multiply-add;
   norms, GELU and softmax not counted), on one image, times the batch.  The fused model is counted on its
   reference path (plain torch ops, the same arithmetic as the kernels), so the count does not depend on which
