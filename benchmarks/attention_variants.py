@@ -15,7 +15,8 @@ kernel runs is in the table's conditions (`vitfast.ops.bf16_kernel()`; without o
 `--grid`: where int8 products pay, the data of `attention="auto"` (vitfast/quant/attention_choice.py): fp32
 attention ÷ attention_int8, paired, over token counts N 17-577 and head dims 16-64 (6 heads), batch 1 and 8, for
 each int8 kernel this CPU can run — each configuration in its own process (`default`: the best kernel; `noamx`:
-VITFAST_CPU_EXT=noamx, the AVX-512 VNNI kernel of a CPU without AMX; `avx2`: VITFAST_CPU_ISA=avx2).  Table
+VITFAST_CPU_EXT=noamx, the AVX-512 VNNI kernel of a CPU without AMX; `avx2`: VITFAST_CPU_ISA=avx2, the AVX-VNNI
+kernel where the CPU has it; `avx2-plain`: that path with the extensions off, the AVX2 kernel).  Table
 `attention_crossover`; a cell marked * is one where attention="auto" picks int8 on that kernel.
 """
 from __future__ import annotations
@@ -67,7 +68,8 @@ def measure(shape_name: str, batch: int, rounds: int) -> list:
 GRID_TOKENS = (17, 50, 65, 101, 197, 577)
 GRID_HEAD_DIMS = (16, 24, 32, 64)
 GRID_HEADS = 6
-CONFIGS = {"default": {}, "noamx": {"VITFAST_CPU_EXT": "noamx"}, "avx2": {"VITFAST_CPU_ISA": "avx2"}}
+CONFIGS = {"default": {}, "noamx": {"VITFAST_CPU_EXT": "noamx"}, "avx2": {"VITFAST_CPU_ISA": "avx2"},
+           "avx2-plain": {"VITFAST_CPU_ISA": "avx2", "VITFAST_CPU_EXT": "none"}}
 
 
 def grid_cell(batch: int, tokens: int, head_dim: int, rounds: int) -> dict:
@@ -145,7 +147,8 @@ def grid(configs: list, rounds: int, record_table: bool) -> int:
             "script": "benchmarks/attention_variants.py", "command": command_line(),
             "conditions": f"one thread, {GRID_HEADS} heads, random N(0, 1) qkv; {rounds} rounds of the two ops in "
                           f"alternating order, median of the paired ratios (above 1 int8 products are faster); each "
-                          f"kernel in its own process (noamx: VITFAST_CPU_EXT=noamx; avx2: VITFAST_CPU_ISA=avx2); "
+                          f"kernel in its own process (noamx: VITFAST_CPU_EXT=noamx; avx2: VITFAST_CPU_ISA=avx2; "
+                          f"avx2-plain: that and VITFAST_CPU_EXT=none); "
                           f"* = attention='auto' picks int8 products there (vitfast/quant/attention_choice.py)",
             "columns": [{"label": "int8 kernel", "fmt": "{kernel}"}, {"label": "batch", "fmt": "{batch}"},
                         {"label": "head dim", "fmt": "{head_dim}"},

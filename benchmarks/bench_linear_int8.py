@@ -2,7 +2,8 @@
 dense layers (qkv, proj), × batch × threads.  The FFN: benchmarks/bench_channel_idle_ffn_int8.py (same providers).
 
 Providers:
-  cpp      torch.ops.vitfast.linear_int8 (or channel_idle_ffn_int8: the int8 core, csrc/kernels/gemm_int8.h: VNNI,
+  cpp      torch.ops.vitfast.linear_int8 (or channel_idle_ffn_int8: the int8 core, csrc/kernels/gemm_int8.h: AMX, VNNI
+           (AVX-512 or, on the AVX2 path, AVX-VNNI),
            AVX2, NEON dot product or scalar, as this CPU runs; activations quantized per token inside the op)
   fp32     torch.ops.vitfast.linear / channel_idle_ffn: the fp32 C++ ops of the same fused model (the anchor an int8
            op must beat; printed as "vs eager" in the summary table)

@@ -3,7 +3,7 @@
 int8) and OpenVINO (f32 and its default precision) on the same fused graph, then each target checked on the paired
 ratios of the same rounds.
 
-    python benchmarks/lowp_cells.py [--models deit_small deit_base] [--isa avx2] [--record] [--quick]
+    python benchmarks/lowp_cells.py [--models deit_small deit_base] [--isa avx2 [--ext none]] [--record] [--quick]
 
 Each (model, setting) is one `vitfast bench --json` process (the rounds interleave every provider, so a ratio's
 two times come from the same seconds).  The targets:
@@ -15,10 +15,12 @@ two times come from the same seconds).  The targets:
 
 --isa runs vitfast on another of its CPU paths (VITFAST_CPU_ISA; e.g. `avx2` on an AVX-512 host).  The anchors
 keep their own ISA choice then, so the anchor ratios are not an AVX2-only host's: such tables are recorded as
-`avx2_path_lowp_*`, a host's own as `lowp_anchors_*` (benchmarks/results/<date>-<machine>.json, with the targets
-in `lowp_targets` / `avx2_path_lowp_targets`).  Run it on a quiet host: an OpenMP job on the other core slows
-vitfast and the anchors unequally.  The exit status is 0 whether or not a target is met (it measures, it does not
-gate); a failed benchmark process is 1.
+`avx2_path_lowp_*` (the plain AVX2 int8 kernel) or `avx_vnni_path_lowp_*` (the AVX2 path's AVX-VNNI kernel, where
+the CPU has AVX-VNNI), a host's own as `lowp_anchors_*` (benchmarks/results/<date>-<machine>.json, with the targets
+in `lowp_targets` / `<prefix>_targets`).  --ext sets VITFAST_CPU_EXT for vitfast (`none`: no VNNI/BF16/AMX
+extension, so `--isa avx2 --ext none` is an AVX2-only CPU's kernels on an AVX-VNNI host).  Run it on a quiet host:
+an OpenMP job on the other core slows vitfast and the anchors unequally.  The exit status is 0 whether or not a target
+is met (it measures, it does not gate); a failed benchmark process is 1.
 """
 from __future__ import annotations
 
@@ -46,14 +48,17 @@ def providers(bf16: bool, openvino: bool) -> list[str]:
 
 
 def bench(model: str, threads: int, batch: int, repeats: int, keys: list[str], isa: str | None,
-          out: str) -> dict[str, Any]:
+          out: str, ext: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "vitfast", "bench", MODELS[model], "--channel-idle", "0.75", "--providers",
            ",".join(keys), "--threads", str(threads), "--batch-sizes", str(batch), "--repeats", str(repeats),
            "--json", out]
     env = dict(os.environ)
     if isa:
         env["VITFAST_CPU_ISA"] = isa
-    print("$", ("VITFAST_CPU_ISA=" + isa + " " if isa else "") + " ".join(cmd[2:]), flush=True)
+    if ext:
+        env["VITFAST_CPU_EXT"] = ext
+    print("$", ("VITFAST_CPU_ISA=" + isa + " " if isa else "") + ("VITFAST_CPU_EXT=" + ext + " " if ext else "")
+          + " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, check=True, env=env)
     with open(out, encoding="utf-8") as f:
         return json.load(f)
@@ -103,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["deit_small", "deit_base"])
     p.add_argument("--isa", choices=("avx512", "avx2", "neon", "scalar"), default=None,
                    help="vitfast's CPU path for the benchmark processes (VITFAST_CPU_ISA); default: this CPU's own")
+    p.add_argument("--ext", choices=("none", "noamx"), default=None,
+                   help="VITFAST_CPU_EXT for vitfast's processes (none: no low-precision extension)")
     p.add_argument("--quick", action="store_true", help="5 rounds per setting (a smoke run; not for the record)")
     p.add_argument("--record", action="store_true", help="write the tables into benchmarks/results/")
     args = p.parse_args(argv)
@@ -113,13 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     import vitfast
 
     native = vitfast.ops.cpu_isa()
-    forced = args.isa is not None and args.isa != native
-    if forced:  # the bf16 kernel of the forced path: ask a process that runs on it
-        out = subprocess.run([sys.executable, "-c", "import vitfast; print(vitfast.ops.bf16_kernel())"], check=True,
-                             capture_output=True, text=True, env={**os.environ, "VITFAST_CPU_ISA": args.isa})
-        bf16_kernel = out.stdout.strip()
+    forced = (args.isa is not None and args.isa != native) or args.ext is not None
+    if forced:  # the kernels of the forced path: ask a process that runs on it
+        env = {**os.environ, **({"VITFAST_CPU_ISA": args.isa} if args.isa else {}),
+               **({"VITFAST_CPU_EXT": args.ext} if args.ext else {})}
+        probe = "import vitfast; print(vitfast.ops.bf16_kernel(), vitfast.ops.int8_kernel(), vitfast.ops.cpu_isa())"
+        out = subprocess.run([sys.executable, "-c", probe],
+                             check=True, capture_output=True, text=True, env=env)
+        bf16_kernel, int8_kernel, path = out.stdout.split()
     else:
-        bf16_kernel = vitfast.ops.bf16_kernel()
+        bf16_kernel, int8_kernel, path = vitfast.ops.bf16_kernel(), vitfast.ops.int8_kernel(), native
     bf16 = bf16_kernel != "none"
     openvino = importlib.util.find_spec("openvino") is not None
     if not openvino:
@@ -131,14 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     all_checks: list[dict[str, Any]] = []
     all_reports: list[dict[str, Any]] = []
     failed = False
-    prefix = "avx2_path_lowp" if forced and args.isa == "avx2" else ("lowp_path_" + args.isa if forced else "lowp")
+    prefix = table_prefix(forced, path, int8_kernel, args.ext)
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             reports = []
             for threads, batch, repeats in SETTINGS:
                 out = os.path.join(tmp, f"{model}-{threads}-{batch}.json")
                 try:
-                    reports.append(bench(model, threads, batch, 5 if args.quick else repeats, keys, args.isa, out))
+                    reports.append(bench(model, threads, batch, 5 if args.quick else repeats, keys, args.isa, out,
+                                         args.ext))
                 except subprocess.CalledProcessError as exc:
                     print(f"{model} threads {threads} batch {batch}: the benchmark failed ({exc})", file=sys.stderr)
                     failed = True
@@ -146,45 +157,62 @@ def main(argv: list[str] | None = None) -> int:
                 all_checks += checks(reports[-1], model, bf16)
             all_reports += reports
             if args.record and reports:
-                record_model(model, reports, args.isa if forced else None, prefix)
+                record_model(model, reports, (path, int8_kernel, args.ext) if forced else None, prefix)
     print_checks(all_checks)
     if args.record and all_checks:
-        record_checks(all_checks, args.isa if forced else None, prefix, all_reports)
+        record_checks(all_checks, (path, int8_kernel, args.ext) if forced else None, prefix, all_reports)
     return 1 if failed else 0
 
 
-def _conditions(isa: str | None, reports: list[dict[str, Any]]) -> str:
-    path = (f"vitfast forced to its {isa} path (VITFAST_CPU_ISA={isa}); ONNX Runtime and OpenVINO on their own ISA "
-            f"choice, so the anchor ratios are not those of a {isa}-only host. " if isa else "")
+def table_prefix(forced: bool, path: str, int8_kernel: str, ext: str | None) -> str:
+    """The tables' name prefix: `lowp` for the host's own kernels; on a forced path `avx2_path_lowp` (the AVX2 path
+    with the plain AVX2 int8 kernel), `avx_vnni_path_lowp` (the AVX2 path on the AVX-VNNI kernel), else
+    `lowp_path_<path>[_<int8 kernel>]`."""
+    if not forced:
+        return "lowp"
+    if path == "avx2":
+        return "avx_vnni_path_lowp" if int8_kernel == "avx_vnni" else "avx2_path_lowp"
+    return f"lowp_path_{path}" + (f"_{int8_kernel}" if ext else "")
+
+
+def _conditions(forced: tuple[str, str, str | None] | None, reports: list[dict[str, Any]]) -> str:
+    path = ""
+    if forced:
+        isa, kernel, ext = forced
+        env = f"VITFAST_CPU_ISA={isa}" + (f", VITFAST_CPU_EXT={ext}" if ext else "")
+        path = (f"vitfast forced to its {isa} path ({env}; int8 kernel {kernel}); ONNX Runtime and OpenVINO on "
+                f"their own ISA choice, so the anchor ratios are not those of a CPU that has only vitfast's. ")
     loads = [x for r in reports for x in ((r.get("load_average") or {}).get("start") or [None])[:1] if x is not None]
     load = f"; 1-minute load average at the runs' starts {min(loads):.1f}-{max(loads):.1f}" if loads else ""
     return (f"RePa-DeiT θ = 0.75, random weights. {path}Two runs (1 thread batch 1: 20 interleaved rounds; 2 threads "
             f"batch 8: 10 rounds), each a separate process{load}; ratios paired (the anchor's time / this row's time "
             f"in the same round, median and p10-p90). vitfast int8 = vitfast.quantize defaults (dynamic per-token "
-            f"activations; attention products by attention='auto': int8 at these shapes on the AMX and VNNI kernels, "
-            f"fp32 on the AVX2 kernel); vitfast bf16 = vitfast.quantize(dtype='bf16'); accuracy against "
+            f"activations; attention products by attention='auto': int8 at these shapes on the AMX and VNNI kernels "
+            f"(AVX-VNNI's included), fp32 on the AVX2 kernel); vitfast bf16 = vitfast.quantize(dtype='bf16'); "
+            f"accuracy against "
             f"the fused fp32 model on the bench's own images (random weights: ORT's per-tensor int8 breaks on the "
             f"fused channel-idle FFN weights, see docs/performance.md)")
 
 
-def record_model(model: str, reports: list[dict[str, Any]], isa: str | None, prefix: str) -> None:
+def record_model(model: str, reports: list[dict[str, Any]], forced: tuple[str, str, str | None] | None,
+                 prefix: str) -> None:
     import results_file
 
     name = f"lowp_anchors_{TAG[model]}" if prefix == "lowp" else f"{prefix}_{TAG[model]}"
     title = f"{SHORT[model]}/0.75 in low precision against the deployed anchors on the same fused graph"
-    table = results_file.from_bench_reports(reports, title=title, conditions=_conditions(isa, reports),
+    table = results_file.from_bench_reports(reports, title=title, conditions=_conditions(forced, reports),
                                             command=results_file.command_line())
     print(results_file.record(name, table))
 
 
-def record_checks(rows: list[dict[str, Any]], isa: str | None, prefix: str,
+def record_checks(rows: list[dict[str, Any]], forced: tuple[str, str, str | None] | None, prefix: str,
                   reports: list[dict[str, Any]]) -> None:
     import results_file
 
     table = {
         "title": "The low-precision targets, each on the paired ratio of one run's interleaved rounds",
         "script": "benchmarks/lowp_cells.py", "command": results_file.command_line(),
-        "conditions": _conditions(isa, reports),
+        "conditions": _conditions(forced, reports),
         "columns": [{"label": "model", "fmt": "{model}"}, {"label": "threads", "fmt": "{threads}"},
                     {"label": "batch", "fmt": "{batch}"}, {"label": "check (above 1: vitfast faster)",
                                                            "fmt": "{check}"},

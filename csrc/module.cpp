@@ -28,7 +28,8 @@ using vitfast::CpuIsa;
 constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kNeon};
 constexpr vitfast::CpuExt kAllExtensions[] = {vitfast::CpuExt::kAvx512Vnni, vitfast::CpuExt::kAvx512Bf16,
                                               vitfast::CpuExt::kAmxBf16,    vitfast::CpuExt::kAmxInt8,
-                                              vitfast::CpuExt::kNeonDotProd, vitfast::CpuExt::kNeonBf16};
+                                              vitfast::CpuExt::kNeonDotProd, vitfast::CpuExt::kNeonBf16,
+                                              vitfast::CpuExt::kAvxVnni};
 
 // A Python dict of named counters (the caches' stats functions).
 py::dict counters(std::initializer_list<std::pair<const char*, py::object>> items) {

@@ -102,4 +102,4 @@ def test_packed_int8_weights_are_cached_and_follow_in_place_updates():
 
 
 def test_the_int8_kernel_is_reported():
-    assert _C.int8_kernel() in ("scalar", "avx2", "avx512_vnni", "amx_int8", "neon_dot")
+    assert _C.int8_kernel() in ("scalar", "avx2", "avx_vnni", "avx512_vnni", "amx_int8", "neon_dot")

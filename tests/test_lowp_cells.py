@@ -55,3 +55,12 @@ def test_quick_runs_are_not_recorded(capsys):
     with pytest.raises(SystemExit):
         lowp_cells.main(["--quick", "--record"])
     assert "--record: a --quick run is not recorded" in capsys.readouterr().err
+
+
+def test_table_prefix_names_the_forced_path_and_its_int8_kernel():
+    assert lowp_cells.table_prefix(False, "avx512", "avx512_vnni", None) == "lowp"
+    # the AVX2 path: an AVX-VNNI CPU's kernel and the plain one (an AVX2-only CPU's, or --ext none) keep apart
+    assert lowp_cells.table_prefix(True, "avx2", "avx_vnni", None) == "avx_vnni_path_lowp"
+    assert lowp_cells.table_prefix(True, "avx2", "avx2", "none") == "avx2_path_lowp"
+    assert lowp_cells.table_prefix(True, "avx2", "avx2", None) == "avx2_path_lowp"
+    assert lowp_cells.table_prefix(True, "avx512", "avx512_vnni", "noamx") == "lowp_path_avx512_avx512_vnni"

@@ -226,6 +226,9 @@ def test_attention_auto_rule():
     # VNNI: head dim 64 at any token count; narrower heads from 101 / 197 tokens
     assert pays(17, 64, "avx512_vnni") and pays(101, 24, "avx512_vnni") and pays(197, 16, "avx512_vnni")
     assert not pays(65, 24, "avx512_vnni") and not pays(101, 16, "avx512_vnni")
+    # AVX-VNNI: head dim 64 from 50 tokens, narrower heads from 65 / 197 tokens, never at 17
+    assert pays(50, 64, "avx_vnni") and pays(65, 24, "avx_vnni") and pays(197, 16, "avx_vnni")
+    assert not pays(17, 64, "avx_vnni") and not pays(50, 32, "avx_vnni") and not pays(101, 16, "avx_vnni")
     # AVX2: only wide heads over many tokens
     assert pays(577, 64, "avx2") and not any(pays(n, d, "avx2") for n in (17, 197) for d in (16, 64, 128))
     # a kernel without a measurement keeps int8; an unknown token count is taken as 197
@@ -260,7 +263,7 @@ def test_attention_auto_rule_agrees_with_the_recorded_crossover():
             assert ratio < 1.15, (kernel, head_dim, tokens, ratio)
 
 
-@pytest.mark.parametrize("kernel", ["amx_int8", "avx512_vnni", "avx2"])
+@pytest.mark.parametrize("kernel", ["amx_int8", "avx512_vnni", "avx_vnni", "avx2"])
 def test_attention_auto_follows_the_kernel_and_the_model_shape(kernel, monkeypatch, tmp_path):
     from vitfast.quant.attention_choice import int8_attention_pays, model_tokens
 

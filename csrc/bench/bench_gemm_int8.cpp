@@ -157,6 +157,30 @@ __attribute__((target("amx-tile,amx-int8"))) double amx_block_gops(const int8_t*
   return 2.0 * double(blocks) * 32 * 32 * double(k) / t * 1e-9;
 }
 
+// The AVX-VNNI kernel's instruction: `{vex} vpdpbusd` on ymm, 14 independent accumulators (ymm14/15 the operands).
+__attribute__((target("avx2,avxvnni"))) double peak_avxvnni_gops(int64_t iters) {
+  const int32_t one = 0x01010101;
+  int64_t n = iters;
+  const double t0 = now();
+  asm volatile(
+        "vpbroadcastd %1, %%ymm14\n\t"
+        "vpbroadcastd %1, %%ymm15\n\t"
+        ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13\n\t"
+        "vpxor %%ymm\\r, %%ymm\\r, %%ymm\\r\n\t"
+        ".endr\n\t"
+        "1:\n\t"
+        ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13\n\t"
+        "%{vex%} vpdpbusd %%ymm15, %%ymm14, %%ymm\\r\n\t"
+        ".endr\n\t"
+        "dec %0\n\t"
+        "jnz 1b\n\t"
+        : "+r"(n)
+        : "m"(one)
+        : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
+          "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+  return 2.0 * double(iters) * 14 * 32 / (now() - t0) * 1e-9;  // 32 MACs per vpdpbusd ymm
+}
+
 // The AVX2 kernel's arithmetic per 32 MACs: vpmaddubsw (u8·s8 pairs -> s16), vpmaddwd by ones (-> s32), vpaddd;
 // four independent chains (12 instructions) per iteration, temporaries ymm4-11.
 double peak_avx2_int8_gops(int64_t iters) {
@@ -335,6 +359,7 @@ int main(int argc, char** argv) {
   // ~1-2 ms per measurement.
   if (cpu_has(CpuExt::kAmxInt8)) peaks.push_back({"int8 tdpbssd amx", peak_amx_int8_gops, 20000, {}, {}, 0.0});
   if (cpu_has(CpuExt::kAvx512Vnni)) peaks.push_back({"int8 vpdpbusd zmm", peak_vnni_gops, 200000, {}, {}, 0.0});
+  if (cpu_has(CpuExt::kAvxVnni)) peaks.push_back({"int8 vpdpbusd ymm", peak_avxvnni_gops, 400000, {}, {}, 0.0});
   if (cpu_supports(CpuIsa::kAvx2))
     peaks.push_back({"int8 vpmaddubsw+vpmaddwd+vpaddd ymm", peak_avx2_int8_gops, 400000, {}, {}, 0.0});
   if (cpu_supports(CpuIsa::kAvx512)) peaks.push_back({"fp32 fma zmm", peak_fma512_gflops, 200000, {}, {}, 0.0});
@@ -357,6 +382,7 @@ int main(int argc, char** argv) {
 #if defined(__x86_64__)
   if (cpu_has(CpuExt::kAmxInt8)) kernels.push_back(Int8Kernel::kAmxInt8);
   if (cpu_has(CpuExt::kAvx512Vnni)) kernels.push_back(Int8Kernel::kAvx512Vnni);
+  if (cpu_has(CpuExt::kAvxVnni)) kernels.push_back(Int8Kernel::kAvxVnni);
   if (cpu_supports(CpuIsa::kAvx2)) kernels.push_back(Int8Kernel::kAvx2);
 #endif
 #if defined(__aarch64__)
@@ -401,6 +427,7 @@ int main(int argc, char** argv) {
       v.name = std::string("int8 ") + gemm8::int8_kernel_name(kern);
       v.peak = kern == Int8Kernel::kAmxInt8      ? "int8 tdpbssd amx"
                : kern == Int8Kernel::kAvx512Vnni ? "int8 vpdpbusd zmm"
+               : kern == Int8Kernel::kAvxVnni    ? "int8 vpdpbusd ymm"
                : kern == Int8Kernel::kAvx2     ? "int8 vpmaddubsw+vpmaddwd+vpaddd ymm"
                                                : "";
       v.run = [&, b, kern] {

@@ -212,6 +212,7 @@ void run_gemm(gemm8::Int8Kernel kernel, int64_t m, int64_t n, const int8_t* qa, 
     case gemm8::Int8Kernel::kAvx512Vnni: gemm8::gemm_int8_block_avx512_vnni(g); return;
     case gemm8::Int8Kernel::kAmxInt8: gemm8::gemm_int8_block_amx(g); return;
     case gemm8::Int8Kernel::kAvx2: gemm8::gemm_int8_block_avx2(g); return;
+    case gemm8::Int8Kernel::kAvxVnni: gemm8::gemm_int8_block_avxvnni(g); return;
 #endif
 #if defined(__aarch64__)
     case gemm8::Int8Kernel::kNeonDot: gemm8::gemm_int8_block_neon_dot(g); return;
@@ -252,8 +253,8 @@ void int8_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, fl
   bool keys_nan = false;
   for (int64_t t = 0; t < tokens; ++t) keys_nan = keys_nan || std::isnan(sk[t]);
   for (int64_t t = tokens; t < l.k_panels * gemm::kNr; ++t) sk[t] = 0.0f;
-  // The VNNI kernel's B is u8 = q + 128 (= q ^ 0x80): padding (weight 0) is byte 0x80.
-  const bool u8 = kernel == gemm8::Int8Kernel::kAvx512Vnni;
+  // The VNNI kernels' B is u8 = q + 128 (= q ^ 0x80): padding (weight 0) is byte 0x80.
+  const bool u8 = gemm8::vnni_u8_form(kernel);
   const uint32_t flip = u8 ? 0x80808080u : 0u;
   // The AVX2 kernel reads |qw| beside qw (gemm_int8.h's AVX2 form): 128-byte groups, |qw| filled in after the codes.
   const bool with_abs = kernel == gemm8::Int8Kernel::kAvx2;

@@ -77,6 +77,14 @@ unsigned x86_amx_extensions() {
 unsigned hardware_extensions() {
   unsigned bits = 0;
 #ifdef VITFAST_X86
+  if (x86_has_avx2_fma()) {
+    unsigned eax, ebx, ecx, edx;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    if (eax >= 1) {
+      __cpuid_count(7, 1, eax, ebx, ecx, edx);
+      if (eax & (1u << 4)) bits |= 1u << int(CpuExt::kAvxVnni);
+    }
+  }
   if (x86_has_avx512()) {
     unsigned eax, ebx, ecx, edx;
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
@@ -186,6 +194,7 @@ const char* cpu_ext_name(CpuExt ext) {
     case CpuExt::kNeonDotProd: return "neon_dotprod";
     case CpuExt::kAmxBf16: return "amx_bf16";
     case CpuExt::kAmxInt8: return "amx_int8";
+    case CpuExt::kAvxVnni: return "avx_vnni";
     default: return "neon_bf16";
   }
 }

@@ -29,11 +29,14 @@ const char* cpu_isa_name(CpuIsa isa);
 // of their own.  x86: AVX512_VNNI (cpuid 7.0 ecx bit 11, `vpdpbusd`), AVX512_BF16 (cpuid 7.1 eax bit 5,
 // `vdpbf16ps`), both on top of kAvx512; AMX-BF16 / AMX-INT8 (cpuid 7.0 edx bits 22 / 25 with AMX-TILE, XCR0 tile
 // state and Linux's arch_prctl permission; `tdpbf16ps` / `tdpbssd` on 16-row tiles), each on top of the AVX-512
-// extension its kernel's epilogue and packing use (BF16 / VNNI).  aarch64: the dot-product (HWCAP_ASIMDDP, `sdot`)
-// and BF16 (HWCAP2_BF16, `bfdot`/`bfmmla`) extensions of NEON, read from the auxiliary vector.
+// extension its kernel's epilogue and packing use (BF16 / VNNI); AVX-VNNI (cpuid 7.1 eax bit 4: the VEX-encoded
+// 256-bit `vpdpbusd`, on top of kAvx2, for the CPUs with AVX2 and no AVX-512 among them).  aarch64: the dot-product
+// (HWCAP_ASIMDDP, `sdot`) and BF16 (HWCAP2_BF16, `bfdot`/`bfmmla`) extensions of NEON, read from the auxiliary vector.
 // VITFAST_CPU_EXT=none turns all of them off (the low-precision GEMMs then take their AVX2 / plain-NEON / scalar
 // kernels), VITFAST_CPU_EXT=noamx only the AMX ones (the AVX-512 kernels then), for tests and comparisons.
-enum class CpuExt { kAvx512Vnni = 0, kAvx512Bf16 = 1, kNeonDotProd = 2, kNeonBf16 = 3, kAmxBf16 = 4, kAmxInt8 = 5 };
+enum class CpuExt {
+  kAvx512Vnni = 0, kAvx512Bf16 = 1, kNeonDotProd = 2, kNeonBf16 = 3, kAmxBf16 = 4, kAmxInt8 = 5, kAvxVnni = 6
+};
 bool cpu_has(CpuExt ext);
 // Test hook: enable/disable an extension the CPU has (returns false, and changes nothing, if it does not have it).
 bool set_cpu_ext_enabled(CpuExt ext, bool enabled);

@@ -22,6 +22,7 @@ bool compiled(Int8Kernel kernel) {
     case Int8Kernel::kScalar: return true;
 #if defined(__x86_64__) || defined(__i386__)
     case Int8Kernel::kAvx2:
+    case Int8Kernel::kAvxVnni:
     case Int8Kernel::kAvx512Vnni:
     case Int8Kernel::kAmxInt8: return true;
 #endif
@@ -37,9 +38,9 @@ Int8Kernel int8_kernel(CpuIsa isa) {
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case CpuIsa::kAvx512:
-      if (!cpu_has(CpuExt::kAvx512Vnni)) return Int8Kernel::kAvx2;
+      if (!cpu_has(CpuExt::kAvx512Vnni)) return cpu_has(CpuExt::kAvxVnni) ? Int8Kernel::kAvxVnni : Int8Kernel::kAvx2;
       return cpu_has(CpuExt::kAmxInt8) ? Int8Kernel::kAmxInt8 : Int8Kernel::kAvx512Vnni;
-    case CpuIsa::kAvx2: return Int8Kernel::kAvx2;
+    case CpuIsa::kAvx2: return cpu_has(CpuExt::kAvxVnni) ? Int8Kernel::kAvxVnni : Int8Kernel::kAvx2;
 #endif
 #if defined(__aarch64__)
     case CpuIsa::kNeon: return cpu_has(CpuExt::kNeonDotProd) ? Int8Kernel::kNeonDot : Int8Kernel::kScalar;
@@ -52,6 +53,7 @@ const char* int8_kernel_name(Int8Kernel kernel) {
   switch (kernel) {
     case Int8Kernel::kScalar: return "scalar";
     case Int8Kernel::kAvx2: return "avx2";
+    case Int8Kernel::kAvxVnni: return "avx_vnni";
     case Int8Kernel::kAvx512Vnni: return "avx512_vnni";
     case Int8Kernel::kAmxInt8: return "amx_int8";
     case Int8Kernel::kNeonDot: return "neon_dot";
@@ -82,8 +84,8 @@ PackedInt8B PackedInt8B::pack(const int8_t* qw, int64_t n, int64_t k, int64_t ld
   out.k_ = k;
   out.kernel_ = kernel;
   out.panels_ = AlignedBytes(out.panels() * out.panel_stride());
-  // The VNNI kernel's u8 operand: qw + 128, so its padding (weight 0) is byte 128.
-  const int offset = kernel == Int8Kernel::kAvx512Vnni ? 128 : 0;
+  // The VNNI kernels' u8 operand: qw + 128, so its padding (weight 0) is byte 128.
+  const int offset = vnni_u8_form(kernel) ? 128 : 0;
   int8_t* dst = out.panels_.data();
   if (offset != 0) std::memset(dst, 0x80, size_t(out.panels_.size()));
   for (int64_t j = 0; j < n; ++j) {
@@ -195,6 +197,7 @@ void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa,
     case Int8Kernel::kAvx512Vnni: gemm_int8_block_avx512_vnni(g); return;
     case Int8Kernel::kAmxInt8: gemm_int8_block_amx(g); return;
     case Int8Kernel::kAvx2: gemm_int8_block_avx2(g); return;
+    case Int8Kernel::kAvxVnni: gemm_int8_block_avxvnni(g); return;
 #endif
 #if defined(__aarch64__)
     case Int8Kernel::kNeonDot: gemm_int8_block_neon_dot(g); return;

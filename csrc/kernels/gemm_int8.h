@@ -18,6 +18,9 @@
 //                so that A, the s8 operand, can be the instruction's embedded broadcast; the offset is removed
 //                per row in the epilogue: Σ qa·(qw + 128) = Σ qa·qw + 128·rowsum[r], rowsum[r] = Σ_k qa[r][k]
 //                (written by quantize_rows).
+//   kAvxVnni     the same `vpdpbusd` on 256-bit registers (VEX-encoded AVX-VNNI: Intel client cores since Alder
+//                Lake, which have no AVX-512), 6 × 16 tiles on the same u8 form of B
+//                (x86/gemm_int8_avxvnni.cpp): the int8 kernel of the AVX2 path where the CPU has it.
 //   kAvx2        `vpmaddubsw` + `vpmaddwd` with the sign trick |qw| × (sign(qw)·qa): u8 ≤ 127 times s8 ≥ −127, so a
 //                pair sum is at most 2·127·127 = 32258 < 2^15 (vpmaddubsw saturates at 2^15 − 1: never reached).
 //                Its pack stores |qw| beside qw, so the sign trick costs one `vpsignb` per row and B vector
@@ -35,7 +38,7 @@
 // 4 bytes in order: [k4][16][4], 64 bytes per group (one zmm, two ymm, four NEON q registers).  The AVX2 form
 // follows each group's 64 bytes with their absolute values (128 bytes per group).  Padding (k past the last group,
 // columns past n) holds weight 0 (byte 128 in the u8 form).  A pack is made for one kernel (the u8 form is the
-// VNNI kernel's only, the |qw| halves the AVX2 kernel's); gemm_int8 refuses a pack made for another kernel.
+// VNNI kernels' only, the |qw| halves the AVX2 kernel's); gemm_int8 refuses a pack made for another kernel.
 #pragma once
 
 #include <cstddef>
@@ -48,13 +51,20 @@
 namespace vitfast {
 namespace gemm8 {
 
-enum class Int8Kernel { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kNeonDot = 3, kAmxInt8 = 4 };
+enum class Int8Kernel { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2, kNeonDot = 3, kAmxInt8 = 4, kAvxVnni = 5 };
 
 // The kernel the given CPU path runs on this CPU: kAvx512 → kAmxInt8 if cpu_has(kAmxInt8) (and kAvx512Vnni), else
-// kAvx512Vnni if cpu_has(kAvx512Vnni), else kAvx2;
-// kAvx2 → kAvx2; kNeon → kNeonDot if cpu_has(kNeonDotProd), else kScalar; kScalar → kScalar.
+// kAvx512Vnni if cpu_has(kAvx512Vnni), else kAvxVnni if cpu_has(kAvxVnni), else kAvx2;
+// kAvx2 → kAvxVnni if cpu_has(kAvxVnni), else kAvx2; kNeon → kNeonDot if cpu_has(kNeonDotProd), else kScalar;
+// kScalar → kScalar.
 Int8Kernel int8_kernel(CpuIsa isa);
-const char* int8_kernel_name(Int8Kernel kernel);  // "scalar", "avx2", "avx512_vnni", "amx_int8", "neon_dot"
+const char* int8_kernel_name(Int8Kernel kernel);  // "scalar", "avx2", "avx_vnni", "avx512_vnni", "amx_int8",
+                                                   // "neon_dot"
+
+// Whether the kernel's B is the u8 form (qw + 128; padding byte 128) with 128·rowsum removed in its epilogue.
+inline bool vnni_u8_form(Int8Kernel kernel) {
+  return kernel == Int8Kernel::kAvx512Vnni || kernel == Int8Kernel::kAvxVnni;
+}
 
 // k rounded up to whole groups of 4: the smallest legal lda of quantized activations.
 inline int64_t padded_k(int64_t k) { return (k + 3) / 4 * 4; }

@@ -29,7 +29,7 @@ struct Int8BlockArgs {
   const int8_t* a;
   int64_t lda;            // bytes, a multiple of 4
   const float* sa;        // m row scales
-  const int32_t* rowsum;  // m row sums Σ_k qa (used by the VNNI kernel only)
+  const int32_t* rowsum;  // m row sums Σ_k qa (used by the VNNI kernels only)
   const int8_t* b;        // packed panels; panel p starts at b + p · b_panel_stride
   int64_t b_panel_stride; // bytes between panels (= k4 · 16; k4 · 32 in the AVX2 kernel's form: each 4-k group
                           // is 128 bytes, its 64 bytes of qw then their |qw|)
@@ -82,6 +82,7 @@ void quantize_rows_scalar(const QuantizeArgs& args);
 
 #if defined(__x86_64__) || defined(__i386__)
 void gemm_int8_block_avx2(const Int8BlockArgs& args);
+void gemm_int8_block_avxvnni(const Int8BlockArgs& args);  // x86/gemm_int8_avxvnni.cpp (kAvxVnni)
 void quantize_rows_avx2(const QuantizeArgs& args);
 void gemm_int8_block_avx512_vnni(const Int8BlockArgs& args);
 void gemm_int8_block_amx(const Int8BlockArgs& args);  // x86/gemm_int8_amx.cpp (kAmxInt8; rowsum unused)

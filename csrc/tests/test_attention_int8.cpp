@@ -244,12 +244,18 @@ void test_v_pack_avx512(CpuIsa) {}
 }  // namespace
 
 // On the AVX-512 path, where the CPU has AMX-INT8, once more on the VNNI kernel: its K/V panels are the u8 form.
+// On the AVX2 path, where the CPU has AVX-VNNI (u8 panels), once more on the plain AVX2 kernel (|qw| halves).
 void test_attention_int8_kernels(CpuIsa isa) {
   test_attention_int8(isa);
   test_attention_int8_operands(isa);
   if (isa == CpuIsa::kAvx512 && cpu_has(CpuExt::kAmxInt8) && set_cpu_ext_enabled(CpuExt::kAmxInt8, false)) {
     test_attention_int8(isa);
     set_cpu_ext_enabled(CpuExt::kAmxInt8, true);
+  }
+  if (isa == CpuIsa::kAvx2 && cpu_has(CpuExt::kAvxVnni) && set_cpu_ext_enabled(CpuExt::kAvxVnni, false)) {
+    test_attention_int8(isa);
+    test_attention_int8_operands(isa);
+    set_cpu_ext_enabled(CpuExt::kAvxVnni, true);
   }
 }
 

@@ -390,10 +390,14 @@ int main() {
       const int with_ext = level >= 1 ? 1 : 0;
       // (Enabling is refused, and changes nothing, for an extension the hardware lacks; it overrides
       // VITFAST_CPU_EXT=none, so every kernel the CPU can run is tested whatever the environment says.)
-      for (CpuExt ext : {CpuExt::kAvx512Vnni, CpuExt::kNeonDotProd}) set_cpu_ext_enabled(ext, with_ext == 1);
+      for (CpuExt ext : {CpuExt::kAvx512Vnni, CpuExt::kAvxVnni, CpuExt::kNeonDotProd})
+        set_cpu_ext_enabled(ext, with_ext == 1);
       set_cpu_ext_enabled(CpuExt::kAmxInt8, level == 2);
       if (level == 1 && isa == CpuIsa::kAvx512 && cpu_has(CpuExt::kAvx512Vnni))
         VT_CHECK(int8_kernel(isa) == Int8Kernel::kAvx512Vnni, "without AMX int8_kernel is %s",
+                 int8_kernel_name(int8_kernel(isa)));
+      if (with_ext == 1 && isa == CpuIsa::kAvx2 && cpu_has(CpuExt::kAvxVnni))
+        VT_CHECK(int8_kernel(isa) == Int8Kernel::kAvxVnni, "[avx2] with AVX-VNNI int8_kernel is %s",
                  int8_kernel_name(int8_kernel(isa)));
       const Int8Kernel kern = int8_kernel(isa);
       if (with_ext == 0) {
@@ -408,7 +412,8 @@ int main() {
       }
       test_end_to_end(isa);
     }
-    for (CpuExt ext : {CpuExt::kAvx512Vnni, CpuExt::kNeonDotProd, CpuExt::kAmxInt8}) set_cpu_ext_enabled(ext, true);
+    for (CpuExt ext : {CpuExt::kAvx512Vnni, CpuExt::kAvxVnni, CpuExt::kNeonDotProd, CpuExt::kAmxInt8})
+      set_cpu_ext_enabled(ext, true);
     test_quantize(isa);
     test_softmax_quantize(isa);
   }

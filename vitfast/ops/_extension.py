@@ -109,8 +109,8 @@ def cpu_isa() -> str:
 
 
 def int8_kernel() -> str:
-    """The int8 GEMM kernel of that path (csrc/kernels/gemm_int8.h): 'amx_int8', 'avx512_vnni', 'avx2', 'neon_dot' or
-    'scalar' ('reference' without the extension)."""
+    """The int8 GEMM kernel of that path (csrc/kernels/gemm_int8.h): 'amx_int8', 'avx512_vnni', 'avx_vnni' (the AVX2
+    path on a CPU with AVX-VNNI), 'avx2', 'neon_dot' or 'scalar' ('reference' without the extension)."""
     return "reference" if _C is None else _C.int8_kernel()
 
 
@@ -122,7 +122,8 @@ def bf16_kernel() -> str:
 
 def cpu_extensions() -> list:
     """The low-precision extensions the kernels use on this CPU: 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_int8',
-    'neon_dotprod', 'neon_bf16' (VITFAST_CPU_EXT=none turns them off, VITFAST_CPU_EXT=noamx the AMX ones)."""
+    'avx_vnni', 'neon_dotprod', 'neon_bf16' (VITFAST_CPU_EXT=none turns them off, VITFAST_CPU_EXT=noamx the AMX
+    ones)."""
     return [] if _C is None else list(_C.cpu_extensions())
 
 

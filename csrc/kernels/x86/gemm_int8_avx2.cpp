@@ -29,7 +29,6 @@ namespace vitfast {
 namespace gemm8 {
 namespace {
 
-using x86::gelu8;
 using x86::hmax8;
 using x86::lane_mask;
 
@@ -37,41 +36,7 @@ constexpr int kNr = 16;
 constexpr int kMrAvx2 = 4;
 constexpr int64_t kPrefetchLines = 64;
 
-struct Epi {
-  bool load_c;
-  const float* bias;     // 16 values at this panel's column, or nullptr
-  const float* w_scale;  // 16 values at this panel's column
-  bool gelu;
-  const float* addend;   // at this tile's (row 0, col 0), or nullptr
-  int64_t ld_addend;
-  int n_store;           // 1..16
-};
-
-static inline __attribute__((always_inline)) __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  __builtin_memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
-static inline void store_row(__m256i acc0, __m256i acc1, float sa, const Epi& e, float* ci, int64_t row) {
-  const __m256 s = _mm256_set1_ps(sa);
-  for (int h = 0; h < 2; ++h) {
-    const int lanes = e.n_store - 8 * h >= 8 ? 8 : (e.n_store - 8 * h > 0 ? e.n_store - 8 * h : 0);
-    if (lanes == 0) return;
-    const __m256i m = lane_mask(lanes);
-    __m256 v = _mm256_cvtepi32_ps(h == 0 ? acc0 : acc1);
-    v = _mm256_mul_ps(v, s);
-    v = _mm256_fmadd_ps(v, _mm256_loadu_ps(e.w_scale + 8 * h),
-                        e.load_c ? _mm256_maskload_ps(ci + 8 * h, m) : _mm256_setzero_ps());
-    if (e.bias != nullptr) v = _mm256_add_ps(v, _mm256_loadu_ps(e.bias + 8 * h));
-    if (e.gelu) v = gelu8(v);
-    if (e.addend != nullptr) v = _mm256_add_ps(v, _mm256_maskload_ps(e.addend + row * e.ld_addend + 8 * h, m));
-    if (lanes == 8)
-      _mm256_storeu_ps(ci + 8 * h, v);
-    else
-      _mm256_maskstore_ps(ci + 8 * h, m, v);
-  }
-}
+#include "kernels/x86/int8_epilogue_avx2.inc"
 
 template <int MR>
 static inline __attribute__((always_inline)) void tile(int64_t groups, const int8_t* a, int64_t lda, const int8_t* b,
@@ -103,10 +68,10 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
   }
 #undef VITFAST_AVX2_I8_ROW
   // Columns 0-7 of the panel are bytes 0-31 of a group (acc *0), columns 8-15 bytes 32-63 (acc *1).
-  store_row(c00, c01, sa[0], e, c, 0);
-  if (MR > 1) store_row(c10, c11, sa[1], e, c + ldc, 1);
-  if (MR > 2) store_row(c20, c21, sa[2], e, c + 2 * ldc, 2);
-  if (MR > 3) store_row(c30, c31, sa[3], e, c + 3 * ldc, 3);
+  store_row(c00, c01, 0, sa[0], e, c, 0);
+  if (MR > 1) store_row(c10, c11, 0, sa[1], e, c + ldc, 1);
+  if (MR > 2) store_row(c20, c21, 0, sa[2], e, c + 2 * ldc, 2);
+  if (MR > 3) store_row(c30, c31, 0, sa[3], e, c + 3 * ldc, 3);
 }
 
 }  // namespace
@@ -116,14 +81,7 @@ void gemm_int8_block_avx2(const Int8BlockArgs& g) {
   for (int64_t p = g.panel_begin; p < g.panel_end; ++p) {
     const int8_t* bp = g.b + p * g.b_panel_stride;
     const int64_t col = p * kNr;
-    const int64_t valid = g.n - col;
-    Epi e;
-    e.load_c = g.accumulate;
-    e.bias = g.bias != nullptr ? g.bias + col : nullptr;
-    e.w_scale = g.w_scale + col;
-    e.gelu = g.gelu;
-    e.ld_addend = g.ld_addend;
-    e.n_store = (valid >= kNr || (g.c_padded && g.addend == nullptr)) ? kNr : int(valid);
+    Epi e = panel_epilogue(g, col);
     for (int64_t i = 0; i < g.m; i += kMrAvx2) {
       const int8_t* a = g.a + i * g.lda;
       float* c = g.c + i * g.ldc + col;
