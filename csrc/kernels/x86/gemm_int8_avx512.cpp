@@ -136,6 +136,52 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
   }
 #undef VITFAST_VNNI_STEP
 #undef VITFAST_VNNI_ROW
+// Without GELU or accumulation (every GEMM but the FFN's first and an accumulating one), bias and addend are tested
+// once per row instead of for every register, as in the bf16 kernel's plain store (gemm_bf16_avx512.cpp): the same
+// operations in the same order, so the same bits.
+#define VITFAST_VNNI_STORE_PLAIN(row)                                                                             \
+  if (MR > row) {                                                                                                 \
+    float* ci = c + row * ldc;                                                                                    \
+    const __m512i off = _mm512_set1_epi32(rowsum[row] * 128);                                                     \
+    const __m512 s = _mm512_set1_ps(sa[row]);                                                                     \
+    __m512 v0 = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c##row##_0, off)), s), ws0,     \
+                                _mm512_setzero_ps());                                                             \
+    __m512 v1 = NP > 1 ? _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c##row##_1, off)), s), \
+                                         ws1, _mm512_setzero_ps())                                                \
+                       : v0;                                                                                      \
+    if (e.bias != nullptr) {                                                                                      \
+      v0 = _mm512_add_ps(v0, bias0);                                                                              \
+      if (NP > 1) v1 = _mm512_add_ps(v1, bias1);                                                                  \
+    }                                                                                                             \
+    if (e.addend != nullptr) {                                                                                    \
+      const float* ai = e.addend + row * e.ld_addend;                                                             \
+      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(e.mask[0], ai));                                               \
+      if (NP > 1) v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(e.mask[1], ai + 16));                              \
+    }                                                                                                             \
+    _mm512_mask_storeu_ps(ci, e.mask[0], v0);                                                                     \
+    if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], v1);                                                    \
+  }
+  if (!e.load_c && !e.gelu) {
+    const __m512 ws0 = _mm512_loadu_ps(e.w_scale), ws1 = NP > 1 ? _mm512_loadu_ps(e.w_scale + 16) : ws0;
+    const __m512 bias0 = e.bias != nullptr ? _mm512_loadu_ps(e.bias) : _mm512_setzero_ps();
+    const __m512 bias1 = e.bias != nullptr && NP > 1 ? _mm512_loadu_ps(e.bias + 16) : bias0;
+    VITFAST_VNNI_STORE_PLAIN(0)
+    VITFAST_VNNI_STORE_PLAIN(1)
+    VITFAST_VNNI_STORE_PLAIN(2)
+    VITFAST_VNNI_STORE_PLAIN(3)
+    VITFAST_VNNI_STORE_PLAIN(4)
+    VITFAST_VNNI_STORE_PLAIN(5)
+    VITFAST_VNNI_STORE_PLAIN(6)
+    VITFAST_VNNI_STORE_PLAIN(7)
+    VITFAST_VNNI_STORE_PLAIN(8)
+    VITFAST_VNNI_STORE_PLAIN(9)
+    VITFAST_VNNI_STORE_PLAIN(10)
+    VITFAST_VNNI_STORE_PLAIN(11)
+    VITFAST_VNNI_STORE_PLAIN(12)
+    VITFAST_VNNI_STORE_PLAIN(13)
+    return;
+  }
+#undef VITFAST_VNNI_STORE_PLAIN
 #define VITFAST_VNNI_STORE(row)                                                                                   \
   if (MR > row) {                                                                                                 \
     float* ci = c + row * ldc;                                                                                    \
