@@ -87,8 +87,11 @@ static inline __attribute__((always_inline)) void prefetch_tile_rows(const float
 // a plain store (the attention scores, a first K block's partial sums), the same scaled by row (attention's P·V and
 // its 1/Σ), or everything Tile512Epilogue allows.  Split out because the general epilogue (and its GELU call, which
 // GCC keeps out of line) cost the short-K tiles most: attention's Q·Kᵀ at K = 64 ran 13% faster with the plain
-// store (one head at DeiT shapes, alternating builds), while the K = 768 GEMMs were unchanged.
-enum TileEpi : int { kEpiStore = 0, kEpiRowScaled = 1, kEpiGeneral = 2 };
+// store (one head at DeiT shapes, alternating builds), while the K = 768 GEMMs were unchanged.  kEpiBiasAdd: bias
+// and/or addend with neither accumulation, row scale nor GELU (a block's qkv, proj and FFN linear path), each option
+// tested once per row instead of for every register, the same operations in the same order (the int8 VNNI kernel's
+// per-row store measured 6-12% on its GEMMs).
+enum TileEpi : int { kEpiStore = 0, kEpiRowScaled = 1, kEpiGeneral = 2, kEpiBiasAdd = 3 };
 
 // One tile: C[MR × 16·NP] (=|+=) epilogue(A[MR × k] · B[k × 16·NP]), NP = 1 or 2 panels (the second one
 // `b_stride` floats after the first).
@@ -184,11 +187,26 @@ static inline __attribute__((always_inline)) void tile(int64_t k, const float* a
       const __m512 rs = _mm512_set1_ps(e.row_scale[row]);                                           \
       _mm512_mask_storeu_ps(ci, e.mask[0], _mm512_mul_ps(c##row##_0, rs));                          \
       if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], _mm512_mul_ps(c##row##_1, rs));         \
+    } else if (EPI == kEpiBiasAdd) {                                                                \
+      __m512 v0 = c##row##_0, v1 = c##row##_1;                                                      \
+      if (e.bias != nullptr) {                                                                      \
+        v0 = _mm512_add_ps(v0, bias0);                                                              \
+        if (NP > 1) v1 = _mm512_add_ps(v1, bias1);                                                  \
+      }                                                                                             \
+      if (e.addend != nullptr) {                                                                    \
+        const float* ai = e.addend + row * e.ld_addend;                                             \
+        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(e.mask[0], ai));                               \
+        if (NP > 1) v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(e.mask[1], ai + 16));              \
+      }                                                                                             \
+      _mm512_mask_storeu_ps(ci, e.mask[0], v0);                                                     \
+      if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], v1);                                    \
     } else {                                                                                        \
       _mm512_mask_storeu_ps(ci, e.mask[0], epilogue16(c##row##_0, e, ci, 0, row));                  \
       if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], epilogue16(c##row##_1, e, ci, 1, row)); \
     }                                                                                               \
   }
+  const __m512 bias0 = EPI == kEpiBiasAdd && e.bias != nullptr ? _mm512_loadu_ps(e.bias) : _mm512_setzero_ps();
+  const __m512 bias1 = EPI == kEpiBiasAdd && e.bias != nullptr && NP > 1 ? _mm512_loadu_ps(e.bias + 16) : bias0;
   VITFAST_AVX512_STORE(0)
   VITFAST_AVX512_STORE(1)
   VITFAST_AVX512_STORE(2)
@@ -250,6 +268,7 @@ void row_tiles_of(TileEpi epi, const GemmBlockArgs& g, int64_t k0, int64_t k1, c
   switch (epi) {
     case kEpiStore: row_tiles<NP, kEpiStore>(g, k0, k1, bp, col, e, last, next_b, np_next); return;
     case kEpiRowScaled: row_tiles<NP, kEpiRowScaled>(g, k0, k1, bp, col, e, last, next_b, np_next); return;
+    case kEpiBiasAdd: row_tiles<NP, kEpiBiasAdd>(g, k0, k1, bp, col, e, last, next_b, np_next); return;
     default: row_tiles<NP, kEpiGeneral>(g, k0, k1, bp, col, e, last, next_b, np_next); return;
   }
 }
@@ -290,7 +309,8 @@ void gemm_block_avx512(const GemmBlockArgs& g) {
       }
       const bool bare = !e.load_c && e.bias == nullptr && !e.gelu && (!last || g.addend == nullptr);
       const bool scaled = last && g.row_scale != nullptr;
-      const TileEpi epi = !bare ? kEpiGeneral : scaled ? kEpiRowScaled : kEpiStore;
+      const bool bias_add = !e.load_c && !e.gelu && !scaled;
+      const TileEpi epi = !bare ? (bias_add ? kEpiBiasAdd : kEpiGeneral) : scaled ? kEpiRowScaled : kEpiStore;
       if (np == 2)
         row_tiles_of<2>(epi, g, k0, k1, bp, col, e, last, next_b, np_next);
       else
