@@ -357,7 +357,8 @@ PYBIND11_MODULE(_C, m) {
         []() {
           return std::string(vitfast::gemm8::int8_kernel_name(vitfast::gemm8::int8_kernel(vitfast::active_cpu_isa())));
         },
-        "The int8 GEMM kernel the current CPU path runs: 'avx512_vnni', 'avx2', 'neon_dot' or 'scalar' "
+        "The int8 GEMM kernel the current CPU path runs: 'amx_int8', 'avx512_vnni', 'avx_vnni', 'avx2', 'neon_dot' or "
+        "'scalar' "
         "(VITFAST_CPU_EXT=none turns the extensions off).");
   m.def("supported_cpu_isas", &supported_isas, "The CPU code paths this CPU and build can run.");
   m.def("set_cpu_isa", &set_cpu_isa, py::arg("isa"),
@@ -368,12 +369,14 @@ PYBIND11_MODULE(_C, m) {
       "cpu_extensions",
       []() {
         std::vector<std::string> out;
+        const vitfast::CpuIsa isa = vitfast::active_cpu_isa();
         for (auto e : kAllExtensions)
-          if (vitfast::cpu_has(e)) out.emplace_back(vitfast::cpu_ext_name(e));
+          if (vitfast::cpu_ext_in_use(e, isa)) out.emplace_back(vitfast::cpu_ext_name(e));
         return out;
       },
-      "The low-precision extensions in use: 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_int8', 'neon_dotprod', "
-      "'neon_bf16' (VITFAST_CPU_EXT=none turns them off, VITFAST_CPU_EXT=noamx the AMX ones).");
+      "The low-precision extensions the current CPU path's kernels use: 'avx512_vnni', 'avx512_bf16', 'amx_bf16', "
+      "'amx_int8' (the avx512 path), 'avx_vnni' (the avx2 path), 'neon_dotprod', 'neon_bf16' (VITFAST_CPU_EXT=none "
+      "turns them off, VITFAST_CPU_EXT=noamx the AMX ones).");
   m.def(
       "set_cpu_ext_enabled",
       [](bool enabled, std::optional<std::vector<std::string>> names) {

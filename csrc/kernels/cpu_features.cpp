@@ -179,6 +179,16 @@ bool set_active_cpu_isa(CpuIsa isa) {
 
 bool cpu_has(CpuExt ext) { return (extension_slot().load(std::memory_order_relaxed) >> int(ext)) & 1u; }
 
+bool cpu_ext_in_use(CpuExt ext, CpuIsa isa) {
+  if (!cpu_has(ext)) return false;
+  switch (ext) {
+    case CpuExt::kAvxVnni: return isa == CpuIsa::kAvx2 || (isa == CpuIsa::kAvx512 && !cpu_has(CpuExt::kAvx512Vnni));
+    case CpuExt::kNeonDotProd:
+    case CpuExt::kNeonBf16: return isa == CpuIsa::kNeon;
+    default: return isa == CpuIsa::kAvx512;
+  }
+}
+
 bool set_cpu_ext_enabled(CpuExt ext, bool enabled) {
   const unsigned bit = 1u << int(ext);
   if (!(hardware_extensions() & bit)) return false;

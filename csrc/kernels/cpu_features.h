@@ -38,6 +38,9 @@ enum class CpuExt {
   kAvx512Vnni = 0, kAvx512Bf16 = 1, kNeonDotProd = 2, kNeonBf16 = 3, kAmxBf16 = 4, kAmxInt8 = 5, kAvxVnni = 6
 };
 bool cpu_has(CpuExt ext);
+// Whether the kernels of `isa` use `ext` (which the CPU has): the AVX-512 extensions on the kAvx512 path, AVX-VNNI on
+// kAvx2 (and on kAvx512 without AVX512_VNNI), the NEON ones on kNeon.
+bool cpu_ext_in_use(CpuExt ext, CpuIsa isa);
 // Test hook: enable/disable an extension the CPU has (returns false, and changes nothing, if it does not have it).
 bool set_cpu_ext_enabled(CpuExt ext, bool enabled);
 const char* cpu_ext_name(CpuExt ext);

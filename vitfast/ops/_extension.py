@@ -121,8 +121,9 @@ def bf16_kernel() -> str:
 
 
 def cpu_extensions() -> list:
-    """The low-precision extensions the kernels use on this CPU: 'avx512_vnni', 'avx512_bf16', 'amx_bf16', 'amx_int8',
-    'avx_vnni', 'neon_dotprod', 'neon_bf16' (VITFAST_CPU_EXT=none turns them off, VITFAST_CPU_EXT=noamx the AMX
+    """The low-precision extensions the kernels of the current CPU path use on this CPU: 'avx512_vnni',
+    'avx512_bf16', 'amx_bf16', 'amx_int8' (the avx512 path), 'avx_vnni' (the avx2 path, or avx512 without
+    AVX512_VNNI), 'neon_dotprod', 'neon_bf16' (VITFAST_CPU_EXT=none turns them off, VITFAST_CPU_EXT=noamx the AMX
     ones)."""
     return [] if _C is None else list(_C.cpu_extensions())
 
