@@ -103,3 +103,22 @@ def test_packed_int8_weights_are_cached_and_follow_in_place_updates():
 
 def test_the_int8_kernel_is_reported():
     assert _C.int8_kernel() in ("scalar", "avx2", "avx_vnni", "avx512_vnni", "amx_int8", "neon_dot")
+
+
+def test_the_extensions_reported_are_the_current_paths():
+    """cpu_extensions() names what the current path's kernels use: on the avx2 path at most AVX-VNNI (the int8 kernel
+    then is avx_vnni), never an AVX-512 extension the CPU has but the path cannot run."""
+    previous = _C.cpu_isa()
+    try:
+        for isa in _C.supported_cpu_isas():
+            _C.set_cpu_isa(isa)
+            ext = set(_C.cpu_extensions())
+            if isa == "avx2":
+                assert ext <= {"avx_vnni"}, ext
+                assert ("avx_vnni" in ext) == (_C.int8_kernel() == "avx_vnni")
+            elif isa == "scalar":
+                assert not ext, ext
+            elif isa == "avx512":
+                assert ("avx512_vnni" in ext) == (_C.int8_kernel() in ("avx512_vnni", "amx_int8"))
+    finally:
+        _C.set_cpu_isa(previous)
