@@ -265,6 +265,8 @@ void int8_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, fl
 #if defined(__x86_64__) || defined(__i386__)
   if (isa == CpuIsa::kAvx512 && !with_abs) {
     gemm8::pack_words_transposed_avx512(qk, l.lda_d, tokens, l.lda_d / 4, flip, kpan, k_stride);
+  } else if (isa == CpuIsa::kAvx2 && !with_abs) {  // the AVX-VNNI kernel's u8 panels
+    gemm8::pack_words_transposed_avx2(qk, l.lda_d, tokens, l.lda_d / 4, flip, kpan, k_stride);
   } else
 #endif
   {

@@ -88,6 +88,10 @@ void gemm_int8_block_avx512_vnni(const Int8BlockArgs& args);
 void gemm_int8_block_amx(const Int8BlockArgs& args);  // x86/gemm_int8_amx.cpp (kAmxInt8; rowsum unused)
 void quantize_rows_avx512(const QuantizeArgs& args);
 void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& args);
+// pack_words_transposed_avx512 (below) on AVX2, 8 × 8 words at a time: the K panels of the AVX2 path's AVX-VNNI
+// kernel (the same 64-byte-group u8 form).
+void pack_words_transposed_avx2(const int8_t* src, int64_t ld, int64_t rows, int64_t words, uint32_t flip,
+                                int8_t* dst, int64_t panel_stride);
 // Attention's K panels in the 64-byte-group form (VNNI, AMX): the 32-bit words [0, words) of rows [0, rows) of src
 // (`ld` bytes apart), each XORed with `flip`, to dst as B = srcᵀ in gemm_int8.h's layout — row t's word w at
 // dst + (t / 16) · panel_stride + w · 64 + (t % 16) · 4.  The last panel's rows past `rows` get `flip` (weight 0 in

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <random>
@@ -237,8 +238,47 @@ void test_v_pack_avx512(CpuIsa isa) {
       }
   std::printf("[avx512] attention V columns and pack: %d cases bit for bit\n", cases);
 }
+
+// attention_int8's K panels (gemm_int8_isa.h: row t's word w at (t / 16) · panel_stride + w · 64 + (t % 16) · 4,
+// XORed with flip; a partial last panel's missing rows = flip): the AVX2 and AVX-512 register transposes against
+// the word-by-word definition, bit for bit, with ragged rows and words.
+void test_k_pack_x86(CpuIsa isa) {
+  if (isa != CpuIsa::kAvx2) return;  // once; each transpose where the CPU runs it
+  std::mt19937 rng(11);
+  int cases = 0;
+  for (int64_t rows : {int64_t(1), int64_t(7), int64_t(8), int64_t(9), int64_t(16), int64_t(17), int64_t(197)})
+    for (int64_t words : {int64_t(1), int64_t(5), int64_t(8), int64_t(9), int64_t(16), int64_t(20)})
+      for (uint32_t flip : {0u, 0x80808080u}) {
+        const int64_t ld = 4 * words + 12, panels = (rows + 15) / 16, stride = words * 64 + 64;
+        std::vector<int8_t> src(size_t(rows * ld));
+        for (int8_t& b : src) b = int8_t(int(rng() % 255) - 127);
+        std::vector<int8_t> want(size_t(panels * stride), int8_t(0x5a));
+        for (int64_t t = 0; t < panels * 16; ++t)
+          for (int64_t w = 0; w < words; ++w) {
+            uint32_t v = flip;
+            if (t < rows) {
+              std::memcpy(&v, src.data() + t * ld + 4 * w, 4);
+              v ^= flip;
+            }
+            std::memcpy(want.data() + (t / 16) * stride + w * 64 + (t % 16) * 4, &v, 4);
+          }
+        std::vector<int8_t> got(want.size(), int8_t(0x5a));
+        gemm8::pack_words_transposed_avx2(src.data(), ld, rows, words, flip, got.data(), stride);
+        VT_CHECK(got == want, "pack_words_transposed_avx2 rows=%lld words=%lld flip=%x differs", (long long)rows,
+                 (long long)words, flip);
+        if (cpu_supports(CpuIsa::kAvx512)) {
+          std::fill(got.begin(), got.end(), int8_t(0x5a));
+          gemm8::pack_words_transposed_avx512(src.data(), ld, rows, words, flip, got.data(), stride);
+          VT_CHECK(got == want, "pack_words_transposed_avx512 rows=%lld words=%lld flip=%x differs", (long long)rows,
+                   (long long)words, flip);
+        }
+        ++cases;
+      }
+  std::printf("[x86] attention K panels: %d cases bit for bit\n", cases);
+}
 #else
 void test_v_pack_avx512(CpuIsa) {}
+void test_k_pack_x86(CpuIsa) {}
 #endif
 
 }  // namespace
@@ -259,4 +299,6 @@ void test_attention_int8_kernels(CpuIsa isa) {
   }
 }
 
-int main() { return run_on_every_isa("test_attention_int8", test_attention_int8_kernels, test_v_pack_avx512); }
+int main() {
+  return run_on_every_isa("test_attention_int8", test_attention_int8_kernels, test_v_pack_avx512, test_k_pack_x86);
+}
