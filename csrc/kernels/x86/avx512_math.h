@@ -47,6 +47,19 @@ static inline __m512 gelu16(__m512 x) {
   return _mm512_fmadd_ps(half_x, erf, half_x);
 }
 
+// The last step of a GEMM tile row's per-row epilogue (the fp32 and int8 kernels' plain stores): + the addend row
+// (addend_row: nullptr for none) under each panel's mask, then C's row; NP = 1 or 2 panels of 16 columns.
+template <int NP>
+static inline __attribute__((always_inline)) void add_row_and_store(__m512 v0, __m512 v1, const float* addend_row,
+                                                                    const __mmask16* mask, float* ci) {
+  if (addend_row != nullptr) {
+    v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(mask[0], addend_row));
+    if (NP > 1) v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(mask[1], addend_row + 16));
+  }
+  _mm512_mask_storeu_ps(ci, mask[0], v0);
+  if (NP > 1) _mm512_mask_storeu_ps(ci + 16, mask[1], v1);
+}
+
 // fp32 -> bf16, 16 lanes, round to nearest even on the bit patterns (gemm16::to_bf16's portable rounding, not
 // vcvtneps2bf16, which flushes denormals): the bf16 bits in each 32-bit lane's low half, a NaN kept quiet.
 static inline __m512i round_bf16_16(__m512i u) {

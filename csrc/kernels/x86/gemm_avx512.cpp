@@ -35,6 +35,7 @@ namespace vitfast {
 namespace gemm {
 namespace {
 
+using x86::add_row_and_store;
 using x86::gelu16;
 
 // Rows of the register tile: 14 rows × 2 panels = 28 accumulators + 2 B vectors + 1 broadcast = 31 of the
@@ -193,13 +194,7 @@ static inline __attribute__((always_inline)) void tile(int64_t k, const float* a
         v0 = _mm512_add_ps(v0, bias0);                                                              \
         if (NP > 1) v1 = _mm512_add_ps(v1, bias1);                                                  \
       }                                                                                             \
-      if (e.addend != nullptr) {                                                                    \
-        const float* ai = e.addend + row * e.ld_addend;                                             \
-        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(e.mask[0], ai));                               \
-        if (NP > 1) v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(e.mask[1], ai + 16));              \
-      }                                                                                             \
-      _mm512_mask_storeu_ps(ci, e.mask[0], v0);                                                     \
-      if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], v1);                                    \
+      add_row_and_store<NP>(v0, v1, e.addend != nullptr ? e.addend + row * e.ld_addend : nullptr, e.mask, ci); \
     } else {                                                                                        \
       _mm512_mask_storeu_ps(ci, e.mask[0], epilogue16(c##row##_0, e, ci, 0, row));                  \
       if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], epilogue16(c##row##_1, e, ci, 1, row)); \

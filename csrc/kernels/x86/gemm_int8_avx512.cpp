@@ -28,6 +28,7 @@ namespace vitfast {
 namespace gemm8 {
 namespace {
 
+using x86::add_row_and_store;
 using x86::gelu16;
 
 constexpr int kNr = 16;
@@ -158,13 +159,7 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
       v0 = gelu16(v0);                                                                                            \
       if (NP > 1) v1 = gelu16(v1);                                                                                \
     }                                                                                                             \
-    if (e.addend != nullptr) {                                                                                    \
-      const float* ai = e.addend + row * e.ld_addend;                                                             \
-      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(e.mask[0], ai));                                               \
-      if (NP > 1) v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(e.mask[1], ai + 16));                              \
-    }                                                                                                             \
-    _mm512_mask_storeu_ps(ci, e.mask[0], v0);                                                                     \
-    if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], v1);                                                    \
+    add_row_and_store<NP>(v0, v1, e.addend != nullptr ? e.addend + row * e.ld_addend : nullptr, e.mask, ci);     \
   }
   if (!e.load_c) {
     const __m512 ws0 = _mm512_loadu_ps(e.w_scale), ws1 = NP > 1 ? _mm512_loadu_ps(e.w_scale + 16) : ws0;
