@@ -11,13 +11,13 @@ batch 1 and 8, N 17-577, D 16-64), a rule below holds where both batches measure
   at N = 577 (1.10-1.24×; a 64-byte AMX tile row holds D int8 values, mostly empty below D = 64).
 * avx512_vnni: D ≥ 64 at any N (1.1× at N = 17, 1.6-1.7× at DeiT shapes), D ≥ 24 from N = 101, D ≥ 16 from
   N = 197.
-* avx_vnni (the AVX2 path's kernel on a CPU with AVX-VNNI; measured on an AMD EPYC's AVX2 path, table
-  `attention_crossover` of benchmarks/results/2026-12-01-amd-epyc-avx512.json, the only AVX-VNNI host measured):
+* avx_vnni (the AVX2 path's kernel on a CPU with AVX-VNNI; table `attention_crossover` of
+  benchmarks/results/2026-12-01-amd-epyc-avx512.json, the only AVX-VNNI CPU measured):
   D ≥ 64 from N = 50 (1.2-1.3× there, 1.8-1.9× at DeiT shapes; 0.9× at N = 17), D ≥ 24 from N = 65, D ≥ 16
   from N = 197.
 * avx2: D ≥ 64 only at N = 577 (1.07-1.10×); 0.66-1.03× everywhere else (no int8 dot-product instruction: three
-  instructions per 16 multiply-adds against the fp32 kernel's one FMA per 8).  On the EPYC above the same kernel
-  paid more (1.25-1.29× at D = 64, N = 197): the rule keeps the Xeon's, the conservative one.
+  instructions per 16 multiply-adds against the fp32 kernel's one FMA per 8).  In the 2026-12-01 table the same
+  kernel paid more (1.25-1.29× at D = 64, N = 197): the rule keeps the one that holds on both.
 
 Kernels without a measurement (neon_dot, scalar; the reference without the extension) keep int8 products, which
 was the default before this rule.  The choice is made once, at quantize time, for the CPU it runs on and the

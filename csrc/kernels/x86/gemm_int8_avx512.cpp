@@ -139,8 +139,9 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
 #undef VITFAST_VNNI_ROW
 // Without accumulation (every GEMM of a block), bias, GELU and addend are tested once per row instead of for every
 // register, as in the bf16 kernel's plain store (gemm_bf16_avx512.cpp): the same operations in the same order, so
-// the same bits.  Measured (one core, Zen 5): 90-97% of the vpdpbusd peak at DeiT shapes against 79-95% (the plain
-// GEMMs, int8_gemm_shapes), and GELU too: channel_idle_ffn_int8 at DeiT-S 202-207 -> 196-199 µs.
+// the same bits.  Measured (one core): 90-97% of the vpdpbusd peak at DeiT shapes against 79-95% (table
+// int8_gemm_shapes of benchmarks/results/2026-12-01-amd-epyc-avx512.json and docs/quantization.md, Kernels), and GELU
+// too: channel_idle_ffn_int8 at DeiT-S 202-207 -> 196-199 µs.
 #define VITFAST_VNNI_STORE_PLAIN(row)                                                                             \
   if (MR > row) {                                                                                                 \
     float* ci = c + row * ldc;                                                                                    \
