@@ -3,6 +3,7 @@
 Fixtures live in conftest.py; this file holds plain values and functions: the θ × norm sweep, scale-aware
 parity, non-trivial weights, and an official-layout RePaViT state dict.
 """
+import importlib
 import math
 
 import torch
@@ -323,20 +324,50 @@ def assert_int8_heads_close(out, ref, values, tol):
     assert (~close).float().mean() <= 0.01, f"{(~close).float().mean():.2%} of the outputs beyond the fp32 tolerance"
 
 
-def assert_bf16_heads_close(out, ref, values):
-    """A bf16-operand attention kernel's output against its reference (attention_bf16, xwx_heads_bf16, both computed in
-    fp64 from the bf16-rounded operands).  The kernel's only other roundings are its fp32 sums: S and the row sums
-    differ in their last fp32 bits, which can move one exp across a bf16 rounding boundary and change an output by at
-    most 2^-8 · E_j / Σ E · |V_j| <= 2^-8 · max |V|.  So: relative error (norm) under 1e-4 and every element within
-    2^-8 · max |V| (values: the V channels; non-finite ones are read as 0).  NaN where the reference has it."""
+def bf16_flip_allowance(q, k, v, scale, ulps=2):
+    """How far a correct kernel's output may be from `bf16_heads(q, k, v, scale)` (vitfast/reference/attention_bf16.py)
+    through the rounding of its exps to bf16 alone, per output [..., N, dv] (float64).  The kernels' fp32 score sums
+    end within a few ulps of the exact sum (`ulps`; the worst-case bound, γ_K · Σ_k |q_k · k_k|, is hundreds of ulps
+    wide where the products cancel and would excuse a third of the exps); t − max then moves by a score's ulps plus
+    its row maximum's, and its exp by that relatively (plus two ulps of each side's own exp evaluation).  An exp that
+    close to a bf16 rounding midpoint may round either way: it adds one bf16 spacing · |V_j| / Σ E to the outputs of
+    its row.  Zero in the rows where no exp is that close (nearly all)."""
+    ab = importlib.import_module("vitfast.reference.attention_bf16")
+    u = 2.0 ** -24
+    qb, kb, vb = ab._bf16(q), ab._bf16(k), ab._bf16(v)
+    s = ab._f32(qb @ kb.transpose(-1, -2)) * ab._f32(torch.tensor(float(scale)))
+    ulp = torch.ldexp(torch.ones_like(s), torch.frexp(s)[1] - 24).double()  # fp32 ulp of each score
+    moved = ulps * (ulp + ulp.gather(-1, s.argmax(dim=-1, keepdim=True)))
+    x = s - s.amax(dim=-1, keepdim=True)
+    e = ab.exp_for_bf16(x)
+    trunc = (e.view(torch.int32) & ~0xFFFF).view(torch.float32)  # e >= 0: its bf16 truncation, the bf16 below
+    spacing = (trunc.view(torch.int32) + 0x10000).view(torch.float32).double() - trunc.double()
+    near = (e.double() - (trunc.double() + spacing / 2)).abs() <= e.double() * (moved + 4 * u)
+    add = torch.where(near, spacing, torch.zeros_like(spacing)) / e.double().sum(dim=-1, keepdim=True)
+    return torch.nan_to_num(add @ vb.abs().nan_to_num(0.0, 0.0, 0.0), 0.0, 0.0, 0.0)
+
+
+def assert_bf16_heads_close(out, ref, values, allowance=None):
+    """A bf16-operand attention kernel's output against its reference (attention_bf16, xwx_heads_bf16: products of the
+    bf16-rounded operands in fp64, the kernels' exp for P).  The kernel's other roundings are its fp32 sums: S and the
+    row sums differ in their last fp32 bits, which can move one exp across a bf16 rounding boundary and change an
+    output by at most 2^-8 · E_j / Σ E · |V_j| <= 2^-8 · max |V|.  So: every element within 2^-8 · max |V| (values:
+    the V channels; non-finite ones are read as 0), and the relative error (norm) under 2e-6 once each element's
+    `allowance` is taken off (bf16_flip_allowance: what exps within the sums' error of a rounding midpoint can move it;
+    a flip of any other exp still counts in full).  What is left is the fp32 sums' rounding: at most 5.4e-7 over the
+    attention_bf16 and xwx_heads_bf16 suites; a reference with another exp than the kernels' (torch.exp) leaves
+    4e-6-1e-5 at DeiT shapes, which this bound catches (the flip-blind norm, 1e-4 before, did not; one flip of an exp
+    near 0.87 in a peaked row alone took it to 1.7e-4).  NaN where the reference has it."""
     assert out.shape == ref.shape and out.dtype == ref.dtype
     nan = ref.isnan()
     assert torch.equal(out.isnan(), nan), "NaN positions differ from the reference's"
     o, r = out.double().masked_fill(nan, 0), ref.double().masked_fill(nan, 0)
     if r.numel() == 0 or not r.abs().max() > 0:
         return
-    rel = float((o - r).norm() / r.norm())
-    assert rel < 1e-4, f"relative error {rel:.3g} against the bf16-operand reference"
+    diff = (o - r).abs()
+    beyond = diff if allowance is None else (diff - allowance.double().reshape(diff.shape)).clamp(min=0)
+    rel = float(beyond.norm() / r.norm())
+    assert rel < 2e-6, f"relative error {rel:.3g} against the bf16-operand reference (beyond the flip allowance)"
     v = values.float()
     bound = 2.0 ** -8 * v.masked_fill(~v.isfinite(), 0).abs().max()
-    assert (o - r).abs().max() <= bound, f"max |diff| {(o - r).abs().max():.3g} beyond one bf16 flip's bound"
+    assert diff.max() <= bound, f"max |diff| {diff.max():.3g} beyond one bf16 flip's bound"

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 import vitfast
 from vitfast import reference
 from vitfast.nn.block import whole_block_args
+from vitfast.reference.attention_bf16 import exp_for_bf16
 
 if not vitfast.ops.extension_loaded():
     pytest.skip("needs the C++ extension (vitfast._C)", allow_module_level=True)
@@ -73,7 +74,7 @@ def emu_attention(qkv, heads, scale=None):
     d = width // 3 // heads
     q, k, v = _bf16(qkv).reshape(bsz, n, 3, heads, d).permute(2, 0, 3, 1, 4)
     s = (q @ k.transpose(-1, -2)) * (d ** -0.5 if scale is None else scale)
-    e = torch.exp(s - s.amax(-1, keepdim=True))
+    e = exp_for_bf16(s - s.amax(-1, keepdim=True)).double()  # the kernels' exp for P (reference.attention_bf16)
     o = (_bf16(e) @ v) / e.sum(-1, keepdim=True)  # P rounded for P·V, the sum from the unrounded exponentials
     return o.transpose(1, 2).reshape(bsz, n, heads * d)
 

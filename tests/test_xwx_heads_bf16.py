@@ -11,12 +11,13 @@ test_xwx_heads.py (the contracts the variants share).
 """
 import pytest
 import torch
-from helpers import assert_bf16_heads_close, at_1_and_2_threads
+from helpers import assert_bf16_heads_close, at_1_and_2_threads, bf16_flip_allowance
 from test_xwx_heads import VIT_SHAPES, heads_args
 from test_xwx_heads_int8 import _values
 
 import vitfast
 from vitfast import reference
+from vitfast.reference.xwx_heads import head_operands, merge_heads
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
     raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
@@ -28,7 +29,9 @@ op = torch.ops.vitfast.xwx_heads_bf16
 
 def assert_close_to_reference(out, args):
     proj, x, heads, d = args
-    assert_bf16_heads_close(out, reference.xwx_heads_bf16(*args), _values(proj, heads, d))
+    a, b, v = head_operands(proj.float(), None if x is None else x.float(), heads, d)
+    assert_bf16_heads_close(out, reference.xwx_heads_bf16(*args), _values(proj, heads, d),
+                            merge_heads(bf16_flip_allowance(a, b, v, 1.0)))
 
 
 @pytest.mark.parametrize("shape", VIT_SHAPES, ids=lambda s: f"C{s[0]}-H{s[1]}-{'full' if s[2] is None else s[2]}-D{s[3]}")

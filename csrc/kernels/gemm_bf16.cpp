@@ -5,6 +5,7 @@
 #include <new>
 
 #include "kernels/gemm_bf16_isa.h"
+#include "kernels/gemm_isa.h"
 
 namespace vitfast {
 namespace gemm16 {
@@ -103,7 +104,12 @@ void softmax_exp_rows_bf16(float* s, int64_t rows, int64_t n, int64_t ld, float 
     return;
   }
 #endif
-  gemm::softmax_exp_rows(s, rows, n, ld, scale, row_max, row_sum, isa);
+#if defined(__aarch64__)
+  if (isa == CpuIsa::kNeon)
+    gemm::softmax_exp_rows_for_bf16_neon(s, rows, n, ld, scale, row_max, row_sum);
+  else
+#endif
+    gemm::softmax_exp_rows_for_bf16_scalar(s, rows, n, ld, scale, row_max, row_sum);
   convert_rows(s, ld, rows, n, p, ldp, kernel);
 }
 

@@ -111,8 +111,10 @@ void narrow_to_bf16(const float* src, int64_t n, uint16_t* dst, Bf16Kernel kerne
 
 // Attention's softmax for the bf16 P·V: gemm::softmax_exp_rows (scaled scores s with their row max and the sum of
 // the fp32 exps) with the exps rounded to bf16 into p [rows × padded_k(n)] (row stride ldp, even) instead of
-// stored in s: the bits of softmax_exp_rows + convert_rows, in one pass fewer on kAvx512Bf16 (s keeps the scaled
-// scores there, the exps elsewhere).
+// stored in s, and made by the exp for bf16 results (exp_poly.h: kExp2Bf16P, relative error <= 4.2e-6, 1/1000 of a
+// bf16 ulp): P is the bf16 rounding of scalar_math.h's exp_for_bf16 on every kernel, row_sum the sum of those fp32
+// exps, and P within one bf16 ulp of the exact exp's rounding.  On kAvx512Bf16 (and AMX) in one pass fewer (s keeps
+// the scaled scores, the exps go to p); elsewhere NEON's or the scalar exp pass, then convert_rows.
 void softmax_exp_rows_bf16(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max, float* row_sum,
                            uint16_t* p, int64_t ldp, CpuIsa isa, Bf16Kernel kernel);
 

@@ -63,6 +63,11 @@ void softmax_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float sc
 // n-wide probabilities: the third pass of softmax_rows disappears).  Columns >= n are untouched.
 void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                              float* row_sum);
+// The same with the exp made for bf16 results (exp_poly.h: kExp2Bf16P; scalar_math.h: exp_for_bf16), for attention's
+// bf16 P (gemm16::softmax_exp_rows_bf16 on the kernels without an AVX-512 pass of their own): every path gives
+// exp_for_bf16's bits for each exp; the sums differ only in the order of their additions.
+void softmax_exp_rows_for_bf16_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                                      float* row_sum);
 
 // Row LayerNorm over contiguous rows of c floats (the fused blocks' pre-norms):
 //   m1 = x0 + Σ(x − x0) / c  (x0 = the row's first value: the sum's rounding scales with the spread, not |x|);
@@ -105,6 +110,8 @@ void gelu_neon(float* x, int64_t n);
 void softmax_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale);
 void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                            float* row_sum);
+void softmax_exp_rows_for_bf16_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                                    float* row_sum);
 #endif
 
 }  // namespace gemm

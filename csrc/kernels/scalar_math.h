@@ -9,11 +9,25 @@
 
 #include <cmath>
 
+#include "kernels/exp_poly.h"
+
 namespace vitfast {
 namespace gemm {
 namespace {
 
 inline float gelu1(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+
+// exp(x) for x <= 0 rounded to bf16 next (exp_poly.h: kExp2Bf16P) in scalar arithmetic: the operations of the vector
+// forms (x86/avx512_math.h exp16_for_bf16, arm/neon_math.h exp4_for_bf16), each rounded once, so the same bits.
+inline float exp_for_bf16(float x) {
+  if (std::isnan(x)) return x;
+  if (x < kExpMin) return 0.0f;
+  const float n = std::nearbyint(x * kLog2e);
+  const float f = std::fma(x, kLog2e, -n);
+  float p = kExp2Bf16P[4];
+  for (int i = 3; i >= 0; --i) p = std::fma(p, f, kExp2Bf16P[i]);
+  return std::ldexp(p, int(n));  // a normal number for x >= kExpMin: exact
+}
 
 // y[j] = (x[j] − mean) · rstd  [· gamma[j]]  [+ beta[j]]  for j in [begin, end)   (gamma, beta: nullptr or per column)
 static inline __attribute__((always_inline)) void normalise_row_scalar(const float* x, float* y, int64_t begin,

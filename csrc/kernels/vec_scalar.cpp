@@ -32,8 +32,9 @@ void softmax_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float sc
   }
 }
 
-void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
-                             float* row_sum) {
+namespace {
+template <float (*Exp)(float)>
+void exp_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max, float* row_sum) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
     float mx = row_max[r];
@@ -45,12 +46,25 @@ void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, floa
     const float sub = mx == -std::numeric_limits<float>::infinity() ? 0.0f : mx;  // all -inf so far: see x86/vec_avx512.cpp
     float sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-      row[j] = std::exp(row[j] - sub);
+      row[j] = Exp(row[j] - sub);
       sum += row[j];
     }
     row_max[r] = mx;
     row_sum[r] = sum;
   }
+}
+
+float exp_std(float x) { return std::exp(x); }
+}  // namespace
+
+void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                             float* row_sum) {
+  exp_rows<exp_std>(s, rows, n, ld, scale, row_max, row_sum);
+}
+
+void softmax_exp_rows_for_bf16_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                                      float* row_sum) {
+  exp_rows<exp_for_bf16>(s, rows, n, ld, scale, row_max, row_sum);
 }
 
 void layer_norm_rows_scalar(const float* x, float* y, int64_t rows, int64_t c, const float* gamma, const float* beta,

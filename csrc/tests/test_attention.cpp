@@ -208,9 +208,9 @@ void test_query_block_split(CpuIsa isa) {
 
 
 // attention_head_bf16 against the plain sequence of its documented steps, bit for bit: K and V packed to bf16, each
-// chunk's Q rounded, S = Q·Kᵀ (bf16 products, fp32 sums), softmax_exp_rows with the scale, P rounded, P·V, divided
-// by the row sums.  Guards the fused forms (scale in the score GEMM's epilogue, exps rounded as they are made, the
-// division as the P·V epilogue), which must not change a bit.  On this path's bf16 kernel and the scalar one.
+// chunk's Q rounded, S = Q·Kᵀ (bf16 products, fp32 sums), softmax_exp_rows_bf16 with the scale (P; its own test in
+// test_gemm_bf16.cpp), P·V, divided by the row sums.  Guards the fused forms (scale in the score GEMM's epilogue,
+// the division as the P·V epilogue), which must not change a bit.  On this path's bf16 kernel and the scalar one.
 void test_attention_bf16_steps(CpuIsa isa) {
   std::mt19937 rng(31);
   std::vector<gemm16::Bf16Kernel> kernels = {gemm16::Bf16Kernel::kScalar};
@@ -239,8 +239,8 @@ void test_attention_bf16_steps(CpuIsa isa) {
           gemm16::convert_rows(qkv.data() + q0 * ld + h * d, ld, m, d, q16.data(), ld_q, kernel);
           gemm16::gemm_bf16_raw(m, q16.data(), ld_q, kp.data(), tokens, d, s.data(), ld_s, padded, kernel);
           for (int64_t i = 0; i < m; ++i) mx[i] = -INFINITY;
-          gemm::softmax_exp_rows(s.data(), m, tokens, ld_s, scale, mx.data(), sum.data(), isa);
-          gemm16::convert_rows(s.data(), ld_s, m, tokens, p16.data(), gemm16::padded_k(tokens), kernel);
+          gemm16::softmax_exp_rows_bf16(s.data(), m, tokens, ld_s, scale, mx.data(), sum.data(), p16.data(),
+                                        gemm16::padded_k(tokens), isa, kernel);
           float* o = want.data() + q0 * attn + h * d;
           gemm16::gemm_bf16_raw(m, p16.data(), gemm16::padded_k(tokens), vp.data(), d, tokens, o, attn,
                                 gemm::Epilogue(), kernel);
@@ -286,8 +286,8 @@ void test_attention_bf16_operands(CpuIsa isa) {
         gemm16::convert_rows(q.data(), ldq, tokens, dk, q16.data(), ld_q, kernel);
         gemm16::gemm_bf16_raw(tokens, q16.data(), ld_q, kp.data(), tokens, dk, s.data(), ld_s, padded, kernel);
         for (int64_t i = 0; i < tokens; ++i) mx[i] = -INFINITY;
-        gemm::softmax_exp_rows(s.data(), tokens, tokens, ld_s, scale, mx.data(), sum.data(), isa);
-        gemm16::convert_rows(s.data(), ld_s, tokens, tokens, p16.data(), gemm16::padded_k(tokens), kernel);
+        gemm16::softmax_exp_rows_bf16(s.data(), tokens, tokens, ld_s, scale, mx.data(), sum.data(), p16.data(),
+                                      gemm16::padded_k(tokens), isa, kernel);
         gemm16::gemm_bf16_raw(tokens, p16.data(), gemm16::padded_k(tokens), vp.data(), dv, tokens, want.data(), dv,
                               gemm::Epilogue(), kernel);
         for (int64_t i = 0; i < tokens; ++i)

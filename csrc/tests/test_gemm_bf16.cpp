@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/gemm_bf16.h"
+#include "kernels/scalar_math.h"
 #include "tests/test_util.h"
 
 using namespace vitfast;
@@ -224,9 +225,12 @@ CpuIsa isa_of(Bf16Kernel kernel) {
                                            : CpuIsa::kScalar;
 }
 
-// softmax_exp_rows_bf16 gives the bits of softmax_exp_rows + convert_rows (P, row max, row sum; the pad element of an
-// odd row zeroed), at row lengths around the 16-lane body/tail split and with a -inf (masked) score; and a GEMM's
-// row_scale gives the bits of multiplying its output rows afterwards.
+// softmax_exp_rows_bf16 at row lengths around the 16-lane body/tail split and with a -inf (masked) score: on every
+// kernel P is the bf16 rounding of gemm::exp_for_bf16(t − max) (scalar_math.h; the vector paths' exps bit for bit),
+// the row max that of softmax_exp_rows and the row sum that of the same fp32 exps (up to the rounding of its fp32
+// additions), the pad element of an odd row zeroed; and P is within one bf16 ulp of the exact exp's rounding, the
+// sum within 1e-5 of the exact one (exp_for_bf16's accuracy).  And a GEMM's row_scale gives the bits of multiplying
+// its output rows afterwards.
 void test_softmax_and_row_scale(Bf16Kernel kernel) {
   std::mt19937 rng(5);
   const char* name = gemm16::bf16_kernel_name(kernel);
@@ -236,17 +240,33 @@ void test_softmax_and_row_scale(Bf16Kernel kernel) {
       const int64_t ld = (n + 15) / 16 * 16, ldp = gemm16::padded_k(n) + 4;
       std::vector<float> s = random_vector(rng, size_t(rows * ld), 8.0f);
       if (n > 3) s[2] = -std::numeric_limits<float>::infinity();
+      const std::vector<float> s0 = s;
       std::vector<float> s_ref = s, max_a(rows, -INFINITY), max_b(rows, -INFINITY), sum_a(rows), sum_b(rows);
-      std::vector<uint16_t> p(size_t(rows * ldp), 0xffff), p_ref(size_t(rows * ldp), 0xffff);
+      std::vector<uint16_t> p(size_t(rows * ldp), 0xffff);
       gemm16::softmax_exp_rows_bf16(s.data(), rows, n, ld, 0.125f, max_a.data(), sum_a.data(), p.data(), ldp, isa,
                                     kernel);
       gemm::softmax_exp_rows(s_ref.data(), rows, n, ld, 0.125f, max_b.data(), sum_b.data(), isa);
-      gemm16::convert_rows(s_ref.data(), ld, rows, n, p_ref.data(), ldp, kernel);
-      bool same = max_a == max_b && sum_a == sum_b;
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < gemm16::padded_k(n); ++j) same = same && p[r * ldp + j] == p_ref[r * ldp + j];
-      VT_CHECK(same, "[%s] softmax_exp_rows_bf16 n=%lld rows=%lld differs from softmax_exp_rows + convert_rows", name,
-               (long long)n, (long long)rows);
+      bool same = max_a == max_b, sums_close = true, accurate = true;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float sub = max_b[r] == -INFINITY ? 0.0f : max_b[r];
+        double sum_fast = 0.0, sum_exact = 0.0;
+        for (int64_t j = 0; j < gemm16::padded_k(n); ++j) {
+          const float t = j < n ? s0[r * ld + j] * 0.125f : 0.0f;
+          const float e = j < n ? gemm::exp_for_bf16(t - sub) : 0.0f;
+          const double exact = j < n ? std::exp(double(t - sub)) : 0.0;
+          sum_fast += e;
+          sum_exact += exact;
+          same = same && p[r * ldp + j] == gemm16::to_bf16(e);
+          accurate = accurate && std::abs(int(p[r * ldp + j]) - int(gemm16::to_bf16(float(exact)))) <= 1;
+        }
+        // fp32 summation of n positive terms in any order: within (n − 1)·2^-24 of the exact sum.
+        sums_close = sums_close && std::abs(sum_a[r] - sum_fast) <= double(n) * std::ldexp(1.0, -24) * sum_fast;
+        accurate = accurate && std::abs(sum_a[r] - sum_exact) <= 1e-5 * sum_exact;
+      }
+      VT_CHECK(same && sums_close, "[%s] softmax_exp_rows_bf16 n=%lld rows=%lld: P or the row max differ from "
+               "exp_for_bf16's%s", name, (long long)n, (long long)rows, sums_close ? "" : " (or the row sum)");
+      VT_CHECK(accurate, "[%s] softmax_exp_rows_bf16 n=%lld rows=%lld: P more than one bf16 ulp or the sum more than "
+               "1e-5 from the exact exp's", name, (long long)n, (long long)rows);
     }
   }
   // row_scale: C = (A·B) · scale[i] exactly as a pass over C (one fp32 product either way).

@@ -48,6 +48,20 @@ static inline float32x4_t exp4_nonpositive(float32x4_t x) {
   return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), tiny));
 }
 
+// exp(x) for x <= 0 rounded to bf16 next (exp_poly.h: kExp2Bf16P), exp16_for_bf16's operations (x86/avx512_math.h)
+// at 4 lanes: 2^n applied as a multiply by the normal number 2^n (n >= −126 for x >= kExpMin, and the product is
+// >= 2^-125.6, so exact: vscalefps's result).  x < kExpMin gives 0; a NaN stays NaN.
+static inline float32x4_t exp4_for_bf16(float32x4_t x) {
+  const uint32x4_t tiny = vcltq_f32(x, vdupq_n_f32(gemm::kExpMin));
+  const float32x4_t log2e = vdupq_n_f32(gemm::kLog2e);
+  const float32x4_t n = vrndnq_f32(vmulq_f32(x, log2e));
+  const float32x4_t f = vfmaq_f32(vnegq_f32(n), x, log2e);  // x·log2e − n, one rounding
+  const float32x4_t p = horner(f, gemm::kExp2Bf16P, 5);
+  const int32x4_t pow2n = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+  const float32x4_t e = vmulq_f32(p, vreinterpretq_f32_s32(pow2n));
+  return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), tiny));
+}
+
 }  // namespace
 }  // namespace arm
 }  // namespace vitfast

@@ -10,6 +10,7 @@
 namespace vitfast {
 namespace gemm {
 
+using arm::exp4_for_bf16;
 using arm::exp4_nonpositive;
 using arm::gelu4;
 
@@ -45,14 +46,15 @@ float scale_row_and_max(float* row, int64_t n, float scale, float init) {
   return vmaxnmvq_f32(vmax) > mx ? vmaxnmvq_f32(vmax) : mx;
 }
 
-// Pass 2: row = exp(row − sub) in place; returns its sum.
+// Pass 2: row = Exp(row − sub) in place; returns its sum.
+template <float32x4_t (*Exp)(float32x4_t) = exp4_nonpositive>
 float exp_row_and_sum(float* row, int64_t n, float sub) {
   const int64_t body = n - n % 4;
   const float32x4_t vsub = vdupq_n_f32(sub);
   float32x4_t vsum = vdupq_n_f32(0.0f);
   int64_t j = 0;
   for (; j < body; j += 4) {
-    const float32x4_t e = exp4_nonpositive(vsubq_f32(vld1q_f32(row + j), vsub));
+    const float32x4_t e = Exp(vsubq_f32(vld1q_f32(row + j), vsub));
     vst1q_f32(row + j, e);
     vsum = vaddq_f32(vsum, e);
   }
@@ -60,7 +62,7 @@ float exp_row_and_sum(float* row, int64_t n, float sub) {
   if (j < n) {  // one tail through a padded vector, same arithmetic as the body
     float t[4] = {0, 0, 0, 0};
     for (int64_t q = j; q < n; ++q) t[q - j] = row[q];
-    vst1q_f32(t, exp4_nonpositive(vsubq_f32(vld1q_f32(t), vsub)));
+    vst1q_f32(t, Exp(vsubq_f32(vld1q_f32(t), vsub)));
     for (int64_t q = j; q < n; ++q) {
       row[q] = t[q - j];
       sum += t[q - j];
@@ -91,6 +93,16 @@ void softmax_exp_rows_neon(float* s, int64_t rows, int64_t n, int64_t ld, float 
     const float mx = scale_row_and_max(row, n, scale, row_max[r]);
     // a row whose scores so far are all -inf subtracts 0, not -inf: see softmax_exp_row_group in x86/vec_avx512.cpp
     row_sum[r] = exp_row_and_sum(row, n, mx == -__builtin_inff() ? 0.0f : mx);
+    row_max[r] = mx;
+  }
+}
+
+void softmax_exp_rows_for_bf16_neon(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                                    float* row_sum) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    const float mx = scale_row_and_max(row, n, scale, row_max[r]);
+    row_sum[r] = exp_row_and_sum<exp4_for_bf16>(row, n, mx == -__builtin_inff() ? 0.0f : mx);
     row_max[r] = mx;
   }
 }

@@ -84,6 +84,18 @@ static inline __m512 exp16_nonpositive(__m512 x) {
   return _mm512_maskz_scalef_ps(__mmask16(~tiny), er, n);
 }
 
+// exp(x) for x <= 0 where the result is rounded to bf16 next (exp_poly.h: kExp2Bf16P); x < kExpMin gives 0, a NaN
+// stays NaN (it passes through every step).  Never a denormal for x >= kExpMin (2^n · 2^f >= 2^-125.6).
+static inline __m512 exp16_for_bf16(__m512 x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(gemm::kExpMin), _CMP_LT_OQ);
+  const __m512 log2e = _mm512_set1_ps(gemm::kLog2e);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // One rounding, spelled out: GCC may or may not contract a separate product and difference, and the scalar and
+  // NEON forms (scalar_math.h, arm/neon_math.h) must give these bits.
+  const __m512 f = _mm512_fmsub_ps(x, log2e, n);
+  return _mm512_maskz_scalef_ps(__mmask16(~tiny), horner16(f, gemm::kExp2Bf16P, 5), n);
+}
+
 // The 16-lane vector traits of the width-generic bodies.  A tail (the last n % 16 columns of a row) is handled
 // with an opmask: masked loads read zeros, masked stores and arithmetic leave the other lanes alone.
 struct Avx512 {

@@ -328,9 +328,10 @@ void convert_rows_avx512(const float* x, int64_t ldx, int64_t rows, int64_t k, u
 
 
 namespace {
-// Pass 2's exps rounded to bf16 into P with vcvtneps2bf16: the bits of the portable rounding (round_bf16_16) for
-// every value it can see, as exp16_nonpositive returns 0 or a normal number >= e^kExpMin (never a denormal, which the
-// instruction would flush) and a NaN is kept quiet by both; ~20% less time than that integer rounding in this pass.
+// Pass 2's exps (exp16_for_bf16) rounded to bf16 into P with vcvtneps2bf16: the bits of the portable rounding
+// (round_bf16_16) for every value it can see, as exp16_for_bf16 returns 0 or a normal number >= 2^-125.6 (never a
+// denormal, which the instruction would flush) and a NaN is kept quiet by both; ~20% less time than that integer
+// rounding in this pass.
 struct ToBf16 {
   uint16_t* p;
   int64_t ld;
@@ -344,6 +345,7 @@ struct ToBf16 {
   inline __attribute__((always_inline)) void finish(int r, int64_t n) const {
     if (n % 2 != 0) p[r * ld + n] = 0;
   }
+  static inline __attribute__((always_inline)) __m512 exp(__m512 x) { return x86::exp16_for_bf16(x); }
 };
 }  // namespace
 

@@ -53,6 +53,7 @@ struct ToInt8 {
   inline __attribute__((always_inline)) void store_tail(int r, int64_t j, __mmask16 m, __m512 e) const {
     _mm512_mask_cvtsepi32_storeu_epi8(q + r * lda + j, m, code(r, _mm512_maskz_mov_ps(m, e)));
   }
+  static inline __attribute__((always_inline)) __m512 exp(__m512 x) { return x86::exp16_nonpositive(x); }
   inline __attribute__((always_inline)) void finish(int r, int64_t n) const {
     for (int64_t c = n; c < (n + 3) / 4 * 4; ++c) q[r * lda + c] = 0;
   }
