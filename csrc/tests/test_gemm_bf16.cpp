@@ -159,14 +159,19 @@ void check_case(Bf16Kernel kernel, std::mt19937& rng, int64_t m, int64_t n, int6
   ++g_cases;
 }
 
-// The raw packings (attention's K and V) give PackedBf16B's panels, and gemm_bf16_raw the packed GEMM's bits.
+// The raw packings (attention's K and V) give PackedBf16B's panels, and gemm_bf16_raw the packed GEMM's bits.  The
+// first row holds a denormal, a NaN, an infinity and a rounding tie (the AVX-512 packings round such a vector by
+// integer arithmetic, the others with vcvtne2ps2bf16), the other rows random values.
 void test_raw_packing(Bf16Kernel kernel) {
   std::mt19937 rng(11);
   const char* name = gemm16::bf16_kernel_name(kernel);
+  const float specials[] = {1e-40f, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
+                            1.0f + std::ldexp(1.0f, -8), -3e-39f};
   for (int64_t n : {1, 16, 37}) {
     for (int64_t k : {1, 8, 33, 64, 80, 97}) {
       const int64_t ldw = k + 5;
       std::vector<float> w = random_vector(rng, size_t(n * ldw));
+      for (int64_t i = 0; i < 5 && 2 * i < k; ++i) w[size_t(2 * i)] = specials[i];
       const gemm16::PackedBf16B b = gemm16::PackedBf16B::pack_linear(w.data(), n, k, ldw, nullptr);
       const size_t size = size_t(gemm16::packed_bf16(n, k));
       std::vector<uint16_t> t(size + 32, 0xffff), r(size + 32, 0xffff);
@@ -187,12 +192,15 @@ void test_raw_packing(Bf16Kernel kernel) {
       VT_CHECK(same_t, "[%s] pack_b_transposed_bf16 n=%lld k=%lld differs from pack_linear", name, (long long)n,
                (long long)k);
       VT_CHECK(same_r, "[%s] pack_b_bf16 n=%lld k=%lld differs from pack_linear", name, (long long)n, (long long)k);
+      for (int64_t i = 0; i < 5 && 2 * i < k; ++i) w[size_t(2 * i)] = 0.5f;  // finite again for the GEMM check
+      const gemm16::PackedBf16B b2 = gemm16::PackedBf16B::pack_linear(w.data(), n, k, ldw, nullptr);
+      gemm16::pack_b_transposed_bf16(w.data(), n, k, ldw, tp, kernel);
       const int64_t m = 9, lda = gemm16::padded_k(k) + 2;
       std::vector<float> x = random_vector(rng, size_t(m * k));
       std::vector<uint16_t> a(size_t(m * lda), 0);
       gemm16::convert_rows(x.data(), k, m, k, a.data(), lda);
       std::vector<float> c1(size_t(m * n)), c2(size_t(m * n));
-      gemm16::gemm_bf16(m, a.data(), lda, b, c1.data(), n, gemm::Epilogue(), kernel);
+      gemm16::gemm_bf16(m, a.data(), lda, b2, c1.data(), n, gemm::Epilogue(), kernel);
       gemm16::gemm_bf16_raw(m, a.data(), lda, tp, n, k, c2.data(), n, gemm::Epilogue(), kernel);
       VT_CHECK(c1 == c2, "[%s] gemm_bf16_raw n=%lld k=%lld differs from gemm_bf16", name, (long long)n, (long long)k);
     }
