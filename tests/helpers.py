@@ -3,7 +3,6 @@
 Fixtures live in conftest.py; this file holds plain values and functions: the θ × norm sweep, scale-aware
 parity, non-trivial weights, and an official-layout RePaViT state dict.
 """
-import importlib
 import math
 
 import torch
@@ -332,14 +331,15 @@ def bf16_flip_allowance(q, k, v, scale, ulps=2):
     its row maximum's, and its exp by that relatively (plus two ulps of each side's own exp evaluation).  An exp that
     close to a bf16 rounding midpoint may round either way: it adds one bf16 spacing · |V_j| / Σ E to the outputs of
     its row.  Zero in the rows where no exp is that close (nearly all)."""
-    ab = importlib.import_module("vitfast.reference.attention_bf16")
+    from vitfast.reference.attention_bf16 import exp_for_bf16
+
     u = 2.0 ** -24
-    qb, kb, vb = ab._bf16(q), ab._bf16(k), ab._bf16(v)
-    s = ab._f32(qb @ kb.transpose(-1, -2)) * ab._f32(torch.tensor(float(scale)))
+    qb, kb, vb = (t.to(torch.bfloat16).double() for t in (q, k, v))
+    s = (qb @ kb.transpose(-1, -2)).float() * torch.tensor(float(scale), dtype=torch.float32)
     ulp = torch.ldexp(torch.ones_like(s), torch.frexp(s)[1] - 24).double()  # fp32 ulp of each score
     moved = ulps * (ulp + ulp.gather(-1, s.argmax(dim=-1, keepdim=True)))
     x = s - s.amax(dim=-1, keepdim=True)
-    e = ab.exp_for_bf16(x)
+    e = exp_for_bf16(x)
     trunc = (e.view(torch.int32) & ~0xFFFF).view(torch.float32)  # e >= 0: its bf16 truncation, the bf16 below
     spacing = (trunc.view(torch.int32) + 0x10000).view(torch.float32).double() - trunc.double()
     near = (e.double() - (trunc.double() + spacing / 2)).abs() <= e.double() * (moved + 4 * u)

@@ -16,6 +16,7 @@ import torch
 import vitfast
 from helpers import assert_attention_variant_contract, assert_bf16_heads_close, at_1_and_2_threads, bf16_flip_allowance
 from vitfast import reference
+from vitfast.reference.attention_bf16 import exp_for_bf16
 
 if not vitfast.ops.extension_loaded():  # a missing build must fail loudly, not skip the kernel's tests
     raise RuntimeError("vitfast._C is not built: run scripts/setup.sh (or pip install --no-build-isolation -e .)")
@@ -44,7 +45,6 @@ def test_exp_for_bf16_accuracy_and_specials():
     # bf16 rounding the exact exp's rounding but at a few values, never more than one ulp away.
     g = torch.Generator().manual_seed(0)
     x = torch.cat([-torch.rand(200000, generator=g), -87.0 * torch.rand(200000, generator=g)])
-    from vitfast.reference.attention_bf16 import exp_for_bf16
     e = exp_for_bf16(x)
     exact = torch.exp(x.double())
     assert float(((e.double() - exact).abs() / exact).max()) <= 4.2e-6
