@@ -31,6 +31,7 @@ import vitfast
 from vitfast import reference
 from vitfast.nn.block import whole_block_args
 from vitfast.reference.attention_bf16 import exp_for_bf16
+from vitfast.reference.gelu_bf16 import gelu_for_bf16
 
 if not vitfast.ops.extension_loaded():
     pytest.skip("needs the C++ extension (vitfast._C)", allow_module_level=True)
@@ -84,7 +85,7 @@ def emu_channel_idle_ffn(x, w_in, b_in, w_out, b_out=None, residual=None):
     h = _bf16(x) @ _bf16(w_in).T
     if b_in is not None:
         h = h + b_in.double()
-    act = F.gelu(h[..., :active])
+    act = gelu_for_bf16(h[..., :active]).double()  # the kernels' GELU (reference.gelu_bf16) of the fp32 sums
     y = _bf16(act) @ _bf16(w_out).T  # h_act rounded once for the second GEMM
     if w_in.shape[0] > active:
         y = y + h[..., active:]
@@ -234,6 +235,37 @@ def test_ops_are_the_bf16_emulation():
                    emu_channel_idle_ffn(x, w_in, b_in, w_out, b_out, res), "channel_idle_ffn")
     qkv = r(2, 23, 3 * 4 * 16)
     assert_bf16_of(torch.ops.vitfast.attention(qkv, 4), emu_attention(qkv, 4), "attention")
+
+
+def test_gelu_for_bf16_accuracy_and_specials():
+    # The reference's GELU of the bf16 GEMMs (the kernels' bits: csrc/tests/test_gemm_bf16.cpp) against the exact
+    # GELU in float64: the bounds erf_poly.h documents (relative 2.2e-6 for x >= 0, absolute 1.2e-6·|x|), its bf16
+    # rounding the exact one's but at a few values (never more than one ulp away), and the special values.
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.linspace(-9, 9, 400001), 2.0 * torch.randn(400000, generator=g)])
+    got, xd = gelu_for_bf16(x).double(), x.double()
+    exact = 0.5 * xd * (1.0 + torch.erf(xd / 2.0 ** 0.5))
+    err = (got - exact).abs()
+    assert float((err / exact)[xd > 0].max()) <= 2.2e-6
+    assert float((err / xd.abs())[xd != 0].max()) <= 1.2e-6
+    ulps = (got.float().to(torch.bfloat16).view(torch.int16).int()
+            - exact.float().to(torch.bfloat16).view(torch.int16).int()).abs()[xd >= -1]
+    assert int(ulps.max()) <= 1 and float((ulps != 0).double().mean()) < 1e-3
+    inf = float("inf")
+    specials = gelu_for_bf16(torch.tensor([0.0, 6.0, -6.0, 1e30, -1e30, inf, -inf, float("nan")]))
+    assert torch.equal(specials[:6], torch.tensor([0.0, 6.0, 0.0, 1e30, 0.0, inf])) and specials[6:].isnan().all()
+
+
+@needs_bf16
+def test_gelu_for_bf16_is_the_kernels():
+    # Identity weights make the channel-idle FFN's output exactly bf16(GELU(x)) (x·I exact, one nonzero exact product
+    # per output): the kernel's GELU bit for bit, over values reaching past ±5.09 where its polynomial is clamped.
+    x = (3.0 * torch.randn(3, 41, 64, generator=torch.Generator().manual_seed(2))).to(torch.bfloat16)
+    eye = torch.eye(64, dtype=torch.bfloat16)
+    got = torch.ops.vitfast.channel_idle_ffn(x, eye, None, eye, None, None)
+    want = gelu_for_bf16(x.float()).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and bool((x.float().abs() > 5.1).any())
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
 @needs_bf16

@@ -14,7 +14,7 @@ namespace gemm16 {
 
 // C[m × n] (=|+=) epilogue(A · B) over packed bf16 panels [panel_begin, panel_end) (layout: gemm_bf16.h).
 // Column 0 of c, bias and addend is column 0 of panel 0.  Epilogue order as gemm::GemmBlockArgs:
-//   acc = A·B (+ old C if accumulate)  ->  + bias  ->  GELU(erf) if gelu  ->  + addend  ->  C.
+//   acc = A·B (+ old C if accumulate)  ->  + bias  ->  gelu_for_bf16 if gelu  ->  + addend  ->  C.
 struct Bf16BlockArgs {
   int64_t m;             // rows of A and C
   int64_t n;             // valid columns of B

@@ -43,7 +43,7 @@ void gemm_bf16_block_scalar(const Bf16BlockArgs& g) {
         if (g.row_scale != nullptr) v *= g.row_scale[i];
         if (g.accumulate) v += ci[j];
         if (g.bias != nullptr) v += g.bias[col + j];
-        if (g.gelu) v = gemm::gelu1(v);
+        if (g.gelu) v = gemm::gelu_for_bf16(v);
         if (g.addend != nullptr) v += g.addend[i * g.ld_addend + col + j];
         if (ci != nullptr) ci[j] = v;
         if (c16 != nullptr) c16[j] = to_bf16(v);

@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "kernels/erf_poly.h"
 #include "kernels/exp_poly.h"
 
 namespace vitfast {
@@ -16,6 +17,17 @@ namespace gemm {
 namespace {
 
 inline float gelu1(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+
+// The bf16 GEMMs' GELU (erf_poly.h: kGeluBf16) in scalar arithmetic: the vector forms' operations (x86/avx512_math.h
+// gelu16_for_bf16, arm/neon_math.h gelu4_for_bf16), each rounded once, so the same bits.  NaN through fmin stays
+// NaN: fmin(NaN, m) = m, and the last fma then takes a = NaN.
+inline float gelu_for_bf16(float x) {
+  const float a = std::fabs(x);
+  const float t = std::fma(std::fmin(a, kGeluBf16Max), kGeluBf16Scale, -1.0f);
+  float e = kGeluBf16[12];
+  for (int i = 11; i >= 0; --i) e = std::fma(e, t, kGeluBf16[i]);
+  return std::fma(a, e, x * 0.5f);
+}
 
 // exp(x) for x <= 0 rounded to bf16 next (exp_poly.h: kExp2Bf16P) in scalar arithmetic: the operations of the vector
 // forms (x86/avx512_math.h exp16_for_bf16, arm/neon_math.h exp4_for_bf16), each rounded once, so the same bits.

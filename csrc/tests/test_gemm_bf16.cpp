@@ -2,6 +2,7 @@
 // loops over the same bf16 values, and every hardware kernel this CPU has against the scalar one (same exact
 // products, so only the order of the fp32 sums may differ), over odd shapes, odd K, each epilogue, and no write
 // outside the valid columns.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -134,7 +135,9 @@ void check_case(Bf16Kernel kernel, std::mt19937& rng, int64_t m, int64_t n, int6
           VT_CHECK(g == 12345.0, "[%s] wrote column %lld >= n = %lld", name, (long long)j, (long long)n);
         continue;
       }
-      const double tol = 2.0 * 1.13 * double(k + 4) * eps * mag[i * n + j] + 1e-6;
+      // + gelu_for_bf16's own error, <= 1.2e-6 · |its argument| (erf_poly.h), the argument at most mag.
+      const double tol = 2.0 * 1.13 * double(k + 4) * eps * mag[i * n + j] + 1e-6 + (cs.gelu ? 1.2e-6 : 0.0) *
+                         mag[i * n + j];
       VT_CHECK(std::fabs(g - exact[i * n + j]) <= tol, "[%s] m=%lld n=%lld k=%lld (%d%d%d%d%d) C[%lld][%lld] = %.9g, "
                "exact %.9g (tol %.3g)", name, (long long)m, (long long)n, (long long)k, cs.bias, cs.gelu, cs.addend,
                cs.accumulate, cs.c_padded, (long long)i, (long long)j, g, exact[i * n + j], tol);
@@ -239,6 +242,78 @@ CpuIsa isa_of(Bf16Kernel kernel) {
 // additions), the pad element of an odd row zeroed; and P is within one bf16 ulp of the exact exp's rounding, the
 // sum within 1e-5 of the exact one (exp_for_bf16's accuracy).  And a GEMM's row_scale gives the bits of multiplying
 // its output rows afterwards.
+// The bf16 GEMMs' GELU (erf_poly.h: kGeluBf16) against the exact GELU in double: the bounds erf_poly.h documents
+// (relative 2.2e-6 for x >= 0 and 3.9e-6 for x >= −1, absolute 1.2e-6·|x| everywhere), the bf16 rounding at most
+// one ulp from the exact GELU's and rarely that, and the special values.
+void test_gelu_for_bf16() {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  double rel_pos = 0.0, rel_m1 = 0.0, abs_rel = 0.0;
+  int64_t flips = 0, points = 0;
+  auto check = [&](float x) {
+    const double g = gemm::gelu_for_bf16(x), exact = gelu_ref(double(x));
+    const double err = std::fabs(g - exact);
+    if (x != 0.0f) abs_rel = std::max(abs_rel, err / std::fabs(double(x)));
+    if (x > 0.0f) rel_pos = std::max(rel_pos, err / exact);
+    if (x >= -1.0f && x != 0.0f) {
+      rel_m1 = std::max(rel_m1, err / std::fabs(exact));
+      const int ulps = std::abs(int(gemm16::to_bf16(float(g))) - int(gemm16::to_bf16(float(exact))));
+      VT_CHECK(ulps <= 1, "gelu_for_bf16(%.9g) = %.9g: %d bf16 ulps from the exact %.9g", x, g, ulps, exact);
+      flips += ulps != 0;
+      ++points;
+    }
+  };
+  for (int64_t i = 0; i <= 2000000; ++i) check(float(-9.0 + 18.0 * double(i) / 2000000.0));
+  for (int i = 0; i < 1000000; ++i) check(normal(rng));
+  for (int i = 1; i < 2000; ++i) check(std::ldexp(float(i), -20)), check(-std::ldexp(float(i), -20));
+  VT_CHECK(rel_pos <= 2.2e-6 && rel_m1 <= 3.9e-6 && abs_rel <= 1.2e-6, "gelu_for_bf16: relative error %.3g (x > 0), "
+           "%.3g (x >= -1), absolute %.3g·|x|: over erf_poly.h's 2.2e-6, 3.9e-6, 1.2e-6", rel_pos, rel_m1, abs_rel);
+  VT_CHECK(double(flips) <= 1e-3 * double(points), "gelu_for_bf16: bf16 rounding off the exact GELU's at %lld of "
+           "%lld values", (long long)flips, (long long)points);
+  const float inf = std::numeric_limits<float>::infinity();
+  VT_CHECK(gemm::gelu_for_bf16(0.0f) == 0.0f && gemm::gelu_for_bf16(6.0f) == 6.0f &&
+               gemm::gelu_for_bf16(1e30f) == 1e30f && gemm::gelu_for_bf16(-6.0f) == 0.0f &&
+               gemm::gelu_for_bf16(-1e30f) == 0.0f && gemm::gelu_for_bf16(inf) == inf &&
+               std::isnan(gemm::gelu_for_bf16(-inf)) && std::isnan(gemm::gelu_for_bf16(std::nanf(""))),
+           "gelu_for_bf16: special values (0, ±6, ±1e30, ±inf, NaN) not as erf_poly.h documents");
+}
+
+// Every kernel's GELU epilogue is gelu_for_bf16 of the value the same GEMM gives without it, bit for bit (in C and in
+// the bf16 copy alone), over pre-activations that reach past ±kGeluBf16Max, and NaN / ±inf through the bias (a NaN
+// only as a NaN).
+void test_gelu_epilogue(Bf16Kernel kernel) {
+  std::mt19937 rng(13);
+  const char* name = gemm16::bf16_kernel_name(kernel);
+  const int64_t m = 19, n = 45, k = 24, lda = gemm16::padded_k(k);
+  std::vector<float> w = random_vector(rng, size_t(n * k), 1.5f), x = random_vector(rng, size_t(m * k), 1.5f);
+  std::vector<float> bias = random_vector(rng, size_t(n), 2.0f);
+  bias[3] = std::nanf(""), bias[4] = std::numeric_limits<float>::infinity(), bias[5] = -bias[4];
+  const gemm16::PackedBf16B b = gemm16::PackedBf16B::pack_linear(w.data(), n, k, k, bias.data());
+  std::vector<uint16_t> a(size_t(m * lda), 0);
+  gemm16::convert_rows(x.data(), k, m, k, a.data(), lda);
+  std::vector<float> pre(size_t(m * n)), act(size_t(m * n));
+  std::vector<uint16_t> act16(size_t(m * n));
+  gemm::Epilogue ep;
+  ep.bias = true;
+  gemm16::gemm_bf16(m, a.data(), lda, b, pre.data(), n, ep, kernel);
+  ep.gelu = true;
+  gemm16::gemm_bf16(m, a.data(), lda, b, act.data(), n, ep, kernel);
+  ep.c16 = act16.data();
+  ep.ldc16 = n;
+  gemm16::gemm_bf16(m, a.data(), lda, b, nullptr, n, ep, kernel);
+  bool same = true, wide = false;
+  for (size_t i = 0; i < pre.size(); ++i) {
+    const float want = gemm::gelu_for_bf16(pre[i]);
+    if (std::isnan(want))  // a NaN's sign and payload are the platform's (GELU(−inf) makes one)
+      same = same && std::isnan(act[i]) && (act16[i] & 0x7fff) > 0x7f80;
+    else
+      same = same && std::memcmp(&act[i], &want, 4) == 0 && act16[i] == gemm16::to_bf16(want);
+    wide = wide || std::fabs(pre[i]) > gemm::kGeluBf16Max;
+  }
+  VT_CHECK(wide, "[%s] the GELU epilogue case never passes kGeluBf16Max", name);
+  VT_CHECK(same, "[%s] the GELU epilogue is not gelu_for_bf16 of the GEMM's value, bit for bit", name);
+}
+
 void test_softmax_and_row_scale(Bf16Kernel kernel) {
   std::mt19937 rng(5);
   const char* name = gemm16::bf16_kernel_name(kernel);
@@ -377,6 +452,7 @@ void test_softmax_and_row_scale(Bf16Kernel kernel) {
 
 int main() {
   test_rounding();
+  test_gelu_for_bf16();
   std::vector<Bf16Kernel> kernels = {Bf16Kernel::kScalar};
   for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kNeon}) {
     if (!cpu_supports(isa)) continue;
@@ -389,7 +465,8 @@ int main() {
   for (Bf16Kernel k : kernels) std::printf(" %s", gemm16::bf16_kernel_name(k));
   std::printf("\n");
   for (Bf16Kernel k : kernels)
-    test_convert_parity(k), test_raw_packing(k), test_parity(k), test_softmax_and_row_scale(k);
+    test_convert_parity(k), test_raw_packing(k), test_parity(k), test_gelu_epilogue(k),
+        test_softmax_and_row_scale(k);
   // With the extension switched off, the ops' choice falls back to scalar (= their fp32 path).
   for (CpuExt ext : {CpuExt::kAvx512Bf16, CpuExt::kNeonBf16}) {
     if (!cpu_has(ext)) continue;

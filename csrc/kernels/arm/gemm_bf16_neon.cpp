@@ -26,7 +26,7 @@ inline uint16_t round_bf16(float f) {
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-using arm::gelu4;
+using arm::gelu4_for_bf16;
 using gemm::kNr;
 
 constexpr int kMrNeon = 6;
@@ -78,7 +78,7 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
         float32x4_t v = acc[i][j];
         if (e.load_c) v = vaddq_f32(v, vld1q_f32(ci + 4 * j));
         if (e.bias != nullptr) v = vaddq_f32(v, vld1q_f32(e.bias + 4 * j));
-        if (e.gelu) v = gelu4(v);
+        if (e.gelu) v = gelu4_for_bf16(v);
         if (e.addend != nullptr) v = vaddq_f32(v, vld1q_f32(e.addend + i * e.ld_addend + 4 * j));
         if (ci != nullptr) vst1q_f32(ci + 4 * j, v);
         if (e.c16 != nullptr) vst1q_f32(t + 4 * j, v);
@@ -90,7 +90,7 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
       for (int j = 0; j < 4; ++j) {
         float32x4_t v = vld1q_f32(t + 4 * j);
         if (e.bias != nullptr) v = vaddq_f32(v, vld1q_f32(e.bias + 4 * j));
-        if (e.gelu) v = gelu4(v);
+        if (e.gelu) v = gelu4_for_bf16(v);
         vst1q_f32(t + 4 * j, v);
       }
       if (e.addend != nullptr)

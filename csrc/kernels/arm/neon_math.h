@@ -34,6 +34,16 @@ static inline float32x4_t gelu4(float32x4_t x) {
   return vfmaq_f32(half_x, half_x, erf);
 }
 
+// The bf16 GEMMs' GELU (erf_poly.h: kGeluBf16; the scalar form gemm::gelu_for_bf16 gives the same bits).  vminnmq
+// (IEEE minNum) returns the number for a NaN operand, as _mm512_min_ps and fmin do here: t = 1, and the last FMA
+// keeps the NaN through a.
+static inline float32x4_t gelu4_for_bf16(float32x4_t x) {
+  const float32x4_t a = vabsq_f32(x);
+  const float32x4_t t = vfmaq_f32(vdupq_n_f32(-1.0f), vminnmq_f32(a, vdupq_n_f32(gemm::kGeluBf16Max)),
+                                  vdupq_n_f32(gemm::kGeluBf16Scale));
+  return vfmaq_f32(vmulq_n_f32(x, 0.5f), a, horner(t, gemm::kGeluBf16, 13));
+}
+
 // exp(x) for x <= 0 (softmax after max subtraction), Cephes' method (exp_poly.h); x < gemm::kExpMin gives 0.
 static inline float32x4_t exp4_nonpositive(float32x4_t x) {
   const uint32x4_t tiny = vcltq_f32(x, vdupq_n_f32(gemm::kExpMin));

@@ -47,6 +47,16 @@ static inline __m512 gelu16(__m512 x) {
   return _mm512_fmadd_ps(half_x, erf, half_x);
 }
 
+// The bf16 GEMMs' GELU (erf_poly.h: kGeluBf16; the scalar form gemm::gelu_for_bf16 gives the same bits): x/2 + a·G(t)
+// with a = |x|, t = min(a, max)·scale − 1.  _mm512_min_ps returns its second operand for a NaN first: t = 1, and the
+// last FMA keeps the NaN through a.
+static inline __m512 gelu16_for_bf16(__m512 x) {
+  const __m512 a = _mm512_andnot_ps(_mm512_set1_ps(-0.0f), x);
+  const __m512 t = _mm512_fmadd_ps(_mm512_min_ps(a, _mm512_set1_ps(gemm::kGeluBf16Max)),
+                                   _mm512_set1_ps(gemm::kGeluBf16Scale), _mm512_set1_ps(-1.0f));
+  return _mm512_fmadd_ps(a, horner16(t, gemm::kGeluBf16, 13), _mm512_mul_ps(x, _mm512_set1_ps(0.5f)));
+}
+
 // The last step of a GEMM tile row's per-row epilogue (the fp32 and int8 kernels' plain stores): + the addend row
 // (addend_row: nullptr for none) under each panel's mask, then C's row; NP = 1 or 2 panels of 16 columns.
 template <int NP>

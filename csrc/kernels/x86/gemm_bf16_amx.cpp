@@ -26,7 +26,7 @@ namespace gemm16 {
 namespace {
 
 using gemm::kNr;
-using x86::gelu16;
+using x86::gelu16_for_bf16;
 using x86::round_bf16_16;
 
 #include "kernels/x86/amx_tiles.inc"
