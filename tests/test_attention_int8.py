@@ -5,8 +5,8 @@ on and off (AVX-512 with VNNI runs the `vpdpbusd` kernel, without it the AVX2 si
 qkv; fp16/bf16; NaN; argument errors (those of `attention`); opcheck.
 
 Tolerance.  The int8 sums are exact and the epilogues round as the reference does, so the scores S are the
-reference's to the last unit or two.  The softmax's exp is a polynomial in the kernel and torch.exp in the
-reference: a last-bit difference of E can move a P code across a rounding boundary (rne(127 · E) at a half).  One
+reference's to the last unit or two, and the reference makes E with the kernels' exp (exp_for_bf16): a last-bit
+difference of S still moves E, which can move a P code across a rounding boundary (rne(127 · E) at a half).  One
 such flip changes the output by at most 2 · max_t |V[t, d]| / Σ_j q_E ≤ 2 · max_t |V[t, d]| / 127 (numerator by
 one code times a quantized V value, denominator by one), and flips are rare: every element must be within the fp32
 tolerance, or within two flips' bound, and at most 1% of them outside the fp32 tolerance.

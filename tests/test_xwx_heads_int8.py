@@ -5,7 +5,7 @@ The heads of collapsed non-deep attention (as `xwx_heads`) with int8 score and v
 rows (dk = R (+1) wide, unlike multi-head attention's dk = D), per-row softmax codes, per-channel V.  Projections made
 from real `xwx_attention` arguments (test_xwx_heads.heads_args), both forms with and without a key bias, DeiT widths
 at N = 197 and odd sizes, every CPU path with its int8 extension on and off, 1 and 2 threads (bit-equal); the
-tolerance of tests/helpers.assert_int8_heads_close (a P code may flip where the kernel's exp polynomial and torch.exp
+tolerance of tests/helpers.assert_int8_heads_close (a P code may flip where the kernel's scores and the reference's
 differ in the last bit); NaN.  Strided and empty inputs, fp16/bf16, argument errors, opcheck and the reference
 backend: test_xwx_heads.py (the contracts the variants share).
 """

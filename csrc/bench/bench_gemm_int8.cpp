@@ -5,8 +5,10 @@
 //   (b) gemm_int8 (quantized activations in, fp32 out, plain epilogue) at DeiT-S/B shapes, every kernel this CPU
 //       runs, with quantize_rows of the activations timed beside it;
 //   (c) the fp32 gemm of the same shapes with the AVX-512 and AVX2 paths;
-//   (d) attention's P: softmax_quantize_rows (one pass on x86) against its definition, softmax_exp_rows then
-//       quantize_rows, on a 197 × 197 score tile in row pairs (as attention_int8 calls it), every SIMD path;
+//   (d) attention's P: softmax_quantize_rows (one pass on x86, the exp for bf16 results) against the two steps
+//       with the fp32 exp (softmax_exp_rows then quantize_rows: how P was made before its exp changed; its
+//       definition's two steps have a vector form only on NEON), on a 197 × 197 score tile in row pairs (as
+//       attention_int8 calls it), every SIMD path;
 //   (e) on AMX hosts, the AMX kernel's distance from the tdpbssd peak split into its parts (amx_block_gops).
 // Times are the thread's CPU time (see now()).  Each figure is the median over interleaved rounds (every variant
 // of a shape once per round), so a busy neighbour on a shared machine slows all variants alike.  GOPS counts 2
@@ -491,7 +493,8 @@ int main(int argc, char** argv) {
       rows_json += row;
     }
   }
-  // (d) softmax_quantize_rows against its two steps, interleaved per round; each call starts from the same scores.
+  // (d) softmax_quantize_rows against the fp32-exp two steps, interleaved per round; each call starts from the same
+  // scores.
   std::string softmax_json;
   {
     const int64_t n = 197, ld = 208, lda = padded_k(n) + 4;

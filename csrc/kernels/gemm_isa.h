@@ -64,8 +64,9 @@ void softmax_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float sc
 void softmax_exp_rows_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                              float* row_sum);
 // The same with the exp made for bf16 results (exp_poly.h: kExp2Bf16P; scalar_math.h: exp_for_bf16), for attention's
-// bf16 P (gemm16::softmax_exp_rows_bf16 on the kernels without an AVX-512 pass of their own): every path gives
-// exp_for_bf16's bits for each exp; the sums differ only in the order of their additions.
+// bf16 P (gemm16::softmax_exp_rows_bf16 on the kernels without an AVX-512 pass of their own) and its int8 P
+// (gemm8::softmax_quantize_rows: its definition, and its path off x86): every path gives exp_for_bf16's bits for each
+// exp; the sums differ only in the order of their additions.
 void softmax_exp_rows_for_bf16_scalar(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
                                       float* row_sum);
 

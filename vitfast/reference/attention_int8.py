@@ -7,7 +7,9 @@ dynamic symmetric rule (vitfast/reference/_int8.py):
     (q_Q, s_Q) = quantize_rows(Q_h)          per query token
     (q_K, s_K) = quantize_rows(K_h)          per key token (K_h is the B operand: a key is an output column)
     S  = fma(fp32(q_Q · q_Kᵀ) · s_Q[i], s_K[j], 0)                       (the int8 GEMM's epilogue)
-    E  = exp(S · scale − max_j(S · scale))   per row, fp32: the row maximum is exp(0) = 1, E ∈ [0, 1]
+    E  = exp(S · scale − max_j(S · scale))   per row, fp32: the row maximum is exp(0) = 1, E ∈ [0, 1]; the exp is
+                                             exp_for_bf16 (reference.attention_bf16), the kernels' exp for values
+                                             rounded to 8 bits next: its codes have 7
     (q_E, s_E) = quantize_rows(E)            per query row: E's maximum 1 maps to code 127 (the u8 range [0, 127])
     (q_V, s_V) = quantize_rows(V_hᵀ)         per channel d over the tokens (V_h is the B operand: a channel is an
                                              output column)
@@ -28,6 +30,7 @@ import torch
 
 from ._int8 import quantize_rows
 from .attention import check_attention_args
+from .attention_bf16 import exp_for_bf16
 
 
 def check_attention_int8_args(qkv: torch.Tensor, num_heads: int, scale: Optional[float]) -> tuple[int, int]:
@@ -49,7 +52,7 @@ def int8_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, 
     qq, sq = quantize_rows(q)
     qk, sk = quantize_rows(k)
     s = _int8_bmm(qq, sq, qk, sk) * scale
-    e = torch.exp(s - s.amax(dim=-1, keepdim=True))
+    e = exp_for_bf16(s - s.amax(dim=-1, keepdim=True))
     qe, se = quantize_rows(e)
     if _norm == "quantized":
         # a row with NaN (from a NaN in its query or in any key) keeps s_E = NaN: its codes and sum are 0

@@ -61,6 +61,19 @@ static inline __m256 exp8_nonpositive(__m256 x) {
   return _mm256_andnot_ps(tiny, _mm256_mul_ps(er, _mm256_castsi256_ps(pow2n)));
 }
 
+// exp(x) for x <= 0 where the result is rounded to bf16 or quantized to int8 next (exp_poly.h: kExp2Bf16P), the
+// bits of exp16_for_bf16 and of the scalar gemm::exp_for_bf16: 2^n applied through the exponent field (exact: n >=
+// −126 for x >= kExpMin), x < kExpMin gives 0, a NaN stays NaN (p is NaN).
+static inline __m256 exp8_for_bf16(__m256 x) {
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(gemm::kExpMin), _CMP_LT_OQ);
+  const __m256 log2e = _mm256_set1_ps(gemm::kLog2e);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_fmsub_ps(x, log2e, n);  // one rounding, as the other forms
+  const __m256 p = horner(f, gemm::kExp2Bf16P, 5);
+  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(pow2n)));
+}
+
 // Horizontal sum and maximum of the 8 lanes.
 static inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -120,6 +133,7 @@ struct Avx2 {
   VITFAST_AVX2_INLINE V max(V a, V b) { return _mm256_max_ps(a, b); }
   VITFAST_AVX2_INLINE V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   VITFAST_AVX2_INLINE V exp_nonpositive(V x) { return exp8_nonpositive(x); }
+  VITFAST_AVX2_INLINE V exp_for_bf16(V x) { return exp8_for_bf16(x); }
   VITFAST_AVX2_INLINE float reduce_add(V v) { return hsum8(v); }
   VITFAST_AVX2_INLINE float reduce_max(V v) { return hmax8(v); }
 

@@ -127,6 +127,7 @@ struct Avx512 {
   VITFAST_AVX512_INLINE V max(V a, V b) { return _mm512_max_ps(a, b); }
   VITFAST_AVX512_INLINE V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   VITFAST_AVX512_INLINE V exp_nonpositive(V x) { return exp16_nonpositive(x); }
+  VITFAST_AVX512_INLINE V exp_for_bf16(V x) { return exp16_for_bf16(x); }
   VITFAST_AVX512_INLINE float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
   VITFAST_AVX512_INLINE float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
 

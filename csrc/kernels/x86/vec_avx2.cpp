@@ -87,7 +87,7 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
 namespace gemm8 {
 
 // gemm_int8.h: softmax_quantize_rows.  Per row: pass 1 as softmax_exp_rows_avx2, then one pass that takes each
-// exp e, keeps the maximum of the exps' bits (the row's max e, NaN above all), and stores the code rne(e · 127) (quantize_rows' rule when the
+// exp e (exp8_for_bf16: the codes keep 7 bits), keeps the maximum of the exps' bits (the row's max e, NaN above all), and stores the code rne(e · 127) (quantize_rows' rule when the
 // row's amax is 1) with the codes' sum.  A row whose max e is not exactly 1 or that holds a NaN runs the two steps
 // on its stored t instead.  Codes 32 at a time (x86::low_bytes32), then 8.
 void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
@@ -108,7 +108,7 @@ void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
       vsum = _mm256_add_epi32(vsum, i);
       return i;
     };
-    auto exp_at = [&](int64_t j) { return x86::exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), vmx)); };
+    auto exp_at = [&](int64_t j) { return x86::exp8_for_bf16(_mm256_sub_ps(_mm256_loadu_ps(row + j), vmx)); };
     int64_t j = 0;
     for (; j + 32 <= body; j += 32) {
       const __m256i i0 = code(exp_at(j)), i1 = code(exp_at(j + 8)), i2 = code(exp_at(j + 16)),
@@ -118,7 +118,7 @@ void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
     for (; j < body; j += 8)
       _mm_storel_epi64(reinterpret_cast<__m128i*>(out + j), x86::low_bytes8(code(exp_at(j))));
     if (j < n) {  // masked-off lanes: e = 0, code 0
-      const __m256 e = x86::exp8_nonpositive(_mm256_sub_ps(_mm256_maskload_ps(row + j, tail), vmx));
+      const __m256 e = x86::exp8_for_bf16(_mm256_sub_ps(_mm256_maskload_ps(row + j, tail), vmx));
       int8_t tmp[16];
       const __m256 e_in = _mm256_and_ps(e, _mm256_castsi256_ps(tail));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(tmp), x86::low_bytes8(code(e_in)));
@@ -132,7 +132,7 @@ void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
       a.sa[r] = 1.0f / 127.0f;  // amax / 127 with amax = 1
       a.rowsum[r] = x86::hsum8_epi32(vsum);
     } else {  // the two steps: pass 2 of softmax_exp_rows_avx2 on the stored t, then quantize_rows
-      gemm::exp_and_sum<x86::Avx2>(row, body, n, tail, vmx);
+      gemm::exp_and_sum<x86::Avx2, true>(row, body, n, tail, vmx);
       quantize_rows_avx2(QuantizeArgs{row, a.ld, 1, n, nullptr, out, a.lda, a.sa + r, a.rowsum + r});
     }
   }
