@@ -1,7 +1,7 @@
 """The int8 GEMM core against the core's instruction peaks and against the fp32 GEMM, on one core: builds the C++
 benchmark `bench_gemm_int8` (csrc/bench/bench_gemm_int8.cpp) with CMake (the helpers of tests/cmake_tree.py), runs
 it and prints its table; --record writes the tables `int8_gemm_peaks`, `int8_gemm_shapes`,
-`softmax_quantize_rows` (attention's P in one pass against its two steps) and, on AMX hosts, `amx_int8_bounds`
+`softmax_quantize_rows` (attention's P in one pass against the two steps with the fp32 exp) and, on AMX hosts, `amx_int8_bounds`
 (the AMX kernel's distance from the `tdpbssd` peak split into its parts) into benchmarks/results/
 (results_file.py), --json prints the program's JSON report.
 
@@ -111,7 +111,7 @@ def print_table(report: dict) -> None:
         print("\nAMX kernel against the tdpbssd peak, split (n = 1152, 192 rows):")
         for r in report["amx_bounds"]:
             print(f"  k = {r['k']:4d}  {r['part']:40s} {r['gops']:8.1f} GOPS {r['pct_peak']:6.1f}%")
-    print("\nattention's P, 197 x 197 scores in row pairs (softmax_quantize_rows against its two steps):")
+    print("\nattention's P, 197 x 197 scores in row pairs (softmax_quantize_rows against the fp32-exp two steps):")
     for r in report.get("softmax_quantize", []):
         print(f"  [{r['isa']}] one pass {r['fused_us']:.1f} us, two steps {r['two_steps_us']:.1f} us "
               f"({r['two_steps_us'] / r['fused_us']:.2f}x)")
@@ -145,12 +145,13 @@ def record_tables(report: dict, rounds: int, command: str) -> None:
     })
     if report.get("softmax_quantize"):
         record("softmax_quantize_rows", {
-            "title": "attention's P: softmax_quantize_rows (one pass on x86) against softmax_exp_rows + quantize_rows",
+            "title": "attention's P: softmax_quantize_rows (one pass on x86, the exp for 8-bit results) against "
+                     "softmax_exp_rows (the fp32 exp) + quantize_rows",
             "script": "benchmarks/int8_gemm_peak.py", "command": command,
             "conditions": f"one thread, thread CPU time, medians of {rounds} interleaved rounds; 197 x 197 scores "
                           "(N(0, 8)), row pairs, scale 1/8",
             "columns": [{"label": "CPU path", "fmt": "{isa}"}, {"label": "one pass µs", "fmt": "{fused_us:.1f}"},
-                        {"label": "two steps µs", "fmt": "{two_steps_us:.1f}"}],
+                        {"label": "two steps, fp32 exp µs", "fmt": "{two_steps_us:.1f}"}],
             "rows": report["softmax_quantize"],
         })
     if report.get("amx_bounds"):
