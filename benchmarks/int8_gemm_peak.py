@@ -1,8 +1,8 @@
 """The int8 GEMM core against the core's instruction peaks and against the fp32 GEMM, on one core: builds the C++
 benchmark `bench_gemm_int8` (csrc/bench/bench_gemm_int8.cpp) with CMake (the helpers of tests/cmake_tree.py), runs
 it and prints its table; --record writes the tables `int8_gemm_peaks`, `int8_gemm_shapes`,
-`softmax_quantize_rows` (attention's P in one pass against the two steps with the fp32 exp) and, on AMX hosts, `amx_int8_bounds`
-(the AMX kernel's distance from the `tdpbssd` peak split into its parts) into benchmarks/results/
+`softmax_quantize_rows` (attention's P in one pass against the two steps with the fp32 exp) and, on AMX hosts,
+`amx_int8_bounds` (the AMX kernel's distance from the `tdpbssd` peak split into its parts) into benchmarks/results/
 (results_file.py), --json prints the program's JSON report.
 
 The anchor: ONNX Runtime's `MatMulInteger` (u8 activations × s8 weights -> int32, the GEMM of its dynamic int8

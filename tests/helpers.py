@@ -306,9 +306,10 @@ def assert_backend_reaches_reference(monkeypatch, op_name, args):
 def assert_int8_heads_close(out, ref, values, tol):
     """An int8 attention kernel's output against its reference (attention_int8, xwx_heads_int8).  The int8 sums are
     exact and the epilogues round as the reference does, and both make E with the same exp (exp_for_bf16), but the
-    scores can differ in their last bit: that moves E, and can move a P code across a rounding boundary.  One flip changes
-    an output by at most 2 · max_t |V[t, d]| / 127 (numerator by one code times a quantized value, denominator by
-    one): every element must be within `tol` (atol, rtol) or two flips' bound, and at most 1% beyond `tol`.
+    scores can differ in their last bit: that moves E, and can move a P code across a rounding boundary.  One flip
+    changes an output by at most 2 · max_t |V[t, d]| / 127 (numerator by one code times a quantized value,
+    denominator by one): every element must be within `tol` (atol, rtol) or two flips' bound, and at most 1% beyond
+    `tol`.
     values [B, N, H·D]: the V channels in the output's column order (non-finite ones are read as 0)."""
     assert out.shape == ref.shape and out.dtype == ref.dtype
     o, r = out.float(), ref.float()

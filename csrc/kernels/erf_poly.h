@@ -47,8 +47,9 @@ constexpr float kErfQ[13] = {
 // GELU's except at ~0.01% of values, one ulp off.  With the centred variable the coefficients stay below 0.5 (no
 // cancellation).  17 vector operations for 16 values against the piecewise erf's ~33 when a vector straddles its
 // split (most of a ViT's FFN activations do): the GELU-to-bf16 GEMM epilogue at DeiT-B's 197 × 768 × 768 515 → 484
-// µs (table bf16_kernel_parts of 2026-12-01-amd-epyc-avx512.json).  GELU(±0) = +0, GELU(NaN) = NaN, GELU(+inf) =
-// +inf and GELU(−inf) = NaN, as the fp32 GELU and torch's.
+// µs in alternating builds (benchmarks/bf16_kernel_parts.py; table bf16_kernel_parts of
+// 2026-12-01-amd-epyc-avx512.json).  GELU(±0) = +0, GELU(NaN) = NaN, GELU(+inf) = +inf (the fp32 GELU's; torch's
+// is NaN) and GELU(−inf) = NaN (as both).
 constexpr float kGeluBf16Max = 5.091169f;    // 3.6 · √2: erf(3.6) = 1 − 3.6e-7
 constexpr float kGeluBf16Scale = 0.3928371f;  // 2 / kGeluBf16Max
 constexpr float kGeluBf16[13] = {

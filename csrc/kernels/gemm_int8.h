@@ -117,10 +117,10 @@ void quantize_rows(const float* x, int64_t ldx, int64_t rows, int64_t k, const f
 
 // Attention's P (attention_int8.h): gemm::softmax_exp_rows_for_bf16_scalar's exps of rows [0, rows) of s (row stride
 // ld, n columns, each row's maximum starting from −inf: softmax_exp_rows with the exp made for results rounded to
-// bf16, exp_poly.h kExp2Bf16P, the same bits on every path; the codes keep 7 bits, so its relative error of at most 4.2e-6 moves a
-// code at ~1e-4 of the exps, and it takes 10 vector operations where the fp32 exp takes 16), then quantize_rows of
-// the exps into qp (row stride lda), sa and rowsum: the same bytes, scales and sums, bit for bit (s is scratch
-// afterwards).  Why it can be one pass: softmax_exp_rows
+// bf16, exp_poly.h kExp2Bf16P, the same bits on every path; the codes keep 7 bits, so its relative error of at most
+// 4.2e-6 moves a code at ~1e-4 of the exps, and it takes 10 vector operations where the fp32 exp takes 16), then
+// quantize_rows of the exps into qp (row stride lda), sa and rowsum: the same bytes, scales and sums, bit for bit (s
+// is scratch afterwards).  Why it can be one pass: softmax_exp_rows
 // stores the scaled scores its maximum was taken over, so the maximum's own exp is exp(0) = 1 exactly; a row whose
 // largest exp is exactly 1 (and holds no NaN) has quantize_rows' amax = 1, inv = 127 and codes rne(e · 127) with
 // nothing to clamp.  The AVX2 and AVX-512 paths write those codes from the exp pass, skipping quantize_rows' two

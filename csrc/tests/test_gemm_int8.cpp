@@ -293,9 +293,10 @@ void test_quantize(CpuIsa isa) {
 }
 
 // softmax_quantize_rows (attention's P) against its definition: softmax_exp_rows_for_bf16_scalar from −inf (its exps
-// are every path's bits), then quantize_rows of the exps on the same path.  Bytes [0, padded_k(n)), sa (NaN as NaN) and rowsum identical.  Rows that take the
-// fused pass (ordinary scores, huge ones, a row with one finite score among −infs) and rows that must fall back
-// (a NaN, all −inf, +Inf), odd row counts (the pairs' tail), widths with and without vector tails.
+// are every path's bits), then quantize_rows of the exps on the same path.  Bytes [0, padded_k(n)), sa (NaN as NaN)
+// and rowsum identical.  Rows that take the fused pass (ordinary scores, huge ones, a row with one finite score among
+// −infs) and rows that must fall back (a NaN, all −inf, +Inf), odd row counts (the pairs' tail), widths with and
+// without vector tails.
 void test_softmax_quantize(CpuIsa isa) {
   const int failures_before = failures();
   std::mt19937 rng(11);

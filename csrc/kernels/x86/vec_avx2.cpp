@@ -87,9 +87,10 @@ void softmax_exp_rows_avx2(float* s, int64_t rows, int64_t n, int64_t ld, float 
 namespace gemm8 {
 
 // gemm_int8.h: softmax_quantize_rows.  Per row: pass 1 as softmax_exp_rows_avx2, then one pass that takes each
-// exp e (exp8_for_bf16: the codes keep 7 bits), keeps the maximum of the exps' bits (the row's max e, NaN above all), and stores the code rne(e · 127) (quantize_rows' rule when the
-// row's amax is 1) with the codes' sum.  A row whose max e is not exactly 1 or that holds a NaN runs the two steps
-// on its stored t instead.  Codes 32 at a time (x86::low_bytes32), then 8.
+// exp e (exp8_for_bf16: the codes keep 7 bits), keeps the maximum of the exps' bits (the row's max e, NaN above
+// all), and stores the code rne(e · 127) (quantize_rows' rule when the row's amax is 1) with the codes' sum.  A row
+// whose max e is not exactly 1 or that holds a NaN runs the two steps on its stored t instead.  Codes 32 at a time
+// (x86::low_bytes32), then 8.
 void softmax_quantize_rows_avx2(const SoftmaxQuantizeArgs& a) {
   const __m256 vscale = _mm256_set1_ps(a.scale), k127 = _mm256_set1_ps(127.0f);
   const int64_t n = a.n, body = n - n % 8, n4 = (n + 3) / 4 * 4;
