@@ -328,8 +328,9 @@ def bf16_flip_allowance(q, k, v, scale, ulps=2):
     """How far a correct kernel's output may be from `bf16_heads(q, k, v, scale)` (vitfast/reference/attention_bf16.py)
     through the rounding of its exps to bf16 alone, per output [..., N, dv] (float64).  The kernels' fp32 score sums
     end within a few ulps of the exact sum (`ulps`; the worst-case bound, γ_K · Σ_k |q_k · k_k|, is hundreds of ulps
-    wide where the products cancel: it gave every output an allowance, and a reference with another exp passed); t − max then moves by a score's ulps plus
-    its row maximum's, and its exp by that relatively (plus two ulps of each side's own exp evaluation).  An exp that
+    wide where the products cancel: it gave every output an allowance, and a reference with another exp passed);
+    t − max then moves by a score's ulps plus its row maximum's, and its exp by that relatively (plus two ulps of each
+    side's own exp evaluation).  An exp that
     close to a bf16 rounding midpoint may round either way: it adds one bf16 spacing · |V_j| / Σ E to the outputs of
     its row.  Zero in the rows where no exp is that close (~90% of them at DeiT shapes)."""
     from vitfast.reference.attention_bf16 import exp_for_bf16

@@ -234,6 +234,18 @@ void softmax_exp_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale
   }
 }
 
+void softmax_exp_rows_for_bf16(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                               float* row_sum, CpuIsa isa) {
+#if defined(__aarch64__)
+  if (isa == CpuIsa::kNeon) {
+    softmax_exp_rows_for_bf16_neon(s, rows, n, ld, scale, row_max, row_sum);
+    return;
+  }
+#endif
+  (void)isa;
+  softmax_exp_rows_for_bf16_scalar(s, rows, n, ld, scale, row_max, row_sum);
+}
+
 void gemm_panels(int64_t m, const float* a, int64_t lda, const PackedB& b, int64_t panel_begin,
                  int64_t panel_end, float* c, int64_t ldc, const Epilogue& ep, CpuIsa isa, int64_t kc) {
   if (m <= 0 || panel_end <= panel_begin) return;

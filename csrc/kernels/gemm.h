@@ -110,6 +110,11 @@ void softmax_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, Cp
 // s = exp(s·scale − m) with m = max(row_max, max s·scale) written back to row_max, and row_sum = Σ s.
 void softmax_exp_rows(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max, float* row_sum,
                       CpuIsa isa);
+// The same with the exp made for results rounded to bf16 or quantized to int8 next (exp_poly.h: kExp2Bf16P;
+// softmax_exp_rows_for_bf16_* in gemm_isa.h): NEON's pass on NEON, the scalar one elsewhere (the x86 callers, bf16
+// and int8 attention's P, make these exps inside their own one-pass kernels); the same exps on every path.
+void softmax_exp_rows_for_bf16(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,
+                               float* row_sum, CpuIsa isa);
 
 // In-place exact erf-GELU with the given ISA path (the same code the GELU epilogue runs).
 void gelu(float* x, int64_t n, CpuIsa isa);

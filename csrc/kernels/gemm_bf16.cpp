@@ -5,7 +5,6 @@
 #include <new>
 
 #include "kernels/gemm_bf16_isa.h"
-#include "kernels/gemm_isa.h"
 
 namespace vitfast {
 namespace gemm16 {
@@ -104,12 +103,7 @@ void softmax_exp_rows_bf16(float* s, int64_t rows, int64_t n, int64_t ld, float 
     return;
   }
 #endif
-#if defined(__aarch64__)
-  if (isa == CpuIsa::kNeon)
-    gemm::softmax_exp_rows_for_bf16_neon(s, rows, n, ld, scale, row_max, row_sum);
-  else
-#endif
-    gemm::softmax_exp_rows_for_bf16_scalar(s, rows, n, ld, scale, row_max, row_sum);
+  gemm::softmax_exp_rows_for_bf16(s, rows, n, ld, scale, row_max, row_sum, isa);
   convert_rows(s, ld, rows, n, p, ldp, kernel);
 }
 

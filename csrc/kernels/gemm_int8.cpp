@@ -147,12 +147,7 @@ void softmax_quantize_rows(float* s, int64_t rows, int64_t n, int64_t ld, float 
         const int64_t pair = rows - r < 2 ? rows - r : 2;
         float row_max[2] = {-std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
         float row_sum[2];
-#if defined(__aarch64__)
-        if (isa == CpuIsa::kNeon)
-          gemm::softmax_exp_rows_for_bf16_neon(s + r * ld, pair, n, ld, scale, row_max, row_sum);
-        else
-#endif
-          gemm::softmax_exp_rows_for_bf16_scalar(s + r * ld, pair, n, ld, scale, row_max, row_sum);
+        gemm::softmax_exp_rows_for_bf16(s + r * ld, pair, n, ld, scale, row_max, row_sum, isa);
         quantize_rows(s + r * ld, ld, pair, n, nullptr, qp + r * lda, lda, sa + r, rowsum + r, isa);
       }
       return;

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from ._fma32 import f32, fma32, horner32
 from .attention import check_attention_args
 
 
@@ -36,25 +37,14 @@ _EXP_MIN = -87.0
 _EXP2_BF16_P = (1.0, 6.9312411547e-01, 2.4024105072e-01, 5.5907212198e-02, 9.5827775076e-03)
 
 
-def _f32(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float32)
-
-
 def exp_for_bf16(x: torch.Tensor) -> torch.Tensor:
-    """exp(x) for x <= 0 as the kernels make attention's P (module doc), float32 → float32, with the kernels' steps:
-    n = round(x·log2e) (the product rounded, ties to even), f = x·log2e − n in one rounding (the float64 product of
-    two floats is exact), Horner's fused steps on f (in float64: the product exact, the sum rounded to float64 and
-    then float32, which differs from one rounding only when the float64 sum falls on a float32 tie; no difference in
-    2·10^5 values against the C++ scalar form), 2^n applied exactly; x below −87 gives 0, NaN stays NaN."""
-    x = _f32(x)
-    log2e = _f32(torch.tensor(_LOG2E))
+    """exp(x) for x <= 0 as the kernels make attention's P (module doc), float32 → float32, with the kernels' steps
+    (fused ones as in _fma32): n = round(x·log2e) (the product rounded, ties to even), f = x·log2e − n in one
+    rounding, Horner's fused steps on f, 2^n applied exactly; x below −87 gives 0, NaN stays NaN."""
+    x = f32(x)
+    log2e = f32(_LOG2E)
     n = torch.round(x * log2e)
-    f = _f32(x.double() * log2e.double() - n.double())
-    c = [_f32(torch.tensor(v)).double() for v in _EXP2_BF16_P]
-    p = c[4]
-    for ci in reversed(c[:4]):
-        p = _f32(p * f.double() + ci).double()
-    e = torch.ldexp(_f32(p), n)
+    e = torch.ldexp(horner32(fma32(x, log2e, -n), _EXP2_BF16_P), n)
     return torch.where(x < _EXP_MIN, torch.zeros_like(e), e)
 
 
@@ -69,7 +59,7 @@ def bf16_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
     # (the score GEMM's row_scale), t − max in fp32.  Modelling these roundings keeps the reference's exps on the
     # kernel's side of each bf16 rounding boundary wherever the kernel's fp32 accumulation was exact (most sums of
     # bf16 products), instead of flipping P at ~1e-4 of the values.
-    s = _f32(_bf16(q) @ _bf16(k).transpose(-1, -2)) * _f32(torch.tensor(float(scale)))
+    s = f32(_bf16(q) @ _bf16(k).transpose(-1, -2)) * f32(float(scale))
     e = exp_for_bf16(s - s.amax(dim=-1, keepdim=True)).double()
     return (_bf16(e) @ _bf16(v)) / e.sum(dim=-1, keepdim=True)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ._fma32 import f32, fma32, horner32
+
 # erf_poly.h: kGeluBf16Max, kGeluBf16Scale and kGeluBf16, the same float32 values.
 _MAX = 5.091169
 _SCALE = 0.3928371
@@ -20,20 +22,11 @@ _G = (4.9454426765e-01, 3.9776571095e-02, -1.2880460918e-01, 2.3525092006e-01, -
       -5.1181364805e-02, -1.4305712655e-02, 1.3106187806e-02)
 
 
-def _f32(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float32)
-
-
 def gelu_for_bf16(x: torch.Tensor) -> torch.Tensor:
-    """The bf16 GEMMs' GELU of float32 values (module doc), float32 → float32.  Each fused step is one float64
-    operation (the product of two floats is exact there) rounded to float32: it differs from one rounding only when
-    the float64 sum falls on a float32 tie (no difference in 4·10^6 values against the C++ scalar form)."""
-    x = _f32(x)
+    """The bf16 GEMMs' GELU of float32 values (module doc), float32 → float32, with the kernels' steps (fused ones as
+    in _fma32)."""
+    x = f32(x)
     a = x.abs()
-    m = torch.minimum(a, _f32(torch.tensor(_MAX)))  # NaN stays NaN (the kernels' min gives t = 1; a keeps it NaN)
-    t = _f32(m.double() * _f32(torch.tensor(_SCALE)).double() - 1.0).double()
-    c = [_f32(torch.tensor(v)).double() for v in _G]
-    e = c[12]
-    for ci in reversed(c[:12]):
-        e = _f32(e * t + ci).double()
-    return _f32(a.double() * e + (x * 0.5).double())
+    m = torch.minimum(a, f32(_MAX))  # NaN stays NaN (the kernels' min gives t = 1; a keeps it NaN)
+    t = fma32(m, f32(_SCALE), f32(-1.0))
+    return fma32(a, horner32(t, _G), x * 0.5)
