@@ -117,8 +117,15 @@ def print_table(report: dict) -> None:
               f"({r['two_steps_us'] / r['fused_us']:.2f}x)")
 
 
-def record_tables(report: dict, rounds: int, command: str) -> None:
-    from results_file import record
+def record_tables(report: dict, rounds: int, command: str, emulated: str | None = None) -> None:
+    import results_file
+
+    def record(name: str, table: dict) -> str:
+        if emulated:
+            import cpuid_mask
+
+            table["conditions"] = cpuid_mask.describe(emulated) + table["conditions"]
+        return results_file.record(f"emulated_{emulated}_{name}" if emulated else name, table)
 
     conditions = (f"one thread, thread CPU time, medians of {rounds} interleaved rounds (peaks measured inside every "
                   f"round); quantize_rows on the {report['quantize_isa']} path")
@@ -177,7 +184,14 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the program's JSON report instead of the table")
     parser.add_argument("--no-ort", action="store_true", help="skip the ONNX Runtime MatMulInteger anchor rows")
     parser.add_argument("--build-dir", default=os.path.join(ROOT, "build", "int8-bench"))
+    parser.add_argument("--emulate", choices=("avx2", "avx512"), default=None,
+                        help="run on a CPU view masked to this profile (cpuid_mask.py; the program and ORT alike); "
+                             "the tables are recorded as emulated_<profile>_<table>")
     args = parser.parse_args()
+    if args.emulate:
+        import cpuid_mask
+
+        cpuid_mask.reexec(args.emulate)
     report = measure(build(args.build_dir), args.rounds, args.scalar)
     if not args.no_ort:
         try:
@@ -191,7 +205,7 @@ def main() -> int:
     if args.record:
         from results_file import command_line
 
-        record_tables(report, args.rounds, command_line())
+        record_tables(report, args.rounds, command_line(), args.emulate)
     return 0
 
 

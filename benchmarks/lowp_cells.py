@@ -3,7 +3,8 @@
 int8) and OpenVINO (f32 and its default precision) on the same fused graph, then each target checked on the paired
 ratios of the same rounds.
 
-    python benchmarks/lowp_cells.py [--models deit_small deit_base] [--isa avx2 [--ext none]] [--record] [--quick]
+    python benchmarks/lowp_cells.py [--models deit_small deit_base] [--isa avx2 [--ext none] | --emulate avx2]
+                                    [--record] [--quick]
 
 Each (model, setting) is one `vitfast bench --json` process (the rounds interleave every provider, so a ratio's
 two times come from the same seconds).  The targets:
@@ -19,7 +20,12 @@ keep their own ISA choice then, so the anchor ratios are not an AVX2-only host's
 the CPU has AVX-VNNI), a host's own as `lowp_anchors_*` (benchmarks/results/<date>-<machine>.json, with the targets
 in `lowp_targets` / `<prefix>_targets`).  --ext sets VITFAST_CPU_EXT for vitfast (`none`: no VNNI/BF16/AMX
 extension, so `--isa avx2 --ext none` is an AVX2-only CPU's kernels on an AVX-VNNI host).  Run it on a quiet host:
-an OpenMP job on the other core slows vitfast and the anchors unequally.  The exit status is 0 whether or not a target
+an OpenMP job on the other core slows vitfast and the anchors unequally.
+
+--emulate avx2|avx512 runs every benchmark process under benchmarks/cpuid_mask.py's LD_PRELOAD library: the whole
+process (vitfast, PyTorch, ONNX Runtime, OpenVINO) sees an AVX2-only CPU, or AVX-512 without AMX, and each picks
+that CPU's kernels, so the anchor ratios are those of such a CPU's instruction set (on this host's cores: not a Zen
+3's timings).  Its tables are `emulated_<profile>_lowp_*`.  Needs CPUID faulting (`cpuid_fault` in /proc/cpuinfo).  The exit status is 0 whether or not a target
 is met (it measures, it does not gate); a failed benchmark process is 1.
 """
 from __future__ import annotations
@@ -48,11 +54,13 @@ def providers(bf16: bool, openvino: bool) -> list[str]:
 
 
 def bench(model: str, threads: int, batch: int, repeats: int, keys: list[str], isa: str | None,
-          out: str, ext: str | None = None) -> dict[str, Any]:
+          out: str, ext: str | None = None, base_env: dict[str, str] | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "vitfast", "bench", MODELS[model], "--channel-idle", "0.75", "--providers",
            ",".join(keys), "--threads", str(threads), "--batch-sizes", str(batch), "--repeats", str(repeats),
            "--json", out]
-    env = dict(os.environ)
+    env = dict(os.environ if base_env is None else base_env)
+    if env.get("VITFAST_CPUID_MASK"):
+        print(f"(the process sees a CPU masked to {env['VITFAST_CPUID_MASK']}: LD_PRELOAD={env['LD_PRELOAD']})")
     if isa:
         env["VITFAST_CPU_ISA"] = isa
     if ext:
@@ -110,19 +118,34 @@ def main(argv: list[str] | None = None) -> int:
                    help="vitfast's CPU path for the benchmark processes (VITFAST_CPU_ISA); default: this CPU's own")
     p.add_argument("--ext", choices=("none", "noamx"), default=None,
                    help="VITFAST_CPU_EXT for vitfast's processes (none: no low-precision extension)")
+    p.add_argument("--emulate", choices=("avx2", "avx512"), default=None,
+                   help="run every benchmark process on a CPU view masked to this profile (cpuid_mask.py): "
+                        "vitfast and the anchors alike")
     p.add_argument("--quick", action="store_true", help="5 rounds per setting (a smoke run; not for the record)")
     p.add_argument("--record", action="store_true", help="write the tables into benchmarks/results/")
     args = p.parse_args(argv)
     if args.record and args.quick:
         p.error("--record: a --quick run is not recorded (5 rounds; run without --quick)")
+    if args.emulate and (args.isa or args.ext):
+        p.error("--emulate: not with --isa/--ext (the emulated CPU chooses vitfast's path as it does the anchors')")
+    base_env = None
+    if args.emulate:
+        import cpuid_mask
+
+        reason = cpuid_mask.unsupported()
+        if reason:
+            print(reason, file=sys.stderr)
+            return 2
+        base_env = cpuid_mask.environment(cpuid_mask.build(os.path.join(os.path.dirname(HERE), "build",
+                                                                        "cpuid-mask")), args.emulate)
     import importlib.util
 
     import vitfast
 
     native = vitfast.ops.cpu_isa()
-    forced = (args.isa is not None and args.isa != native) or args.ext is not None
+    forced = (args.isa is not None and args.isa != native) or args.ext is not None or args.emulate is not None
     if forced:  # the kernels of the forced path: ask a process that runs on it
-        env = {**os.environ, **({"VITFAST_CPU_ISA": args.isa} if args.isa else {}),
+        env = {**(base_env or os.environ), **({"VITFAST_CPU_ISA": args.isa} if args.isa else {}),
                **({"VITFAST_CPU_EXT": args.ext} if args.ext else {})}
         probe = "import vitfast; print(vitfast.ops.bf16_kernel(), vitfast.ops.int8_kernel(), vitfast.ops.cpu_isa())"
         out = subprocess.run([sys.executable, "-c", probe],
@@ -141,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     all_checks: list[dict[str, Any]] = []
     all_reports: list[dict[str, Any]] = []
     failed = False
-    prefix = table_prefix(forced, path, int8_kernel, args.ext)
+    prefix = f"emulated_{args.emulate}_lowp" if args.emulate else table_prefix(forced, path, int8_kernel, args.ext)
+    forced_how = (path, int8_kernel, args.ext, args.emulate) if forced else None
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
             reports = []
@@ -149,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 out = os.path.join(tmp, f"{model}-{threads}-{batch}.json")
                 try:
                     reports.append(bench(model, threads, batch, 5 if args.quick else repeats, keys, args.isa, out,
-                                         args.ext))
+                                         args.ext, base_env))
                 except subprocess.CalledProcessError as exc:
                     print(f"{model} threads {threads} batch {batch}: the benchmark failed ({exc})", file=sys.stderr)
                     failed = True
@@ -157,10 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                 all_checks += checks(reports[-1], model, bf16)
             all_reports += reports
             if args.record and reports:
-                record_model(model, reports, (path, int8_kernel, args.ext) if forced else None, prefix)
+                record_model(model, reports, forced_how, prefix)
     print_checks(all_checks)
     if args.record and all_checks:
-        record_checks(all_checks, (path, int8_kernel, args.ext) if forced else None, prefix, all_reports)
+        record_checks(all_checks, forced_how, prefix, all_reports)
     return 1 if failed else 0
 
 
@@ -175,10 +199,18 @@ def table_prefix(forced: bool, path: str, int8_kernel: str, ext: str | None) -> 
     return f"lowp_path_{path}" + (f"_{int8_kernel}" if ext else "")
 
 
-def _conditions(forced: tuple[str, str, str | None] | None, reports: list[dict[str, Any]]) -> str:
+Forced = tuple[str, str, "str | None", "str | None"]  # (path, int8 kernel, VITFAST_CPU_EXT, cpuid_mask profile)
+
+
+def _conditions(forced: Forced | None, reports: list[dict[str, Any]]) -> str:
     path = ""
-    if forced:
-        isa, kernel, ext = forced
+    if forced and forced[3]:
+        import cpuid_mask
+
+        isa, kernel, _, profile = forced
+        path = cpuid_mask.describe(profile) + f"vitfast's path there: {isa}, int8 kernel {kernel}. "
+    elif forced:
+        isa, kernel, ext, _ = forced
         env = f"VITFAST_CPU_ISA={isa}" + (f", VITFAST_CPU_EXT={ext}" if ext else "")
         path = (f"vitfast forced to its {isa} path ({env}; int8 kernel {kernel}); ONNX Runtime and OpenVINO on "
                 f"their own ISA choice, so the anchor ratios are not those of a CPU that has only vitfast's. ")
@@ -194,8 +226,7 @@ def _conditions(forced: tuple[str, str, str | None] | None, reports: list[dict[s
             f"fused channel-idle FFN weights, see docs/performance.md)")
 
 
-def record_model(model: str, reports: list[dict[str, Any]], forced: tuple[str, str, str | None] | None,
-                 prefix: str) -> None:
+def record_model(model: str, reports: list[dict[str, Any]], forced: Forced | None, prefix: str) -> None:
     import results_file
 
     name = f"lowp_anchors_{TAG[model]}" if prefix == "lowp" else f"{prefix}_{TAG[model]}"
@@ -205,7 +236,7 @@ def record_model(model: str, reports: list[dict[str, Any]], forced: tuple[str, s
     print(results_file.record(name, table))
 
 
-def record_checks(rows: list[dict[str, Any]], forced: tuple[str, str, str | None] | None, prefix: str,
+def record_checks(rows: list[dict[str, Any]], forced: Forced | None, prefix: str,
                   reports: list[dict[str, Any]]) -> None:
     import results_file
 

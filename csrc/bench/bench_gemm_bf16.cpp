@@ -170,7 +170,7 @@ void block_epilogues(const std::vector<Bf16Kernel>& kernels, int rounds, std::ve
     gemm::Epilogue ep;
     bool store_c;
   };
-  std::vector<Variant> variants(5);
+  std::vector<Variant> variants(7);
   variants[0] = {"plain store", gemm::Epilogue(), true};
   variants[1] = {"bias + residual, bf16 copy (proj)", gemm::Epilogue(), true};
   variants[1].ep.bias = true;
@@ -192,6 +192,15 @@ void block_epilogues(const std::vector<Bf16Kernel>& kernels, int rounds, std::ve
   variants[4].ep.accumulate = true;
   variants[4].ep.c16 = c16.data();
   variants[4].ep.ldc16 = n;
+  variants[5] = {"bf16 only (qkv as bf16)", gemm::Epilogue(), false};
+  variants[5].ep.c_padded = true;
+  variants[5].ep.c16 = c16.data();
+  variants[5].ep.ldc16 = n;
+  variants[6] = {"bias, bf16 only", gemm::Epilogue(), false};
+  variants[6].ep.bias = true;
+  variants[6].ep.c_padded = true;
+  variants[6].ep.c16 = c16.data();
+  variants[6].ep.ldc16 = n;
   std::vector<std::function<void()>> fns;
   for (Bf16Kernel k16 : kernels)
     for (const Variant& v : variants)
