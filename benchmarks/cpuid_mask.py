@@ -1,5 +1,5 @@
 """Builds and describes csrc/bench/cpuid_mask.cpp, the LD_PRELOAD library that makes a process see a CPU with fewer
-vector extensions (an AVX2-only one, or AVX-512 without AMX) through Linux's CPUID faulting; the source explains the
+vector extensions (an AVX2-only one, AVX2 with AVX-VNNI, or AVX-512 without AMX) through Linux's CPUID faulting; the source explains the
 mechanism and its limits.  `lowp_cells.py --emulate` runs its benchmark processes under it.
 
     python benchmarks/cpuid_mask.py avx2      # builds it, then prints what vitfast, PyTorch and OpenVINO see
@@ -15,7 +15,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SOURCE = os.path.join(ROOT, "csrc", "bench", "cpuid_mask.cpp")
-PROFILES = ("avx2", "avx512")
+PROFILES = ("avx2", "avx_vnni", "avx512")
 
 PROBE = ("import vitfast, torch; print('vitfast', vitfast.ops.cpu_isa(), vitfast.ops.int8_kernel(), "
          "vitfast.ops.bf16_kernel()); print('torch', torch.backends.cpu.get_cpu_capability())\n"
@@ -24,16 +24,20 @@ PROBE = ("import vitfast, torch; print('vitfast', vitfast.ops.cpu_isa(), vitfast
          "except ImportError:\n print('openvino', 'not installed')")
 
 
+def host_flags() -> list[str]:
+    """The kernel's CPU flags (/proc/cpuinfo; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
 def unsupported() -> str | None:
     """Why this host cannot run the mask (a one-line reason), or None."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"cpuid_mask: needs Linux on x86-64, this is {sys.platform} on {platform.machine()}"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError as exc:
-        return f"cpuid_mask: /proc/cpuinfo unreadable ({exc})"
-    if "cpuid_fault" not in flags:
+    if "cpuid_fault" not in host_flags():
         return "cpuid_mask: this CPU or hypervisor has no CPUID faulting (no cpuid_fault flag in /proc/cpuinfo)"
     if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
         return "cpuid_mask: no C++ compiler (c++ or g++, or $CXX) to build it"
@@ -63,7 +67,9 @@ def environment(library: str, profile: str, base: dict[str, str] | None = None) 
 
 def describe(profile: str) -> str:
     """The sentence a results table's conditions carry for a run under `profile`."""
-    shown = {"avx2": "AVX2 + FMA only (no AVX-512, AVX-VNNI, BF16 or AMX)", "avx512": "AVX-512 without AMX"}
+    shown = {"avx2": "AVX2 + FMA only (no AVX-512, AVX-VNNI, BF16 or AMX)",
+             "avx_vnni": "AVX2 + FMA + AVX-VNNI (no AVX-512, BF16 or AMX: an Alder Lake-class client CPU)",
+             "avx512": "AVX-512 without AMX"}
     return (f"Emulated CPU: the process ran with cpuid masked to {shown[profile]} (benchmarks/cpuid_mask.py, "
             f"VITFAST_CPUID_MASK={profile}), so vitfast, PyTorch, ONNX Runtime and OpenVINO chose that CPU's kernels; "
             f"they ran on this host's cores, so the times are this core's, not another microarchitecture's. ")

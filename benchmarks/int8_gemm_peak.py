@@ -184,7 +184,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the program's JSON report instead of the table")
     parser.add_argument("--no-ort", action="store_true", help="skip the ONNX Runtime MatMulInteger anchor rows")
     parser.add_argument("--build-dir", default=os.path.join(ROOT, "build", "int8-bench"))
-    parser.add_argument("--emulate", choices=("avx2", "avx512"), default=None,
+    parser.add_argument("--emulate", choices=("avx2", "avx_vnni", "avx512"), default=None,
                         help="run on a CPU view masked to this profile (cpuid_mask.py; the program and ORT alike); "
                              "the tables are recorded as emulated_<profile>_<table>")
     args = parser.parse_args()

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="vitfast's CPU path for the benchmark processes (VITFAST_CPU_ISA); default: this CPU's own")
     p.add_argument("--ext", choices=("none", "noamx"), default=None,
                    help="VITFAST_CPU_EXT for vitfast's processes (none: no low-precision extension)")
-    p.add_argument("--emulate", choices=("avx2", "avx512"), default=None,
+    p.add_argument("--emulate", choices=("avx2", "avx_vnni", "avx512"), default=None,
                    help="run every benchmark process on a CPU view masked to this profile (cpuid_mask.py): "
                         "vitfast and the anchors alike")
     p.add_argument("--quick", action="store_true", help="5 rounds per setting (a smoke run; not for the record)")

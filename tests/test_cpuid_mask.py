@@ -72,6 +72,10 @@ def test_libraries_choose_the_masked_cpus_kernels(library):
     assert out.stdout.split() == ["avx2", "avx2", "none", "AVX2"]
     import vitfast
 
+    if "avx_vnni" in cpuid_mask.host_flags():  # the mask only removes: AVX-VNNI kept where the host has it
+        out = _run(probe, cpuid_mask.environment(library, "avx_vnni"))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["avx2", "avx_vnni", "none", "AVX2"]
     if vitfast.ops.cpu_isa() == "avx512":
         out = _run(probe, cpuid_mask.environment(library, "avx512"))
         assert out.returncode == 0, out.stderr
@@ -93,6 +97,6 @@ def test_unknown_profile_is_refused_in_one_line(library):
     env["VITFAST_CPUID_MASK"] = "sse2"
     out = _run("print('ran')", env)
     assert out.returncode == 3 and out.stdout == ""
-    assert out.stderr.strip() == "cpuid_mask: VITFAST_CPUID_MASK: expected avx2 or avx512, got 'sse2'"
-    with pytest.raises(ValueError, match="profile: expected one of avx2, avx512, got 'sse2'"):
+    assert out.stderr.strip() == "cpuid_mask: VITFAST_CPUID_MASK: expected avx2, avx_vnni or avx512, got 'sse2'"
+    with pytest.raises(ValueError, match="profile: expected one of avx2, avx_vnni, avx512, got 'sse2'"):
         cpuid_mask.environment(library, "sse2")

@@ -8,6 +8,7 @@
 // Profiles (VITFAST_CPUID_MASK):
 //   avx2    AVX2 + FMA + F16C only: every AVX-512 feature, AVX-VNNI, AVX-IFMA, AVX-VNNI-INT8, the AVX512_BF16/FP16
 //           and AMX bits cleared (an AVX2 host such as a Zen 3 or Haswell … Alder Lake without AVX-VNNI).
+//   avx_vnni  avx2's CPU with AVX-VNNI (the 256-bit vpdpbusd): Intel's client cores since Alder Lake.
 //   avx512  AVX-512 (F, CD, BW, DQ, VL, VNNI, BF16, …) without AMX (a Zen 4/5 or Ice Lake's extension set).
 //
 // How: Linux's CPUID faulting (arch_prctl(ARCH_SET_CPUID, 0); /proc/cpuinfo flag `cpuid_fault`) makes `cpuid`
@@ -57,6 +58,13 @@ const Clear kAvx2[] = {
     {7, 0, 2, bit(1) | bit(6) | bit(11) | bit(12) | bit(14)},
     {7, 0, 3, bit(2) | bit(3) | bit(8) | bit(23) | kAmx70Edx},
     {7, 1, 0, bit(4) | bit(5) | bit(23) | kAmx71Eax},
+    {7, 1, 3, bit(4) | bit(5) | bit(10) | bit(19) | kAmx71Edx},
+};
+const Clear kAvxVnni[] = {
+    {7, 0, 1, bit(16) | bit(17) | bit(21) | bit(26) | bit(27) | bit(28) | bit(30) | bit(31)},
+    {7, 0, 2, bit(1) | bit(6) | bit(11) | bit(12) | bit(14)},
+    {7, 0, 3, bit(2) | bit(3) | bit(8) | bit(23) | kAmx70Edx},
+    {7, 1, 0, bit(5) | bit(23) | kAmx71Eax},
     {7, 1, 3, bit(4) | bit(5) | bit(10) | bit(19) | kAmx71Edx},
 };
 const Clear kAvx512[] = {
@@ -124,10 +132,12 @@ __attribute__((constructor)) void cpuid_mask_init() {
   if (profile == nullptr || *profile == 0) return;
   if (strcmp(profile, "avx2") == 0) {
     g_clear = kAvx2, g_clears = sizeof kAvx2 / sizeof kAvx2[0];
+  } else if (strcmp(profile, "avx_vnni") == 0) {
+    g_clear = kAvxVnni, g_clears = sizeof kAvxVnni / sizeof kAvxVnni[0];
   } else if (strcmp(profile, "avx512") == 0) {
     g_clear = kAvx512, g_clears = sizeof kAvx512 / sizeof kAvx512[0];
   } else {
-    fprintf(stderr, "cpuid_mask: VITFAST_CPUID_MASK: expected avx2 or avx512, got '%s'\n", profile);
+    fprintf(stderr, "cpuid_mask: VITFAST_CPUID_MASK: expected avx2, avx_vnni or avx512, got '%s'\n", profile);
     _exit(3);
   }
   g_pid = getpid();
