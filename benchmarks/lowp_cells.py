@@ -48,9 +48,12 @@ TAG = {"deit_small": "deit_s", "deit_base": "deit_b"}  # the tables' names
 SETTINGS = ((1, 1, 20), (2, 8, 10))
 
 
-def providers(bf16: bool, openvino: bool) -> list[str]:
+def providers(bf16: bool, openvino: bool, narrow: bool = False) -> list[str]:
+    """narrow: also vitfast int8 with 7-bit weights (where the int8 kernel is the plain AVX2 one, the only kernel it
+    makes faster)."""
     keys = ["ort-fused", "ort-int8", "ort-qdq"] + (["openvino-f32", "openvino"] if openvino else [])
-    return keys + ["vitfast", "vitfast-int8"] + (["vitfast-bf16"] if bf16 else [])
+    return (keys + ["vitfast", "vitfast-int8"] + (["vitfast-int8-w7"] if narrow else [])
+            + (["vitfast-bf16"] if bf16 else []))
 
 
 def bench(model: str, threads: int, batch: int, repeats: int, keys: list[str], isa: str | None,
@@ -95,9 +98,10 @@ def checks(report: dict[str, Any], model: str, bf16: bool) -> list[dict[str, Any
                      "ratio": "–" if ratio is None else f"{ratio[0]:.3f}× ({ratio[1]:.2f}–{ratio[2]:.2f})",
                      "target": f"{'>' if strict else '≥'} {target:g}×", "met": met})
 
-    if int8 is not None:
-        add("ORT dynamic int8 ÷ vitfast int8", (int8.get("paired_vs") or {}).get("ort-int8"), 1.2)
-        add("vitfast fp32 ÷ vitfast int8", paired_speedups(fp32["round_ms"], int8["round_ms"]), 2.0)
+    for row, what in ((int8, "vitfast int8"), (_row(report, "vitfast-int8-w7"), "vitfast int8 (7-bit weights)")):
+        if row is not None:
+            add(f"ORT dynamic int8 ÷ {what}", (row.get("paired_vs") or {}).get("ort-int8"), 1.2)
+            add(f"vitfast fp32 ÷ {what}", paired_speedups(fp32["round_ms"], row["round_ms"]), 2.0)
     if bf16 and b16 is not None and threads == 1 and batch == 1:
         add("OpenVINO default ÷ vitfast bf16", (b16.get("paired_vs") or {}).get("openvino"), 1.1)
     add("OpenVINO f32 ÷ vitfast fp32", (fp32.get("paired_vs") or {}).get("openvino-f32"), 1.0, strict=True)
@@ -105,9 +109,9 @@ def checks(report: dict[str, Any], model: str, bf16: bool) -> list[dict[str, Any
 
 
 def print_checks(rows: list[dict[str, Any]]) -> None:
-    print(f"\n{'model':7s} {'thr':>3s} {'batch':>5s}  {'check':34s} {'paired ratio':24s} {'target':8s} result")
+    print(f"\n{'model':7s} {'thr':>3s} {'batch':>5s}  {'check':50s} {'paired ratio':24s} {'target':8s} result")
     for r in rows:
-        print(f"{r['model']:7s} {r['threads']:>3d} {r['batch']:>5d}  {r['check']:34s} {r['ratio']:24s} "
+        print(f"{r['model']:7s} {r['threads']:>3d} {r['batch']:>5d}  {r['check']:50s} {r['ratio']:24s} "
               f"{r['target']:8s} {r['met']}")
 
 
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
               "(pip install openvino, or 'vitfast[bench]')")
     if not bf16:
         print(f"no bf16 kernel on vitfast's {args.isa or native} path: vitfast bf16 would compute in fp32 (no row)")
-    keys = providers(bf16, openvino)
+    keys = providers(bf16, openvino, narrow=int8_kernel == "avx2")
     all_checks: list[dict[str, Any]] = []
     all_reports: list[dict[str, Any]] = []
     failed = False
@@ -220,7 +224,8 @@ def _conditions(forced: Forced | None, reports: list[dict[str, Any]]) -> str:
             f"batch 8: 10 rounds), each a separate process{load}; ratios paired (the anchor's time / this row's time "
             f"in the same round, median and p10-p90). vitfast int8 = vitfast.quantize defaults (dynamic per-token "
             f"activations; attention products by attention='auto': int8 at these shapes on the AMX and VNNI kernels "
-            f"(AVX-VNNI's included), fp32 on the AVX2 kernel); vitfast bf16 = vitfast.quantize(dtype='bf16'); "
+            f"(AVX-VNNI's included), fp32 on the AVX2 kernel); on the AVX2 kernel also vitfast int8 (7-bit weights) "
+            f"= vitfast.quantize(weight_bits=7); vitfast bf16 = vitfast.quantize(dtype='bf16'); "
             f"accuracy against "
             f"the fused fp32 model on the bench's own images (random weights: ORT's per-tensor int8 breaks on the "
             f"fused channel-idle FFN weights, see docs/performance.md)")

@@ -55,6 +55,9 @@ VARIANTS = [
     ("dynamic, bf16 attention", dict(activations="dynamic", attention="bf16")),
     # the patch embedding is int8 by default: with it in fp32 (as before it was)
     ("dynamic, fp32 patch embedding", dict(activations="dynamic", skip=["patch_embed.proj"])),
+    # 7-bit weights (codes in [-64, 64]: the AVX2 kernel's narrow form, faster on CPUs with AVX2 and no VNNI)
+    ("dynamic, 7-bit weights", dict(activations="dynamic", weight_bits=7)),
+    ("dynamic + smooth auto, 7-bit weights", dict(activations="dynamic", smooth="auto", weight_bits=7)),
     # bf16 (vitfast.quantize(dtype="bf16"): the avx512_bf16 / neon_bf16 GEMMs where the CPU has them)
     ("bf16", dict(dtype="bf16")),
 ]

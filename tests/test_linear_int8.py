@@ -59,6 +59,36 @@ def test_linear_int8_extremes_do_not_saturate(isa, ext):
         torch.testing.assert_close(out.double(), expected, atol=0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("n, k, lead", [(1152, 384, (1, 197)), (37, 50, (3, 7)), (33, 1, (2, 2))])
+@pytest.mark.parametrize("extras", ["plain", "residual", "smooth", "static"])
+def test_linear_int8_parity_7bit_weights(isa, ext, n, k, lead, extras):
+    """Weights in [−64, 64] (quantize(weight_bits=7)): the AVX2 kernel's narrow form (u8 = qa + 128 against qw, the
+    column sums removed in the epilogue), the usual form elsewhere; the same reference either way."""
+    args = _linear_args(n, k, lead, residual=extras == "residual", smooth=extras == "smooth",
+                        act_scale=0.02 if extras == "static" else 0.0)
+    g = torch.Generator().manual_seed(3)
+    args[1], args[2] = quantize_weight(torch.randn(n, k, generator=g) / k ** 0.5, 64.0)
+    assert args[1].abs().max() == 64
+    out = at_1_and_2_threads(linear_op, args)
+    torch.testing.assert_close(out, reference.linear_int8(*args), **TOL)
+
+
+def test_linear_int8_7bit_extremes_do_not_saturate(isa, ext):
+    """qa = ±127 (u8 255 and 1 in the narrow form) against qw = ±64 at K = 4096: the narrow form's pair sums reach
+    2·255·64 = 32640 < 2¹⁵; exact in every kernel."""
+    k = 4096
+    for sign in (1, -1):
+        x = torch.full((3, k), 5.0)
+        x[1] *= -1
+        x[2, ::2] *= -1
+        qw = torch.full((40, k), 64, dtype=torch.int8) * sign
+        qw[7] = -qw[7]
+        qw[9, ::3] = 0
+        out = linear_op(x, qw, torch.ones(40))
+        expected = (torch.sign(x).double() * 127) @ qw.double().t() / 127 * 5
+        torch.testing.assert_close(out.double(), expected, atol=0, rtol=1e-6)
+
+
 def test_nonfinite_rows_give_nan_rows(isa, ext):
     args = _linear_args(20, 24, (4,))
     args[0][1, 3] = float("nan")

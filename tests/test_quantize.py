@@ -14,7 +14,7 @@ import torch.nn as nn
 from helpers import spy_returned_something
 
 import vitfast
-from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
+from vitfast.nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection, is_int8_module
 from vitfast.reference._int8 import int8_matmul, quantize_rows, quantize_weight
 
 
@@ -333,6 +333,10 @@ def test_bf16_copy():
     (dict(per_token=False), "per_token: expected True with activations='dynamic'"),
     (dict(skip=0.0), "skip: expected an error budget > 0"),
     (dict(skip=[3]), "skip: expected module paths or patterns (str), got 3"),
+    (dict(weight_bits=4), "weight_bits: expected 8 or 7 (codes in [-127, 127] or [-64, 64]), got 4"),
+    (dict(weight_bits=True), "weight_bits: expected 8 or 7"),
+    (dict(weight_bits=7, dtype="bf16"), "weight_bits: 7-bit weights are an int8 option, got weight_bits=7 with "
+                                        "dtype='bf16'"),
 ])
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError) as e:
@@ -363,6 +367,28 @@ def test_save_load_round_trip(tmp_path, norm):
         assert torch.equal(q(x), r(x))
     assert [type(m) for m in r.modules()] == [type(m) for m in q.modules()]
     assert r.blocks[0].mlp.qw_in.dtype == torch.int8
+
+
+def test_7bit_weights(tmp_path):
+    """weight_bits=7: every weight code in [−64, 64] (each channel's largest at ±64), said in the description, kept
+    by save/load (the codes are the record), and a larger but still small error than 8-bit weights."""
+    model = _fused()
+    q8, q7 = vitfast.quantize(model), vitfast.quantize(model, weight_bits=7)
+    codes = [t for m in q7.modules() if is_int8_module(m) for t in m.buffers() if t.dtype == torch.int8]
+    assert codes and all(int(t.abs().max()) == 64 for t in codes)
+    assert (q7.vitfast_quantization["weight_bits"], q8.vitfast_quantization["weight_bits"]) == (7, 8)
+    assert "7-bit weights" in vitfast.quant.describe(q7) and "7-bit" not in vitfast.quant.describe(q8)
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        y, y8, y7 = model(x), q8(x), q7(x)
+    e8, e7 = ((y8 - y).norm() / y.norm()).item(), ((y7 - y).norm() / y.norm()).item()
+    assert e8 < e7 < 0.1
+    path = tmp_path / "q7.safetensors"
+    vitfast.save(q7, path)
+    r = vitfast.load(path)
+    with torch.no_grad():
+        assert torch.equal(r(x), y7)
+    assert "7-bit weights" in vitfast.quant.describe(r)
 
 
 def _rewrite_config(src, dst, edit):

@@ -37,6 +37,7 @@ not in the defaults):
                   Both: INFERENCE_NUM_THREADS = threads, PERFORMANCE_HINT=LATENCY, NUM_STREAMS=1.
     vitfast-int8  vitfast.quantize(copy of the fused model, dtype="int8") on vitfast's kernels
     vitfast-bf16  vitfast.quantize(copy of the fused model, dtype="bf16") on vitfast's kernels
+    vitfast-int8-w7  the same with weight_bits=7 (weight codes in [-64, 64]: the AVX2 kernel's narrow form)
                   (run_bench(quantize=vitfast.quantize): this module sits below the package's front and does not
                   import it; `vitfast bench` passes it where this vitfast has it)
 
@@ -89,7 +90,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .bench_runtimes import (ANCHORS, DTYPES, INDUCTOR, PROVIDERS, TABLE_ANCHORS, _FROM_FUSED_ONNX, _SHORT, ProviderSkipped, _Provider, _Torch, _Graphed, _Compiled, _Ort, _OpenVINO, _onnxruntime_quantization, quantize_ort_dynamic, quantize_ort_static, _vitfast_quantized)
+from .bench_runtimes import (ANCHORS, DTYPES, INDUCTOR, PROVIDERS, TABLE_ANCHORS, _FROM_FUSED_ONNX, _SHORT, ProviderSkipped, _Provider, _Torch, _Graphed, _Compiled, _Ort, _OpenVINO, _onnxruntime_quantization, quantize_ort_dynamic, quantize_ort_static, _vitfast_quantized, VITFAST_LOWP)
 from .bench_report import format_report, plot_report
 from .measure import time_turn
 
@@ -102,8 +103,7 @@ SCHEMA = "vitfast.bench/1"
 # CPU-only runtimes
 _CPU_ONLY_PREFIXES = ("ort-", "openvino")
 # whose output is compared with the fused fp32 model's (report["accuracy"])
-_ACCURACY = ("reference", "inductor-fused", "inductor-fused-max-autotune") + _FROM_FUSED_ONNX + ("vitfast-int8",
-                                                                                             "vitfast-bf16")
+_ACCURACY = ("reference", "inductor-fused", "inductor-fused-max-autotune") + _FROM_FUSED_ONNX + tuple(VITFAST_LOWP)
 DEFAULT_PROVIDERS = ("timm", "compile", "ort-timm", "ort-fused", "vitfast")
 SGEMM_N = 2048
 
@@ -310,7 +310,8 @@ def run_bench(
         on 2 loaded cores, timm eager calls of 0.4 ms took ~200 ms right after an ORT call).  One thread has no
         workers, so it changes nothing there.
     quantize: vitfast.quantize, for the vitfast-int8 / vitfast-bf16 rows (called as quantize(copy of fused,
-        dtype="int8" | "bf16"); the model it returns, or the copy when it returns None, is timed on the kernels).
+        dtype="int8" | "bf16", weight_bits=7 for vitfast-int8-w7); the model it returns, or the copy when it returns
+        None, is timed on the kernels).
         None: those rows are skipped, "vitfast.quantize unavailable".  `vitfast bench` passes the package's own.
     burst: calls per provider per round (module docstring, "latency"); 1: one call each, the order rotated.
     log: progress lines (default: stderr).  Providers that fail to build or run are reported in
@@ -412,10 +413,10 @@ def run_bench(
                     # guards see the same backend at every call, and the graph holds the reference ops).
                     model = torch.compile(fused if which == "fused" else baseline, mode=mode)
                     built.append(_Torch(key, label, flops_of, model, backend=backend))
-                elif key in ("vitfast-int8", "vitfast-bf16"):
-                    dt = key.split("-")[1]
-                    log(f"bench: vitfast.quantize(copy of the fused model, dtype={dt!r})")
-                    model = _vitfast_quantized(fused, dt, quantize)
+                elif key in VITFAST_LOWP:
+                    kw = ", ".join(f"{k}={v!r}" for k, v in VITFAST_LOWP[key].items())
+                    log(f"bench: vitfast.quantize(copy of the fused model, {kw})")
+                    model = _vitfast_quantized(fused, key, quantize)
                     first = next(model.parameters(), None)  # a bf16 model takes bf16 images
                     low = first.dtype if first is not None and first.dtype in (torch.bfloat16, torch.float16) else None
                     built.append(_Torch(key, label, flops_of, model, backend="auto", input_dtype=low))

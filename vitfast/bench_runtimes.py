@@ -31,6 +31,7 @@ PROVIDERS: Dict[str, Tuple[str, str]] = {
     "openvino": ("OpenVINO default", "fused"),
     "vitfast-int8": ("vitfast int8", "fused"),
     "vitfast-bf16": ("vitfast bf16", "fused"),
+    "vitfast-int8-w7": ("vitfast int8, 7-bit weights", "fused"),
     "inductor-fused": ("inductor fused (same graph)", "fused"),
     "inductor-fused-max-autotune": ("inductor fused max-autotune-no-cg", "fused"),
     "timm-max-autotune": ("timm compile max-autotune", "baseline"),
@@ -279,12 +280,17 @@ def quantize_ort_static(src: str, dst: str, input_name: str, batches: Sequence[t
             "summary": f"quantize_static QDQ, S8S8, per-channel weights, MinMax calibration on {images} bench image(s)"}
 
 
-def _vitfast_quantized(fused: nn.Module, dtype: str, quantize: Optional[Callable[..., Any]]) -> nn.Module:
-    """quantize(a copy of `fused`, dtype=...) (ProviderSkipped without a quantize: this vitfast has none)."""
+# vitfast's own low-precision providers -> vitfast.quantize's keyword arguments
+VITFAST_LOWP: Dict[str, Dict[str, Any]] = {"vitfast-int8": {"dtype": "int8"}, "vitfast-bf16": {"dtype": "bf16"},
+                                           "vitfast-int8-w7": {"dtype": "int8", "weight_bits": 7}}
+
+
+def _vitfast_quantized(fused: nn.Module, key: str, quantize: Optional[Callable[..., Any]]) -> nn.Module:
+    """quantize(a copy of `fused`, **VITFAST_LOWP[key]) (ProviderSkipped without a quantize: this vitfast has none)."""
     import copy
 
     if not callable(quantize):
         raise ProviderSkipped("vitfast.quantize unavailable")
     model = copy.deepcopy(fused)
-    quantized = quantize(model, dtype=dtype)
+    quantized = quantize(model, **VITFAST_LOWP[key])
     return (quantized if quantized is not None else model).eval()

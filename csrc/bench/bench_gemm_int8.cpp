@@ -420,8 +420,25 @@ int main(int argc, char** argv) {
     std::vector<gemm8::PackedInt8B> packs8;
     for (Int8Kernel kern : kernels)
       packs8.push_back(gemm8::PackedInt8B::pack(qw.data(), s.n, s.k, s.k, sw.data(), nullptr, kern));
+    // The AVX2 kernel's narrow form (weights in [−64, 64], vitfast.quantize(weight_bits=7)): the same codes halved.
+    std::vector<int8_t> qw7(qw.size());
+    for (size_t i = 0; i < qw.size(); ++i) qw7[i] = int8_t(qw[i] / 2);
+    std::vector<gemm8::PackedInt8B> packs7;
+    if (std::find(kernels.begin(), kernels.end(), Int8Kernel::kAvx2) != kernels.end())
+      packs7.push_back(gemm8::PackedInt8B::pack(qw7.data(), s.n, s.k, s.k, sw.data(), nullptr, Int8Kernel::kAvx2));
     const gemm::PackedB pack32 = gemm::PackedB::pack_linear(w.data(), s.n, s.k, s.k, nullptr);
     std::vector<Variant> variants;
+    for (const gemm8::PackedInt8B& b7 : packs7) {
+      Variant v;
+      v.name = "int8 avx2 7-bit w";
+      v.peak = "int8 vpmaddubsw+vpmaddwd+vpaddd ymm";
+      const gemm8::PackedInt8B* b = &b7;
+      v.run = [&, b] {
+        gemm8::gemm_int8(s.m, qa.get(), lda8, sa.data(), rowsum.data(), *b, c.data(), s.n, gemm::Epilogue(),
+                         Int8Kernel::kAvx2);
+      };
+      variants.push_back(v);
+    }
     for (size_t i = 0; i < kernels.size(); ++i) {
       const gemm8::PackedInt8B* b = &packs8[i];
       const Int8Kernel kern = kernels[i];

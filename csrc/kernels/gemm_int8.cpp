@@ -83,6 +83,25 @@ PackedInt8B PackedInt8B::pack(const int8_t* qw, int64_t n, int64_t k, int64_t ld
   out.n_ = n;
   out.k_ = k;
   out.kernel_ = kernel;
+  if (kernel == Int8Kernel::kAvx2 && n > 0) {
+    // The narrow form when every weight fits it (gemm_int8.h): the pack's own property, so a model quantized with
+    // 7-bit weights gets it on load and any other keeps the wide form.
+    bool narrow = true;
+    for (int64_t j = 0; j < n && narrow; ++j)
+      for (int64_t c = 0; c < k; ++c)
+        if (qw[j * ldw + c] > 64 || qw[j * ldw + c] < -64) {
+          narrow = false;
+          break;
+        }
+    if (narrow) {
+      out.col_offset_ = AlignedArray<int32_t>(out.padded_n());
+      for (int64_t j = 0; j < n; ++j) {
+        int32_t sum = 0;  // |Σ| <= 64 · k: no overflow of 128 · Σ below 2^31 for k < 262 000
+        for (int64_t c = 0; c < k; ++c) sum += qw[j * ldw + c];
+        out.col_offset_.data()[j] = 128 * sum;
+      }
+    }
+  }
   out.panels_ = AlignedBytes(out.panels() * out.panel_stride());
   // The VNNI kernels' u8 operand: qw + 128, so its padding (weight 0) is byte 128.
   const int offset = vnni_u8_form(kernel) ? 128 : 0;
@@ -94,7 +113,8 @@ PackedInt8B PackedInt8B::pack(const int8_t* qw, int64_t n, int64_t k, int64_t ld
     for (int64_t c = 0; c < k; ++c)
       panel[(c / 4) * out.group_bytes() + (c % 4)] = int8_t(uint8_t(int(src[c]) + offset));
   }
-  if (kernel == Int8Kernel::kAvx2) fill_abs_halves(dst, out.panels() * out.k4() / 4);  // −128 refused above
+  if (kernel == Int8Kernel::kAvx2 && !out.narrow())
+    fill_abs_halves(dst, out.panels() * out.k4() / 4);  // −128 refused above
   out.scale_ = gemm::AlignedFloats(out.padded_n());
   if (n > 0) std::memcpy(out.scale_.data(), w_scale, size_t(n) * sizeof(float));
   if (bias != nullptr) {
@@ -181,6 +201,7 @@ void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa,
   g.rowsum = rowsum;
   g.b = b.panel_data();
   g.b_panel_stride = b.panel_stride();
+  g.col_offset = b.col_offset();
   g.panel_begin = panel_begin;
   g.panel_end = panel_end;
   g.w_scale = b.scale();

@@ -24,7 +24,10 @@
 //   kAvx2        `vpmaddubsw` + `vpmaddwd` with the sign trick |qw| × (sign(qw)·qa): u8 ≤ 127 times s8 ≥ −127, so a
 //                pair sum is at most 2·127·127 = 32258 < 2^15 (vpmaddubsw saturates at 2^15 − 1: never reached).
 //                Its pack stores |qw| beside qw, so the sign trick costs one `vpsignb` per row and B vector
-//                (x86/gemm_int8_avx2.cpp has the instruction counts).
+//                (x86/gemm_int8_avx2.cpp has the instruction counts).  Narrow form: when every weight of a
+//                layer lies in [−64, 64] (vitfast.quantize(weight_bits=7)), the pack keeps qw alone and the kernel
+//                multiplies u8 = qa + 128 ∈ [1, 255] by qw with no sign trick, a pair sum at most 2·255·64 = 32640
+//                < 2^15; the offset, 128·Σ_k qw[j][k] per column, is removed in the epilogue (col_offset).
 //   kAmxInt8     `tdpbssd` (s8 × s8) on AMX tiles, 32 × 32 blocks (x86/gemm_int8_amx.cpp), the VNNI kernel's
 //                epilogue: chosen over kAvx512Vnni where the CPU has AMX-INT8.  B is the plain s8 form (as kScalar's).
 //   kNeonDot     `sdot` (s8 × s8, four products into s32).
@@ -38,7 +41,7 @@
 // 4 bytes in order: [k4][16][4], 64 bytes per group (one zmm, two ymm, four NEON q registers).  The AVX2 form
 // follows each group's 64 bytes with their absolute values (128 bytes per group).  Padding (k past the last group,
 // columns past n) holds weight 0 (byte 128 in the u8 form).  A pack is made for one kernel (the u8 form is the
-// VNNI kernels' only, the |qw| halves the AVX2 kernel's); gemm_int8 refuses a pack made for another kernel.
+// VNNI kernels' only, the |qw| halves the AVX2 kernel's wide form); gemm_int8 refuses a pack made for another kernel.
 #pragma once
 
 #include <cstddef>
@@ -90,8 +93,12 @@ class PackedInt8B {
   int64_t k4() const { return padded_k(k_); }
   int64_t panels() const { return (n_ + gemm::kNr - 1) / gemm::kNr; }
   int64_t padded_n() const { return panels() * gemm::kNr; }
-  // Bytes per group of 4 k in a panel: 64, or 128 in the AVX2 form (qw then |qw|).
-  int64_t group_bytes() const { return kernel_ == Int8Kernel::kAvx2 ? 8 * gemm::kNr : 4 * gemm::kNr; }
+  // Bytes per group of 4 k in a panel: 64, or 128 in the AVX2 kernel's wide form (qw then |qw|).
+  int64_t group_bytes() const { return kernel_ == Int8Kernel::kAvx2 && !narrow() ? 8 * gemm::kNr : 4 * gemm::kNr; }
+  // The AVX2 kernel's narrow form (every weight in [−64, 64]; see the kernels above): qw alone, and col_offset().
+  bool narrow() const { return col_offset_.size() > 0; }
+  // padded_n() values 128 · Σ_k qw[j][k] (zeros past n) in the narrow form, nullptr otherwise.
+  const int32_t* col_offset() const { return narrow() ? col_offset_.data() : nullptr; }
   int64_t panel_stride() const { return k4() / 4 * group_bytes(); }  // bytes between panels
   const int8_t* panel_data() const { return panels_.data(); }
   const float* scale() const { return scale_.data(); }        // padded_n() values (zeros past n)
@@ -99,13 +106,17 @@ class PackedInt8B {
   Int8Kernel kernel() const { return kernel_; }
   // Adds `v` (n values) to the bias, creating it if absent (as gemm::PackedB::add_to_bias).
   void add_to_bias(const float* v);
-  size_t bytes() const { return size_t(panels_.size()) + size_t(scale_.size() + bias_.size()) * sizeof(float); }
+  size_t bytes() const {
+    return size_t(panels_.size()) + size_t(scale_.size() + bias_.size()) * sizeof(float) +
+           size_t(col_offset_.size()) * sizeof(int32_t);
+  }
 
  private:
   int64_t n_ = 0, k_ = 0;
   Int8Kernel kernel_ = Int8Kernel::kScalar;
   AlignedBytes panels_;
   gemm::AlignedFloats scale_, bias_;
+  AlignedArray<int32_t> col_offset_;
   bool has_bias_ = false;
 };
 

@@ -31,8 +31,11 @@ struct Int8BlockArgs {
   const float* sa;        // m row scales
   const int32_t* rowsum;  // m row sums Σ_k qa (used by the VNNI kernels only)
   const int8_t* b;        // packed panels; panel p starts at b + p · b_panel_stride
-  int64_t b_panel_stride; // bytes between panels (= k4 · 16; k4 · 32 in the AVX2 kernel's form: each 4-k group
-                          // is 128 bytes, its 64 bytes of qw then their |qw|)
+  int64_t b_panel_stride; // bytes between panels (= k4 · 16; k4 · 32 in the AVX2 kernel's wide form: each 4-k
+                          // group is 128 bytes, its 64 bytes of qw then their |qw|)
+  // The AVX2 kernel's narrow form only (weights in [−64, 64], gemm_int8.h), else nullptr: >= panel_end · 16 values
+  // 128 · Σ_k qw[j][k], removed from the dot of every row (the kernel multiplies qa + 128 by qw).
+  const int32_t* col_offset;
   int64_t panel_begin;
   int64_t panel_end;
   const float* w_scale;   // >= panel_end · 16 values (zero padded)

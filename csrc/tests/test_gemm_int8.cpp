@@ -2,7 +2,8 @@
 // reference (int64 Σ qa·qw) followed by the fp32 epilogue in the contract's order.  Without GELU the reference
 // is the kernels' own fp32 arithmetic, so those results must be bit-identical; with GELU (a polynomial in the
 // SIMD kernels, std::erf in the scalar one) within 1e-5 of the terms' magnitude.  Shapes with tails in m, n and
-// k, every epilogue, panel subranges, ±127 extremes at K = 4096 (no saturation anywhere), the refusal of −128
+// k, every epilogue, panel subranges, ±127 extremes at K = 4096 (no saturation anywhere), weights in [−64, 64] (the
+// AVX2 kernel's narrow form, ±127 × ±64 extremes), the refusal of −128
 // weights and of a pack made for another kernel; quantize_rows of every path bit-exact against the scalar one
 // (ties, zero, tiny, NaN and Inf rows, column scales).
 #include <algorithm>
@@ -27,8 +28,8 @@ struct Case {
   bool bias, gelu, addend, accumulate, c_padded;
 };
 
-std::vector<int8_t> random_int8(std::mt19937& rng, size_t n) {
-  std::uniform_int_distribution<int> d(-127, 127);
+std::vector<int8_t> random_int8(std::mt19937& rng, size_t n, int limit = 127) {
+  std::uniform_int_distribution<int> d(-limit, limit);
   std::vector<int8_t> v(n);
   for (int8_t& x : v) x = int8_t(d(rng));
   return v;
@@ -196,6 +197,70 @@ void test_kernel(Int8Kernel kern) {
     VT_CHECK(threw, "[%s] accepted a pack made for %s", int8_kernel_name(kern), int8_kernel_name(other));
   }
   if (failures() == failures_before) std::printf("[%s] gemm_int8 parity: ok\n", int8_kernel_name(kern));
+}
+
+// Weights in [−64, 64] (vitfast.quantize(weight_bits=7)): the AVX2 kernel's narrow form (qa + 128 against qw, the
+// column offset removed in the epilogue), every other kernel's usual one; the same exact sums either way.
+void test_narrow(Int8Kernel kern) {
+  const int failures_before = failures();
+  std::mt19937 rng(2468);
+  const Case cases[] = {
+      {false, false, false, false, false}, {true, false, false, false, false}, {true, true, false, false, true},
+      {true, true, false, false, false},   {true, false, true, false, false},  {false, false, false, true, false},
+      {true, true, true, true, false},     {false, false, false, false, true},
+  };
+  // Which form the pack chose: narrow for the AVX2 kernel iff every weight is in [−64, 64] (padding past k aside).
+  for (int bad : {0, 65, -65}) {
+    std::vector<int8_t> w(20 * 9, -64);
+    w[3 * 9 + 8] = 100;  // in the ldw padding (k = 8): not a weight
+    if (bad != 0) w[17 * 9 + 5] = int8_t(bad);
+    std::vector<float> sc(20, 1.0f);
+    PackedInt8B b = PackedInt8B::pack(w.data(), 20, 8, 9, sc.data(), nullptr, kern);
+    const bool want = kern == Int8Kernel::kAvx2 && bad == 0;
+    VT_CHECK(b.narrow() == want && (b.col_offset() != nullptr) == want,
+             "[%s] weights in [-64, 64]%s: narrow form %d, expected %d", int8_kernel_name(kern),
+             bad != 0 ? " but one" : "", int(b.narrow()), int(want));
+    VT_CHECK(b.group_bytes() == (kern == Int8Kernel::kAvx2 && !want ? 128 : 64), "[%s] group_bytes %lld",
+             int8_kernel_name(kern), (long long)b.group_bytes());
+  }
+  auto narrow_w = [&](int64_t n, int64_t k) { return random_int8(rng, size_t(n * k), 64); };
+  for (int64_t m = 1; m <= 30; ++m) {
+    const std::vector<int8_t> wv = narrow_w(37, 13);
+    check_gemm8(kern, rng, m, 37, 13, cases[m % 8], nullptr, &wv);
+  }
+  for (const Case& cs : cases)
+    for (int64_t k : {1, 3, 4, 5, 67, 130})
+      for (int64_t n : {1, 16, 17, 33, 70}) {
+        const std::vector<int8_t> wv = narrow_w(n, k);
+        check_gemm8(kern, rng, 15, n, k, cs, nullptr, &wv);
+      }
+  for (int bits = 0; bits < 32; ++bits) {
+    const Case cs = {(bits & 1) != 0, (bits & 2) != 0, (bits & 4) != 0, (bits & 8) != 0, (bits & 16) != 0};
+    const std::vector<int8_t> wv = narrow_w(45, 23);
+    check_gemm8(kern, rng, 19, 45, 23, cs, nullptr, &wv);
+  }
+  for (int64_t pb = 0; pb < 5; ++pb)
+    for (int64_t pe = pb + 1; pe <= 5; ++pe) {
+      const std::vector<int8_t> wv = narrow_w(75, 41);
+      check_gemm8(kern, rng, 17, 75, 41, cases[(pb + pe) % 8], nullptr, &wv, false, pb, pe);
+    }
+  // Extremes at K = 4096: qa = ±127 (u8 255 and 1) against qw = ±64, pair sums at the bound 2·255·64 = 32640.
+  const int64_t kx = 4096, mx = 15, nx = 33;
+  for (int pattern = 0; pattern < 4; ++pattern) {
+    std::vector<int8_t> av(size_t(mx * kx)), wv(size_t(nx * kx));
+    std::uniform_int_distribution<int> coin(0, 1);
+    for (size_t i = 0; i < av.size(); ++i)
+      av[i] = pattern == 3 ? int8_t(coin(rng) ? 127 : -127) : int8_t(pattern == 2 ? -127 : 127);
+    for (size_t i = 0; i < wv.size(); ++i)
+      wv[i] = pattern == 3 ? int8_t(coin(rng) ? 64 : -64) : int8_t(pattern == 0 ? 64 : -64);
+    check_gemm8(kern, rng, mx, nx, kx, cases[0], &av, &wv, true);
+    check_gemm8(kern, rng, mx, nx, kx - 3, cases[5], &av, &wv, false);
+  }
+  {
+    const std::vector<int8_t> wv = narrow_w(50, 1001);
+    check_gemm8(kern, rng, 30, 50, 1001, cases[0], nullptr, &wv, true);
+  }
+  if (failures() == failures_before) std::printf("[%s] gemm_int8 narrow weights: ok\n", int8_kernel_name(kern));
 }
 
 void test_refuses_minus_128() {
@@ -412,6 +477,7 @@ int main() {
       }
       if (std::find(done.begin(), done.end(), kern) == done.end()) {
         test_kernel(kern);
+        test_narrow(kern);
         done.push_back(kern);
       }
       test_end_to_end(isa);

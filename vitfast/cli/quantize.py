@@ -63,6 +63,10 @@ def add_parser(sub) -> None:
                    help="the attentions' score and value products [default: auto with dynamic activations (int8 where "
                         "int8 products measured faster on this CPU at the model's shape), fp32 with static ones (a "
                         "QDQ-exportable model)]")
+    p.add_argument("--weight-bits", type=int, choices=(8, 7), default=8,
+                   help="int8 weight codes in [-127, 127] (8) or [-64, 64] (7: faster int8 GEMMs on CPUs with AVX2 "
+                        "and no VNNI, where ONNX Runtime also runs the exported graph exactly; twice the weights' "
+                        "rounding step)")
     p.add_argument("--calibration-images", type=positive_int, default=256, metavar="N",
                    help="calibration images read")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads")
@@ -124,7 +128,7 @@ def run(args) -> int:
     try:
         quantized = vitfast.quantize(model, calibration, dtype=args.dtype, activations=args.activations,
                                      smooth=args.smooth, skip=args.skip_budget if args.skip_budget else args.skip,
-                                     attention=args.attention, progress=True)
+                                     attention=args.attention, weight_bits=args.weight_bits, progress=True)
     except ValueError as e:
         raise CLIError(str(e)) from None
     vitfast.save(quantized, out)

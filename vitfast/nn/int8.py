@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from .. import ops
-from ..reference._int8 import quantize_weight
+from ..reference._int8 import QMAX, quantize_weight
 from ._base import ConfigReader, apply_norm
 from .ffn import FusedChannelIdleFFN
 from .patch_embed import is_patch_projection, patch_rows, tokens_as_conv_output
@@ -46,9 +46,9 @@ def _smooth_weight(w: torch.Tensor, smooth: Optional[torch.Tensor]) -> torch.Ten
 
 
 def _load_weight(module: nn.Module, w: torch.Tensor, bias: Optional[torch.Tensor],
-                 smooth: Optional[torch.Tensor]) -> None:
+                 smooth: Optional[torch.Tensor], qmax: float = QMAX) -> None:
     """module.qweight / w_scale from the weight matrix w [N, K] (after the migration), and its smooth and bias."""
-    q, s = quantize_weight(_smooth_weight(w, smooth))
+    q, s = quantize_weight(_smooth_weight(w, smooth), qmax)
     with torch.no_grad():
         module.qweight.copy_(q)
         module.w_scale.copy_(s)
@@ -88,11 +88,11 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, smooth: Optional[torch.Tensor] = None,
-                    act_scale: float = 0.0) -> "Int8Linear":
+                    act_scale: float = 0.0, qmax: float = QMAX) -> "Int8Linear":
         w = linear.weight
         module = cls(linear.in_features, linear.out_features, linear.bias is not None, smooth=smooth is not None,
                      act_scale=act_scale, device=w.device)
-        _load_weight(module, w, linear.bias, smooth)
+        _load_weight(module, w, linear.bias, smooth, qmax)
         return module
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -170,12 +170,13 @@ class Int8ChannelIdleFFN(nn.Module):
     @classmethod
     def from_ffn(cls, ffn: FusedChannelIdleFFN, *, smooth_in: Optional[torch.Tensor] = None,
                  smooth_out: Optional[torch.Tensor] = None, act_scale_in: float = 0.0,
-                 act_scale_out: float = 0.0, split_identity: bool = False) -> "Int8ChannelIdleFFN":
+                 act_scale_out: float = 0.0, split_identity: bool = False,
+                 qmax: float = QMAX) -> "Int8ChannelIdleFFN":
         module = cls(ffn.vitfast_config(), smooth_in=smooth_in is not None, smooth_out=smooth_out is not None,
                      act_scale_in=act_scale_in, act_scale_out=act_scale_out, split_identity=split_identity,
                      device=ffn.w_in.device)
-        q_in, s_in = quantize_weight(_smooth_weight(cls.input_weight(ffn, split_identity), smooth_in))
-        q_out, s_out = quantize_weight(_smooth_weight(ffn.w_out, smooth_out))
+        q_in, s_in = quantize_weight(_smooth_weight(cls.input_weight(ffn, split_identity), smooth_in), qmax)
+        q_out, s_out = quantize_weight(_smooth_weight(ffn.w_out, smooth_out), qmax)
         with torch.no_grad():
             for name, value in (("qw_in", q_in), ("s_in", s_in), ("qw_out", q_out), ("s_out", s_out),
                                 ("smooth_in", smooth_in), ("smooth_out", smooth_out), ("b_in", ffn.b_in),
@@ -246,13 +247,13 @@ class Int8PatchProjection(nn.Module):
 
     @classmethod
     def from_conv(cls, conv: nn.Module, *, smooth: Optional[torch.Tensor] = None,
-                  act_scale: float = 0.0) -> "Int8PatchProjection":
+                  act_scale: float = 0.0, qmax: float = QMAX) -> "Int8PatchProjection":
         if not is_patch_projection(conv):
             raise ValueError(f"conv: expected a patch projection (nn.Conv2d or GemmPatchProjection with kernel = "
                              f"stride, no padding, dilation or groups), got {conv!r:.200}")
         module = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.bias is not None,
                      smooth=smooth is not None, act_scale=act_scale, device=conv.weight.device)
-        _load_weight(module, cls.weight_matrix(conv), conv.bias, smooth)
+        _load_weight(module, cls.weight_matrix(conv), conv.bias, smooth, qmax)
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -290,6 +291,14 @@ _QUANT_KINDS = {"int8_linear": Int8Linear, "int8_channel_idle_ffn": Int8ChannelI
 
 def is_int8_module(module: nn.Module) -> bool:
     return type(module) in _QUANT_KINDS.values()
+
+
+def max_weight_code(model: nn.Module) -> int:
+    """The largest |code| of `model`'s int8 weights (0 without any): 64 or less is a 7-bit-weight model
+    (`vitfast.quantize(weight_bits=7)`), which AVX2's u8 × s8 multiply takes without saturating."""
+    codes = [t for m in model.modules() if is_int8_module(m) for t in m.buffers(recurse=False)
+             if t.dtype == torch.int8 and t.numel() > 0]
+    return max((int(t.abs().max()) for t in codes), default=0)
 
 
 def int8_module_from_config(cfg: Dict[str, Any], device=None) -> nn.Module:

@@ -28,6 +28,12 @@ Reparameterization-aware options, each measured by the caller (`vitfast verify`,
   I + W', eq. 5); its int8 rows get W' only and the shortcut is added exactly in fp32 (vitfast/nn/int8.py).  Without
   it the residual stream itself goes through int8 rows whose scale the diagonal sets: the largest error of a
   BatchNorm model (1-2% of each block's output on the digits demo model, benchmarks/quant_digits.py).
+ * `weight_bits=7`: weight codes in [−64, 64] instead of [−127, 127] (ONNX Runtime's `reduce_range` for weights),
+  for CPUs with AVX2 and no VNNI (`vitfast.ops.int8_kernel() == "avx2"`): there AVX2's int8 multiply (`vpmaddubsw`,
+  u8 × s8 pairs summed with saturation) takes u8 activations against such weights exactly with no sign trick, 1.3×
+  the 8-bit kernel (docs/quantization.md has the figures), and ONNX Runtime runs the exported QDQ graph exactly
+  (with 8-bit weights its AVX2 GEMM saturates).  Every other kernel computes the same integer sums at the same
+  speed either way.  It doubles the weights' rounding step.
 The per-layer errors on the calibration images (when given) are kept in `model.vitfast_quantization["layers"]`.
 A layer no calibration image reaches (without a budget) is int8 with per-token scales and no migration, listed in
 `model.vitfast_quantization["uncalibrated"]`.
@@ -45,9 +51,10 @@ import torch.nn as nn
 from ..nn.block import FusedAttention
 from ..nn.dwconv import FusedDWConvBlock
 from ..nn.ffn import FusedChannelIdleFFN
-from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection
+from ..nn.int8 import Int8ChannelIdleFFN, Int8Linear, Int8PatchProjection, max_weight_code
 from ..nn.patch_embed import is_patch_projection
 from ..nn.xwx import ProjectedXWXAttention
+from ..reference._int8 import WEIGHT_QMAX
 from . import calibrate
 from .attention_choice import int8_attention_pays, model_tokens, products_dim, why
 from .structure import _replan_blocks, project_xwx_attentions, restore_fp32_xwx, set_submodule
@@ -168,7 +175,7 @@ def _calibrated(kind: str, recorder) -> bool:
 
 
 def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[float], static: bool,
-           split_identity: bool = True) -> nn.Module:
+           split_identity: bool = True, qmax: float = WEIGHT_QMAX[8]) -> nn.Module:
     if not _calibrated(kind, recorder):
         # No statistics (no calibration, or the layer never ran on it): no migration, per-token scales.
         alpha, static, recorder = None, False, None
@@ -182,7 +189,7 @@ def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[fl
             m = (stats.channel * sm).max() if sm is not None else torch.tensor(stats.tensor)
             act = float(m) / 127.0
         build = Int8Linear.from_linear if kind == "linear" else Int8PatchProjection.from_conv
-        return build(module, smooth=sm, act_scale=act if act > 0 else 0.0)
+        return build(module, smooth=sm, act_scale=act if act > 0 else 0.0, qmax=qmax)
     stats_in = recorder.stats_in if recorder is not None else None
     stats_out = recorder.stats_out if recorder is not None else None
     a = module.active_features
@@ -197,7 +204,7 @@ def _build(path: str, kind: str, module: nn.Module, recorder, alpha: Optional[fl
         if a > 0 and stats_out.channel is not None:
             act_out = float((stats_out.channel * sm_out).max() if sm_out is not None else stats_out.tensor) / 127.0
     return Int8ChannelIdleFFN.from_ffn(module, smooth_in=sm_in, smooth_out=sm_out, act_scale_in=act_in,
-                                       act_scale_out=act_out, split_identity=split)
+                                       act_scale_out=act_out, split_identity=split, qmax=qmax)
 
 
 def quantize(
@@ -211,6 +218,7 @@ def quantize(
     skip: Union[None, float, str, Sequence[str]] = None,
     split_identity: bool = True,
     attention: Optional[str] = None,
+    weight_bits: int = 8,
     progress: bool = False,
 ) -> nn.Module:
     """A low-precision copy of the fused `model` (the model itself is not changed); see the module doc.
@@ -231,6 +239,12 @@ def quantize(
         attention = "fp32"  # per-token Q/K/P scales have no QDQ form: the static mode's products stay fp32
     if split_identity not in (True, False):
         raise ValueError(f"split_identity: expected True or False, got {split_identity!r}")
+    if isinstance(weight_bits, bool) or weight_bits not in WEIGHT_QMAX:
+        raise ValueError(f"weight_bits: expected 8 or 7 (codes in [-127, 127] or [-64, 64]), got {weight_bits!r}")
+    if weight_bits != 8 and dtype != "int8":
+        raise ValueError(f"weight_bits: 7-bit weights are an int8 option, got weight_bits={weight_bits} with "
+                         f"dtype={dtype!r}")
+    qmax = WEIGHT_QMAX[weight_bits]
     if dtype == "bf16":
         out = copy.deepcopy(model).to(torch.bfloat16).eval()
         out.vitfast_quantization = {"dtype": "bf16"}
@@ -264,7 +278,7 @@ def quantize(
                 for path, rec in recorders.items():
                     module = calibrate.recorded_layer(rec)
                     rec.candidate = _build(path, layers[path], module, stats[path], alpha_of[path], static,
-                                           split_identity)
+                                           split_identity, qmax)
                 calibrate.run_model(out, calibration, max_batches=MAX_CALIBRATION_BATCHES, progress=progress,
                                     what="per-layer int8 error" + trial)
                 measured.update({path: rec.error.relative for path, rec in recorders.items()})
@@ -297,7 +311,7 @@ def quantize(
             continue
         module = out.get_submodule(path)
         set_submodule(out, path, _build(path, kind, module, stats.get(path), alphas.get(path, alpha), static,
-                                        split_identity))
+                                        split_identity, qmax))
     restore_fp32_xwx(out, fused_xwx)  # both GEMMs kept fp32 (skip=): the fused op, as before quantizing
     auto: Dict[str, Any] = {}
     if attention == "auto":
@@ -322,7 +336,7 @@ def quantize(
     out.vitfast_quantization = {
         "dtype": "int8", "activations": activations, "smooth": alpha, "fp32": sorted(kept), "attention": attention,
         **({"attention_auto": auto} if auto else {}),
-        "uncalibrated": uncalibrated, "split_identity": split_identity,
+        "uncalibrated": uncalibrated, "split_identity": split_identity, "weight_bits": weight_bits,
         "layers": [{"path": p, "kind": layers[p], "relative_error": errors.get(p), "int8": p not in kept,
                     **({"alpha": alphas.get(p)} if alpha == "auto" else {})} for p in layers],
     }
@@ -384,6 +398,8 @@ def describe(model: nn.Module) -> str:
     lin = f", {n_lin} attention linears (qkv/proj)" if n_lin or not (n_xwx or n_dw) else ""
     parts = [f"int8: {patch}{n_ffn} channel-idle FFNs (2 GEMMs each){lin}{xwx}{att}; "
              f"activations {'static per tensor' if static else 'dynamic per token'}"]
+    if 0 < max_weight_code(model) <= WEIGHT_QMAX[7]:  # the weights themselves say it
+        parts[0] += "; 7-bit weights (codes in [-64, 64])"
     auto = record.get("attention_auto")
     if isinstance(auto, dict) and isinstance(auto.get("kernel"), str):
         heads = sorted({products_dim(m) for m in model.modules()

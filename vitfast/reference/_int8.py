@@ -7,6 +7,7 @@ The definitions are the C++ core's (csrc/kernels/gemm_int8.h), written once in t
                                       q = 0;  a row with NaN/±Inf: s = NaN, q = 0 (its output row is NaN, as in fp32)
     activations, per tensor (static): inv = 1 / act_scale (fp32), q = clamp(rne(x · inv), −127, 127), s = act_scale
     weights, per output channel:      amax_j = max_k |W[j, k]|, s_j = amax_j / 127, q = clamp(rne(W · (127 / amax_j)))
+                                      (7-bit weights, quantize(weight_bits=7): 64 in place of 127, codes in [−64, 64])
     product:                          y[r, j] = fma(fp32(Σ_k q_x[r, k] · q_w[j, k]) · s_x[r], s_w[j], 0 or the
                                       output it accumulates onto)
 
@@ -21,6 +22,9 @@ from typing import Optional, Tuple
 import torch
 
 QMAX = 127.0
+# The weights' largest code per weight width.  7 bits: [−64, 64], what the AVX2 kernel multiplies with no sign trick
+# (u8 activations + 128 ≤ 255 times |w| ≤ 64: a vpmaddubsw pair sum ≤ 32640 < 2¹⁵, csrc/kernels/gemm_int8.h).
+WEIGHT_QMAX = {8: 127.0, 7: 64.0}
 
 
 def quantize_rows(x: torch.Tensor, col_scale: Optional[torch.Tensor] = None,
@@ -48,14 +52,14 @@ def quantize_rows(x: torch.Tensor, col_scale: Optional[torch.Tensor] = None,
     return q.to(torch.int8), s
 
 
-def quantize_weight(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def quantize_weight(w: torch.Tensor, qmax: float = QMAX) -> Tuple[torch.Tensor, torch.Tensor]:
     """(q int8 [N, K], s fp32 [N]): symmetric per-output-channel int8 of an nn.Linear weight [N, K] (an all-zero row
-    gets scale 0)."""
+    gets scale 0), codes in [−qmax, qmax]: 127, or 64 for 7-bit weights (WEIGHT_QMAX)."""
     w = w.detach().float()
     amax = w.abs().amax(dim=1) if w.shape[1] > 0 else w.new_zeros(w.shape[0])
-    inv = torch.where(amax > 0, QMAX / amax, torch.zeros_like(amax))
-    q = torch.round(w * inv.unsqueeze(1)).clamp_(-QMAX, QMAX).to(torch.int8)
-    return q, amax / QMAX
+    inv = torch.where(amax > 0, qmax / amax, torch.zeros_like(amax))
+    q = torch.round(w * inv.unsqueeze(1)).clamp_(-qmax, qmax).to(torch.int8)
+    return q, amax / qmax
 
 
 def int8_matmul(q: torch.Tensor, s: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor,

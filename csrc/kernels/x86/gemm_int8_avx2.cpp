@@ -1,5 +1,5 @@
-// AVX2 int8 kernel (Int8Kernel::kAvx2): 4 × 16 register tiles of `vpmaddubsw` + `vpmaddwd`, and the AVX2
-// quantize_rows.
+// AVX2 int8 kernel (Int8Kernel::kAvx2): 4 × 16 register tiles (3 × 16 in the narrow form) of `vpmaddubsw` +
+// `vpmaddwd`, and the AVX2 quantize_rows.
 //
 // vpmaddubsw multiplies u8 × s8 and adds pairs into s16 with saturation, so both operands are made safe first
 // (the sign trick): u = |qw| ∈ [0, 127] and s = sign(qw)·qa ∈ [−127, 127] (vpsignb; qw = −128 is refused by the
@@ -12,7 +12,16 @@
 // layout: 128-byte groups, qw then |qw|; PackedInt8B and attention_int8's per-head panels write it).  The former
 // arrangement, |qa| per row (vpabsb) and sign(qa) on both B vectors, took one op more per row: 193 against 224
 // GOPS at 197 × 256 × 256 on one Zen 4 core (int8_gemm_shapes has the current figures).
-// Four rows: 8 accumulators + 4 B vectors + ones + the per-row temporaries fit the 16 ymm registers.
+// Four rows: 8 accumulators, the B vectors, ones and the per-row temporaries.  GCC 12 keeps two of the
+// accumulators on the stack in this loop; three rows (no spill) measured no faster for this form.
+//
+// The narrow form (every weight of the layer in [−64, 64]: vitfast.quantize(weight_bits=7)) needs no sign trick:
+// u = qa + 128 ∈ [1, 255] (the broadcast XORed with 0x80) times s = qw ∈ [−64, 64], a pair sum at most
+// 2·255·64 = 32640 < 2¹⁵ − 1, and Σ (qa + 128)·qw − 128·Σ qw = Σ qa·qw exactly (the epilogue's col_offset).  Per
+// row and 4-k group: 1 broadcast, 1 vpxor, 2 vpmaddubsw, 2 vpmaddwd, 2 vpaddd, and half the B bytes (no |qw|).
+// Three rows: with four, GCC kept two accumulators on the stack, so each k group waited on a store-to-load
+// round trip (62–65% of the peak loop at DeiT shapes, the vpxor taken out made no difference); with three nothing
+// spills: 77–90%, 1.3× the 8-bit form (int8_gemm_shapes, rows "int8 avx2 7-bit w").
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
 #else
@@ -34,6 +43,7 @@ using x86::lane_mask;
 
 constexpr int kNr = 16;
 constexpr int kMrAvx2 = 4;
+constexpr int kMrNarrow = 3;
 constexpr int64_t kPrefetchLines = 64;
 
 #include "kernels/x86/int8_epilogue_avx2.inc"
@@ -74,26 +84,80 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
   if (MR > 3) store_row(c30, c31, 0, sa[3], e, c + 3 * ldc, 3);
 }
 
-}  // namespace
+// The narrow form's tile (header comment): B groups of 64 bytes, qw only.
+template <int MR>
+static inline __attribute__((always_inline)) void tile_narrow(int64_t groups, const int8_t* a, int64_t lda,
+                                                              const int8_t* b, const float* sa, float* c,
+                                                              int64_t ldc, const Epi& e) {
+  __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+          c31 = c00;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8(int8_t(0x80));
+#define VITFAST_AVX2_I8_NARROW_ROW(row)                                               \
+  if (MR > row) {                                                                     \
+    const __m256i u = _mm256_xor_si256(bcast4(a + row * lda), flip);                  \
+    const __m256i p0 = _mm256_maddubs_epi16(u, b0);                                   \
+    const __m256i p1 = _mm256_maddubs_epi16(u, b1);                                   \
+    c##row##0 = _mm256_add_epi32(c##row##0, _mm256_madd_epi16(p0, ones));             \
+    c##row##1 = _mm256_add_epi32(c##row##1, _mm256_madd_epi16(p1, ones));             \
+  }
+  for (int64_t p = 0; p < groups; ++p) {
+    const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
+    const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 32));
+    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64), _MM_HINT_T0);
+    b += 64;
+    VITFAST_AVX2_I8_NARROW_ROW(0)
+    VITFAST_AVX2_I8_NARROW_ROW(1)
+    VITFAST_AVX2_I8_NARROW_ROW(2)
+    VITFAST_AVX2_I8_NARROW_ROW(3)
+    a += 4;
+  }
+#undef VITFAST_AVX2_I8_NARROW_ROW
+  store_row(c00, c01, 0, sa[0], e, c, 0);
+  if (MR > 1) store_row(c10, c11, 0, sa[1], e, c + ldc, 1);
+  if (MR > 2) store_row(c20, c21, 0, sa[2], e, c + 2 * ldc, 2);
+  if (MR > 3) store_row(c30, c31, 0, sa[3], e, c + 3 * ldc, 3);
+}
 
-void gemm_int8_block_avx2(const Int8BlockArgs& g) {
+template <bool Narrow, int MR>
+static inline __attribute__((always_inline)) void run_tile(int64_t groups, const int8_t* a, int64_t lda,
+                                                           const int8_t* b, const float* sa, float* c, int64_t ldc,
+                                                           const Epi& e) {
+  if constexpr (Narrow)
+    tile_narrow<MR>(groups, a, lda, b, sa, c, ldc, e);
+  else
+    tile<MR>(groups, a, lda, b, sa, c, ldc, e);
+}
+
+template <bool Narrow>
+static void block(const Int8BlockArgs& g) {
   const int64_t groups = g.k4 / 4;
   for (int64_t p = g.panel_begin; p < g.panel_end; ++p) {
     const int8_t* bp = g.b + p * g.b_panel_stride;
     const int64_t col = p * kNr;
     Epi e = panel_epilogue(g, col);
-    for (int64_t i = 0; i < g.m; i += kMrAvx2) {
+    constexpr int mr = Narrow ? kMrNarrow : kMrAvx2;
+    for (int64_t i = 0; i < g.m; i += mr) {
       const int8_t* a = g.a + i * g.lda;
       float* c = g.c + i * g.ldc + col;
       e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
-      switch (g.m - i >= kMrAvx2 ? kMrAvx2 : g.m - i) {
-        case 4: tile<4>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        case 3: tile<3>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        case 2: tile<2>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        default: tile<1>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+      switch (g.m - i >= mr ? mr : g.m - i) {
+        case 4: run_tile<Narrow, 4>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 3: run_tile<Narrow, 3>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 2: run_tile<Narrow, 2>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        default: run_tile<Narrow, 1>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
       }
     }
   }
+}
+
+}  // namespace
+
+void gemm_int8_block_avx2(const Int8BlockArgs& g) {
+  if (g.col_offset != nullptr)
+    block<true>(g);
+  else
+    block<false>(g);
 }
 
 namespace {
