@@ -43,18 +43,20 @@ def test_linear_int8_parity(isa, ext, restore_threads, n, k, lead, extras):
     torch.testing.assert_close(out, reference.linear_int8(*args), **TOL)
 
 
-def test_linear_int8_extremes_do_not_saturate(isa, ext):
+@pytest.mark.parametrize("code", [127, 64])
+def test_linear_int8_extremes_do_not_saturate(isa, ext, code):
     """qa = ±127 against qw = ±127 at K = 4096: each sum is ±4096·127² (the AVX2 kernel's 16-bit pair sums reach
-    2·127² = 32258 < 2¹⁵, vpdpbusd's u8 operand 127 + 127 = 254): exact, in every kernel."""
+    2·127² = 32258 < 2¹⁵, vpdpbusd's u8 operand 127 + 127 = 254); against qw = ±64 (7-bit weights: the AVX2
+    kernel's narrow form, u8 255 and 1, pair sums up to 2·255·64 = 32640 < 2¹⁵): exact, in every kernel."""
     k = 4096
     for sign in (1, -1):
         x = torch.full((3, k), 5.0)
         x[1] *= -1
         x[2, ::2] *= -1
-        qw = torch.full((40, k), 127, dtype=torch.int8) * sign
+        qw = torch.full((40, k), code, dtype=torch.int8) * sign
         qw[7] = -qw[7]
-        sw = torch.ones(40)
-        out = linear_op(x, qw, sw)
+        qw[9, ::3] = 0
+        out = linear_op(x, qw, torch.ones(40))
         expected = (torch.sign(x).double() * 127) @ qw.double().t() / 127 * 5  # q = ±127, s = 5 / 127
         torch.testing.assert_close(out.double(), expected, atol=0, rtol=1e-6)
 
@@ -71,22 +73,6 @@ def test_linear_int8_parity_7bit_weights(isa, ext, n, k, lead, extras):
     assert args[1].abs().max() == 64
     out = at_1_and_2_threads(linear_op, args)
     torch.testing.assert_close(out, reference.linear_int8(*args), **TOL)
-
-
-def test_linear_int8_7bit_extremes_do_not_saturate(isa, ext):
-    """qa = ±127 (u8 255 and 1 in the narrow form) against qw = ±64 at K = 4096: the narrow form's pair sums reach
-    2·255·64 = 32640 < 2¹⁵; exact in every kernel."""
-    k = 4096
-    for sign in (1, -1):
-        x = torch.full((3, k), 5.0)
-        x[1] *= -1
-        x[2, ::2] *= -1
-        qw = torch.full((40, k), 64, dtype=torch.int8) * sign
-        qw[7] = -qw[7]
-        qw[9, ::3] = 0
-        out = linear_op(x, qw, torch.ones(40))
-        expected = (torch.sign(x).double() * 127) @ qw.double().t() / 127 * 5
-        torch.testing.assert_close(out.double(), expected, atol=0, rtol=1e-6)
 
 
 def test_nonfinite_rows_give_nan_rows(isa, ext):

@@ -135,19 +135,37 @@ bool check_gemm8(Int8Kernel kern, std::mt19937& rng, int64_t m, int64_t n, int64
   return failures() == failures_before;
 }
 
+// Epilogue combinations the tests cycle through.
+const Case kCases[] = {
+    {false, false, false, false, false}, {true, false, false, false, false}, {true, true, false, false, true},
+    {true, true, false, false, false},   {true, false, true, false, false},  {false, false, false, true, false},
+    {true, true, true, true, false},     {false, false, false, false, true},
+};
+
+// qa = ±127 against qw = ±w at K = 4096 (and K − 3): same signs, opposite signs, and random signs; unit scales, so
+// the output is float(Σ qa·qw) exactly.
+void check_extremes(Int8Kernel kern, std::mt19937& rng, int w) {
+  const int64_t kx = 4096, mx = 15, nx = 33;
+  for (int pattern = 0; pattern < 4; ++pattern) {
+    std::vector<int8_t> av(size_t(mx * kx)), wv(size_t(nx * kx));
+    std::uniform_int_distribution<int> coin(0, 1);
+    for (size_t i = 0; i < av.size(); ++i)
+      av[i] = pattern == 3 ? int8_t(coin(rng) ? 127 : -127) : int8_t(pattern == 2 ? -127 : 127);
+    for (size_t i = 0; i < wv.size(); ++i)
+      wv[i] = pattern == 3 ? int8_t(coin(rng) ? w : -w) : int8_t(pattern == 0 ? w : -w);
+    check_gemm8(kern, rng, mx, nx, kx, kCases[0], &av, &wv, true);
+    check_gemm8(kern, rng, mx, nx, kx - 3, kCases[5], &av, &wv, false);
+  }
+}
+
 void test_kernel(Int8Kernel kern) {
   const int failures_before = failures();
   std::mt19937 rng(4321);
-  const Case cases[] = {
-      {false, false, false, false, false}, {true, false, false, false, false}, {true, true, false, false, true},
-      {true, true, false, false, false},   {true, false, true, false, false},  {false, false, false, true, false},
-      {true, true, true, true, false},     {false, false, false, false, true},
-  };
   // Tails: k not a multiple of 4, n not a multiple of 16 / 32, m from 1 to 30 (every row-tile remainder).
-  for (int64_t m = 1; m <= 30; ++m) check_gemm8(kern, rng, m, 37, 13, cases[m % 8]);
+  for (int64_t m = 1; m <= 30; ++m) check_gemm8(kern, rng, m, 37, 13, kCases[m % 8]);
   // Past 30 rows: the AMX kernel's 32-row blocks, whole and with a partial last one, with a K tail (133 = 2 · 64 + 5).
-  for (int64_t m : {31, 32, 33, 48, 49, 64, 70}) check_gemm8(kern, rng, m, 37, 133, cases[m % 8]);
-  for (const Case& cs : cases) {
+  for (int64_t m : {31, 32, 33, 48, 49, 64, 70}) check_gemm8(kern, rng, m, 37, 133, kCases[m % 8]);
+  for (const Case& cs : kCases) {
     for (int64_t k : {1, 3, 4, 5, 64, 67, 130})
       for (int64_t n : {1, 15, 16, 17, 32, 33, 48, 70}) check_gemm8(kern, rng, 15, n, k, cs);
     check_gemm8(kern, rng, 29, 100, 300, cs);
@@ -162,22 +180,12 @@ void test_kernel(Int8Kernel kern) {
   // Panel subranges (odd starts split the AVX-512 pairs differently).
   for (int64_t pb = 0; pb < 5; ++pb)
     for (int64_t pe = pb + 1; pe <= 5; ++pe)
-      check_gemm8(kern, rng, 17, 75, 41, cases[(pb + pe) % 8], nullptr, nullptr, false, pb, pe);
+      check_gemm8(kern, rng, 17, 75, 41, kCases[(pb + pe) % 8], nullptr, nullptr, false, pb, pe);
   // Extremes: ±127 × ±127 everywhere at K = 4096 (|Σ| = 4096 · 127² = 66 064 384: no s16 saturation in the AVX2
-  // pairs, no wrong s32 in the VNNI offset form).  Same signs, opposite signs, and random signs.
-  const int64_t kx = 4096, mx = 15, nx = 33;
-  for (int pattern = 0; pattern < 4; ++pattern) {
-    std::vector<int8_t> av(size_t(mx * kx)), wv(size_t(nx * kx));
-    std::uniform_int_distribution<int> coin(0, 1);
-    for (size_t i = 0; i < av.size(); ++i)
-      av[i] = pattern == 3 ? int8_t(coin(rng) ? 127 : -127) : int8_t(pattern == 2 ? -127 : 127);
-    for (size_t i = 0; i < wv.size(); ++i)
-      wv[i] = pattern == 3 ? int8_t(coin(rng) ? 127 : -127) : int8_t(pattern == 0 ? 127 : -127);
-    check_gemm8(kern, rng, mx, nx, kx, cases[0], &av, &wv, true);
-    check_gemm8(kern, rng, mx, nx, kx - 3, cases[5], &av, &wv, false);
-  }
+  // pairs, no wrong s32 in the VNNI offset form).
+  check_extremes(kern, rng, 127);
   // Random values with unit scales: the output is float(Σ qa·qw) exactly.
-  check_gemm8(kern, rng, 30, 50, 1001, cases[0], nullptr, nullptr, true);
+  check_gemm8(kern, rng, 30, 50, 1001, kCases[0], nullptr, nullptr, true);
 
   // A pack for another kernel is refused.
   {
@@ -204,11 +212,6 @@ void test_kernel(Int8Kernel kern) {
 void test_narrow(Int8Kernel kern) {
   const int failures_before = failures();
   std::mt19937 rng(2468);
-  const Case cases[] = {
-      {false, false, false, false, false}, {true, false, false, false, false}, {true, true, false, false, true},
-      {true, true, false, false, false},   {true, false, true, false, false},  {false, false, false, true, false},
-      {true, true, true, true, false},     {false, false, false, false, true},
-  };
   // Which form the pack chose: narrow for the AVX2 kernel iff every weight is in [−64, 64] (padding past k aside).
   for (int bad : {0, 65, -65}) {
     std::vector<int8_t> w(20 * 9, -64);
@@ -226,9 +229,9 @@ void test_narrow(Int8Kernel kern) {
   auto narrow_w = [&](int64_t n, int64_t k) { return random_int8(rng, size_t(n * k), 64); };
   for (int64_t m = 1; m <= 30; ++m) {
     const std::vector<int8_t> wv = narrow_w(37, 13);
-    check_gemm8(kern, rng, m, 37, 13, cases[m % 8], nullptr, &wv);
+    check_gemm8(kern, rng, m, 37, 13, kCases[m % 8], nullptr, &wv);
   }
-  for (const Case& cs : cases)
+  for (const Case& cs : kCases)
     for (int64_t k : {1, 3, 4, 5, 67, 130})
       for (int64_t n : {1, 16, 17, 33, 70}) {
         const std::vector<int8_t> wv = narrow_w(n, k);
@@ -242,23 +245,13 @@ void test_narrow(Int8Kernel kern) {
   for (int64_t pb = 0; pb < 5; ++pb)
     for (int64_t pe = pb + 1; pe <= 5; ++pe) {
       const std::vector<int8_t> wv = narrow_w(75, 41);
-      check_gemm8(kern, rng, 17, 75, 41, cases[(pb + pe) % 8], nullptr, &wv, false, pb, pe);
+      check_gemm8(kern, rng, 17, 75, 41, kCases[(pb + pe) % 8], nullptr, &wv, false, pb, pe);
     }
   // Extremes at K = 4096: qa = ±127 (u8 255 and 1) against qw = ±64, pair sums at the bound 2·255·64 = 32640.
-  const int64_t kx = 4096, mx = 15, nx = 33;
-  for (int pattern = 0; pattern < 4; ++pattern) {
-    std::vector<int8_t> av(size_t(mx * kx)), wv(size_t(nx * kx));
-    std::uniform_int_distribution<int> coin(0, 1);
-    for (size_t i = 0; i < av.size(); ++i)
-      av[i] = pattern == 3 ? int8_t(coin(rng) ? 127 : -127) : int8_t(pattern == 2 ? -127 : 127);
-    for (size_t i = 0; i < wv.size(); ++i)
-      wv[i] = pattern == 3 ? int8_t(coin(rng) ? 64 : -64) : int8_t(pattern == 0 ? 64 : -64);
-    check_gemm8(kern, rng, mx, nx, kx, cases[0], &av, &wv, true);
-    check_gemm8(kern, rng, mx, nx, kx - 3, cases[5], &av, &wv, false);
-  }
+  check_extremes(kern, rng, 64);
   {
     const std::vector<int8_t> wv = narrow_w(50, 1001);
-    check_gemm8(kern, rng, 30, 50, 1001, cases[0], nullptr, &wv, true);
+    check_gemm8(kern, rng, 30, 50, 1001, kCases[0], nullptr, &wv, true);
   }
   if (failures() == failures_before) std::printf("[%s] gemm_int8 narrow weights: ok\n", int8_kernel_name(kern));
 }

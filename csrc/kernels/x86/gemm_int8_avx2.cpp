@@ -48,28 +48,40 @@ constexpr int64_t kPrefetchLines = 64;
 
 #include "kernels/x86/int8_epilogue_avx2.inc"
 
-template <int MR>
+// One tile: MR rows × 16 columns.  Wide form (header comment): B groups of 128 bytes, qw then |qw|, the sign trick
+// per row; narrow form: B groups of 64 bytes, qw only, the row's bytes flipped to qa + 128.
+template <bool Narrow, int MR>
 static inline __attribute__((always_inline)) void tile(int64_t groups, const int8_t* a, int64_t lda, const int8_t* b,
                                                        const float* sa, float* c, int64_t ldc, const Epi& e) {
   __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
           c31 = c00;
   const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8(int8_t(0x80));
 #define VITFAST_AVX2_I8_ROW(row)                                                      \
   if (MR > row) {                                                                     \
     const __m256i t = bcast4(a + row * lda);                                          \
-    const __m256i p0 = _mm256_maddubs_epi16(u0, _mm256_sign_epi8(t, b0));             \
-    const __m256i p1 = _mm256_maddubs_epi16(u1, _mm256_sign_epi8(t, b1));             \
+    __m256i p0, p1;                                                                   \
+    if constexpr (Narrow) {                                                           \
+      const __m256i u = _mm256_xor_si256(t, flip);                                    \
+      p0 = _mm256_maddubs_epi16(u, b0);                                               \
+      p1 = _mm256_maddubs_epi16(u, b1);                                               \
+    } else {                                                                          \
+      p0 = _mm256_maddubs_epi16(u0, _mm256_sign_epi8(t, b0));                         \
+      p1 = _mm256_maddubs_epi16(u1, _mm256_sign_epi8(t, b1));                         \
+    }                                                                                 \
     c##row##0 = _mm256_add_epi32(c##row##0, _mm256_madd_epi16(p0, ones));             \
     c##row##1 = _mm256_add_epi32(c##row##1, _mm256_madd_epi16(p1, ones));             \
   }
+  constexpr int64_t group_bytes = Narrow ? 64 : 128;
   for (int64_t p = 0; p < groups; ++p) {
     const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
     const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 32));
-    const __m256i u0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 64));
-    const __m256i u1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 96));
-    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64 + 64), _MM_HINT_T0);
-    b += 128;  // a group: qw (64 bytes), then |qw|
+    // |qw|, the wide form's second half (unused, and not loaded, in the narrow form)
+    const __m256i u0 = Narrow ? b0 : _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 64));
+    const __m256i u1 = Narrow ? b1 : _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 96));
+    for (int64_t line = 0; line < group_bytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64 + line), _MM_HINT_T0);
+    b += group_bytes;
     VITFAST_AVX2_I8_ROW(0)
     VITFAST_AVX2_I8_ROW(1)
     VITFAST_AVX2_I8_ROW(2)
@@ -82,51 +94,6 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
   if (MR > 1) store_row(c10, c11, 0, sa[1], e, c + ldc, 1);
   if (MR > 2) store_row(c20, c21, 0, sa[2], e, c + 2 * ldc, 2);
   if (MR > 3) store_row(c30, c31, 0, sa[3], e, c + 3 * ldc, 3);
-}
-
-// The narrow form's tile (header comment): B groups of 64 bytes, qw only.
-template <int MR>
-static inline __attribute__((always_inline)) void tile_narrow(int64_t groups, const int8_t* a, int64_t lda,
-                                                              const int8_t* b, const float* sa, float* c,
-                                                              int64_t ldc, const Epi& e) {
-  __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
-          c31 = c00;
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i flip = _mm256_set1_epi8(int8_t(0x80));
-#define VITFAST_AVX2_I8_NARROW_ROW(row)                                               \
-  if (MR > row) {                                                                     \
-    const __m256i u = _mm256_xor_si256(bcast4(a + row * lda), flip);                  \
-    const __m256i p0 = _mm256_maddubs_epi16(u, b0);                                   \
-    const __m256i p1 = _mm256_maddubs_epi16(u, b1);                                   \
-    c##row##0 = _mm256_add_epi32(c##row##0, _mm256_madd_epi16(p0, ones));             \
-    c##row##1 = _mm256_add_epi32(c##row##1, _mm256_madd_epi16(p1, ones));             \
-  }
-  for (int64_t p = 0; p < groups; ++p) {
-    const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
-    const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 32));
-    _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64), _MM_HINT_T0);
-    b += 64;
-    VITFAST_AVX2_I8_NARROW_ROW(0)
-    VITFAST_AVX2_I8_NARROW_ROW(1)
-    VITFAST_AVX2_I8_NARROW_ROW(2)
-    VITFAST_AVX2_I8_NARROW_ROW(3)
-    a += 4;
-  }
-#undef VITFAST_AVX2_I8_NARROW_ROW
-  store_row(c00, c01, 0, sa[0], e, c, 0);
-  if (MR > 1) store_row(c10, c11, 0, sa[1], e, c + ldc, 1);
-  if (MR > 2) store_row(c20, c21, 0, sa[2], e, c + 2 * ldc, 2);
-  if (MR > 3) store_row(c30, c31, 0, sa[3], e, c + 3 * ldc, 3);
-}
-
-template <bool Narrow, int MR>
-static inline __attribute__((always_inline)) void run_tile(int64_t groups, const int8_t* a, int64_t lda,
-                                                           const int8_t* b, const float* sa, float* c, int64_t ldc,
-                                                           const Epi& e) {
-  if constexpr (Narrow)
-    tile_narrow<MR>(groups, a, lda, b, sa, c, ldc, e);
-  else
-    tile<MR>(groups, a, lda, b, sa, c, ldc, e);
 }
 
 template <bool Narrow>
@@ -142,10 +109,10 @@ static void block(const Int8BlockArgs& g) {
       float* c = g.c + i * g.ldc + col;
       e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
       switch (g.m - i >= mr ? mr : g.m - i) {
-        case 4: run_tile<Narrow, 4>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        case 3: run_tile<Narrow, 3>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        case 2: run_tile<Narrow, 2>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        default: run_tile<Narrow, 1>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 4: tile<Narrow, 4>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 3: tile<Narrow, 3>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 2: tile<Narrow, 2>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        default: tile<Narrow, 1>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
       }
     }
   }
