@@ -50,8 +50,10 @@ SETTINGS = ((1, 1, 20), (2, 8, 10))
 
 def providers(bf16: bool, openvino: bool, narrow: bool = False) -> list[str]:
     """narrow: also vitfast int8 with 7-bit weights (where the int8 kernel is the plain AVX2 one, the only kernel it
-    makes faster)."""
-    keys = ["ort-fused", "ort-int8", "ort-qdq"] + (["openvino-f32", "openvino"] if openvino else [])
+    makes faster) and its exact ORT counterpart, quantize_dynamic(reduce_range=True) (ORT's own int8 GEMM without
+    VNNI saturates 8-bit weights)."""
+    keys = (["ort-fused", "ort-int8"] + (["ort-int8-rr"] if narrow else []) + ["ort-qdq"]
+            + (["openvino-f32", "openvino"] if openvino else []))
     return (keys + ["vitfast", "vitfast-int8"] + (["vitfast-int8-w7"] if narrow else [])
             + (["vitfast-bf16"] if bf16 else []))
 
@@ -102,6 +104,9 @@ def checks(report: dict[str, Any], model: str, bf16: bool) -> list[dict[str, Any
         if row is not None:
             add(f"ORT dynamic int8 ÷ {what}", (row.get("paired_vs") or {}).get("ort-int8"), 1.2)
             add(f"vitfast fp32 ÷ {what}", paired_speedups(fp32["round_ms"], row["round_ms"]), 2.0)
+    w7 = _row(report, "vitfast-int8-w7")
+    if w7 is not None and "ort-int8-rr" in (w7.get("paired_vs") or {}):  # both exact: 7-bit weights on each side
+        add("ORT int8 7-bit weights ÷ vitfast int8 (7-bit weights)", w7["paired_vs"]["ort-int8-rr"], 1.2)
     if bf16 and b16 is not None and threads == 1 and batch == 1:
         add("OpenVINO default ÷ vitfast bf16", (b16.get("paired_vs") or {}).get("openvino"), 1.1)
     add("OpenVINO f32 ÷ vitfast fp32", (fp32.get("paired_vs") or {}).get("openvino-f32"), 1.0, strict=True)
@@ -109,9 +114,9 @@ def checks(report: dict[str, Any], model: str, bf16: bool) -> list[dict[str, Any
 
 
 def print_checks(rows: list[dict[str, Any]]) -> None:
-    print(f"\n{'model':7s} {'thr':>3s} {'batch':>5s}  {'check':50s} {'paired ratio':24s} {'target':8s} result")
+    print(f"\n{'model':7s} {'thr':>3s} {'batch':>5s}  {'check':54s} {'paired ratio':24s} {'target':8s} result")
     for r in rows:
-        print(f"{r['model']:7s} {r['threads']:>3d} {r['batch']:>5d}  {r['check']:50s} {r['ratio']:24s} "
+        print(f"{r['model']:7s} {r['threads']:>3d} {r['batch']:>5d}  {r['check']:54s} {r['ratio']:24s} "
               f"{r['target']:8s} {r['met']}")
 
 

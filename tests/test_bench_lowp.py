@@ -16,7 +16,7 @@ from vitfast.bench import ANCHORS, PROVIDERS, _quantiles, format_report, run_ben
 from vitfast.cli import main
 
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
-ONNX_ANCHORS = ["ort-fused", "ort-int8", "ort-qdq"] + (["openvino-f32", "openvino"] if HAS_OPENVINO else [])
+ONNX_ANCHORS = ["ort-fused", "ort-int8", "ort-int8-rr", "ort-qdq"] + (["openvino-f32", "openvino"] if HAS_OPENVINO else [])
 
 
 def _cpu_has_bf16() -> bool:
@@ -51,6 +51,11 @@ def test_every_anchor_runs_on_the_same_fused_onnx(lowp):
     assert {"QuantizeLinear", "DequantizeLinear"} <= static
     info = report["provider_info"]
     assert info["ort-int8"]["per_channel"] is False and info["ort-int8"]["weight_type"] == "QInt8"
+    assert info["ort-int8"]["reduce_range"] is False and info["ort-int8-rr"]["reduce_range"] is True
+    # reduce_range: 7-bit weight codes in the file (ORT stores them as int8 initializers of the MatMulInteger)
+    rr = onnx.load(str(workdir / "ort-int8-rr.onnx"))
+    codes = [onnx.numpy_helper.to_array(t) for t in rr.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    assert codes and max(int(abs(c.astype(int)).max()) for c in codes if c.size) <= 64
     assert info["ort-qdq"]["per_channel"] is True and info["ort-qdq"]["calibration_images"] == 3
 
 

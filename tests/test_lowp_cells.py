@@ -51,6 +51,25 @@ def test_fp32_against_openvino_is_strict_and_a_missing_anchor_is_unmeasured():
     assert rows["ORT dynamic int8 ÷ vitfast int8"]["met"] == "unmeasured"
 
 
+def test_7bit_rows_and_their_exact_ort_counterpart():
+    """With the AVX2 kernel the 7-bit model is checked against ORT's int8 and its reduce_range form (7-bit weights
+    on both sides: the pair where both are exact on a CPU without VNNI); without the rows, no such checks."""
+    assert lowp_cells.providers(False, False, narrow=True) == [
+        "ort-fused", "ort-int8", "ort-int8-rr", "ort-qdq", "vitfast", "vitfast-int8", "vitfast-int8-w7"]
+    assert "ort-int8-rr" not in lowp_cells.providers(True, True)
+    report = _report()
+    report["results"].append({"provider": "vitfast-int8-w7", "threads": 1, "batch": 1,
+                              "round_ms": [5.0, 5.5, 5.0, 6.0, 5.0],
+                              "paired_vs": {"ort-int8": [1.1, 1.0, 1.2], "ort-int8-rr": [1.25, 1.2, 1.3]}})
+    rows = _by_check(lowp_cells.checks(report, "deit_small", bf16=False))
+    assert rows["ORT dynamic int8 ÷ vitfast int8 (7-bit weights)"]["met"] == "NOT met"
+    assert rows["vitfast fp32 ÷ vitfast int8 (7-bit weights)"]["ratio"].startswith("2.000×")
+    exact = rows["ORT int8 7-bit weights ÷ vitfast int8 (7-bit weights)"]
+    assert exact["ratio"].startswith("1.250×") and exact["met"] == "met"
+    assert "ORT int8 7-bit weights ÷ vitfast int8 (7-bit weights)" not in _by_check(
+        lowp_cells.checks(_report(), "deit_small", bf16=False))
+
+
 def test_quick_runs_are_not_recorded(capsys):
     with pytest.raises(SystemExit):
         lowp_cells.main(["--quick", "--record"])

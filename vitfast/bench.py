@@ -27,8 +27,8 @@ What a GPU user deploys instead of vitfast, the GPU analogue of the ORT anchors 
 What a CPU user deploys instead of vitfast fp32, all on the SAME fused graph (the ONNX file ort-fused runs; opt-in,
 not in the defaults):
 
-    ort-int8      ONNX Runtime on onnxruntime.quantization.quantize_dynamic(fused ONNX, weight_type=QInt8): the one
-                  call with ORT's defaults (per-tensor weights, per_channel=False; activations quantized per call)
+    ort-int8      ONNX Runtime on quantize_dynamic(fused ONNX, weight_type=QInt8), ORT's defaults otherwise (per-tensor
+                  weights; activations quantized per call); ort-int8-rr: with reduce_range=True (7-bit weights)
     ort-qdq       ONNX Runtime on quantize_static(fused ONNX, QDQ format, per-channel QInt8 weights, QInt8
                   activations = ORT's S8S8 default), calibrated (MinMax) on the bench's own input batches
     openvino-f32  OpenVINO (CPU) on the fused ONNX, INFERENCE_PRECISION_HINT=f32
@@ -60,7 +60,7 @@ What is measured, per (threads, batch):
   and just after the rounds of that (threads, batch) (torch.mm of 2048x2048 fp32, median of those calls).
   "% floor" = floor / median latency = achieved GFLOP/s as a share of sgemm GFLOP/s.
 * speed-up: timm eager's median / the provider's median, both from the same rounds.
-* paired speed-up vs an anchor (ort-fused, ort-int8, ort-qdq, openvino-f32, openvino; those timed): the median
+* paired speed-up vs an anchor (vitfast.bench.ANCHORS: ort-fused, ort-int8, ..., openvino; those timed): the median
   and p10-p90 of the per-round ratios anchor time / provider time.  Both calls of a ratio ran in the same round,
   so a slow phase of the host (this project's shared machines drift by 30% between minutes) scales both and
   cancels, where the ratio of two medians keeps whatever drift fell unevenly on the two lists.  Above 1.00: faster
@@ -427,12 +427,12 @@ def run_bench(
                         raise ProviderSkipped(f"openvino is not installed (pip install openvino, or "
                                               f"'vitfast[bench]'): {exc}") from None
                     built.append(_OpenVINO(key, label, flops_of, export(key), "f32" if key == "openvino-f32" else None))
-                elif key == "ort-int8":
+                elif key in ("ort-int8", "ort-int8-rr"):
                     _onnxruntime_quantization()
                     src = export(key)
-                    path = os.path.join(workdir, "ort-int8.onnx")
-                    log("bench: quantize_dynamic(fused ONNX, weight_type=QInt8)")
-                    provider_info[key] = quantize_ort_dynamic(src, path)
+                    path = os.path.join(workdir, f"{key}.onnx")
+                    log(f"bench: quantize_dynamic(fused ONNX, QInt8{', reduce_range' * (key != 'ort-int8')})")
+                    provider_info[key] = quantize_ort_dynamic(src, path, reduce_range=key != "ort-int8")
                     built.append(_Ort(key, label, flops_of, path, ort_spinning))
                 elif key == "ort-qdq":
                     _onnxruntime_quantization()
