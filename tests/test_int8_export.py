@@ -150,3 +150,28 @@ def test_saturating_ort_is_checked_by_the_graphs_definition(monkeypatch, tmp_pat
                                               (["avx2", "avx512f", "avx512_vnni"], False), (["avx2"], True)])
 def test_ort_int8_saturates_reads_vnni(flags, saturates):
     assert ort_int8_saturates(flags) is saturates
+
+
+def test_fold_weight_quantize_takes_a_zero_channel_to_its_zero_point():
+    """A weight row of zeros has scale 0 (vitfast's s = max|w| / qmax): folded to the zero point, with no NaN and no
+    numpy warning (x / 0 was NaN, cast to int8 as whatever the platform gives)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from vitfast.onnx_qdq import fold_weight_quantize
+
+    w = np.array([[0.5, -1.0, 0.0], [0.0, 0.0, 0.0]], np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([0.5, 0.0], np.float32), "s"),
+             numpy_helper.from_array(np.zeros(2, np.int8), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["w", "s", "z"], ["q"], axis=0),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=0)]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    proto = helper.make_model(helper.make_graph(nodes, "g", [], [out], initializer=inits))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fold_weight_quantize(proto) == 1
+    q = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}["q"]
+    assert q.dtype == np.int8 and q.tolist() == [[1, -2, 0], [0, 0, 0]]
+    assert [n.op_type for n in proto.graph.node] == ["DequantizeLinear"]
+    assert isinstance(proto, onnx.ModelProto)

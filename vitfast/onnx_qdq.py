@@ -50,7 +50,10 @@ def fold_weight_quantize(proto) -> int:
             shape[axis % x.ndim] = scale.shape[0]
             scale, zero = scale.reshape(shape), np.asarray(zero).reshape(shape)
         info = np.iinfo(np.asarray(zero).dtype)
-        q = np.clip(np.rint(x / scale) + zero.astype(np.float32), info.min, info.max).astype(np.asarray(zero).dtype)
+        # A channel of zero weights has scale 0 (s = max|w| / qmax): its codes are the zero point (x / 0 was NaN,
+        # whose cast to int8 is undefined; DequantizeLinear multiplied it by 0 again, with a numpy warning).
+        ratio = np.where(scale == 0, np.float32(0), x / np.where(scale == 0, np.float32(1), scale))
+        q = np.clip(np.rint(ratio) + zero.astype(np.float32), info.min, info.max).astype(np.asarray(zero).dtype)
         new_inits.append(numpy_helper.from_array(q, node.output[0]))
         folded += 1
     if not folded:
