@@ -26,11 +26,9 @@ PROBE = ("import vitfast, torch; print('vitfast', vitfast.ops.cpu_isa(), vitfast
 
 def host_flags() -> list[str]:
     """The kernel's CPU flags (/proc/cpuinfo; empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
+    from vitfast._env import host_cpu_flags
+
+    return host_cpu_flags()
 
 
 def unsupported() -> str | None:

@@ -12,19 +12,17 @@ import torch
 from test_bench import TINY, _check_consistent, _tiny_pair
 
 import vitfast
+from vitfast._env import host_cpu_flags
 from vitfast.bench import ANCHORS, PROVIDERS, _quantiles, format_report, run_bench
 from vitfast.cli import main
 
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
-ONNX_ANCHORS = ["ort-fused", "ort-int8", "ort-int8-rr", "ort-qdq"] + (["openvino-f32", "openvino"] if HAS_OPENVINO else [])
+ONNX_ANCHORS = (["ort-fused", "ort-int8", "ort-int8-rr", "ort-qdq"]
+                + (["openvino-f32", "openvino"] if HAS_OPENVINO else []))
 
 
 def _cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
+    flags = host_cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

@@ -61,3 +61,13 @@ def set_cuda_kernels(name: str) -> None:
     if name not in _VALID_CUDA_KERNELS:
         raise ValueError(f"cuda_kernels: expected one of {_VALID_CUDA_KERNELS}, got {name!r}")
     _cuda_kernels = name
+
+
+def host_cpu_flags() -> list:
+    """The kernel's CPU flags (/proc/cpuinfo's first "flags" line; empty where there is none).  What the CPU is, not
+    what a process is shown: benchmarks/cpuid_mask.py's masked CPUID does not change it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []

@@ -56,7 +56,8 @@ import torch
 import torch.nn as nn
 
 from .io.atomic import atomic_write, os_error_of
-from .onnx_qdq import SATURATION_FREE_CODE, ort_int8_saturates
+from .onnx_qdq import ort_int8_saturates
+from .reference._int8 import WEIGHT_QMAX
 
 __all__ = ["to_onnx", "ExportReport", "ExportError", "ExportMismatchError", "model_input_shape",
            "check_standard_ops", "ort_session", "reference_backend", "STANDARD_DOMAINS", "EXPORTERS",
@@ -457,7 +458,7 @@ def to_onnx(
         else:
             checked = []
         if (check and int8 and not rel_err <= INT8_EXPORT_RTOL
-                and max_weight_code(model) > SATURATION_FREE_CODE and ort_int8_saturates()):
+                and max_weight_code(model) > WEIGHT_QMAX[7] and ort_int8_saturates()):
             # ONNX Runtime's fused int8 GEMM saturates 8-bit weights on this CPU (vitfast/onnx_qdq.py): check the
             # graph by ONNX's definition instead — unfused, DequantizeLinear then an fp32 MatMul — and say so.
             fused = rel_err

@@ -16,9 +16,8 @@ __all__ = ["fold_weight_quantize", "ort_int8_saturates"]
 
 # ONNX Runtime's x86 int8 GEMM without VNNI multiplies u8 activations by s8 weights with vpmaddubsw, which sums each
 # pair of products into int16 with saturation: exact only while 2 · 255 · |w| <= 32767, i.e. |w| <= 64 — its
-# documented remedy is 7-bit weights (`reduce_range`), here `vitfast.quantize(weight_bits=7)`.  With VNNI
-# (vpdpbusd sums into int32) it is exact.
-SATURATION_FREE_CODE = 64
+# documented remedy is 7-bit weights (`reduce_range`), here `vitfast.quantize(weight_bits=7)`, whose codes are
+# within reference._int8.WEIGHT_QMAX[7] = 64.  With VNNI (vpdpbusd sums into int32) it is exact.
 
 
 def fold_weight_quantize(proto) -> int:
@@ -77,14 +76,12 @@ def ort_int8_saturates(flags=None) -> bool:
     /proc/cpuinfo's); False where they cannot be read (the export check then stays strict)."""
     import platform
 
+    from ._env import host_cpu_flags
+
     if flags is None:
         if platform.machine() not in ("x86_64", "AMD64"):
             return False
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as f:
-                flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
-        except OSError:
-            return False
-        if flags is None:
+        flags = host_cpu_flags()
+        if not flags:
             return False
     return not ({"avx512_vnni", "avx_vnni"} & set(flags))
