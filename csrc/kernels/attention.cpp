@@ -1,6 +1,7 @@
 #include "kernels/attention.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 
@@ -35,17 +36,20 @@ struct LineStream {
 class NextPrefetcher {
  public:
   NextPrefetcher() = default;  // nothing to prefetch
-  NextPrefetcher(const AttentionNext& next, const float* cur_qkv, int64_t cur_h, int64_t ld_qkv, int64_t tokens,
-                 int64_t heads, int64_t d, int64_t ld_out) {
+  // qkv elements of `bytes` bytes (fp32, or a bf16 qkv's 2); the output is fp32.
+  NextPrefetcher(const AttentionNext& next, const void* cur_qkv, int64_t cur_h, int64_t ld_qkv, int64_t tokens,
+                 int64_t heads, int64_t d, int64_t ld_out, int64_t bytes = int64_t(sizeof(float))) {
     if (next.qkv == nullptr || next.q1 <= next.q0) return;
-    const int64_t ld = ld_qkv * int64_t(sizeof(float));
+    const char* base = static_cast<const char*>(next.qkv);
+    const int64_t ld = ld_qkv * bytes;
     if (next.qkv != cur_qkv || next.h != cur_h) {  // the same head's K and V are already in cache
-      add(next.qkv + (heads + next.h) * d, ld, tokens, d);  // K and V first: packed as the next task starts
-      add(next.qkv + (2 * heads + next.h) * d, ld, tokens, d);
+      add(base + (heads + next.h) * d * bytes, ld, tokens, d * bytes);  // K and V first: packed as the next task starts
+      add(base + (2 * heads + next.h) * d * bytes, ld, tokens, d * bytes);
     }
-    add(next.qkv + next.q0 * ld_qkv + next.h * d, ld, next.q1 - next.q0, d);
+    add(base + (next.q0 * ld_qkv + next.h * d) * bytes, ld, next.q1 - next.q0, d * bytes);
     if (next.out != nullptr)
-      add(next.out + next.q0 * ld_out + next.h * d, ld_out * int64_t(sizeof(float)), next.q1 - next.q0, d);
+      add(reinterpret_cast<const char*>(next.out + next.q0 * ld_out + next.h * d), ld_out * int64_t(sizeof(float)),
+          next.q1 - next.q0, d * int64_t(sizeof(float)));
   }
   int64_t total_rows() const { return total_; }
   // Rows [r0, r1) of the concatenated streams.
@@ -63,10 +67,10 @@ class NextPrefetcher {
   }
 
  private:
-  // Rows of `width` floats, from the line of the first row's first float: when the row stride is a whole number
+  // Rows of `width` bytes, from the line of the first row's first byte: when the row stride is a whole number
   // of lines every row has that row's line count, otherwise one more line covers any offset (a prefetch past
   // a row's end never faults).
-  void add(const float* base, int64_t ld_bytes, int64_t rows, int64_t width) {
+  void add(const char* base, int64_t ld_bytes, int64_t rows, int64_t width) {
     LineStream& s = streams_[count_++];
     const uintptr_t first = reinterpret_cast<uintptr_t>(base) & ~uintptr_t(63);
     s.base = reinterpret_cast<const char*>(first);
@@ -74,7 +78,7 @@ class NextPrefetcher {
     s.rows = rows;
     s.lines_per_row = ld_bytes % 64 == 0
                           ? int64_t((reinterpret_cast<uintptr_t>(base + width) - 1 - first) / 64 + 1)
-                          : (width * int64_t(sizeof(float)) + 63) / 64 + 1;
+                          : (width + 63) / 64 + 1;
     total_ += rows;
   }
   LineStream streams_[4];
@@ -180,8 +184,14 @@ int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_
 void attention_pack_bf16(const HeadOperands& o, int64_t tokens, float* packed, gemm16::Bf16Kernel kernel) {
   uint16_t* k_panels = reinterpret_cast<uint16_t*>(packed);
   uint16_t* v_panels = reinterpret_cast<uint16_t*>(packed + bf16_floats(gemm16::packed_bf16(tokens, o.dk)));
-  gemm16::pack_b_transposed_bf16(o.k, tokens, o.dk, o.ldk, k_panels, kernel);  // B = K_hᵀ  [dk × N]
-  gemm16::pack_b_bf16(o.v, tokens, o.dv, o.ldv, v_panels, kernel);            // B = V_h   [N × dv]
+  if (o.k16 != nullptr)
+    gemm16::pack_b_transposed_bf16(o.k16, tokens, o.dk, o.ldk, k_panels, kernel);
+  else
+    gemm16::pack_b_transposed_bf16(o.k, tokens, o.dk, o.ldk, k_panels, kernel);  // B = K_hᵀ  [dk × N]
+  if (o.v16 != nullptr)
+    gemm16::pack_b_bf16(o.v16, tokens, o.dv, o.ldv, v_panels, kernel);
+  else
+    gemm16::pack_b_bf16(o.v, tokens, o.dv, o.ldv, v_panels, kernel);  // B = V_h   [N × dv]
 }
 
 namespace {
@@ -213,8 +223,19 @@ void bf16_rows(const HeadOperands& o, const float* packed, int64_t tokens, int64
   for (int64_t c = 0; c < chunks; ++c) {
     // attention_head's chunking; Q and P rounded to bf16 rows per chunk (their only reader is the next GEMM).
     const int64_t r0 = q0 + c * kAttentionChunk, r1 = std::min(q1, r0 + kAttentionChunk), rows = r1 - r0;
-    gemm16::convert_rows(o.q + r0 * o.ldq, o.ldq, rows, dk, q16, ld_q, kernel);
-    gemm16::gemm_bf16_raw(rows, q16, ld_q, k_panels, tokens, dk, scores, ld_s, scaled, kernel);
+    // A bf16 Q is read in place unless its row stride is a multiple of 2 KiB (every row of a register tile in the
+    // same L1 sets: attention_head's copy_q), then copied side by side as the fp32 Q's rounding is.
+    const uint16_t* a = q16;
+    int64_t lda = ld_q;
+    if (o.q16 == nullptr) {
+      gemm16::convert_rows(o.q + r0 * o.ldq, o.ldq, rows, dk, q16, ld_q, kernel);
+    } else if (o.ldq * 2 % 2048 == 0) {
+      for (int64_t i = 0; i < rows; ++i) std::memcpy(q16 + i * ld_q, o.q16 + (r0 + i) * o.ldq, size_t(dk) * 2);
+    } else {
+      a = o.q16 + r0 * o.ldq;
+      lda = o.ldq;
+    }
+    gemm16::gemm_bf16_raw(rows, a, lda, k_panels, tokens, dk, scores, ld_s, scaled, kernel);
     for (int64_t i = 0; i < rows; i += 2) {
       const int64_t pair = std::min<int64_t>(2, rows - i);
       for (int64_t r = i; r < i + pair; ++r) row_max[r] = -std::numeric_limits<float>::infinity();
@@ -270,6 +291,20 @@ void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64
   o.dk = o.dv = d;
   bf16_head(o, tokens, q0, q1, scale, out != nullptr ? out + h * d : nullptr, ld_out, workspace, isa, kernel,
             NextPrefetcher(next, qkv, h, ld_qkv, tokens, heads, d, ld_out),
+            out16 != nullptr ? out16 + h * d : nullptr, ld_out16);
+}
+
+void attention_head_bf16(const uint16_t* qkv16, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim,
+                         int64_t h, int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace,
+                         CpuIsa isa, gemm16::Bf16Kernel kernel, const AttentionNext& next, uint16_t* out16,
+                         int64_t ld_out16) {
+  const int64_t d = head_dim, attn_dim = heads * head_dim;
+  HeadOperands o;
+  o.q16 = qkv16 + h * d, o.k16 = qkv16 + attn_dim + h * d, o.v16 = qkv16 + 2 * attn_dim + h * d;
+  o.ldq = o.ldk = o.ldv = ld_qkv;
+  o.dk = o.dv = d;
+  bf16_head(o, tokens, q0, q1, scale, out != nullptr ? out + h * d : nullptr, ld_out, workspace, isa, kernel,
+            NextPrefetcher(next, qkv16, h, ld_qkv, tokens, heads, d, ld_out, int64_t(sizeof(uint16_t))),
             out16 != nullptr ? out16 + h * d : nullptr, ld_out16);
 }
 

@@ -42,7 +42,7 @@ constexpr int64_t kAttentionChunk = 42;
 // The task the calling thread runs after this one (qkv == nullptr: none): its Q rows, K and V (unless it is
 // the same head of the same image) and its output columns are prefetched during this one.
 struct AttentionNext {
-  const float* qkv = nullptr;  // that image's row 0
+  const void* qkv = nullptr;   // that image's row 0 (fp32; bf16 for the bf16-qkv head below)
   float* out = nullptr;        // that image's output row 0 (nullptr: not prefetched, e.g. a bf16 output)
   int64_t h = 0, q0 = 0, q1 = 0;
 };
@@ -70,6 +70,16 @@ int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_
 void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
                          int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
                          gemm16::Bf16Kernel kernel, const AttentionNext& next = AttentionNext(),
+                         uint16_t* out16 = nullptr, int64_t ld_out16 = 0);
+
+// The same head reading a qkv already rounded to bf16 (the bf16 block's qkv GEMM writes only its bf16 rounding,
+// gemm::Epilogue::c16): Q's rows are the score GEMM's operand as they are and K, V are packed without rounding
+// (gemm16::pack_b_*_bf16 from bf16), so the result has the bits of the fp32-qkv entry above on qkv's fp32 values,
+// without writing those values (DeiT-B: 3.6 MB an image) or reading them back.  head_dim must be even (Q is read as
+// whole pairs); ld_qkv even.
+void attention_head_bf16(const uint16_t* qkv16, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim,
+                         int64_t h, int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace,
+                         CpuIsa isa, gemm16::Bf16Kernel kernel, const AttentionNext& next = AttentionNext(),
                          uint16_t* out16 = nullptr, int64_t ld_out16 = 0);
 
 // The bf16 head on strided operands (kernels/head_operands.h: dk may differ from dv, as in `xwx_heads_bf16`): query

@@ -132,6 +132,26 @@ void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, u
   }
 }
 
+void pack_b_transposed_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst, Bf16Kernel kernel) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (uses_avx512_bf16(kernel) && cpu_has(CpuExt::kAvx512Bf16)) {
+    pack_b_transposed_bf16_avx512(w, n, k, ldw, dst);
+    return;
+  }
+#endif
+  (void)kernel;
+  const int64_t k2 = padded_k(k), panels = (n + kNr - 1) / kNr;
+  for (int64_t p = 0; p < panels; ++p) {
+    uint16_t* panel = dst + p * k2 * kNr;
+    for (int64_t j = 0; j < kNr; ++j) {
+      const int64_t col = p * kNr + j;
+      const uint16_t* src = col < n ? w + col * ldw : nullptr;
+      uint16_t* out = panel + 2 * j;
+      for (int64_t kk = 0; kk < k2; ++kk) out[(kk / 2) * 2 * kNr + (kk % 2)] = src != nullptr && kk < k ? src[kk] : 0;
+    }
+  }
+}
+
 void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst, Bf16Kernel kernel) {
 #if defined(__x86_64__) || defined(__i386__)
   if (uses_avx512_bf16(kernel) && cpu_has(CpuExt::kAvx512Bf16)) {
@@ -154,6 +174,30 @@ void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* ds
         out[2 * j + 1] = has_r1 ? to_bf16(r1[j]) : uint16_t(0);
       }
       for (int64_t j = cols; j < kNr; ++j) out[2 * j] = out[2 * j + 1] = 0;
+    }
+  }
+}
+
+void pack_b_bf16(const uint16_t* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst, Bf16Kernel kernel) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (uses_avx512_bf16(kernel) && cpu_has(CpuExt::kAvx512Bf16)) {
+    pack_b_bf16_avx512(b, k, n, ldb, dst);
+    return;
+  }
+#endif
+  (void)kernel;
+  const int64_t k2 = padded_k(k), panels = (n + kNr - 1) / kNr;
+  for (int64_t p = 0; p < panels; ++p) {
+    uint16_t* panel = dst + p * k2 * kNr;
+    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
+    for (int64_t q = 0; q < k2 / 2; ++q) {
+      const uint16_t* r0 = b + (2 * q) * ldb + p * kNr;
+      const bool has_r1 = 2 * q + 1 < k;
+      uint16_t* out = panel + q * 2 * kNr;
+      for (int64_t j = 0; j < kNr; ++j) {
+        out[2 * j] = j < cols ? r0[j] : uint16_t(0);
+        out[2 * j + 1] = j < cols && has_r1 ? r0[ldb + j] : uint16_t(0);
+      }
     }
   }
 }

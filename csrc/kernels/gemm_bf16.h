@@ -131,6 +131,12 @@ void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, u
 // B from B [k × n] fp32 row-major with row stride ldb (e.g. V_h: A · B = P · V_h).
 void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst,
                  Bf16Kernel kernel = Bf16Kernel::kScalar);
+// The same two packings from values already bf16 (a bf16 qkv's K_h and V_h: a rearrangement of 32-bit pairs and
+// 16-bit words, nothing rounded), so packing a bf16 operand gives the bits of packing its fp32 source.
+void pack_b_transposed_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst,
+                            Bf16Kernel kernel = Bf16Kernel::kScalar);
+void pack_b_bf16(const uint16_t* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst,
+                 Bf16Kernel kernel = Bf16Kernel::kScalar);
 // C = epilogue(A · B) over such a raw packed B (n columns, depth k; ep.bias ignored).
 void gemm_bf16_raw(int64_t m, const uint16_t* a, int64_t lda, const uint16_t* b_panels, int64_t n, int64_t k, float* c,
                    int64_t ldc, const gemm::Epilogue& ep, Bf16Kernel kernel);

@@ -53,6 +53,10 @@ void pack_b_transposed_bf16_avx512(const float* w, int64_t n, int64_t k, int64_t
 // pack_b_bf16 (gemm_bf16.h) a 16-column line at a time, the same bits (attention's V_h: ~2.5% of a bf16 DeiT-S block
 // element by element, perf).
 void pack_b_bf16_avx512(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst);
+// The two packings from bf16 values (gemm_bf16.h): 64-byte row loads, the K pack's in-register transpose and the
+// V pack's word interleave as above, without the rounding.
+void pack_b_transposed_bf16_avx512(const uint16_t* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst);
+void pack_b_bf16_avx512(const uint16_t* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst);
 // gemm::softmax_exp_rows_avx512 with the exps rounded to bf16 into p (row stride ldp, the pad element of an odd n
 // zeroed) instead of stored in place (gemm16::softmax_exp_rows_bf16).
 void softmax_exp_rows_bf16_avx512(float* s, int64_t rows, int64_t n, int64_t ld, float scale, float* row_max,

@@ -12,6 +12,12 @@ struct HeadOperands {
   const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
+  // Or the same operands already rounded to bf16 (the bf16 head only; a bf16 qkv's slices): used instead of q / k /
+  // v when set, with the same strides counted in bf16 elements.  Q's rows are then the score GEMM's A operand as
+  // they are, read as whole pairs: dk even.
+  const uint16_t* q16 = nullptr;
+  const uint16_t* k16 = nullptr;
+  const uint16_t* v16 = nullptr;
   int64_t ldq = 0, ldk = 0, ldv = 0, dk = 0, dv = 0;
 };
 

@@ -47,7 +47,8 @@ void linear_rows_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t
     const int64_t m = std::min(tile_rows, rows - r0);
     ep.addend = residual != nullptr ? residual + r0 * ld_residual : nullptr;
     ep.c16 = out16 != nullptr ? out16 + r0 * ldo16 : nullptr;
-    gemm16::gemm_bf16_panels(m, x + r0 * ldx, ldx, w, panel_begin, panel_end, out + r0 * ldo, ldo, ep, kernel);
+    gemm16::gemm_bf16_panels(m, x + r0 * ldx, ldx, w, panel_begin, panel_end, out != nullptr ? out + r0 * ldo : nullptr,
+                             ldo, ep, kernel);
   }
 }
 

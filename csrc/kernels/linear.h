@@ -37,7 +37,8 @@ void linear_rows(const gemm::PackedB& w, int64_t rows, const float* x, int64_t l
 
 // The same over bf16 operands (gemm_bf16.h): x [rows × w.k()] bf16 with an even row stride ldx and zero pad elements
 // (gemm16::convert_rows writes such rows); residual and out fp32 as above.  out16 (or nullptr): the output also
-// rounded to bf16 there (row stride ldo16; gemm::Epilogue::c16), the next bf16 GEMM's operand.
+// rounded to bf16 there (row stride ldo16; gemm::Epilogue::c16), the next bf16 GEMM's operand; out may then be
+// nullptr (only the bf16 rounding is written).
 void linear_rows_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t* x, int64_t ldx,
                       const float* residual, int64_t ld_residual, float* out, int64_t ldo, gemm16::Bf16Kernel kernel,
                       int64_t panel_begin = 0, int64_t panel_end = -1, const LinearTiling& tiling = LinearTiling(),

@@ -121,7 +121,8 @@ AttentionInput attention_input(const at::Tensor& qkv, int64_t num_heads, const s
 
 namespace {
 // The prefetch hint for the thread's next task (nb = -1: none); `out` nullptr: its output is not prefetched.
-AttentionNext next_task(const float* qp, int64_t ld_qkv, int64_t tokens, float* out, int64_t attn_dim, int64_t nb,
+template <class T>
+AttentionNext next_task(const T* qp, int64_t ld_qkv, int64_t tokens, float* out, int64_t attn_dim, int64_t nb,
                         int64_t nh, int64_t nq0, int64_t nq1) {
   AttentionNext next;
   if (nb >= 0) {
@@ -131,11 +132,11 @@ AttentionNext next_task(const float* qp, int64_t ld_qkv, int64_t tokens, float* 
   }
   return next;
 }
-}  // namespace
 
-void attention_run_bf16(const float* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
-                        float scale, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* o16,
-                        int64_t ld_o16) {
+// qkv fp32 (T = float) or already bf16 (T = uint16_t): the two attention_head_bf16 entries.
+template <class T>
+void run_bf16(const T* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d, float scale,
+              float* op, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* o16, int64_t ld_o16) {
   const int64_t attn_dim = heads * d;
   for_each_attention_task(
       batch, tokens, heads, isa,
@@ -147,6 +148,19 @@ void attention_run_bf16(const float* qp, int64_t ld_qkv, int64_t batch, int64_t 
                             o16 != nullptr ? nullptr : op + b * tokens * attn_dim, attn_dim, ws, isa, kernel, next,
                             o16 != nullptr ? o16 + b * tokens * ld_o16 : nullptr, ld_o16);
       });
+}
+}  // namespace
+
+void attention_run_bf16(const float* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
+                        float scale, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* o16,
+                        int64_t ld_o16) {
+  run_bf16(qp, ld_qkv, batch, tokens, heads, d, scale, op, isa, kernel, o16, ld_o16);
+}
+
+void attention_run_bf16(const uint16_t* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
+                        float scale, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* o16,
+                        int64_t ld_o16) {
+  run_bf16(qp, ld_qkv, batch, tokens, heads, d, scale, op, isa, kernel, o16, ld_o16);
 }
 
 void attention_run(const float* qp, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,

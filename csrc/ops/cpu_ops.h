@@ -108,13 +108,17 @@ std::shared_ptr<const ChannelIdleFfnBf16Weights> packed_channel_idle_ffn_weights
                                                                                      const at::Tensor& b_out);
 
 // linear_run on bf16 rows x (ldx even, pad zero); residual and out fp32; out16: also the bf16 rounding of out there
-// (row stride ld16, or nullptr; linear_rows_bf16).
+// (row stride ld16, or nullptr; linear_rows_bf16), out then nullptr for the rounding alone.
 void linear_run_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t* x, int64_t ldx,
                      const float* residual, int64_t ld_residual, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel,
                      uint16_t* out16 = nullptr, int64_t ld16 = 0);
 // attention_run with Q·Kᵀ and P·V on the bf16 GEMMs (qkv and out fp32; kernels/attention.h attention_head_bf16).
 // out16 (or nullptr): the output rounded to bf16 there instead of out (row stride ld_out16; attention_head_bf16).
 void attention_run_bf16(const float* qkv, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
+                        float scale, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* out16 = nullptr,
+                        int64_t ld_out16 = 0);
+// The same on a qkv already rounded to bf16 (ld_qkv in bf16 elements; d even: kernels/attention.h).
+void attention_run_bf16(const uint16_t* qkv16, int64_t ld_qkv, int64_t batch, int64_t tokens, int64_t heads, int64_t d,
                         float scale, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* out16 = nullptr,
                         int64_t ld_out16 = 0);
 // channel_idle_ffn_run on bf16 rows x (ldx even, pad zero); residual and out fp32.  out16 != nullptr (c_out even):

@@ -206,8 +206,8 @@ void linear_run_bf16(const gemm16::PackedBf16B& w, int64_t rows, const uint16_t*
   split_linear(
       rows, w.panels(), isa,
       [&](int64_t r0, int64_t r1) {
-        linear_rows_bf16(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr, op + r0 * n, n, kernel, 0,
-                         -1, tiling, o16 ? o16 + r0 * ld16 : nullptr, ld16);
+        linear_rows_bf16(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * ldr : nullptr, ldr,
+                         op ? op + r0 * n : nullptr, n, kernel, 0, -1, tiling, o16 ? o16 + r0 * ld16 : nullptr, ld16);
       },
       [&](int64_t p0, int64_t p1) {
         linear_rows_bf16(w, rows, xp, ldx, rp, ldr, op, n, kernel, p0, p1, tiling, o16, ld16);

@@ -15,9 +15,9 @@
 // - fp32, and bf16 (the op-by-op path rounds between ops in fp16/bf16; vitfast.nn.Block takes this op for fp32, and
 //   for bf16 when the CPU has a bf16 extension).  bf16 with the extension: the four GEMM inputs (norm1's output,
 //   the heads' output, the FFN input, h_act) are rounded to bf16 once each and the GEMMs accumulate in fp32
-//   (gemm_bf16.h), as do attention's Q·Kᵀ and P·V (attention_head_bf16: Q, K, V, P rounded to bf16); x, the
-//   LayerNorms, qkv, the softmax, x1, GELU, biases and residuals stay fp32 in the block, and the output is rounded
-//   to bf16 once.  So it does not round between ops as the op-by-op bf16 path
+//   (gemm_bf16.h), as do attention's Q·Kᵀ and P·V (attention_head_bf16: Q, K, V, P rounded to bf16; with an even
+//   head dim the qkv GEMM stores only that rounding of its fp32 result); x, the LayerNorms, the softmax, x1, GELU,
+//   biases and residuals stay fp32 in the block, and the output is rounded to bf16 once.  So it does not round between ops as the op-by-op bf16 path
 //   does: more accurate than it, not its bits.  bf16 without the extension: the fp32 block on the fp32 conversions,
 //   rounded once (block.py does not route bf16 here then: its six ops keep their behaviour).
 //   fp16 is refused (the same message as reference.vit_block's fp32-only check: it names the fp32 op).
@@ -98,26 +98,35 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   // the bf16 output by the FFN's last GEMM as it stores it: no at::Tensor::to and no pass of its own for either.
   const bool x_bf16 = x.scalar_type() == at::kBFloat16;
   const at::Tensor xc = x.contiguous();
-  // fp32 scratch: qkv, x1 [, x_f32]; the LayerNorms' and the heads' outputs exist only as bf16 rows (scratch16).
-  at::Tensor scratch = empty_output({rows * (3 * attn_dim + c) + (x_bf16 ? rows * c : 0)}, at::kFloat);
+  // With an even head dim qkv exists only as its bf16 rounding (qkv16: every reader of it rounds it, and attention
+  // reads bf16 Q rows as they are: kernels/attention.h), the qkv GEMM's c16 store; an odd one keeps fp32 qkv.
+  const bool qkv_bf16 = d % 2 == 0;
+  // fp32 scratch: [qkv,] x1 [, x_f32]; the LayerNorms' and the heads' outputs exist only as bf16 rows (scratch16).
+  const int64_t qkv_floats = qkv_bf16 ? 0 : rows * 3 * attn_dim;
+  at::Tensor scratch = empty_output({qkv_floats + rows * c + (x_bf16 ? rows * c : 0)}, at::kFloat);
   const int64_t ld_c = gemm16::padded_k(c), ld_a = gemm16::padded_k(attn_dim);
-  at::Tensor scratch16 = empty_output({rows * (std::max(ld_c, ld_a) + ld_c)}, at::kBFloat16);
+  const int64_t a16_len = (rows * (std::max(ld_c, ld_a) + ld_c) + 31) / 32 * 32;  // qkv16 on a 64-byte line
+  at::Tensor scratch16 = empty_output({a16_len + (qkv_bf16 ? rows * 3 * attn_dim : 0)}, at::kBFloat16);
   at::Tensor out = empty_output(x.sizes(), at::kFloat);
-  float* qkv = scratch.data_ptr<float>();
-  float* x1 = qkv + rows * 3 * attn_dim;
+  float* qkv = qkv_bf16 ? nullptr : scratch.data_ptr<float>();
+  float* x1 = scratch.data_ptr<float>() + qkv_floats;
   uint16_t* a16 = static_cast<uint16_t*>(scratch16.data_ptr());
+  uint16_t* qkv16 = qkv_bf16 ? a16 + a16_len : nullptr;
   float* x_f32 = x_bf16 ? x1 + rows * c : nullptr;
   const float* xp = x_bf16 ? x_f32 : xc.data_ptr<float>();
   const CpuIsa isa = active_cpu_isa();
 
   layer_norm_run_bf16(xp, a16, ld_c, rows, c, nullptr, nullptr, float(norm1_eps), isa, kernel,
                       x_bf16 ? static_cast<const uint16_t*>(xc.data_ptr()) : nullptr, x_f32);
-  linear_run_bf16(*qkv_w, rows, a16, ld_c, nullptr, 0, qkv, isa, kernel);
+  linear_run_bf16(*qkv_w, rows, a16, ld_c, nullptr, 0, qkv, isa, kernel, qkv16, 3 * attn_dim);
   // Q·Kᵀ and P·V on the bf16 GEMMs too: measured on the DeiT-S block (batch 1, one thread, alternating runs)
   // 1.24 -> 1.18 ms, the relative error against the fp32 block 0.223% -> 0.226%.
   // The heads' output straight to bf16 rows (the P·V epilogue's c16): the proj GEMM's operand, no fp32 copy.
-  attention_run_bf16(qkv, 3 * attn_dim, batch, tokens, heads, d, 1.0f / std::sqrt(float(d)), nullptr, isa, kernel, a16,
-                     ld_a);
+  const float scale = 1.0f / std::sqrt(float(d));
+  if (qkv_bf16)
+    attention_run_bf16(qkv16, 3 * attn_dim, batch, tokens, heads, d, scale, nullptr, isa, kernel, a16, ld_a);
+  else
+    attention_run_bf16(qkv, 3 * attn_dim, batch, tokens, heads, d, scale, nullptr, isa, kernel, a16, ld_a);
   if (attn_dim % 2 != 0)
     for (int64_t r = 0; r < rows; ++r) a16[r * ld_a + attn_dim] = 0;  // the pad of odd rows
   // x1 = x + attn(...) in fp32 (the FFN's residual).  Without an FFN norm x1 is also the FFN input: the proj GEMM's

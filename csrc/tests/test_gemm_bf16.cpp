@@ -195,6 +195,25 @@ void test_raw_packing(Bf16Kernel kernel) {
       VT_CHECK(same_t, "[%s] pack_b_transposed_bf16 n=%lld k=%lld differs from pack_linear", name, (long long)n,
                (long long)k);
       VT_CHECK(same_r, "[%s] pack_b_bf16 n=%lld k=%lld differs from pack_linear", name, (long long)n, (long long)k);
+      // The same packings from the values already rounded to bf16 (a bf16 qkv's K and V): a row stride that is
+      // not the row's length, and a quiet-NaN pattern after each row's k values (an odd k's pad must not read it).
+      const int64_t ld16 = k + 3;
+      std::vector<uint16_t> w16(size_t(n * ld16), 0x7fc1), wt16(size_t(k * (n + 1)), 0x7fc1);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < k; ++j) w16[i * ld16 + j] = wt16[j * (n + 1) + i] = gemm16::to_bf16(w[i * ldw + j]);
+      std::fill(t.begin(), t.end(), uint16_t(0xffff));
+      std::fill(r.begin(), r.end(), uint16_t(0xffff));
+      gemm16::pack_b_transposed_bf16(w16.data(), n, k, ld16, tp, kernel);
+      gemm16::pack_b_bf16(wt16.data(), k, n, n + 1, rp, kernel);
+      bool same_t16 = true, same_r16 = true;
+      for (size_t i = 0; i < size; ++i) {
+        same_t16 = same_t16 && tp[i] == b.panel_data()[i];
+        same_r16 = same_r16 && rp[i] == b.panel_data()[i];
+      }
+      VT_CHECK(same_t16, "[%s] pack_b_transposed_bf16 from bf16 n=%lld k=%lld differs from pack_linear", name,
+               (long long)n, (long long)k);
+      VT_CHECK(same_r16, "[%s] pack_b_bf16 from bf16 n=%lld k=%lld differs from pack_linear", name, (long long)n,
+               (long long)k);
       for (int64_t i = 0; i < 5 && 2 * i < k; ++i) w[size_t(2 * i)] = 0.5f;  // finite again for the GEMM check
       const gemm16::PackedBf16B b2 = gemm16::PackedBf16B::pack_linear(w.data(), n, k, ldw, nullptr);
       gemm16::pack_b_transposed_bf16(w.data(), n, k, ldw, tp, kernel);
@@ -405,16 +424,21 @@ void test_softmax_and_row_scale(Bf16Kernel kernel) {
   // c16 where C holds denormals (which vcvtneps2bf16 would read as zero: a kernel rounding its copy with it must
   // still give convert_rows' bits): rows of A that are zero make C = addend + C0 there, set to denormals, ±0 and
   // small normals, beside rows of ordinary values; with C, without it, and accumulating onto C.  Every copied value
-  // must be to_bf16 of C's.
+  // must be to_bf16 of C's.  Modes 3 and 4 take the bf16-only store without an addend (the AVX-512 kernel's
+  // once-per-row form, vcvtneps2bf16 with a denormal test): the bias holds the denormals (C = bias on the zero
+  // rows), or a row scale of 2e-39 makes them from ordinary sums.
   const float tiny[] = {1e-40f, -3e-39f, 1.1e-38f, -1.17e-38f, 5e-45f, -0.0f, 0.0f, 1.2e-38f, 2e-38f, -7.3e-39f};
   for (int64_t mm : {3, 14, 29})
     for (int64_t nn : {7, 32, 45})
-      for (int mode = 0; mode < 3; ++mode) {  // 0: C and c16, 1: c16 alone, 2: accumulate onto C, with c16
+      for (int mode = 0; mode < 5; ++mode) {  // 0: C and c16, 1: c16 alone, 2: accumulate onto C, with c16; 3, 4: above
         const int64_t kk = 9, ldx = gemm16::padded_k(kk), ld16 = nn + 1;
         std::vector<float> wv = random_vector(rng, size_t(nn * kk)), xv = random_vector(rng, size_t(mm * kk));
-        std::vector<float> add(size_t(mm * nn)), c0(size_t(mm * nn), 0.0f);
+        std::vector<float> add(size_t(mm * nn)), c0(size_t(mm * nn), 0.0f), bias(static_cast<size_t>(nn)),
+            scale(static_cast<size_t>(mm));
+        for (int64_t j = 0; j < nn; ++j) bias[j] = tiny[(j * 3) % 10];
         for (int64_t i = 0; i < mm; ++i) {
-          const bool zero_row = i % 3 != 1;
+          const bool zero_row = i % 3 != 1 && mode != 4;
+          scale[i] = i % 3 != 1 ? 2e-39f : 1.0f;
           for (int64_t j = 0; j < nn; ++j) {
             add[i * nn + j] = zero_row ? tiny[(i * 7 + j) % 10] : 0.25f * float(j - nn / 2);
             if (mode == 2 && zero_row) c0[i * nn + j] = tiny[(i + j * 3) % 10], add[i * nn + j] = 0.0f;
@@ -422,21 +446,25 @@ void test_softmax_and_row_scale(Bf16Kernel kernel) {
           if (zero_row)
             for (int64_t p = 0; p < kk; ++p) xv[i * kk + p] = 0.0f;
         }
-        const gemm16::PackedBf16B bb = gemm16::PackedBf16B::pack_linear(wv.data(), nn, kk, kk, nullptr);
+        const gemm16::PackedBf16B bb =
+            gemm16::PackedBf16B::pack_linear(wv.data(), nn, kk, kk, mode == 3 ? bias.data() : nullptr);
         std::vector<uint16_t> ax(size_t(mm * ldx), 0);
         gemm16::convert_rows(xv.data(), kk, mm, kk, ax.data(), ldx);
         gemm::Epilogue ep3;
-        ep3.addend = add.data();
+        ep3.addend = mode < 3 ? add.data() : nullptr;
         ep3.ld_addend = nn;
         ep3.accumulate = mode == 2;
+        ep3.bias = mode == 3;
+        ep3.row_scale = mode == 4 ? scale.data() : nullptr;
         std::vector<float> c = c0;  // C's values (and C0 for mode 2), from the same call without a copy
         gemm16::gemm_bf16(mm, ax.data(), ldx, bb, c.data(), nn, ep3, kernel);
         std::vector<uint16_t> c16(size_t(mm * ld16), 0xffff);
         std::vector<float> c_with = c0;
         ep3.c16 = c16.data();
         ep3.ldc16 = ld16;
-        gemm16::gemm_bf16(mm, ax.data(), ldx, bb, mode == 1 ? nullptr : c_with.data(), nn, ep3, kernel);
-        bool ok = mode == 1 || c == c_with, seen = false;
+        const bool alone = mode == 1 || mode >= 3;
+        gemm16::gemm_bf16(mm, ax.data(), ldx, bb, alone ? nullptr : c_with.data(), nn, ep3, kernel);
+        bool ok = alone || c == c_with, seen = false;
         for (int64_t i = 0; i < mm; ++i)
           for (int64_t j = 0; j < ld16; ++j) {
             const uint16_t want = j < nn ? gemm16::to_bf16(c[i * nn + j]) : uint16_t(0xffff);

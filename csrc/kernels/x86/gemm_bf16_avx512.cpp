@@ -43,6 +43,18 @@ static inline __attribute__((always_inline)) __m512i broadcast_pair(const uint16
   return _mm512_set1_epi32(v);
 }
 
+// The bf16-only store of the once-per-row epilogue below: vcvtneps2bf16 gives round_bf16_16's bits for every value
+// but a denormal (it flushes those; NaNs are kept quiet by both), so a vector holding one (vfpclassps, no constant
+// register) goes to the integer rounding out of line: inlined, its five constants were hoisted above the tile's
+// main loop, which has no registers to spare (see VITFAST_BF16_STORE_PLAIN16).
+__attribute__((noinline)) void store_bf16_rounded(uint16_t* p, __mmask16 m, __m512 v) { store_bf16(p, m, v); }
+static inline __attribute__((always_inline)) void store_bf16_fast(uint16_t* p, __mmask16 m, __m512 v) {
+  if (__builtin_expect(_mm512_mask_fpclass_ps_mask(m, v, 0x20) != 0, 0))
+    store_bf16_rounded(p, m, v);
+  else
+    _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
 template <int MR, int NP>
 static inline __attribute__((always_inline)) void tile(int64_t steps, const uint16_t* a, int64_t lda,
                                                        const uint16_t* b, int64_t b_stride, float* c, int64_t ldc,
@@ -154,6 +166,44 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
     _mm512_mask_storeu_ps(ci, e.mask[0], v0);                                                         \
     if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], v1);                                        \
   }
+// The same once-per-row form for a result wanted only as bf16 (C nullptr: the bf16 block's qkv GEMM, attention's
+// P·V into the heads' bf16 rows): row scale and/or bias, then the bf16 store.  Through the general epilogue the qkv
+// GEMM's bias + bf16 store ran ~3% under the plain fp32 store at DeiT-B's 197 × 768 × 768 (bf16_kernel_parts.py).
+#define VITFAST_BF16_STORE_PLAIN16(row)                                                               \
+  if (MR > row) {                                                                                     \
+    uint16_t* c16i = t.c16 + row * e.ldc16;                                                           \
+    __m512 v0 = c##row##_0, v1 = c##row##_1;                                                          \
+    if (rs != nullptr) {                                                                              \
+      const __m512 f = _mm512_set1_ps(rs[row]);                                                       \
+      v0 = _mm512_mul_ps(v0, f);                                                                      \
+      v1 = _mm512_mul_ps(v1, f);                                                                      \
+    }                                                                                                 \
+    if (e.bias != nullptr) {                                                                          \
+      v0 = _mm512_add_ps(v0, _mm512_loadu_ps(e.bias));                                                \
+      if (NP > 1) v1 = _mm512_add_ps(v1, _mm512_loadu_ps(e.bias + 16));                               \
+    }                                                                                                 \
+    store_bf16_fast(c16i, e.mask[0], v0);                                                             \
+    if (NP > 1) store_bf16_fast(c16i + 16, e.mask[1], v1);                                            \
+  }
+  if (c == nullptr && t.c16 != nullptr && !e.load_c && !e.gelu && t.addend == nullptr) {
+    const float* rs = t.row_scale;
+    VITFAST_BF16_STORE_PLAIN16(0)
+    VITFAST_BF16_STORE_PLAIN16(1)
+    VITFAST_BF16_STORE_PLAIN16(2)
+    VITFAST_BF16_STORE_PLAIN16(3)
+    VITFAST_BF16_STORE_PLAIN16(4)
+    VITFAST_BF16_STORE_PLAIN16(5)
+    VITFAST_BF16_STORE_PLAIN16(6)
+    VITFAST_BF16_STORE_PLAIN16(7)
+    VITFAST_BF16_STORE_PLAIN16(8)
+    VITFAST_BF16_STORE_PLAIN16(9)
+    VITFAST_BF16_STORE_PLAIN16(10)
+    VITFAST_BF16_STORE_PLAIN16(11)
+    VITFAST_BF16_STORE_PLAIN16(12)
+    VITFAST_BF16_STORE_PLAIN16(13)
+    return;
+  }
+#undef VITFAST_BF16_STORE_PLAIN16
   if (c != nullptr && !e.load_c && !e.gelu && t.c16 == nullptr) {
     const float* rs = t.row_scale;
     VITFAST_BF16_STORE_PLAIN(0)
@@ -332,6 +382,47 @@ void pack_b_bf16_avx512(const float* b, int64_t k, int64_t n, int64_t ldb, uint1
       const __m512 lo = _mm512_maskz_loadu_ps(m, r0);
       const __m512 hi = 2 * q + 1 < k ? _mm512_maskz_loadu_ps(m, r0 + ldb) : _mm512_setzero_ps();
       _mm512_store_si512(panel + q * 2 * kNr, _mm512_permutexvar_epi16(interleave, to_bf16x32(lo, hi)));
+    }
+  }
+}
+
+void pack_b_transposed_bf16_avx512(const uint16_t* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
+  // pack_b_transposed_bf16_avx512 above on rows that are already bf16: a 64-byte load is a row's 16 pairs (the
+  // pad element of an odd k masked to zero), then the same 16 × 16 transpose of 32-bit pairs.
+  const int64_t pairs = (k + 1) / 2, panels = (n + kNr - 1) / kNr;
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
+    uint16_t* panel = dst + p * pairs * 2 * kNr;
+    for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
+      const int64_t k0 = 2 * q0, valid = k - k0 >= 32 ? 32 : k - k0;
+      const __mmask32 m = valid == 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << valid) - 1u);
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int t = 0; t < 16; ++t)
+        r[t] = t < cols ? _mm512_maskz_loadu_epi16(m, w + (p * kNr + t) * ldw + k0) : _mm512_setzero_si512();
+      x86::transpose16_epi32(r);
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c)
+        if (q0 + c < pairs) _mm512_store_si512(panel + (q0 + c) * 2 * kNr, r[c]);
+    }
+  }
+}
+
+void pack_b_bf16_avx512(const uint16_t* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst) {
+  // pack_b_bf16_avx512 above on bf16 rows: rows 2q and 2q + 1 (16 words each) side by side, one word permute.
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                              6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const int64_t k2 = (k + 1) / 2 * 2, panels = (n + kNr - 1) / kNr;
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
+    const __mmask16 m = cols == kNr ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1u);
+    uint16_t* panel = dst + p * k2 * kNr;
+    for (int64_t q = 0; q < k2 / 2; ++q) {
+      const uint16_t* r0 = b + 2 * q * ldb + p * kNr;
+      const __m256i lo = _mm256_maskz_loadu_epi16(m, r0);
+      const __m256i hi = 2 * q + 1 < k ? _mm256_maskz_loadu_epi16(m, r0 + ldb) : _mm256_setzero_si256();
+      _mm512_store_si512(panel + q * 2 * kNr,
+                         _mm512_permutexvar_epi16(interleave, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)));
     }
   }
 }
