@@ -1,6 +1,7 @@
 // bf16 kernels on one core, the parts that decide a bf16 ViT block's time:
 //   (a) attention_head_bf16 for every head of a DeiT-S / DeiT-B image (N = 197, D = 64) against attention_head (fp32),
 //       and its steps alone: K/V packing, Q rounding, S = Q·Kᵀ, the softmax to bf16 P, P·V (with the 1/Σ row scale);
+//       and the head and the packing on a qkv already bf16 (the bf16 block's: no Q rounding, K/V packed unrounded);
 //   (b) gemm_bf16 at DeiT-S/B linear shapes with a hot weight (the same one every call) and cold weights (16 weight
 //       sets in rotation, as a model's blocks: each comes from L3 or memory), which the next-panel-pair prefetch of
 //       the AVX-512 kernel is for;
@@ -81,6 +82,8 @@ void attention_parts(const char* model, int64_t heads, Bf16Kernel k16, int round
   const int64_t n = 197, d = 64, attn = heads * d, ld = 3 * attn, chunk = kAttentionChunk;
   std::mt19937 g(0);
   const std::vector<float> qkv = random_values(g, size_t(n * ld));
+  std::vector<uint16_t> qkv16(size_t(n * ld));  // the bf16 block's qkv: the qkv GEMM stores only this rounding
+  gemm16::convert_rows(qkv.data(), ld, n, ld, qkv16.data(), ld, k16);
   std::vector<float> out(size_t(n * attn));
   const CpuIsa isa = CpuIsa::kAvx512;
   const float scale = 0.125f;
@@ -131,12 +134,23 @@ void attention_parts(const char* model, int64_t heads, Bf16Kernel k16, int round
         gemm16::gemm_bf16_raw(m, p16.data(), ld_p, vp.data(), d, n, out.data() + r0 * attn + h * d, attn, normalise,
                               k16);
       }),
+      [&] {
+        for (int64_t h = 0; h < heads; ++h)
+          attention_head_bf16(qkv16.data(), ld, n, heads, d, h, 0, n, scale, out.data(), attn, ws16.data(), isa, k16);
+      },
+      [&] {
+        for (int64_t h = 0; h < heads; ++h) {
+          gemm16::pack_b_transposed_bf16(qkv16.data() + attn + h * d, n, d, ld, kp.data(), k16);
+          gemm16::pack_b_bf16(qkv16.data() + 2 * attn + h * d, n, d, ld, vp.data(), k16);
+        }
+      },
   };
   const char* names[] = {"attention_head_bf16, all heads", "attention_head (fp32), all heads", "pack K and V",
-                         "round Q rows", "S = Q·Kᵀ", "softmax -> bf16 P", "P·V, 1/Σ epilogue"};
+                         "round Q rows", "S = Q·Kᵀ", "softmax -> bf16 P", "P·V, 1/Σ epilogue",
+                         "attention_head_bf16 on a bf16 qkv, all heads", "pack K and V from a bf16 qkv"};
   const double head_flops = 4.0 * n * n * d;
   const double flops[] = {head_flops * heads, head_flops * heads, 0, 0, head_flops * heads / 2, 0,
-                          head_flops * heads / 2};
+                          head_flops * heads / 2, head_flops * heads, 0};
   const std::vector<double> us = interleaved(fns, rounds, 5);
   for (size_t i = 0; i < fns.size(); ++i)
     rows.push_back({std::string(model) + " attention (N = 197, D = 64, " + std::to_string(heads) + " heads)",
