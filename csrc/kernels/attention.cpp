@@ -4,6 +4,7 @@
 #include <cstring>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/gemm.h"
 
@@ -281,31 +282,41 @@ void attention_head_bf16(const HeadOperands& operands, int64_t tokens, int64_t q
   bf16_head(operands, tokens, q0, q1, scale, out, ld_out, workspace, isa, kernel, NextPrefetcher(), nullptr, 0);
 }
 
-void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
-                         int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
-                         gemm16::Bf16Kernel kernel, const AttentionNext& next, uint16_t* out16, int64_t ld_out16) {
-  const int64_t d = head_dim, attn_dim = heads * head_dim;
+namespace {
+// Head h of a packed qkv row layout: fp32 slices (T = float) or bf16 ones (T = uint16_t: HeadOperands' q16, k16,
+// v16).
+template <class T>
+void qkv_head_bf16(const T* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t d, int64_t h, int64_t q0,
+                   int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
+                   gemm16::Bf16Kernel kernel, const AttentionNext& next, uint16_t* out16, int64_t ld_out16) {
+  const int64_t attn_dim = heads * d;
+  const T *q = qkv + h * d, *k = qkv + attn_dim + h * d, *v = qkv + 2 * attn_dim + h * d;
   HeadOperands o;
-  o.q = qkv + h * d, o.k = qkv + attn_dim + h * d, o.v = qkv + 2 * attn_dim + h * d;
+  if constexpr (std::is_same_v<T, float>)
+    o.q = q, o.k = k, o.v = v;
+  else
+    o.q16 = q, o.k16 = k, o.v16 = v;
   o.ldq = o.ldk = o.ldv = ld_qkv;
   o.dk = o.dv = d;
   bf16_head(o, tokens, q0, q1, scale, out != nullptr ? out + h * d : nullptr, ld_out, workspace, isa, kernel,
-            NextPrefetcher(next, qkv, h, ld_qkv, tokens, heads, d, ld_out),
+            NextPrefetcher(next, qkv, h, ld_qkv, tokens, heads, d, ld_out, int64_t(sizeof(T))),
             out16 != nullptr ? out16 + h * d : nullptr, ld_out16);
+}
+}  // namespace
+
+void attention_head_bf16(const float* qkv, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim, int64_t h,
+                         int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace, CpuIsa isa,
+                         gemm16::Bf16Kernel kernel, const AttentionNext& next, uint16_t* out16, int64_t ld_out16) {
+  qkv_head_bf16(qkv, ld_qkv, tokens, heads, head_dim, h, q0, q1, scale, out, ld_out, workspace, isa, kernel, next,
+                out16, ld_out16);
 }
 
 void attention_head_bf16(const uint16_t* qkv16, int64_t ld_qkv, int64_t tokens, int64_t heads, int64_t head_dim,
                          int64_t h, int64_t q0, int64_t q1, float scale, float* out, int64_t ld_out, float* workspace,
                          CpuIsa isa, gemm16::Bf16Kernel kernel, const AttentionNext& next, uint16_t* out16,
                          int64_t ld_out16) {
-  const int64_t d = head_dim, attn_dim = heads * head_dim;
-  HeadOperands o;
-  o.q16 = qkv16 + h * d, o.k16 = qkv16 + attn_dim + h * d, o.v16 = qkv16 + 2 * attn_dim + h * d;
-  o.ldq = o.ldk = o.ldv = ld_qkv;
-  o.dk = o.dv = d;
-  bf16_head(o, tokens, q0, q1, scale, out != nullptr ? out + h * d : nullptr, ld_out, workspace, isa, kernel,
-            NextPrefetcher(next, qkv16, h, ld_qkv, tokens, heads, d, ld_out, int64_t(sizeof(uint16_t))),
-            out16 != nullptr ? out16 + h * d : nullptr, ld_out16);
+  qkv_head_bf16(qkv16, ld_qkv, tokens, heads, head_dim, h, q0, q1, scale, out, ld_out, workspace, isa, kernel, next,
+                out16, ld_out16);
 }
 
 }  // namespace vitfast

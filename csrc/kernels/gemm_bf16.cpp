@@ -107,7 +107,15 @@ void softmax_exp_rows_bf16(float* s, int64_t rows, int64_t n, int64_t ld, float 
   convert_rows(s, ld, rows, n, p, ldp, kernel);
 }
 
-void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst, Bf16Kernel kernel) {
+namespace {
+// One source value as bf16: an fp32 one rounded (to_bf16), a bf16 one as it is.
+inline uint16_t bf16_of(float v) { return to_bf16(v); }
+inline uint16_t bf16_of(uint16_t v) { return v; }
+
+// The packings for an fp32 (T = float) or bf16 (T = uint16_t) source: the AVX-512 forms where they run, else the
+// portable loops (pads, odd k's last pair element and columns past n, zero).
+template <class T>
+void pack_transposed(const T* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst, Bf16Kernel kernel) {
 #if defined(__x86_64__) || defined(__i386__)
   if (uses_avx512_bf16(kernel) && cpu_has(CpuExt::kAvx512Bf16)) {
     pack_b_transposed_bf16_avx512(w, n, k, ldw, dst);
@@ -120,39 +128,16 @@ void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, u
     uint16_t* panel = dst + p * k2 * kNr;
     for (int64_t j = 0; j < kNr; ++j) {
       const int64_t col = p * kNr + j;
+      const T* src = col < n ? w + col * ldw : nullptr;
       uint16_t* out = panel + 2 * j;
-      if (col >= n) {
-        for (int64_t q = 0; q < k2 / 2; ++q) out[q * 2 * kNr] = out[q * 2 * kNr + 1] = 0;
-        continue;
-      }
-      const float* src = w + col * ldw;
-      for (int64_t kk = 0; kk < k; ++kk) out[(kk / 2) * 2 * kNr + (kk % 2)] = to_bf16(src[kk]);
-      if (k % 2 != 0) out[(k / 2) * 2 * kNr + 1] = 0;
+      for (int64_t kk = 0; kk < k2; ++kk)
+        out[(kk / 2) * 2 * kNr + (kk % 2)] = src != nullptr && kk < k ? bf16_of(src[kk]) : uint16_t(0);
     }
   }
 }
 
-void pack_b_transposed_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst, Bf16Kernel kernel) {
-#if defined(__x86_64__) || defined(__i386__)
-  if (uses_avx512_bf16(kernel) && cpu_has(CpuExt::kAvx512Bf16)) {
-    pack_b_transposed_bf16_avx512(w, n, k, ldw, dst);
-    return;
-  }
-#endif
-  (void)kernel;
-  const int64_t k2 = padded_k(k), panels = (n + kNr - 1) / kNr;
-  for (int64_t p = 0; p < panels; ++p) {
-    uint16_t* panel = dst + p * k2 * kNr;
-    for (int64_t j = 0; j < kNr; ++j) {
-      const int64_t col = p * kNr + j;
-      const uint16_t* src = col < n ? w + col * ldw : nullptr;
-      uint16_t* out = panel + 2 * j;
-      for (int64_t kk = 0; kk < k2; ++kk) out[(kk / 2) * 2 * kNr + (kk % 2)] = src != nullptr && kk < k ? src[kk] : 0;
-    }
-  }
-}
-
-void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst, Bf16Kernel kernel) {
+template <class T>
+void pack_rows(const T* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst, Bf16Kernel kernel) {
 #if defined(__x86_64__) || defined(__i386__)
   if (uses_avx512_bf16(kernel) && cpu_has(CpuExt::kAvx512Bf16)) {
     pack_b_bf16_avx512(b, k, n, ldb, dst);
@@ -165,41 +150,29 @@ void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* ds
     uint16_t* panel = dst + p * k2 * kNr;
     const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
     for (int64_t q = 0; q < k2 / 2; ++q) {
-      const float* r0 = b + (2 * q) * ldb + p * kNr;
-      const float* r1 = r0 + ldb;
-      const bool has_r1 = 2 * q + 1 < k;
-      uint16_t* out = panel + q * 2 * kNr;
-      for (int64_t j = 0; j < cols; ++j) {
-        out[2 * j] = to_bf16(r0[j]);
-        out[2 * j + 1] = has_r1 ? to_bf16(r1[j]) : uint16_t(0);
-      }
-      for (int64_t j = cols; j < kNr; ++j) out[2 * j] = out[2 * j + 1] = 0;
-    }
-  }
-}
-
-void pack_b_bf16(const uint16_t* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst, Bf16Kernel kernel) {
-#if defined(__x86_64__) || defined(__i386__)
-  if (uses_avx512_bf16(kernel) && cpu_has(CpuExt::kAvx512Bf16)) {
-    pack_b_bf16_avx512(b, k, n, ldb, dst);
-    return;
-  }
-#endif
-  (void)kernel;
-  const int64_t k2 = padded_k(k), panels = (n + kNr - 1) / kNr;
-  for (int64_t p = 0; p < panels; ++p) {
-    uint16_t* panel = dst + p * k2 * kNr;
-    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
-    for (int64_t q = 0; q < k2 / 2; ++q) {
-      const uint16_t* r0 = b + (2 * q) * ldb + p * kNr;
+      const T* r0 = b + (2 * q) * ldb + p * kNr;
       const bool has_r1 = 2 * q + 1 < k;
       uint16_t* out = panel + q * 2 * kNr;
       for (int64_t j = 0; j < kNr; ++j) {
-        out[2 * j] = j < cols ? r0[j] : uint16_t(0);
-        out[2 * j + 1] = j < cols && has_r1 ? r0[ldb + j] : uint16_t(0);
+        out[2 * j] = j < cols ? bf16_of(r0[j]) : uint16_t(0);
+        out[2 * j + 1] = j < cols && has_r1 ? bf16_of(r0[ldb + j]) : uint16_t(0);
       }
     }
   }
+}
+}  // namespace
+
+void pack_b_transposed_bf16(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst, Bf16Kernel kernel) {
+  pack_transposed(w, n, k, ldw, dst, kernel);
+}
+void pack_b_transposed_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst, Bf16Kernel kernel) {
+  pack_transposed(w, n, k, ldw, dst, kernel);
+}
+void pack_b_bf16(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst, Bf16Kernel kernel) {
+  pack_rows(b, k, n, ldb, dst, kernel);
+}
+void pack_b_bf16(const uint16_t* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst, Bf16Kernel kernel) {
+  pack_rows(b, k, n, ldb, dst, kernel);
 }
 
 namespace {

@@ -140,14 +140,8 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
       if (t.c16 != nullptr) store_bf16(t.c16 + row * e.ldc16 + 16, e.mask[1], v1);                    \
     }                                                                                                 \
   }
-// Without GELU, a bf16 copy or accumulation (attention's products, the bias and residual linears), the options are
-// tested once per row instead of for every register: the general epilogue below tests each for every register
-// (~170 branches per 14 × 32 tile), which at K = 64 (Q·Kᵀ, 32 k-pair steps) cost as much as a third of the tile
-// (measured 71% -> 84% of the vdpbf16ps peak at 42 × 64 × 197).  Same operations in the same order, so the same
-// values.
-#define VITFAST_BF16_STORE_PLAIN(row)                                                                 \
-  if (MR > row) {                                                                                     \
-    float* ci = c + row * ldc;                                                                        \
+// Row `row`'s values through the row scale, then the bias (epilogue16's order), as v0 and v1.
+#define VITFAST_BF16_SCALE_BIAS(row)                                                                  \
     __m512 v0 = c##row##_0, v1 = c##row##_1;                                                          \
     if (rs != nullptr) {                                                                              \
       const __m512 f = _mm512_set1_ps(rs[row]);                                                       \
@@ -157,7 +151,17 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
     if (e.bias != nullptr) {                                                                          \
       v0 = _mm512_add_ps(v0, _mm512_loadu_ps(e.bias));                                                \
       if (NP > 1) v1 = _mm512_add_ps(v1, _mm512_loadu_ps(e.bias + 16));                               \
-    }                                                                                                 \
+    }
+#define VITFAST_BF16_EACH_ROW(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13)
+// Without GELU, a bf16 copy or accumulation (attention's products, the bias and residual linears), the options are
+// tested once per row instead of for every register: the general epilogue below tests each for every register
+// (~170 branches per 14 × 32 tile), which at K = 64 (Q·Kᵀ, 32 k-pair steps) cost as much as a third of the tile
+// (measured 71% -> 84% of the vdpbf16ps peak at 42 × 64 × 197).  Same operations in the same order, so the same
+// values.
+#define VITFAST_BF16_STORE_PLAIN(row)                                                                 \
+  if (MR > row) {                                                                                     \
+    float* ci = c + row * ldc;                                                                        \
+    VITFAST_BF16_SCALE_BIAS(row)                                                                      \
     if (t.addend != nullptr) {                                                                        \
       const float* ai = t.addend + row * e.ld_addend;                                                 \
       v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(e.mask[0], ai));                                   \
@@ -172,71 +176,25 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
 #define VITFAST_BF16_STORE_PLAIN16(row)                                                               \
   if (MR > row) {                                                                                     \
     uint16_t* c16i = t.c16 + row * e.ldc16;                                                           \
-    __m512 v0 = c##row##_0, v1 = c##row##_1;                                                          \
-    if (rs != nullptr) {                                                                              \
-      const __m512 f = _mm512_set1_ps(rs[row]);                                                       \
-      v0 = _mm512_mul_ps(v0, f);                                                                      \
-      v1 = _mm512_mul_ps(v1, f);                                                                      \
-    }                                                                                                 \
-    if (e.bias != nullptr) {                                                                          \
-      v0 = _mm512_add_ps(v0, _mm512_loadu_ps(e.bias));                                                \
-      if (NP > 1) v1 = _mm512_add_ps(v1, _mm512_loadu_ps(e.bias + 16));                               \
-    }                                                                                                 \
+    VITFAST_BF16_SCALE_BIAS(row)                                                                      \
     store_bf16_fast(c16i, e.mask[0], v0);                                                             \
     if (NP > 1) store_bf16_fast(c16i + 16, e.mask[1], v1);                                            \
   }
   if (c == nullptr && t.c16 != nullptr && !e.load_c && !e.gelu && t.addend == nullptr) {
     const float* rs = t.row_scale;
-    VITFAST_BF16_STORE_PLAIN16(0)
-    VITFAST_BF16_STORE_PLAIN16(1)
-    VITFAST_BF16_STORE_PLAIN16(2)
-    VITFAST_BF16_STORE_PLAIN16(3)
-    VITFAST_BF16_STORE_PLAIN16(4)
-    VITFAST_BF16_STORE_PLAIN16(5)
-    VITFAST_BF16_STORE_PLAIN16(6)
-    VITFAST_BF16_STORE_PLAIN16(7)
-    VITFAST_BF16_STORE_PLAIN16(8)
-    VITFAST_BF16_STORE_PLAIN16(9)
-    VITFAST_BF16_STORE_PLAIN16(10)
-    VITFAST_BF16_STORE_PLAIN16(11)
-    VITFAST_BF16_STORE_PLAIN16(12)
-    VITFAST_BF16_STORE_PLAIN16(13)
+    VITFAST_BF16_EACH_ROW(VITFAST_BF16_STORE_PLAIN16)
     return;
   }
 #undef VITFAST_BF16_STORE_PLAIN16
   if (c != nullptr && !e.load_c && !e.gelu && t.c16 == nullptr) {
     const float* rs = t.row_scale;
-    VITFAST_BF16_STORE_PLAIN(0)
-    VITFAST_BF16_STORE_PLAIN(1)
-    VITFAST_BF16_STORE_PLAIN(2)
-    VITFAST_BF16_STORE_PLAIN(3)
-    VITFAST_BF16_STORE_PLAIN(4)
-    VITFAST_BF16_STORE_PLAIN(5)
-    VITFAST_BF16_STORE_PLAIN(6)
-    VITFAST_BF16_STORE_PLAIN(7)
-    VITFAST_BF16_STORE_PLAIN(8)
-    VITFAST_BF16_STORE_PLAIN(9)
-    VITFAST_BF16_STORE_PLAIN(10)
-    VITFAST_BF16_STORE_PLAIN(11)
-    VITFAST_BF16_STORE_PLAIN(12)
-    VITFAST_BF16_STORE_PLAIN(13)
+    VITFAST_BF16_EACH_ROW(VITFAST_BF16_STORE_PLAIN)
     return;
   }
 #undef VITFAST_BF16_STORE_PLAIN
-  VITFAST_BF16_STORE(0)
-  VITFAST_BF16_STORE(1)
-  VITFAST_BF16_STORE(2)
-  VITFAST_BF16_STORE(3)
-  VITFAST_BF16_STORE(4)
-  VITFAST_BF16_STORE(5)
-  VITFAST_BF16_STORE(6)
-  VITFAST_BF16_STORE(7)
-  VITFAST_BF16_STORE(8)
-  VITFAST_BF16_STORE(9)
-  VITFAST_BF16_STORE(10)
-  VITFAST_BF16_STORE(11)
-  VITFAST_BF16_STORE(12)
-  VITFAST_BF16_STORE(13)
+#undef VITFAST_BF16_SCALE_BIAS
+  VITFAST_BF16_EACH_ROW(VITFAST_BF16_STORE)
+#undef VITFAST_BF16_EACH_ROW
 #undef VITFAST_BF16_STORE
 }
 
@@ -333,73 +291,41 @@ static inline __attribute__((always_inline)) __m512i to_bf16x32(__m512 lo, __m51
                               _mm512_cvtepi32_epi16(round_bf16_16(_mm512_castps_si512(hi))), 1);
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
-}  // namespace
 
-void pack_b_transposed_bf16_avx512(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
-  // Panel p (16 rows of w = 16 columns of B), block of 16 k-pairs: each row's 32 values rounded in order, so its
-  // 32-bit element c is the block's (even, odd) pair c, then the 16 × 16 pairs transposed so each pair's 16 columns
-  // make one 64-byte line.  Plain row loads instead of two 16-lane gathers per line: the K pack of a DeiT head took
-  // ~2.5 µs with gathers.
+// 32 values of a row from k0 on as bf16 (the pad past k zero): fp32 ones rounded (to_bf16x32), bf16 ones loaded.
+static inline __attribute__((always_inline)) __m512i row32(const float* row, int64_t valid) {
+  const int64_t lo_n = valid >= 16 ? 16 : valid, hi_n = valid >= 32 ? 16 : (valid > 16 ? valid - 16 : 0);
+  const __mmask16 lo_m = __mmask16((1u << lo_n) - 1u), hi_m = __mmask16((1u << hi_n) - 1u);
+  return to_bf16x32(_mm512_maskz_loadu_ps(lo_m, row), _mm512_maskz_loadu_ps(hi_m, row + 16));
+}
+static inline __attribute__((always_inline)) __m512i row32(const uint16_t* row, int64_t valid) {
+  return _mm512_maskz_loadu_epi16(valid >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << valid) - 1u), row);
+}
+// Rows 2q and 2q + 1 of a panel's 16 columns as bf16, row 2q in the low 256 bits.
+static inline __attribute__((always_inline)) __m512i row_pair(const float* r0, const float* r1, __mmask16 m) {
+  return to_bf16x32(_mm512_maskz_loadu_ps(m, r0), r1 != nullptr ? _mm512_maskz_loadu_ps(m, r1) : _mm512_setzero_ps());
+}
+static inline __attribute__((always_inline)) __m512i row_pair(const uint16_t* r0, const uint16_t* r1, __mmask16 m) {
+  const __m256i hi = r1 != nullptr ? _mm256_maskz_loadu_epi16(m, r1) : _mm256_setzero_si256();
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi16(m, r0)), hi, 1);
+}
+
+template <class T>
+void pack_transposed(const T* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
+  // Panel p (16 rows of w = 16 columns of B), block of 16 k-pairs: each row's 32 values as bf16 in order (rounded
+  // from fp32, or loaded), so its 32-bit element c is the block's (even, odd) pair c, then the 16 × 16 pairs
+  // transposed so each pair's 16 columns make one 64-byte line.  Plain row loads instead of two 16-lane gathers
+  // per line: the K pack of a DeiT head took ~2.5 µs with gathers.
   const int64_t pairs = (k + 1) / 2, panels = (n + kNr - 1) / kNr;
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
     uint16_t* panel = dst + p * pairs * 2 * kNr;
     for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
       const int64_t k0 = 2 * q0;
-      const int64_t lo_n = k - k0 >= 16 ? 16 : k - k0, hi_n = k - k0 - 16 >= 16 ? 16 : (k - k0 > 16 ? k - k0 - 16 : 0);
-      const __mmask16 lo_m = __mmask16((1u << lo_n) - 1u), hi_m = __mmask16((1u << hi_n) - 1u);
-      __m512i r[16];
-#pragma GCC unroll 16
-      for (int t = 0; t < 16; ++t) {
-        if (t < cols) {
-          const float* row = w + (p * kNr + t) * ldw + k0;
-          r[t] = to_bf16x32(_mm512_maskz_loadu_ps(lo_m, row), _mm512_maskz_loadu_ps(hi_m, row + 16));
-        } else {
-          r[t] = _mm512_setzero_si512();
-        }
-      }
-      x86::transpose16_epi32(r);
-#pragma GCC unroll 16
-      for (int c = 0; c < 16; ++c)
-        if (q0 + c < pairs) _mm512_store_si512(panel + (q0 + c) * 2 * kNr, r[c]);
-    }
-  }
-}
-
-void pack_b_bf16_avx512(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst) {
-  // Panel p, pair q: rows 2q and 2q + 1 of the panel's 16 columns, rounded, row 2q + 1 in the high halves: the
-  // [16][2] line with plain loads (no transpose: B is already k-major), the two rows' 16 bf16 values interleaved by
-  // one word permute.
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                                              6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const int64_t k2 = (k + 1) / 2 * 2, panels = (n + kNr - 1) / kNr;
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
-    const __mmask16 m = cols == kNr ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1u);
-    uint16_t* panel = dst + p * k2 * kNr;
-    for (int64_t q = 0; q < k2 / 2; ++q) {
-      const float* r0 = b + 2 * q * ldb + p * kNr;
-      const __m512 lo = _mm512_maskz_loadu_ps(m, r0);
-      const __m512 hi = 2 * q + 1 < k ? _mm512_maskz_loadu_ps(m, r0 + ldb) : _mm512_setzero_ps();
-      _mm512_store_si512(panel + q * 2 * kNr, _mm512_permutexvar_epi16(interleave, to_bf16x32(lo, hi)));
-    }
-  }
-}
-
-void pack_b_transposed_bf16_avx512(const uint16_t* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
-  // pack_b_transposed_bf16_avx512 above on rows that are already bf16: a 64-byte load is a row's 16 pairs (the
-  // pad element of an odd k masked to zero), then the same 16 × 16 transpose of 32-bit pairs.
-  const int64_t pairs = (k + 1) / 2, panels = (n + kNr - 1) / kNr;
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t cols = n - p * kNr < kNr ? n - p * kNr : kNr;
-    uint16_t* panel = dst + p * pairs * 2 * kNr;
-    for (int64_t q0 = 0; q0 < pairs; q0 += 16) {
-      const int64_t k0 = 2 * q0, valid = k - k0 >= 32 ? 32 : k - k0;
-      const __mmask32 m = valid == 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << valid) - 1u);
       __m512i r[16];
 #pragma GCC unroll 16
       for (int t = 0; t < 16; ++t)
-        r[t] = t < cols ? _mm512_maskz_loadu_epi16(m, w + (p * kNr + t) * ldw + k0) : _mm512_setzero_si512();
+        r[t] = t < cols ? row32(w + (p * kNr + t) * ldw + k0, k - k0) : _mm512_setzero_si512();
       x86::transpose16_epi32(r);
 #pragma GCC unroll 16
       for (int c = 0; c < 16; ++c)
@@ -408,8 +334,11 @@ void pack_b_transposed_bf16_avx512(const uint16_t* w, int64_t n, int64_t k, int6
   }
 }
 
-void pack_b_bf16_avx512(const uint16_t* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst) {
-  // pack_b_bf16_avx512 above on bf16 rows: rows 2q and 2q + 1 (16 words each) side by side, one word permute.
+template <class T>
+void pack_rows(const T* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst) {
+  // Panel p, pair q: rows 2q and 2q + 1 of the panel's 16 columns as bf16, row 2q + 1 in the high halves: the
+  // [16][2] line with plain loads (no transpose: B is already k-major), the two rows' 16 values interleaved by one
+  // word permute.
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                               6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const int64_t k2 = (k + 1) / 2 * 2, panels = (n + kNr - 1) / kNr;
@@ -418,13 +347,25 @@ void pack_b_bf16_avx512(const uint16_t* b, int64_t k, int64_t n, int64_t ldb, ui
     const __mmask16 m = cols == kNr ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1u);
     uint16_t* panel = dst + p * k2 * kNr;
     for (int64_t q = 0; q < k2 / 2; ++q) {
-      const uint16_t* r0 = b + 2 * q * ldb + p * kNr;
-      const __m256i lo = _mm256_maskz_loadu_epi16(m, r0);
-      const __m256i hi = 2 * q + 1 < k ? _mm256_maskz_loadu_epi16(m, r0 + ldb) : _mm256_setzero_si256();
+      const T* r0 = b + 2 * q * ldb + p * kNr;
       _mm512_store_si512(panel + q * 2 * kNr,
-                         _mm512_permutexvar_epi16(interleave, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)));
+                         _mm512_permutexvar_epi16(interleave, row_pair(r0, 2 * q + 1 < k ? r0 + ldb : nullptr, m)));
     }
   }
+}
+}  // namespace
+
+void pack_b_transposed_bf16_avx512(const float* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
+  pack_transposed(w, n, k, ldw, dst);
+}
+void pack_b_transposed_bf16_avx512(const uint16_t* w, int64_t n, int64_t k, int64_t ldw, uint16_t* dst) {
+  pack_transposed(w, n, k, ldw, dst);
+}
+void pack_b_bf16_avx512(const float* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst) {
+  pack_rows(b, k, n, ldb, dst);
+}
+void pack_b_bf16_avx512(const uint16_t* b, int64_t k, int64_t n, int64_t ldb, uint16_t* dst) {
+  pack_rows(b, k, n, ldb, dst);
 }
 
 void convert_rows_avx512(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* dst, int64_t ld) {
