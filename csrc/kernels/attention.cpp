@@ -1,8 +1,8 @@
 #include "kernels/attention.h"
 
 #include <algorithm>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
