@@ -185,14 +185,15 @@ int64_t attention_workspace_floats_bf16(int64_t tokens, int64_t head_dim, int64_
 void attention_pack_bf16(const HeadOperands& o, int64_t tokens, float* packed, gemm16::Bf16Kernel kernel) {
   uint16_t* k_panels = reinterpret_cast<uint16_t*>(packed);
   uint16_t* v_panels = reinterpret_cast<uint16_t*>(packed + bf16_floats(gemm16::packed_bf16(tokens, o.dk)));
+  // B = K_hᵀ [dk × N] and B = V_h [N × dv], from the bf16 operands when given (no rounding) or the fp32 ones.
   if (o.k16 != nullptr)
     gemm16::pack_b_transposed_bf16(o.k16, tokens, o.dk, o.ldk, k_panels, kernel);
   else
-    gemm16::pack_b_transposed_bf16(o.k, tokens, o.dk, o.ldk, k_panels, kernel);  // B = K_hᵀ  [dk × N]
+    gemm16::pack_b_transposed_bf16(o.k, tokens, o.dk, o.ldk, k_panels, kernel);
   if (o.v16 != nullptr)
     gemm16::pack_b_bf16(o.v16, tokens, o.dv, o.ldv, v_panels, kernel);
   else
-    gemm16::pack_b_bf16(o.v, tokens, o.dv, o.ldv, v_panels, kernel);  // B = V_h   [N × dv]
+    gemm16::pack_b_bf16(o.v, tokens, o.dv, o.ldv, v_panels, kernel);
 }
 
 namespace {
