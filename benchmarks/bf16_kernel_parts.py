@@ -2,7 +2,8 @@
 with CMake, runs it and prints its table — attention_head_bf16 for every head of a DeiT-S / DeiT-B image against the
 fp32 head and its steps alone (K/V packing, Q rounding, S = Q·Kᵀ, the softmax to bf16 P, P·V with the 1/Σ epilogue),
 gemm_bf16 at DeiT linear shapes with a hot weight and with 16 weights in rotation (a model's blocks: the weights
-come from L3 or memory each forward), the bf16 block's GEMM epilogues against a plain store, and the core's
+come from L3 or memory each forward), the bf16 block's GEMM epilogues against a plain store, the channel-idle
+FFN's output as two GEMMs against one over [h_act | x], and the core's
 `vdpbf16ps` peak (a register-only loop), each row's GFLOP/s also as a share of that peak.  --record writes the
 table `bf16_kernel_parts` into benchmarks/results/.
 

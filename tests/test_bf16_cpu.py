@@ -194,13 +194,15 @@ def test_block_op_is_the_bf16_emulation(norm):
 
 @needs_bf16
 @pytest.mark.parametrize("width", [21, 22])
-@pytest.mark.parametrize("ffn", ["layer norm, residual", "folded, no linear path"])
+@pytest.mark.parametrize("ffn", ["layer norm, residual", "folded, no linear path", "folded, linear path"])
 @pytest.mark.parametrize("d", [8, 7])
 def test_block_op_widens_and_rounds_in_its_steps(width, ffn, d):
     """A bf16 block's input is widened by its first LayerNorm step by step and its output rounded by the FFN's last
     GEMM epilogue (an even width) or after it (an odd one: no whole bf16 pairs per row): the emulation bound either
     way.  An even head dim keeps qkv only as bf16 (the qkv GEMM's rounding, read by attention as it is), an odd one
-    as fp32 (attention rounds Q, K and V itself): the same emulation both ways."""
+    as fp32 (attention rounds Q, K and V itself): the same emulation both ways.  With both FFN paths the FFN input
+    (the LayerNorm's rows, or x1 rounded by the proj GEMM when folded) sits beside h_act for the FFN's second GEMM
+    (kernels/channel_idle_ffn.h), an odd width with its pad element between them."""
     g = torch.Generator().manual_seed(width)
 
     def r(*shape, s=1.0):
@@ -208,7 +210,7 @@ def test_block_op_widens_and_rounds_in_its_steps(width, ffn, d):
 
     heads, active = 3, 10
     attn_dim = heads * d
-    linear = width if ffn.startswith("layer") else 0
+    linear = 0 if ffn.endswith("no linear path") else width
     x = r(2, 13, width)
     args = (x, 1e-6, r(3 * attn_dim, width, s=0.2), r(3 * attn_dim), heads, r(width, attn_dim, s=0.2), r(width),
             1e-6 if ffn.startswith("layer") else None, r(active + linear, width, s=0.2), r(active + linear),

@@ -8,6 +8,8 @@
 //   (c) the epilogues a bf16 block gives its 768 × 768 GEMMs (DeiT-B: proj with the residual and a bf16 copy, the
 //       FFN's GELU straight to bf16, its linear path with the residual, its second GEMM accumulating with a bf16
 //       copy) against a plain store, interleaved in the same rounds: what each costs beyond the products;
+//   (f) the channel-idle FFN's output at DeiT-B/0.75: the linear path's GEMM then the second GEMM accumulating onto
+//       it, against one GEMM over [h_act | x] (kernels/channel_idle_ffn.h), with C and bf16-only;
 //   (d) layer_norm_rows_bf16 (the block's LayerNorm to bf16 rows, from a bf16 input) against the three steps it
 //       replaces (widen_bf16, layer_norm_rows, convert_rows), 16-row blocks at 197 × 768 as the block runs them;
 //   (e) the `vdpbf16ps` peak of one core, a register-only loop of 16 independent instructions (no loads): the
@@ -232,6 +234,53 @@ void block_epilogues(const std::vector<Bf16Kernel>& kernels, int rounds, std::ve
     }
 }
 
+// (f): the channel-idle FFN's output as its block ran it at DeiT-B/0.75 (A = 768 active channels, a 768-wide linear
+// path): the linear path's GEMM into C (bias + residual) then the second GEMM accumulating onto it with the bf16 copy,
+// against one GEMM over the two operands side by side ([h_act | x] · [W_out ; W_lin]ᵀ, K = 1536) with the bias,
+// residual and bf16 copy in its one epilogue.
+void ffn_output(Bf16Kernel k16, int rounds, std::vector<Row>& rows) {
+  const int64_t m = 197, n = 768, k = 768;
+  std::mt19937 g(4);
+  const std::vector<float> w_out = random_values(g, size_t(n * k)), w_lin = random_values(g, size_t(n * k));
+  const std::vector<float> bias = random_values(g, size_t(n)), residual = random_values(g, size_t(m * n));
+  std::vector<float> w_cat(size_t(n * 2 * k));
+  for (int64_t j = 0; j < n; ++j) {
+    std::copy(w_out.begin() + j * k, w_out.begin() + (j + 1) * k, w_cat.begin() + j * 2 * k);
+    std::copy(w_lin.begin() + j * k, w_lin.begin() + (j + 1) * k, w_cat.begin() + j * 2 * k + k);
+  }
+  const gemm16::PackedBf16B p_out = gemm16::PackedBf16B::pack_linear(w_out.data(), n, k, k, nullptr);
+  const gemm16::PackedBf16B p_lin = gemm16::PackedBf16B::pack_linear(w_lin.data(), n, k, k, bias.data());
+  const gemm16::PackedBf16B p_cat = gemm16::PackedBf16B::pack_linear(w_cat.data(), n, 2 * k, 2 * k, bias.data());
+  const std::vector<float> hx = random_values(g, size_t(m * 2 * k));
+  std::vector<uint16_t> a(size_t(m * 2 * k)), c16(size_t(m * n));
+  gemm16::convert_rows(hx.data(), 2 * k, m, 2 * k, a.data(), 2 * k, k16);
+  std::vector<float> c(size_t(m * n));
+  gemm::Epilogue lin, acc, one;
+  lin.bias = true;
+  lin.addend = residual.data();
+  lin.ld_addend = n;
+  acc.accumulate = true;
+  acc.c16 = c16.data();
+  acc.ldc16 = n;
+  one = lin;
+  one.c16 = c16.data();
+  one.ldc16 = n;
+  std::vector<std::function<void()>> fns;
+  fns.push_back([&] {
+    gemm16::gemm_bf16(m, a.data() + k, 2 * k, p_lin, c.data(), n, lin, k16);
+    gemm16::gemm_bf16(m, a.data(), 2 * k, p_out, c.data(), n, acc, k16);
+  });
+  fns.push_back([&] { gemm16::gemm_bf16(m, a.data(), 2 * k, p_cat, c.data(), n, one, k16); });
+  fns.push_back([&] { gemm16::gemm_bf16(m, a.data(), 2 * k, p_cat, nullptr, n, one, k16); });
+  const std::vector<double> us = interleaved(fns, rounds, 8);
+  const double flops = 2.0 * m * n * 2 * k;
+  const std::string group = "DeiT-B FFN output (197 × 1536 × 768)";
+  const std::string tag = std::string("[") + gemm16::bf16_kernel_name(k16) + "] ";
+  rows.push_back({group, tag + "two GEMMs (linear path; accumulate)", us[0], flops / us[0] / 1e3});
+  rows.push_back({group, tag + "one GEMM over [h_act | x]", us[1], flops / us[1] / 1e3});
+  rows.push_back({group, tag + "one GEMM over [h_act | x], bf16 only", us[2], flops / us[2] / 1e3});
+}
+
 // (d): the same bits (csrc/tests/test_layer_norm.cpp); k16 is convert_rows' kernel in the three steps.
 void layer_norm_to_bf16(Bf16Kernel k16, int rounds, std::vector<Row>& rows) {
   const int64_t m = 197, c = 768, block = 16;  // ops/layer_norm.cpp layer_norm_run_bf16's row blocks
@@ -325,6 +374,7 @@ int main(int argc, char** argv) {
   }
   cold_weights(kernels, rounds, rows);
   block_epilogues(kernels, rounds, rows);
+  ffn_output(kernels[0], rounds, rows);
   layer_norm_to_bf16(kernels[0], rounds, rows);
 #if defined(__x86_64__)
   {

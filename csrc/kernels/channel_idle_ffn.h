@@ -72,9 +72,18 @@ void channel_idle_ffn_rows(const ChannelIdleFfnWeights& w, int64_t rows, const f
                            float* out, float* workspace, CpuIsa isa,
                            const ChannelIdleFfnTiling& tiling = ChannelIdleFfnTiling());
 
-// The same FFN on the bf16 GEMMs (gemm_bf16.h): the three operands packed as bf16 (biases fp32, b_out folded the
-// same way), x read as bf16 rows, h_act = GELU(...) computed in fp32 by the first GEMM's epilogue into an fp32 tile,
-// rounded to bf16 once (gemm16::convert_rows) for the second GEMM; the linear path, the residual and out in fp32.
+// The same FFN on the bf16 GEMMs (gemm_bf16.h): x read as bf16 rows, h_act = GELU(...) made in fp32 by the first
+// GEMM's epilogue and stored only as its bf16 rounding (convert_rows' bits); the linear path, the residual and out in
+// fp32.  With both paths (A > 0 and L = C_out) the second GEMM and the linear path are one GEMM over the two operands
+// side by side, K = h_cols() + C_in:
+//
+//   act = W_in[:A]ᵀ with b_in[:A]                          epilogue: + bias, GELU, bf16 -> h_act columns of [h_act | x]
+//   cat = [W_out | 0 | W_in[A:]]ᵀ with b_in[A:] + b_out    epilogue: + bias, + residual -> out (and/or its bf16 copy)
+//
+// so out is stored once, from one accumulator per output, instead of written by the linear path and read back, added
+// to and stored again by the second GEMM (csrc/bench/bench_gemm_bf16.cpp "DeiT-B FFN output": 1059 -> 1025 µs with
+// a bf16-only out, 197 × 1536 × 768, one core).  h_act's padding columns [A, h_cols()) are GELU(0 + 0) = 0 and meet
+// zero weights.  One path alone keeps its own GEMMs (act then out; lin).
 class ChannelIdleFfnBf16Weights {
  public:
   ChannelIdleFfnBf16Weights() = default;
@@ -88,28 +97,36 @@ class ChannelIdleFfnBf16Weights {
   int64_t linear() const { return linear_; }
   int64_t c_out() const { return c_out_; }
   size_t bytes() const;
+  // The h_act columns in front of x in the second GEMM's operand rows (a multiple of 16), or 0 when there is no such
+  // GEMM (A = 0 or L = 0).
+  int64_t h_cols() const { return linear_ > 0 && active_ > 0 ? act_.padded_n() : 0; }
 
-  const gemm16::PackedBf16B& act() const { return act_; }
-  const gemm16::PackedBf16B& lin() const { return lin_; }
-  const gemm16::PackedBf16B& out() const { return out_; }
+  const gemm16::PackedBf16B& act() const { return act_; }  // A > 0
+  const gemm16::PackedBf16B& lin() const { return lin_; }  // A = 0, L > 0
+  const gemm16::PackedBf16B& out() const { return out_; }  // A > 0, L = 0
+  const gemm16::PackedBf16B& cat() const { return cat_; }  // A > 0, L > 0
   const std::vector<float>& bias_only() const { return bias_only_; }
 
  private:
   int64_t c_in_ = 0, active_ = 0, linear_ = 0, c_out_ = 0;
-  gemm16::PackedBf16B act_, lin_, out_;
+  gemm16::PackedBf16B act_, lin_, out_, cat_;
   std::vector<float> bias_only_;
 };
 
-// Floats of scratch per concurrent caller of channel_idle_ffn_rows_bf16: the fp32 h_act tile and its bf16 copy.
+// Floats of scratch per concurrent caller of channel_idle_ffn_rows_bf16: one token tile of bf16 h_act, or of
+// [h_act | x] rows when x does not come with room for h_act (x_has_h_room below).
 int64_t channel_idle_ffn_workspace_floats(const ChannelIdleFfnBf16Weights& w,
                                           const ChannelIdleFfnTiling& tiling = ChannelIdleFfnTiling());
 
 // Rows [0, rows): x [rows × c_in] bf16 rows ldx apart (ldx even, pad elements zero: gemm16::convert_rows),
 // residual [rows × c_out] fp32 or nullptr, out [rows × c_out] fp32; workspace 64-byte aligned.  out16 != nullptr
-// (c_out even): out rounded to bf16 there as well (c_out apart, convert_rows' bits), by the last GEMM's epilogue.
+// (c_out even): out rounded to bf16 there as well (c_out apart, convert_rows' bits), by the last GEMM's epilogue;
+// out may then be nullptr (only the bf16 result wanted: no fp32 store).  x_has_h_room: the w.h_cols() bf16 values
+// before each x row are scratch this call may write (x is the right part of [h_act | x] rows, ldx ≥ h_cols() +
+// c_in), so the second GEMM reads its operand in place; otherwise x is copied beside h_act in the workspace.
 void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
                                 const float* residual, float* out, float* workspace, gemm16::Bf16Kernel kernel,
                                 const ChannelIdleFfnTiling& tiling = ChannelIdleFfnTiling(),
-                                uint16_t* out16 = nullptr);
+                                uint16_t* out16 = nullptr, bool x_has_h_room = false);
 
 }  // namespace vitfast

@@ -165,7 +165,8 @@ std::shared_ptr<const ChannelIdleFfnBf16Weights> packed_channel_idle_ffn_weights
 }
 
 void channel_idle_ffn_run_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* xp, int64_t ldx,
-                               const float* rp, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* out16) {
+                               const float* rp, float* op, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* out16,
+                               bool x_has_h_room) {
   const int64_t c_out = w.c_out();
   const ChannelIdleFfnTiling tiling;
   const int64_t ws_floats = channel_idle_ffn_workspace_floats(w, tiling);
@@ -174,8 +175,9 @@ void channel_idle_ffn_run_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows,
     float* ws = thread_workspace(ws_floats);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t r0 = shares.begin(c), r1 = shares.end(c);
-      channel_idle_ffn_rows_bf16(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * c_out : nullptr, op + r0 * c_out, ws,
-                                 kernel, tiling, out16 ? out16 + r0 * c_out : nullptr);
+      channel_idle_ffn_rows_bf16(w, r1 - r0, xp + r0 * ldx, ldx, rp ? rp + r0 * c_out : nullptr,
+                                 op ? op + r0 * c_out : nullptr, ws, kernel, tiling,
+                                 out16 ? out16 + r0 * c_out : nullptr, x_has_h_room);
     }
   });
 }

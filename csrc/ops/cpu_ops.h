@@ -122,10 +122,11 @@ void attention_run_bf16(const uint16_t* qkv16, int64_t ld_qkv, int64_t batch, in
                         float scale, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel, uint16_t* out16 = nullptr,
                         int64_t ld_out16 = 0);
 // channel_idle_ffn_run on bf16 rows x (ldx even, pad zero); residual and out fp32.  out16 != nullptr (c_out even):
-// out also rounded to bf16 there (c_out apart; convert_rows' bits) by the last GEMM's epilogue.
+// out also rounded to bf16 there (c_out apart; convert_rows' bits) by the last GEMM's epilogue, and out may be
+// nullptr (no fp32 result).  x_has_h_room: x sits at column w.h_cols() of writable rows (channel_idle_ffn_rows_bf16).
 void channel_idle_ffn_run_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows, const uint16_t* x, int64_t ldx,
                                const float* residual, float* out, CpuIsa isa, gemm16::Bf16Kernel kernel,
-                               uint16_t* out16 = nullptr);
+                               uint16_t* out16 = nullptr, bool x_has_h_room = false);
 
 }  // namespace ops
 }  // namespace vitfast

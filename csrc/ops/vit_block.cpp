@@ -105,9 +105,11 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
   const int64_t qkv_floats = qkv_bf16 ? 0 : rows * 3 * attn_dim;
   at::Tensor scratch = empty_output({qkv_floats + rows * c + (x_bf16 ? rows * c : 0)}, at::kFloat);
   const int64_t ld_c = gemm16::padded_k(c), ld_a = gemm16::padded_k(attn_dim);
-  const int64_t a16_len = (rows * (std::max(ld_c, ld_a) + ld_c) + 31) / 32 * 32;  // qkv16 on a 64-byte line
+  // The FFN's operand rows [h_act | FFN input] (kernels/channel_idle_ffn.h: its second GEMM reads both side by side;
+  // h_cols() is 0 when the FFN has one path): the FFN input is written at column ld_h, the FFN writes h_act in front.
+  const int64_t ld_h = ffn_w->h_cols(), ld_f = ld_h + ld_c;
+  const int64_t a16_len = (rows * (std::max(ld_c, ld_a) + ld_f) + 31) / 32 * 32;  // qkv16 on a 64-byte line
   at::Tensor scratch16 = empty_output({a16_len + (qkv_bf16 ? rows * 3 * attn_dim : 0)}, at::kBFloat16);
-  at::Tensor out = empty_output(x.sizes(), at::kFloat);
   float* qkv = qkv_bf16 ? nullptr : scratch.data_ptr<float>();
   float* x1 = scratch.data_ptr<float>() + qkv_floats;
   uint16_t* a16 = static_cast<uint16_t*>(scratch16.data_ptr());
@@ -129,25 +131,26 @@ at::Tensor vit_block_bf16(const at::Tensor& x, double norm1_eps, const at::Tenso
     attention_run_bf16(qkv, 3 * attn_dim, batch, tokens, heads, d, scale, nullptr, isa, kernel, a16, ld_a);
   if (attn_dim % 2 != 0)
     for (int64_t r = 0; r < rows; ++r) a16[r * ld_a + attn_dim] = 0;  // the pad of odd rows
-  // x1 = x + attn(...) in fp32 (the FFN's residual).  Without an FFN norm x1 is also the FFN input: the proj GEMM's
-  // epilogue rounds it to bf16 as it stores it (c16: convert_rows' bits), into the second half of the bf16 scratch
-  // (the first holds the heads' rows, which other row tiles and threads are still reading).
-  uint16_t* x1_16 = a16 + rows * std::max(ld_c, ld_a);
+  // x1 = x + attn(...) in fp32 (the FFN's residual).  The FFN input goes to column ld_h of the FFN's operand rows,
+  // after the heads' rows (which other row tiles and threads are still reading while the proj GEMM runs): without an
+  // FFN norm x1 is the FFN input, rounded to bf16 by the proj GEMM's epilogue as it stores it (c16: convert_rows'
+  // bits); with one, the LayerNorm's bf16 rows.
+  uint16_t* ffn16 = a16 + rows * std::max(ld_c, ld_a) + ld_h;
   const bool x1_is_ffn_in = !ffn_norm_eps.has_value();
-  linear_run_bf16(*proj_w, rows, a16, ld_a, xp, c, x1, isa, kernel, x1_is_ffn_in ? x1_16 : nullptr, ld_c);
-  const uint16_t* ffn16 = x1_16;
-  if (!x1_is_ffn_in) {
-    layer_norm_run_bf16(x1, a16, ld_c, rows, c, nullptr, nullptr, float(*ffn_norm_eps), isa, kernel);
-    ffn16 = a16;
-  }
+  linear_run_bf16(*proj_w, rows, a16, ld_a, xp, c, x1, isa, kernel, x1_is_ffn_in ? ffn16 : nullptr, ld_f);
+  if (!x1_is_ffn_in)
+    layer_norm_run_bf16(x1, ffn16, ld_f, rows, c, nullptr, nullptr, float(*ffn_norm_eps), isa, kernel);
   if (c % 2 != 0 && x1_is_ffn_in)
-    for (int64_t r = 0; r < rows; ++r) x1_16[r * ld_c + c] = 0;  // the pad of odd rows (the GEMM writes c columns)
-  // (An odd width has no whole bf16 pairs per row for the epilogue: its result is narrowed after.)
+    for (int64_t r = 0; r < rows; ++r) ffn16[r * ld_f + c] = 0;  // the pad of odd rows (the GEMM writes c columns)
+  // A bf16 block result is stored only as bf16 by the FFN's last GEMM (no fp32 out); an odd width has no whole bf16
+  // pairs per row for the epilogue: its fp32 result is narrowed after.
   at::Tensor out16 = x_bf16 ? empty_output(x.sizes(), x.scalar_type()) : at::Tensor();
   uint16_t* o16 = x_bf16 ? static_cast<uint16_t*>(out16.data_ptr()) : nullptr;
   const bool epilogue16 = o16 != nullptr && c % 2 == 0;
-  channel_idle_ffn_run_bf16(*ffn_w, rows, ffn16, ld_c, ffn_residual ? x1 : nullptr, out.data_ptr<float>(), isa,
-                            kernel, epilogue16 ? o16 : nullptr);
+  at::Tensor out = epilogue16 ? at::Tensor() : empty_output(x.sizes(), at::kFloat);
+  channel_idle_ffn_run_bf16(*ffn_w, rows, ffn16, ld_f, ffn_residual ? x1 : nullptr,
+                            epilogue16 ? nullptr : out.data_ptr<float>(), isa, kernel, epilogue16 ? o16 : nullptr,
+                            ld_h > 0);
   if (!x_bf16) return out;
   if (!epilogue16) gemm16::narrow_to_bf16(out.data_ptr<float>(), rows * c, o16, kernel);
   return out16;

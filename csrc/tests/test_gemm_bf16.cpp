@@ -424,8 +424,8 @@ void test_softmax_and_row_scale(Bf16Kernel kernel) {
   // c16 where C holds denormals (which vcvtneps2bf16 would read as zero: a kernel rounding its copy with it must
   // still give convert_rows' bits): rows of A that are zero make C = addend + C0 there, set to denormals, ±0 and
   // small normals, beside rows of ordinary values; with C, without it, and accumulating onto C.  Every copied value
-  // must be to_bf16 of C's.  Modes 3 and 4 take the bf16-only store without an addend (the AVX-512 kernel's
-  // once-per-row form, vcvtneps2bf16 with a denormal test): the bias holds the denormals (C = bias on the zero
+  // must be to_bf16 of C's.  Modes 1, 3 and 4 take the bf16-only store (the AVX-512 kernel's once-per-row form,
+  // vcvtneps2bf16 with a denormal test): the addend holds the denormals, or the bias does (C = bias on the zero
   // rows), or a row scale of 2e-39 makes them from ordinary sums.
   const float tiny[] = {1e-40f, -3e-39f, 1.1e-38f, -1.17e-38f, 5e-45f, -0.0f, 0.0f, 1.2e-38f, 2e-38f, -7.3e-39f};
   for (int64_t mm : {3, 14, 29})

@@ -158,15 +158,17 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
 // (~170 branches per 14 × 32 tile), which at K = 64 (Q·Kᵀ, 32 k-pair steps) cost as much as a third of the tile
 // (measured 71% -> 84% of the vdpbf16ps peak at 42 × 64 × 197).  Same operations in the same order, so the same
 // values.
-#define VITFAST_BF16_STORE_PLAIN(row)                                                                 \
-  if (MR > row) {                                                                                     \
-    float* ci = c + row * ldc;                                                                        \
-    VITFAST_BF16_SCALE_BIAS(row)                                                                      \
+#define VITFAST_BF16_ADDEND(row)                                                                      \
     if (t.addend != nullptr) {                                                                        \
       const float* ai = t.addend + row * e.ld_addend;                                                 \
       v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(e.mask[0], ai));                                   \
       if (NP > 1) v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(e.mask[1], ai + 16));                  \
-    }                                                                                                 \
+    }
+#define VITFAST_BF16_STORE_PLAIN(row)                                                                 \
+  if (MR > row) {                                                                                     \
+    float* ci = c + row * ldc;                                                                        \
+    VITFAST_BF16_SCALE_BIAS(row)                                                                      \
+    VITFAST_BF16_ADDEND(row)                                                                          \
     _mm512_mask_storeu_ps(ci, e.mask[0], v0);                                                         \
     if (NP > 1) _mm512_mask_storeu_ps(ci + 16, e.mask[1], v1);                                        \
   }
@@ -177,12 +179,23 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
   if (MR > row) {                                                                                     \
     uint16_t* c16i = t.c16 + row * e.ldc16;                                                           \
     VITFAST_BF16_SCALE_BIAS(row)                                                                      \
+    if (kGelu) {                                                                                      \
+      v0 = gelu16_for_bf16(v0);                                                                       \
+      if (NP > 1) v1 = gelu16_for_bf16(v1);                                                           \
+    }                                                                                                 \
+    VITFAST_BF16_ADDEND(row)                                                                          \
     store_bf16_fast(c16i, e.mask[0], v0);                                                             \
     if (NP > 1) store_bf16_fast(c16i + 16, e.mask[1], v1);                                            \
   }
-  if (c == nullptr && t.c16 != nullptr && !e.load_c && !e.gelu && t.addend == nullptr) {
+  if (c == nullptr && t.c16 != nullptr && !e.load_c) {
     const float* rs = t.row_scale;
-    VITFAST_BF16_EACH_ROW(VITFAST_BF16_STORE_PLAIN16)
+    if (e.gelu) {
+      constexpr bool kGelu = true;
+      VITFAST_BF16_EACH_ROW(VITFAST_BF16_STORE_PLAIN16)
+    } else {
+      constexpr bool kGelu = false;
+      VITFAST_BF16_EACH_ROW(VITFAST_BF16_STORE_PLAIN16)
+    }
     return;
   }
 #undef VITFAST_BF16_STORE_PLAIN16
@@ -193,6 +206,7 @@ static inline __attribute__((always_inline)) void tile(int64_t steps, const uint
   }
 #undef VITFAST_BF16_STORE_PLAIN
 #undef VITFAST_BF16_SCALE_BIAS
+#undef VITFAST_BF16_ADDEND
   VITFAST_BF16_EACH_ROW(VITFAST_BF16_STORE)
 #undef VITFAST_BF16_EACH_ROW
 #undef VITFAST_BF16_STORE
