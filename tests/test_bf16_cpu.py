@@ -237,6 +237,10 @@ def test_ops_are_the_bf16_emulation():
     w_in, b_in, w_out, b_out = r(18 + 40, 72, s=0.1), r(58), r(40, 18, s=0.2), r(40)
     assert_bf16_of(torch.ops.vitfast.channel_idle_ffn(x, w_in, b_in, w_out, b_out, res),
                    emu_channel_idle_ffn(x, w_in, b_in, w_out, b_out, res), "channel_idle_ffn")
+    # An odd C_out has no whole bf16 pairs per row for the epilogue's bf16 store: the fp32 result rounded after.
+    wi_o, wo_o, bo_o = r(5, 33, s=0.2), r(17, 5, s=0.2), r(17)
+    assert_bf16_of(torch.ops.vitfast.channel_idle_ffn(xo, wi_o, None, wo_o, bo_o),
+                   emu_channel_idle_ffn(xo, wi_o, None, wo_o, bo_o), "channel_idle_ffn, odd C_out")
     qkv = r(2, 23, 3 * 4 * 16)
     assert_bf16_of(torch.ops.vitfast.attention(qkv, 4), emu_attention(qkv, 4), "attention")
 

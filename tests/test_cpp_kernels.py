@@ -28,6 +28,10 @@ def test_native_cmake_ctest(request):
     # The int8 GEMM kernels this host has, each forced and checked against the exact integer reference.
     for line in int8_kernel_lines():
         assert line in out, f"missing {line!r} in the native run:\n{out}"
+    # The bf16 channel-idle FFN on the AVX512_BF16 kernel where this CPU has it (csrc/tests/test_channel_idle_ffn.cpp).
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "avx512_bf16" in flags.split():
+        assert "[avx512] channel_idle_ffn bf16 [" in out, out
 
 
 def int8_kernel_lines():
@@ -79,6 +83,8 @@ def test_aarch64_cross_build_under_qemu(request):
                  "[neon] attention_int8: 15 cases", "[neon] attention_int8 on strided operands: 12 cases",
                  # the bf16 head on strided operands (csrc/tests/test_attention.cpp), the bfdot kernel and the scalar
                  "[neon] attention_head_bf16 on strided operands: 18 cases",
+                 # the bf16 channel-idle FFN (its [h_act | x] GEMM) on the bfdot kernel
+                 "[neon] channel_idle_ffn bf16 [neon_bf16]:",
                  "test_attention_int8: all checks passed"):
         assert line in out, f"missing {line!r} in the qemu run:\n{out}"
 

@@ -72,9 +72,17 @@ at::Tensor channel_idle_ffn_cpu(const at::Tensor& x, const at::Tensor& w_in, con
     int64_t ldx = x.size(-1);
     const uint16_t* xp = bf16_rows_view(x.contiguous(), x.size(-1), xh, ldx, kernel);
     const at::Tensor rf = as_float_contiguous(residual);
+    const float* rp = rf.defined() ? rf.data_ptr<float>() : nullptr;
+    if (x.scalar_type() == at::kBFloat16 && d.c_out % 2 == 0) {
+      // Only the bf16 result, rounded by the last GEMM's epilogue (convert_rows' bits, torch's rounding): no fp32
+      // output and no conversion pass.
+      at::Tensor out16 = empty_output(out_shape, at::kBFloat16);
+      channel_idle_ffn_run_bf16(*w, rows, xp, ldx, rp, nullptr, active_cpu_isa(), kernel,
+                                static_cast<uint16_t*>(out16.data_ptr()));
+      return out16;
+    }
     at::Tensor out = empty_output(out_shape, at::kFloat);
-    channel_idle_ffn_run_bf16(*w, rows, xp, ldx, rf.defined() ? rf.data_ptr<float>() : nullptr, out.data_ptr<float>(),
-                              active_cpu_isa(), kernel);
+    channel_idle_ffn_run_bf16(*w, rows, xp, ldx, rp, out.data_ptr<float>(), active_cpu_isa(), kernel);
     return out.to(x.scalar_type());
   }
   const std::shared_ptr<const ChannelIdleFfnWeights> w = packed_channel_idle_ffn_weights(w_in, b_in, w_out, b_out);
