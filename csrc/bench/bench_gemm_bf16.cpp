@@ -11,7 +11,8 @@
 //   (f) the channel-idle FFN's output at DeiT-B/0.75: the linear path's GEMM then the second GEMM accumulating onto
 //       it, against one GEMM over [h_act | x] (kernels/channel_idle_ffn.h), with C and bf16-only;
 //   (d) layer_norm_rows_bf16 (the block's LayerNorm to bf16 rows, from a bf16 input) against the three steps it
-//       replaces (widen_bf16, layer_norm_rows, convert_rows), 16-row blocks at 197 × 768 as the block runs them;
+//       replaces (widen_bf16, layer_norm_rows, convert_rows), 16-row blocks at 197 × 768 as the block runs them, and
+//       from fp32 rows (the FFN norm's input);
 //   (e) the `vdpbf16ps` peak of one core, a register-only loop of 16 independent instructions (no loads): the
 //       ceiling of every GFLOP/s above (2 × 16 × 2 operations per instruction).
 // Times are the thread's CPU time over several calls per reading (one clock read costs about a microsecond in a VM);
@@ -304,11 +305,19 @@ void layer_norm_to_bf16(Bf16Kernel k16, int rounds, std::vector<Row>& rows) {
           layer_norm_rows_bf16(nullptr, x16.data() + r0 * c, wide.data() + r0 * c, y16.data() + r0 * c, c, n, c,
                                nullptr, nullptr, 1e-6f, CpuIsa::kAvx512, k16, y.data());
         }
+      },
+      [&] {  // the FFN norm's case: fp32 rows in (x1), nothing widened
+        for (int64_t r0 = 0; r0 < m; r0 += block) {
+          const int64_t n = std::min(block, m - r0);
+          layer_norm_rows_bf16(x.data() + r0 * c, nullptr, nullptr, y16.data() + r0 * c, c, n, c, nullptr, nullptr,
+                               1e-6f, CpuIsa::kAvx512, k16, y.data());
+        }
       }};
   const std::vector<double> us = interleaved(fns, rounds, 16);
   const std::string group = "LayerNorm to bf16, bf16 input (197 × 768)";
   rows.push_back({group, "widen_bf16 + layer_norm_rows + convert_rows", us[0], 0.0});
   rows.push_back({group, "layer_norm_rows_bf16", us[1], 0.0});
+  rows.push_back({"LayerNorm to bf16, fp32 input (197 × 768)", "layer_norm_rows_bf16", us[2], 0.0});
 }
 
 // Each kernel's hot and rotating-weight calls interleaved in the same rounds, so their ratio is a same-seconds one.

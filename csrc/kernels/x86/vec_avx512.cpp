@@ -210,7 +210,9 @@ static inline __attribute__((always_inline)) void layer_norm_group(const float* 
     }
   for (int r = 0; r < R; ++r) {
     const float corr = _mm512_reduce_add_ps(_mm512_add_ps(e0[r], e1[r])) / float(c);
-    const float var = _mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) / float(c) - corr * corr;
+    // Spelled as one fused step: GCC contracts a product followed by a sum (-ffp-contract=fast) in some
+    // instantiations of this template and not in others, so left to it a row's bits depended on its group size.
+    const float var = __builtin_fmaf(-corr, corr, _mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r])) / float(c));
     rstd[r] = _mm512_set1_ps(1.0f / __builtin_sqrtf((var < 0.0f ? 0.0f : var) + eps));
     mean[r] = _mm512_set1_ps(mean1[r] + corr);
   }
@@ -219,41 +221,63 @@ static inline __attribute__((always_inline)) void layer_norm_group(const float* 
     const __m512 g = gamma != nullptr ? _mm512_maskz_loadu_ps(m, gamma + j) : _mm512_setzero_ps();
     const __m512 b = beta != nullptr ? _mm512_maskz_loadu_ps(m, beta + j) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
-      __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + r * c + j), mean[r]), rstd[r]);
-      if (gamma != nullptr) v = _mm512_mul_ps(v, g);
-      if (beta != nullptr) v = _mm512_add_ps(v, b);
+      // (x − μ)·rstd, then ·γ + β: each product followed by a sum written as an FMA (see var above).
+      const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + r * c + j), mean[r]);
+      __m512 v;
+      if (gamma != nullptr) {
+        v = _mm512_mul_ps(d, rstd[r]);
+        v = beta != nullptr ? _mm512_fmadd_ps(v, g, b) : _mm512_mul_ps(v, g);
+      } else {
+        v = beta != nullptr ? _mm512_fmadd_ps(d, rstd[r], b) : _mm512_mul_ps(d, rstd[r]);
+      }
       y.store(r, j, m, v);
     }
   }
   for (int r = 0; r < R; ++r) y.finish(r);
 }
 
-}  // namespace
-
-// Rows in interleaved pairs; each row's arithmetic is the same whichever group it falls in.  At [197, C] and one
-// thread this runs in about a quarter to a half of the time of torch's F.layer_norm (docs/performance.md).
-void layer_norm_rows_avx512(const float* x, float* y, int64_t rows, int64_t c, const float* gamma,
-                            const float* beta, float eps) {
+// Rows in groups of four, then a pair, then one: each row's arithmetic is the same whichever group it falls in.  Four
+// rows side by side hide more of each row's reduction latencies than two: the bf16 LayerNorm at 197 × 768 23.2-24.1 ->
+// 20.2 µs from fp32 rows and 29.3-30.0 -> 25.5-26.5 µs from bf16 ones, the three-step form over the fp32 LayerNorm
+// 33.4-34.2 -> 30.1-31.0 µs (benchmarks/bf16_kernel_parts.py, 16-row calls as the blocks make them, two runs of each
+// build).  The group's body is forced inline: as an out-of-line call the gain was gone.
+template <int R>
+struct RowGroup {
+  static constexpr int value = R;
+};
+template <class F>
+static inline __attribute__((always_inline)) void in_row_groups(int64_t rows, const F& f) {
   int64_t r = 0;
-  for (; r + 2 <= rows; r += 2) layer_norm_group<2>(x + r * c, StoreF32{y + r * c, c}, c, gamma, beta, eps);
-  if (r < rows) layer_norm_group<1>(x + r * c, StoreF32{y + r * c, c}, c, gamma, beta, eps);
+  for (; r + 4 <= rows; r += 4) f(r, RowGroup<4>());
+  if (r + 2 <= rows) {
+    f(r, RowGroup<2>());
+    r += 2;
+  }
+  if (r < rows) f(r, RowGroup<1>());
 }
 
-// The bf16 GEMMs' LayerNorm (kernels/layer_norm.h layer_norm_rows_bf16): each row pair widened (if bf16), normalised
+}  // namespace
+
+// At [197, C] and one thread this runs in about a quarter to a half of the time of torch's F.layer_norm
+// (docs/performance.md).
+void layer_norm_rows_avx512(const float* x, float* y, int64_t rows, int64_t c, const float* gamma,
+                            const float* beta, float eps) {
+  in_row_groups(rows, [&](int64_t r, auto group) __attribute__((always_inline)) {
+    layer_norm_group<decltype(group)::value>(x + r * c, StoreF32{y + r * c, c}, c, gamma, beta, eps);
+  });
+}
+
+// The bf16 GEMMs' LayerNorm (kernels/layer_norm.h layer_norm_rows_bf16): each row group widened (if bf16), normalised
 // and rounded while it sits in L1, where widen_bf16 + layer_norm_rows + convert_rows made three passes over the
 // rows with an fp32 copy of the output between them.  Same operations per value, so the same bits.
 void layer_norm_rows_bf16_avx512(const float* x, const uint16_t* x16, float* widened, uint16_t* y16, int64_t ld16,
                                  int64_t rows, int64_t c, const float* gamma, const float* beta, float eps) {
   if (x16 != nullptr) x = widened;
-  for (int64_t r = 0; r < rows; r += 2) {
-    const int pair = rows - r >= 2 ? 2 : 1;
-    if (x16 != nullptr) gemm16::widen_bf16(x16 + r * c, pair * c, widened + r * c);  // exact: the bits shifted up
-    const StoreBf16 out{y16 + r * ld16, ld16, c};
-    if (pair == 2)
-      layer_norm_group<2>(x + r * c, out, c, gamma, beta, eps);
-    else
-      layer_norm_group<1>(x + r * c, out, c, gamma, beta, eps);
-  }
+  in_row_groups(rows, [&](int64_t r, auto group) __attribute__((always_inline)) {
+    constexpr int R = decltype(group)::value;
+    if (x16 != nullptr) gemm16::widen_bf16(x16 + r * c, R * c, widened + r * c);  // exact: the bits shifted up
+    layer_norm_group<R>(x + r * c, StoreBf16{y16 + r * ld16, ld16, c}, c, gamma, beta, eps);
+  });
 }
 
 }  // namespace gemm
