@@ -180,7 +180,7 @@ void channel_idle_ffn_rows_bf16(const ChannelIdleFfnBf16Weights& w, int64_t rows
   uint16_t* ws16 = reinterpret_cast<uint16_t*>(workspace);
   // Where h_act goes and how far apart its rows are: in front of x in place, beside a copy of x, or alone.
   const bool in_place = h_cols > 0 && x_has_h_room;
-  const int64_t ld_h = in_place ? ldx : bf16_workspace_row(w);  // even: ld_h's parts are
+  const int64_t ld_h = in_place ? ldx : bf16_workspace_row(w);  // even, as bf16 rows must be
   const int64_t kx = gemm16::padded_k(c_in);
 
   for (int64_t r0 = 0; r0 < rows; r0 += tile_rows) {
