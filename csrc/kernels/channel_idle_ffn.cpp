@@ -118,22 +118,19 @@ ChannelIdleFfnBf16Weights ChannelIdleFfnBf16Weights::pack(const float* w_in, con
   w.c_out_ = c_out;
   if (active > 0) w.act_ = PackedBf16B::pack_linear(w_in, active, c_in, c_in, b_in);
   if (active > 0 && linear > 0) {
-    // [W_out | 0 | W_lin] rows (the h_act columns padded to h_cols()), bias b_lin + b_out: the fp32 pack's folding.
+    // [W_out | 0 | W_lin] rows (the h_act columns padded to h_cols()), bias b_lin + b_out as the linear path's.
     const int64_t h = w.act_.padded_n(), k = h + c_in;
-    std::vector<float> cat(size_t(c_out * k), 0.0f), bias;
+    std::vector<float> cat(size_t(c_out * k), 0.0f);
     for (int64_t j = 0; j < c_out; ++j) {
       std::copy(w_out + j * active, w_out + (j + 1) * active, cat.begin() + j * k);
       std::copy(w_in + (active + j) * c_in, w_in + (active + j + 1) * c_in, cat.begin() + j * k + h);
     }
-    if (b_in != nullptr || b_out != nullptr) {
-      bias.assign(size_t(c_out), 0.0f);
-      for (int64_t j = 0; j < c_out; ++j)
-        bias[j] = (b_in != nullptr ? b_in[active + j] : 0.0f) + (b_out != nullptr ? b_out[j] : 0.0f);
-    }
-    w.cat_ = PackedBf16B::pack_linear(cat.data(), c_out, k, k, bias.empty() ? nullptr : bias.data());
+    w.cat_ = PackedBf16B::pack_linear(cat.data(), c_out, k, k, b_in != nullptr ? b_in + active : nullptr);
+    if (b_out != nullptr) w.cat_.add_to_bias(b_out);
   } else if (active > 0) {
     w.out_ = PackedBf16B::pack_linear(w_out, c_out, active, active, b_out);
   } else if (linear > 0) {
+    // The fp32 pack's folding: out = h_lin + b_out + ..., b_out added to the linear path's bias once.
     w.lin_ = PackedBf16B::pack_linear(w_in, linear, c_in, c_in, b_in);
     if (b_out != nullptr) w.lin_.add_to_bias(b_out);
   }

@@ -8,8 +8,9 @@
 //   must be finite (checked once per weight version, together with the packing).
 // - Weights are packed once per version and kept in the process-wide cache (ops/weight_cache.h).
 // - bf16 on a CPU with a bf16 extension (ops/cpu_ops.h bf16_gemm_kernel): the GEMMs on bf16 operands with fp32
-//   accumulation (with both paths two: GELU to bf16 h_act, then one over [h_act | x]) (kernels/channel_idle_ffn.h ChannelIdleFfnBf16Weights; cache entry "channel_idle_ffn_bf16"), GELU,
-//   biases and residual in fp32, rounded once to bf16.
+//   accumulation (with both paths two: GELU to bf16 h_act, then one over [h_act | x]; kernels/channel_idle_ffn.h
+//   ChannelIdleFfnBf16Weights, cache entry "channel_idle_ffn_bf16"), GELU, biases and residual in fp32, rounded once
+//   to bf16.
 // - fp32 runs the C++ kernel.  fp16 (and bf16 without a bf16 extension) on CPU: the inputs are converted to fp32,
 //   the op runs in fp32 (fp32 accumulation, the GELU on fp32) and the result is rounded to the input dtype once at
 //   the end; the packed weights are the fp32 conversions, so the conversion of the weights is cached too.
