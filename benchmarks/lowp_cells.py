@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         print("openvino is not installed: its rows and the bf16 / f32 targets are unmeasured "
               "(pip install openvino, or 'vitfast[bench]')")
     if not bf16:
-        print(f"no bf16 kernel on vitfast's {args.isa or native} path: vitfast bf16 would compute in fp32 (no row)")
+        seen = f" (the CPU masked to {args.emulate})" if args.emulate else ""
+        print(f"no bf16 kernel on vitfast's {path} path{seen}: vitfast bf16 would compute in fp32 (no row)")
     keys = providers(bf16, openvino, narrow=int8_kernel == "avx2")
     all_checks: list[dict[str, Any]] = []
     all_reports: list[dict[str, Any]] = []
