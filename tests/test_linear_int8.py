@@ -64,8 +64,8 @@ def test_linear_int8_extremes_do_not_saturate(isa, ext, code):
 @pytest.mark.parametrize("n, k, lead", [(1152, 384, (1, 197)), (37, 50, (3, 7)), (33, 1, (2, 2))])
 @pytest.mark.parametrize("extras", ["plain", "residual", "smooth", "static"])
 def test_linear_int8_parity_7bit_weights(isa, ext, n, k, lead, extras):
-    """Weights in [−64, 64] (quantize(weight_bits=7)): the AVX2 kernel's narrow form (u8 = qa + 128 against qw, the
-    column sums removed in the epilogue), the usual form elsewhere; the same reference either way."""
+    """Weights in [−64, 64] (quantize(weight_bits=7)): the AVX2 kernel's narrow form (u8 = qw + 64 against qa, the
+    row sums' 64·rowsum removed in the epilogue), the usual form elsewhere; the same reference either way."""
     args = _linear_args(n, k, lead, residual=extras == "residual", smooth=extras == "smooth",
                         act_scale=0.02 if extras == "static" else 0.0)
     g = torch.Generator().manual_seed(3)

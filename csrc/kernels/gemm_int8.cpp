@@ -93,20 +93,14 @@ PackedInt8B PackedInt8B::pack(const int8_t* qw, int64_t n, int64_t k, int64_t ld
           narrow = false;
           break;
         }
-    if (narrow) {
-      out.col_offset_ = AlignedArray<int32_t>(out.padded_n());
-      for (int64_t j = 0; j < n; ++j) {
-        int32_t sum = 0;  // |Σ| <= 64 · k: no overflow of 128 · Σ below 2^31 for k < 262 000
-        for (int64_t c = 0; c < k; ++c) sum += qw[j * ldw + c];
-        out.col_offset_.data()[j] = 128 * sum;
-      }
-    }
+    out.narrow_ = narrow;
   }
   out.panels_ = AlignedBytes(out.panels() * out.panel_stride());
-  // The VNNI kernels' u8 operand: qw + 128, so its padding (weight 0) is byte 128.
-  const int offset = vnni_u8_form(kernel) ? 128 : 0;
+  // The u8 operand of the VNNI kernels, qw + 128, and of the AVX2 kernel's narrow form, qw + 64: the padding
+  // (weight 0) is byte 128 / 64.
+  const int offset = vnni_u8_form(kernel) ? 128 : out.narrow_ ? 64 : 0;
   int8_t* dst = out.panels_.data();
-  if (offset != 0) std::memset(dst, 0x80, size_t(out.panels_.size()));
+  if (offset != 0) std::memset(dst, offset, size_t(out.panels_.size()));
   for (int64_t j = 0; j < n; ++j) {
     const int8_t* src = qw + j * ldw;
     int8_t* panel = dst + (j / kNr) * out.panel_stride() + (j % kNr) * 4;
@@ -201,7 +195,7 @@ void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa,
   g.rowsum = rowsum;
   g.b = b.panel_data();
   g.b_panel_stride = b.panel_stride();
-  g.col_offset = b.col_offset();
+  g.narrow = b.narrow();
   g.panel_begin = panel_begin;
   g.panel_end = panel_end;
   g.w_scale = b.scale();

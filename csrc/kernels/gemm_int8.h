@@ -25,9 +25,10 @@
 //                pair sum is at most 2·127·127 = 32258 < 2^15 (vpmaddubsw saturates at 2^15 − 1: never reached).
 //                Its pack stores |qw| beside qw, so the sign trick costs one `vpsignb` per row and B vector
 //                (x86/gemm_int8_avx2.cpp has the instruction counts).  Narrow form: when every weight of a
-//                layer lies in [−64, 64] (vitfast.quantize(weight_bits=7)), the pack keeps qw alone and the kernel
-//                multiplies u8 = qa + 128 ∈ [1, 255] by qw with no sign trick, a pair sum at most 2·255·64 = 32640
-//                < 2^15; the offset, 128·Σ_k qw[j][k] per column, is removed in the epilogue (col_offset).
+//                layer lies in [−64, 64] (vitfast.quantize(weight_bits=7)), the pack keeps u8 = qw + 64 ∈ [0, 128]
+//                alone (padding byte 64) and the kernel multiplies it by qa ∈ [−127, 127] with no sign trick, a
+//                pair sum at most 2·128·127 = 32512 < 2^15; the offset, 64·rowsum[r], is removed per row in the
+//                epilogue as the VNNI kernels' 128·rowsum[r].
 //   kAmxInt8     `tdpbssd` (s8 × s8) on AMX tiles, 32 × 32 blocks (x86/gemm_int8_amx.cpp), the VNNI kernel's
 //                epilogue: chosen over kAvx512Vnni where the CPU has AMX-INT8.  B is the plain s8 form (as kScalar's).
 //   kNeonDot     `sdot` (s8 × s8, four products into s32).
@@ -40,7 +41,7 @@
 // Packed B layout (all kernels): panels of kNr = 16 columns; inside a panel, for each group of 4 k, the 16 columns'
 // 4 bytes in order: [k4][16][4], 64 bytes per group (one zmm, two ymm, four NEON q registers).  The AVX2 form
 // follows each group's 64 bytes with their absolute values (128 bytes per group).  Padding (k past the last group,
-// columns past n) holds weight 0 (byte 128 in the u8 form).  A pack is made for one kernel (the u8 form is the
+// columns past n) holds weight 0 (byte 128 in the u8 form, 64 in the AVX2 narrow form).  A pack is made for one kernel (the u8 form is the
 // VNNI kernels' only, the |qw| halves the AVX2 kernel's wide form); gemm_int8 refuses a pack made for another kernel.
 #pragma once
 
@@ -95,10 +96,8 @@ class PackedInt8B {
   int64_t padded_n() const { return panels() * gemm::kNr; }
   // Bytes per group of 4 k in a panel: 64, or 128 in the AVX2 kernel's wide form (qw then |qw|).
   int64_t group_bytes() const { return kernel_ == Int8Kernel::kAvx2 && !narrow() ? 8 * gemm::kNr : 4 * gemm::kNr; }
-  // The AVX2 kernel's narrow form (every weight in [−64, 64]; see the kernels above): qw alone, and col_offset().
-  bool narrow() const { return col_offset_.size() > 0; }
-  // padded_n() values 128 · Σ_k qw[j][k] (zeros past n) in the narrow form, nullptr otherwise.
-  const int32_t* col_offset() const { return narrow() ? col_offset_.data() : nullptr; }
+  // The AVX2 kernel's narrow form (every weight in [−64, 64]; see the kernels above): u8 = qw + 64 alone.
+  bool narrow() const { return narrow_; }
   int64_t panel_stride() const { return k4() / 4 * group_bytes(); }  // bytes between panels
   const int8_t* panel_data() const { return panels_.data(); }
   const float* scale() const { return scale_.data(); }        // padded_n() values (zeros past n)
@@ -107,8 +106,7 @@ class PackedInt8B {
   // Adds `v` (n values) to the bias, creating it if absent (as gemm::PackedB::add_to_bias).
   void add_to_bias(const float* v);
   size_t bytes() const {
-    return size_t(panels_.size()) + size_t(scale_.size() + bias_.size()) * sizeof(float) +
-           size_t(col_offset_.size()) * sizeof(int32_t);
+    return size_t(panels_.size()) + size_t(scale_.size() + bias_.size()) * sizeof(float);
   }
 
  private:
@@ -116,8 +114,7 @@ class PackedInt8B {
   Int8Kernel kernel_ = Int8Kernel::kScalar;
   AlignedBytes panels_;
   gemm::AlignedFloats scale_, bias_;
-  AlignedArray<int32_t> col_offset_;
-  bool has_bias_ = false;
+  bool has_bias_ = false, narrow_ = false;
 };
 
 // Dynamic per-row quantization of x [rows × k] (row stride ldx) into qa (row stride lda, a multiple of 4 >= k),

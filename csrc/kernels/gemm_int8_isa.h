@@ -18,7 +18,8 @@ namespace gemm8 {
 //
 // Epilogue, in this order and in fp32 in every kernel (so kernels differ only by the GELU polynomial):
 //   v = fma(float(dot) · sa[r], sw[j], accumulate ? C : 0)  ->  + bias  ->  GELU(erf) if gelu  ->  + addend
-// where dot is the exact int32 Σ qa·qw (the VNNI kernel computes Σ qa·(qw + 128) and subtracts 128·rowsum[r]).
+// where dot is the exact int32 Σ qa·qw (the VNNI kernel computes Σ qa·(qw + 128) and subtracts 128·rowsum[r], the
+// AVX2 kernel's narrow form Σ qa·(qw + 64) and 64·rowsum[r]).
 // The fused multiply-add is written out because compilers contract a product followed by an addition into one
 // (GCC's C++ default is -ffp-contract=fast; aarch64 has a scalar fmadd): spelled as fma, every kernel, the
 // scalar one on any target included, rounds the same way, and the C++ test can demand identical bits.
@@ -29,13 +30,13 @@ struct Int8BlockArgs {
   const int8_t* a;
   int64_t lda;            // bytes, a multiple of 4
   const float* sa;        // m row scales
-  const int32_t* rowsum;  // m row sums Σ_k qa (used by the VNNI kernels only)
+  const int32_t* rowsum;  // m row sums Σ_k qa (used by the VNNI kernels and the AVX2 kernel's narrow form)
   const int8_t* b;        // packed panels; panel p starts at b + p · b_panel_stride
   int64_t b_panel_stride; // bytes between panels (= k4 · 16; k4 · 32 in the AVX2 kernel's wide form: each 4-k
                           // group is 128 bytes, its 64 bytes of qw then their |qw|)
-  // The AVX2 kernel's narrow form only (weights in [−64, 64], gemm_int8.h), else nullptr: >= panel_end · 16 values
-  // 128 · Σ_k qw[j][k], removed from the dot of every row (the kernel multiplies qa + 128 by qw).
-  const int32_t* col_offset;
+  // The AVX2 kernel's narrow form (weights in [−64, 64], gemm_int8.h): B holds u8 = qw + 64, and 64 · rowsum[r]
+  // is removed from every dot of row r.  false for every other pack.
+  bool narrow;
   int64_t panel_begin;
   int64_t panel_end;
   const float* w_scale;   // >= panel_end · 16 values (zero padded)

@@ -1,5 +1,5 @@
-// AVX2 int8 kernel (Int8Kernel::kAvx2): 4 × 16 register tiles (3 × 16 in the narrow form) of `vpmaddubsw` +
-// `vpmaddwd`, and the AVX2 quantize_rows.
+// AVX2 int8 kernel (Int8Kernel::kAvx2): 4 × 16 register tiles of `vpmaddubsw` + `vpmaddwd`, and the AVX2
+// quantize_rows.
 //
 // vpmaddubsw multiplies u8 × s8 and adds pairs into s16 with saturation, so both operands are made safe first
 // (the sign trick): u = |qw| ∈ [0, 127] and s = sign(qw)·qa ∈ [−127, 127] (vpsignb; qw = −128 is refused by the
@@ -16,12 +16,16 @@
 // accumulators on the stack in this loop; three rows (no spill) measured no faster for this form.
 //
 // The narrow form (every weight of the layer in [−64, 64]: vitfast.quantize(weight_bits=7)) needs no sign trick:
-// u = qa + 128 ∈ [1, 255] (the broadcast XORed with 0x80) times s = qw ∈ [−64, 64], a pair sum at most
-// 2·255·64 = 32640 < 2¹⁵ − 1, and Σ (qa + 128)·qw − 128·Σ qw = Σ qa·qw exactly (the epilogue's col_offset).  Per
-// row and 4-k group: 1 broadcast, 1 vpxor, 2 vpmaddubsw, 2 vpmaddwd, 2 vpaddd, and half the B bytes (no |qw|).
-// Three rows: with four, GCC kept two accumulators on the stack, so each k group waited on a store-to-load
-// round trip (62–65% of the peak loop at DeiT shapes, the vpxor taken out made no difference); with three nothing
-// spills: 77–90%, 1.3× the 8-bit form (int8_gemm_shapes, rows "int8 avx2 7-bit w").
+// the weights are the unsigned operand, u = qw + 64 ∈ [0, 128] (stored so by the pack), times s = qa ∈ [−127, 127]
+// (the broadcast as it is), a pair sum at most 2·128·127 = 32512 < 2¹⁵ − 1, and Σ (qw + 64)·qa − 64·rowsum = Σ qa·qw
+// exactly (rowsum from quantize_rows, removed in the epilogue as the VNNI kernels' 128·rowsum).  Per row and 4-k
+// group: 1 broadcast (a load), 2 vpmaddubsw, 2 vpmaddwd, 2 vpaddd, and half the B bytes (no |qw|): the multiplies
+// and their adds alone, as ONNX Runtime's AVX2 kernel (its u8 activations).  The form before made the activations
+// the unsigned operand (B = qw, u = qa + 128 by a vpxor of each broadcast): one vector op more per row and group,
+// and on an Intel core, where the multiplies take two of the three vector ports, 7 ops in 3 ports per 4 multiplies
+// caps the loop at 86% of the multiplies' rate; that form measured 76–91% of the peak at DeiT shapes (three rows:
+// four spilled two accumulators with the flip constant live), this one four rows (8 accumulators, 2 B vectors,
+// ones, the broadcast and two products: 14 of the 16 ymm registers).
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
 #else
@@ -43,34 +47,40 @@ using x86::lane_mask;
 
 constexpr int kNr = 16;
 constexpr int kMrAvx2 = 4;
-constexpr int kMrNarrow = 3;
 constexpr int64_t kPrefetchLines = 64;
 
 #include "kernels/x86/int8_epilogue_avx2.inc"
 
+// acc += v, in acc's own register.  Written as `acc = _mm256_add_epi32(acc, v)`, GCC 12 gave the narrow form's
+// loop (not the wide one's) the sum in a fresh register and a vmovdqa back, per accumulator and k group, and at
+// four rows two accumulators on the stack (48 instructions a group, 7 copies, 4 stack accesses; 36 and none with
+// the sum pinned to the accumulator).
+static inline __attribute__((always_inline)) void add_in_place(__m256i& acc, __m256i v) {
+  asm("vpaddd %1, %0, %0" : "+x"(acc) : "x"(v));
+}
+
 // One tile: MR rows × 16 columns.  Wide form (header comment): B groups of 128 bytes, qw then |qw|, the sign trick
-// per row; narrow form: B groups of 64 bytes, qw only, the row's bytes flipped to qa + 128.
+// per row; narrow form: B groups of 64 bytes, u8 qw + 64 only, against the row's bytes as they are.
 template <bool Narrow, int MR>
 static inline __attribute__((always_inline)) void tile(int64_t groups, const int8_t* a, int64_t lda, const int8_t* b,
-                                                       const float* sa, float* c, int64_t ldc, const Epi& e) {
+                                                       const float* sa, const int32_t* rowsum, float* c, int64_t ldc,
+                                                       const Epi& e) {
   __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
           c31 = c00;
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i flip = _mm256_set1_epi8(int8_t(0x80));
 #define VITFAST_AVX2_I8_ROW(row)                                                      \
   if (MR > row) {                                                                     \
     const __m256i t = bcast4(a + row * lda);                                          \
     __m256i p0, p1;                                                                   \
     if constexpr (Narrow) {                                                           \
-      const __m256i u = _mm256_xor_si256(t, flip);                                    \
-      p0 = _mm256_maddubs_epi16(u, b0);                                               \
-      p1 = _mm256_maddubs_epi16(u, b1);                                               \
+      p0 = _mm256_maddubs_epi16(b0, t);                                               \
+      p1 = _mm256_maddubs_epi16(b1, t);                                               \
     } else {                                                                          \
       p0 = _mm256_maddubs_epi16(u0, _mm256_sign_epi8(t, b0));                         \
       p1 = _mm256_maddubs_epi16(u1, _mm256_sign_epi8(t, b1));                         \
     }                                                                                 \
-    c##row##0 = _mm256_add_epi32(c##row##0, _mm256_madd_epi16(p0, ones));             \
-    c##row##1 = _mm256_add_epi32(c##row##1, _mm256_madd_epi16(p1, ones));             \
+    add_in_place(c##row##0, _mm256_madd_epi16(p0, ones));                             \
+    add_in_place(c##row##1, _mm256_madd_epi16(p1, ones));                             \
   }
   constexpr int64_t group_bytes = Narrow ? 64 : 128;
   for (int64_t p = 0; p < groups; ++p) {
@@ -90,10 +100,11 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
   }
 #undef VITFAST_AVX2_I8_ROW
   // Columns 0-7 of the panel are bytes 0-31 of a group (acc *0), columns 8-15 bytes 32-63 (acc *1).
-  store_row(c00, c01, 0, sa[0], e, c, 0);
-  if (MR > 1) store_row(c10, c11, 0, sa[1], e, c + ldc, 1);
-  if (MR > 2) store_row(c20, c21, 0, sa[2], e, c + 2 * ldc, 2);
-  if (MR > 3) store_row(c30, c31, 0, sa[3], e, c + 3 * ldc, 3);
+  auto offset = [&](int r) { return Narrow ? 64 * rowsum[r] : 0; };
+  store_row(c00, c01, offset(0), sa[0], e, c, 0);
+  if (MR > 1) store_row(c10, c11, offset(1), sa[1], e, c + ldc, 1);
+  if (MR > 2) store_row(c20, c21, offset(2), sa[2], e, c + 2 * ldc, 2);
+  if (MR > 3) store_row(c30, c31, offset(3), sa[3], e, c + 3 * ldc, 3);
 }
 
 template <bool Narrow>
@@ -103,16 +114,17 @@ static void block(const Int8BlockArgs& g) {
     const int8_t* bp = g.b + p * g.b_panel_stride;
     const int64_t col = p * kNr;
     Epi e = panel_epilogue(g, col);
-    constexpr int mr = Narrow ? kMrNarrow : kMrAvx2;
+    constexpr int mr = kMrAvx2;
     for (int64_t i = 0; i < g.m; i += mr) {
       const int8_t* a = g.a + i * g.lda;
       float* c = g.c + i * g.ldc + col;
+      const int32_t* rs = Narrow ? g.rowsum + i : nullptr;
       e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
       switch (g.m - i >= mr ? mr : g.m - i) {
-        case 4: tile<Narrow, 4>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        case 3: tile<Narrow, 3>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        case 2: tile<Narrow, 2>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
-        default: tile<Narrow, 1>(groups, a, g.lda, bp, g.sa + i, c, g.ldc, e); break;
+        case 4: tile<Narrow, 4>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
+        case 3: tile<Narrow, 3>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
+        case 2: tile<Narrow, 2>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
+        default: tile<Narrow, 1>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
       }
     }
   }
@@ -121,7 +133,7 @@ static void block(const Int8BlockArgs& g) {
 }  // namespace
 
 void gemm_int8_block_avx2(const Int8BlockArgs& g) {
-  if (g.col_offset != nullptr)
+  if (g.narrow)
     block<true>(g);
   else
     block<false>(g);

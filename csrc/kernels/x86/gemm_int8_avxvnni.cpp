@@ -60,12 +60,12 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
     a += 4;
   }
 #undef VITFAST_AVXVNNI_ROW
-  store_row(c00, c01, rowsum[0], sa[0], e, c, 0);
-  if (MR > 1) store_row(c10, c11, rowsum[1], sa[1], e, c + ldc, 1);
-  if (MR > 2) store_row(c20, c21, rowsum[2], sa[2], e, c + 2 * ldc, 2);
-  if (MR > 3) store_row(c30, c31, rowsum[3], sa[3], e, c + 3 * ldc, 3);
-  if (MR > 4) store_row(c40, c41, rowsum[4], sa[4], e, c + 4 * ldc, 4);
-  if (MR > 5) store_row(c50, c51, rowsum[5], sa[5], e, c + 5 * ldc, 5);
+  store_row(c00, c01, 128 * rowsum[0], sa[0], e, c, 0);
+  if (MR > 1) store_row(c10, c11, 128 * rowsum[1], sa[1], e, c + ldc, 1);
+  if (MR > 2) store_row(c20, c21, 128 * rowsum[2], sa[2], e, c + 2 * ldc, 2);
+  if (MR > 3) store_row(c30, c31, 128 * rowsum[3], sa[3], e, c + 3 * ldc, 3);
+  if (MR > 4) store_row(c40, c41, 128 * rowsum[4], sa[4], e, c + 4 * ldc, 4);
+  if (MR > 5) store_row(c50, c51, 128 * rowsum[5], sa[5], e, c + 5 * ldc, 5);
 }
 
 }  // namespace
