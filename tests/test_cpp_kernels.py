@@ -43,7 +43,8 @@ def int8_kernel_lines():
     words = set(flags.split())
     if machine in ("x86_64", "amd64"):
         if {"avx2", "fma"} <= words:
-            lines += ["[avx2] gemm_int8 parity: ok", "[avx2] quantize_rows parity: ok",
+            lines += ["[avx2] gemm_int8 parity: ok", "[avx2] gemm_int8 narrow weights: ok",
+                      "[avx2] gemm_int8 unsigned A (attention's P): ok", "[avx2] quantize_rows parity: ok",
                       "[avx2] softmax_quantize_rows parity: ok"]
         if {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= words:
             lines += ["[avx512] quantize_rows parity: ok", "[avx512] softmax_quantize_rows parity: ok"]

@@ -229,11 +229,13 @@ def test_attention_auto_rule():
     # AVX-VNNI: head dim 64 from 50 tokens, narrower heads from 65 / 197 tokens, never at 17
     assert pays(50, 64, "avx_vnni") and pays(65, 24, "avx_vnni") and pays(197, 16, "avx_vnni")
     assert not pays(17, 64, "avx_vnni") and not pays(50, 32, "avx_vnni") and not pays(101, 16, "avx_vnni")
-    # AVX2: only wide heads over many tokens
-    assert pays(577, 64, "avx2") and not any(pays(n, d, "avx2") for n in (17, 197) for d in (16, 64, 128))
+    # AVX2: only wide heads over many tokens (DeiT's 197 tokens at head dim 64 and up)
+    assert pays(577, 64, "avx2") and pays(197, 64, "avx2") and pays(197, 128, "avx2")
+    assert not any(pays(n, d, "avx2") for n in (17, 101) for d in (16, 64, 128)) and not pays(197, 32, "avx2")
     # a kernel without a measurement keeps int8; an unknown token count is taken as 197
     assert pays(5, 8, "neon_dot") and pays(5, 8, "reference")
-    assert pays(None, 64, "amx_int8") and not pays(None, 32, "amx_int8") and not pays(None, 64, "avx2")
+    assert pays(None, 64, "amx_int8") and not pays(None, 32, "amx_int8") and pays(None, 64, "avx2")
+    assert not pays(None, 32, "avx2")
 
 
 def test_attention_auto_rule_agrees_with_the_recorded_crossover():

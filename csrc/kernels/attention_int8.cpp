@@ -41,9 +41,9 @@ struct Layout {
     int64_t b = 0;
     auto takeb = [&](int64_t n) { const int64_t at = b; b += (n + 63) / 64 * 64; return at; };
     qk = takeb(tokens * lda_d);
-    // room for the AVX2 kernel's form: 128-byte groups (qw then |qw|, gemm_int8.h), twice the others' 64
+    // room for the AVX2 kernel's wide form of K: 128-byte groups (qw then |qw|, gemm_int8.h), twice the others' 64
     kpan = takeb(2 * k_panels * gemm::kNr * lda_d);
-    vpan = takeb(2 * v_panels * gemm::kNr * lda_n);
+    vpan = takeb(v_panels * gemm::kNr * lda_n);
     qq = takeb(chunk * lda_d);
     qp = takeb(chunk * lda_n);
     total_bytes = b;
@@ -185,8 +185,9 @@ __attribute__((target("avx2"))) void v_pack_avx2(const float* v, int64_t ld_qkv,
 // here on panels packed into the workspace per head: no allocation per head).
 void run_gemm(gemm8::Int8Kernel kernel, int64_t m, int64_t n, const int8_t* qa, int64_t lda, const float* sa,
               const int32_t* rowsum, const int8_t* panels, int64_t panel_stride, int64_t n_panels,
-              const float* w_scale, float* c, int64_t ldc, bool c_padded) {
+              const float* w_scale, float* c, int64_t ldc, bool c_padded, bool a_unsigned) {
   gemm8::Int8BlockArgs g{};
+  g.a_unsigned = a_unsigned;
   g.m = m;
   g.n = n;
   g.k4 = lda;
@@ -256,10 +257,12 @@ void int8_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, fl
   // The VNNI kernels' B is u8 = q + 128 (= q ^ 0x80): padding (weight 0) is byte 0x80.
   const bool u8 = gemm8::vnni_u8_form(kernel);
   const uint32_t flip = u8 ? 0x80808080u : 0u;
-  // The AVX2 kernel reads |qw| beside qw (gemm_int8.h's AVX2 form): 128-byte groups, |qw| filled in after the codes.
-  const bool with_abs = kernel == gemm8::Int8Kernel::kAvx2;
-  const int64_t group_bytes = with_abs ? 8 * gemm::kNr : 4 * gemm::kNr;
-  const int64_t k_stride = l.lda_d / 4 * group_bytes, v_stride = l.lda_n / 4 * group_bytes;
+  // The AVX2 kernel reads |qw| beside K's codes (gemm_int8.h's wide AVX2 form: 128-byte groups, |qw| filled in after
+  // the codes), against Q's signed codes; P·V needs no |qw|: P's codes are never negative, so that product runs in
+  // the kernel's unsigned-A form (Int8BlockArgs::a_unsigned) on V's plain 64-byte groups.
+  const bool avx2 = kernel == gemm8::Int8Kernel::kAvx2, with_abs = avx2;
+  const int64_t group_bytes = with_abs ? 8 * gemm::kNr : 4 * gemm::kNr, v_group_bytes = 4 * gemm::kNr;
+  const int64_t k_stride = l.lda_d / 4 * group_bytes, v_stride = l.lda_n / 4 * v_group_bytes;
   // (One key row's words are one column of the panel: a register transpose on AVX-512, ~6% of an int8 DeiT-S
   // forward word by word.)
 #if defined(__x86_64__) || defined(__i386__)
@@ -311,25 +314,23 @@ void int8_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, fl
   const int32_t offset = u8 ? 128 : 0;
 #if defined(__x86_64__) || defined(__i386__)
   if (isa == CpuIsa::kAvx512)
-    gemm8::attention_v_pack_avx512(v, ldv, tokens, d, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv,
+    gemm8::attention_v_pack_avx512(v, ldv, tokens, d, l.lda_n, l.v_panels, v_stride, v_group_bytes, offset, inv,
                                    keep, vpan);
   else if (isa != CpuIsa::kScalar)
-    v_pack_avx2(v, ldv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv, keep, words,
+    v_pack_avx2(v, ldv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, v_group_bytes, offset, inv, keep, words,
                 vpan);
   else
 #endif
-    v_pack(v, ldv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, group_bytes, offset, inv, keep, words, vpan);
-  if (with_abs) {
-    gemm8::fill_abs_halves(kpan, l.k_panels * l.lda_d / 4);
-    gemm8::fill_abs_halves(vpan, l.v_panels * l.lda_n / 4);
-  }
+    v_pack(v, ldv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, v_group_bytes, offset, inv, keep, words, vpan);
+  if (with_abs) gemm8::fill_abs_halves(kpan, l.k_panels * l.lda_d / 4);
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const int64_t pf_total = prefetch.total_rows();
   for (int64_t r0 = q0; r0 < q1; r0 += kAttentionInt8Chunk) {
     const int64_t rows = std::min(q1, r0 + kAttentionInt8Chunk) - r0;
     gemm8::quantize_rows(q + r0 * ldq, ldq, rows, dk, nullptr, qq, l.lda_d, sq, rs_q, isa);
-    run_gemm(kernel, rows, tokens, qq, l.lda_d, sq, rs_q, kpan, k_stride, l.k_panels, sk, scores, l.ld_s, true);
+    run_gemm(kernel, rows, tokens, qq, l.lda_d, sq, rs_q, kpan, k_stride, l.k_panels, sk, scores, l.ld_s, true,
+             false);
     // E = exp(S·scale − max) and its quantization, a pair of rows at a time (one pass on x86: gemm_int8.h)
     for (int64_t i = 0; i < rows; i += 2) {
       const int64_t pair = std::min<int64_t>(2, rows - i);
@@ -341,7 +342,7 @@ void int8_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, fl
     for (int64_t i = 0; i < rows; ++i)
       sp[i] = (keys_nan || std::isnan(sq[i]) || std::isnan(sp[i]) || rs_p[i] <= 0) ? nan : 1.0f / float(rs_p[i]);
     run_gemm(kernel, rows, d, qp, l.lda_n, sp, rs_p, vpan, v_stride, l.v_panels, sv, out + r0 * ld_out, ld_out,
-             false);
+             false, avx2);
   }
 }
 

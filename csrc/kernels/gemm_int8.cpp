@@ -196,6 +196,7 @@ void gemm_int8_panels(int64_t m, const int8_t* qa, int64_t lda, const float* sa,
   g.b = b.panel_data();
   g.b_panel_stride = b.panel_stride();
   g.narrow = b.narrow();
+  g.a_unsigned = false;
   g.panel_begin = panel_begin;
   g.panel_end = panel_end;
   g.w_scale = b.scale();

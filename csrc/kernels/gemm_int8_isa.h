@@ -37,6 +37,10 @@ struct Int8BlockArgs {
   // The AVX2 kernel's narrow form (weights in [−64, 64], gemm_int8.h): B holds u8 = qw + 64, and 64 · rowsum[r]
   // is removed from every dot of row r.  false for every other pack.
   bool narrow;
+  // A's codes all lie in [0, 127] (attention's P: quantized exps, never negative), and B is the plain s8 form (no
+  // |qw| halves): the AVX2 kernel then takes A as vpmaddubsw's unsigned operand, with no sign trick and no offset
+  // (a pair sum at most 2·127·127 = 32258).  Every other kernel ignores it (their forms need nothing of A).
+  bool a_unsigned;
   int64_t panel_begin;
   int64_t panel_end;
   const float* w_scale;   // >= panel_end · 16 values (zero padded)

@@ -3,7 +3,7 @@
 // is the kernels' own fp32 arithmetic, so those results must be bit-identical; with GELU (a polynomial in the
 // SIMD kernels, std::erf in the scalar one) within 1e-5 of the terms' magnitude.  Shapes with tails in m, n and
 // k, every epilogue, panel subranges, ±127 extremes at K = 4096 (no saturation anywhere), weights in [−64, 64] (the
-// AVX2 kernel's narrow form, ±127 × ±64 extremes), the refusal of −128
+// AVX2 kernel's narrow form, ±127 × ±64 extremes), its unsigned-A form (attention's P), the refusal of −128
 // weights and of a pack made for another kernel; quantize_rows of every path bit-exact against the scalar one
 // (ties, zero, tiny, NaN and Inf rows, column scales).
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/gemm_int8.h"
+#include "kernels/gemm_int8_isa.h"
 #include "tests/test_util.h"
 
 using namespace vitfast;
@@ -256,6 +257,51 @@ void test_narrow(Int8Kernel kern) {
   if (failures() == failures_before) std::printf("[%s] gemm_int8 narrow weights: ok\n", int8_kernel_name(kern));
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// The AVX2 kernel's unsigned-A form (Int8BlockArgs::a_unsigned: attention_int8's P·V): A codes in [0, 127] against
+// the plain s8 B layout (a kScalar pack), unit scales, so each output is float(Σ qa·qw) exactly; extremes 127 × ±127
+// (pair sums ±32258, below vpmaddubsw's saturation) and every row-tile and panel tail.
+void test_unsigned_a() {
+  const int failures_before = failures();
+  std::mt19937 rng(97531);
+  std::uniform_int_distribution<int> pd(0, 127), coin(0, 1);
+  for (int pattern = 0; pattern < 3; ++pattern)
+    for (int64_t m : {1, 2, 3, 4, 5, 7, 30})
+      for (int64_t n : {1, 16, 17, 33})
+        for (int64_t k : {1, 4, 5, 67, 197, 4096}) {
+          if (k == 4096 && (m > 5 || n > 17)) continue;
+          const int64_t lda = padded_k(k) + 8;
+          std::vector<int8_t> a(size_t(m * lda), 0), w(size_t(n * k));
+          std::vector<int32_t> rowsum(size_t(m), 0);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t c = 0; c < k; ++c) {
+              a[r * lda + c] = int8_t(pattern == 0 ? pd(rng) : 127);
+              rowsum[r] += a[r * lda + c];
+            }
+          for (int8_t& x : w) x = int8_t(pattern == 0 ? pd(rng) * (coin(rng) ? 1 : -1) : pattern == 1 ? 127 : -127);
+          std::vector<float> ones(size_t(n), 1.0f), sa(size_t(m), 1.0f);
+          PackedInt8B b = PackedInt8B::pack(w.data(), n, k, k, ones.data(), nullptr, Int8Kernel::kScalar);
+          const int64_t ldc = n + 1;
+          std::vector<float> c(size_t(m * ldc), 12345.0f);
+          Int8BlockArgs g{};
+          g.m = m, g.n = n, g.k4 = b.k4(), g.a = a.data(), g.lda = lda, g.sa = sa.data(), g.rowsum = rowsum.data();
+          g.b = b.panel_data(), g.b_panel_stride = b.panel_stride(), g.a_unsigned = true;
+          g.panel_begin = 0, g.panel_end = b.panels(), g.w_scale = b.scale(), g.c = c.data(), g.ldc = ldc;
+          gemm_int8_block_avx2(g);
+          int64_t wrong = 0;
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t j = 0; j < ldc; ++j) {
+              int64_t dot = 0;
+              for (int64_t p = 0; p < k && j < n; ++p) dot += int64_t(a[r * lda + p]) * w[j * k + p];
+              if (c[r * ldc + j] != (j < n ? float(dot) : 12345.0f)) ++wrong;
+            }
+          VT_CHECK(wrong == 0, "[avx2] unsigned A, pattern %d, m=%lld n=%lld k=%lld: %lld wrong values", pattern,
+                   (long long)m, (long long)n, (long long)k, (long long)wrong);
+        }
+  if (failures() == failures_before) std::printf("[avx2] gemm_int8 unsigned A (attention's P): ok\n");
+}
+#endif
+
 void test_refuses_minus_128() {
   std::vector<int8_t> w(20 * 9, 3);
   w[7 * 9 + 4] = -128;
@@ -471,6 +517,9 @@ int main() {
       if (std::find(done.begin(), done.end(), kern) == done.end()) {
         test_kernel(kern);
         test_narrow(kern);
+#if defined(__x86_64__) || defined(__i386__)
+        if (kern == Int8Kernel::kAvx2) test_unsigned_a();
+#endif
         done.push_back(kern);
       }
       test_end_to_end(isa);

@@ -26,6 +26,10 @@
 // caps the loop at 86% of the multiplies' rate; that form measured 76–91% of the peak at DeiT shapes (three rows:
 // four spilled two accumulators with the flip constant live), this one four rows (8 accumulators, 2 B vectors,
 // ones, the broadcast and two products: 14 of the 16 ymm registers).
+//
+// The unsigned-A form (Int8BlockArgs::a_unsigned: attention's P, whose codes are in [0, 127]) needs neither: the
+// broadcast codes are the unsigned operand against B's plain qw, a pair sum at most 2·127·127 = 32258, no offset.
+// The same loop as the narrow form's, the operands swapped.
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
 #else
@@ -59,9 +63,13 @@ static inline __attribute__((always_inline)) void add_in_place(__m256i& acc, __m
   asm("vpaddd %1, %0, %0" : "+x"(acc) : "x"(v));
 }
 
-// One tile: MR rows × 16 columns.  Wide form (header comment): B groups of 128 bytes, qw then |qw|, the sign trick
-// per row; narrow form: B groups of 64 bytes, u8 qw + 64 only, against the row's bytes as they are.
-template <bool Narrow, int MR>
+// The three forms of the header comment.  Wide: B groups of 128 bytes, qw then |qw|, the sign trick per row; narrow:
+// B groups of 64 bytes, u8 qw + 64 only, against the row's bytes as they are; unsigned A: B groups of 64 bytes, qw
+// only, against the row's bytes as unsigned ones.
+enum class Form { kWide, kNarrow, kUnsignedA };
+
+// One tile: MR rows × 16 columns in form F.
+template <Form F, int MR>
 static inline __attribute__((always_inline)) void tile(int64_t groups, const int8_t* a, int64_t lda, const int8_t* b,
                                                        const float* sa, const int32_t* rowsum, float* c, int64_t ldc,
                                                        const Epi& e) {
@@ -72,9 +80,12 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
   if (MR > row) {                                                                     \
     const __m256i t = bcast4(a + row * lda);                                          \
     __m256i p0, p1;                                                                   \
-    if constexpr (Narrow) {                                                           \
+    if constexpr (F == Form::kNarrow) {                                               \
       p0 = _mm256_maddubs_epi16(b0, t);                                               \
       p1 = _mm256_maddubs_epi16(b1, t);                                               \
+    } else if constexpr (F == Form::kUnsignedA) {                                     \
+      p0 = _mm256_maddubs_epi16(t, b0);                                               \
+      p1 = _mm256_maddubs_epi16(t, b1);                                               \
     } else {                                                                          \
       p0 = _mm256_maddubs_epi16(u0, _mm256_sign_epi8(t, b0));                         \
       p1 = _mm256_maddubs_epi16(u1, _mm256_sign_epi8(t, b1));                         \
@@ -82,13 +93,14 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
     add_in_place(c##row##0, _mm256_madd_epi16(p0, ones));                             \
     add_in_place(c##row##1, _mm256_madd_epi16(p1, ones));                             \
   }
-  constexpr int64_t group_bytes = Narrow ? 64 : 128;
+  constexpr bool wide = F == Form::kWide;
+  constexpr int64_t group_bytes = wide ? 128 : 64;
   for (int64_t p = 0; p < groups; ++p) {
     const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
     const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 32));
-    // |qw|, the wide form's second half (unused, and not loaded, in the narrow form)
-    const __m256i u0 = Narrow ? b0 : _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 64));
-    const __m256i u1 = Narrow ? b1 : _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 96));
+    // |qw|, the wide form's second half (unused, and not loaded, in the other forms)
+    const __m256i u0 = wide ? _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 64)) : b0;
+    const __m256i u1 = wide ? _mm256_load_si256(reinterpret_cast<const __m256i*>(b + 96)) : b1;
     for (int64_t line = 0; line < group_bytes; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchLines * 64 + line), _MM_HINT_T0);
     b += group_bytes;
@@ -100,14 +112,14 @@ static inline __attribute__((always_inline)) void tile(int64_t groups, const int
   }
 #undef VITFAST_AVX2_I8_ROW
   // Columns 0-7 of the panel are bytes 0-31 of a group (acc *0), columns 8-15 bytes 32-63 (acc *1).
-  auto offset = [&](int r) { return Narrow ? 64 * rowsum[r] : 0; };
+  auto offset = [&](int r) { return F == Form::kNarrow ? 64 * rowsum[r] : 0; };
   store_row(c00, c01, offset(0), sa[0], e, c, 0);
   if (MR > 1) store_row(c10, c11, offset(1), sa[1], e, c + ldc, 1);
   if (MR > 2) store_row(c20, c21, offset(2), sa[2], e, c + 2 * ldc, 2);
   if (MR > 3) store_row(c30, c31, offset(3), sa[3], e, c + 3 * ldc, 3);
 }
 
-template <bool Narrow>
+template <Form F>
 static void block(const Int8BlockArgs& g) {
   const int64_t groups = g.k4 / 4;
   for (int64_t p = g.panel_begin; p < g.panel_end; ++p) {
@@ -118,13 +130,13 @@ static void block(const Int8BlockArgs& g) {
     for (int64_t i = 0; i < g.m; i += mr) {
       const int8_t* a = g.a + i * g.lda;
       float* c = g.c + i * g.ldc + col;
-      const int32_t* rs = Narrow ? g.rowsum + i : nullptr;
+      const int32_t* rs = F == Form::kNarrow ? g.rowsum + i : nullptr;
       e.addend = g.addend != nullptr ? g.addend + i * g.ld_addend + col : nullptr;
       switch (g.m - i >= mr ? mr : g.m - i) {
-        case 4: tile<Narrow, 4>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
-        case 3: tile<Narrow, 3>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
-        case 2: tile<Narrow, 2>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
-        default: tile<Narrow, 1>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
+        case 4: tile<F, 4>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
+        case 3: tile<F, 3>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
+        case 2: tile<F, 2>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
+        default: tile<F, 1>(groups, a, g.lda, bp, g.sa + i, rs, c, g.ldc, e); break;
       }
     }
   }
@@ -134,9 +146,11 @@ static void block(const Int8BlockArgs& g) {
 
 void gemm_int8_block_avx2(const Int8BlockArgs& g) {
   if (g.narrow)
-    block<true>(g);
+    block<Form::kNarrow>(g);
+  else if (g.a_unsigned)
+    block<Form::kUnsignedA>(g);
   else
-    block<false>(g);
+    block<Form::kWide>(g);
 }
 
 namespace {
