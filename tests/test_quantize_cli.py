@@ -49,6 +49,19 @@ def test_static_smoothed_with_digits_reports_accuracy(tmp_path, capsys, fused_fi
     assert "digits validation (360 images): top-1 fp32" in text and "argmax agreement" in text
 
 
+def test_weight_bits_hint_only_where_7_bit_weights_pay(tmp_path, capsys, fused_file, monkeypatch):
+    from vitfast.cli.quantize import weight_bits_hint
+
+    assert "--weight-bits 7" in weight_bits_hint("int8", 8, "avx2")
+    for args in (("int8", 7, "avx2"), ("bf16", 8, "avx2"), ("int8", 8, "avx_vnni"), ("int8", 8, "amx_int8")):
+        assert weight_bits_hint(*args) == ""
+    monkeypatch.setattr(vitfast.ops, "int8_kernel", lambda: "avx2")
+    assert main(["quantize", str(fused_file), "-o", str(tmp_path / "int8.safetensors")]) == 0
+    assert "--weight-bits 7 runs its int8 GEMMs" in capsys.readouterr().out
+    assert main(["quantize", str(fused_file), "-o", str(tmp_path / "w7.safetensors"), "--weight-bits", "7"]) == 0
+    assert "--weight-bits 7 runs" not in capsys.readouterr().out
+
+
 def test_bf16_file(tmp_path, fused_file):
     out = tmp_path / "bf16.safetensors"
     assert main(["quantize", str(fused_file), "-o", str(out), "--dtype", "bf16"]) == 0

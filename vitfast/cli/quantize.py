@@ -142,4 +142,17 @@ def run(args) -> int:
             f"{layer['path']} {layer['relative_error']:.2%}{'' if layer['int8'] else ' (fp32)'}" for layer in worst))
     if args.calibration == "digits":
         print(digits_accuracy(model, vitfast.load(out), img_size))
+    hint = weight_bits_hint(args.dtype, args.weight_bits, vitfast.ops.int8_kernel())
+    if hint:
+        print(hint)
     return EXIT_OK
+
+
+def weight_bits_hint(dtype: str, weight_bits: int, kernel: str) -> str:
+    """On a CPU whose int8 kernel is the plain AVX2 one (no VNNI), 8-bit weights need the sign trick and 7-bit ones
+    do not: their GEMMs measured 1.30-1.37x faster there and the int8 DeiT model 1.22-1.31x (docs/performance.md,
+    "7-bit weights on the AVX2 kernel").  A trade of accuracy, so a hint, not a default."""
+    if dtype != "int8" or weight_bits != 8 or kernel != "avx2":
+        return ""
+    return ("note: this CPU's int8 kernel is AVX2 without VNNI; --weight-bits 7 runs its int8 GEMMs about 1.3x "
+            "faster at twice the weights' rounding step (check the result with `vitfast verify`)")
