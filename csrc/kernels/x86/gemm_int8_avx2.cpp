@@ -9,11 +9,11 @@
 // Per row and 4-k group: 1 broadcast, 2 vpsignb, 2 vpmaddubsw, 2 vpmaddwd, 2 vpaddd for 64 MACs.  The four
 // multiplies are the instruction peak (`int8_gemm_peaks`); every other vector op competes with them for the same
 // four pipes, so each one taken out of the loop counts.  |qw| comes with the pack (the AVX2 form of gemm_int8.h's
-// layout: 128-byte groups, qw then |qw|; PackedInt8B and attention_int8's per-head panels write it).  The former
+// layout: 128-byte groups, qw then |qw|; PackedInt8B and attention_int8's per-head K panels write it).  The former
 // arrangement, |qa| per row (vpabsb) and sign(qa) on both B vectors, took one op more per row: 193 against 224
 // GOPS at 197 × 256 × 256 on one Zen 4 core (int8_gemm_shapes has the current figures).
-// Four rows: 8 accumulators, the B vectors, ones and the per-row temporaries.  GCC 12 keeps two of the
-// accumulators on the stack in this loop; three rows (no spill) measured no faster for this form.
+// Four rows: 8 accumulators, the four B vectors, ones and the per-row temporaries (GCC 12: no spill in this
+// form's loop, 47 instructions a group; three rows measured no faster).
 //
 // The narrow form (every weight of the layer in [−64, 64]: vitfast.quantize(weight_bits=7)) needs no sign trick:
 // the weights are the unsigned operand, u = qw + 64 ∈ [0, 128] (stored so by the pack), times s = qa ∈ [−127, 127]
