@@ -383,7 +383,7 @@ int main(int argc, char** argv) {
   }
   cold_weights(kernels, rounds, rows);
   block_epilogues(kernels, rounds, rows);
-  ffn_output(kernels[0], rounds, rows);
+  for (Bf16Kernel k16 : kernels) ffn_output(k16, rounds, rows);
   layer_norm_to_bf16(kernels[0], rounds, rows);
 #if defined(__x86_64__)
   {
