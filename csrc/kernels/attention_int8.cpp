@@ -260,15 +260,15 @@ void int8_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, fl
   // The AVX2 kernel reads |qw| beside K's codes (gemm_int8.h's wide AVX2 form: 128-byte groups, |qw| filled in after
   // the codes), against Q's signed codes; P·V needs no |qw|: P's codes are never negative, so that product runs in
   // the kernel's unsigned-A form (Int8BlockArgs::a_unsigned) on V's plain 64-byte groups.
-  const bool avx2 = kernel == gemm8::Int8Kernel::kAvx2, with_abs = avx2;
-  const int64_t group_bytes = with_abs ? 8 * gemm::kNr : 4 * gemm::kNr, v_group_bytes = 4 * gemm::kNr;
+  const bool avx2 = kernel == gemm8::Int8Kernel::kAvx2;
+  const int64_t group_bytes = avx2 ? 8 * gemm::kNr : 4 * gemm::kNr, v_group_bytes = 4 * gemm::kNr;
   const int64_t k_stride = l.lda_d / 4 * group_bytes, v_stride = l.lda_n / 4 * v_group_bytes;
   // (One key row's words are one column of the panel: a register transpose on AVX-512, ~6% of an int8 DeiT-S
   // forward word by word.)
 #if defined(__x86_64__) || defined(__i386__)
-  if (isa == CpuIsa::kAvx512 && !with_abs) {
+  if (isa == CpuIsa::kAvx512 && !avx2) {
     gemm8::pack_words_transposed_avx512(qk, l.lda_d, tokens, l.lda_d / 4, flip, kpan, k_stride);
-  } else if (isa == CpuIsa::kAvx2 && !with_abs) {  // the AVX-VNNI kernel's u8 panels
+  } else if (isa == CpuIsa::kAvx2 && !avx2) {  // the AVX-VNNI kernel's u8 panels
     gemm8::pack_words_transposed_avx2(qk, l.lda_d, tokens, l.lda_d / 4, flip, kpan, k_stride);
   } else
 #endif
@@ -322,7 +322,7 @@ void int8_head(const HeadOperands& o, int64_t tokens, int64_t q0, int64_t q1, fl
   else
 #endif
     v_pack(v, ldv, tokens, d, d16, l.lda_n, l.v_panels, v_stride, v_group_bytes, offset, inv, keep, words, vpan);
-  if (with_abs) gemm8::fill_abs_halves(kpan, l.k_panels * l.lda_d / 4);
+  if (avx2) gemm8::fill_abs_halves(kpan, l.k_panels * l.lda_d / 4);
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const int64_t pf_total = prefetch.total_rows();

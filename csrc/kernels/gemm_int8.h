@@ -41,8 +41,9 @@
 // Packed B layout (all kernels): panels of kNr = 16 columns; inside a panel, for each group of 4 k, the 16 columns'
 // 4 bytes in order: [k4][16][4], 64 bytes per group (one zmm, two ymm, four NEON q registers).  The AVX2 form
 // follows each group's 64 bytes with their absolute values (128 bytes per group).  Padding (k past the last group,
-// columns past n) holds weight 0 (byte 128 in the u8 form, 64 in the AVX2 narrow form).  A pack is made for one kernel (the u8 form is the
-// VNNI kernels' only, the |qw| halves the AVX2 kernel's wide form); gemm_int8 refuses a pack made for another kernel.
+// columns past n) holds weight 0 (byte 128 in the u8 form, 64 in the AVX2 narrow form).  A pack is made for one
+// kernel (the u8 form is the VNNI kernels' only, the |qw| halves and the narrow form the AVX2 kernel's); gemm_int8
+// refuses a pack made for another kernel.
 #pragma once
 
 #include <cstddef>
